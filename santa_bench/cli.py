@@ -1,0 +1,244 @@
+"""The santa-bench command line (Typer): list, env, kernel."""
+
+from __future__ import annotations
+
+import math
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from santa_bench import environment, results
+from santa_bench.methods import REGISTRY, MethodError, parse_method_specs
+from santa_bench.units import format_size, parse_list, parse_size_list
+
+app = typer.Typer(
+    help="Reproduce, benchmark and extend stochastic sparse attention (SANTA, S2ANTA, SANTA++).",
+    no_args_is_help=True,
+    add_completion=False,
+)
+console = Console()
+
+DEFAULT_METHODS = "dense,santa-iid,santa-strat,santa-sys,santa-flash,santa-prop"
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code=2)
+
+
+@app.command("list")
+def list_methods() -> None:
+    """List every registered method with its parameters and availability here."""
+    table = Table(title="santa-bench methods")
+    for column in ("name", "family", "parameters (defaults)", "kernel", "available", "description"):
+        table.add_column(column, overflow="fold", no_wrap=column == "name")
+    for method in REGISTRY:
+        ok, reason = method.available()
+        params = ", ".join(f"{p.name}={p.default}" for p in method.params) or "-"
+        table.add_row(
+            method.name,
+            method.family,
+            params,
+            "triton" if method.kernel else "reference",
+            "[green]yes[/]" if ok else f"[red]no[/]: {reason}",
+            method.description,
+        )
+    console.print(table)
+
+
+@app.command("env")
+def show_env() -> None:
+    """Print the environment every run records (device, GPU, versions, git SHA)."""
+    env = environment.collect_environment()
+    table = Table(title="environment", show_header=False)
+    for key, value in env.items():
+        table.add_row(key, str(value))
+    table.add_row("fingerprint", environment.environment_fingerprint(env))
+    console.print(table)
+
+
+def _device(requested: str) -> str:
+    import torch
+
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        _fail("--device cuda: no CUDA device is visible")
+    if requested not in ("cpu", "cuda"):
+        _fail(f"--device: expected auto, cpu or cuda, got {requested!r}")
+    return requested
+
+
+@app.command("kernel")
+def kernel(
+    ctx: Annotated[
+        str, typer.Option(help="Context length(s), comma list; accepts 4k, 32k, 1m or integers.")
+    ] = "4k",
+    S: Annotated[
+        str, typer.Option("--S", help="Sample budget(s) S for the sampling methods, comma list.")
+    ] = "128",
+    batch: Annotated[str, typer.Option(help="Batch size(s), comma list.")] = "1",
+    methods: Annotated[
+        str,
+        typer.Option(
+            help="Methods, comma list; parameters as name:key=value (see `santa-bench list`)."
+        ),
+    ] = DEFAULT_METHODS,
+    heads: Annotated[int, typer.Option(help="Query heads Hq (default: Llama-3.1-8B).")] = 32,
+    kv_heads: Annotated[int, typer.Option(help="KV heads Hkv; Hq must be a multiple.")] = 8,
+    head_dim: Annotated[int, typer.Option(help="Head dimension d.")] = 128,
+    dtype: Annotated[
+        str, typer.Option(help="Storage dtype of Q/K/V: bf16, fp16 or fp32.")
+    ] = "bf16",
+    layout: Annotated[
+        str, typer.Option(help="KV layout: contiguous (NHD) or paged.")
+    ] = "contiguous",
+    page_size: Annotated[int, typer.Option(help="Tokens per page for the paged layout.")] = 16,
+    seed: Annotated[int, typer.Option(help="Seed of the inputs and of the samplers.")] = 0,
+    device: Annotated[str, typer.Option(help="auto (GPU when present), cpu or cuda.")] = "auto",
+    results_dir: Annotated[
+        Path, typer.Option("--results", help="Result store root (Parquet).")
+    ] = Path("results"),
+    run_id: Annotated[
+        str | None, typer.Option(help="Name of this run's folder (default: timestamp).")
+    ] = None,
+    force: Annotated[bool, typer.Option(help="Re-run cases already in the store.")] = False,
+    cpu_budget: Annotated[
+        float, typer.Option(help="Seconds of wall-clock repeats per case on a CPU.")
+    ] = 1.0,
+) -> None:
+    """Time one decode step of each method and measure its error against dense.
+
+    Each (ctx, batch, method, S) is a case; finished cases already in the store are
+    skipped (so an interrupted run resumes), unless --force.
+    """
+    from santa_bench.runners.kernel import KernelGrid, KernelRunner, expand_cases
+
+    try:
+        grid = KernelGrid(
+            methods=parse_method_specs(methods),
+            ctx=parse_size_list(ctx),
+            batch=parse_list(batch, int),
+            S=parse_list(S, int),
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            dtype=dtype,
+            layout=layout,
+            page_size=page_size,
+            seed=seed,
+            device=_device(device),
+        )
+        _check_grid(grid)
+        cases = expand_cases(grid)
+    except (MethodError, ValueError) as exc:
+        _fail(str(exc))
+        return
+    if not cases:
+        _fail("no case to run (every S is larger than every context?)")
+
+    command = shlex.join(["santa-bench", *sys.argv[1:]])
+    env = environment.collect_environment(command)
+    fingerprint = environment.environment_fingerprint(env)
+    store = results.ResultStore(results_dir)
+    todo = [c for c in cases if not results.should_skip(store, c, fingerprint, force)]
+    if len(todo) < len(cases):
+        console.print(
+            f"{len(cases) - len(todo)} of {len(cases)} cases already in {results_dir}: skipped"
+        )
+    if not todo:
+        console.print("nothing to do (use --force to re-run)")
+        return
+    run = store.start_run(env, run_id=run_id)
+    runner = KernelRunner(cpu_budget_s=cpu_budget)
+    summary = []
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("kernel", total=len(todo))
+        for case in todo:
+            progress.update(task, description=_case_label(case))
+            try:
+                rows = runner.run(case)
+            except Exception as exc:  # a failing case is recorded and the sweep goes on
+                rows = [
+                    {
+                        "metric": "latency",
+                        "value": math.nan,
+                        "unit": "us",
+                        "status": "failed",
+                        "reason": f"{type(exc).__name__}: {exc}",
+                    }
+                ]
+            run.write_case(case, rows)
+            summary.append((case, rows))
+            progress.advance(task)
+    _print_summary(summary)
+    console.print(f"rows written to {run.path}")
+
+
+def _check_grid(grid) -> None:
+    for name in ("heads", "kv_heads", "head_dim", "page_size"):
+        if getattr(grid, name) <= 0:
+            raise ValueError(f"--{name.replace('_', '-')}: must be > 0")
+    if grid.heads % grid.kv_heads:
+        raise ValueError(f"--heads {grid.heads} is not a multiple of --kv-heads {grid.kv_heads}")
+    if grid.layout not in ("contiguous", "paged"):
+        raise ValueError(f"--layout: expected contiguous or paged, got {grid.layout!r}")
+    if grid.dtype not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"--dtype: expected bf16, fp16 or fp32, got {grid.dtype!r}")
+    if not grid.batch or min(grid.batch) <= 0:
+        raise ValueError("--batch: every batch size must be > 0")
+    if not grid.S or min(grid.S) <= 0:
+        raise ValueError("--S: every budget must be > 0")
+
+
+def _case_label(case: dict) -> str:
+    budget = f" S={case['S']}" if case.get("S") is not None else ""
+    return f"{case['method']}{budget} ctx={format_size(case['ctx'])} B={case['batch']}"
+
+
+def _print_summary(summary: list[tuple[dict, list[dict]]]) -> None:
+    table = Table(title="kernel summary (sorted by latency)")
+    for column in ("method", "S", "ctx", "B", "latency", "timing", "rel L2", "cos", "KV read"):
+        table.add_column(column, no_wrap=column == "method")
+    entries = []
+    for case, rows in summary:
+        by_metric = {r["metric"]: r for r in rows}
+        latency = by_metric.get("latency", {})
+        entries.append((latency.get("value", math.nan), case, latency, by_metric))
+    entries.sort(key=lambda e: (math.isnan(e[0]), e[0]))
+    for value, case, latency, by_metric in entries:
+
+        def fmt(metric: str, spec: str, by_metric=by_metric) -> str:
+            row = by_metric.get(metric)
+            return format(row["value"], spec) if row and row["status"] == "ok" else "-"
+
+        status = latency.get("status", "ok")
+        shown = f"{value:,.1f} us" if status == "ok" else f"{status}: {latency.get('reason', '')}"
+        table.add_row(
+            case["method"],
+            str(case.get("S") or "-"),
+            format_size(case["ctx"]),
+            str(case["batch"]),
+            shown,
+            str(latency.get("timing", "")),
+            fmt("rel_l2_vs_dense", ".2e"),
+            fmt("cosine_vs_dense", ".4f"),
+            fmt("kv_read_fraction", ".1%"),
+        )
+    console.print(table)
+
+
+def main() -> None:  # pragma: no cover - console script entry point
+    app()

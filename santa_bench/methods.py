@@ -1,0 +1,311 @@
+"""The method registry: every attention method, one entry each, used by every runner.
+
+An entry carries its name, family, parameters (defaults and validation), the exact
+PyTorch reference, an optional fast kernel (a lazy ``"module:function"`` string), its
+availability with a reason, and its byte model. Method specs on the command line read
+``name`` or ``name:key=value,key=value`` (e.g. ``santa-prop:S=128,tile=64``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+import santa_kernels as sk
+from santa_kernels.reads import ReadCounts
+
+FAMILIES = ("dense", "baseline", "santa", "santapp", "bernoulli", "oracle")
+
+
+class MethodError(ValueError):
+    """An unknown method, parameter or invalid parameter value."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One method parameter: default, type, and the values it accepts."""
+
+    name: str
+    default: Any
+    kind: type
+    help: str
+    choices: tuple[Any, ...] | None = None
+    minimum: int | None = None
+
+    def validate(self, value: Any, method: str) -> Any:
+        """Returns ``value`` converted to the parameter's type, or raises MethodError."""
+        try:
+            converted = self.kind(value) if not isinstance(value, self.kind) else value
+        except (TypeError, ValueError):
+            raise MethodError(
+                f"{method}: parameter {self.name} expects {self.kind.__name__}, got {value!r}"
+            ) from None
+        if self.kind is int and isinstance(value, float) and value != int(value):
+            raise MethodError(f"{method}: parameter {self.name} must be an integer, got {value!r}")
+        if self.choices is not None and converted not in self.choices:
+            raise MethodError(
+                f"{method}: parameter {self.name} must be one of {list(self.choices)}, "
+                f"got {value!r}"
+            )
+        if self.minimum is not None and converted < self.minimum:
+            raise MethodError(
+                f"{method}: parameter {self.name} must be >= {self.minimum}, got {value!r}"
+            )
+        return converted
+
+
+def _always() -> tuple[bool, str]:
+    return True, ""
+
+
+def _resolve(path: str) -> Callable:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One attention method of the registry."""
+
+    name: str
+    family: str
+    description: str
+    params: tuple[Param, ...] = ()
+    reference: Callable[..., sk.AttentionOutput] | None = None
+    kernel: str | None = None  # "module:function", resolved on first use
+    availability: Callable[[], tuple[bool, str]] = _always
+    stash_bytes_per_score: int = 0  # bytes written and read back per (head, token)
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+    def resolve_params(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Returns every parameter with defaults filled and ``overrides`` validated."""
+        overrides = dict(overrides or {})
+        known = {p.name: p for p in self.params}
+        unknown = sorted(set(overrides) - set(known))
+        if unknown:
+            raise MethodError(
+                f"{self.name}: unknown parameter(s) {unknown}; accepted: {sorted(known) or 'none'}"
+            )
+        return {
+            name: p.validate(overrides[name], self.name) if name in overrides else p.default
+            for name, p in known.items()
+        }
+
+    def available(self) -> tuple[bool, str]:
+        """Returns ``(True, "")`` or ``(False, reason)`` for this machine."""
+        try:
+            return self.availability()
+        except Exception as exc:  # an optional dependency failing to probe
+            return False, f"availability check failed: {exc}"
+
+    def kernel_fn(self) -> Callable | None:
+        """Returns the fast kernel's entry point, or None when the method has none."""
+        return _resolve(self.kernel) if self.kernel else None
+
+    def run_reference(
+        self, q: torch.Tensor, kv: sk.KVCache, params: dict[str, Any], **kw: Any
+    ) -> sk.AttentionOutput:
+        """Runs the exact PyTorch reference with resolved ``params``."""
+        if self.reference is None:
+            raise MethodError(f"{self.name}: has no PyTorch reference")
+        return self.reference(q, kv, **params, **kw)
+
+    def bytes_read(self, reads: ReadCounts, element_size: int, num_heads: int) -> int:
+        """Byte model: K/V bytes the method reads plus its score stash traffic."""
+        stash = 2 * self.stash_bytes_per_score * num_heads * int(reads.context.sum())
+        return reads.kv_bytes(element_size) + stash
+
+
+# --------------------------------------------------------------- parameters
+_S = Param("S", 128, int, "samples per (sequence, query head)", minimum=1)
+_TILE = Param("tile", 64, int, "split-KV tile size BN (tokens)", minimum=1)
+_MIN_CTX = Param("min_ctx", 0, int, "contexts shorter than this run dense", minimum=0)
+_ALLOC = Param(
+    "alloc",
+    "systematic",
+    str,
+    "prop tile budgets: global systematic (unbiased) or the "
+    "released code's largest remainder (biased)",
+    choices=("systematic", "largest-remainder"),
+)
+_DRAWS = Param("draws", 4, int, "ternary query draws B averaged per head", minimum=1)
+_GROUPING = Param(
+    "grouping",
+    "per-head",
+    str,
+    "feature mask per query head or once per GQA group (mean group query)",
+    choices=("per-head", "mean-group-query"),
+)
+_VALUE = Param(
+    "value",
+    "dense",
+    str,
+    "value stage composed with the Bernoulli scores",
+    choices=("dense", "iid", "strat", "sys", "flash", "prop"),
+)
+
+
+def _reference(value: str) -> Callable[..., sk.AttentionOutput]:
+    def run(q: torch.Tensor, kv: sk.KVCache, **params: Any) -> sk.AttentionOutput:
+        return sk.attention(q, kv, value=value, **params)
+
+    run.__doc__ = f"Reference with value stage {value!r}."
+    return run
+
+
+def _bernoulli_reference(q: torch.Tensor, kv: sk.KVCache, **params: Any) -> sk.AttentionOutput:
+    if params.get("value") == "dense":
+        params = {k: v for k, v in params.items() if k not in ("S", "tile", "alloc")}
+    return sk.attention(q, kv, score="bernoulli", **params)
+
+
+def _builtin_methods() -> list[Method]:
+    return [
+        Method(
+            "dense",
+            "dense",
+            "exact softmax(qK^T)V (the ground truth)",
+            reference=_reference("dense"),
+        ),
+        Method(
+            "santa-iid",
+            "santa",
+            "SANTA: S i.i.d. value rows from the softmax",
+            (_S, _MIN_CTX),
+            reference=_reference("iid"),
+            stash_bytes_per_score=4,
+        ),
+        Method(
+            "santa-strat",
+            "santa",
+            "S2ANTA-strat: one sample per CDF stratum",
+            (_S, _MIN_CTX),
+            reference=_reference("strat"),
+            stash_bytes_per_score=4,
+        ),
+        Method(
+            "santa-sys",
+            "santa",
+            "S2ANTA-sys: systematic sampling over the global CDF",
+            (_S, _MIN_CTX),
+            reference=_reference("sys"),
+            stash_bytes_per_score=4,
+        ),
+        Method(
+            "santa-flash",
+            "santa",
+            "S2ANTA-flash: equal tile budgets, mass-weighted merge",
+            (_S, _TILE, _MIN_CTX),
+            reference=_reference("flash"),
+        ),
+        Method(
+            "santa-prop",
+            "santa",
+            "S2ANTA-prop: tile budgets by mass, global systematic (or largest remainder)",
+            (_S, _TILE, _ALLOC, _MIN_CTX),
+            reference=_reference("prop"),
+            stash_bytes_per_score=4,
+        ),
+        Method(
+            "bernoulli",
+            "bernoulli",
+            "Bernoulli qK^T: ternary queries read a subset of K features; any value stage",
+            (_DRAWS, _GROUPING, _VALUE, _S, _TILE, _ALLOC, _MIN_CTX),
+            reference=_bernoulli_reference,
+        ),
+    ]
+
+
+class Registry:
+    """Name -> Method, in registration order."""
+
+    def __init__(self, methods: Iterable[Method] = ()) -> None:
+        self._methods: dict[str, Method] = {}
+        for method in methods:
+            self.register(method)
+
+    def register(self, method: Method) -> None:
+        if method.family not in FAMILIES:
+            raise MethodError(f"{method.name}: unknown family {method.family!r}")
+        if method.name in self._methods:
+            raise MethodError(f"method {method.name!r} registered twice")
+        self._methods[method.name] = method
+
+    def get(self, name: str) -> Method:
+        try:
+            return self._methods[name]
+        except KeyError:
+            raise MethodError(
+                f"unknown method {name!r}; known: {', '.join(self._methods)}"
+            ) from None
+
+    def __iter__(self):
+        return iter(self._methods.values())
+
+    def names(self) -> list[str]:
+        return list(self._methods)
+
+
+REGISTRY = Registry(_builtin_methods())
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method with resolved parameters, as named on the command line."""
+
+    method: Method
+    params: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.method.name
+
+    def label(self) -> str:
+        """Returns ``name`` plus the parameters that differ from the defaults."""
+        defaults = {p.name: p.default for p in self.method.params}
+        changed = [f"{k}={v}" for k, v in self.params.items() if defaults.get(k) != v]
+        return self.name + (":" + ",".join(changed) if changed else "")
+
+
+def _coerce(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_method_specs(
+    text: str, registry: Registry = REGISTRY
+) -> list[tuple[Method, dict[str, Any]]]:
+    """Parses ``"dense,santa-prop:S=128,tile=32,santa-flash"`` into (method, overrides) pairs.
+
+    A ``key=value`` item without a method name belongs to the method before it.
+    """
+    parsed: list[tuple[Method, dict[str, Any]]] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, colon, rest = item.partition(":")
+        if not colon and "=" in item:
+            if not parsed:
+                raise MethodError(f"parameter {item!r} given before any method name")
+            key, _, value = item.partition("=")
+            parsed[-1][1][key.strip()] = _coerce(value.strip())
+            continue
+        overrides: dict[str, Any] = {}
+        if colon:
+            for assignment in rest.split(";") if ";" in rest else [rest]:
+                key, eq, value = assignment.partition("=")
+                if not eq:
+                    raise MethodError(f"{name}: expected key=value after ':', got {assignment!r}")
+                overrides[key.strip()] = _coerce(value.strip())
+        parsed.append((registry.get(name.strip()), overrides))
+    if not parsed:
+        raise MethodError("no method named")
+    return parsed

@@ -1,0 +1,285 @@
+"""Tidy Parquet results: one row per observation, one file per case, one folder per run.
+
+Layout under a store's root (e.g. `results/`)::
+
+    <run_id>/run.json                   the environment record (collect_environment) + run_id
+    <run_id>/part-<case_hash>.parquet   every row of one case, written atomically
+
+A row holds the case's parameters (flat scalars, one column each) followed by
+FIXED_COLUMNS. A case that already has rows under the same environment fingerprint
+is skipped on re-runs unless forced, so an interrupted sweep resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import numbers
+import os
+import secrets
+import tempfile
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from santa_bench.environment import environment_fingerprint
+
+FIXED_COLUMNS: tuple[str, ...] = (
+    "metric",
+    "value",
+    "unit",
+    "status",
+    "reason",
+    "run_id",
+    "case_hash",
+    "env_fingerprint",
+    "command",
+)
+"""Columns every row carries after the case's parameters:
+
+- metric: what was observed (`latency_ms`, `rel_l2`, `accuracy`, ...).
+- value: the observation as float64; NaN when status is not "ok".
+- unit: the value's unit (`ms`, `GB/s`, `""` for ratios and scores).
+- status: "ok", "skipped" (could not run here: no CUDA, package missing) or "failed".
+- reason: why a row is skipped or failed; "" when ok.
+- run_id: the run's folder name; joins to its run.json (environment record).
+- case_hash: config_hash of the case's parameters; the resume key.
+- env_fingerprint: environment_fingerprint of the run; rows compare only within one.
+- command: the exact command line that reproduces the row.
+"""
+
+STATUSES: tuple[str, ...] = ("ok", "skipped", "failed")
+
+# Filled by Run.write_case, never by the runner.
+_FILLED_COLUMNS = ("run_id", "case_hash", "env_fingerprint", "command")
+_ARROW_TYPES = {name: pa.float64() if name == "value" else pa.string() for name in FIXED_COLUMNS}
+_Scalar = str | int | float | bool | None
+
+
+def config_hash(case: dict[str, Any]) -> str:
+    """Return a stable 16-hex hash of a case's parameters (keys starting with "_" ignored).
+
+    Key order does not matter, and integral floats hash as ints (1.0 == 1).
+    """
+    params = {key: _canonical(value) for key, value in case.items() if not key.startswith("_")}
+    text = json.dumps(params, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def validate_row(row: dict[str, Any]) -> dict[str, Any]:
+    """Return `row` with status, reason, unit defaulted and value as float; ValueError if bad."""
+    status = row.get("status", "ok")
+    if status not in STATUSES:
+        raise ValueError(f"row status must be one of {STATUSES}, got {status!r}: {row}")
+    metric = row.get("metric")
+    if not isinstance(metric, str) or not metric:
+        raise ValueError(f"row needs a non-empty str 'metric': {row}")
+    value = row.get("value")
+    if value is None and status != "ok":
+        value = math.nan
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"row {metric!r}: 'value' must be a real number, got {value!r}")
+    reason = row.get("reason", "")
+    if status != "ok" and not reason:
+        raise ValueError(f"row {metric!r} is {status} but gives no 'reason'")
+    unit = row.get("unit", "")
+    if not isinstance(unit, str) or not isinstance(reason, str):
+        raise ValueError(f"row {metric!r}: 'unit' and 'reason' must be str")
+    return {**row, "value": float(value), "unit": unit, "status": status, "reason": reason}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run's folder: writes each case's rows as one Parquet part."""
+
+    path: Path
+    run_id: str
+    env_fingerprint: str
+    command: str
+
+    def write_case(
+        self, case: dict[str, Any], rows: list[dict[str, Any]], command: str | None = None
+    ) -> Path:
+        """Return the path of the part written atomically for `case` (replacing an old one).
+
+        Each row gets the case's parameters and the fixed columns; `command` (default:
+        the run's command) is what reproduces the case.
+        """
+        if not rows:
+            raise ValueError(f"case {case} has no rows; record a skipped/failed row instead")
+        params = {
+            key: _scalar(key, value) for key, value in case.items() if not key.startswith("_")
+        }
+        if clash := set(params) & set(FIXED_COLUMNS):
+            raise ValueError(f"case parameters may not use fixed column names: {sorted(clash)}")
+        case_hash = config_hash(case)
+        filled = {
+            "run_id": self.run_id,
+            "case_hash": case_hash,
+            "env_fingerprint": self.env_fingerprint,
+            "command": command if command is not None else self.command,
+        }
+        records = [self._record(params, validate_row(row), filled) for row in rows]
+        columns = list(dict.fromkeys(key for record in records for key in record))
+        columns = [c for c in columns if c not in FIXED_COLUMNS] + list(FIXED_COLUMNS)
+        table = pa.table(
+            {c: pa.array([r.get(c) for r in records], type=_ARROW_TYPES.get(c)) for c in columns}
+        )
+        path = self.path / f"part-{case_hash}.parquet"
+        _atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+        return path
+
+    @staticmethod
+    def _record(
+        params: dict[str, _Scalar], row: dict[str, Any], filled: dict[str, str]
+    ) -> dict[str, _Scalar]:
+        """Return one output record: case parameters, the row's own columns, filled columns."""
+        if given := set(row) & set(_FILLED_COLUMNS):
+            raise ValueError(f"rows may not set {sorted(given)}; write_case fills them")
+        extra = {key: _scalar(key, value) for key, value in row.items()}
+        if clash := {k for k in set(extra) & set(params) if extra[k] != params[k]}:
+            raise ValueError(f"row columns {sorted(clash)} contradict the case's parameters")
+        return {**params, **extra, **filled}
+
+
+class ResultStore:
+    """A folder of runs; answers which cases are done and loads rows as one DataFrame."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+
+    def start_run(self, env: dict[str, Any], run_id: str | None = None) -> Run:
+        """Return a new (or reopened) run whose run.json holds `env`, run_id, env_fingerprint."""
+        run_id = run_id or datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+        if run_id in {"", ".", ".."} or "/" in run_id or os.sep in run_id:
+            raise ValueError(f"run_id must be a plain folder name, got {run_id!r}")
+        fingerprint = environment_fingerprint(env)
+        directory = self.root / run_id
+        old = _read_json(directory / "run.json")
+        if old is not None and old.get("env_fingerprint") != fingerprint:
+            raise ValueError(f"run {run_id!r} exists with a different environment fingerprint")
+        directory.mkdir(parents=True, exist_ok=True)
+        record = {**env, "run_id": run_id, "env_fingerprint": fingerprint}
+        text = json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
+        _atomic_write(directory / "run.json", lambda tmp: Path(tmp).write_text(text))
+        return Run(directory, run_id, fingerprint, str(env.get("command") or ""))
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Return the run.json records under the root, sorted by run_id."""
+        records = (_read_json(path) for path in sorted(self.root.glob("*/run.json")))
+        return [record for record in records if record is not None]
+
+    def completed(self, env_fingerprint: str) -> set[str]:
+        """Return the case hashes that have rows, in any run, under `env_fingerprint`."""
+        done: set[str] = set()
+        for path in self._parts(None):
+            table = _read_part(path, columns=["case_hash", "env_fingerprint"])
+            if table is None:
+                continue
+            for case_hash, fingerprint in zip(
+                table["case_hash"].to_pylist(), table["env_fingerprint"].to_pylist(), strict=True
+            ):
+                if fingerprint == env_fingerprint:
+                    done.add(case_hash)
+        return done
+
+    def load(self, runs: list[str] | None = None) -> pd.DataFrame:
+        """Return every row of the given runs (default: all), columns unioned (missing: NA)."""
+        frames = [
+            table.to_pandas()
+            for table in map(_read_part, self._parts(runs))
+            if table is not None and table.num_rows
+        ]
+        if not frames:
+            return pd.DataFrame({c: pd.Series(dtype=_pandas_dtype(c)) for c in FIXED_COLUMNS})
+        data = pd.concat(frames, ignore_index=True, sort=False)
+        params = [c for c in data.columns if c not in FIXED_COLUMNS]
+        return data[params + list(FIXED_COLUMNS)]
+
+    def _parts(self, runs: list[str] | None) -> list[Path]:
+        """Return the part files of the given runs (default: all), in a stable order."""
+        if runs is None:
+            return sorted(self.root.glob("*/part-*.parquet"))
+        if missing := [run for run in runs if not (self.root / run).is_dir()]:
+            raise ValueError(f"unknown runs under {self.root}: {missing}")
+        return [path for run in runs for path in sorted((self.root / run).glob("part-*.parquet"))]
+
+
+def should_skip(
+    store: ResultStore, case: dict[str, Any], fingerprint: str, force: bool = False
+) -> bool:
+    """Return True when `case` already has rows under `fingerprint` and `force` is off.
+
+    Scans the store on every call; for many cases, call `store.completed()` once instead.
+    """
+    return not force and config_hash(case) in store.completed(fingerprint)
+
+
+def _canonical(value: Any) -> Any:
+    """Return `value` with integral floats as ints and tuples as lists, recursively."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, (list, tuple)):
+        return [_canonical(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): _canonical(item) for key, item in value.items()}
+    return value
+
+
+def _scalar(key: str, value: Any) -> _Scalar:
+    """Return `value` as a plain Python scalar (numpy scalars unwrapped); ValueError if not."""
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()  # numpy scalars and 0-d tensors
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise ValueError(f"column {key!r} must be a flat scalar, got {type(value).__name__}")
+
+
+def _atomic_write(path: Path, write: Callable[[str], object]) -> None:
+    """Write `path` via a temp file in the same folder, so readers never see it half-written."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read_part(path: Path, columns: list[str] | None = None) -> pa.Table | None:
+    """Return the part's table (only `columns` if given), or None with a warning if unreadable."""
+    try:
+        return pq.read_table(path, columns=columns)
+    except (OSError, pa.ArrowException, KeyError) as exc:
+        warnings.warn(
+            f"skipping unreadable result part {path}: {exc}", RuntimeWarning, stacklevel=3
+        )
+        return None
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """Return the JSON object in `path`, None if absent, or None with a warning if unreadable."""
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        warnings.warn(f"skipping unreadable run record {path}: {exc}", RuntimeWarning, stacklevel=3)
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _pandas_dtype(column: str) -> str:
+    """Return the pandas dtype of a fixed column in an empty frame."""
+    return "float64" if column == "value" else "str"

@@ -1,0 +1,73 @@
+"""The method registry: parsing, parameter validation, references and byte models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import decode_problem
+from santa_bench.methods import REGISTRY, MethodError, parse_method_specs
+
+
+def test_every_entry_has_a_family_reference_and_availability():
+    for method in REGISTRY:
+        ok, reason = method.available()
+        assert isinstance(ok, bool) and isinstance(reason, str)
+        assert ok or reason
+        assert method.reference is not None
+
+
+def test_parse_specs_with_parameters():
+    parsed = parse_method_specs("dense,santa-prop:S=256,tile=32,santa-flash:S=2048")
+    assert [(m.name, o) for m, o in parsed] == [
+        ("dense", {}),
+        ("santa-prop", {"S": 256, "tile": 32}),
+        ("santa-flash", {"S": 2048}),
+    ]
+    prop = parsed[1][0]
+    assert prop.resolve_params(parsed[1][1]) == {
+        "S": 256, "tile": 32, "alloc": "systematic", "min_ctx": 0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("nope", "unknown method 'nope'"),
+        ("S=3", "given before any method name"),
+        ("santa-sys:S", "expected key=value"),
+        ("santa-sys:S=0", "S must be >= 1"),
+        ("santa-sys:S=1.5", "S must be an integer"),
+        ("santa-sys:tile=8", "unknown parameter(s) ['tile']"),
+        ("santa-prop:alloc=nearest", "alloc must be one of"),
+        ("bernoulli:grouping=union", "grouping must be one of"),
+        ("", "no method named"),
+    ],
+)
+def test_bad_specs_raise_clear_errors(spec, message):
+    with pytest.raises(MethodError, match=message.replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[").replace("]", r"\]")):
+        parsed = parse_method_specs(spec)
+        for method, overrides in parsed:
+            method.resolve_params(overrides)
+
+
+def test_byte_model_counts_k_unique_v_rows_and_the_stash():
+    q, kv = decode_problem(batch=1, heads=4, kv_heads=2, n=100, d=8, dtype=torch.bfloat16)
+    dense = REGISTRY.get("dense")
+    out = dense.run_reference(q, kv, {})
+    assert dense.bytes_read(out.reads, 2, 4) == 2 * 100 * 2 * 8 * 2  # K and V, 2 KV heads
+    prop = REGISTRY.get("santa-prop")
+    out = prop.run_reference(q, kv, prop.resolve_params({"S": 4}), seed=0)
+    v_rows = int(out.reads.v_rows.sum())
+    assert v_rows <= 2 * 8  # at most S per head, union over each group of 2
+    stash = 2 * 4 * 4 * 100  # fp32 score written once and read once per (head, token)
+    assert prop.bytes_read(out.reads, 2, 4) == (100 * 2 * 8 + v_rows * 8) * 2 + stash
+
+
+def test_bernoulli_entry_composes_value_stages():
+    q, kv = decode_problem(batch=1, heads=2, kv_heads=2, n=64, d=64)
+    method = REGISTRY.get("bernoulli")
+    for value in ("dense", "sys", "prop"):
+        out = method.run_reference(q, kv, method.resolve_params({"value": value, "S": 8}), seed=1)
+        assert out.reads.k_read_fraction < 1.0

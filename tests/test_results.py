@@ -1,0 +1,230 @@
+"""The result store: schema, atomic parts, resume by config hash + environment fingerprint."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from santa_bench.environment import collect_environment, environment_fingerprint
+from santa_bench.results import (
+    FIXED_COLUMNS,
+    ResultStore,
+    config_hash,
+    should_skip,
+    validate_row,
+)
+
+CASE = {"method": "santa", "backend": "triton", "ctx": 4096, "S": 64, "dtype": "bf16", "seed": 0}
+ENV = {
+    "device": "cpu",
+    "gpu_name": None,
+    "torch": "2.13.0",
+    "triton": "3.6.0",
+    "flashinfer": None,
+    "hostname": "box",
+    "command": "santa-bench kernel --method santa",
+    "date": "2025-01-01T00:00:00+00:00",
+}
+
+
+ENV_FIELDS = """device gpu_name sm_count l2_bytes gpu_memory_bytes cuda driver hostname
+platform python torch triton flashinfer transformers flash_attn git_sha command date
+copy_bandwidth_gbps"""
+
+
+def rows(latency: float = 1.5) -> list[dict]:
+    return [
+        {"metric": "latency_ms", "value": latency, "unit": "ms"},
+        {"metric": "rel_l2", "value": 0.01, "unit": ""},
+    ]
+
+
+def test_round_trip(tmp_path):
+    store = ResultStore(tmp_path)
+    run = store.start_run(ENV, run_id="r1")
+    assert run.path == tmp_path / "r1" and run.run_id == "r1"
+    run.write_case(CASE, rows())
+    run.write_case({**CASE, "S": 128}, [{"metric": "latency_ms", "value": 2.0, "unit": "ms"}])
+
+    data = store.load()
+    assert len(data) == 3
+    assert list(data.columns) == [*CASE, *FIXED_COLUMNS]
+    first = data[(data.S == 64) & (data.metric == "latency_ms")].iloc[0]
+    assert first.value == 1.5 and first.unit == "ms" and first.status == "ok"
+    assert first.reason == "" and first.run_id == "r1" and first.method == "santa"
+    assert first.case_hash == config_hash(CASE)
+    assert first.env_fingerprint == environment_fingerprint(ENV)
+    assert first.command == ENV["command"]
+    assert set(store.load(runs=["r1"]).case_hash) == set(data.case_hash)
+
+
+def test_schema_has_fixed_columns_with_types(tmp_path):
+    run = ResultStore(tmp_path).start_run(ENV)
+    path = run.write_case(CASE, rows())
+    schema = pq.read_schema(path)
+    assert schema.names[-len(FIXED_COLUMNS) :] == list(FIXED_COLUMNS)
+    assert schema.field("value").type == pa.float64()
+    for column in set(FIXED_COLUMNS) - {"value"}:
+        assert schema.field(column).type == pa.string(), column
+    assert schema.field("ctx").type == pa.int64()
+
+    data = ResultStore(tmp_path).load()
+    assert data["value"].dtype == "float64"
+    assert all(data[c].map(type).eq(str).all() for c in set(FIXED_COLUMNS) - {"value"})
+
+
+def test_atomic_write_leaves_no_temp_files(tmp_path):
+    run = ResultStore(tmp_path).start_run(ENV, run_id="r1")
+    run.write_case(CASE, rows())
+    run.write_case(CASE, rows(latency=2.0))  # a rerun replaces the part
+    names = sorted(p.name for p in (tmp_path / "r1").iterdir())
+    assert names == [f"part-{config_hash(CASE)}.parquet", "run.json"]
+    assert ResultStore(tmp_path).load().query("metric == 'latency_ms'").value.tolist() == [2.0]
+
+
+def test_failed_write_leaves_no_temp_files(tmp_path):
+    run = ResultStore(tmp_path).start_run(ENV, run_id="r1")
+    with pytest.raises(ValueError, match="flat scalar"):
+        run.write_case(CASE, [{"metric": "m", "value": 1.0, "extra": [1, 2]}])
+    assert sorted(p.name for p in (tmp_path / "r1").iterdir()) == ["run.json"]
+
+
+def test_resume_detects_completed_cases(tmp_path):
+    store = ResultStore(tmp_path)
+    fingerprint = environment_fingerprint(ENV)
+    store.start_run(ENV, run_id="r1").write_case(CASE, rows())
+
+    # A later run (new date, command, host) under the same fingerprint skips it.
+    later = {**ENV, "date": "2025-02-02T00:00:00+00:00", "command": "other", "hostname": "b"}
+    assert environment_fingerprint(later) == fingerprint
+    store.start_run(later, run_id="r2")
+    assert store.completed(fingerprint) == {config_hash(CASE)}
+    reordered = dict(reversed(list(CASE.items())))
+    assert should_skip(store, reordered, fingerprint, force=False)
+    assert not should_skip(store, reordered, fingerprint, force=True)
+    assert not should_skip(store, {**CASE, "S": 128}, fingerprint, force=False)
+
+
+def test_other_fingerprint_is_not_completed(tmp_path):
+    store = ResultStore(tmp_path)
+    store.start_run(ENV, run_id="r1").write_case(CASE, rows())
+    gpu = {**ENV, "device": "cuda", "gpu_name": "NVIDIA H200"}
+    assert environment_fingerprint(gpu) != environment_fingerprint(ENV)
+    assert store.completed(environment_fingerprint(gpu)) == set()
+    assert not should_skip(store, CASE, environment_fingerprint(gpu), force=False)
+
+
+def test_config_hash_is_canonical():
+    h = config_hash(CASE)
+    assert len(h) == 16 and int(h, 16) >= 0
+    assert config_hash(dict(sorted(CASE.items()))) == h
+    assert config_hash({**CASE, "ctx": 4096.0}) == h
+    assert config_hash({**CASE, "_note": "ignored", "_tensor": object()}) == h
+    assert config_hash({**CASE, "S": 65}) != h
+    assert config_hash({**CASE, "ctx": 4096.5}) != h
+    assert config_hash({**CASE, "seed": True}) != config_hash({**CASE, "seed": 1})
+
+
+def test_run_json_holds_environment(tmp_path):
+    store = ResultStore(tmp_path)
+    run = store.start_run(ENV)
+    record = json.loads((tmp_path / run.run_id / "run.json").read_text())
+    assert record == {**ENV, "run_id": run.run_id, "env_fingerprint": run.env_fingerprint}
+    assert store.runs() == [record]
+    with pytest.raises(ValueError, match="fingerprint"):
+        store.start_run({**ENV, "device": "cuda"}, run_id=run.run_id)
+
+
+def test_skipped_and_failed_rows(tmp_path):
+    run = ResultStore(tmp_path).start_run(ENV)
+    run.write_case(
+        CASE,
+        [
+            {
+                "metric": "latency_ms",
+                "value": None,
+                "unit": "ms",
+                "status": "skipped",
+                "reason": "no CUDA device",
+            },
+            {"metric": "rel_l2", "value": math.nan, "status": "failed", "reason": "OOM"},
+        ],
+    )
+    data = ResultStore(tmp_path).load()
+    assert data.status.tolist() == ["skipped", "failed"]
+    assert data.value.isna().all() and data.reason.tolist() == ["no CUDA device", "OOM"]
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"metric": "m", "value": 1.0, "status": "done"}, "status"),
+        ({"value": 1.0}, "metric"),
+        ({"metric": "m", "value": "fast"}, "real number"),
+        ({"metric": "m", "value": None}, "real number"),
+        ({"metric": "m", "value": True}, "real number"),
+        ({"metric": "m", "value": math.nan, "status": "failed"}, "reason"),
+    ],
+)
+def test_validate_row_rejects_bad_rows(row, message):
+    with pytest.raises(ValueError, match=message):
+        validate_row(row)
+
+
+def test_write_case_rejects_bad_cases(tmp_path):
+    run = ResultStore(tmp_path).start_run(ENV)
+    with pytest.raises(ValueError, match="no rows"):
+        run.write_case(CASE, [])
+    with pytest.raises(ValueError, match="fixed column"):
+        run.write_case({**CASE, "metric": "x"}, rows())
+    with pytest.raises(ValueError, match="fills them"):
+        run.write_case(CASE, [{"metric": "m", "value": 1.0, "run_id": "x"}])
+
+
+def test_corrupt_part_is_skipped_with_warning(tmp_path):
+    store = ResultStore(tmp_path)
+    store.start_run(ENV, run_id="r1").write_case(CASE, rows())
+    (tmp_path / "r1" / "part-deadbeefdeadbeef.parquet").write_bytes(b"PAR1 truncated")
+    (tmp_path / "r1" / ".part-0123.parquet.abc.tmp").write_bytes(b"half")  # leftover temp
+
+    with pytest.warns(RuntimeWarning, match="deadbeef"):
+        assert store.completed(environment_fingerprint(ENV)) == {config_hash(CASE)}
+    with pytest.warns(RuntimeWarning, match="deadbeef"):
+        assert len(store.load()) == 2
+
+
+def test_load_unions_columns(tmp_path):
+    run = ResultStore(tmp_path).start_run(ENV)
+    run.write_case(CASE, rows())
+    run.write_case({"method": "dense", "task": "niah"}, [{"metric": "accuracy", "value": 1}])
+    data = ResultStore(tmp_path).load()
+    assert len(data) == 3
+    assert data.loc[data.method == "dense", "ctx"].isna().all()
+    assert data.loc[data.method == "santa", "task"].isna().all()
+    assert ResultStore(tmp_path / "empty").load().columns.tolist() == list(FIXED_COLUMNS)
+
+
+def test_environment_without_gpu():
+    env = collect_environment(["santa-bench", "kernel", "--ctx", "4096"])
+    for field in ENV_FIELDS.split():
+        assert field in env, field
+    assert env["command"] == "santa-bench kernel --ctx 4096"
+    assert env["torch"] and env["copy_bandwidth_gbps"] is None
+    assert json.loads(json.dumps(env)) == env
+    if env["device"] == "cpu":
+        assert env["gpu_name"] is None and env["sm_count"] is None
+    assert collect_environment()["command"]  # defaults to this process's argv
+
+    moved = {
+        **env,
+        "date": "1999-01-01T00:00:00+00:00",
+        "command": "x",
+        "hostname": "y",
+        "git_sha": "abc-dirty",
+    }
+    assert environment_fingerprint(moved) == environment_fingerprint(env)
+    assert environment_fingerprint({**env, "torch": "0.0"}) != environment_fingerprint(env)
