@@ -45,7 +45,7 @@ def list_methods() -> None:
             method.name,
             method.family,
             params,
-            "triton" if method.kernel else "reference",
+            method.kernel_kind,
             "[green]yes[/]" if ok else f"[red]no[/]: {reason}",
             method.description,
         )
@@ -84,6 +84,15 @@ def kernel(
         str, typer.Option("--S", help="Sample budget(s) S for the sampling methods, comma list.")
     ] = "128",
     batch: Annotated[str, typer.Option(help="Batch size(s), comma list.")] = "1",
+    baselines: Annotated[
+        str,
+        typer.Option(
+            help="Dense baselines to time beside the methods: 'auto' (every vendor baseline "
+            "plus triton-splitkv on a GPU; none on a CPU), 'none', or a comma list "
+            "(sdpa-math, sdpa-flash, sdpa-cudnn, flashinfer-tc, flashinfer-cuda, flash-attn, "
+            "triton-splitkv)."
+        ),
+    ] = "auto",
     methods: Annotated[
         str,
         typer.Option(
@@ -109,6 +118,23 @@ def kernel(
         str | None, typer.Option(help="Name of this run's folder (default: timestamp).")
     ] = None,
     force: Annotated[bool, typer.Option(help="Re-run cases already in the store.")] = False,
+    graph: Annotated[
+        bool,
+        typer.Option(
+            help="GPU: time CUDA-graph replays (as a serving engine runs decode); "
+            "--no-graph times eager calls with CUDA events."
+        ),
+    ] = True,
+    cold: Annotated[
+        bool,
+        typer.Option(
+            help="GPU: keep L2 cold by rotating input copies (recorded as l2_state); "
+            "--warm reuses one copy."
+        ),
+    ] = True,
+    gpu_budget_ms: Annotated[
+        float, typer.Option(help="GPU: milliseconds of timed repeats per case.")
+    ] = 300.0,
     cpu_budget: Annotated[
         float, typer.Option(help="Seconds of wall-clock repeats per case on a CPU.")
     ] = 1.0,
@@ -121,8 +147,9 @@ def kernel(
     from santa_bench.runners.kernel import KernelGrid, KernelRunner, expand_cases
 
     try:
+        on_device = _device(device)
         grid = KernelGrid(
-            methods=parse_method_specs(methods),
+            methods=_with_baselines(parse_method_specs(methods), baselines, on_device),
             ctx=parse_size_list(ctx),
             batch=parse_list(batch, int),
             S=parse_list(S, int),
@@ -133,7 +160,9 @@ def kernel(
             layout=layout,
             page_size=page_size,
             seed=seed,
-            device=_device(device),
+            device=on_device,
+            graph=graph,
+            cold_l2=cold,
         )
         _check_grid(grid)
         cases = expand_cases(grid)
@@ -155,8 +184,17 @@ def kernel(
     if not todo:
         console.print("nothing to do (use --force to re-run)")
         return
+    if grid.device == "cuda":
+        from santa_bench.timing import copy_bandwidth_gbps
+
+        env["copy_bandwidth_gbps"] = copy_bandwidth_gbps("cuda")
     run = store.start_run(env, run_id=run_id)
-    runner = KernelRunner(cpu_budget_s=cpu_budget)
+    runner = KernelRunner(
+        cpu_budget_s=cpu_budget,
+        gpu_budget_ms=gpu_budget_ms,
+        copy_bandwidth_gbps=env.get("copy_bandwidth_gbps"),
+    )
+    runner.recall_baselines(store.load(), fingerprint)
     summary = []
     columns = (
         TextColumn("{task.description}"),
@@ -185,6 +223,21 @@ def kernel(
             progress.advance(task)
     _print_summary(summary)
     console.print(f"rows written to {run.path}")
+
+
+def _with_baselines(parsed: list, baselines: str, device: str) -> list:
+    """Adds the requested dense baselines (``auto``: all of them on a GPU, none on a CPU)."""
+    named = {m.name for m, _ in parsed}
+    if baselines == "auto":
+        wanted = [m.name for m in REGISTRY if m.family == "baseline"] if device == "cuda" else []
+    elif baselines == "none":
+        wanted = []
+    else:
+        wanted = parse_list(baselines)
+        for name in wanted:
+            if REGISTRY.get(name).family != "baseline":
+                raise MethodError(f"--baselines: {name!r} is not a dense baseline")
+    return parsed + [(REGISTRY.get(n), {}) for n in wanted if n not in named]
 
 
 def _check_grid(grid) -> None:
@@ -232,7 +285,7 @@ def _print_summary(summary: list[tuple[dict, list[dict]]]) -> None:
             format_size(case["ctx"]),
             str(case["batch"]),
             shown,
-            str(latency.get("timing", "")),
+            f"{case['timing']}/{latency.get('l2_state', case['l2'])}",
             fmt("rel_l2_vs_dense", ".2e"),
             fmt("cosine_vs_dense", ".4f"),
             fmt("kv_read_fraction", ".1%"),

@@ -1,14 +1,14 @@
 """The method registry: every attention method, one entry each, used by every runner.
 
 An entry carries its name, family, parameters (defaults and validation), the exact
-PyTorch reference, an optional fast kernel (a lazy ``"module:function"`` string), its
-availability with a reason, and its byte model. Method specs on the command line read
+PyTorch reference, an optional fast path (``prepare``: a Triton kernel or a dense
+baseline, set up outside the timed region), availability with a reason, and its byte
+model. Method specs on the command line read
 ``name`` or ``name:key=value,key=value`` (e.g. ``santa-prop:S=128,tile=64``).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 import santa_kernels as sk
+from santa_bench import baselines, kernel_adapters
 from santa_kernels.reads import ReadCounts
 
 FAMILIES = ("dense", "baseline", "santa", "santapp", "bernoulli", "oracle")
@@ -62,11 +63,6 @@ def _always() -> tuple[bool, str]:
     return True, ""
 
 
-def _resolve(path: str) -> Callable:
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
 @dataclass(frozen=True)
 class Method:
     """One attention method of the registry."""
@@ -76,8 +72,10 @@ class Method:
     description: str
     params: tuple[Param, ...] = ()
     reference: Callable[..., sk.AttentionOutput] | None = None
-    kernel: str | None = None  # "module:function", resolved on first use
+    prepare: Callable[..., Any] | None = None  # fast path: prepare(q, kv, *, seed, **params)
+    kernel_kind: str = "reference"  # what `prepare` runs: "triton" or "baseline"
     availability: Callable[[], tuple[bool, str]] = _always
+    kernel_availability: Callable[[], tuple[bool, str]] = _always
     stash_bytes_per_score: int = 0  # bytes written and read back per (head, token)
     tags: tuple[str, ...] = field(default_factory=tuple)
 
@@ -102,9 +100,14 @@ class Method:
         except Exception as exc:  # an optional dependency failing to probe
             return False, f"availability check failed: {exc}"
 
-    def kernel_fn(self) -> Callable | None:
-        """Returns the fast kernel's entry point, or None when the method has none."""
-        return _resolve(self.kernel) if self.kernel else None
+    def kernel_available(self) -> tuple[bool, str]:
+        """Returns whether the fast path (``prepare``) can run here, with the reason if not."""
+        if self.prepare is None:
+            return False, f"{self.name}: no fast kernel (reference only)"
+        try:
+            return self.kernel_availability()
+        except Exception as exc:
+            return False, f"kernel availability check failed: {exc}"
 
     def run_reference(
         self, q: torch.Tensor, kv: sk.KVCache, params: dict[str, Any], **kw: Any
@@ -163,6 +166,54 @@ def _bernoulli_reference(q: torch.Tensor, kv: sk.KVCache, **params: Any) -> sk.A
     return sk.attention(q, kv, score="bernoulli", **params)
 
 
+def _santa(
+    name: str,
+    description: str,
+    params: tuple[Param, ...],
+    value: str,
+    function: str,
+    stash: int = 0,
+) -> Method:
+    return Method(
+        name,
+        "santa",
+        description,
+        params,
+        reference=_reference(value),
+        prepare=kernel_adapters.santa_prepare(function),
+        kernel_kind="triton",
+        kernel_availability=kernel_adapters.santa_kernel_available,
+        stash_bytes_per_score=stash,
+    )
+
+
+def _dense_reference(q: torch.Tensor, kv: sk.KVCache, **_params: Any) -> sk.AttentionOutput:
+    return sk.attention(q, kv, value="dense")
+
+
+def _baseline(entry: baselines.Baseline) -> Method:
+    params = tuple(
+        Param(name, default, int, f"{entry.name} parameter {name}", minimum=0)
+        for name, default in entry.params.items()
+    )
+    ours = entry.name == "triton-splitkv"
+
+    def available() -> tuple[bool, str]:
+        return entry.available("cuda" if torch.cuda.is_available() else "cpu")
+
+    return Method(
+        entry.name,
+        "baseline",
+        entry.description,
+        params,
+        reference=_dense_reference,
+        prepare=kernel_adapters.baseline_prepare(entry.name),
+        kernel_kind="triton" if ours else "baseline",
+        availability=available,
+        kernel_availability=available,
+    )
+
+
 def _builtin_methods() -> list[Method]:
     return [
         Method(
@@ -171,44 +222,44 @@ def _builtin_methods() -> list[Method]:
             "exact softmax(qK^T)V (the ground truth)",
             reference=_reference("dense"),
         ),
-        Method(
+        _santa(
             "santa-iid",
-            "santa",
             "SANTA: S i.i.d. value rows from the softmax",
             (_S, _MIN_CTX),
-            reference=_reference("iid"),
-            stash_bytes_per_score=4,
+            "iid",
+            "santa_iid",
+            stash=4,
         ),
-        Method(
+        _santa(
             "santa-strat",
-            "santa",
             "S2ANTA-strat: one sample per CDF stratum",
             (_S, _MIN_CTX),
-            reference=_reference("strat"),
-            stash_bytes_per_score=4,
+            "strat",
+            "santa_strat",
+            stash=4,
         ),
-        Method(
+        _santa(
             "santa-sys",
-            "santa",
             "S2ANTA-sys: systematic sampling over the global CDF",
             (_S, _MIN_CTX),
-            reference=_reference("sys"),
-            stash_bytes_per_score=4,
+            "sys",
+            "santa_sys",
+            stash=4,
         ),
-        Method(
+        _santa(
             "santa-flash",
-            "santa",
             "S2ANTA-flash: equal tile budgets, mass-weighted merge",
             (_S, _TILE, _MIN_CTX),
-            reference=_reference("flash"),
+            "flash",
+            "santa_flash",
         ),
-        Method(
+        _santa(
             "santa-prop",
-            "santa",
             "S2ANTA-prop: tile budgets by mass, global systematic (or largest remainder)",
             (_S, _TILE, _ALLOC, _MIN_CTX),
-            reference=_reference("prop"),
-            stash_bytes_per_score=4,
+            "prop",
+            "santa_prop",
+            stash=4,
         ),
         Method(
             "bernoulli",
@@ -217,6 +268,7 @@ def _builtin_methods() -> list[Method]:
             (_DRAWS, _GROUPING, _VALUE, _S, _TILE, _ALLOC, _MIN_CTX),
             reference=_bernoulli_reference,
         ),
+        *(_baseline(entry) for entry in baselines.BASELINES.values()),
     ]
 
 

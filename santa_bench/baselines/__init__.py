@@ -1,0 +1,240 @@
+"""Dense exact decode-attention baselines: SDPA, FlashInfer, FlashAttention, Triton split-KV.
+
+Every backend is an object with ``available(device) -> (ok, reason)`` and
+``prepare(q, kv, *, scale=None, **params) -> Prepared``. ``prepare`` does all setup
+(layout conversion, allocation, FlashInfer's ``plan()``, one trial call that surfaces
+unsupported inputs and compiles JIT kernels) outside the returned callable, which only
+computes the ``[B, Hq, d]`` output. ``BASELINES`` names them; entries resolve their
+implementation lazily (``"module:object"``), so importing this package imports neither
+FlashInfer nor flash-attn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from santa_bench.timing import nbytes_of
+from santa_kernels.kv import KVCache
+
+
+class Unsupported(RuntimeError):
+    """A backend cannot run these inputs here; the message is the reason to record."""
+
+
+@dataclass
+class Prepared:
+    """A no-argument callable computing ``[B, Hq, d]``, with what its setup did.
+
+    ``inputs_bytes`` counts the tensors the call reads (for ``timing.measure``);
+    ``notes`` records conversions done outside the timed region (layout, masks, pages).
+    """
+
+    run: Callable[[], torch.Tensor]
+    inputs_bytes: int
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self) -> torch.Tensor:
+        return self.run()
+
+
+class Backend(Protocol):
+    def available(self, device: torch.device) -> tuple[bool, str]: ...
+
+    def prepare(
+        self, q: torch.Tensor, kv: KVCache, *, scale: float | None = None, **params: Any
+    ) -> Prepared: ...
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """One registry entry: name, description, parameter defaults, lazy implementation."""
+
+    name: str
+    description: str
+    params: Mapping[str, Any]
+    target: str  # "module:object" with available() and prepare()
+
+    def backend(self) -> Backend:
+        """Returns the implementation object (imports its module on first use)."""
+        module, _, attr = self.target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def available(self, device: torch.device | str = "cuda") -> tuple[bool, str]:
+        """Returns ``(True, "")`` or ``(False, reason)`` for ``device``."""
+        try:
+            return self.backend().available(torch.device(device))
+        except Exception as exc:  # an optional dependency failing to probe
+            return False, f"{self.name}: availability check failed: {type(exc).__name__}: {exc}"
+
+    def resolve_params(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Returns the defaults updated with ``overrides``; unknown names raise ValueError."""
+        overrides = dict(overrides or {})
+        unknown = sorted(set(overrides) - set(self.params))
+        if unknown:
+            raise ValueError(
+                f"{self.name}: unknown parameter(s) {unknown}; accepted: {sorted(self.params)}"
+            )
+        return {**self.params, **overrides}
+
+    def prepare(
+        self, q: torch.Tensor, kv: KVCache, *, scale: float | None = None, **params: Any
+    ) -> Prepared:
+        """Returns the prepared call; raises Unsupported (with the reason) when it can't run."""
+        resolved = self.resolve_params(params)
+        ok, reason = self.available(q.device)
+        if not ok:
+            raise Unsupported(reason)
+        prepared = self.backend().prepare(q, kv, scale=scale, **resolved)
+        prepared.notes.setdefault("baseline", self.name)
+        prepared.notes.setdefault("params", resolved)
+        return prepared
+
+    def copier(
+        self, q: torch.Tensor, kv: KVCache, *, scale: float | None = None, **params: Any
+    ) -> Callable[[int], Prepared]:
+        """Returns ``make_copy(i)`` for ``timing.measure``: fresh q/K/V copies, prepared."""
+
+        def make_copy(_index: int) -> Prepared:
+            return self.prepare(q.clone(), clone_kv(kv), scale=scale, **params)
+
+        return make_copy
+
+
+def clone_kv(kv: KVCache) -> KVCache:
+    """Returns ``kv`` with its K and V storage copied (page table and lengths shared)."""
+    return dataclasses.replace(kv, k=kv.k.clone(), v=kv.v.clone())
+
+
+def check_decode_inputs(q: torch.Tensor, kv: KVCache) -> int:
+    """Checks ``q [B, Hq, d]`` against ``kv``; returns the GQA group size."""
+    from santa_kernels.validate import check_query
+
+    if not isinstance(kv, KVCache):
+        raise TypeError(f"kv: expected a santa_kernels.KVCache, got {type(kv).__name__}")
+    return check_query(q, kv.batch, kv.num_kv_heads, kv.head_dim)
+
+
+class _TritonSplitKV:
+    """The suite's own FlashDecoding (``santa_kernels.triton_splitkv``), imported lazily."""
+
+    def _module(self) -> Any:
+        return importlib.import_module("santa_kernels.triton_splitkv")
+
+    def available(self, device: torch.device) -> tuple[bool, str]:
+        try:
+            module = self._module()
+        except Exception as exc:
+            return False, f"triton-splitkv: santa_kernels.triton_splitkv not importable: {exc}"
+        result = module.splitkv_available()  # (True, "cuda" | "interpreter") or (False, why)
+        ok, how = (result[0], result[1]) if isinstance(result, tuple) else (result, "")
+        if not ok:
+            return False, f"triton-splitkv: {how or 'unavailable'}"
+        if how == "cuda" and device.type != "cuda":
+            return False, "triton-splitkv: runs on CUDA tensors (or set TRITON_INTERPRET=1)"
+        return True, ""
+
+    def prepare(
+        self,
+        q: torch.Tensor,
+        kv: KVCache,
+        *,
+        scale: float | None = None,
+        num_splits: int | None = None,
+    ) -> Prepared:
+        check_decode_inputs(q, kv)
+        module = self._module()
+        splitkv_decode = module.splitkv_decode
+        workspace = module.SplitKVWorkspace.for_inputs(q, kv, num_splits)
+        out = torch.empty_like(q)
+
+        def run() -> torch.Tensor:
+            return splitkv_decode(
+                q, kv, scale=scale, num_splits=num_splits, out=out, workspace=workspace
+            )
+
+        try:
+            run()
+            if q.is_cuda:
+                torch.cuda.synchronize(q.device)
+        except Exception as exc:
+            raise Unsupported(f"triton-splitkv: {type(exc).__name__}: {exc}") from exc
+        notes = {"num_splits": num_splits, "workspace_splits": workspace.num_splits,
+                 "mode": module.splitkv_available()[1]}
+        return Prepared(run, nbytes_of(q, kv), notes)
+
+
+TRITON_SPLITKV = _TritonSplitKV()
+
+BASELINES: dict[str, Baseline] = {
+    b.name: b
+    for b in (
+        Baseline(
+            "sdpa-math",
+            "PyTorch SDPA, math backend (any device; materialises scores; GQA by expansion)",
+            {},
+            "santa_bench.baselines.sdpa:MATH",
+        ),
+        Baseline(
+            "sdpa-flash",
+            "PyTorch SDPA, FlashAttention-2 backend with its split-KV heuristic (CUDA)",
+            {},
+            "santa_bench.baselines.sdpa:FLASH",
+        ),
+        Baseline(
+            "sdpa-cudnn",
+            "PyTorch SDPA, cuDNN fused attention backend (CUDA)",
+            {},
+            "santa_bench.baselines.sdpa:CUDNN",
+        ),
+        Baseline(
+            "flashinfer-tc",
+            "FlashInfer BatchDecodeWithPagedKVCacheWrapper, tensor-core path (NHD pages)",
+            {"page_size": 16},
+            "santa_bench.baselines.flashinfer:TENSOR_CORE",
+        ),
+        Baseline(
+            "flashinfer-cuda",
+            "FlashInfer BatchDecodeWithPagedKVCacheWrapper, CUDA-core path (NHD pages)",
+            {"page_size": 16},
+            "santa_bench.baselines.flashinfer:CUDA_CORE",
+        ),
+        Baseline(
+            "flash-attn",
+            "flash_attn_with_kvcache: num_splits=1 FlashAttention, 0 FlashDecoding heuristic",
+            {"num_splits": 0, "page_size": 0},
+            "santa_bench.baselines.flash_attn:FLASH_ATTN",
+        ),
+        Baseline(
+            "triton-splitkv",
+            "the suite's FlashDecoding in Triton (same skeleton as the SANTA kernels)",
+            {"num_splits": None},
+            "santa_bench.baselines:TRITON_SPLITKV",
+        ),
+    )
+}
+
+
+def get(name: str) -> Baseline:
+    """Returns the baseline called ``name``; unknown names raise KeyError listing them all."""
+    try:
+        return BASELINES[name]
+    except KeyError:
+        raise KeyError(f"unknown baseline {name!r}; known: {sorted(BASELINES)}") from None
+
+
+__all__ = [
+    "BASELINES",
+    "Backend",
+    "Baseline",
+    "Prepared",
+    "Unsupported",
+    "check_decode_inputs",
+    "clone_kv",
+    "get",
+]

@@ -1,0 +1,354 @@
+"""The timing core: one entry point, ``measure``, returning raw samples.
+
+How each mode times a no-argument callable ``fn`` (setup never inside it):
+
+=========  ===========================================================================
+mode       what one sample is
+=========  ===========================================================================
+graph      CUDA events around one replay of a CUDA graph that holds ``calls_per_sample``
+           calls (the input copies in rotation, repeated to at least
+           ``MIN_CALLS_PER_GRAPH``), divided by that count. This is how FlashInfer's
+           ``bench_gpu_time_with_cudagraph`` works: launch gaps shrink as in a serving
+           engine that replays graphs, and samples are per-call averages over one replay.
+events     CUDA events around one eager call (copy ``i % n_copies`` on repeat ``i``);
+           the host never waits between repeats, so launch overhead shows only where the
+           host is slower than the device.
+cpu-wall   ``time.perf_counter`` around one call on the CPU (``l2_state = "n/a"``).
+=========  ===========================================================================
+
+Cold L2 (GPU): the caller passes ``make_copy(i)``, a no-argument callable bound to its
+own copy ``i`` of the inputs (``i >= 1``; copy 0 is ``fn`` itself). ``cold_l2_plan``
+picks ``k = ceil(4 * L2 / inputs_bytes)`` copies (1..64) and labels the run ``cold``
+only when the bytes rotated through reach 3x the L2 size; inputs that alone reach 3x L2
+need one copy and are cold. Too few copies (no ``make_copy``, memory, the 64 cap) give
+``warm``: a warm run is never labelled cold. ``l2_state`` records what was measured,
+not what was asked: ``cold_l2=False`` on inputs of 3x L2 or more still reads ``cold``.
+
+Sampled kernels under graph replay: a graph replays the same launch arguments, so a
+kernel that draws random numbers must read its seed/offset from device memory and
+advance it on the device (e.g. an ``int64`` counter it increments), or every replay
+reuses one draw. The kernel runner checks that two replays' outputs differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+MAX_COPIES = 64
+COLD_FACTOR = 3  # bytes rotated through >= 3x L2 counts as cold
+TARGET_FACTOR = 4  # aim for 4x L2 when choosing the number of copies
+MIN_CALLS_PER_GRAPH = 10
+COPY_MEMORY_FRACTION = 0.5  # share of free device memory the copies may take
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Samples of one timed callable (microseconds) and how they were taken."""
+
+    samples_us: list[float]
+    median_us: float
+    q1_us: float
+    q3_us: float
+    iqr_us: float
+    n: int
+    mode: str  # "graph" | "events" | "cpu-wall"
+    l2_state: str  # "cold" | "warm" | "n/a"
+    n_copies: int = 1
+    calls_per_sample: int = 1
+
+    @classmethod
+    def from_samples(
+        cls,
+        samples_us: Iterable[float],
+        *,
+        mode: str,
+        l2_state: str,
+        n_copies: int = 1,
+        calls_per_sample: int = 1,
+    ) -> Timing:
+        """Returns a Timing with median and quartiles (inclusive method) of ``samples_us``."""
+        samples = [float(s) for s in samples_us]
+        if not samples:
+            raise ValueError("samples_us: need at least one sample")
+        median = statistics.median(samples)
+        if len(samples) >= 2:
+            q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+        else:
+            q1 = q3 = samples[0]
+        return cls(
+            samples_us=samples, median_us=median, q1_us=q1, q3_us=q3, iqr_us=q3 - q1,
+            n=len(samples), mode=mode, l2_state=l2_state, n_copies=n_copies,
+            calls_per_sample=calls_per_sample,
+        )
+
+
+# ----------------------------------------------------------------- cold L2
+def cold_l2_plan(
+    inputs_bytes: int,
+    l2_bytes: int | None,
+    *,
+    cold_l2: bool = True,
+    can_copy: bool = True,
+    max_copies: int = MAX_COPIES,
+) -> tuple[int, str]:
+    """Returns ``(n_copies, l2_state)`` for inputs of ``inputs_bytes`` bytes per copy.
+
+    ``cold`` needs the bytes rotated through (``n_copies * inputs_bytes``) to reach 3x
+    L2; an unknown L2 size can never be certified cold.
+    """
+    if inputs_bytes <= 0:
+        raise ValueError(f"inputs_bytes: must be > 0, got {inputs_bytes}")
+    if l2_bytes is None or l2_bytes <= 0:
+        return 1, "warm"
+    if inputs_bytes >= COLD_FACTOR * l2_bytes:
+        return 1, "cold"
+    if not cold_l2:
+        return 1, "warm"
+    wanted = min(max(math.ceil(TARGET_FACTOR * l2_bytes / inputs_bytes), 1), MAX_COPIES)
+    copies = max(1, min(wanted, max_copies if can_copy else 1))
+    state = "cold" if copies * inputs_bytes >= COLD_FACTOR * l2_bytes else "warm"
+    return copies, state
+
+
+def l2_cache_bytes(device: torch.device | str) -> int | None:
+    """Returns the device's L2 size in bytes (None on CPU or when torch can't tell)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(dev)
+    size = getattr(props, "L2_cache_size", None)
+    return int(size) if size else None
+
+
+def nbytes_of(*objs: Any) -> int:
+    """Returns the bytes of every tensor in ``objs`` (nested lists, dicts, dataclasses)."""
+    total = 0
+    for obj in objs:
+        if isinstance(obj, torch.Tensor):
+            total += obj.numel() * obj.element_size()
+        elif isinstance(obj, (list, tuple)):
+            total += nbytes_of(*obj)
+        elif isinstance(obj, dict):
+            total += nbytes_of(*obj.values())
+        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            total += nbytes_of(*(getattr(obj, f.name) for f in dataclasses.fields(obj)))
+    return total
+
+
+# ----------------------------------------------------------------- measure
+def measure(
+    fn: Callable[[], object],
+    *,
+    inputs_bytes: int,
+    l2_bytes: int | None,
+    make_copy: Callable[[int], Callable[[], object]] | None,
+    graph: bool = True,
+    cold_l2: bool = True,
+    warmup_ms: float = 25.0,
+    budget_ms: float = 200.0,
+    min_reps: int = 10,
+    max_reps: int = 1000,
+    device: torch.device | str | None = None,
+) -> Timing:
+    """Returns timing samples of ``fn`` (see the module docstring for the modes).
+
+    ``device`` picks the clock: CUDA events on a CUDA device, the wall clock on the CPU;
+    None means CUDA when available. ``l2_bytes`` None reads the device's L2 size.
+    Repeats run until ``budget_ms`` (estimated from warm-up), within
+    ``[min_reps, max_reps]``.
+    """
+    if min_reps < 1 or max_reps < min_reps:
+        raise ValueError(f"need 1 <= min_reps <= max_reps, got {min_reps}, {max_reps}")
+    dev = torch.device(device) if device is not None else torch.device(
+        "cuda" if torch.cuda.is_available() else "cpu"
+    )
+    with torch.no_grad():
+        if dev.type != "cuda":
+            samples = _wall_samples(fn, warmup_ms, budget_ms, min_reps, max_reps)
+            return Timing.from_samples(samples, mode="cpu-wall", l2_state="n/a")
+        if l2_bytes is None:
+            l2_bytes = l2_cache_bytes(dev)
+        free_bytes, _ = torch.cuda.mem_get_info(dev)
+        affordable = 1 + int(COPY_MEMORY_FRACTION * free_bytes) // max(inputs_bytes, 1)
+        copies, l2_state = cold_l2_plan(
+            inputs_bytes, l2_bytes, cold_l2=cold_l2, can_copy=make_copy is not None,
+            max_copies=affordable,
+        )
+        calls: list[Callable[[], object]] = [fn]
+        if make_copy is not None:
+            calls += [make_copy(i) for i in range(1, copies)]
+        with torch.cuda.device(dev):
+            if graph:
+                samples, per_sample = _graph_samples(
+                    calls, warmup_ms, budget_ms, min_reps, max_reps
+                )
+            else:
+                samples, per_sample = _eager_samples(
+                    calls, warmup_ms, budget_ms, min_reps, max_reps
+                )
+        return Timing.from_samples(
+            samples, mode="graph" if graph else "events", l2_state=l2_state,
+            n_copies=len(calls), calls_per_sample=per_sample,
+        )
+
+
+def _wall_samples(
+    fn: Callable[[], object], warmup_ms: float, budget_ms: float, min_reps: int, max_reps: int
+) -> list[float]:
+    warm_end = time.perf_counter() + warmup_ms / 1e3
+    fn()
+    while time.perf_counter() < warm_end:
+        fn()
+    samples: list[float] = []
+    started = time.perf_counter()
+    while len(samples) < max_reps and (
+        len(samples) < min_reps or time.perf_counter() - started < budget_ms / 1e3
+    ):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    return samples
+
+
+def _warm_on_side_stream(calls: list[Callable[[], object]], passes: int = 3) -> None:
+    # Lazy initialisation (handles, JIT, autotuning) must happen before capture, and
+    # PyTorch wants warm-up work on a side stream.
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(passes):
+            for call in calls:
+                call()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+
+def _graph_samples(
+    calls: list[Callable[[], object]],
+    warmup_ms: float,
+    budget_ms: float,
+    min_reps: int,
+    max_reps: int,
+) -> tuple[list[float], int]:
+    per_graph = len(calls) * max(1, math.ceil(MIN_CALLS_PER_GRAPH / len(calls)))
+    _warm_on_side_stream(calls)
+    cuda_graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(cuda_graph):
+        for i in range(per_graph):
+            calls[i % len(calls)]()
+    torch.cuda.synchronize()
+    samples = _event_samples(
+        lambda _i: cuda_graph.replay(), per_graph, warmup_ms, budget_ms, min_reps, max_reps
+    )
+    return samples, per_graph
+
+
+def _eager_samples(
+    calls: list[Callable[[], object]],
+    warmup_ms: float,
+    budget_ms: float,
+    min_reps: int,
+    max_reps: int,
+) -> tuple[list[float], int]:
+    _warm_on_side_stream(calls, passes=1)
+    samples = _event_samples(
+        lambda i: calls[i % len(calls)](), 1, warmup_ms, budget_ms, min_reps, max_reps
+    )
+    return samples, 1
+
+
+def _event_samples(
+    step: Callable[[int], object],
+    calls_per_step: int,
+    warmup_ms: float,
+    budget_ms: float,
+    min_reps: int,
+    max_reps: int,
+) -> list[float]:
+    """Returns per-call microseconds of ``step(i)`` timed with CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(3):
+        step(i)
+    end.record()
+    torch.cuda.synchronize()
+    estimate_ms = max(start.elapsed_time(end) / 3, 1e-3)
+    for i in range(max(1, math.ceil(warmup_ms / estimate_ms))):
+        step(i)
+    reps = min(max(math.ceil(budget_ms / estimate_ms), min_reps), max_reps)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    torch.cuda.synchronize()
+    for i in range(reps):
+        starts[i].record()
+        step(i)
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) * 1e3 / calls_per_step for s, e in zip(starts, ends, strict=True)]
+
+
+# ----------------------------------------------------------------- bandwidth
+def copy_bandwidth_gbps(
+    device: torch.device | str, nbytes: int = 2 * 1024**3, reps: int = 10
+) -> float:
+    """Returns device-to-device copy bandwidth in GB/s (bytes read + written, median)."""
+    dev = torch.device(device)
+    src = torch.empty(nbytes, dtype=torch.uint8, device=dev).random_(0, 256)
+    dst = torch.empty_like(src)
+    for _ in range(2):
+        dst.copy_(src)
+    times_s: list[float] = []
+    if dev.type == "cuda":
+        with torch.cuda.device(dev):
+            pairs = [
+                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                for _ in range(reps)
+            ]
+            for start, end in pairs:
+                start.record()
+                dst.copy_(src)
+                end.record()
+            torch.cuda.synchronize()
+            times_s = [start.elapsed_time(end) / 1e3 for start, end in pairs]
+    else:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            times_s.append(time.perf_counter() - t0)
+    return 2 * nbytes / statistics.median(times_s) / 1e9
+
+
+# ----------------------------------------------------------------- statistics
+def bootstrap_ratio_ci(
+    baseline_samples: Iterable[float],
+    method_samples: Iterable[float],
+    n_boot: int = 2000,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """Returns ``(speedup, lo, hi)``: median(baseline) / median(method) and its bootstrap CI.
+
+    Both sample sets are resampled independently (percentile interval).
+    """
+    base = np.asarray(list(baseline_samples), dtype=np.float64)
+    meth = np.asarray(list(method_samples), dtype=np.float64)
+    if base.size == 0 or meth.size == 0:
+        raise ValueError("bootstrap_ratio_ci: both sample sets need at least one sample")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha: must be in (0, 1), got {alpha}")
+    rng = np.random.default_rng(seed)
+    base_medians = np.median(base[rng.integers(0, base.size, (n_boot, base.size))], axis=1)
+    meth_medians = np.median(meth[rng.integers(0, meth.size, (n_boot, meth.size))], axis=1)
+    ratios = base_medians / meth_medians
+    lo, hi = np.quantile(ratios, [alpha / 2, 1 - alpha / 2])
+    return float(np.median(base) / np.median(meth)), float(lo), float(hi)

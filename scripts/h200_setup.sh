@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Source on the lent H200: installs the carried FlashInfer wheels and this package.
+# Usage (device tool, carry .whl):  source scripts/h200_setup.sh
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site
+python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v -i warning || true
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
