@@ -87,7 +87,10 @@ def expand_cases(grid: KernelGrid) -> list[dict[str, Any]]:
                     "head_dim": grid.head_dim,
                     "dtype": grid.dtype,
                     "layout": grid.layout,
-                    "page_size": grid.page_size if grid.layout == "paged" else 0,
+                    # the cache's page size; on a contiguous cache, a paging baseline's own
+                    "page_size": (
+                        grid.page_size if grid.layout == "paged" else resolved.get("page_size", 0)
+                    ),
                     "seed": grid.seed,
                     "device": grid.device,
                     "timing": timing,

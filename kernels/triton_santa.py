@@ -1,0 +1,793 @@
+"""Triton kernels for SANTA / S²ANTA decode attention (ALGORITHMS.md sections 2-4, 8).
+
+Two families share one split-KV skeleton (the same as ``triton_splitkv``):
+
+* ``santa_prop`` / ``santa_sys`` / ``santa_strat`` / ``santa_iid``: two passes.
+  Pass 1 ("score") reads every K row exactly once, one program per (split, sequence,
+  KV head) serving all ``G`` query heads of the group through ``tl.dot``; it writes
+  per-tile ``(m_t, l_t)`` and a stash of local logits ``s_i - m_t``. Pass 2
+  ("sample + gather"), one program per (sequence, query head), turns the tile
+  statistics into the tile CDF, places the ``S`` thresholds by binary search over
+  the tiles and by a local CDF inside each tile, and gathers only the sampled V rows.
+* ``santa_flash``: one fused pass (scores, local CDF, per-tile systematic draw,
+  gather, running FlashDecoding merge) and a small merge kernel over the splits.
+
+Nothing in the hot path allocates, synchronises with the host or sorts: every buffer
+lives in a reusable :class:`SantaWorkspace`, and the Philox step counter lives on the
+device (incremented by the call's kernels) so CUDA-graph replays draw fresh numbers.
+
+Byte model (bf16 K/V, ``E`` = element size, ``Hkv`` KV heads, ``G`` group size,
+``N`` valid rows, ``T = ceil(N / tile)``, stash element size ``E_s``):
+
+* prop pass 1: reads ``B*Hkv*N*d*E`` (K once) + Q; writes ``B*Hq*(N*E_s + 8*T)``.
+* prop pass 2: reads ``B*Hq*8*T`` (twice, L2) + ``B*Hq*4*T`` (prefix, written and
+  searched) + at most ``B*Hq*S*tile*E_s`` stash + ``<= B*Hq*S*d*E`` V rows (HBM traffic
+  is the unique rows of each group); writes ``B*Hq*(d*E + 4*S)``.
+* flash main: reads ``B*Hkv*N*d*E`` (K) + ``<= B*Hkv*(union of sampled rows)*d*E`` (V);
+  writes ``B*Hq*splits*(d+2)*4``; merge reads the same and writes ``B*Hq*d*E``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from santa_kernels.kv import KVCache
+from santa_kernels.reads import ReadCounts
+from santa_kernels.validate import InputError, check_positive_int
+
+# -------------------------------------------------------------------- configs
+# Hopper (H200, 132 SMs) launch configurations per head dim. The score pass and the
+# flash pass are pure HBM streams of K: 4 warps and a 3-4 deep software pipeline keep
+# ~32-48 KB in flight per program. The sample pass is latency bound (binary search,
+# gathers): 8 warps and one stage; SAMPLE_BLOCK samples are handled per iteration.
+HOPPER_CONFIGS = {
+    # head_dim: score/flash (num_warps, num_stages), sample (num_warps, SAMPLE_BLOCK)
+    64: {"stream": (4, 4), "sample": (8, 256)},
+    128: {"stream": (4, 3), "sample": (8, 256)},
+    256: {"stream": (8, 2), "sample": (8, 128)},
+}
+H200_SM_COUNT = 132
+PROGRAMS_PER_SM = 4  # target waves of split programs per SM for the streaming passes
+MIN_TILES_PER_SPLIT = 4  # fewer tiles per program leave the pipeline empty
+MODES = {"sys": 0, "strat": 1, "iid": 2, "largest-remainder": 3}
+_MODE_SYS, _MODE_STRAT, _MODE_IID, _MODE_LR = 0, 1, 2, 3
+_STASH_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def santa_triton_available() -> tuple[bool, str]:
+    """Returns ``(available, reason)`` for the Triton SANTA kernels on this machine."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return True, "interpreter"
+    if torch.cuda.is_available():
+        return True, f"cuda ({torch.cuda.get_device_name()})"
+    return False, "no CUDA device (set TRITON_INTERPRET=1 to run the kernels on the CPU)"
+
+
+def _config(head_dim: int) -> dict:
+    key = min(HOPPER_CONFIGS, key=lambda d: (abs(d - head_dim), d))
+    return HOPPER_CONFIGS[key]
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return H200_SM_COUNT
+
+
+def num_splits_for(batch_kv: int, n_tiles: int, sm_count: int = H200_SM_COUNT) -> int:
+    """Returns the split count: ~PROGRAMS_PER_SM programs per SM, >= 4 tiles each."""
+    wanted = max(1, -(-PROGRAMS_PER_SM * sm_count // batch_kv))
+    most = max(1, -(-n_tiles // MIN_TILES_PER_SPLIT))
+    splits = min(wanted, most)
+    per_split = -(-n_tiles // splits)
+    return -(-n_tiles // per_split)
+
+
+# ------------------------------------------------------------------- workspace
+class SantaWorkspace:
+    """Every buffer one SANTA call needs, allocated once and reused across calls.
+
+    Sized by the largest call: ``batch``, ``num_q_heads``, ``num_kv_heads``,
+    ``max_len`` (stash rows per head), ``head_dim``, ``S`` and ``tile``. Holds the
+    Philox ``seed`` and the device step counter (``rng[0]``; ``rng[1]`` is the step a
+    running prop call uses). Outputs returned by the kernels are views of this
+    workspace: they are overwritten by the next call.
+    """
+
+    def __init__(
+        self,
+        batch: int,
+        num_q_heads: int,
+        num_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        S: int,
+        tile: int = 64,
+        *,
+        device: torch.device | str = "cuda",
+        stash_dtype: torch.dtype = torch.float32,
+        num_splits: int | None = None,
+        seed: int = 0,
+        store_counts: bool = False,
+    ) -> None:
+        for name, value in (("batch", batch), ("num_q_heads", num_q_heads),
+                            ("num_kv_heads", num_kv_heads), ("max_len", max_len),
+                            ("head_dim", head_dim), ("S", S), ("tile", tile)):
+            check_positive_int(value, name)
+        if tile < 16 or tile & (tile - 1):
+            raise InputError(f"tile: must be a power of two >= 16, got {tile}")
+        if stash_dtype not in _STASH_DTYPES:
+            raise InputError(f"stash_dtype: expected one of {_STASH_DTYPES}, got {stash_dtype}")
+        device = torch.device(device)
+        self.batch, self.num_q_heads, self.num_kv_heads = batch, num_q_heads, num_kv_heads
+        self.max_len, self.head_dim, self.S, self.tile = max_len, head_dim, S, tile
+        self.max_tiles = -(-max_len // tile)
+        self.device, self.seed = device, int(seed)
+        if num_splits is None:
+            num_splits = num_splits_for(batch * num_kv_heads, self.max_tiles, _sm_count(device))
+        self.num_splits = check_positive_int(num_splits, "num_splits")
+        rows = batch * num_q_heads
+        f32 = {"dtype": torch.float32, "device": device}
+        self.tile_max = torch.empty(rows, self.max_tiles, **f32)  # m_t
+        self.tile_mass = torch.empty(rows, self.max_tiles, **f32)  # l_t
+        self.prefix = torch.empty(rows, self.max_tiles, **f32)  # S * C_t
+        self.stash = torch.empty(rows, max_len, dtype=stash_dtype, device=device)  # s_i - m_t
+        self.sample_index = torch.empty(rows, S, dtype=torch.int32, device=device)
+        self.part_m = torch.empty(rows, self.num_splits, **f32)
+        self.part_l = torch.empty(rows, self.num_splits, **f32)
+        self.part_o = torch.empty(rows, self.num_splits, head_dim, **f32)
+        self.counts = (torch.empty(rows, max_len, dtype=torch.int16, device=device)
+                       if store_counts else None)
+        self.rng = torch.zeros(2, dtype=torch.int64, device=device)
+        self._out: dict[torch.dtype, torch.Tensor] = {}
+
+    @classmethod
+    def for_inputs(
+        cls, q: torch.Tensor, kv: KVCache, S: int, tile: int = 64, **kw
+    ) -> SantaWorkspace:
+        """Returns a workspace that fits exactly this ``q`` and cache."""
+        return cls(q.shape[0], q.shape[1], kv.num_kv_heads, _capacity(kv), kv.head_dim, S,
+                   tile, device=q.device, **kw)
+
+    def reset_rng(self, step: int = 0, seed: int | None = None) -> None:
+        """Sets the device step counter (and optionally the seed): replays a run exactly."""
+        self.rng.fill_(step)
+        if seed is not None:
+            self.seed = int(seed)
+
+    def out(self, dtype: torch.dtype) -> torch.Tensor:
+        """Returns the ``[batch, Hq, d]`` output buffer for ``dtype`` (allocated on first use)."""
+        if dtype not in self._out:
+            self._out[dtype] = torch.empty(self.batch, self.num_q_heads, self.head_dim,
+                                           dtype=dtype, device=self.device)
+        return self._out[dtype]
+
+    def check(self, q: torch.Tensor, kv: KVCache, S: int, tile: int, counts: bool = False) -> None:
+        """Raises unless a call with these inputs fits the workspace."""
+        if q.shape[0] > self.batch or q.shape[1] != self.num_q_heads:
+            raise InputError(f"workspace: sized for batch {self.batch} x {self.num_q_heads} "
+                             f"heads, got q {tuple(q.shape)}")
+        if kv.num_kv_heads != self.num_kv_heads or kv.head_dim != self.head_dim:
+            raise InputError("workspace: KV heads / head dim differ from the workspace's")
+        if _capacity(kv) > self.max_len:
+            raise InputError(f"workspace: sized for {self.max_len} rows, cache holds "
+                             f"{_capacity(kv)}")
+        if S > self.S or tile != self.tile:
+            raise InputError(f"workspace: sized for S <= {self.S}, tile {self.tile}; "
+                             f"got S={S}, tile={tile}")
+        if q.device != self.device:
+            raise InputError(f"workspace: on {self.device}, inputs on {q.device}")
+        if counts and self.counts is None:
+            raise InputError("workspace: built without store_counts=True")
+
+
+@dataclass(frozen=True)
+class SantaInfo:
+    """What a SANTA call sampled, for read accounting (views into the workspace).
+
+    ``sample_index [B, Hq, S]`` (prop/sys/strat/iid): the sequence position of every
+    sample. ``counts [B, Hq, Nmax]`` (flash with ``return_counts``): samples per row.
+    """
+
+    method: str
+    S: int
+    tile: int
+    lengths: torch.Tensor
+    num_kv_heads: int
+    max_len: int
+    sample_index: torch.Tensor | None = None
+    counts: torch.Tensor | None = None
+
+    def row_counts(self) -> torch.Tensor:
+        """Returns samples per row ``[B, Hq, Nmax]`` (int64)."""
+        if self.counts is not None:  # rows past a sequence's length hold stale values
+            positions = torch.arange(self.counts.shape[-1], device=self.counts.device)
+            valid = positions[None, None, :] < self.lengths.to(positions.device)[:, None, None]
+            return torch.where(valid, self.counts.long(), 0)
+        if self.sample_index is None:
+            raise InputError("info: this call stored neither sample indices nor counts")
+        idx = self.sample_index.long()
+        counts = torch.zeros(*idx.shape[:2], self.max_len, dtype=torch.int64, device=idx.device)
+        return counts.scatter_add_(-1, idx, torch.ones_like(idx))
+
+    def read_counts(self, head_dim: int) -> ReadCounts:
+        """Returns the per (sequence, KV head) reads: all K rows, the group's unique V rows."""
+        counts = self.row_counts()
+        batch, hq, n = counts.shape
+        group = hq // self.num_kv_heads
+        v_rows = (counts > 0).reshape(batch, self.num_kv_heads, group, n).any(dim=2).sum(-1)
+        lengths = self.lengths.long()
+        k_rows = lengths[:, None].expand(-1, self.num_kv_heads).contiguous()
+        return ReadCounts(k_rows=k_rows.cpu(), k_features=(k_rows * head_dim).cpu(),
+                          v_rows=v_rows.cpu(), context=lengths.cpu(), head_dim=head_dim)
+
+
+# --------------------------------------------------------------- jit helpers
+@triton.jit
+def _row_offsets(page_table_ptr, b, offs_n, stride_x, stride_y, stride_pt, page_size,
+                 PAGED: tl.constexpr):
+    """Element offsets of sequence ``b``'s rows ``offs_n`` in a [X, Y, Hkv, d] cache."""
+    if PAGED:
+        # paged: token i lives in page page_table[b, i // page_size], slot i % page_size
+        page = tl.load(page_table_ptr + b * stride_pt + offs_n // page_size)
+        return page.to(tl.int64) * stride_x + (offs_n % page_size).to(tl.int64) * stride_y
+    return b.to(tl.int64) * stride_x + offs_n.to(tl.int64) * stride_y
+
+
+@triton.jit
+def _group_queries(q_ptr, b, kvh, group, head_dim, stride_qb, stride_qh,
+                   G_PAD: tl.constexpr, D_PAD: tl.constexpr):
+    """Loads the G query heads of KV head ``kvh`` as a [G_PAD, D_PAD] block (zero-padded)."""
+    offs_g = tl.arange(0, G_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    mask_g = offs_g < group
+    heads = kvh * group + offs_g
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_g[:, None] & (offs_d[None, :] < head_dim), other=0.0)
+    return q, heads, mask_g
+
+
+@triton.jit
+def _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale,
+                 stride_kx, stride_ky, stride_kh, stride_pt, page_size,
+                 PAGED: tl.constexpr, TILE: tl.constexpr, D_PAD: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
+    """Returns (s [G_PAD, TILE] with -inf on invalid rows, offs_n, mask_n) for tile ``t``."""
+    offs_n = t * TILE + tl.arange(0, TILE)
+    offs_d = tl.arange(0, D_PAD)
+    mask_n = offs_n < length
+    rows = _row_offsets(page_table_ptr, b, tl.where(mask_n, offs_n, 0), stride_kx, stride_ky,
+                        stride_pt, page_size, PAGED)
+    k = tl.load(k_ptr + rows[:, None] + kvh * stride_kh + offs_d[None, :],
+                mask=mask_n[:, None] & (offs_d[None, :] < head_dim), other=0.0)
+    # all G heads of the group against one K tile: K is read once per group (section 4)
+    if DOT_PRECISION == "ieee":  # fp32 inputs (and bf16 under the CPU interpreter)
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:  # 16-bit K: tensor cores, fp32 accumulation
+        s = tl.dot(q.to(k.dtype), tl.trans(k))
+    s = s * scale
+    s = tl.where(mask_n[None, :], s, float("-inf"))
+    return s, offs_n, mask_n
+
+
+# ------------------------------------------------------ prop pass 1: scores
+@triton.jit
+def _score_pass_kernel(
+    q_ptr, k_ptr, lengths_ptr, page_table_ptr,
+    tile_max_ptr, tile_mass_ptr, stash_ptr, rng_ptr,
+    scale, num_kv_heads, num_q_heads, group, head_dim: tl.constexpr, tiles_per_split,
+    stash_stride, stats_stride,
+    stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_pt, page_size,
+    PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    split = tl.program_id(0)
+    pid_bkv = tl.program_id(1)
+    b = pid_bkv // num_kv_heads
+    kvh = pid_bkv % num_kv_heads
+    if (split == 0) & (pid_bkv == 0):
+        # section 8: snapshot the call's step for pass 2, then advance the counter
+        step = tl.load(rng_ptr)
+        tl.store(rng_ptr + 1, step)
+        tl.store(rng_ptr, step + 1)
+    length = tl.load(lengths_ptr + b)
+    n_tiles = tl.cdiv(length, TILE).to(tl.int32)
+    t_begin = split * tiles_per_split
+    t_end = tl.minimum(t_begin + tiles_per_split, n_tiles)
+    q, heads, mask_g = _group_queries(q_ptr, b, kvh, group, head_dim, stride_qb, stride_qh,
+                                      G_PAD, D_PAD)
+    head_rows = (b * num_q_heads + heads).to(tl.int64)
+    for t in range(t_begin, t_end):
+        s, offs_n, mask_n = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim,
+                                         scale, stride_kx, stride_ky, stride_kh, stride_pt,
+                                         page_size, PAGED, TILE, D_PAD, DOT_PRECISION)
+        # section 4: local max m_t and local mass l_t of every head on this tile
+        m_t = tl.max(s, axis=1)
+        local = s - m_t[:, None]
+        l_t = tl.sum(tl.exp(local), axis=1)
+        tl.store(tile_max_ptr + head_rows * stats_stride + t, m_t, mask=mask_g)
+        tl.store(tile_mass_ptr + head_rows * stats_stride + t, l_t, mask=mask_g)
+        # stash local logits s_i - m_t (<= 0): pass 2 rebuilds the local CDF from them
+        tl.store(stash_ptr + head_rows[:, None] * stash_stride + offs_n[None, :],
+                 local.to(stash_ptr.dtype.element_ty),
+                 mask=mask_g[:, None] & mask_n[None, :])
+
+
+# ----------------------------------------------- prop pass 2: sample + gather
+# Grid (B * Hq), one program per query head: at B=1 the B*Hkv grid would leave 8 of
+# 132 SMs busy on a latency-bound pass (binary search, gathers); the group's heads run
+# concurrently, so V rows shared inside a group are served from L2, and HBM sees
+# roughly the union the read accounting reports.
+@triton.jit
+def _sample_pass_kernel(
+    v_ptr, lengths_ptr, page_table_ptr,
+    tile_max_ptr, tile_mass_ptr, stash_ptr, prefix_ptr, sample_index_ptr, out_ptr,
+    uniforms_ptr, rng_ptr, seed,
+    S, sample_stride, num_q_heads, group, head_dim: tl.constexpr, stash_stride, stats_stride,
+    search_iters,
+    uniform_stride, rng_stride,
+    stride_vx, stride_vy, stride_vh, stride_pt, page_size, stride_ob, stride_oh,
+    MODE: tl.constexpr, HAS_UNIFORMS: tl.constexpr, PAGED: tl.constexpr,
+    TILE: tl.constexpr, BLOCK_T: tl.constexpr, SAMPLE_BLOCK: tl.constexpr,
+    D_PAD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    b = pid // num_q_heads
+    h = pid % num_q_heads
+    kvh = h // group
+    head_row = pid.to(tl.int64)  # == b * num_q_heads + h
+    length = tl.load(lengths_ptr + b)
+    n_tiles = tl.cdiv(length, TILE).to(tl.int32)
+    stats = head_row * stats_stride
+    step = tl.load(rng_ptr + 1)
+    rng_base = (step << 32) + head_row * rng_stride  # section 8: (step, b, head, sample)
+
+    if MODE != 3:  # largest-remainder budgets arrive precomputed in prefix_ptr
+        # section 4: global max m* and normaliser Z = sum_t e^{m_t - m*} l_t (online)
+        m_star = tl.full((), float("-inf"), tl.float32)
+        z = tl.full((), 0.0, tl.float32)
+        for t0 in range(0, n_tiles, BLOCK_T):
+            offs_t = t0 + tl.arange(0, BLOCK_T)
+            mask_t = offs_t < n_tiles
+            m_t = tl.load(tile_max_ptr + stats + offs_t, mask=mask_t, other=float("-inf"))
+            l_t = tl.load(tile_mass_ptr + stats + offs_t, mask=mask_t, other=0.0)
+            m_new = tl.maximum(m_star, tl.max(m_t, axis=0))
+            z = z * tl.exp(m_star - m_new) + tl.sum(tl.exp(m_t - m_new) * l_t, axis=0)
+            m_star = m_new
+        # scaled tile CDF Q_t = S * C_t by tl.cumsum (no sort): tile t spans (Q_{t-1}, Q_t]
+        carry = tl.full((), 0.0, tl.float32)
+        for t0 in range(0, n_tiles, BLOCK_T):
+            offs_t = t0 + tl.arange(0, BLOCK_T)
+            mask_t = offs_t < n_tiles
+            m_t = tl.load(tile_max_ptr + stats + offs_t, mask=mask_t, other=float("-inf"))
+            l_t = tl.load(tile_mass_ptr + stats + offs_t, mask=mask_t, other=0.0)
+            w_t = tl.exp(m_t - m_star) * l_t / z
+            tl.store(prefix_ptr + stats + offs_t, S * (carry + tl.cumsum(w_t, axis=0)),
+                     mask=mask_t)
+            carry += tl.sum(w_t, axis=0)
+        tl.debug_barrier()  # the binary search below reads other threads' prefix entries
+
+    offs_d = tl.arange(0, D_PAD)
+    mask_d = offs_d < head_dim
+    acc = tl.zeros([D_PAD], dtype=tl.float32)
+    for s0 in range(0, S, SAMPLE_BLOCK):
+        offs_s = s0 + tl.arange(0, SAMPLE_BLOCK)
+        mask_s = offs_s < S
+        j = offs_s.to(tl.float32)
+        # thresholds x_j on the S*F scale; sample j lands on the first row with S*F_i > x_j
+        if MODE == 0:  # sys (section 3): one offset a per (b, head): x_j = j + 1 - a
+            if HAS_UNIFORMS:
+                u = tl.load(uniforms_ptr + head_row + 0 * offs_s)
+            else:
+                u = tl.rand(seed, rng_base + 0 * offs_s)
+            x = j + 1.0 - u
+        elif MODE == 1:  # strat: x_j = j + U_j
+            if HAS_UNIFORMS:
+                u = tl.load(uniforms_ptr + head_row * uniform_stride + offs_s, mask=mask_s,
+                            other=0.0)
+            else:
+                u = tl.rand(seed, rng_base + offs_s)
+            x = j + u
+        elif MODE == 2:  # iid (section 2): x_j = S * U_j
+            if HAS_UNIFORMS:
+                u = tl.load(uniforms_ptr + head_row * uniform_stride + offs_s, mask=mask_s,
+                            other=0.0)
+            else:
+                u = tl.rand(seed, rng_base + offs_s)
+            x = S * u
+        else:  # largest-remainder: prefix holds integer budgets; find the tile of sample j
+            x = j + 0.5
+        # tile of each sample: binary search for the first t with Q_t > x (Q nondecreasing)
+        lo = tl.zeros([SAMPLE_BLOCK], dtype=tl.int32)
+        hi = lo + (n_tiles - 1).to(tl.int32)
+        for _ in range(search_iters):
+            active = lo < hi
+            mid = (lo + hi) // 2
+            go_left = tl.load(prefix_ptr + stats + mid) > x
+            hi = tl.where(active & go_left, mid, hi)
+            lo = tl.where(active & ~go_left, mid + 1, lo)
+        tile_idx = lo
+        q_prev = tl.load(prefix_ptr + stats + tile_idx - 1, mask=tile_idx > 0, other=0.0)
+        q_tile = tl.load(prefix_ptr + stats + tile_idx)
+        if MODE == 3:
+            # released-code allocation: each tile systematic with its own offset a_t
+            if HAS_UNIFORMS:
+                u = tl.load(uniforms_ptr + head_row * uniform_stride + tile_idx)
+            else:
+                u = tl.rand(seed, rng_base + tile_idx)
+            x = j + 1.0 - u
+        # row inside the tile: local CDF from the stashed logits, tile spans (Q_{t-1}, Q_t]
+        offs_n = tl.arange(0, TILE)
+        rows = tile_idx[:, None] * TILE + offs_n[None, :]
+        mask_rows = (rows < length) & mask_s[:, None]
+        local = tl.load(stash_ptr + head_row * stash_stride + rows, mask=mask_rows,
+                        other=float("-inf")).to(tl.float32)
+        weight = tl.exp(local)
+        cum = tl.cumsum(weight, axis=1)
+        total = tl.sum(weight, axis=1)
+        total = tl.where(total > 0, total, 1.0)
+        cdf = q_prev[:, None] + (q_tile - q_prev)[:, None] * (cum / total[:, None])
+        below = (cdf <= x[:, None]) & mask_rows
+        n_valid = tl.minimum(length - tile_idx * TILE, TILE).to(tl.int32)
+        row = tl.minimum(tl.sum(below.to(tl.int32), axis=1), n_valid - 1)
+        index = tile_idx * TILE + row
+        tl.store(sample_index_ptr + head_row * sample_stride + offs_s, index, mask=mask_s)
+        # gather-and-add the sampled V rows (weight 1/S each; section 2)
+        v_rows = _row_offsets(page_table_ptr, b, index, stride_vx, stride_vy, stride_pt,
+                              page_size, PAGED)
+        v = tl.load(v_ptr + v_rows[:, None] + kvh * stride_vh + offs_d[None, :],
+                    mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+        acc += tl.sum(v.to(tl.float32), axis=0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d,
+             (acc / S).to(out_ptr.dtype.element_ty), mask=mask_d)
+
+
+# ------------------------------------------------------ flash: fused pass
+@triton.jit
+def _flash_kernel(
+    q_ptr, k_ptr, v_ptr, lengths_ptr, page_table_ptr,
+    part_m_ptr, part_l_ptr, part_o_ptr, counts_ptr, uniforms_ptr, rng_ptr, seed,
+    scale, S, num_kv_heads, num_q_heads, group, head_dim: tl.constexpr, tiles_per_split,
+    num_splits,
+    counts_stride, uniform_stride, rng_stride,
+    stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_vx, stride_vy, stride_vh,
+    stride_pt, page_size,
+    PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
+    HAS_UNIFORMS: tl.constexpr, STORE_COUNTS: tl.constexpr, COUNTS_FP32: tl.constexpr,
+    SHIFT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    split = tl.program_id(0)
+    pid_bkv = tl.program_id(1)
+    b = pid_bkv // num_kv_heads
+    kvh = pid_bkv % num_kv_heads
+    length = tl.load(lengths_ptr + b)
+    n_tiles = tl.cdiv(length, TILE).to(tl.int32)
+    per_tile = tl.maximum(S // n_tiles, 1).to(tl.float32)  # S_tile = max(1, S // T_b)
+    t_begin = split * tiles_per_split
+    t_end = tl.minimum(t_begin + tiles_per_split, n_tiles)
+    step = tl.load(rng_ptr)
+    q, heads, mask_g = _group_queries(q_ptr, b, kvh, group, head_dim, stride_qb, stride_qh,
+                                      G_PAD, D_PAD)
+    head_rows = (b * num_q_heads + heads).to(tl.int64)
+    rng_base = (step << 32) + head_rows * rng_stride  # section 8: (step, b, head, tile)
+    offs_d = tl.arange(0, D_PAD)
+    mask_d = offs_d < head_dim
+    # diff[j, i] = [j == i] - [j == i - 1]: (x @ diff)_i = x_i - x_{i-1}, with x_{-1} = 0
+    offs_j = tl.arange(0, TILE)
+    diff = ((offs_j[:, None] == offs_j[None, :]).to(tl.float32)
+            - (offs_j[:, None] == offs_j[None, :] - 1).to(tl.float32))
+    m_run = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_run = tl.zeros([G_PAD], dtype=tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+    for t in range(t_begin, t_end):
+        s, offs_n, mask_n = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim,
+                                         scale, stride_kx, stride_ky, stride_kh, stride_pt,
+                                         page_size, PAGED, TILE, D_PAD, DOT_PRECISION)
+        m_t = tl.max(s, axis=1)
+        weight = tl.exp(s - m_t[:, None])
+        l_t = tl.sum(weight, axis=1)
+        # section 4 (flash): local CDF, exactly 1 from the tile's last valid row on
+        cdf = tl.minimum(tl.cumsum(weight, axis=1) / l_t[:, None], 1.0)
+        cdf = tl.where(offs_n[None, :] >= length - 1, 1.0, cdf)
+        if HAS_UNIFORMS:
+            a = tl.load(uniforms_ptr + head_rows * uniform_stride + t, mask=mask_g, other=0.0)
+        else:
+            a = tl.rand(seed, rng_base + t)
+        # systematic counts c_i = floor(a + S_tile F_i) - floor(a + S_tile F_{i-1})
+        # (the difference of neighbours is one small matmul, so both columns come from the
+        # same floor values: the counts sum to S_tile exactly)
+        upto = tl.floor(a[:, None] + per_tile * cdf)
+        if SHIFT_FP32:
+            counts = tl.dot(upto, diff, input_precision="ieee")
+        else:  # integers <= 2048 are exact in fp16: tensor cores
+            counts = tl.dot(upto.to(tl.float16), diff.to(tl.float16))
+        counts = tl.where(mask_g[:, None] & mask_n[None, :], counts, 0.0)
+        if STORE_COUNTS:
+            tl.store(counts_ptr + head_rows[:, None] * counts_stride + offs_n[None, :],
+                     counts.to(tl.int16), mask=mask_g[:, None] & mask_n[None, :])
+        # gather only rows some head of the group sampled (predicated loads skip the rest)
+        needed = (tl.max(counts, axis=0) > 0) & mask_n
+        rows = _row_offsets(page_table_ptr, b, tl.where(needed, offs_n, 0), stride_vx,
+                            stride_vy, stride_pt, page_size, PAGED)
+        v = tl.load(v_ptr + rows[:, None] + kvh * stride_vh + offs_d[None, :],
+                    mask=needed[:, None] & mask_d[None, :], other=0.0)
+        if COUNTS_FP32:
+            o_t = tl.dot(counts, v.to(tl.float32), input_precision="ieee")
+        else:  # counts are small integers, exact in the 16-bit V dtype: tensor cores
+            o_t = tl.dot(counts.to(v.dtype), v)
+        o_t = o_t / per_tile
+        # FlashDecoding running merge with tile weight e^{m_t} l_t: o = sum_t W_t o_t
+        m_new = tl.maximum(m_run, m_t)
+        alpha = tl.exp(m_run - m_new)
+        beta = tl.exp(m_t - m_new) * l_t
+        acc = acc * alpha[:, None] + beta[:, None] * o_t
+        l_run = l_run * alpha + beta
+        m_run = m_new
+    part = head_rows * num_splits + split
+    tl.store(part_m_ptr + part, m_run, mask=mask_g)
+    tl.store(part_l_ptr + part, l_run, mask=mask_g)
+    tl.store(part_o_ptr + part[:, None] * head_dim + offs_d[None, :], acc,
+             mask=mask_g[:, None] & mask_d[None, :])
+
+
+@triton.jit
+def _merge_kernel(
+    part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, rng_ptr,
+    num_q_heads, num_splits, part_stride, head_dim: tl.constexpr, stride_ob, stride_oh,
+    SPLIT_PAD: tl.constexpr, D_PAD: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    b = pid // num_q_heads
+    h = pid % num_q_heads
+    offs_sp = tl.arange(0, SPLIT_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    mask_sp = offs_sp < num_splits
+    mask_d = offs_d < head_dim
+    part = pid.to(tl.int64) * part_stride + offs_sp
+    m = tl.load(part_m_ptr + part, mask=mask_sp, other=float("-inf"))
+    l_s = tl.load(part_l_ptr + part, mask=mask_sp, other=0.0)
+    o = tl.load(part_o_ptr + part[:, None] * head_dim + offs_d[None, :],
+                mask=mask_sp[:, None] & mask_d[None, :], other=0.0)
+    weight = tl.exp(m - tl.max(m, axis=0))  # empty splits hold m = -inf: weight 0
+    out = tl.sum(weight[:, None] * o, axis=0) / tl.sum(weight * l_s, axis=0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d,
+             out.to(out_ptr.dtype.element_ty), mask=mask_d)
+    if pid == 0:  # the call's last kernel advances the step counter (section 8)
+        tl.store(rng_ptr, tl.load(rng_ptr) + 1)
+
+
+# ------------------------------------------------------------------ host side
+def _capacity(kv: KVCache) -> int:
+    """Rows addressable per sequence, known without a device sync."""
+    if kv.layout == "paged":
+        return int(kv.page_table.shape[1]) * kv.page_size
+    return int(kv.k.shape[1])
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    """Returns 'ieee' (fp32 dot) for fp32 data, and for bf16 under the interpreter (whose
+    numpy dot has no bf16); else 'tf32' (ignored for 16-bit inputs: tensor cores)."""
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    if dtype == torch.float32 or (interpreted and dtype == torch.bfloat16):
+        return "ieee"
+    return "tf32"
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def _prepare(q, kv, S, tile, scale, workspace, counts=False, **ws_kw):
+    if not isinstance(kv, KVCache):
+        raise InputError(f"kv: expected a santa_kernels.KVCache, got {type(kv).__name__}")
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise InputError("q: expected a tensor [B, Hq, d]")
+    check_positive_int(S, "S")
+    check_positive_int(tile, "tile")
+    batch, hq, d = q.shape
+    if batch != kv.batch or d != kv.head_dim or hq % kv.num_kv_heads:
+        raise InputError(f"q: shape {tuple(q.shape)} does not fit the cache "
+                         f"(B={kv.batch}, Hkv={kv.num_kv_heads}, d={kv.head_dim})")
+    if q.stride(-1) != 1 or kv.k.stride(-1) != 1 or kv.v.stride(-1) != 1:
+        raise InputError("q/k/v: the head dim must be contiguous")
+    if workspace is None:
+        workspace = SantaWorkspace.for_inputs(q, kv, S, tile, store_counts=counts, **ws_kw)
+    workspace.check(q, kv, S, tile, counts)
+    scale = d**-0.5 if scale is None else float(scale)
+    return workspace, scale
+
+
+def _cache_args(kv: KVCache):
+    """(page_table, PAGED, page_size, stride_pt) for the kernels."""
+    if kv.layout == "paged":
+        table = kv.page_table
+        return table, True, kv.page_size, table.stride(0)
+    return kv.lengths, False, 1, 0  # lengths stands in for the unused page table
+
+
+def _check_uniforms(uniforms, shape, name="uniforms"):
+    if uniforms is None:
+        return None
+    if tuple(uniforms.shape) != tuple(shape):
+        raise InputError(f"{name}: expected shape {tuple(shape)}, got {tuple(uniforms.shape)}")
+    return uniforms.to(torch.float32).contiguous()
+
+
+def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int) -> int:
+    """Runs pass 1; returns the call's tile count bound ``T``."""
+    batch, hq, d = q.shape
+    hkv = kv.num_kv_heads
+    n_tiles = -(-_capacity(kv) // tile)
+    per_split = -(-n_tiles // ws.num_splits)
+    table, paged, page_size, stride_pt = _cache_args(kv)
+    warps, stages = _config(d)["stream"]
+    grid = (-(-n_tiles // per_split), batch * hkv)
+    _score_pass_kernel[grid](
+        q, kv.k, kv.lengths, table, ws.tile_max, ws.tile_mass, ws.stash, ws.rng,
+        scale, hkv, hq, hq // hkv, d, per_split, ws.max_len, ws.max_tiles,
+        q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
+        stride_pt, page_size,
+        PAGED=paged, TILE=tile, G_PAD=max(16, _next_pow2(hq // hkv)), D_PAD=_next_pow2(d),
+        DOT_PRECISION=_dot_precision(kv.k.dtype), num_warps=warps, num_stages=stages,
+    )
+    return n_tiles
+
+
+def _largest_remainder_prefix(ws: SantaWorkspace, kv: KVCache, batch: int, hq: int,
+                              n_tiles: int, S: int, tile: int) -> None:
+    """Writes cumulative largest-remainder budgets into ``ws.prefix`` (torch ops, no sync)."""
+    rows = batch * hq
+    m_t = ws.tile_max[:rows, :n_tiles]
+    l_t = ws.tile_mass[:rows, :n_tiles]
+    tiles_per_seq = (kv.lengths + tile - 1) // tile
+    valid = (torch.arange(n_tiles, device=m_t.device)[None, :]
+             < tiles_per_seq.repeat_interleave(hq)[:, None])
+    m_t = torch.where(valid, m_t, float("-inf"))
+    l_t = torch.where(valid, l_t, 0.0)
+    mass = torch.exp(m_t - m_t.amax(-1, keepdim=True)) * l_t
+    mass = mass / mass.sum(-1, keepdim=True)
+    raw = S * mass.double()
+    floor = torch.floor(raw)
+    missing = S - floor.sum(-1, keepdim=True)
+    order = torch.argsort(raw - floor, dim=-1, descending=True, stable=True)
+    rank = torch.empty_like(order)
+    rank.scatter_(-1, order, torch.arange(n_tiles, device=order.device).expand_as(order))
+    budgets = floor + (rank < missing).to(floor.dtype)
+    ws.prefix[:rows, :n_tiles].copy_(torch.cumsum(budgets, dim=-1))
+
+
+def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dtype):
+    """Pass 1 + pass 2 for the global-CDF samplers (prop/sys/strat/iid)."""
+    ws, scale = _prepare(q, kv, S, tile, scale, workspace, stash_dtype=stash_dtype)
+    batch, hq, d = q.shape
+    n_tiles = _score_pass(q, kv, ws, scale, tile)
+    if mode == _MODE_LR:
+        _largest_remainder_prefix(ws, kv, batch, hq, n_tiles, S, tile)
+    expected = {_MODE_SYS: (batch, hq), _MODE_STRAT: (batch, hq, S), _MODE_IID: (batch, hq, S),
+                _MODE_LR: (batch, hq, n_tiles)}[mode]
+    uniforms = _check_uniforms(uniforms, expected)
+    table, paged, page_size, stride_pt = _cache_args(kv)
+    out = ws.out(q.dtype)
+    warps, sample_block = _config(d)["sample"]
+    sample_block = min(sample_block, max(16, _next_pow2(S)))
+    _sample_pass_kernel[(batch * hq,)](
+        kv.v, kv.lengths, table, ws.tile_max, ws.tile_mass, ws.stash, ws.prefix,
+        ws.sample_index, out, uniforms if uniforms is not None else ws.prefix, ws.rng,
+        ws.seed if seed is None else int(seed),
+        S, ws.S, hq, hq // kv.num_kv_heads, d, ws.max_len, ws.max_tiles,
+        max(0, math.ceil(math.log2(n_tiles))) if n_tiles > 1 else 0,
+        expected[-1] if len(expected) == 3 else 1, max(S, ws.max_tiles),
+        kv.v.stride(0), kv.v.stride(1), kv.v.stride(2), stride_pt, page_size,
+        out.stride(0), out.stride(1),
+        MODE=mode, HAS_UNIFORMS=uniforms is not None, PAGED=paged, TILE=tile,
+        BLOCK_T=min(1024, _next_pow2(n_tiles)), SAMPLE_BLOCK=sample_block,
+        D_PAD=_next_pow2(d), num_warps=warps, num_stages=1,
+    )
+    info = SantaInfo(method={_MODE_SYS: "prop", _MODE_STRAT: "strat", _MODE_IID: "iid",
+                             _MODE_LR: "prop-largest-remainder"}[mode],
+                     S=S, tile=tile, lengths=kv.lengths, num_kv_heads=kv.num_kv_heads,
+                     max_len=_capacity(kv), sample_index=ws.sample_index[: batch * hq, :S].view(
+                         batch, hq, S))
+    return out[:batch], info
+
+
+# ------------------------------------------------------------------ public API
+def santa_prop(
+    q: torch.Tensor, kv: KVCache, S: int, *, tile: int = 64, alloc: str = "systematic",
+    scale: float | None = None, seed: int | None = None, uniforms: torch.Tensor | None = None,
+    workspace: SantaWorkspace | None = None, stash_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, SantaInfo]:
+    """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-prop (section 4).
+
+    ``alloc="systematic"`` (default): global systematic sampling, one offset per
+    (sequence, head) (``uniforms [B, Hq]`` overrides Philox). ``"largest-remainder"``:
+    the released code's tile budgets, one offset per tile (``uniforms [B, Hq, T]``).
+    """
+    if alloc not in ("systematic", "largest-remainder"):
+        raise InputError(f"alloc: expected 'systematic' or 'largest-remainder', got {alloc!r}")
+    mode = _MODE_SYS if alloc == "systematic" else _MODE_LR
+    return _sample(q, kv, S, mode=mode, tile=tile, scale=scale, seed=seed, uniforms=uniforms,
+                   workspace=workspace, stash_dtype=stash_dtype)
+
+
+def santa_sys(q: torch.Tensor, kv: KVCache, S: int, **kw) -> tuple[torch.Tensor, SantaInfo]:
+    """Returns S²ANTA-sys (section 3): identical to prop with global systematic allocation."""
+    return santa_prop(q, kv, S, alloc="systematic", **kw)
+
+
+def santa_strat(
+    q: torch.Tensor, kv: KVCache, S: int, *, tile: int = 64, scale: float | None = None,
+    seed: int | None = None, uniforms: torch.Tensor | None = None,
+    workspace: SantaWorkspace | None = None, stash_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, SantaInfo]:
+    """Returns S²ANTA-strat (section 3): thresholds ``(j + U_j)/S`` (``uniforms [B, Hq, S]``)."""
+    return _sample(q, kv, S, mode=_MODE_STRAT, tile=tile, scale=scale, seed=seed,
+                   uniforms=uniforms, workspace=workspace, stash_dtype=stash_dtype)
+
+
+def santa_iid(
+    q: torch.Tensor, kv: KVCache, S: int, *, tile: int = 64, scale: float | None = None,
+    seed: int | None = None, uniforms: torch.Tensor | None = None,
+    workspace: SantaWorkspace | None = None, stash_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, SantaInfo]:
+    """Returns SANTA (section 2): ``S`` i.i.d. samples from softmax (``uniforms [B, Hq, S]``)."""
+    return _sample(q, kv, S, mode=_MODE_IID, tile=tile, scale=scale, seed=seed,
+                   uniforms=uniforms, workspace=workspace, stash_dtype=stash_dtype)
+
+
+def santa_flash(
+    q: torch.Tensor, kv: KVCache, S: int, *, tile: int = 64, scale: float | None = None,
+    seed: int | None = None, uniforms: torch.Tensor | None = None,
+    workspace: SantaWorkspace | None = None, return_counts: bool = False,
+) -> tuple[torch.Tensor, SantaInfo]:
+    """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash (section 4).
+
+    Every tile draws ``max(1, S // T_b)`` systematic samples from its local
+    distribution (``uniforms [B, Hq, T]``: one offset per tile overrides Philox);
+    ``return_counts`` also stores per-row counts (a workspace built with
+    ``store_counts=True``), off the hot path.
+    """
+    ws, scale = _prepare(q, kv, S, tile, scale, workspace, counts=return_counts)
+    batch, hq, d = q.shape
+    hkv = kv.num_kv_heads
+    n_tiles = -(-_capacity(kv) // tile)
+    uniforms = _check_uniforms(uniforms, (batch, hq, n_tiles))
+    per_split = -(-n_tiles // ws.num_splits)
+    splits = -(-n_tiles // per_split)
+    table, paged, page_size, stride_pt = _cache_args(kv)
+    warps, stages = _config(d)["stream"]
+    v_dtype = kv.v.dtype
+    counts_fp32 = (_dot_precision(v_dtype) == "ieee" or (v_dtype == torch.bfloat16 and S > 256)
+                   or (v_dtype == torch.float16 and S > 2048))
+    _flash_kernel[(splits, batch * hkv)](
+        q, kv.k, kv.v, kv.lengths, table, ws.part_m, ws.part_l, ws.part_o,
+        ws.counts if return_counts else ws.part_m,
+        uniforms if uniforms is not None else ws.part_m, ws.rng,
+        ws.seed if seed is None else int(seed),
+        scale, S, hkv, hq, hq // hkv, d, per_split, ws.num_splits, ws.max_len, n_tiles,
+        ws.max_tiles,
+        q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
+        kv.v.stride(0), kv.v.stride(1), kv.v.stride(2), stride_pt, page_size,
+        PAGED=paged, TILE=tile, G_PAD=max(16, _next_pow2(hq // hkv)), D_PAD=_next_pow2(d),
+        HAS_UNIFORMS=uniforms is not None, STORE_COUNTS=return_counts,
+        COUNTS_FP32=counts_fp32, SHIFT_FP32=S > 2048,
+        DOT_PRECISION=_dot_precision(kv.k.dtype),
+        num_warps=warps, num_stages=stages,
+    )
+    out = ws.out(q.dtype)
+    _merge_kernel[(batch * hq,)](
+        ws.part_m, ws.part_l, ws.part_o, out, ws.rng, hq, splits, ws.num_splits, d,
+        out.stride(0), out.stride(1),
+        SPLIT_PAD=max(2, _next_pow2(ws.num_splits)), D_PAD=_next_pow2(d), num_warps=4,
+    )
+    counts = (ws.counts[: batch * hq, : _capacity(kv)].view(batch, hq, -1)
+              if return_counts else None)
+    info = SantaInfo(method="flash", S=S, tile=tile, lengths=kv.lengths, num_kv_heads=hkv,
+                     max_len=_capacity(kv), counts=counts)
+    return out[:batch], info

@@ -1,0 +1,248 @@
+"""Triton SANTA kernels vs float64 torch (ALGORITHMS.md sections 2-4, 8, 9).
+
+Run on the CPU through Triton's interpreter; shapes are tiny because the interpreter
+executes every program in Python. Two kinds of checks (section 9):
+exact agreement of sampled counts given the *same* uniforms, and agreement in
+distribution (unbiasedness, mean squared error) over many independent Philox streams.
+"""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import math
+
+import pytest
+import torch
+
+from santa_kernels import KVCache, attention
+from santa_kernels import values as value_stages
+from santa_kernels.scores import exact_scores
+from santa_kernels.triton_santa import (
+    SantaWorkspace,
+    num_splits_for,
+    santa_flash,
+    santa_iid,
+    santa_prop,
+    santa_strat,
+    santa_sys,
+    santa_triton_available,
+)
+
+pytestmark = pytest.mark.skipif(not santa_triton_available()[0], reason="no Triton backend")
+
+TILE = 16
+
+
+def make_cache(batch=2, hq=4, hkv=2, d=64, n=75, lengths=(75, 41), dtype=torch.float32,
+               seed=0, q_scale=2.0):
+    gen = torch.Generator().manual_seed(seed)
+    q = (torch.randn(batch, hq, d, generator=gen) * q_scale).to(dtype)
+    k = torch.randn(batch, n, hkv, d, generator=gen).to(dtype)
+    v = torch.randn(batch, n, hkv, d, generator=gen).to(dtype)
+    kv = KVCache.contiguous(k, v, torch.tensor(lengths[:batch]))
+    return q, kv
+
+
+def float64_scores(q, kv):
+    """Returns (scores [B, Hq, Nmax], values [B, Hkv, Nmax, d] expanded per q head)."""
+    keys, values, valid = kv.padded(torch.float64)
+    group = q.shape[1] // kv.num_kv_heads
+    scores, _ = exact_scores(q.double(), keys, valid, q.shape[-1] ** -0.5, group)
+    values = values.permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
+    return scores, values
+
+
+def expected_counts(method, scores, S, uniforms, lengths):
+    """Float64 sample counts per row given the kernel's uniforms (the reference's formulas)."""
+    cdf = value_stages._cdf(value_stages.softmax_probs(scores))
+    if method == "prop":
+        return value_stages._counts_from_cdf(cdf, uniforms.double()[..., None], S)
+    if method == "strat":
+        strata = torch.arange(S, dtype=torch.float64)
+        return value_stages._counts_from_thresholds(cdf, (strata + uniforms.double()) / S)
+    if method == "iid":
+        return value_stages._counts_from_thresholds(cdf, uniforms.double())
+    n = scores.shape[-1]
+    _, tile_mass, local_cdf = value_stages._tiled(scores, TILE)
+    if method == "flash":
+        per_tile = torch.clamp(S // ((lengths + TILE - 1) // TILE), min=1).double()
+        counts = value_stages._counts_from_cdf(local_cdf, uniforms.double()[..., None],
+                                               per_tile[:, None, None, None])
+        weights = counts * (tile_mass[..., None] / per_tile[:, None, None, None])
+        return value_stages._untile(counts, n), value_stages._untile(weights, n)
+    budgets = value_stages.largest_remainder_budgets(tile_mass, S)  # largest-remainder
+    counts = value_stages._counts_from_cdf(local_cdf, uniforms.double()[..., None],
+                                           budgets[..., None])
+    return value_stages._untile(counts, n)
+
+
+def run_method(method, q, kv, S, uniforms=None, **kw):
+    if method == "flash":
+        return santa_flash(q, kv, S, tile=TILE, uniforms=uniforms, return_counts=True, **kw)
+    if method == "largest-remainder":
+        return santa_prop(q, kv, S, tile=TILE, alloc="largest-remainder", uniforms=uniforms,
+                          **kw)
+    fn = {"prop": santa_prop, "strat": santa_strat, "iid": santa_iid}[method]
+    return fn(q, kv, S, tile=TILE, uniforms=uniforms, **kw)
+
+
+def uniforms_for(method, q, kv, S, seed=1):
+    batch, hq, _ = q.shape
+    n_tiles = math.ceil(kv.k.shape[1] / TILE) if kv.layout == "contiguous" else math.ceil(
+        kv.page_table.shape[1] * kv.page_size / TILE)
+    shape = {"prop": (batch, hq), "strat": (batch, hq, S), "iid": (batch, hq, S),
+             "flash": (batch, hq, n_tiles), "largest-remainder": (batch, hq, n_tiles)}[method]
+    return torch.rand(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def check_exact(method, q, kv, S, out_tol=1e-5):
+    uniforms = uniforms_for(method, q, kv, S)
+    out, info = run_method(method, q, kv, S, uniforms)
+    scores, values = float64_scores(q, kv)
+    n = scores.shape[-1]
+    expected = expected_counts(method, scores, S, uniforms[..., : math.ceil(n / TILE)]
+                               if method in ("flash", "largest-remainder") else uniforms,
+                               kv.lengths)
+    if method == "flash":
+        expected, weights = expected
+    else:
+        weights = expected / S
+    counts = info.row_counts()[..., :n].double()
+    torch.testing.assert_close(counts, expected, rtol=0, atol=0)
+    exact_out = torch.einsum("bhn,bhnd->bhd", weights, values)
+    torch.testing.assert_close(out.double(), exact_out, rtol=out_tol, atol=out_tol)
+    return out, info
+
+
+# ------------------------------------------------------------ exact agreement
+@pytest.mark.parametrize("method", ["prop", "strat", "iid", "flash", "largest-remainder"])
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_counts_match_float64_given_same_uniforms(method, layout):
+    q, kv = make_cache()
+    if layout == "paged":
+        kv = kv.to_paged(8, torch.Generator().manual_seed(1))
+    check_exact(method, q, kv, S=24)
+
+
+@pytest.mark.parametrize(("hq", "hkv"), [(2, 2), (8, 2)])
+def test_gqa_groups_1_and_4(hq, hkv):
+    q, kv = make_cache(hq=hq, hkv=hkv)
+    check_exact("prop", q, kv, S=16)
+    check_exact("flash", q, kv, S=16)
+
+
+def test_budget_at_least_context_and_uneven_tiles():
+    q, kv = make_cache(n=21, lengths=(21, 5))  # S >= N, N not a multiple of the tile
+    check_exact("prop", q, kv, S=64)
+    check_exact("flash", q, kv, S=64)
+
+
+def test_bf16_inputs():
+    q, kv = make_cache(dtype=torch.bfloat16)
+    out, _ = check_exact("prop", q, kv, S=16, out_tol=2e-2)
+    assert out.dtype == torch.bfloat16
+    out, _ = check_exact("flash", q, kv, S=16, out_tol=2e-2)
+    assert out.dtype == torch.bfloat16
+
+
+def test_head_dim_128_multiple_splits():
+    q, kv = make_cache(batch=1, hq=2, hkv=1, d=128, n=100, lengths=(100,))
+    ws = SantaWorkspace.for_inputs(q, kv, 16, TILE, num_splits=3, store_counts=True)
+    uniforms = uniforms_for("flash", q, kv, 16)
+    out, info = santa_flash(q, kv, 16, tile=TILE, uniforms=uniforms, workspace=ws,
+                            return_counts=True)
+    scores, values = float64_scores(q, kv)
+    counts, weights = expected_counts("flash", scores, 16, uniforms, kv.lengths)
+    torch.testing.assert_close(info.row_counts().double(), counts, rtol=0, atol=0)
+    torch.testing.assert_close(out.double(), torch.einsum("bhn,bhnd->bhd", weights, values),
+                               rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------ degenerate inputs
+def test_one_hot_attention_is_exact():
+    q, kv = make_cache(batch=1, hq=2, hkv=1, n=40, lengths=(40,))
+    q = torch.zeros_like(q)
+    q[..., 0] = 100.0
+    k = kv.k.clone()
+    k[..., 0] = 0.0
+    k[0, 27, 0, 0] = 10.0  # score 125 against 0: every sample hits row 27
+    kv = KVCache.contiguous(k, kv.v)
+    for fn in (santa_prop, santa_strat, santa_iid, santa_flash):
+        out, _ = fn(q, kv, 8, tile=TILE, seed=3)
+        torch.testing.assert_close(out, kv.v[0, 27, 0].expand_as(out), rtol=0, atol=1e-6)
+
+
+def test_single_token_context():
+    q, kv = make_cache(batch=1, n=1, lengths=(1,))
+    for fn in (santa_prop, santa_strat, santa_iid, santa_flash):
+        out, _ = fn(q, kv, 4, tile=TILE, seed=0)
+        expected = kv.v[0, 0].repeat_interleave(2, dim=0)
+        torch.testing.assert_close(out[0], expected, rtol=0, atol=1e-6)
+
+
+# ------------------------------------------------------------ randomness (section 8)
+def test_philox_counter_draws_fresh_numbers_and_replays():
+    q, kv = make_cache()
+    ws = SantaWorkspace.for_inputs(q, kv, 16, TILE)
+    first = santa_prop(q, kv, 16, tile=TILE, workspace=ws, seed=5)[0].clone()
+    second = santa_prop(q, kv, 16, tile=TILE, workspace=ws, seed=5)[0].clone()
+    assert int(ws.rng[0]) == 2
+    assert not torch.equal(first, second)  # the step counter changed the stream
+    ws.reset_rng(0)
+    torch.testing.assert_close(santa_prop(q, kv, 16, tile=TILE, workspace=ws, seed=5)[0], first,
+                               rtol=0, atol=0)
+    flash_first = santa_flash(q, kv, 16, tile=TILE, workspace=ws, seed=5)[0].clone()
+    assert int(ws.rng[0]) == 2
+    ws.reset_rng(1)
+    torch.testing.assert_close(santa_flash(q, kv, 16, tile=TILE, workspace=ws, seed=5)[0],
+                               flash_first, rtol=0, atol=0)
+
+
+def test_read_accounting_and_availability():
+    ok, reason = santa_triton_available()
+    assert ok and reason
+    q, kv = make_cache()
+    _, info = santa_sys(q, kv, 8, tile=TILE, stash_dtype=torch.float16)
+    assert torch.equal(info.row_counts().sum(-1), torch.full((2, 4), 8))
+    reads = info.read_counts(kv.head_dim)
+    assert torch.equal(reads.k_rows, kv.lengths[:, None].expand(-1, 2))
+    assert bool((reads.v_rows >= 1).all()) and bool((reads.v_rows <= 16).all())
+    assert num_splits_for(8, 512) == 64 and num_splits_for(64, 512) == 9
+
+
+# ------------------------------------------------------------ in distribution
+REPLICAS = 48  # independent Philox streams: batch elements holding the same sequence
+
+
+def replicated_cache(n=80, hq=4, d=32):
+    q, kv = make_cache(batch=1, hq=hq, hkv=1, d=d, n=n, lengths=(n,), q_scale=3.0, seed=7)
+    expand = (REPLICAS, -1, -1, -1)
+    q = q.expand(REPLICAS, -1, -1).contiguous()
+    kv = KVCache.contiguous(kv.k.expand(*expand).contiguous(), kv.v.expand(*expand).contiguous())
+    return q, kv
+
+
+@pytest.mark.parametrize(("method", "calls"), [("prop", 2), ("flash", 2), ("strat", 1)])
+def test_unbiased_and_reference_mse(method, calls):
+    q, kv = replicated_cache()
+    S = 16
+    ws = SantaWorkspace.for_inputs(q, kv, S, TILE, num_splits=2)
+    fn = {"prop": santa_prop, "flash": santa_flash, "strat": santa_strat}[method]
+    draws = torch.cat([fn(q, kv, S, tile=TILE, workspace=ws, seed=11)[0].double()
+                       for _ in range(calls)])  # [R, Hq, d]
+    dense = attention(q[:1], KVCache.contiguous(kv.k[:1], kv.v[:1]),
+                      compute_dtype=torch.float64).out[0]
+    reference = torch.cat([
+        attention(q, kv, value=method, S=S, tile=TILE, seed=100 + i,
+                  compute_dtype=torch.float64).out for i in range(calls)])
+    draws_count = draws.shape[0]
+    # unbiasedness: z-scores of the mean over independent streams (section 9)
+    spread = draws.std(dim=0).clamp_min(1e-3)
+    z = (draws.mean(dim=0) - dense) / (spread / math.sqrt(draws_count))
+    assert float(z.abs().max()) < 5.0, float(z.abs().max())
+    assert float((z**2).mean()) < 2.0, float((z**2).mean())
+    # same spread as the reference estimator
+    mse = ((draws - dense) ** 2).sum(dim=-1).mean()
+    mse_reference = ((reference - dense) ** 2).sum(dim=-1).mean()
+    assert 0.7 < float(mse / mse_reference) < 1.4, float(mse / mse_reference)
