@@ -176,7 +176,8 @@ def kernel(
     env = environment.collect_environment(command)
     fingerprint = environment.environment_fingerprint(env)
     store = results.ResultStore(results_dir)
-    todo = [c for c in cases if not results.should_skip(store, c, fingerprint, force)]
+    done = set() if force else store.completed(fingerprint)
+    todo = [c for c in cases if results.config_hash(c) not in done]
     if len(todo) < len(cases):
         console.print(
             f"{len(cases) - len(todo)} of {len(cases)} cases already in {results_dir}: skipped"
@@ -218,6 +219,7 @@ def kernel(
                         "reason": f"{type(exc).__name__}: {exc}",
                     }
                 ]
+            store.forget(results.config_hash(case))  # a re-run replaces failed or forced rows
             run.write_case(case, rows)
             summary.append((case, rows))
             progress.advance(task)

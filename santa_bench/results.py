@@ -178,18 +178,32 @@ class ResultStore:
         return [record for record in records if record is not None]
 
     def completed(self, env_fingerprint: str) -> set[str]:
-        """Return the case hashes that have rows, in any run, under `env_fingerprint`."""
+        """Return the case hashes finished under `env_fingerprint` (in any run).
+
+        A case with a ``failed`` row is not finished: a resumed run retries it.
+        """
         done: set[str] = set()
+        failed: set[str] = set()
         for path in self._parts(None):
-            table = _read_part(path, columns=["case_hash", "env_fingerprint"])
+            table = _read_part(path, columns=["case_hash", "env_fingerprint", "status"])
             if table is None:
                 continue
-            for case_hash, fingerprint in zip(
-                table["case_hash"].to_pylist(), table["env_fingerprint"].to_pylist(), strict=True
+            for case_hash, fingerprint, status in zip(
+                table["case_hash"].to_pylist(),
+                table["env_fingerprint"].to_pylist(),
+                table["status"].to_pylist(),
+                strict=True,
             ):
                 if fingerprint == env_fingerprint:
-                    done.add(case_hash)
-        return done
+                    (failed if status == "failed" else done).add(case_hash)
+        return done - failed
+
+    def forget(self, case_hash: str) -> int:
+        """Delete every stored part of ``case_hash`` (before re-running it); returns how many."""
+        parts = list(self.root.glob(f"*/part-{case_hash}.parquet"))
+        for path in parts:
+            path.unlink()
+        return len(parts)
 
     def load(self, runs: list[str] | None = None) -> pd.DataFrame:
         """Return every row of the given runs (default: all), columns unioned (missing: NA)."""

@@ -228,3 +228,16 @@ def test_environment_without_gpu():
     }
     assert environment_fingerprint(moved) == environment_fingerprint(env)
     assert environment_fingerprint({**env, "torch": "0.0"}) != environment_fingerprint(env)
+
+
+def test_failed_cases_are_retried_and_forget_removes_their_parts(tmp_path) -> None:
+    store = ResultStore(tmp_path)
+    run = store.start_run(collect_environment("santa-bench kernel"), run_id="r1")
+    fingerprint = run.env_fingerprint
+    run.write_case(CASE, [{"metric": "latency", "value": None, "unit": "us",
+                           "status": "failed", "reason": "CUDA out of memory"}])
+    assert config_hash(CASE) not in store.completed(fingerprint)
+    assert store.forget(config_hash(CASE)) == 1
+    run.write_case(CASE, [{"metric": "latency", "value": 1.0, "unit": "us"}])
+    assert config_hash(CASE) in store.completed(fingerprint)
+    assert len(store.load()) == 1
