@@ -26,9 +26,14 @@ def bench(fn) -> float:
 
 
 def main() -> None:
-    shapes = [(1, 32768), (8, 32768), (1, 131072)]
     only = sys.argv[1:] or None
-    for batch, ctx in shapes:
+    for batch, ctx in [(1, 32768), (8, 32768), (1, 131072)]:
+        profile_shape(batch, ctx, only)
+        torch.cuda.empty_cache()
+
+
+def profile_shape(batch: int, ctx: int, only: list[str] | None) -> None:
+    if True:
         q, kv = make_decode_inputs(DecodeShape(batch=batch, ctx=ctx), device="cuda")
         kv_mb = 2 * kv.k.numel() * kv.k.element_size() / 1e6
         tag = f"B={batch} ctx={ctx // 1024}k"
@@ -60,7 +65,7 @@ def main() -> None:
                 if splits_factor == 1:
                     for S in (128, 256, 2048):
                         full = bench(
-                            lambda ws=ws, S=S: ts.santa_prop(
+                            lambda ws=ws, S=S, stash=stash: ts.santa_prop(
                                 q, kv, S, workspace=ws, stash_dtype=stash
                             )
                         )
@@ -72,11 +77,10 @@ def main() -> None:
             ws = ts.SantaWorkspace.for_inputs(q, kv, 2048, 64)
             line = f"{tag} flash warps,stages={stream}"
             for S in (128, 2048):
-                line += f" | S={S} {bench(lambda ws=ws, S=S: ts.santa_flash(q, kv, S, workspace=ws)):.1f}"
+                t = bench(lambda ws=ws, S=S: ts.santa_flash(q, kv, S, workspace=ws))
+                line += f" | S={S} {t:.1f}"
             print(line, flush=True)
         ts.HOPPER_CONFIGS[128] = copy.deepcopy(DEFAULT[128])
-        del q, kv
-        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
