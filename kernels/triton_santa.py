@@ -29,7 +29,6 @@ Byte model (bf16 K/V, ``E`` = element size, ``Hkv`` KV heads, ``G`` group size,
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 
@@ -53,6 +52,7 @@ HOPPER_CONFIGS = {
     256: {"stream": (8, 2), "sample": (8, 128)},
 }
 H200_SM_COUNT = 132
+SEARCH_ELEMENTS = 8192  # (samples x tiles) compared per step of the sample pass's tile search
 PROGRAMS_PER_SM = 4  # target waves of split programs per SM for the streaming passes
 MIN_TILES_PER_SPLIT = 4  # fewer tiles per program leave the pipeline empty
 MODES = {"sys": 0, "strat": 1, "iid": 2, "largest-remainder": 3}
@@ -262,10 +262,20 @@ def _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale,
     offs_n = t * TILE + tl.arange(0, TILE)
     offs_d = tl.arange(0, D_PAD)
     mask_n = offs_n < length
-    rows = _row_offsets(page_table_ptr, b, tl.where(mask_n, offs_n, 0), stride_kx, stride_ky,
-                        stride_pt, page_size, PAGED)
-    k = tl.load(k_ptr + rows[:, None] + kvh * stride_kh + offs_d[None, :],
-                mask=mask_n[:, None] & (offs_d[None, :] < head_dim), other=0.0)
+    if PAGED:
+        rows = _row_offsets(page_table_ptr, b, tl.where(mask_n, offs_n, 0), stride_kx,
+                            stride_ky, stride_pt, page_size, PAGED)
+        k_tile = k_ptr + rows[:, None] + kvh * stride_kh
+    else:
+        # one int64 tile base and int32 row offsets: cheaper address math on the hot path
+        base = (tl.cast(b, tl.int64) * stride_kx + tl.cast(t * TILE, tl.int64) * stride_ky
+                + kvh * stride_kh)
+        k_tile = k_ptr + base + (tl.arange(0, TILE) * stride_ky)[:, None]
+    if D_PAD == head_dim:  # no head-dim mask: full-width vector loads
+        k = tl.load(k_tile + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+    else:
+        k = tl.load(k_tile + offs_d[None, :],
+                    mask=mask_n[:, None] & (offs_d[None, :] < head_dim), other=0.0)
     # all G heads of the group against one K tile: K is read once per group (section 4)
     if DOT_PRECISION == "ieee":  # fp32 inputs (and bf16 under the CPU interpreter)
         s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
@@ -330,11 +340,11 @@ def _sample_pass_kernel(
     tile_max_ptr, tile_mass_ptr, stash_ptr, prefix_ptr, sample_index_ptr, out_ptr,
     uniforms_ptr, rng_ptr, seed,
     S, sample_stride, num_q_heads, group, head_dim: tl.constexpr, stash_stride, stats_stride,
-    search_iters,
     uniform_stride, rng_stride,
     stride_vx, stride_vy, stride_vh, stride_pt, page_size, stride_ob, stride_oh,
     MODE: tl.constexpr, HAS_UNIFORMS: tl.constexpr, PAGED: tl.constexpr,
     TILE: tl.constexpr, BLOCK_T: tl.constexpr, SAMPLE_BLOCK: tl.constexpr,
+    SEARCH_T: tl.constexpr,
     D_PAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -403,16 +413,16 @@ def _sample_pass_kernel(
             x = S * u
         else:  # largest-remainder: prefix holds integer budgets; find the tile of sample j
             x = j + 0.5
-        # tile of each sample: binary search for the first t with Q_t > x (Q nondecreasing)
-        lo = tl.zeros([SAMPLE_BLOCK], dtype=tl.int32)
-        hi = lo + (n_tiles - 1).to(tl.int32)
-        for _ in range(search_iters):
-            active = lo < hi
-            mid = (lo + hi) // 2
-            go_left = tl.load(prefix_ptr + stats + mid) > x
-            hi = tl.where(active & go_left, mid, hi)
-            lo = tl.where(active & ~go_left, mid + 1, lo)
-        tile_idx = lo
+        # tile of each sample: the first t with Q_t > x, i.e. the number of tiles with
+        # Q_t <= x (Q nondecreasing). Counted against SEARCH_T prefix entries at a time:
+        # independent vector loads instead of a chain of dependent binary-search loads
+        tile_idx = tl.zeros([SAMPLE_BLOCK], dtype=tl.int32)
+        for t0 in range(0, n_tiles, SEARCH_T):
+            offs_t = t0 + tl.arange(0, SEARCH_T)
+            q_t = tl.load(prefix_ptr + stats + offs_t, mask=offs_t < n_tiles,
+                          other=float("inf"))
+            tile_idx += tl.sum((q_t[None, :] <= x[:, None]).to(tl.int32), axis=1)
+        tile_idx = tl.minimum(tile_idx, n_tiles - 1)
         q_prev = tl.load(prefix_ptr + stats + tile_idx - 1, mask=tile_idx > 0, other=0.0)
         q_tile = tl.load(prefix_ptr + stats + tile_idx)
         if MODE == 3:
@@ -681,12 +691,12 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
         ws.sample_index, out, uniforms if uniforms is not None else ws.prefix, ws.rng,
         ws.seed if seed is None else int(seed),
         S, ws.S, hq, hq // kv.num_kv_heads, d, ws.max_len, ws.max_tiles,
-        max(0, math.ceil(math.log2(n_tiles))) if n_tiles > 1 else 0,
         expected[-1] if len(expected) == 3 else 1, max(S, ws.max_tiles),
         kv.v.stride(0), kv.v.stride(1), kv.v.stride(2), stride_pt, page_size,
         out.stride(0), out.stride(1),
         MODE=mode, HAS_UNIFORMS=uniforms is not None, PAGED=paged, TILE=tile,
         BLOCK_T=min(1024, _next_pow2(n_tiles)), SAMPLE_BLOCK=sample_block,
+        SEARCH_T=min(_next_pow2(n_tiles), max(16, SEARCH_ELEMENTS // sample_block)),
         D_PAD=_next_pow2(d), num_warps=warps, num_stages=1,
     )
     info = SantaInfo(method={_MODE_SYS: "prop", _MODE_STRAT: "strat", _MODE_IID: "iid",

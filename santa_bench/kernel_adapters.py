@@ -20,6 +20,7 @@ from santa_bench.timing import nbytes_of
 from santa_kernels.kv import KVCache
 
 PrepareFn = Callable[..., Prepared]
+STASH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def _triton_santa():
@@ -46,6 +47,7 @@ def santa_prepare(function: str) -> PrepareFn:
         tile: int = 64,
         alloc: str | None = None,
         min_ctx: int = 0,
+        stash: str | None = None,
         scale: float | None = None,
     ) -> Prepared:
         if min_ctx:

@@ -76,7 +76,7 @@ class Method:
     kernel_kind: str = "reference"  # what `prepare` runs: "triton" or "baseline"
     availability: Callable[[], tuple[bool, str]] = _always
     kernel_availability: Callable[[], tuple[bool, str]] = _always
-    stash_bytes_per_score: int = 0  # bytes written and read back per (head, token)
+    has_stash: bool = False  # the kernel writes and re-reads a per-(head, token) logit stash
     tags: tuple[str, ...] = field(default_factory=tuple)
 
     def resolve_params(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -117,10 +117,16 @@ class Method:
             raise MethodError(f"{self.name}: has no PyTorch reference")
         return self.reference(q, kv, **params, **kw)
 
-    def bytes_read(self, reads: ReadCounts, element_size: int, num_heads: int) -> int:
-        """Byte model: K/V bytes the method reads plus its score stash traffic."""
-        stash = 2 * self.stash_bytes_per_score * num_heads * int(reads.context.sum())
-        return reads.kv_bytes(element_size) + stash
+    def bytes_read(
+        self, reads: ReadCounts, element_size: int, num_heads: int, params: dict | None = None
+    ) -> int:
+        """Byte model: K/V bytes the method reads plus its logit-stash traffic (written
+        once, read back once; at the ``stash`` dtype, fp32 for the reference)."""
+        if not self.has_stash:
+            return reads.kv_bytes(element_size)
+        stash_dtype = (params or {}).get("stash", "fp32")
+        per_score = 4 if stash_dtype == "fp32" else 2
+        return reads.kv_bytes(element_size) + 2 * per_score * num_heads * int(reads.context.sum())
 
 
 # --------------------------------------------------------------- parameters
@@ -134,6 +140,14 @@ _ALLOC = Param(
     "prop tile budgets: global systematic (unbiased) or the "
     "released code's largest remainder (biased)",
     choices=("systematic", "largest-remainder"),
+)
+_STASH = Param(
+    "stash",
+    "fp16",
+    str,
+    "Triton kernel: dtype of the stashed local logits s_i - m_t "
+    "(fp32 is exact; fp16 halves the stash traffic, rounding logits by <= 2^-11 relative)",
+    choices=("fp32", "fp16", "bf16"),
 )
 _DRAWS = Param("draws", 4, int, "ternary query draws B averaged per head", minimum=1)
 _GROUPING = Param(
@@ -152,8 +166,12 @@ _VALUE = Param(
 )
 
 
+KERNEL_ONLY_PARAMS = ("stash",)  # knobs of the fast kernel that the reference does not have
+
+
 def _reference(value: str) -> Callable[..., sk.AttentionOutput]:
     def run(q: torch.Tensor, kv: sk.KVCache, **params: Any) -> sk.AttentionOutput:
+        params = {k: v for k, v in params.items() if k not in KERNEL_ONLY_PARAMS}
         return sk.attention(q, kv, value=value, **params)
 
     run.__doc__ = f"Reference with value stage {value!r}."
@@ -172,7 +190,7 @@ def _santa(
     params: tuple[Param, ...],
     value: str,
     function: str,
-    stash: int = 0,
+    stash: bool = False,
 ) -> Method:
     return Method(
         name,
@@ -183,7 +201,7 @@ def _santa(
         prepare=kernel_adapters.santa_prepare(function),
         kernel_kind="triton",
         kernel_availability=kernel_adapters.santa_kernel_available,
-        stash_bytes_per_score=stash,
+        has_stash=stash,
     )
 
 
@@ -225,26 +243,26 @@ def _builtin_methods() -> list[Method]:
         _santa(
             "santa-iid",
             "SANTA: S i.i.d. value rows from the softmax",
-            (_S, _MIN_CTX),
+            (_S, _STASH, _MIN_CTX),
             "iid",
             "santa_iid",
-            stash=4,
+            stash=True,
         ),
         _santa(
             "santa-strat",
             "S2ANTA-strat: one sample per CDF stratum",
-            (_S, _MIN_CTX),
+            (_S, _STASH, _MIN_CTX),
             "strat",
             "santa_strat",
-            stash=4,
+            stash=True,
         ),
         _santa(
             "santa-sys",
             "S2ANTA-sys: systematic sampling over the global CDF",
-            (_S, _MIN_CTX),
+            (_S, _STASH, _MIN_CTX),
             "sys",
             "santa_sys",
-            stash=4,
+            stash=True,
         ),
         _santa(
             "santa-flash",
@@ -256,10 +274,10 @@ def _builtin_methods() -> list[Method]:
         _santa(
             "santa-prop",
             "S2ANTA-prop: tile budgets by mass, global systematic (or largest remainder)",
-            (_S, _TILE, _ALLOC, _MIN_CTX),
+            (_S, _TILE, _ALLOC, _STASH, _MIN_CTX),
             "prop",
             "santa_prop",
-            stash=4,
+            stash=True,
         ),
         Method(
             "bernoulli",

@@ -85,8 +85,15 @@ class Timing:
         else:
             q1 = q3 = samples[0]
         return cls(
-            samples_us=samples, median_us=median, q1_us=q1, q3_us=q3, iqr_us=q3 - q1,
-            n=len(samples), mode=mode, l2_state=l2_state, n_copies=n_copies,
+            samples_us=samples,
+            median_us=median,
+            q1_us=q1,
+            q3_us=q3,
+            iqr_us=q3 - q1,
+            n=len(samples),
+            mode=mode,
+            l2_state=l2_state,
+            n_copies=n_copies,
             calls_per_sample=calls_per_sample,
         )
 
@@ -168,8 +175,10 @@ def measure(
     """
     if min_reps < 1 or max_reps < min_reps:
         raise ValueError(f"need 1 <= min_reps <= max_reps, got {min_reps}, {max_reps}")
-    dev = torch.device(device) if device is not None else torch.device(
-        "cuda" if torch.cuda.is_available() else "cpu"
+    dev = (
+        torch.device(device)
+        if device is not None
+        else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     )
     with torch.no_grad():
         if dev.type != "cuda":
@@ -180,7 +189,10 @@ def measure(
         free_bytes, _ = torch.cuda.mem_get_info(dev)
         affordable = 1 + int(COPY_MEMORY_FRACTION * free_bytes) // max(inputs_bytes, 1)
         copies, l2_state = cold_l2_plan(
-            inputs_bytes, l2_bytes, cold_l2=cold_l2, can_copy=make_copy is not None,
+            inputs_bytes,
+            l2_bytes,
+            cold_l2=cold_l2,
+            can_copy=make_copy is not None,
             max_copies=affordable,
         )
         calls: list[Callable[[], object]] = [fn]
@@ -196,8 +208,11 @@ def measure(
                     calls, warmup_ms, budget_ms, min_reps, max_reps
                 )
         return Timing.from_samples(
-            samples, mode="graph" if graph else "events", l2_state=l2_state,
-            n_copies=len(calls), calls_per_sample=per_sample,
+            samples,
+            mode="graph" if graph else "events",
+            l2_state=l2_state,
+            n_copies=len(calls),
+            calls_per_sample=per_sample,
         )
 
 

@@ -72,7 +72,7 @@ def profile_shape(batch: int, ctx: int, only: list[str] | None) -> None:
                         line += f" | prop S={S} {full:.1f} (sample {full - score:.1f})"
                 print(line, flush=True)
         ts.HOPPER_CONFIGS[128] = copy.deepcopy(DEFAULT[128])
-        for stream in ((4, 3), (4, 2), (8, 2)):
+        for stream in ((4, 3), (4, 2), (8, 2)) if not only or "flash" in only else ():
             ts.HOPPER_CONFIGS[128] = {**DEFAULT[128], "stream": stream}
             ws = ts.SantaWorkspace.for_inputs(q, kv, 2048, 64)
             line = f"{tag} flash warps,stages={stream}"

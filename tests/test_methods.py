@@ -26,7 +26,7 @@ def test_parse_specs_with_parameters():
     ]
     prop = parsed[1][0]
     assert prop.resolve_params(parsed[1][1]) == {
-        "S": 256, "tile": 32, "alloc": "systematic", "min_ctx": 0,
+        "S": 256, "tile": 32, "alloc": "systematic", "stash": "fp16", "min_ctx": 0,
     }
 
 
@@ -61,8 +61,10 @@ def test_byte_model_counts_k_unique_v_rows_and_the_stash():
     out = prop.run_reference(q, kv, prop.resolve_params({"S": 4}), seed=0)
     v_rows = int(out.reads.v_rows.sum())
     assert v_rows <= 2 * 8  # at most S per head, union over each group of 2
-    stash = 2 * 4 * 4 * 100  # fp32 score written once and read once per (head, token)
-    assert prop.bytes_read(out.reads, 2, 4) == (100 * 2 * 8 + v_rows * 8) * 2 + stash
+    kv_bytes = (100 * 2 * 8 + v_rows * 8) * 2
+    # the logit stash is written once and read once per (head, token), at its dtype
+    assert prop.bytes_read(out.reads, 2, 4) == kv_bytes + 2 * 4 * 4 * 100
+    assert prop.bytes_read(out.reads, 2, 4, {"stash": "fp16"}) == kv_bytes + 2 * 2 * 4 * 100
 
 
 def test_bernoulli_entry_composes_value_stages():

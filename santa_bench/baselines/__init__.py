@@ -164,8 +164,11 @@ class _TritonSplitKV:
                 torch.cuda.synchronize(q.device)
         except Exception as exc:
             raise Unsupported(f"triton-splitkv: {type(exc).__name__}: {exc}") from exc
-        notes = {"num_splits": num_splits, "workspace_splits": workspace.num_splits,
-                 "mode": module.splitkv_available()[1]}
+        notes = {
+            "num_splits": num_splits,
+            "workspace_splits": workspace.num_splits,
+            "mode": module.splitkv_available()[1],
+        }
         return Prepared(run, nbytes_of(q, kv), notes)
 
 

@@ -225,7 +225,7 @@ class KernelRunner:
         kernel_ok, kernel_reason = method.kernel_available()
         if not kernel_ok:
             result = method.run_reference(q, kv, params, seed=case["seed"])
-            rows = _quality_rows(result.out, dense, result.reads, method, q)
+            rows = _quality_rows(result.out, dense, result.reads, method, q, params)
             return [_row("latency", math.nan, "us", status="skipped", reason=kernel_reason), *rows]
         return self._run_fast_path(case, method, q, kv, dense, params)
 
@@ -236,7 +236,7 @@ class KernelRunner:
             budget_s=self.cpu_budget_s,
         )
         rows = [_row("latency", _median(samples), "us", samples=len(samples))]
-        return rows + _quality_rows(result.out, dense, result.reads, method, q)
+        return rows + _quality_rows(result.out, dense, result.reads, method, q, params)
 
     def _run_fast_path(self, case, method, q, kv, dense, params) -> list[dict[str, Any]]:
         from santa_bench.baselines import Unsupported, clone_kv
@@ -277,7 +277,7 @@ class KernelRunner:
                 samples_us=json.dumps(samples),
                 timing_mode=timing.mode,
             ),
-            *_quality_rows(out, dense, reads, method, q),
+            *_quality_rows(out, dense, reads, method, q, params),
         ]
         moved = rows_bytes(rows) + 2 * q.numel() * q.element_size()  # + read q, write out
         bandwidth = moved / (timing.median_us * 1e-6) / 1e9
@@ -347,11 +347,13 @@ def _dense_reads(kv: sk.KVCache) -> ReadCounts:
     )
 
 
-def _quality_rows(out, dense, reads: ReadCounts, method: Method, q) -> list[dict[str, Any]]:
+def _quality_rows(
+    out, dense, reads: ReadCounts, method: Method, q, params: dict[str, Any]
+) -> list[dict[str, Any]]:
     rows = [
         _row("rel_l2_vs_dense", relative_l2(out, dense), "ratio"),
         _row("cosine_vs_dense", cosine(out, dense), "ratio"),
-        _row("bytes_read", method.bytes_read(reads, q.element_size(), q.shape[1]), "B"),
+        _row("bytes_read", method.bytes_read(reads, q.element_size(), q.shape[1], params), "B"),
     ]
     return rows + [_row(k, v, "ratio") for k, v in reads.as_metrics().items()]
 
