@@ -29,6 +29,7 @@ Byte model (bf16 K/V, ``E`` = element size, ``Hkv`` KV heads, ``G`` group size,
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -52,7 +53,7 @@ HOPPER_CONFIGS = {
     256: {"stream": (8, 2), "sample": (8, 128)},
 }
 H200_SM_COUNT = 132
-SEARCH_ELEMENTS = 8192  # (samples x tiles) compared per step of the sample pass's tile search
+MAX_PREFIX_IN_REGS = 2048  # tile prefixes up to this length stay in registers in pass 2
 PROGRAMS_PER_SM = 4  # target waves of split programs per SM for the streaming passes
 MIN_TILES_PER_SPLIT = 4  # fewer tiles per program leave the pipeline empty
 MODES = {"sys": 0, "strat": 1, "iid": 2, "largest-remainder": 3}
@@ -271,7 +272,7 @@ def _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale,
         base = (tl.cast(b, tl.int64) * stride_kx + tl.cast(t * TILE, tl.int64) * stride_ky
                 + kvh * stride_kh)
         k_tile = k_ptr + base + (tl.arange(0, TILE) * stride_ky)[:, None]
-    if D_PAD == head_dim:  # no head-dim mask: full-width vector loads
+    if head_dim == D_PAD:  # no head-dim mask: full-width vector loads
         k = tl.load(k_tile + offs_d[None, :], mask=mask_n[:, None], other=0.0)
     else:
         k = tl.load(k_tile + offs_d[None, :],
@@ -340,11 +341,12 @@ def _sample_pass_kernel(
     tile_max_ptr, tile_mass_ptr, stash_ptr, prefix_ptr, sample_index_ptr, out_ptr,
     uniforms_ptr, rng_ptr, seed,
     S, sample_stride, num_q_heads, group, head_dim: tl.constexpr, stash_stride, stats_stride,
+    search_iters,
     uniform_stride, rng_stride,
     stride_vx, stride_vy, stride_vh, stride_pt, page_size, stride_ob, stride_oh,
     MODE: tl.constexpr, HAS_UNIFORMS: tl.constexpr, PAGED: tl.constexpr,
     TILE: tl.constexpr, BLOCK_T: tl.constexpr, SAMPLE_BLOCK: tl.constexpr,
-    SEARCH_T: tl.constexpr,
+    PREFIX_IN_REGS: tl.constexpr,
     D_PAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -383,6 +385,10 @@ def _sample_pass_kernel(
             carry += tl.sum(w_t, axis=0)
         tl.debug_barrier()  # the binary search below reads other threads' prefix entries
 
+    if PREFIX_IN_REGS:  # the whole tile prefix fits one block: keep it in registers
+        offs_t = tl.arange(0, BLOCK_T)
+        prefix_regs = tl.load(prefix_ptr + stats + offs_t, mask=offs_t < n_tiles,
+                              other=float("inf"))
     offs_d = tl.arange(0, D_PAD)
     mask_d = offs_d < head_dim
     acc = tl.zeros([D_PAD], dtype=tl.float32)
@@ -413,18 +419,29 @@ def _sample_pass_kernel(
             x = S * u
         else:  # largest-remainder: prefix holds integer budgets; find the tile of sample j
             x = j + 0.5
-        # tile of each sample: the first t with Q_t > x, i.e. the number of tiles with
-        # Q_t <= x (Q nondecreasing). Counted against SEARCH_T prefix entries at a time:
-        # independent vector loads instead of a chain of dependent binary-search loads
-        tile_idx = tl.zeros([SAMPLE_BLOCK], dtype=tl.int32)
-        for t0 in range(0, n_tiles, SEARCH_T):
-            offs_t = t0 + tl.arange(0, SEARCH_T)
-            q_t = tl.load(prefix_ptr + stats + offs_t, mask=offs_t < n_tiles,
-                          other=float("inf"))
-            tile_idx += tl.sum((q_t[None, :] <= x[:, None]).to(tl.int32), axis=1)
-        tile_idx = tl.minimum(tile_idx, n_tiles - 1)
-        q_prev = tl.load(prefix_ptr + stats + tile_idx - 1, mask=tile_idx > 0, other=0.0)
-        q_tile = tl.load(prefix_ptr + stats + tile_idx)
+        # tile of each sample: binary search for the first t with Q_t > x (Q nondecreasing);
+        # with the prefix held in registers every step is a register gather, not a
+        # dependent round trip to L2
+        lo = tl.zeros([SAMPLE_BLOCK], dtype=tl.int32)
+        hi = lo + (n_tiles - 1).to(tl.int32)
+        for _ in range(search_iters):
+            active = lo < hi
+            mid = (lo + hi) // 2
+            if PREFIX_IN_REGS:
+                q_mid = tl.gather(prefix_regs, mid, 0)
+            else:
+                q_mid = tl.load(prefix_ptr + stats + mid)
+            go_left = q_mid > x
+            hi = tl.where(active & go_left, mid, hi)
+            lo = tl.where(active & ~go_left, mid + 1, lo)
+        tile_idx = lo
+        if PREFIX_IN_REGS:
+            q_prev = tl.where(tile_idx > 0,
+                              tl.gather(prefix_regs, tl.maximum(tile_idx - 1, 0), 0), 0.0)
+            q_tile = tl.gather(prefix_regs, tile_idx, 0)
+        else:
+            q_prev = tl.load(prefix_ptr + stats + tile_idx - 1, mask=tile_idx > 0, other=0.0)
+            q_tile = tl.load(prefix_ptr + stats + tile_idx)
         if MODE == 3:
             # released-code allocation: each tile systematic with its own offset a_t
             if HAS_UNIFORMS:
@@ -459,6 +476,70 @@ def _sample_pass_kernel(
 
 
 # ------------------------------------------------------ flash: fused pass
+# Launch table for santa_flash (d=128, bf16, H200): (max S, num_warps, num_stages, SUB).
+# SUB tiles are handled per loop iteration (one K block of SUB*tile rows, one score dot,
+# one gather); the first row whose max S covers the call's S is used. Measured on the
+# H200 with the previous kernel: (4, 3) best for S=128, (8, 2) best for S=2048.
+FLASH_CONFIGS = (
+    (512, 4, 3, 1),
+    (1 << 62, 8, 2, 1),
+)
+FLASH_W_BITS = 30  # integer tile weights: a tile's total stays below 2**FLASH_W_BITS
+
+
+def _flash_config(S: int) -> tuple[int, int, int]:
+    for max_s, warps, stages, sub in FLASH_CONFIGS:
+        if max_s >= S:
+            return warps, stages, sub
+    return FLASH_CONFIGS[-1][1:]
+
+
+@triton.jit
+def _flash_queries(q_ptr, b, kvh, group, head_dim, stride_qb, stride_qh,
+                   HALF: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr):
+    """[G_PAD, D_PAD] queries: row ``r`` holds head ``r % HALF`` of the group and serves
+    sub-tile ``r // HALF`` of a block (zero rows for ``r % HALF >= group``)."""
+    offs_r = tl.arange(0, G_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    g = offs_r % HALF
+    mask_g = g < group
+    heads = kvh * group + g
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_g[:, None] & (offs_d[None, :] < head_dim), other=0.0)
+    return q, heads, mask_g, offs_r // HALF
+
+
+@triton.jit
+def _flash_rows(page_table_ptr, b, offs_n, stride_pt, page_size, PAGED: tl.constexpr):
+    """(block, slot) indices of sequence ``b``'s rows ``offs_n``: the row of a
+    [X, Y, Hkv, d] cache is at ``block * stride_x + slot * stride_y``."""
+    if PAGED:
+        page = tl.load(page_table_ptr + b * stride_pt + offs_n // page_size)
+        return page.to(tl.int64), (offs_n % page_size).to(tl.int64)
+    return (offs_n * 0 + b).to(tl.int64), offs_n.to(tl.int64)
+
+
+@triton.jit
+def _flash_gather_dot(v_ptr, rows, needed, counts, offs_d, mask_d,
+                      CNT_MODE: tl.constexpr):
+    """Returns ``counts @ V[rows]`` [G_PAD, D_PAD] (fp32), reading only ``needed`` rows.
+
+    CNT_MODE 0: fp32 dot (fp32 V, interpreter); 1: one tensor-core dot with the counts
+    in V's 16-bit dtype (exact: counts <= 256 bf16 / 2048 fp16); 2: counts split as
+    ``256 * hi + lo`` (both exact in bf16/fp16), two tensor-core dots."""
+    v = tl.load(v_ptr + rows[:, None] + offs_d[None, :],
+                mask=needed[:, None] & mask_d[None, :], other=0.0)
+    c = counts.to(tl.float32)
+    if CNT_MODE == 0:
+        o = tl.dot(c, v.to(tl.float32), input_precision="ieee")
+    elif CNT_MODE == 1:
+        o = tl.dot(c.to(v.dtype), v)
+    else:
+        hi = tl.floor(c * (1.0 / 256.0))
+        o = tl.dot(hi.to(v.dtype), v) * 256.0 + tl.dot((c - 256.0 * hi).to(v.dtype), v)
+    return o
+
+
 @triton.jit
 def _flash_kernel(
     q_ptr, k_ptr, v_ptr, lengths_ptr, page_table_ptr,
@@ -468,10 +549,18 @@ def _flash_kernel(
     counts_stride, uniform_stride, rng_stride,
     stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_vx, stride_vy, stride_vh,
     stride_pt, page_size,
-    PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
-    HAS_UNIFORMS: tl.constexpr, STORE_COUNTS: tl.constexpr, COUNTS_FP32: tl.constexpr,
-    SHIFT_FP32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PAGED: tl.constexpr, TILE: tl.constexpr, SUB: tl.constexpr, G_PAD: tl.constexpr,
+    D_PAD: tl.constexpr, HAS_UNIFORMS: tl.constexpr, STORE_COUNTS: tl.constexpr,
+    CNT_MODE: tl.constexpr, CARRY_FP16: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    W_BITS: tl.constexpr,
 ):
+    # One program: tiles [t_begin, t_end) of one (sequence, KV head), all G query heads.
+    # A loop iteration handles a block of SUB tiles: query row r = sub * HALF + g is head
+    # g restricted to sub-tile `sub` (its columns), so every row sees one tile's local
+    # distribution and keeps its own running merge; rows of one head are merged at the end.
+    BLOCK_N: tl.constexpr = SUB * TILE
+    HALF: tl.constexpr = G_PAD // SUB
+    W_SCALE: tl.constexpr = (1 << W_BITS) // TILE
     split = tl.program_id(0)
     pid_bkv = tl.program_id(1)
     b = pid_bkv // num_kv_heads
@@ -481,69 +570,101 @@ def _flash_kernel(
     per_tile = tl.maximum(S // n_tiles, 1).to(tl.float32)  # S_tile = max(1, S // T_b)
     t_begin = split * tiles_per_split
     t_end = tl.minimum(t_begin + tiles_per_split, n_tiles)
+    limit = tl.minimum(length, t_end * TILE)  # rows of this split
     step = tl.load(rng_ptr)
-    q, heads, mask_g = _group_queries(q_ptr, b, kvh, group, head_dim, stride_qb, stride_qh,
-                                      G_PAD, D_PAD)
+    q, heads, mask_g, sub = _flash_queries(q_ptr, b, kvh, group, head_dim, stride_qb,
+                                           stride_qh, HALF, G_PAD, D_PAD)
     head_rows = (b * num_q_heads + heads).to(tl.int64)
     rng_base = (step << 32) + head_rows * rng_stride  # section 8: (step, b, head, tile)
     offs_d = tl.arange(0, D_PAD)
     mask_d = offs_d < head_dim
-    # diff[j, i] = [j == i] - [j == i - 1]: (x @ diff)_i = x_i - x_{i-1}, with x_{-1} = 0
-    offs_j = tl.arange(0, TILE)
-    diff = ((offs_j[:, None] == offs_j[None, :]).to(tl.float32)
-            - (offs_j[:, None] == offs_j[None, :] - 1).to(tl.float32))
+    offs_c = tl.arange(0, BLOCK_N)
+    own = (offs_c[None, :] // TILE) == sub[:, None]  # [G_PAD, BLOCK_N]: the row's tile
     m_run = tl.full([G_PAD], float("-inf"), tl.float32)
     l_run = tl.zeros([G_PAD], dtype=tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
-    for t in range(t_begin, t_end):
-        s, offs_n, mask_n = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim,
-                                         scale, stride_kx, stride_ky, stride_kh, stride_pt,
-                                         page_size, PAGED, TILE, D_PAD, DOT_PRECISION)
-        m_t = tl.max(s, axis=1)
-        weight = tl.exp(s - m_t[:, None])
-        l_t = tl.sum(weight, axis=1)
-        # section 4 (flash): local CDF, exactly 1 from the tile's last valid row on
-        cdf = tl.minimum(tl.cumsum(weight, axis=1) / l_t[:, None], 1.0)
-        cdf = tl.where(offs_n[None, :] >= length - 1, 1.0, cdf)
-        if HAS_UNIFORMS:
-            a = tl.load(uniforms_ptr + head_rows * uniform_stride + t, mask=mask_g, other=0.0)
+    # the previous block's draw: its V rows are gathered one iteration late, so the
+    # gather's latency overlaps this block's K load and score work (counts, row offsets,
+    # which rows any head sampled, and the merge weight W_t / S_tile of every row)
+    if CARRY_FP16:
+        p_counts = tl.zeros([G_PAD, BLOCK_N], dtype=tl.float16)
+    else:
+        p_counts = tl.zeros([G_PAD, BLOCK_N], dtype=tl.float32)
+    p_rows = tl.zeros([BLOCK_N], dtype=tl.int64)
+    p_needed = offs_c < 0
+    p_coef = tl.zeros([G_PAD], dtype=tl.float32)
+    for t0 in range(t_begin, t_end, SUB):
+        # 1. gather + weigh the previous block (independent of this block's scores)
+        o = _flash_gather_dot(v_ptr + kvh * stride_vh, p_rows, p_needed, p_counts, offs_d,
+                              mask_d, CNT_MODE)
+        # 2. this block's scores: one K read serves all heads and sub-tiles
+        offs_n = t0 * TILE + offs_c
+        mask_n = offs_n < limit
+        x, y = _flash_rows(page_table_ptr, b, tl.where(mask_n, offs_n, 0), stride_pt,
+                           page_size, PAGED)
+        k = tl.load(k_ptr + (x * stride_kx + y * stride_ky)[:, None] + kvh * stride_kh
+                    + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        if DOT_PRECISION == "ieee":
+            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
-            a = tl.rand(seed, rng_base + t)
+            s = tl.dot(q.to(k.dtype), tl.trans(k))
+        valid = own & mask_n[None, :]
+        s = tl.where(valid, s * scale, float("-inf"))
+        m_t = tl.max(s, axis=1)
+        row_ok = m_t > float("-inf")  # false: the row's sub-tile lies past t_end
+        m_safe = tl.where(row_ok, m_t, 0.0)
+        # section 4 (flash): local CDF from integer weights (step 2**-W_BITS * TILE of the
+        # tile max, the resolution an fp32 CDF has near 1). Integer partial sums are
+        # exact and order-free, so cum - w is bit-for-bit the previous row's cum: both
+        # floors below come from identical values and the counts telescope to S_tile.
+        w = (tl.exp(s - m_safe[:, None]) * W_SCALE + 0.5).to(tl.int32)
+        cum = tl.cumsum(w, axis=1)
+        mass = tl.sum(w, axis=1)
+        inv = 1.0 / tl.maximum(mass, 1).to(tl.float32)
+        prev = cum - w
+        cdf_in = tl.where(cum >= mass[:, None], 1.0, cum.to(tl.float32) * inv[:, None])
+        cdf_ex = tl.where(prev >= mass[:, None], 1.0, prev.to(tl.float32) * inv[:, None])
+        if HAS_UNIFORMS:
+            a = tl.load(uniforms_ptr + head_rows * uniform_stride + t0 + sub,
+                        mask=mask_g & row_ok, other=0.0)
+        else:
+            a = tl.rand(seed, rng_base + t0 + sub)
         # systematic counts c_i = floor(a + S_tile F_i) - floor(a + S_tile F_{i-1})
-        # (the difference of neighbours is one small matmul, so both columns come from the
-        # same floor values: the counts sum to S_tile exactly)
-        upto = tl.floor(a[:, None] + per_tile * cdf)
-        if SHIFT_FP32:
-            counts = tl.dot(upto, diff, input_precision="ieee")
-        else:  # integers <= 2048 are exact in fp16: tensor cores
-            counts = tl.dot(upto.to(tl.float16), diff.to(tl.float16))
-        counts = tl.where(mask_g[:, None] & mask_n[None, :], counts, 0.0)
+        counts = (tl.floor(a[:, None] + per_tile * cdf_in)
+                  - tl.floor(a[:, None] + per_tile * cdf_ex))
+        counts = tl.where(mask_g[:, None] & row_ok[:, None], counts, 0.0)
         if STORE_COUNTS:
             tl.store(counts_ptr + head_rows[:, None] * counts_stride + offs_n[None, :],
-                     counts.to(tl.int16), mask=mask_g[:, None] & mask_n[None, :])
-        # gather only rows some head of the group sampled (predicated loads skip the rest)
-        needed = (tl.max(counts, axis=0) > 0) & mask_n
-        rows = _row_offsets(page_table_ptr, b, tl.where(needed, offs_n, 0), stride_vx,
-                            stride_vy, stride_pt, page_size, PAGED)
-        v = tl.load(v_ptr + rows[:, None] + kvh * stride_vh + offs_d[None, :],
-                    mask=needed[:, None] & mask_d[None, :], other=0.0)
-        if COUNTS_FP32:
-            o_t = tl.dot(counts, v.to(tl.float32), input_precision="ieee")
-        else:  # counts are small integers, exact in the 16-bit V dtype: tensor cores
-            o_t = tl.dot(counts.to(v.dtype), v)
-        o_t = o_t / per_tile
-        # FlashDecoding running merge with tile weight e^{m_t} l_t: o = sum_t W_t o_t
+                     counts.to(tl.int16), mask=mask_g[:, None] & valid)
+        # 3. fold the previous block in, then this block's tile weights e^{m_t} l_t
+        acc += p_coef[:, None] * o
         m_new = tl.maximum(m_run, m_t)
-        alpha = tl.exp(m_run - m_new)
-        beta = tl.exp(m_t - m_new) * l_t
-        acc = acc * alpha[:, None] + beta[:, None] * o_t
-        l_run = l_run * alpha + beta
+        m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
+        alpha = tl.exp(m_run - m_ref)
+        w_t = tl.where(row_ok, tl.exp(m_t - m_ref) * (mass.to(tl.float32) / W_SCALE), 0.0)
+        acc = acc * alpha[:, None]
+        l_run = l_run * alpha + w_t
         m_run = m_new
-    part = head_rows * num_splits + split
-    tl.store(part_m_ptr + part, m_run, mask=mask_g)
-    tl.store(part_l_ptr + part, l_run, mask=mask_g)
-    tl.store(part_o_ptr + part[:, None] * head_dim + offs_d[None, :], acc,
-             mask=mask_g[:, None] & mask_d[None, :])
+        # only rows some head sampled are gathered (predicated loads skip the rest)
+        p_needed = tl.max(counts, axis=0) > 0
+        p_rows = x * stride_vx + y * stride_vy
+        p_coef = w_t / per_tile
+        p_counts = counts.to(tl.float16) if CARRY_FP16 else counts
+    acc += p_coef[:, None] * _flash_gather_dot(v_ptr + kvh * stride_vh, p_rows, p_needed,
+                                               p_counts, offs_d, mask_d, CNT_MODE)
+    # merge the SUB rows of every head (FlashDecoding rule); empty rows hold m = -inf
+    m_rows = tl.reshape(m_run, [SUB, HALF])
+    m_head = tl.max(m_rows, axis=0)
+    f = tl.exp(m_rows - tl.where(m_head > float("-inf"), m_head, 0.0)[None, :])
+    l_head = tl.sum(tl.reshape(l_run, [SUB, HALF]) * f, axis=0)
+    o_head = tl.sum(tl.reshape(acc, [SUB, HALF, D_PAD]) * f[:, :, None], axis=0)
+    offs_h = tl.arange(0, HALF)
+    mask_h = offs_h < group
+    part = (b * num_q_heads + kvh * group + offs_h).to(tl.int64) * num_splits + split
+    tl.store(part_m_ptr + part, m_head, mask=mask_h)
+    tl.store(part_l_ptr + part, l_head, mask=mask_h)
+    tl.store(part_o_ptr + part[:, None] * head_dim + offs_d[None, :], o_head,
+             mask=mask_h[:, None] & mask_d[None, :])
 
 
 @triton.jit
@@ -691,12 +812,13 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
         ws.sample_index, out, uniforms if uniforms is not None else ws.prefix, ws.rng,
         ws.seed if seed is None else int(seed),
         S, ws.S, hq, hq // kv.num_kv_heads, d, ws.max_len, ws.max_tiles,
+        max(0, math.ceil(math.log2(n_tiles))) if n_tiles > 1 else 0,
         expected[-1] if len(expected) == 3 else 1, max(S, ws.max_tiles),
         kv.v.stride(0), kv.v.stride(1), kv.v.stride(2), stride_pt, page_size,
         out.stride(0), out.stride(1),
         MODE=mode, HAS_UNIFORMS=uniforms is not None, PAGED=paged, TILE=tile,
-        BLOCK_T=min(1024, _next_pow2(n_tiles)), SAMPLE_BLOCK=sample_block,
-        SEARCH_T=min(_next_pow2(n_tiles), max(16, SEARCH_ELEMENTS // sample_block)),
+        BLOCK_T=min(MAX_PREFIX_IN_REGS, _next_pow2(n_tiles)), SAMPLE_BLOCK=sample_block,
+        PREFIX_IN_REGS=n_tiles <= MAX_PREFIX_IN_REGS,
         D_PAD=_next_pow2(d), num_warps=warps, num_stages=1,
     )
     info = SantaInfo(method={_MODE_SYS: "prop", _MODE_STRAT: "strat", _MODE_IID: "iid",
@@ -768,13 +890,21 @@ def santa_flash(
     hkv = kv.num_kv_heads
     n_tiles = -(-_capacity(kv) // tile)
     uniforms = _check_uniforms(uniforms, (batch, hq, n_tiles))
+    warps, stages, sub = _flash_config(S)
+    g_pad = max(16, _next_pow2(hq // hkv))
+    while sub > 1 and g_pad // sub < _next_pow2(hq // hkv):
+        sub //= 2  # every sub-tile needs a row per head of the group
     per_split = -(-n_tiles // ws.num_splits)
+    per_split = -(-per_split // sub) * sub  # whole blocks of sub tiles per program
     splits = -(-n_tiles // per_split)
     table, paged, page_size, stride_pt = _cache_args(kv)
-    warps, stages = _config(d)["stream"]
     v_dtype = kv.v.dtype
-    counts_fp32 = (_dot_precision(v_dtype) == "ieee" or (v_dtype == torch.bfloat16 and S > 256)
-                   or (v_dtype == torch.float16 and S > 2048))
+    if _dot_precision(v_dtype) == "ieee":
+        cnt_mode = 0  # fp32 counts @ V
+    elif (256 if v_dtype == torch.bfloat16 else 2048) >= S:
+        cnt_mode = 1  # counts <= S_tile <= S are exact in V's 16-bit dtype
+    else:
+        cnt_mode = 2  # 256 * hi + lo, both exact in 16 bits
     _flash_kernel[(splits, batch * hkv)](
         q, kv.k, kv.v, kv.lengths, table, ws.part_m, ws.part_l, ws.part_o,
         ws.counts if return_counts else ws.part_m,
@@ -784,11 +914,10 @@ def santa_flash(
         ws.max_tiles,
         q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
         kv.v.stride(0), kv.v.stride(1), kv.v.stride(2), stride_pt, page_size,
-        PAGED=paged, TILE=tile, G_PAD=max(16, _next_pow2(hq // hkv)), D_PAD=_next_pow2(d),
+        PAGED=paged, TILE=tile, SUB=sub, G_PAD=g_pad, D_PAD=_next_pow2(d),
         HAS_UNIFORMS=uniforms is not None, STORE_COUNTS=return_counts,
-        COUNTS_FP32=counts_fp32, SHIFT_FP32=S > 2048,
-        DOT_PRECISION=_dot_precision(kv.k.dtype),
-        num_warps=warps, num_stages=stages,
+        CNT_MODE=cnt_mode, CARRY_FP16=S <= 2048, DOT_PRECISION=_dot_precision(kv.k.dtype),
+        W_BITS=FLASH_W_BITS, num_warps=warps, num_stages=stages,
     )
     out = ws.out(q.dtype)
     _merge_kernel[(batch * hq,)](
