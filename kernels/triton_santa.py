@@ -360,7 +360,22 @@ def _sample_pass_kernel(
     step = tl.load(rng_ptr + 1)
     rng_base = (step << 32) + head_row * rng_stride  # section 8: (step, b, head, sample)
 
-    if MODE != 3:  # largest-remainder budgets arrive precomputed in prefix_ptr
+    if PREFIX_IN_REGS:
+        # every tile's statistics fit one block: a single load, the prefix stays in
+        # registers and the binary search below gathers from it
+        offs_t = tl.arange(0, BLOCK_T)
+        mask_t = offs_t < n_tiles
+        if MODE != 3:
+            # section 4: W_t = e^{m_t - m*} l_t / Z; scaled tile CDF Q_t = S * C_t (no sort)
+            m_t = tl.load(tile_max_ptr + stats + offs_t, mask=mask_t, other=float("-inf"))
+            l_t = tl.load(tile_mass_ptr + stats + offs_t, mask=mask_t, other=0.0)
+            m_star = tl.max(m_t, axis=0)
+            mass = tl.exp(m_t - m_star) * l_t
+            w_t = mass / tl.sum(mass, axis=0)
+            prefix_regs = tl.where(mask_t, S * tl.cumsum(w_t, axis=0), float("inf"))
+        else:  # largest-remainder budgets arrive precomputed in prefix_ptr
+            prefix_regs = tl.load(prefix_ptr + stats + offs_t, mask=mask_t, other=float("inf"))
+    elif MODE != 3:
         # section 4: global max m* and normaliser Z = sum_t e^{m_t - m*} l_t (online)
         m_star = tl.full((), float("-inf"), tl.float32)
         z = tl.full((), 0.0, tl.float32)
@@ -385,10 +400,6 @@ def _sample_pass_kernel(
             carry += tl.sum(w_t, axis=0)
         tl.debug_barrier()  # the binary search below reads other threads' prefix entries
 
-    if PREFIX_IN_REGS:  # the whole tile prefix fits one block: keep it in registers
-        offs_t = tl.arange(0, BLOCK_T)
-        prefix_regs = tl.load(prefix_ptr + stats + offs_t, mask=offs_t < n_tiles,
-                              other=float("inf"))
     offs_d = tl.arange(0, D_PAD)
     mask_d = offs_d < head_dim
     acc = tl.zeros([D_PAD], dtype=tl.float32)

@@ -46,18 +46,23 @@ def profile_shape(batch: int, ctx: int, only: list[str] | None) -> None:
             "stash16": ({}, torch.float16),
             "stages4": ({"stream": (4, 4)}, torch.float32),
             "warps8": ({"stream": (8, 3)}, torch.float32),
+            "tile128": ({}, torch.float16),
+            "tile128w8": ({"stream": (8, 3)}, torch.float16),
         }
         for name, (override, stash) in variants.items():
             if only and name not in only:
                 continue
             ts.HOPPER_CONFIGS[128] = {**DEFAULT[128], **override}
+            tile = 128 if name.startswith("tile128") else 64
             for splits_factor in (0.5, 1, 2):
-                base = ts.num_splits_for(batch * 8, -(-ctx // 64))
+                base = ts.num_splits_for(batch * 8, -(-ctx // tile))
                 splits = max(1, int(base * splits_factor))
                 ws = ts.SantaWorkspace.for_inputs(
-                    q, kv, 2048, 64, num_splits=splits, stash_dtype=stash
+                    q, kv, 2048, tile, num_splits=splits, stash_dtype=stash
                 )
-                score = bench(lambda ws=ws: ts._score_pass(q, kv, ws, 128**-0.5, 64))
+                score = bench(
+                    lambda ws=ws, tile=tile: ts._score_pass(q, kv, ws, 128**-0.5, tile)
+                )
                 k_mb = kv_mb / 2
                 line = (
                     f"{tag} {name} splits={splits} score {score:.1f} us ({k_mb / score:.0f} GB/s K)"
@@ -65,8 +70,8 @@ def profile_shape(batch: int, ctx: int, only: list[str] | None) -> None:
                 if splits_factor == 1:
                     for S in (128, 256, 2048):
                         full = bench(
-                            lambda ws=ws, S=S, stash=stash: ts.santa_prop(
-                                q, kv, S, workspace=ws, stash_dtype=stash
+                            lambda ws=ws, S=S, stash=stash, tile=tile: ts.santa_prop(
+                                q, kv, S, tile=tile, workspace=ws, stash_dtype=stash
                             )
                         )
                         line += f" | prop S={S} {full:.1f} (sample {full - score:.1f})"

@@ -246,3 +246,13 @@ def test_unbiased_and_reference_mse(method, calls):
     mse = ((draws - dense) ** 2).sum(dim=-1).mean()
     mse_reference = ((reference - dense) ** 2).sum(dim=-1).mean()
     assert 0.7 < float(mse / mse_reference) < 1.4, float(mse / mse_reference)
+
+
+@pytest.mark.parametrize("method", ["prop", "strat", "largest-remainder"])
+def test_long_prefix_path_matches_float64(method, monkeypatch):
+    # contexts whose tile prefix exceeds MAX_PREFIX_IN_REGS search it in global memory
+    import santa_kernels.triton_santa as triton_santa
+
+    monkeypatch.setattr(triton_santa, "MAX_PREFIX_IN_REGS", 2)
+    q, kv = make_cache(n=75, lengths=(75, 41))
+    check_exact(method, q, kv, S=7)
