@@ -63,6 +63,22 @@ def show_env() -> None:
     console.print(table)
 
 
+@app.command("report")
+def report(
+    results_dir: Annotated[
+        Path, typer.Option("--results", help="Result store root to read.")
+    ] = Path("results"),
+    run: Annotated[
+        str | None, typer.Option(help="Comma list of run ids to include (default: all).")
+    ] = None,
+) -> None:
+    """Print Markdown tables of the kernel results in a store (as BENCHMARKS.md quotes)."""
+    from santa_bench.report import kernel_table
+
+    frame = results.ResultStore(results_dir).load(parse_list(run) or None)
+    print(kernel_table(frame))
+
+
 def _device(requested: str) -> str:
     import torch
 

@@ -1,0 +1,82 @@
+"""Markdown tables from the result store (the figures BENCHMARKS.md quotes)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from santa_bench.units import format_size
+
+KERNEL_METRICS = (
+    "latency",
+    "speedup_vs_best_dense",
+    "bandwidth",
+    "rel_l2_vs_dense",
+    "kv_read_fraction",
+)
+
+
+def _label(row: pd.Series) -> str:
+    label = str(row["method"])
+    if "S" in row and not pd.isna(row.get("S")):
+        label += f" S={int(row['S'])}"
+    return label
+
+
+def kernel_table(frame: pd.DataFrame) -> str:
+    """Returns one Markdown table per (timing, l2 state) of the kernel rows in ``frame``.
+
+    Rows: (ctx, batch, method[, S]) sorted by latency; columns: median latency with its
+    interquartile range, speedup against the best vendor dense baseline of the same
+    group with its bootstrap 95% interval, achieved bandwidth on the method's byte
+    model, relative L2 error against dense, and the KV read fraction.
+    """
+    kernel = frame[(frame.get("kind") == "kernel") & frame.metric.isin(KERNEL_METRICS)]
+    if kernel.empty:
+        return "(no kernel rows)\n"
+    lines: list[str] = []
+    latency = kernel[kernel.metric == "latency"]
+    for (timing, l2), group in latency.groupby(["timing", "l2"], dropna=False, sort=True):
+        lines += [
+            f"\n**timing: {timing}, L2: {l2}**\n",
+            "| ctx | B | method | latency (us) [IQR] | speedup vs best dense [95% CI] "
+            "| bandwidth (TB/s) | rel. L2 vs dense | KV read |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for _, row in group.sort_values(["ctx", "batch", "value"]).iterrows():
+            case = kernel[kernel.case_hash == row.case_hash].set_index("metric")
+            lines.append(_kernel_line(row, case))
+    return "\n".join(lines) + "\n"
+
+
+def _kernel_line(row: pd.Series, case: pd.DataFrame) -> str:
+    def value(metric: str) -> float:
+        if metric not in case.index or case.loc[metric, "status"] != "ok":
+            return math.nan
+        return float(case.loc[metric, "value"])
+
+    if row.status != "ok":
+        latency = f"{row.status}: {row.reason}"
+    else:
+        latency = f"{row.value:,.1f} [{row.q1_us:,.1f}-{row.q3_us:,.1f}]"
+    speedup = value("speedup_vs_best_dense")
+    if math.isnan(speedup):
+        speed = "-"
+    else:
+        ci = case.loc["speedup_vs_best_dense"]
+        speed = f"{speedup:.2f}x [{ci.ci_low:.2f}-{ci.ci_high:.2f}] vs {ci.best_dense}"
+    bandwidth = value("bandwidth") / 1e3
+    error = value("rel_l2_vs_dense")
+    reads = value("kv_read_fraction")
+    cells = [
+        format_size(int(row.ctx)),
+        str(int(row.batch)),
+        _label(row),
+        latency,
+        speed,
+        "-" if math.isnan(bandwidth) else f"{bandwidth:.2f}",
+        "-" if math.isnan(error) else f"{error:.1e}",
+        "-" if math.isnan(reads) else f"{reads:.1%}",
+    ]
+    return "| " + " | ".join(cells) + " |"
