@@ -487,21 +487,28 @@ def _sample_pass_kernel(
 
 
 # ------------------------------------------------------ flash: fused pass
-# Launch table for santa_flash (d=128, bf16, H200): (max S, num_warps, num_stages, SUB).
+# Launch table for santa_flash (d=128, bf16, H200):
+# (max S, num_warps, num_stages, SUB, maxnreg).
 # SUB tiles are handled per loop iteration (one K block of SUB*tile rows, one score dot,
-# one gather); the first row whose max S covers the call's S is used. Measured on the
-# H200 with the previous kernel: (4, 3) best for S=128, (8, 2) best for S=2048.
+# one gather); the first row whose max S covers the call's S is used. num_stages=1
+# selects hand-written prefetching (K block i+1 and the V gather of block i-1 in flight
+# during block i, in registers); num_stages >= 2 leaves it to Triton's pipeliner.
+# Measured on the H200 with the previous kernel (fp32 FMA counts@V dot for S > 256,
+# a [tile, tile] difference matmul): (4, 3) best for S=128, (8, 2) best for S=2048.
+# maxnreg caps registers per thread (None: ptxas' choice, ~255 at 4 warps = 2 programs
+# per SM); (8, 2) fits 128 without spills (offline sm_90 compile): 2 programs of 8 warps.
 FLASH_CONFIGS = (
-    (512, 4, 3, 1),
-    (1 << 62, 8, 2, 1),
+    (512, 4, 3, 1, None),
+    (1 << 62, 8, 2, 1, 128),
 )
 FLASH_W_BITS = 30  # integer tile weights: a tile's total stays below 2**FLASH_W_BITS
 
 
-def _flash_config(S: int) -> tuple[int, int, int]:
-    for max_s, warps, stages, sub in FLASH_CONFIGS:
+def _flash_config(S: int) -> tuple[int, int, int, int | None]:
+    """Returns (num_warps, num_stages, SUB, maxnreg) for budget ``S``."""
+    for max_s, warps, stages, sub, maxnreg in FLASH_CONFIGS:
         if max_s >= S:
-            return warps, stages, sub
+            return warps, stages, sub, maxnreg
     return FLASH_CONFIGS[-1][1:]
 
 
@@ -528,6 +535,18 @@ def _flash_rows(page_table_ptr, b, offs_n, stride_pt, page_size, PAGED: tl.const
         page = tl.load(page_table_ptr + b * stride_pt + offs_n // page_size)
         return page.to(tl.int64), (offs_n % page_size).to(tl.int64)
     return (offs_n * 0 + b).to(tl.int64), offs_n.to(tl.int64)
+
+
+@triton.jit
+def _flash_load_k(k_ptr, page_table_ptr, b, t0, limit, offs_c, offs_d, mask_d, stride_kx,
+                  stride_ky, stride_pt, page_size, PAGED: tl.constexpr, TILE: tl.constexpr):
+    """Loads the K block of tiles starting at ``t0`` (zero rows past ``limit``)."""
+    offs_n = t0 * TILE + offs_c
+    mask_n = offs_n < limit
+    x, y = _flash_rows(page_table_ptr, b, tl.where(mask_n, offs_n, 0), stride_pt, page_size,
+                       PAGED)
+    return tl.load(k_ptr + (x * stride_kx + y * stride_ky)[:, None] + offs_d[None, :],
+                   mask=mask_n[:, None] & mask_d[None, :], other=0.0)
 
 
 @triton.jit
@@ -563,7 +582,7 @@ def _flash_kernel(
     PAGED: tl.constexpr, TILE: tl.constexpr, SUB: tl.constexpr, G_PAD: tl.constexpr,
     D_PAD: tl.constexpr, HAS_UNIFORMS: tl.constexpr, STORE_COUNTS: tl.constexpr,
     CNT_MODE: tl.constexpr, CARRY_FP16: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    W_BITS: tl.constexpr,
+    W_BITS: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     # One program: tiles [t_begin, t_end) of one (sequence, KV head), all G query heads.
     # A loop iteration handles a block of SUB tiles: query row r = sub * HALF + g is head
@@ -594,9 +613,13 @@ def _flash_kernel(
     m_run = tl.full([G_PAD], float("-inf"), tl.float32)
     l_run = tl.zeros([G_PAD], dtype=tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
-    # the previous block's draw: its V rows are gathered one iteration late, so the
-    # gather's latency overlaps this block's K load and score work (counts, row offsets,
-    # which rows any head sampled, and the merge weight W_t / S_tile of every row)
+    # the last block's draw (counts, V row offsets, rows any head sampled, W_t / S_tile).
+    # PREFETCH (launch with num_stages=1): software pipelining by hand, the V rows of
+    # block i are gathered in iteration i+1 and K of block i+1 is loaded in iteration i,
+    # both into registers, so their latency overlaps block i's score work. Otherwise
+    # (num_stages >= 2) Triton's pipeliner does the same through shared memory: it
+    # computes the next block's scores and issues its V copy ahead of this block's dot;
+    # a hand-deferred gather would defeat it (it then waits on every copy at once).
     if CARRY_FP16:
         p_counts = tl.zeros([G_PAD, BLOCK_N], dtype=tl.float16)
     else:
@@ -604,17 +627,27 @@ def _flash_kernel(
     p_rows = tl.zeros([BLOCK_N], dtype=tl.int64)
     p_needed = offs_c < 0
     p_coef = tl.zeros([G_PAD], dtype=tl.float32)
+    k_base = k_ptr + kvh * stride_kh
+    if PREFETCH:
+        k_next = _flash_load_k(k_base, page_table_ptr, b, t_begin, limit, offs_c, offs_d,
+                               mask_d, stride_kx, stride_ky, stride_pt, page_size, PAGED,
+                               TILE)
     for t0 in range(t_begin, t_end, SUB):
-        # 1. gather + weigh the previous block (independent of this block's scores)
-        o = _flash_gather_dot(v_ptr + kvh * stride_vh, p_rows, p_needed, p_counts, offs_d,
-                              mask_d, CNT_MODE)
-        # 2. this block's scores: one K read serves all heads and sub-tiles
         offs_n = t0 * TILE + offs_c
         mask_n = offs_n < limit
         x, y = _flash_rows(page_table_ptr, b, tl.where(mask_n, offs_n, 0), stride_pt,
                            page_size, PAGED)
-        k = tl.load(k_ptr + (x * stride_kx + y * stride_ky)[:, None] + kvh * stride_kh
-                    + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        if PREFETCH:  # issue the next K block and the previous block's V gather first
+            k = k_next
+            k_next = _flash_load_k(k_base, page_table_ptr, b, t0 + SUB, limit, offs_c,
+                                   offs_d, mask_d, stride_kx, stride_ky, stride_pt,
+                                   page_size, PAGED, TILE)
+            o = _flash_gather_dot(v_ptr + kvh * stride_vh, p_rows, p_needed, p_counts,
+                                  offs_d, mask_d, CNT_MODE)
+        else:
+            k = tl.load(k_base + (x * stride_kx + y * stride_ky)[:, None] + offs_d[None, :],
+                        mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+        # this block's scores: one K read serves all heads and sub-tiles
         if DOT_PRECISION == "ieee":
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
@@ -647,8 +680,9 @@ def _flash_kernel(
         if STORE_COUNTS:
             tl.store(counts_ptr + head_rows[:, None] * counts_stride + offs_n[None, :],
                      counts.to(tl.int16), mask=mask_g[:, None] & valid)
-        # 3. fold the previous block in, then this block's tile weights e^{m_t} l_t
-        acc += p_coef[:, None] * o
+        # fold in the previous block (PREFETCH), then this block's tile weights e^{m_t} l_t
+        if PREFETCH:
+            acc += p_coef[:, None] * o
         m_new = tl.maximum(m_run, m_t)
         m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
         alpha = tl.exp(m_run - m_ref)
@@ -661,8 +695,13 @@ def _flash_kernel(
         p_rows = x * stride_vx + y * stride_vy
         p_coef = w_t / per_tile
         p_counts = counts.to(tl.float16) if CARRY_FP16 else counts
-    acc += p_coef[:, None] * _flash_gather_dot(v_ptr + kvh * stride_vh, p_rows, p_needed,
-                                               p_counts, offs_d, mask_d, CNT_MODE)
+        if not PREFETCH:
+            acc += p_coef[:, None] * _flash_gather_dot(v_ptr + kvh * stride_vh, p_rows,
+                                                       p_needed, p_counts, offs_d, mask_d,
+                                                       CNT_MODE)
+    if PREFETCH:
+        acc += p_coef[:, None] * _flash_gather_dot(v_ptr + kvh * stride_vh, p_rows, p_needed,
+                                                   p_counts, offs_d, mask_d, CNT_MODE)
     # merge the SUB rows of every head (FlashDecoding rule); empty rows hold m = -inf
     m_rows = tl.reshape(m_run, [SUB, HALF])
     m_head = tl.max(m_rows, axis=0)
@@ -901,7 +940,9 @@ def santa_flash(
     hkv = kv.num_kv_heads
     n_tiles = -(-_capacity(kv) // tile)
     uniforms = _check_uniforms(uniforms, (batch, hq, n_tiles))
-    warps, stages, sub = _flash_config(S)
+    warps, stages, sub, maxnreg = _flash_config(S)
+    launch = {} if maxnreg is None or os.environ.get("TRITON_INTERPRET", "0") == "1" else {
+        "maxnreg": maxnreg}
     g_pad = max(16, _next_pow2(hq // hkv))
     while sub > 1 and g_pad // sub < _next_pow2(hq // hkv):
         sub //= 2  # every sub-tile needs a row per head of the group
@@ -928,7 +969,8 @@ def santa_flash(
         PAGED=paged, TILE=tile, SUB=sub, G_PAD=g_pad, D_PAD=_next_pow2(d),
         HAS_UNIFORMS=uniforms is not None, STORE_COUNTS=return_counts,
         CNT_MODE=cnt_mode, CARRY_FP16=S <= 2048, DOT_PRECISION=_dot_precision(kv.k.dtype),
-        W_BITS=FLASH_W_BITS, num_warps=warps, num_stages=stages,
+        W_BITS=FLASH_W_BITS, PREFETCH=stages == 1, num_warps=warps, num_stages=stages,
+        **launch,
     )
     out = ws.out(q.dtype)
     _merge_kernel[(batch * hq,)](
