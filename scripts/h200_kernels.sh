@@ -10,6 +10,6 @@ fi
 flag=$([ "$mode" = graph ] && echo --graph || echo --no-graph)
 COLUMNS=150 santa-bench kernel --ctx "$ctx" --batch 1,8 --S "$budgets" \
   --methods ${METHODS:-santa-prop,santa-flash,santa-strat,santa-iid,triton-splitkv} \
-  --baselines sdpa-cudnn,sdpa-flash,flashinfer-tc,flashinfer-cuda,flash-attn \
+  --baselines sdpa-cudnn,sdpa-flash,flashinfer-tc,flashinfer-cuda,flash-attn,sdpa-math \
   $flag --results results/h200 --run-id "kernels-$mode" 2>&1 | tail -70
 tar -cf "$OUT/results.tar" results/h200
