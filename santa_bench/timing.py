@@ -10,9 +10,10 @@ graph      CUDA events around one replay of a CUDA graph that holds ``calls_per_
            ``MIN_CALLS_PER_GRAPH``), divided by that count. This is how FlashInfer's
            ``bench_gpu_time_with_cudagraph`` works: launch gaps shrink as in a serving
            engine that replays graphs, and samples are per-call averages over one replay.
-events     CUDA events around one eager call (copy ``i % n_copies`` on repeat ``i``);
-           the host never waits between repeats, so launch overhead shows only where the
-           host is slower than the device.
+events     CUDA events around one eager call (copy ``i % n_copies`` on repeat ``i``),
+           each preceded by a ~50 us device-side sleep so the host enqueues the call
+           while the device is busy: the events time device work, not the host's
+           launch rate (what ``triton.testing.do_bench`` achieves with its L2 flush).
 cpu-wall   ``time.perf_counter`` around one call on the CPU (``l2_state = "n/a"``).
 =========  ===========================================================================
 
@@ -47,6 +48,7 @@ MAX_COPIES = 64
 COLD_FACTOR = 3  # bytes rotated through >= 3x L2 counts as cold
 TARGET_FACTOR = 4  # aim for 4x L2 when choosing the number of copies
 MIN_CALLS_PER_GRAPH = 10
+BACKLOG_CYCLES = 100_000  # ~50 us of device sleep queued before each eager timed call
 COPY_MEMORY_FRACTION = 0.5  # share of free device memory the copies may take
 
 
@@ -277,7 +279,8 @@ def _eager_samples(
 ) -> tuple[list[float], int]:
     _warm_on_side_stream(calls, passes=1)
     samples = _event_samples(
-        lambda i: calls[i % len(calls)](), 1, warmup_ms, budget_ms, min_reps, max_reps
+        lambda i: calls[i % len(calls)](), 1, warmup_ms, budget_ms, min_reps, max_reps,
+        backlog=True,
     )
     return samples, 1
 
@@ -289,8 +292,15 @@ def _event_samples(
     budget_ms: float,
     min_reps: int,
     max_reps: int,
+    backlog: bool = False,
 ) -> list[float]:
-    """Returns per-call microseconds of ``step(i)`` timed with CUDA events."""
+    """Returns per-call microseconds of ``step(i)`` timed with CUDA events.
+
+    ``backlog``: before each timed step, queue a device-side sleep of
+    ``BACKLOG_CYCLES`` so the host enqueues the step while the device is still busy;
+    the events then time the device's work, not the host's launch rate (as
+    ``triton.testing.do_bench`` does with its cache-flush kernel between repeats).
+    """
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for i in range(3):
@@ -305,6 +315,8 @@ def _event_samples(
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     torch.cuda.synchronize()
     for i in range(reps):
+        if backlog:
+            torch.cuda._sleep(BACKLOG_CYCLES)
         starts[i].record()
         step(i)
         ends[i].record()
