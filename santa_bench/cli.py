@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.markup import escape
 from rich.table import Table
 
 from santa_bench import environment, results
@@ -28,7 +28,7 @@ DEFAULT_METHODS = "dense,santa-iid,santa-strat,santa-sys,santa-flash,santa-prop"
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
+    console.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(code=2)
 
 
@@ -77,6 +77,11 @@ def report(
 
     frame = results.ResultStore(results_dir).load(parse_list(run) or None)
     print(kernel_table(frame))
+
+
+from santa_bench.plots import plot_command  # noqa: E402
+
+app.command("plot")(plot_command)
 
 
 def _device(requested: str) -> str:
@@ -144,6 +149,7 @@ def kernel(
     cold: Annotated[
         bool,
         typer.Option(
+            "--cold/--warm",
             help="GPU: keep L2 cold by rotating input copies (recorded as l2_state); "
             "--warm reuses one copy."
         ),
@@ -160,7 +166,7 @@ def kernel(
     Each (ctx, batch, method, S) is a case; finished cases already in the store are
     skipped (so an interrupted run resumes), unless --force.
     """
-    from santa_bench.runners.kernel import KernelGrid, KernelRunner, expand_cases
+    from santa_bench.runners.kernel import KernelGrid, expand_cases
 
     try:
         on_device = _device(device)
@@ -188,59 +194,114 @@ def kernel(
     if not cases:
         _fail("no case to run (every S is larger than every context?)")
 
+    from santa_bench.execute import RunOptions, run_cases
+
+    command = shlex.join(["santa-bench", *sys.argv[1:]])
+    options = RunOptions(
+        cpu_budget_s=cpu_budget, gpu_budget_ms=gpu_budget_ms, force=force, run_id=run_id
+    )
+    store = results.ResultStore(results_dir)
+    env = environment.collect_environment(command)
+    outcome = run_cases(cases, store, env, options, console=console, title="kernel")
+    if outcome.results:
+        _print_summary(outcome.results)
+        console.print(f"rows written to {outcome.run_path}")
+
+
+@app.command("sweep")
+def sweep(
+    suite_file: Annotated[
+        Path, typer.Argument(metavar="SUITE", help="Suite file (YAML): suites/smoke-kernel.yaml")
+    ],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the expanded cases as a table and exit.")
+    ] = False,
+    only: Annotated[
+        str | None,
+        typer.Option(
+            help="Keep some cases: a comma list of method names (dense,santa-prop), or else "
+            "a boolean expression over case keys in the suite's `where` syntax "
+            "(\"ctx == 32768 and S <= 128\"; a case without a named key is dropped)."
+        ),
+    ] = None,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            help="i/n: every n-th case of the expanded order from the i-th (0-based), "
+            "taken before --only; the n shards partition the suite."
+        ),
+    ] = None,
+    devices: Annotated[
+        str | None,
+        typer.Option(
+            help="One worker process per device, cases from one queue: GPU indices (0,1,...), "
+            "or cpu,cpu for CPU workers. Rows record device_id."
+        ),
+    ] = None,
+    executor: Annotated[
+        str,
+        typer.Option(
+            help="local (this machine), or ray: one Ray task per case (1 GPU, or 1 CPU for "
+            "CPU cases) on the cluster at RAY_ADDRESS, else a local one; needs Ray installed."
+        ),
+    ] = "local",
+    results_dir: Annotated[
+        Path, typer.Option("--results", help="Result store root (Parquet).")
+    ] = Path("results"),
+    run_id: Annotated[
+        str | None, typer.Option(help="Name of this run's folder (default: timestamp).")
+    ] = None,
+    force: Annotated[bool, typer.Option(help="Re-run cases already in the store.")] = False,
+) -> None:
+    """Run a suite file: its cases not yet in the store (so an interrupted sweep resumes).
+
+    A case already stored (same config hash, same environment fingerprint) is skipped
+    unless --force; each case's rows are written atomically as it finishes, with the
+    `santa-bench kernel` command that reproduces it.
+    """
+    from santa_bench import execute
+    from santa_bench import sweep as suites
+
+    try:
+        suite = suites.load_suite(suite_file)
+        cases = suite.cases
+        if shard:
+            cases = suites.shard(cases, *suites.parse_shard(shard))
+        if only:
+            cases = suites.select_only(cases, only)
+        options = execute.RunOptions(
+            cpu_budget_s=suite.options.get("cpu_budget", 1.0),
+            gpu_budget_ms=suite.options.get("gpu_budget_ms", 300.0),
+            force=force,
+            run_id=run_id,
+            executor=executor,
+            devices=execute.parse_devices(devices),
+        )
+    except (suites.SuiteError, execute.ExecutorError) as exc:
+        _fail(str(exc))
+        return
     command = shlex.join(["santa-bench", *sys.argv[1:]])
     env = environment.collect_environment(command)
-    fingerprint = environment.environment_fingerprint(env)
     store = results.ResultStore(results_dir)
-    done = set() if force else store.completed(fingerprint)
-    todo = [c for c in cases if results.config_hash(c) not in done]
-    if len(todo) < len(cases):
-        console.print(
-            f"{len(cases) - len(todo)} of {len(cases)} cases already in {results_dir}: skipped"
-        )
-    if not todo:
-        console.print("nothing to do (use --force to re-run)")
+    if dry_run:
+        stored = store.completed(environment.environment_fingerprint(env))
+        console.print(suites.cases_table(suite, cases, len(suite.cases), stored))
+        if not suite.implemented:
+            console.print(f"runner {suite.runner} not implemented yet: nothing can run")
         return
-    if grid.device == "cuda":
-        from santa_bench.timing import copy_bandwidth_gbps
-
-        env["copy_bandwidth_gbps"] = copy_bandwidth_gbps("cuda")
-    run = store.start_run(env, run_id=run_id)
-    runner = KernelRunner(
-        cpu_budget_s=cpu_budget,
-        gpu_budget_ms=gpu_budget_ms,
-        copy_bandwidth_gbps=env.get("copy_bandwidth_gbps"),
-    )
-    runner.recall_baselines(store.load(), fingerprint)
-    summary = []
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("kernel", total=len(todo))
-        for case in todo:
-            progress.update(task, description=_case_label(case))
-            try:
-                rows = runner.run(case)
-            except Exception as exc:  # a failing case is recorded and the sweep goes on
-                rows = [
-                    {
-                        "metric": "latency",
-                        "value": math.nan,
-                        "unit": "us",
-                        "status": "failed",
-                        "reason": f"{type(exc).__name__}: {exc}",
-                    }
-                ]
-            store.forget(results.config_hash(case))  # a re-run replaces failed or forced rows
-            run.write_case(case, rows)
-            summary.append((case, rows))
-            progress.advance(task)
-    _print_summary(summary)
-    console.print(f"rows written to {run.path}")
+    if not suite.implemented:
+        _fail(f"{suite_file}: runner {suite.runner} not implemented yet (the suite is valid: "
+              f"{len(cases)} cases; --dry-run lists them)")
+    if not cases:
+        _fail("no case selected (see --only, --shard)")
+    try:
+        outcome = execute.run_cases(cases, store, env, options, console=console, title=suite.name)
+    except execute.ExecutorError as exc:
+        _fail(str(exc))
+        return
+    if outcome.results:
+        _print_summary(outcome.results)
+        console.print(f"rows written to {outcome.run_path}")
 
 
 def _with_baselines(parsed: list, baselines: str, device: str) -> list:
@@ -272,11 +333,6 @@ def _check_grid(grid) -> None:
         raise ValueError("--batch: every batch size must be > 0")
     if not grid.S or min(grid.S) <= 0:
         raise ValueError("--S: every budget must be > 0")
-
-
-def _case_label(case: dict) -> str:
-    budget = f" S={case['S']}" if case.get("S") is not None else ""
-    return f"{case['method']}{budget} ctx={format_size(case['ctx'])} B={case['batch']}"
 
 
 def _print_summary(summary: list[tuple[dict, list[dict]]]) -> None:

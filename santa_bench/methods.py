@@ -158,7 +158,7 @@ _GROUPING = Param(
     choices=("per-head", "mean-group-query"),
 )
 _VALUE = Param(
-    "value",
+    "value_stage",
     "dense",
     str,
     "value stage composed with the Bernoulli scores",
@@ -179,9 +179,12 @@ def _reference(value: str) -> Callable[..., sk.AttentionOutput]:
 
 
 def _bernoulli_reference(q: torch.Tensor, kv: sk.KVCache, **params: Any) -> sk.AttentionOutput:
-    if params.get("value") == "dense":
+    # `value_stage` (not `value`, a result column) picks the value stage
+    value = params.pop("value_stage", "dense")
+    if value == "dense":
         params = {k: v for k, v in params.items() if k not in ("S", "tile", "alloc")}
-    return sk.attention(q, kv, score="bernoulli", **params)
+    params = {k: v for k, v in params.items() if k not in KERNEL_ONLY_PARAMS}
+    return sk.attention(q, kv, score="bernoulli", value=value, **params)
 
 
 def _santa(

@@ -71,5 +71,6 @@ def test_bernoulli_entry_composes_value_stages():
     q, kv = decode_problem(batch=1, heads=2, kv_heads=2, n=64, d=64)
     method = REGISTRY.get("bernoulli")
     for value in ("dense", "sys", "prop"):
-        out = method.run_reference(q, kv, method.resolve_params({"value": value, "S": 8}), seed=1)
+        params = method.resolve_params({"value_stage": value, "S": 8})
+        out = method.run_reference(q, kv, params, seed=1)
         assert out.reads.k_read_fraction < 1.0

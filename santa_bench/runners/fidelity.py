@@ -137,7 +137,7 @@ def _attention_kl(
     exact: torch.Tensor, estimates: list[torch.Tensor], params: dict[str, Any]
 ) -> float | None:
     """Mean KL(p || p_hat) over seeds and heads, for dense-value Bernoulli scores only."""
-    if params.get("value") != "dense" or "draws" not in params:
+    if params.get("value_stage") != "dense" or "draws" not in params:
         return None
     p = exact.double().clamp_min(1e-300)
     kls = [

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import shlex
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -369,3 +370,33 @@ def _row(
         "reason": reason,
         **extra,
     }
+
+
+def case_command(case: dict[str, Any], registry: Registry = REGISTRY) -> str:
+    """Returns the ``santa-bench kernel`` command line that runs exactly ``case``.
+
+    Every parameter is spelt out (method parameters included, defaults too), with
+    ``--baselines none`` so that only this one case is run; running it yields a case
+    with the same config hash.
+    """
+    from santa_bench.units import format_size
+
+    method = registry.get(case["method"])
+    names = [p.name for p in method.params]
+    params = [f"{k}={case[k]}" for k in names if k != "S" and case.get(k) is not None]
+    spec = method.name + (":" + ",".join(params) if params else "")
+    args = ["santa-bench", "kernel", "--ctx", format_size(int(case["ctx"]))]
+    args += ["--batch", str(case["batch"])]
+    if "S" in names and case.get("S") is not None:
+        args += ["--S", str(case["S"])]
+    args += ["--methods", spec, "--baselines", "none"]
+    args += ["--heads", str(case["heads"]), "--kv-heads", str(case["kv_heads"])]
+    args += ["--head-dim", str(case["head_dim"]), "--dtype", str(case["dtype"])]
+    args += ["--layout", str(case["layout"])]
+    if case["layout"] == "paged":
+        args += ["--page-size", str(case["page_size"])]
+    args += ["--seed", str(case["seed"]), "--device", str(case["device"])]
+    if case["device"] != "cpu":
+        args.append("--graph" if case["timing"] == "graph" else "--no-graph")
+        args.append("--cold" if case["l2"] == "cold" else "--warm")
+    return shlex.join(args)

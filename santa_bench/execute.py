@@ -1,0 +1,551 @@
+"""Running cases: skip finished ones, run the rest on an executor, write each case's rows.
+
+Used by ``santa-bench kernel`` and ``santa-bench sweep``. Executors:
+
+- ``local``: one runner in this process, cases in order (vendor baselines first).
+- a device pool (``devices=("0", "1")``): one spawned worker process per device, each
+  pinned with ``CUDA_VISIBLE_DEVICES`` (``"cpu"`` tokens start CPU workers, for tests);
+  work units come from one queue (dynamic), and each worker writes its cases' parts
+  into the same run folder (parts are per-case atomic files, so this is safe).
+- ``ray``: each work unit is a Ray task that needs one GPU (``num_cpus=1`` for CPU
+  cases); rows come back to the driver, which writes them to its store.
+
+A work unit is one case, except that every case of a shape group (same shape, dtype,
+layout, device, timing mode) that includes a vendor dense baseline travels together,
+so that its ``speedup_vs_best_dense`` is a ratio measured in one process.
+Every row carries ``device_id`` (where it ran) and ``command`` (the command line that
+reproduces that one case). A case that raises, or runs out of device memory, becomes
+a ``failed`` row with the reason and the run goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import queue
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from santa_bench import environment, results
+from santa_bench.units import format_size
+
+EXECUTORS = ("local", "ray")
+
+
+class ExecutorError(ValueError):
+    """A bad executor or device request."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run cases (not part of any case, so not in the config hash)."""
+
+    cpu_budget_s: float = 1.0
+    gpu_budget_ms: float = 300.0
+    force: bool = False
+    run_id: str | None = None
+    executor: str = "local"
+    devices: tuple[str, ...] = ()
+
+
+@dataclass
+class Outcome:
+    """What a call of :func:`run_cases` did."""
+
+    total: int
+    skipped: int
+    results: list[tuple[dict[str, Any], list[dict[str, Any]]]] = field(default_factory=list)
+    not_run: list[dict[str, Any]] = field(default_factory=list)
+    run_path: str | None = None
+
+    @property
+    def failed(self) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+        """The cases with at least one ``failed`` row."""
+        return [(c, rows) for c, rows in self.results if _failed(rows)]
+
+
+def case_label(case: dict[str, Any]) -> str:
+    """Returns a short label such as ``santa-prop S=128 ctx=32k B=1``."""
+    budget = f" S={case['S']}" if case.get("S") is not None else ""
+    ctx = f" ctx={format_size(int(case['ctx']))}" if case.get("ctx") else ""
+    batch = f" B={case['batch']}" if case.get("batch") is not None else ""
+    return f"{case.get('method', case.get('kind', 'case'))}{budget}{ctx}{batch}"
+
+
+def case_command(case: dict[str, Any]) -> str:
+    """Returns the command line that reproduces ``case`` alone (by its runner kind)."""
+    if case.get("kind") == "kernel":
+        from santa_bench.runners.kernel import case_command as kernel_command
+
+        return kernel_command(case)
+    raise ValueError(f"no command line for cases of kind {case.get('kind')!r}")
+
+
+def failed_rows(reason: str) -> list[dict[str, Any]]:
+    """Returns the one ``failed`` latency row that records a case that could not run."""
+    return [{"metric": "latency", "value": math.nan, "unit": "us", "status": "failed",
+             "reason": reason}]
+
+
+def parse_devices(text: str | None) -> tuple[str, ...]:
+    """Parses ``--devices 0,1`` or ``cpu,cpu``: GPU indices or ``cpu``, one worker each."""
+    tokens = tuple(t.strip() for t in (text or "").split(",") if t.strip())
+    for token in tokens:
+        if token != "cpu" and not token.isdigit():
+            raise ExecutorError(f"--devices: expected GPU indices or 'cpu', got {token!r}")
+    if tokens and len({t for t in tokens if t != "cpu"}) != sum(t != "cpu" for t in tokens):
+        raise ExecutorError(f"--devices: a GPU is named twice in {text!r}")
+    if len(set(tokens) & {"cpu"}) and any(t != "cpu" for t in tokens):
+        raise ExecutorError("--devices: mix of cpu and GPU workers")
+    return tokens
+
+
+class CaseWorker:
+    """Runs cases with one kernel runner and writes each case's rows into ``run``."""
+
+    def __init__(
+        self,
+        run: results.Run,
+        store_root: str,
+        options: RunOptions,
+        device_id: str,
+        copy_bandwidth_gbps: float | None = None,
+        recall: bool = True,
+    ) -> None:
+        from santa_bench.runners.kernel import KernelRunner
+
+        self.run_folder = run
+        self.store = results.ResultStore(store_root)
+        self.device_id = device_id
+        self.runner = KernelRunner(
+            cpu_budget_s=options.cpu_budget_s,
+            gpu_budget_ms=options.gpu_budget_ms,
+            copy_bandwidth_gbps=copy_bandwidth_gbps,
+        )
+        if recall:  # vendor baselines timed earlier (a resumed run) give speedups
+            self.runner.recall_baselines(self.store.load(), run.env_fingerprint)
+
+    def run(self, case: dict[str, Any]) -> list[dict[str, Any]]:
+        """Returns the case's rows (``failed`` rows when it raises), with ``device_id``."""
+        rows = run_one(self.runner, case)
+        return [{**row, "device_id": self.device_id} for row in rows]
+
+    def write(self, case: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Writes the case's part atomically (see :func:`write_case`)."""
+        return write_case(self.store, self.run_folder, case, rows)
+
+
+def run_one(runner: Any, case: dict[str, Any]) -> list[dict[str, Any]]:
+    """Runs one case; an exception or an out-of-memory error becomes a ``failed`` row."""
+    import torch
+
+    try:
+        return runner.run(case)
+    except torch.OutOfMemoryError as exc:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        lines = str(exc).splitlines() or [type(exc).__name__]
+        return failed_rows(f"out of memory: {lines[0]}")
+    except Exception as exc:  # a failing case is recorded and the run goes on
+        return failed_rows(f"{type(exc).__name__}: {exc}")
+
+
+def write_case(
+    store: results.ResultStore, run: results.Run, case: dict[str, Any], rows: list[dict]
+) -> list[dict[str, Any]]:
+    """Replaces the stored rows of ``case`` by ``rows`` (with its reproducing command).
+
+    Returns the rows, or ``failed`` rows (reported, not stored) if the store refuses them.
+    """
+    try:
+        store.forget(results.config_hash(case))  # a re-run replaces failed or forced rows
+        run.write_case(case, rows, command=case_command(case))
+    except ValueError as exc:
+        return failed_rows(f"rows not stored: {exc}")
+    return rows
+
+
+def local_device_id(case_device: str) -> str:
+    """Returns ``cpu`` or ``cuda:<index>`` for a case run in this process."""
+    if case_device == "cuda":
+        import torch
+
+        return f"cuda:{torch.cuda.current_device()}"
+    return case_device
+
+
+def work_units(cases: list[dict[str, Any]]) -> list[list[int]]:
+    """Returns case indices grouped into work units (see the module docstring)."""
+    from santa_bench.methods import REGISTRY
+    from santa_bench.runners.kernel import GROUP_KEYS
+
+    def vendor(case: dict[str, Any]) -> bool:
+        return case["method"] in REGISTRY.names() and (
+            REGISTRY.get(case["method"]).kernel_kind == "baseline"
+        )
+
+    def key(case: dict[str, Any]) -> tuple:
+        return tuple(case.get(k) for k in GROUP_KEYS)
+
+    grouped = {key(c) for c in cases if vendor(c)}
+    units: list[list[int]] = []
+    by_key: dict[tuple, list[int]] = {}
+    for index, case in enumerate(cases):
+        if key(case) not in grouped:
+            units.append([index])
+        elif key(case) in by_key:
+            by_key[key(case)].append(index)
+        else:
+            by_key[key(case)] = [index]
+            units.append(by_key[key(case)])
+    return [sorted(u, key=lambda i: not vendor(cases[i])) for u in units]
+
+
+class _Progress:
+    """Rich progress: cases done/total, ETA, current case(s), failures so far."""
+
+    def __init__(self, console: Console, total: int, title: str) -> None:
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("[red]{task.fields[failed]} failed[/] {task.fields[current]}"),
+            console=console,
+            transient=True,
+        )
+        self.title = title
+        self.failures = 0
+        self.current: dict[str, str] = {}
+        self.task = self.progress.add_task(title, total=total, failed=0, current="")
+
+    def __enter__(self) -> _Progress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)
+
+    def start(self, where: str, case: dict[str, Any]) -> None:
+        self.current[where] = case_label(case)
+        self._refresh()
+
+    def done(self, where: str, rows: list[dict[str, Any]]) -> None:
+        self.current.pop(where, None)
+        self.failures += _failed(rows)
+        self.progress.advance(self.task)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        shown = " | ".join(
+            f"{w}: {label}" if len(self.current) > 1 else label
+            for w, label in self.current.items()
+        )
+        self.progress.update(self.task, failed=self.failures, current=shown)
+
+
+def _failed(rows: list[dict[str, Any]]) -> bool:
+    return any(r.get("status") == "failed" for r in rows)
+
+
+def run_cases(
+    cases: list[dict[str, Any]],
+    store: results.ResultStore,
+    env: dict[str, Any] | None,
+    options: RunOptions = RunOptions(),
+    *,
+    console: Console | None = None,
+    title: str = "cases",
+) -> Outcome:
+    """Runs the cases not yet in ``store`` (same config hash and environment fingerprint).
+
+    ``env`` is the run's environment record (collected here when None; with the Ray
+    executor it is collected on a Ray worker, where the cases run). Prints what was
+    skipped, a progress bar and a summary of failures; returns the :class:`Outcome`.
+    """
+    console = console or Console()
+    if options.executor not in EXECUTORS:
+        raise ExecutorError(f"--executor: expected one of {EXECUTORS}, got {options.executor!r}")
+    if options.executor == "ray" and options.devices:
+        raise ExecutorError("--devices: not with --executor ray (Ray places the tasks)")
+    devices_of_cases = {c.get("device") for c in cases}
+    if options.executor == "ray":
+        env = _ray_environment(env, devices_of_cases)
+    else:
+        env = env if env is not None else environment.collect_environment()
+        _check_devices(options.devices, devices_of_cases)
+    fingerprint = environment.environment_fingerprint(env)
+    done = set() if options.force else store.completed(fingerprint)
+    todo = [c for c in cases if results.config_hash(c) not in done]
+    outcome = Outcome(total=len(cases), skipped=len(cases) - len(todo))
+    if outcome.skipped:
+        console.print(f"{outcome.skipped} of {len(cases)} cases already in {store.root}: skipped")
+    if not todo:
+        console.print("nothing to do (use --force to re-run)")
+        return outcome
+    if "cuda" in devices_of_cases and options.executor != "ray" and not env.get(
+        "copy_bandwidth_gbps"
+    ):
+        from santa_bench.timing import copy_bandwidth_gbps
+
+        env["copy_bandwidth_gbps"] = copy_bandwidth_gbps("cuda")
+    run = store.start_run(env, run_id=options.run_id)
+    outcome.run_path = str(run.path)
+    from santa_bench.methods import REGISTRY
+
+    def baseline_first(case: dict[str, Any]) -> bool:
+        known = case.get("method") in REGISTRY.names()
+        return not (known and REGISTRY.get(case["method"]).kernel_kind == "baseline")
+
+    todo = sorted(todo, key=baseline_first)  # stable: later cases compare against them
+    with _Progress(console, len(todo), title) as progress:
+        if options.executor == "ray":
+            _run_ray(todo, store, run, options, env, progress, outcome)
+        elif options.devices:
+            _run_pool(todo, store, run, options, env, progress, outcome)
+        else:
+            worker = CaseWorker(
+                run, str(store.root), options, "", env.get("copy_bandwidth_gbps")
+            )
+            for case in todo:
+                worker.device_id = local_device_id(case["device"])
+                progress.start("local", case)
+                rows = worker.write(case, worker.run(case))
+                outcome.results.append((case, rows))
+                progress.done("local", rows)
+    print_outcome(outcome, console)
+    return outcome
+
+
+def print_outcome(outcome: Outcome, console: Console) -> None:
+    """Prints the final summary: counts, then one line per failed or unrun case."""
+    failed = outcome.failed
+    ran = len(outcome.results)
+    console.print(
+        f"{outcome.total} cases: {ran - len(failed)} ran, {len(failed)} failed, "
+        f"{outcome.skipped} skipped (in the store)"
+        + (f", {len(outcome.not_run)} not run (re-run to resume)" if outcome.not_run else "")
+    )
+    if failed:
+        table = Table(title="failed cases")
+        table.add_column("case", no_wrap=True)
+        table.add_column("reason", overflow="fold")
+        for case, rows in failed:
+            reasons = {r["reason"] for r in rows if r.get("status") == "failed"}
+            table.add_row(case_label(case), "; ".join(sorted(reasons)))
+        console.print(table)
+
+
+# ---------------------------------------------------------------- device pool
+def _check_devices(devices: tuple[str, ...], case_devices: set[Any]) -> None:
+    if not devices:
+        if "cuda" in case_devices:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ExecutorError("the cases run on cuda, but no CUDA device is visible")
+        return
+    if devices[0] == "cpu" and case_devices - {"cpu"}:
+        raise ExecutorError(f"--devices {','.join(devices)}: the cases run on {case_devices}")
+    if devices[0] != "cpu":
+        import torch
+
+        if case_devices - {"cuda"}:
+            raise ExecutorError(f"--devices {','.join(devices)}: the cases run on {case_devices}")
+        count = torch.cuda.device_count()
+        if missing := [d for d in devices if int(d) >= count]:
+            raise ExecutorError(f"--devices: no GPU {missing} here ({count} visible)")
+
+
+@contextlib.contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in old.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _pool_worker(
+    device_id: str,
+    run: results.Run,
+    store_root: str,
+    options: RunOptions,
+    copy_bandwidth: float | None,
+    tasks: Any,
+    events: Any,
+) -> None:
+    """Worker process: takes work units from ``tasks`` until None; reports on ``events``."""
+    parent = os.getppid()
+    worker = CaseWorker(run, store_root, options, device_id, copy_bandwidth)
+    while True:
+        unit = tasks.get()
+        if unit is None or os.getppid() != parent:  # done, or the driver died
+            return
+        for index, case in unit:
+            events.put(("start", device_id, index))
+            rows = worker.write(case, worker.run(case))
+            events.put(("done", device_id, index, rows))
+
+
+def _run_pool(todo, store, run, options, env, progress, outcome) -> None:
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")
+    tasks, events = spawn.Queue(), spawn.Queue()
+    for unit in work_units(todo):
+        tasks.put([(i, todo[i]) for i in unit])
+    workers: dict[str, Any] = {}
+    for number, token in enumerate(options.devices):
+        device_id = f"cpu:{number}" if token == "cpu" else f"cuda:{token}"
+        pin = {} if token == "cpu" else {"CUDA_VISIBLE_DEVICES": token}
+        args = (device_id, run, str(store.root), options, env.get("copy_bandwidth_gbps"),
+                tasks, events)
+        with _environ(**pin):
+            process = spawn.Process(target=_pool_worker, args=args, daemon=True)
+            process.start()
+        workers[device_id] = process
+        tasks.put(None)  # one stop sign per worker, after every unit
+    pending = set(range(len(todo)))
+    in_flight: dict[str, int] = {}
+    try:
+        while pending:
+            try:
+                event = events.get(timeout=0.5)
+            except queue.Empty:
+                _reap(workers, in_flight, pending, todo, store, run, progress, outcome)
+                if not any(p.is_alive() for p in workers.values()):
+                    break
+                continue
+            if event[0] == "start":
+                in_flight[event[1]] = event[2]
+                progress.start(event[1], todo[event[2]])
+            else:
+                _, device_id, index, rows = event
+                in_flight.pop(device_id, None)
+                pending.discard(index)
+                outcome.results.append((todo[index], rows))
+                progress.done(device_id, rows)
+    finally:
+        for process in workers.values():
+            process.join(timeout=5)
+            if process.is_alive():
+                process.terminate()
+    outcome.not_run += [todo[i] for i in sorted(pending)]
+
+
+def _reap(workers, in_flight, pending, todo, store, run, progress, outcome) -> None:
+    """A worker that died mid-case (crash, killed): its case becomes a failed row."""
+    for device_id, process in workers.items():
+        if process.exitcode not in (None, 0) and device_id in in_flight:
+            index = in_flight.pop(device_id)
+            rows = [
+                {**r, "device_id": device_id}
+                for r in failed_rows(f"worker {device_id} exited with code {process.exitcode}")
+            ]
+            rows = write_case(store, run, todo[index], rows)
+            pending.discard(index)
+            outcome.results.append((todo[index], rows))
+            progress.done(device_id, rows)
+
+
+# ---------------------------------------------------------------- Ray
+def import_ray() -> Any:
+    """Returns the ``ray`` module, or raises ExecutorError saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise ExecutorError(
+            "--executor ray needs Ray: pip install -e '.[ray]' (or pip install ray)"
+        ) from None
+    return ray
+
+
+def _resources(case_devices: set[Any]) -> dict[str, float]:
+    return {"num_gpus": 1} if "cuda" in case_devices else {"num_cpus": 1}
+
+
+def _ray_environment(env: dict[str, Any] | None, case_devices: set[Any]) -> dict[str, Any]:
+    """Collects the environment on a Ray worker (where the cases will run)."""
+    ray = import_ray()
+    if not ray.is_initialized():
+        ray.init()  # RAY_ADDRESS (or a running local cluster) is joined, else one is started
+    command = (env or {}).get("command") or environment.collect_environment().get("command")
+    remote = ray.remote(_ray_collect_environment).options(**_resources(case_devices))
+    return ray.get(remote.remote(command, "cuda" in case_devices))
+
+
+def _ray_collect_environment(command: str, cuda: bool) -> dict[str, Any]:
+    env = environment.collect_environment(command)
+    if cuda:
+        from santa_bench.timing import copy_bandwidth_gbps
+
+        env["copy_bandwidth_gbps"] = copy_bandwidth_gbps("cuda")
+    return env
+
+
+def _ray_unit(
+    unit: list[tuple[int, dict[str, Any]]], options: RunOptions, copy_bandwidth: float | None
+) -> list[tuple[int, list[dict[str, Any]]]]:
+    """Ray task: runs a work unit, returns each case's rows (the driver writes them)."""
+    import ray
+
+    from santa_bench.runners.kernel import KernelRunner
+
+    context = ray.get_runtime_context()
+    gpus = context.get_accelerator_ids().get("GPU", [])
+    node = context.get_node_id()[:8]
+    device_id = f"ray:{node}:" + (f"cuda:{','.join(map(str, gpus))}" if gpus else "cpu")
+    runner = KernelRunner(
+        cpu_budget_s=options.cpu_budget_s,
+        gpu_budget_ms=options.gpu_budget_ms,
+        copy_bandwidth_gbps=copy_bandwidth,
+    )
+    return [
+        (index, [{**row, "device_id": device_id} for row in run_one(runner, case)])
+        for index, case in unit
+    ]
+
+
+def _run_ray(todo, store, run, options, env, progress, outcome) -> None:
+    ray = import_ray()
+    remote = ray.remote(_ray_unit).options(**_resources({c.get("device") for c in todo}))
+    refs: dict[Any, list[int]] = {}
+    for unit in work_units(todo):
+        ref = remote.remote([(i, todo[i]) for i in unit], options, env.get("copy_bandwidth_gbps"))
+        refs[ref] = unit
+    progress.current["ray"] = f"{len(refs)} tasks submitted"
+    waiting = list(refs)
+    while waiting:
+        ready, waiting = ray.wait(waiting, num_returns=1)
+        unit = refs[ready[0]]
+        try:
+            returned = ray.get(ready[0])
+        except Exception as exc:  # the task or its worker died: record, go on
+            reason = f"ray task failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+            returned = [(i, failed_rows(reason)) for i in unit]
+        for index, returned_rows in returned:
+            rows = write_case(store, run, todo[index], returned_rows)
+            outcome.results.append((todo[index], rows))
+            progress.done("ray", rows)
+        progress.current["ray"] = f"{len(waiting)} tasks in flight"
+

@@ -1,0 +1,574 @@
+"""Suite files -> cases: fixed values, grid and zip axes, where constraints.
+
+A suite is a YAML file (see ``suites/``)::
+
+    description: what it reproduces          # optional
+    runner: kernel                           # kernel; fidelity, accuracy, e2e: not yet
+    fixed: {heads: 4, kv_heads: 2, device: cpu}         # one value per key
+    grid: {ctx: [256, 512], method: [dense, santa-prop:tile=32]}   # cartesian product
+    zip: {S: [16, 32], tile: [16, 32]}       # tied axes of equal length (or a list of them)
+    where: ["S <= ctx", "ctx % page_size == 0"]   # every expression must hold
+    options: {cpu_budget: 0.01}              # runner settings that are not case keys
+
+Keys are the runner's case keys (for ``kernel``: the ``santa-bench kernel`` options,
+``method`` for a registry spec such as ``santa-prop:S=128,tile=32``) and method
+parameters (``tile``, ``alloc``, ``draws``, ...). Sizes accept ``32k``; ``S`` also
+accepts a ratio of the context (``0.4%`` -> ``round(ctx * 0.004)``, at least 1).
+As in ``santa-bench kernel``, ``S`` and other method parameters apply to the methods
+that have them (a method's own spec wins) and equal cases are kept once. A
+misspelt key, an unknown method, a parameter no method of the suite has, or a bad
+value is a :class:`SuiteError` naming the file and key.
+
+``where`` expressions are evaluated by a small AST interpreter (no ``eval``): names,
+numbers, strings, lists, ``and or not``, ``+ - * / // % **``, comparisons, ``in``.
+A name missing from a case (``S`` for ``dense``) makes that expression hold.
+Expansion of a ``kernel`` suite gives exactly the case dicts of
+``runners.kernel.expand_cases``, so config hashes match the ``kernel`` command's.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import itertools
+import operator
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from santa_bench.methods import REGISTRY, Method, MethodError, Param, parse_method_specs
+from santa_bench.results import config_hash
+from santa_bench.units import parse_size
+
+TOP_LEVEL = ("name", "description", "runner", "fixed", "grid", "zip", "where", "options")
+
+
+class SuiteError(ValueError):
+    """An invalid suite file; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """The case keys a runner accepts (key -> value kind), its options and defaults."""
+
+    name: str
+    keys: dict[str, str]
+    options: dict[str, type] = field(default_factory=dict)
+    derived: tuple[str, ...] = ("kind", "family")
+    defaults: dict[str, Any] = field(default_factory=dict)
+    implemented: bool = False
+
+
+_SHAPE = {"batch": "int", "ctx": "size", "heads": "int", "kv_heads": "int", "head_dim": "int"}
+RUNNERS: dict[str, RunnerSpec] = {
+    "kernel": RunnerSpec(
+        "kernel",
+        {
+            "method": "method", "S": "budget", **_SHAPE, "dtype": "str", "layout": "str",
+            "page_size": "size", "seed": "int", "device": "str", "graph": "bool", "cold": "bool",
+        },
+        options={"cpu_budget": float, "gpu_budget_ms": float},
+        derived=("kind", "family", "timing", "l2"),
+        defaults={"ctx": 4096, "batch": 1, "S": 128, "device": "auto"},
+        implemented=True,
+    ),
+    # planned runners: their keys are validated now, running them is not implemented yet
+    "fidelity": RunnerSpec(
+        "fidelity",
+        {"method": "method", "S": "budget", "pattern": "str", **_SHAPE, "seeds": "int",
+         "seed": "int", "dtype": "str", "device": "str"},
+    ),
+    "accuracy": RunnerSpec(
+        "accuracy",
+        {"method": "method", "S": "budget", "model": "str", "task": "str", "ctx": "size",
+         "batch": "int", "samples": "int", "seed": "int", "dtype": "str", "device": "str"},
+    ),
+    "e2e": RunnerSpec(
+        "e2e",
+        {"method": "method", "S": "budget", "model": "str", "ctx": "size", "batch": "int",
+         "decode_steps": "int", "seed": "int", "dtype": "str", "device": "str"},
+    ),
+}
+
+# Methods that planned runners will evaluate but the registry does not have yet.
+PLANNED_METHODS: dict[str, tuple[Param, ...]] = {
+    "santa-pp": (
+        Param("teams", 32, int, "SANTA++: teams sampled per head", minimum=1),
+        Param("team_size", 16, int, "SANTA++: keys per team", minimum=1),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A validated suite: where it came from, its runner, and the expanded cases."""
+
+    path: Path
+    name: str
+    description: str
+    runner: str
+    options: dict[str, Any]
+    cases: list[dict[str, Any]]
+
+    @property
+    def implemented(self) -> bool:
+        return RUNNERS[self.runner].implemented
+
+
+@dataclass(frozen=True)
+class _Ratio:
+    """A budget given as a fraction of the context (``0.4%``)."""
+
+    fraction: float
+    text: str
+
+    def of(self, ctx: int) -> int:
+        return max(1, round(ctx * self.fraction))
+
+
+# ------------------------------------------------------------ safe expressions
+_BINARY: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+    ast.Pow: operator.pow, ast.BitAnd: lambda a, b: bool(a) and bool(b),
+    ast.BitOr: lambda a, b: bool(a) or bool(b),
+}
+_COMPARE: dict[type, Callable[[Any, Any], bool]] = {
+    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+    ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+}
+_UNARY: dict[type, Callable[[Any], Any]] = {
+    ast.Not: operator.not_, ast.USub: operator.neg, ast.UAdd: operator.pos,
+}
+
+
+class _Missing(Exception):
+    """A name the case does not have."""
+
+
+@dataclass(frozen=True)
+class Expression:
+    """A parsed boolean expression over case keys (``S <= ctx and method != 'dense'``)."""
+
+    text: str
+    tree: ast.Expression
+    names: frozenset[str]
+
+    @classmethod
+    def parse(cls, text: str) -> Expression:
+        """Parses ``text``; raises ValueError on syntax outside the allowed subset."""
+        try:
+            tree = ast.parse(str(text).strip(), mode="eval")
+        except SyntaxError as exc:
+            raise ValueError(f"not an expression: {text!r} ({exc.msg})") from None
+        names = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name):
+                names.add(node.id)
+            elif not isinstance(node, _ALLOWED_NODES):
+                raise ValueError(f"{type(node).__name__} is not allowed in {text!r}")
+        return cls(str(text), tree, frozenset(names))
+
+    def __call__(self, case: dict[str, Any], missing: bool = True) -> bool:
+        """Returns the expression's truth on ``case``; ``missing`` if a name is absent."""
+        try:
+            return bool(_evaluate(self.tree.body, case))
+        except _Missing:
+            return missing
+
+
+_ALLOWED_NODES = (
+    ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.BinOp, ast.Compare,
+    ast.Constant, ast.List, ast.Tuple, ast.Load, *_BINARY, *_COMPARE, *_UNARY,
+)
+
+
+def _evaluate(node: ast.AST, case: dict[str, Any]) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id in ("True", "False", "None"):
+            return {"True": True, "False": False, "None": None}[node.id]
+        if node.id not in case or case[node.id] is None:
+            raise _Missing(node.id)
+        return case[node.id]
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [_evaluate(item, case) for item in node.elts]
+    if isinstance(node, ast.BoolOp):
+        values = (_evaluate(v, case) for v in node.values)
+        return all(values) if isinstance(node.op, ast.And) else any(values)
+    if isinstance(node, ast.UnaryOp):
+        return _UNARY[type(node.op)](_evaluate(node.operand, case))
+    if isinstance(node, ast.BinOp):
+        return _BINARY[type(node.op)](_evaluate(node.left, case), _evaluate(node.right, case))
+    if isinstance(node, ast.Compare):
+        left = _evaluate(node.left, case)
+        for op, comparator in zip(node.ops, node.comparators, strict=True):
+            right = _evaluate(comparator, case)
+            if not _COMPARE[type(op)](left, right):
+                return False
+            left = right
+        return True
+    raise ValueError(f"{type(node).__name__} is not allowed")  # pragma: no cover
+
+
+# ------------------------------------------------------------ loading
+_RATIO = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+
+
+def _method_params(runner: str) -> dict[str, Param]:
+    """Every parameter of every method a runner can name (registry, planned methods)."""
+    params = {p.name: p for m in REGISTRY for p in m.params}
+    if runner != "kernel":
+        params.update({p.name: p for ps in PLANNED_METHODS.values() for p in ps})
+    return params
+
+
+def _method(spec: str, runner: str) -> tuple[Method, dict[str, Any]]:
+    name = str(spec).partition(":")[0].strip()
+    if runner != "kernel" and name in PLANNED_METHODS:
+        planned = Method(name, "santapp", f"{name} (planned)", PLANNED_METHODS[name])
+        _, _, rest = str(spec).partition(":")
+        overrides = parse_method_specs(f"dense:{rest}")[0][1] if rest else {}
+        planned.resolve_params(overrides)
+        return planned, overrides
+    parsed = parse_method_specs(str(spec))
+    if len(parsed) != 1:
+        raise MethodError(f"{spec!r} names {len(parsed)} methods; give one per item")
+    parsed[0][0].resolve_params(parsed[0][1])  # unknown or invalid parameters fail here
+    return parsed[0]
+
+
+def _value(kind: str, value: Any, runner: str) -> Any:
+    """Normalises one value of a key of the given kind; ValueError/MethodError if bad."""
+    if isinstance(value, (dict, list)):
+        raise ValueError(f"expected a single value, got {value!r}")
+    if kind == "size":
+        return parse_size(value)
+    if kind == "budget":
+        match = _RATIO.match(str(value)) if isinstance(value, str) else None
+        if match:
+            fraction = float(match.group(1)) / 100
+            if not 0 < fraction <= 1:
+                raise ValueError(f"a ratio budget must be in (0%, 100%], got {value!r}")
+            return _Ratio(fraction, str(value))
+        return parse_size(value)
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"expected an integer, got {value!r}")
+        return value
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {value!r}")
+        return value
+    if kind == "method":
+        return _method(value, runner)
+    if not isinstance(value, (str, int, float)):
+        raise ValueError(f"expected a string, got {value!r}")
+    return value
+
+
+def load_suite(path: Path | str) -> Suite:
+    """Loads, validates and expands a suite file; raises SuiteError naming file and key."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise SuiteError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise SuiteError(f"{path}: not valid YAML: {exc}") from None
+    return suite_from_dict(data, path)
+
+
+def suite_from_dict(data: Any, path: Path | str = "<suite>") -> Suite:
+    """Validates and expands a suite already parsed from YAML (see :func:`load_suite`)."""
+    path = Path(path)
+
+    def fail(key: str, message: str) -> SuiteError:
+        return SuiteError(f"{path}: {key}: {message}")
+
+    if not isinstance(data, dict):
+        raise SuiteError(f"{path}: a suite must be a mapping of {', '.join(TOP_LEVEL)}")
+    for key in data:
+        if key not in TOP_LEVEL:
+            raise fail(str(key), f"unknown top-level key; expected one of {', '.join(TOP_LEVEL)}")
+    runner = data.get("runner")
+    if runner not in RUNNERS:
+        raise fail("runner", f"expected one of {', '.join(RUNNERS)}, got {runner!r}")
+    spec = RUNNERS[runner]
+    params = _method_params(runner)
+
+    # every key's values, by section, normalised
+    axes: list[list[dict[str, Any]]] = []  # each axis: its list of partial assignments
+    seen: dict[str, str] = {}
+
+    def values(section: str, key: Any, raw: Any, single: bool) -> list[Any]:
+        where = f"{section}.{key}"
+        if not isinstance(key, str):
+            raise fail(where, "keys must be strings")
+        if key not in spec.keys and key not in params:
+            accepted = sorted({*spec.keys, *params})
+            close = difflib.get_close_matches(key, accepted, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise fail(where, f"unknown key for runner {runner!r}; {hint}accepted: "
+                       f"{', '.join(accepted)}")
+        if key in seen:
+            raise fail(where, f"also given in {seen[key]}")
+        seen[key] = where
+        items = [raw] if single or not isinstance(raw, list) else raw
+        if single and isinstance(raw, list):
+            raise fail(where, "a fixed key takes one value (put lists under grid or zip)")
+        if not items:
+            raise fail(where, "empty list")
+        kind = spec.keys.get(key, "param")
+        out = []
+        for index, item in enumerate(items):
+            label = where if len(items) == 1 else f"{where}[{index}]"
+            try:
+                out.append(params[key].validate(item, key) if kind == "param"
+                           else _value(kind, item, runner))
+            except (ValueError, MethodError) as exc:
+                raise fail(label, str(exc)) from None
+        return out
+
+    fixed = data.get("fixed") or {}
+    if not isinstance(fixed, dict):
+        raise fail("fixed", "expected a mapping of key: value")
+    axes.append([{k: values("fixed", k, v, True)[0] for k, v in fixed.items()}])
+    grid = data.get("grid") or {}
+    if not isinstance(grid, dict):
+        raise fail("grid", "expected a mapping of key: [values]")
+    for key, raw in grid.items():
+        axes.append([{key: v} for v in values("grid", key, raw, False)])
+    zipped = data.get("zip") or []
+    groups = [zipped] if isinstance(zipped, dict) else zipped
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        raise fail("zip", "expected a mapping of key: [values], or a list of them")
+    for number, group in enumerate(groups):
+        section = "zip" if isinstance(zipped, dict) else f"zip[{number}]"
+        columns = {k: values(section, k, v, False) for k, v in group.items()}
+        lengths = {k: len(v) for k, v in columns.items()}
+        if len(set(lengths.values())) > 1:
+            raise fail(section, f"tied axes need equal lengths, got {lengths}")
+        if columns:
+            axes.append([dict(zip(columns, row, strict=True))
+                         for row in zip(*columns.values(), strict=True)])
+
+    methods = [v for axis in axes for a in axis for k, v in a.items() if k == "method"]
+    if not methods:
+        raise fail("method", "no method named (give method under fixed, grid or zip)")
+    for key, where in seen.items():
+        if key in params and key not in spec.keys and not any(
+            key in {p.name for p in m.params} for m, _ in methods
+        ):
+            raise fail(where, f"no method of this suite has a parameter {key!r}")
+
+    raw_where = data.get("where") or []
+    raw_where = [raw_where] if isinstance(raw_where, str) else raw_where
+    if not isinstance(raw_where, list):
+        raise fail("where", "expected an expression or a list of expressions")
+    known = {*spec.keys, *spec.derived, *params}
+    constraints = []
+    for index, text in enumerate(raw_where):
+        label = f"where[{index}]"
+        try:
+            expression = Expression.parse(text)
+        except ValueError as exc:
+            raise fail(label, str(exc)) from None
+        if unknown := sorted(expression.names - known - {"True", "False", "None"}):
+            raise fail(label, f"unknown name(s) {unknown} in {text!r}")
+        constraints.append((label, expression))
+
+    options = data.get("options") or {}
+    if not isinstance(options, dict):
+        raise fail("options", "expected a mapping")
+    for key, value in options.items():
+        if key not in spec.options:
+            raise fail(f"options.{key}", f"unknown option for runner {runner!r}; expected "
+                       f"{', '.join(spec.options) or 'none'}")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise fail(f"options.{key}", f"expected a positive number, got {value!r}")
+
+    cases: list[dict[str, Any]] = []
+    hashes: set[str] = set()
+    for parts in itertools.product(*axes):
+        combo = {**spec.defaults, **{k: v for part in parts for k, v in part.items()}}
+        try:
+            built = _build(runner, combo)
+        except (ValueError, MethodError) as exc:
+            raise fail(_describe(combo), str(exc)) from None
+        for case in built:
+            scope = {**_plain(combo), **case}
+            for label, expression in constraints:
+                try:
+                    if not expression(scope):
+                        break
+                except Exception as exc:
+                    raise fail(label, f"{expression.text!r} on {_describe(combo)}: "
+                               f"{type(exc).__name__}: {exc}") from None
+            else:
+                digest = config_hash(case)
+                if digest not in hashes:
+                    hashes.add(digest)
+                    cases.append(case)
+    description = str(data.get("description") or "").strip()
+    return Suite(path, str(data.get("name") or path.stem), description, runner,
+                 dict(options), cases)
+
+
+def _plain(combo: dict[str, Any]) -> dict[str, Any]:
+    """The combination with methods as names and budgets as numbers (for ``where``)."""
+    plain = dict(combo)
+    if "method" in plain:
+        plain["method"] = plain["method"][0].name
+    if isinstance(plain.get("S"), _Ratio):
+        plain["S"] = plain["S"].of(plain["ctx"])
+    return plain
+
+
+def _describe(combo: dict[str, Any]) -> str:
+    shown = {k: (v[0].name if k == "method" else getattr(v, "text", v)) for k, v in combo.items()}
+    return "case " + ", ".join(f"{k}={v}" for k, v in shown.items())
+
+
+def _overrides(method: Method, given: dict[str, Any], combo: dict[str, Any]) -> dict[str, Any]:
+    """The method's spec overrides plus the suite's values of its other parameters."""
+    names = {p.name for p in method.params} - {"S"}
+    return {**{k: combo[k] for k in names if k in combo}, **given}
+
+
+def _build(runner: str, combo: dict[str, Any]) -> list[dict[str, Any]]:
+    """Returns the (zero or one) case of one combination."""
+    method, given = combo["method"]
+    budget = combo.get("S")
+    if isinstance(budget, _Ratio):
+        if "ctx" not in combo:
+            raise ValueError("a ratio budget needs ctx")
+        budget = budget.of(combo["ctx"])
+    overrides = _overrides(method, given, combo)
+    if runner == "kernel":
+        return _kernel_case(method, overrides, budget, combo)
+    names = {p.name for p in method.params}
+    if budget is not None and "S" in names and "S" not in overrides:
+        overrides["S"] = budget
+    resolved = method.resolve_params(overrides)
+    if "S" in names and "ctx" in combo and resolved["S"] > combo["ctx"]:
+        return []
+    keys = [k for k in RUNNERS[runner].keys if k not in ("method", "S") and k in combo]
+    return [{"kind": runner, "method": method.name, "family": method.family, **resolved,
+             **{k: combo[k] for k in keys}}]
+
+
+def _kernel_case(
+    method: Method, overrides: dict[str, Any], budget: int | None, combo: dict[str, Any]
+) -> list[dict[str, Any]]:
+    import torch
+
+    from santa_bench.runners.kernel import KernelGrid, expand_cases
+
+    device = combo.get("device", "auto")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected auto, cpu or cuda, got {device!r}")
+    grid = KernelGrid(
+        methods=[(method, overrides)],
+        ctx=[combo["ctx"]],
+        batch=[combo["batch"]],
+        S=[budget if budget is not None else 128],
+        device=device,
+        **{k: combo[k] for k in ("heads", "kv_heads", "head_dim", "dtype", "layout",
+                                 "page_size", "seed", "graph") if k in combo},
+        **({"cold_l2": combo["cold"]} if "cold" in combo else {}),
+    )
+    check_kernel_grid(grid)
+    return expand_cases(grid)
+
+
+def check_kernel_grid(grid: Any) -> None:
+    """Raises ValueError for a kernel shape the runner cannot build."""
+    for name in ("heads", "kv_heads", "head_dim", "page_size", "batch", "ctx"):
+        value = getattr(grid, name)
+        if min(value if isinstance(value, list) else [value]) <= 0:
+            raise ValueError(f"{name} must be > 0")
+    if grid.heads % grid.kv_heads:
+        raise ValueError(f"heads {grid.heads} is not a multiple of kv_heads {grid.kv_heads}")
+    if grid.layout not in ("contiguous", "paged"):
+        raise ValueError(f"layout: expected contiguous or paged, got {grid.layout!r}")
+    if grid.dtype not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"dtype: expected bf16, fp16 or fp32, got {grid.dtype!r}")
+
+
+# ------------------------------------------------------------ selection
+def select_only(cases: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    """Filters cases by ``--only``: a comma list of method names, or an expression.
+
+    ``dense,santa-prop`` keeps those methods; anything else is a boolean expression
+    over case keys in ``where`` syntax (``ctx == 32768 and S <= 128``), and a case
+    without a named key is dropped.
+    """
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if names and all(n in REGISTRY.names() or n in PLANNED_METHODS for n in names):
+        return [c for c in cases if c.get("method") in names]
+    try:
+        expression = Expression.parse(text)
+    except ValueError as exc:
+        raise SuiteError(f"--only: {exc}") from None
+    known = {k for c in cases for k in c} | {"True", "False", "None"}
+    if unknown := sorted(expression.names - known):
+        raise SuiteError(f"--only: unknown name(s) {unknown}; case keys: {sorted(known)}")
+    try:
+        return [c for c in cases if expression(c, missing=False)]
+    except Exception as exc:
+        raise SuiteError(f"--only: {text!r}: {type(exc).__name__}: {exc}") from None
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """Parses ``i/n`` (0 <= i < n)."""
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not match or not 0 <= int(match.group(1)) < int(match.group(2)):
+        raise SuiteError(f"--shard: expected i/n with 0 <= i < n, got {text!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def shard(cases: list[dict[str, Any]], index: int, count: int) -> list[dict[str, Any]]:
+    """Every ``count``-th case from ``index`` on, in the expanded order."""
+    return cases[index::count]
+
+
+def cases_table(
+    suite: Suite, cases: list[dict[str, Any]], total: int, stored: set[str] | None = None
+) -> Any:
+    """Returns a rich Table of ``cases``: the keys that vary, the hash, whether stored."""
+    from rich.table import Table
+
+    from santa_bench.units import format_size
+
+    keys = list(dict.fromkeys(k for c in cases for k in c))
+    varying = [k for k in keys if len({repr(c.get(k)) for c in cases}) > 1 and k != "family"]
+    fixed = [k for k in keys if k not in varying and k != "family"]
+    table = Table(
+        title=f"{suite.name} ({suite.runner}): {len(cases)} of {total} cases",
+        caption=("fixed: " + ", ".join(f"{k}={cases[0].get(k)}" for k in fixed)) if cases else "",
+    )
+    table.add_column("#", justify="right")
+    table.add_column("case_hash", no_wrap=True)
+    if stored is not None:
+        table.add_column("stored")
+    for key in varying:
+        table.add_column(key, no_wrap=key == "method", overflow="fold", min_width=len(key))
+    for number, case in enumerate(cases):
+        digest = config_hash(case)
+        cells = [
+            format_size(v) if k == "ctx" and isinstance(v, int) else ("-" if v is None else str(v))
+            for k in varying
+            for v in [case.get(k)]
+        ]
+        done = [] if stored is None else ["yes" if digest in stored else "-"]
+        table.add_row(str(number), digest, *done, *cells)
+    return table
