@@ -79,7 +79,10 @@ def report(
     print(kernel_table(frame))
 
 
+from santa_bench.accuracy.cli import app as accuracy_app  # noqa: E402
 from santa_bench.plots import plot_command  # noqa: E402
+
+app.add_typer(accuracy_app, name="accuracy")
 
 app.command("plot")(plot_command)
 
@@ -151,7 +154,7 @@ def kernel(
         typer.Option(
             "--cold/--warm",
             help="GPU: keep L2 cold by rotating input copies (recorded as l2_state); "
-            "--warm reuses one copy."
+            "--warm reuses one copy.",
         ),
     ] = True,
     gpu_budget_ms: Annotated[
@@ -221,7 +224,7 @@ def sweep(
         typer.Option(
             help="Keep some cases: a comma list of method names (dense,santa-prop), or else "
             "a boolean expression over case keys in the suite's `where` syntax "
-            "(\"ctx == 32768 and S <= 128\"; a case without a named key is dropped)."
+            '("ctx == 32768 and S <= 128"; a case without a named key is dropped).'
         ),
     ] = None,
     shard: Annotated[
@@ -290,8 +293,10 @@ def sweep(
             console.print(f"runner {suite.runner} not implemented yet: nothing can run")
         return
     if not suite.implemented:
-        _fail(f"{suite_file}: runner {suite.runner} not implemented yet (the suite is valid: "
-              f"{len(cases)} cases; --dry-run lists them)")
+        _fail(
+            f"{suite_file}: runner {suite.runner} not implemented yet (the suite is valid: "
+            f"{len(cases)} cases; --dry-run lists them)"
+        )
     if not cases:
         _fail("no case selected (see --only, --shard)")
     try:

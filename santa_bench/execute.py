@@ -91,13 +91,22 @@ def case_command(case: dict[str, Any]) -> str:
         from santa_bench.runners.kernel import case_command as kernel_command
 
         return kernel_command(case)
+    if case.get("kind") == "fidelity":
+        from santa_bench.runners.fidelity import case_command as fidelity_command
+
+        return fidelity_command(case)
+    if case.get("kind") == "accuracy":
+        from santa_bench.runners.tasks import case_command as task_command
+
+        return task_command(case)
     raise ValueError(f"no command line for cases of kind {case.get('kind')!r}")
 
 
 def failed_rows(reason: str) -> list[dict[str, Any]]:
     """Returns the one ``failed`` latency row that records a case that could not run."""
-    return [{"metric": "latency", "value": math.nan, "unit": "us", "status": "failed",
-             "reason": reason}]
+    return [
+        {"metric": "latency", "value": math.nan, "unit": "us", "status": "failed", "reason": reason}
+    ]
 
 
 def parse_devices(text: str | None) -> tuple[str, ...]:
@@ -125,22 +134,49 @@ class CaseWorker:
         copy_bandwidth_gbps: float | None = None,
         recall: bool = True,
     ) -> None:
-        from santa_bench.runners.kernel import KernelRunner
-
         self.run_folder = run
         self.store = results.ResultStore(store_root)
         self.device_id = device_id
-        self.runner = KernelRunner(
-            cpu_budget_s=options.cpu_budget_s,
-            gpu_budget_ms=options.gpu_budget_ms,
-            copy_bandwidth_gbps=copy_bandwidth_gbps,
-        )
-        if recall:  # vendor baselines timed earlier (a resumed run) give speedups
-            self.runner.recall_baselines(self.store.load(), run.env_fingerprint)
+        self.options = options
+        self.copy_bandwidth_gbps = copy_bandwidth_gbps
+        self.recall = recall
+        self.runners: dict[str, Any] = {}
+
+    def runner(self, kind: str) -> Any:
+        """Returns the runner of a case kind (kernel, fidelity, accuracy), made on first use."""
+        if kind not in self.runners:
+            if kind == "kernel":
+                from santa_bench.runners.kernel import KernelRunner
+
+                runner = KernelRunner(
+                    cpu_budget_s=self.options.cpu_budget_s,
+                    gpu_budget_ms=self.options.gpu_budget_ms,
+                    copy_bandwidth_gbps=self.copy_bandwidth_gbps,
+                )
+                if self.recall:  # vendor baselines timed earlier (a resumed run)
+                    runner.recall_baselines(self.store.load(), self.run_folder.env_fingerprint)
+            elif kind == "fidelity":
+                from santa_bench.runners.fidelity import FidelityRunner
+
+                runner = FidelityRunner()
+            elif kind == "accuracy":
+                from santa_bench.runners.tasks import TaskRunner
+
+                runner = TaskRunner()
+                if self.recall:  # dense scores of a resumed run give retention
+                    runner.recall(self.store.load(), self.run_folder.env_fingerprint)
+            else:
+                raise ValueError(f"no runner for cases of kind {kind!r}")
+            self.runners[kind] = runner
+        return self.runners[kind]
 
     def run(self, case: dict[str, Any]) -> list[dict[str, Any]]:
         """Returns the case's rows (``failed`` rows when it raises), with ``device_id``."""
-        rows = run_one(self.runner, case)
+        try:
+            runner = self.runner(case.get("kind", "kernel"))
+        except ValueError as exc:
+            return [{**row, "device_id": self.device_id} for row in failed_rows(str(exc))]
+        rows = run_one(runner, case)
         return [{**row, "device_id": self.device_id} for row in rows]
 
     def write(self, case: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -252,8 +288,7 @@ class _Progress:
 
     def _refresh(self) -> None:
         shown = " | ".join(
-            f"{w}: {label}" if len(self.current) > 1 else label
-            for w, label in self.current.items()
+            f"{w}: {label}" if len(self.current) > 1 else label for w, label in self.current.items()
         )
         self.progress.update(self.task, failed=self.failures, current=shown)
 
@@ -297,8 +332,10 @@ def run_cases(
     if not todo:
         console.print("nothing to do (use --force to re-run)")
         return outcome
-    if "cuda" in devices_of_cases and options.executor != "ray" and not env.get(
-        "copy_bandwidth_gbps"
+    if (
+        "cuda" in devices_of_cases
+        and options.executor != "ray"
+        and not env.get("copy_bandwidth_gbps")
     ):
         from santa_bench.timing import copy_bandwidth_gbps
 
@@ -318,9 +355,7 @@ def run_cases(
         elif options.devices:
             _run_pool(todo, store, run, options, env, progress, outcome)
         else:
-            worker = CaseWorker(
-                run, str(store.root), options, "", env.get("copy_bandwidth_gbps")
-            )
+            worker = CaseWorker(run, str(store.root), options, "", env.get("copy_bandwidth_gbps"))
             for case in todo:
                 worker.device_id = local_device_id(case["device"])
                 progress.start("local", case)
@@ -418,8 +453,15 @@ def _run_pool(todo, store, run, options, env, progress, outcome) -> None:
     for number, token in enumerate(options.devices):
         device_id = f"cpu:{number}" if token == "cpu" else f"cuda:{token}"
         pin = {} if token == "cpu" else {"CUDA_VISIBLE_DEVICES": token}
-        args = (device_id, run, str(store.root), options, env.get("copy_bandwidth_gbps"),
-                tasks, events)
+        args = (
+            device_id,
+            run,
+            str(store.root),
+            options,
+            env.get("copy_bandwidth_gbps"),
+            tasks,
+            events,
+        )
         with _environ(**pin):
             process = spawn.Process(target=_pool_worker, args=args, daemon=True)
             process.start()
@@ -548,4 +590,3 @@ def _run_ray(todo, store, run, options, env, progress, outcome) -> None:
             outcome.results.append((todo[index], rows))
             progress.done("ray", rows)
         progress.current["ray"] = f"{len(waiting)} tasks in flight"
-

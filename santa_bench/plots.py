@@ -197,8 +197,12 @@ def _figure_legend(fig: Figure, axes: Iterable[Axes], title: str | None = None) 
                 seen.setdefault(label, handle)
     if seen:
         fig.legend(
-            list(seen.values()), list(seen), loc="outside lower center", title=title,
-            ncols=min(len(seen), 5), frameon=False,
+            list(seen.values()),
+            list(seen),
+            loc="outside lower center",
+            title=title,
+            ncols=min(len(seen), 5),
+            frameon=False,
         )
 
 
@@ -378,8 +382,11 @@ def latency_vs_ctx(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> 
     data, note = _one_budget_per_series(data)
     timings, batches = _unique(data, "timing"), _unique(data, "batch")
     fig, axes = _new_figure(
-        len(timings), len(batches), f"Decode attention latency vs context{note}",
-        caption(data, runs), sharex=True,
+        len(timings),
+        len(batches),
+        f"Decode attention latency vs context{note}",
+        caption(data, runs),
+        sharex=True,
     )
     points = []
     for i, timing in enumerate(timings):
@@ -396,13 +403,19 @@ def latency_vs_ctx(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> 
                 low = (rows.value - rows.q1.fillna(rows.value)).clip(lower=0)
                 high = (rows.q3.fillna(rows.value) - rows.value).clip(lower=0)
                 ax.errorbar(
-                    rows.ctx, rows.value, yerr=[low, high], label=series,
-                    color=method_colour(method, family), **_line_style(family),
+                    rows.ctx,
+                    rows.value,
+                    yerr=[low, high],
+                    label=series,
+                    color=method_colour(method, family),
+                    **_line_style(family),
                 )
                 points.append(
-                    rows.rename(columns={"value": "latency_us", "q1": "q1_us", "q3": "q3_us"})
-                    .assign(timing=timing, batch=batch, series=series, method=method,
-                            family=family)
+                    rows.rename(
+                        columns={"value": "latency_us", "q1": "q1_us", "q3": "q3_us"}
+                    ).assign(
+                        timing=timing, batch=batch, series=series, method=method, family=family
+                    )
                 )
             _log_axis(ax, "y")
             _size_axis(ax, data.ctx)
@@ -427,10 +440,14 @@ def speedup_vs_S(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Re
     contexts = _unique(data, "ctx")
     best = ", ".join(map(str, _unique(data.dropna(subset=["best_dense"]), "best_dense")))
     fig, axes = _new_figure(
-        len(rows_keys), len(contexts),
-        "Speedup over the best dense baseline" + (f" ({best})" if best else "")
+        len(rows_keys),
+        len(contexts),
+        "Speedup over the best dense baseline"
+        + (f" ({best})" if best else "")
         + ", 95% bootstrap CI",
-        caption(data, runs), panel=(3.2, 2.3), sharey=True,
+        caption(data, runs),
+        panel=(3.2, 2.3),
+        sharey=True,
     )
     points = []
     for i, (timing, batch) in enumerate(rows_keys):
@@ -445,18 +462,33 @@ def speedup_vs_S(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Re
             for k, (series, method, family) in enumerate(present):
                 rows = panel[panel.series == series]
                 rows = rows.groupby("budget", as_index=False).agg(
-                    value=("value", "median"), ci_low=("ci_low", "min"),
-                    ci_high=("ci_high", "max"), best_dense=("best_dense", "first"),
+                    value=("value", "median"),
+                    ci_low=("ci_low", "min"),
+                    ci_high=("ci_high", "max"),
+                    best_dense=("best_dense", "first"),
                 )
                 x = np.array([budgets.index(b) for b in rows.budget]) + (k + 0.5) * width - 0.4
                 low = (rows.value - rows.ci_low.fillna(rows.value)).clip(lower=0)
                 high = (rows.ci_high.fillna(rows.value) - rows.value).clip(lower=0)
                 ax.bar(
-                    x, rows.value, width=width, yerr=[low, high], label=series,
-                    color=method_colour(method, family), error_kw={"elinewidth": 0.8},
+                    x,
+                    rows.value,
+                    width=width,
+                    yerr=[low, high],
+                    label=series,
+                    color=method_colour(method, family),
+                    error_kw={"elinewidth": 0.8},
                 )
-                points.append(rows.assign(timing=timing, batch=batch, ctx=ctx, series=series,
-                                          method=method, family=family))
+                points.append(
+                    rows.assign(
+                        timing=timing,
+                        batch=batch,
+                        ctx=ctx,
+                        series=series,
+                        method=method,
+                        family=family,
+                    )
+                )
             ax.set_xticks(range(len(budgets)), [str(int(b)) for b in budgets])
             ax.grid(axis="x", visible=False)
             ax.set_title(_panel_title(ctx=ctx, batch=batch, timing=timing))
@@ -479,8 +511,12 @@ def error_vs_S(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rend
     floor = data[data.budget.isna() & data.family.isin(DENSE_FAMILIES) & (data.method != "dense")]
     batches, contexts = _unique(sampled, "batch"), _unique(sampled, "ctx")
     fig, axes = _new_figure(
-        len(batches), len(contexts), "Relative L2 error vs dense attention",
-        caption(sampled, runs), sharex=True, sharey=True,
+        len(batches),
+        len(contexts),
+        "Relative L2 error vs dense attention",
+        caption(sampled, runs),
+        sharex=True,
+        sharey=True,
     )
     points = []
     for i, batch in enumerate(batches):
@@ -493,20 +529,38 @@ def error_vs_S(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rend
                     .groupby("budget", as_index=False)
                     .agg(rel_l2=("value", "mean"), cases=("value", "size"))
                 )
-                ax.plot(rows.budget, rows.rel_l2, label=series,
-                        color=method_colour(method, family), **_line_style(family))
-                points.append(rows.assign(batch=batch, ctx=ctx, series=series, method=method,
-                                          family=family))
+                ax.plot(
+                    rows.budget,
+                    rows.rel_l2,
+                    label=series,
+                    color=method_colour(method, family),
+                    **_line_style(family),
+                )
+                points.append(
+                    rows.assign(batch=batch, ctx=ctx, series=series, method=method, family=family)
+                )
             if not panel.empty:
                 s0 = panel.budget.min()
                 y0 = float(np.exp(np.log(panel[panel.budget == s0].value).mean()))
                 s = np.array(sorted(panel.budget.unique()))
-                ax.plot(s, y0 * (s / s0) ** -0.5, color="#888888", linestyle=":", marker="",
-                        linewidth=1.2, label=r"$\propto S^{-1/2}$ guide")
+                ax.plot(
+                    s,
+                    y0 * (s / s0) ** -0.5,
+                    color="#888888",
+                    linestyle=":",
+                    marker="",
+                    linewidth=1.2,
+                    label=r"$\propto S^{-1/2}$ guide",
+                )
             dense = _select(floor, batch=batch, ctx=ctx)
             if not dense.empty:
-                ax.axhline(float(dense.value.median()), color="#1f4e99", linestyle="-.",
-                           linewidth=0.9, label="dense kernels (bf16 rounding)")
+                ax.axhline(
+                    float(dense.value.median()),
+                    color="#1f4e99",
+                    linestyle="-.",
+                    linewidth=0.9,
+                    label="dense kernels (bf16 rounding)",
+                )
             _log_axis(ax, "y")
             _size_axis(ax, sampled.budget, tokens=False)
             ax.set_title(_panel_title(ctx=ctx, batch=batch))
@@ -528,8 +582,11 @@ def ruler_vs_budget(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) ->
     tasks, contexts = _unique(data, "task"), _unique(data, "ctx")
     unit = next((u for u in data.unit.dropna().unique() if u), "")
     fig, axes = _new_figure(
-        len(contexts), len(tasks), "Task score vs sample budget (dense as a band)",
-        caption(data, runs), sharex=True,
+        len(contexts),
+        len(tasks),
+        "Task score vs sample budget (dense as a band)",
+        caption(data, runs),
+        sharex=True,
     )
     points = []
     for i, ctx in enumerate(contexts):
@@ -543,20 +600,41 @@ def ruler_vs_budget(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) ->
                     low, high, mean = rows.value.min(), rows.value.max(), rows.value.mean()
                     pad = max(high - low, 1e-3 * max(abs(mean), 1.0)) / 2 if high == low else 0
                     ax.axhspan(low - pad, high + pad, color=colour, alpha=0.15, linewidth=0)
-                    ax.axhline(mean, color=colour, linestyle="--", linewidth=1.0,
-                               label=f"{series} (dense band)")
-                    points.append(pd.DataFrame([{"budget": np.nan, "score": mean, "low": low,
-                                                 "high": high, "seeds": len(rows)}])
-                                  .assign(ctx=ctx, task=task, series=series, method=method,
-                                          family=family))
+                    ax.axhline(
+                        mean,
+                        color=colour,
+                        linestyle="--",
+                        linewidth=1.0,
+                        label=f"{series} (dense band)",
+                    )
+                    points.append(
+                        pd.DataFrame(
+                            [
+                                {
+                                    "budget": np.nan,
+                                    "score": mean,
+                                    "low": low,
+                                    "high": high,
+                                    "seeds": len(rows),
+                                }
+                            ]
+                        ).assign(ctx=ctx, task=task, series=series, method=method, family=family)
+                    )
                     continue
                 stats = rows.groupby("budget", as_index=False).agg(
                     score=("value", "mean"), std=("value", "std"), seeds=("value", "size")
                 )
-                ax.errorbar(stats.budget, stats.score, yerr=stats["std"].fillna(0),
-                            label=series, color=colour, **_line_style(family))
-                points.append(stats.assign(ctx=ctx, task=task, series=series, method=method,
-                                           family=family))
+                ax.errorbar(
+                    stats.budget,
+                    stats.score,
+                    yerr=stats["std"].fillna(0),
+                    label=series,
+                    color=colour,
+                    **_line_style(family),
+                )
+                points.append(
+                    stats.assign(ctx=ctx, task=task, series=series, method=method, family=family)
+                )
             _size_axis(ax, data.budget, tokens=False)
             ax.set_title(_panel_title(task=task, ctx=ctx))
     _label_axes(
@@ -584,8 +662,11 @@ def pareto(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rendered
     keys = [(t, b) for t in _unique(joined, "timing") for b in _unique(joined, "batch")]
     keys = [k for k in keys if not _select(joined, timing=k[0], batch=k[1]).empty]
     fig, axes = _new_figure(
-        1, len(keys), "Accuracy vs decode-step latency (marker size grows with the budget)",
-        caption(pd.concat([accuracy, latency]), runs), panel=(3.8, 3.0),
+        1,
+        len(keys),
+        "Accuracy vs decode-step latency (marker size grows with the budget)",
+        caption(pd.concat([accuracy, latency]), runs),
+        panel=(3.8, 3.0),
     )
     points = []
     for j, (timing, batch) in enumerate(keys):
@@ -595,14 +676,34 @@ def pareto(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rendered
             rows = panel[panel.series == series].sort_values("budget")
             sizes = 12 + 10 * np.log2(rows.budget.fillna(1).clip(lower=1)) / 4
             colour = method_colour(method, family)
-            ax.plot(rows.latency_us, rows.score, color=colour, linewidth=0.8, alpha=0.6,
-                    linestyle=_line_style(family)["linestyle"])
-            ax.scatter(rows.latency_us, rows.score, s=sizes, color=colour, label=series,
-                       marker=_line_style(family)["marker"], zorder=3)
+            ax.plot(
+                rows.latency_us,
+                rows.score,
+                color=colour,
+                linewidth=0.8,
+                alpha=0.6,
+                linestyle=_line_style(family)["linestyle"],
+            )
+            ax.scatter(
+                rows.latency_us,
+                rows.score,
+                s=sizes,
+                color=colour,
+                label=series,
+                marker=_line_style(family)["marker"],
+                zorder=3,
+            )
             points.append(rows.assign(timing=timing, batch=batch))
         front = _pareto_front(panel)
-        ax.step(front.latency_us, front.score, where="post", color="#888888", linestyle=":",
-                linewidth=1.0, label="Pareto front")
+        ax.step(
+            front.latency_us,
+            front.score,
+            where="post",
+            color="#888888",
+            linestyle=":",
+            linewidth=1.0,
+            label="Pareto front",
+        )
         _log_axis(ax, "x")
         ax.set_title(_panel_title(batch=batch, timing=timing))
     _label_axes(axes, "latency per decode step (µs)", "mean task score")
@@ -622,8 +723,12 @@ def reads(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rendered:
         raise NoData("reads", PRODUCERS["reads"])
     batches, contexts = _unique(sampled, "batch"), _unique(sampled, "ctx")
     fig, axes = _new_figure(
-        len(batches), len(contexts), "KV-cache bytes read vs sample budget",
-        caption(sampled, runs), sharex=True, sharey=True,
+        len(batches),
+        len(contexts),
+        "KV-cache bytes read vs sample budget",
+        caption(sampled, runs),
+        sharex=True,
+        sharey=True,
     )
     points = []
     for i, batch in enumerate(batches):
@@ -631,18 +736,25 @@ def reads(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rendered:
             ax = axes[i, j]
             panel = _select(sampled, batch=batch, ctx=ctx)
             ax.axhline(1.0, color="#000000", linestyle="--", linewidth=0.9, label="dense (100%)")
-            ax.axhline(0.5, color="#888888", linestyle=":", linewidth=0.9,
-                       label="all of K, no V (50%)")
+            ax.axhline(
+                0.5, color="#888888", linestyle=":", linewidth=0.9, label="all of K, no V (50%)"
+            )
             for series, method, family in _ordered_series(panel):
                 rows = (
                     panel[panel.series == series]
                     .groupby("budget", as_index=False)
                     .agg(kv_read_fraction=("value", "mean"))
                 )
-                ax.plot(rows.budget, rows.kv_read_fraction, label=series,
-                        color=method_colour(method, family), **_line_style(family))
-                points.append(rows.assign(batch=batch, ctx=ctx, series=series, method=method,
-                                          family=family))
+                ax.plot(
+                    rows.budget,
+                    rows.kv_read_fraction,
+                    label=series,
+                    color=method_colour(method, family),
+                    **_line_style(family),
+                )
+                points.append(
+                    rows.assign(batch=batch, ctx=ctx, series=series, method=method, family=family)
+                )
             _size_axis(ax, sampled.budget, tokens=False)
             ax.set_ylim(0, 1.08)
             ax.yaxis.set_major_formatter(PercentFormatter(1.0))
@@ -670,7 +782,10 @@ def stages(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rendered
     timings = _unique(data, "timing")
     ncases = data.case_hash.nunique()
     fig, axes = _new_figure(
-        1, len(timings), "Time per stage of one decode step", caption(data, runs),
+        1,
+        len(timings),
+        "Time per stage of one decode step",
+        caption(data, runs),
         panel=(max(3.4, 0.55 * ncases + 1.2), 3.0),
     )
     budget = _budget_name(data)
@@ -679,10 +794,14 @@ def stages(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rendered
         ax = axes[0, j]
         panel = _select(data, timing=timing)
         order = (
-            panel.drop_duplicates("case_hash")
-            .assign(rank=lambda d: d.family.map(_family_rank))
-            .sort_values(["rank", "method", "budget", "ctx", "batch"], na_position="first")
-        ) if {"ctx", "batch"} <= set(panel.columns) else panel.drop_duplicates("case_hash")
+            (
+                panel.drop_duplicates("case_hash")
+                .assign(rank=lambda d: d.family.map(_family_rank))
+                .sort_values(["rank", "method", "budget", "ctx", "batch"], na_position="first")
+            )
+            if {"ctx", "batch"} <= set(panel.columns)
+            else panel.drop_duplicates("case_hash")
+        )
         labels = []
         for x, case in enumerate(order.itertuples(index=False)):
             rows = panel[panel.case_hash == case.case_hash].set_index("stage").value
@@ -692,14 +811,30 @@ def stages(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rendered
                     continue
                 height = float(rows.loc[[stage]].median())
                 ax.bar(x, height, bottom=bottom, width=0.7, color=palette(k % 10), label=stage)
-                points.append({"timing": timing, "case": x, "series": case.series,
-                               "budget": case.budget, "ctx": getattr(case, "ctx", None),
-                               "batch": getattr(case, "batch", None), "stage": stage,
-                               "stage_us": height, "bottom_us": bottom})
+                points.append(
+                    {
+                        "timing": timing,
+                        "case": x,
+                        "series": case.series,
+                        "budget": case.budget,
+                        "ctx": getattr(case, "ctx", None),
+                        "batch": getattr(case, "batch", None),
+                        "stage": stage,
+                        "stage_us": height,
+                        "bottom_us": bottom,
+                    }
+                )
                 bottom += height
             if case.case_hash in totals.index:
-                ax.plot([x], [totals.loc[case.case_hash]], marker="_", markersize=14,
-                        color="black", linestyle="", label="measured total")
+                ax.plot(
+                    [x],
+                    [totals.loc[case.case_hash]],
+                    marker="_",
+                    markersize=14,
+                    color="black",
+                    linestyle="",
+                    label="measured total",
+                )
             label = case.series
             if not pd.isna(case.budget):
                 label += f"\n{budget}={int(case.budget)}"
@@ -745,13 +880,27 @@ def _accuracy_rows(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _join_accuracy_latency(accuracy: pd.DataFrame, latency: pd.DataFrame) -> pd.DataFrame:
     """Return one row per (method, params, timing, batch): mean score and latency (µs)."""
-    candidates = ("method", *BUDGET_COLUMNS, *VARIANT_COLUMNS, "ctx", "batch", "heads",
-                  "kv_heads", "head_dim", "dtype", "layout")
-    keys = [c for c in candidates if c in accuracy.columns and c in latency.columns
-            and accuracy[c].notna().any()]
+    candidates = (
+        "method",
+        *BUDGET_COLUMNS,
+        *VARIANT_COLUMNS,
+        "ctx",
+        "batch",
+        "heads",
+        "kv_heads",
+        "head_dim",
+        "dtype",
+        "layout",
+    )
+    keys = [
+        c
+        for c in candidates
+        if c in accuracy.columns and c in latency.columns and accuracy[c].notna().any()
+    ]
     group = [*keys, "series", "family", "budget"]
-    scores = (accuracy.groupby(group, dropna=False, as_index=False)
-              .agg(score=("value", "mean"), tasks=("task", "nunique")))
+    scores = accuracy.groupby(group, dropna=False, as_index=False).agg(
+        score=("value", "mean"), tasks=("task", "nunique")
+    )
     lat_cols = [c for c in ("timing", "batch") if c in latency.columns and c not in keys]
     lat = latency[[*keys, *lat_cols, "value"]].rename(columns={"value": "latency_us"})
     lat = lat.groupby([*keys, *lat_cols], dropna=False, as_index=False).latency_us.median()
@@ -761,10 +910,14 @@ def _join_accuracy_latency(accuracy: pd.DataFrame, latency: pd.DataFrame) -> pd.
     baselines = latency[latency.family == "baseline"]
     if not dense.empty and not baselines.empty:
         shape = [k for k in keys if k not in ("method", *BUDGET_COLUMNS, *VARIANT_COLUMNS)]
-        best = (baselines.groupby([*shape, *lat_cols], dropna=False, as_index=False)
-                .value.min().rename(columns={"value": "latency_us"}))
-        priced = dense.merge(best, on=shape, how="inner") if shape else dense.merge(best,
-                                                                                    how="cross")
+        best = (
+            baselines.groupby([*shape, *lat_cols], dropna=False, as_index=False)
+            .value.min()
+            .rename(columns={"value": "latency_us"})
+        )
+        priced = (
+            dense.merge(best, on=shape, how="inner") if shape else dense.merge(best, how="cross")
+        )
         priced["series"] = priced.series + " (best dense kernel)"
         joined = pd.concat([joined, priced], ignore_index=True)
     return joined
@@ -792,18 +945,36 @@ def _points(parts: list[pd.DataFrame]) -> pd.DataFrame:
 # ANCHORS.md, "Dense baselines (exact attention)": events medians (ranges as written),
 # graph replays where measured. Keys: (ctx, batch) -> method -> (events, graph).
 ANCHOR_DENSE: dict[tuple[int, int], dict[str, tuple[str, str]]] = {
-    (8192, 1): {"sdpa-cudnn": ("22.3", ""), "sdpa-flash": ("29.5", ""),
-                "flashinfer-tc": ("24.6", ""), "flashinfer-cuda": ("", "")},
-    (8192, 8): {"sdpa-cudnn": ("79.9", ""), "sdpa-flash": ("83.0", ""),
-                "flashinfer-tc": ("82.3", ""), "flashinfer-cuda": ("", "")},
-    (32768, 1): {"sdpa-cudnn": ("49.6–50.3", "37.1"), "sdpa-flash": ("58.4–58.8", "46.2"),
-                 "flashinfer-tc": ("52.7–53.2", "40.9"),
-                 "flashinfer-cuda": ("60.6–61.1", "56.7")},
-    (32768, 8): {"sdpa-cudnn": ("252.7–258.2", "239.5"), "sdpa-flash": ("254.7–269.4", ""),
-                 "flashinfer-tc": ("257.2–261.7", "245.0"),
-                 "flashinfer-cuda": ("386.8–388.6", "")},
-    (131072, 1): {"sdpa-cudnn": ("138.9", ""), "sdpa-flash": ("155.4–157.4", ""),
-                  "flashinfer-tc": ("144.5", ""), "flashinfer-cuda": ("", "")},
+    (8192, 1): {
+        "sdpa-cudnn": ("22.3", ""),
+        "sdpa-flash": ("29.5", ""),
+        "flashinfer-tc": ("24.6", ""),
+        "flashinfer-cuda": ("", ""),
+    },
+    (8192, 8): {
+        "sdpa-cudnn": ("79.9", ""),
+        "sdpa-flash": ("83.0", ""),
+        "flashinfer-tc": ("82.3", ""),
+        "flashinfer-cuda": ("", ""),
+    },
+    (32768, 1): {
+        "sdpa-cudnn": ("49.6–50.3", "37.1"),
+        "sdpa-flash": ("58.4–58.8", "46.2"),
+        "flashinfer-tc": ("52.7–53.2", "40.9"),
+        "flashinfer-cuda": ("60.6–61.1", "56.7"),
+    },
+    (32768, 8): {
+        "sdpa-cudnn": ("252.7–258.2", "239.5"),
+        "sdpa-flash": ("254.7–269.4", ""),
+        "flashinfer-tc": ("257.2–261.7", "245.0"),
+        "flashinfer-cuda": ("386.8–388.6", ""),
+    },
+    (131072, 1): {
+        "sdpa-cudnn": ("138.9", ""),
+        "sdpa-flash": ("155.4–157.4", ""),
+        "flashinfer-tc": ("144.5", ""),
+        "flashinfer-cuda": ("", ""),
+    },
 }
 # ANCHORS.md, "The papers' released kernels on this H200" (OPUSLab/SANTA CUDA, events):
 # (ctx, batch, S) -> (flash us, prop us, best dense us, flash speedup, prop speedup).
@@ -826,8 +997,11 @@ ANCHOR_RULER: list[tuple[str, str | None, int | None, tuple[float, ...]]] = [
 RULER_TASKS = ("FWE", "NIAH", "QA1", "QA2")
 # ANCHORS.md, GSM8K (Llama 8B): S -> (sys, strat, SANTA iid); SDPA 78.06.
 ANCHOR_GSM8K: dict[int, tuple[float, float, float]] = {
-    16: (44.63, 39.12, 5.51), 32: (68.59, 67.00, 38.26), 64: (76.42, 74.43, 63.63),
-    128: (77.33, 75.64, 70.23), 256: (77.56, 78.17, 75.61),
+    16: (44.63, 39.12, 5.51),
+    32: (68.59, 67.00, 38.26),
+    64: (76.42, 74.43, 63.63),
+    128: (77.33, 75.64, 70.23),
+    256: (77.56, 78.17, 75.61),
 }
 GSM8K_SDPA = 78.06
 GSM8K_METHODS = ("santa-sys", "santa-strat", "santa-iid")
@@ -869,13 +1043,19 @@ def _dense_table(kernel: pd.DataFrame) -> pd.DataFrame:
                 t: _measured(kernel, "latency", method=method, ctx=ctx, batch=batch, timing=t)
                 for t in ("events", "graph")
             }
-            records.append({
-                "ctx": format_size(ctx), "B": batch, "baseline": method,
-                "anchor events (µs)": events or "–",
-                "ours events (µs)": _fmt(None if ours["events"] is None else ours["events"].value),
-                "anchor graph (µs)": graph or "–",
-                "ours graph (µs)": _fmt(None if ours["graph"] is None else ours["graph"].value),
-            })
+            records.append(
+                {
+                    "ctx": format_size(ctx),
+                    "B": batch,
+                    "baseline": method,
+                    "anchor events (µs)": events or "–",
+                    "ours events (µs)": _fmt(
+                        None if ours["events"] is None else ours["events"].value
+                    ),
+                    "anchor graph (µs)": graph or "–",
+                    "ours graph (µs)": _fmt(None if ours["graph"] is None else ours["graph"].value),
+                }
+            )
     return pd.DataFrame(records)
 
 
@@ -883,8 +1063,10 @@ def _kernel_anchor_table(kernel: pd.DataFrame) -> pd.DataFrame:
     """Return the released SANTA kernels (anchor) beside ours at the same shapes and S."""
     records = []
     for (ctx, batch, s), (flash, prop, dense, flash_x, prop_x) in ANCHOR_KERNELS.items():
-        for name, method, anchor, anchor_x in (("S²ANTA-flash", "santa-flash", flash, flash_x),
-                                               ("S²ANTA-prop", "santa-prop", prop, prop_x)):
+        for name, method, anchor, anchor_x in (
+            ("S²ANTA-flash", "santa-flash", flash, flash_x),
+            ("S²ANTA-prop", "santa-prop", prop, prop_x),
+        ):
             where = {"method": method, "ctx": ctx, "batch": batch, "S": float(s)}
             cells: dict[str, str] = {}
             for timing in ("events", "graph"):
@@ -895,18 +1077,24 @@ def _kernel_anchor_table(kernel: pd.DataFrame) -> pd.DataFrame:
             best = _measured(kernel, "speedup_vs_best_dense", timing="events", **where)
             best_us = None
             if best is not None and isinstance(best.get("best_dense"), str):
-                row = _measured(kernel, "latency", method=best.best_dense, ctx=ctx, batch=batch,
-                                timing="events")
+                row = _measured(
+                    kernel, "latency", method=best.best_dense, ctx=ctx, batch=batch, timing="events"
+                )
                 best_us = None if row is None else row.value
-            records.append({
-                "ctx": format_size(ctx), "B": batch, "S": s, "kernel": name,
-                "anchor (µs)": _fmt(anchor) if anchor is not None else "n/a",
-                "anchor speedup": _fmt(anchor_x, ".2f", "×"),
-                "anchor best dense (µs)": _fmt(dense),
-                **{k: cells[k] for k in ("ours events (µs)", "ours events speedup [95% CI]")},
-                "ours best dense events (µs)": _fmt(best_us),
-                **{k: cells[k] for k in ("ours graph (µs)", "ours graph speedup [95% CI]")},
-            })
+            records.append(
+                {
+                    "ctx": format_size(ctx),
+                    "B": batch,
+                    "S": s,
+                    "kernel": name,
+                    "anchor (µs)": _fmt(anchor) if anchor is not None else "n/a",
+                    "anchor speedup": _fmt(anchor_x, ".2f", "×"),
+                    "anchor best dense (µs)": _fmt(dense),
+                    **{k: cells[k] for k in ("ours events (µs)", "ours events speedup [95% CI]")},
+                    "ours best dense events (µs)": _fmt(best_us),
+                    **{k: cells[k] for k in ("ours graph (µs)", "ours graph speedup [95% CI]")},
+                }
+            )
     return pd.DataFrame(records)
 
 
@@ -946,9 +1134,16 @@ def _ruler_table(scores: pd.DataFrame) -> pd.DataFrame:
 
 def _gsm8k_table(scores: pd.DataFrame) -> pd.DataFrame:
     """Return the SANTA paper's GSM8K table (sys / strat / iid) beside our scores."""
-    records = [{"S": "SDPA", **{f"{m} {w}": ("78.06" if w == "anchor" and m == "santa-sys"
-                                             else "–") for m in GSM8K_METHODS
-                                for w in ("anchor", "ours")}}]
+    records = [
+        {
+            "S": "SDPA",
+            **{
+                f"{m} {w}": ("78.06" if w == "anchor" and m == "santa-sys" else "–")
+                for m in GSM8K_METHODS
+                for w in ("anchor", "ours")
+            },
+        }
+    ]
     records[0]["santa-sys ours"] = _our_score(scores, "gsm8k", None, None)
     for s, values in ANCHOR_GSM8K.items():
         record: dict[str, Any] = {"S": s}
@@ -960,21 +1155,29 @@ def _gsm8k_table(scores: pd.DataFrame) -> pd.DataFrame:
 
 
 TABLE_NOTES = {
-    "dense": ("Dense baselines, median latency (µs)",
-              f"Anchor: {ANCHORS_SOURCE}, 'Dense baselines' (H200, torch 2.11.0, triton 3.6.0, "
-              "FlashInfer 0.6.6, triton.testing.do_bench, L2 flushed; ranges as written). "
-              "Ours: kernel rows of the store (cold L2, medians)."),
-    "kernels": ("Released SANTA kernels vs ours at the same shapes",
-                f"Anchor: {ANCHORS_SOURCE}, 'The papers' released kernels on this H200' "
-                "(OPUSLab/SANTA CUDA kernels, sm_90, seed 1690, events timing, vs cuDNN SDPA). "
-                "Ours: santa-flash / santa-prop Triton kernels; speedup vs our best dense "
-                "baseline of the same run and timing, bootstrap 95% CI."),
-    "ruler": ("RULER 32k (Llama-3.1-8B-Instruct), score (%)",
-              f"Anchor: {ANCHORS_SOURCE}, 'Claims in the seeds' (SANTA paper; prefill dense, "
-              "decode sampled). Ours: `score` rows with task FWE/NIAH/QA1/QA2."),
-    "gsm8k": ("GSM8K (Llama 8B), accuracy (%)",
-              f"Anchor: {ANCHORS_SOURCE}, 'Claims in the seeds' (SANTA paper; SDPA 78.06 in the "
-              "first row). Ours: `score` rows with task gsm8k."),
+    "dense": (
+        "Dense baselines, median latency (µs)",
+        f"Anchor: {ANCHORS_SOURCE}, 'Dense baselines' (H200, torch 2.11.0, triton 3.6.0, "
+        "FlashInfer 0.6.6, triton.testing.do_bench, L2 flushed; ranges as written). "
+        "Ours: kernel rows of the store (cold L2, medians).",
+    ),
+    "kernels": (
+        "Released SANTA kernels vs ours at the same shapes",
+        f"Anchor: {ANCHORS_SOURCE}, 'The papers' released kernels on this H200' "
+        "(OPUSLab/SANTA CUDA kernels, sm_90, seed 1690, events timing, vs cuDNN SDPA). "
+        "Ours: santa-flash / santa-prop Triton kernels; speedup vs our best dense "
+        "baseline of the same run and timing, bootstrap 95% CI.",
+    ),
+    "ruler": (
+        "RULER 32k (Llama-3.1-8B-Instruct), score (%)",
+        f"Anchor: {ANCHORS_SOURCE}, 'Claims in the seeds' (SANTA paper; prefill dense, "
+        "decode sampled). Ours: `score` rows with task FWE/NIAH/QA1/QA2.",
+    ),
+    "gsm8k": (
+        "GSM8K (Llama 8B), accuracy (%)",
+        f"Anchor: {ANCHORS_SOURCE}, 'Claims in the seeds' (SANTA paper; SDPA 78.06 in the "
+        "first row). Ours: `score` rows with task gsm8k.",
+    ),
 }
 
 
@@ -1007,14 +1210,22 @@ def render_tables(frame: pd.DataFrame) -> Tables:
 
 
 def _markdown(table: pd.DataFrame) -> str:
-    lines = ["| " + " | ".join(map(str, table.columns)) + " |",
-             "|" + "---|" * len(table.columns)]
+    lines = ["| " + " | ".join(map(str, table.columns)) + " |", "|" + "---|" * len(table.columns)]
     lines += ["| " + " | ".join(map(str, row)) + " |" for row in table.itertuples(index=False)]
     return "\n".join(lines)
 
 
-_TEX = {"&": r"\&", "%": r"\%", "_": r"\_", "#": r"\#", "×": r"$\times$", "µ": r"$\mu$",
-        "–": "--", "²": r"$^2$", "'": "'"}
+_TEX = {
+    "&": r"\&",
+    "%": r"\%",
+    "_": r"\_",
+    "#": r"\#",
+    "×": r"$\times$",
+    "µ": r"$\mu$",
+    "–": "--",
+    "²": r"$^2$",
+    "'": "'",
+}
 
 
 def _tex(text: Any) -> str:
@@ -1024,12 +1235,22 @@ def _tex(text: Any) -> str:
 def _latex(table: pd.DataFrame, title: str, note: str, key: str) -> str:
     head = " & ".join(_tex(c) for c in table.columns) + r" \\"
     body = [" & ".join(_tex(v) for v in row) + r" \\" for row in table.itertuples(index=False)]
-    return "\n".join([
-        r"\begin{table}[t]", r"\centering\small",
-        rf"\caption{{{_tex(title)}. {_tex(note)}}}", rf"\label{{tab:anchor-{key}}}",
-        r"\begin{tabular}{" + "l" * len(table.columns) + "}", r"\toprule", head, r"\midrule",
-        *body, r"\bottomrule", r"\end{tabular}", r"\end{table}",
-    ])
+    return "\n".join(
+        [
+            r"\begin{table}[t]",
+            r"\centering\small",
+            rf"\caption{{{_tex(title)}. {_tex(note)}}}",
+            rf"\label{{tab:anchor-{key}}}",
+            r"\begin{tabular}{" + "l" * len(table.columns) + "}",
+            r"\toprule",
+            head,
+            r"\midrule",
+            *body,
+            r"\bottomrule",
+            r"\end{tabular}",
+            r"\end{table}",
+        ]
+    )
 
 
 # --------------------------------------------------------------------------- registry + CLI
@@ -1142,8 +1363,9 @@ def plot_command(
     """
     chosen = list(presets or PRESETS)
     if unknown := [p for p in chosen if p not in PRESETS]:
-        typer.echo(f"error: unknown preset(s) {unknown}; choose from {', '.join(PRESETS)}",
-                   err=True)
+        typer.echo(
+            f"error: unknown preset(s) {unknown}; choose from {', '.join(PRESETS)}", err=True
+        )
         raise typer.Exit(code=2)
     store = ResultStore(results_dir)
     try:

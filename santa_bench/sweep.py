@@ -68,8 +68,16 @@ RUNNERS: dict[str, RunnerSpec] = {
     "kernel": RunnerSpec(
         "kernel",
         {
-            "method": "method", "S": "budget", **_SHAPE, "dtype": "str", "layout": "str",
-            "page_size": "size", "seed": "int", "device": "str", "graph": "bool", "cold": "bool",
+            "method": "method",
+            "S": "budget",
+            **_SHAPE,
+            "dtype": "str",
+            "layout": "str",
+            "page_size": "size",
+            "seed": "int",
+            "device": "str",
+            "graph": "bool",
+            "cold": "bool",
         },
         options={"cpu_budget": float, "gpu_budget_ms": float},
         derived=("kind", "family", "timing", "l2"),
@@ -79,18 +87,45 @@ RUNNERS: dict[str, RunnerSpec] = {
     # planned runners: their keys are validated now, running them is not implemented yet
     "fidelity": RunnerSpec(
         "fidelity",
-        {"method": "method", "S": "budget", "pattern": "str", **_SHAPE, "seeds": "int",
-         "seed": "int", "dtype": "str", "device": "str"},
+        {
+            "method": "method",
+            "S": "budget",
+            "pattern": "str",
+            **_SHAPE,
+            "seeds": "int",
+            "seed": "int",
+            "dtype": "str",
+            "device": "str",
+        },
     ),
     "accuracy": RunnerSpec(
         "accuracy",
-        {"method": "method", "S": "budget", "model": "str", "task": "str", "ctx": "size",
-         "batch": "int", "samples": "int", "seed": "int", "dtype": "str", "device": "str"},
+        {
+            "method": "method",
+            "S": "budget",
+            "model": "str",
+            "task": "str",
+            "ctx": "size",
+            "batch": "int",
+            "samples": "int",
+            "seed": "int",
+            "dtype": "str",
+            "device": "str",
+        },
     ),
     "e2e": RunnerSpec(
         "e2e",
-        {"method": "method", "S": "budget", "model": "str", "ctx": "size", "batch": "int",
-         "decode_steps": "int", "seed": "int", "dtype": "str", "device": "str"},
+        {
+            "method": "method",
+            "S": "budget",
+            "model": "str",
+            "ctx": "size",
+            "batch": "int",
+            "decode_steps": "int",
+            "seed": "int",
+            "dtype": "str",
+            "device": "str",
+        },
     ),
 }
 
@@ -132,18 +167,30 @@ class _Ratio:
 
 # ------------------------------------------------------------ safe expressions
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
-    ast.Pow: operator.pow, ast.BitAnd: lambda a, b: bool(a) and bool(b),
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.BitAnd: lambda a, b: bool(a) and bool(b),
     ast.BitOr: lambda a, b: bool(a) or bool(b),
 }
 _COMPARE: dict[type, Callable[[Any, Any], bool]] = {
-    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-    ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b,
     ast.NotIn: lambda a, b: a not in b,
 }
 _UNARY: dict[type, Callable[[Any], Any]] = {
-    ast.Not: operator.not_, ast.USub: operator.neg, ast.UAdd: operator.pos,
+    ast.Not: operator.not_,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
 }
 
 
@@ -183,8 +230,20 @@ class Expression:
 
 
 _ALLOWED_NODES = (
-    ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.BinOp, ast.Compare,
-    ast.Constant, ast.List, ast.Tuple, ast.Load, *_BINARY, *_COMPARE, *_UNARY,
+    ast.Expression,
+    ast.BoolOp,
+    ast.And,
+    ast.Or,
+    ast.UnaryOp,
+    ast.BinOp,
+    ast.Compare,
+    ast.Constant,
+    ast.List,
+    ast.Tuple,
+    ast.Load,
+    *_BINARY,
+    *_COMPARE,
+    *_UNARY,
 )
 
 
@@ -315,8 +374,9 @@ def suite_from_dict(data: Any, path: Path | str = "<suite>") -> Suite:
             accepted = sorted({*spec.keys, *params})
             close = difflib.get_close_matches(key, accepted, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise fail(where, f"unknown key for runner {runner!r}; {hint}accepted: "
-                       f"{', '.join(accepted)}")
+            raise fail(
+                where, f"unknown key for runner {runner!r}; {hint}accepted: {', '.join(accepted)}"
+            )
         if key in seen:
             raise fail(where, f"also given in {seen[key]}")
         seen[key] = where
@@ -330,8 +390,11 @@ def suite_from_dict(data: Any, path: Path | str = "<suite>") -> Suite:
         for index, item in enumerate(items):
             label = where if len(items) == 1 else f"{where}[{index}]"
             try:
-                out.append(params[key].validate(item, key) if kind == "param"
-                           else _value(kind, item, runner))
+                out.append(
+                    params[key].validate(item, key)
+                    if kind == "param"
+                    else _value(kind, item, runner)
+                )
             except (ValueError, MethodError) as exc:
                 raise fail(label, str(exc)) from None
         return out
@@ -356,15 +419,21 @@ def suite_from_dict(data: Any, path: Path | str = "<suite>") -> Suite:
         if len(set(lengths.values())) > 1:
             raise fail(section, f"tied axes need equal lengths, got {lengths}")
         if columns:
-            axes.append([dict(zip(columns, row, strict=True))
-                         for row in zip(*columns.values(), strict=True)])
+            axes.append(
+                [
+                    dict(zip(columns, row, strict=True))
+                    for row in zip(*columns.values(), strict=True)
+                ]
+            )
 
     methods = [v for axis in axes for a in axis for k, v in a.items() if k == "method"]
     if not methods:
         raise fail("method", "no method named (give method under fixed, grid or zip)")
     for key, where in seen.items():
-        if key in params and key not in spec.keys and not any(
-            key in {p.name for p in m.params} for m, _ in methods
+        if (
+            key in params
+            and key not in spec.keys
+            and not any(key in {p.name for p in m.params} for m, _ in methods)
         ):
             raise fail(where, f"no method of this suite has a parameter {key!r}")
 
@@ -389,8 +458,11 @@ def suite_from_dict(data: Any, path: Path | str = "<suite>") -> Suite:
         raise fail("options", "expected a mapping")
     for key, value in options.items():
         if key not in spec.options:
-            raise fail(f"options.{key}", f"unknown option for runner {runner!r}; expected "
-                       f"{', '.join(spec.options) or 'none'}")
+            raise fail(
+                f"options.{key}",
+                f"unknown option for runner {runner!r}; expected "
+                f"{', '.join(spec.options) or 'none'}",
+            )
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
             raise fail(f"options.{key}", f"expected a positive number, got {value!r}")
 
@@ -409,16 +481,19 @@ def suite_from_dict(data: Any, path: Path | str = "<suite>") -> Suite:
                     if not expression(scope):
                         break
                 except Exception as exc:
-                    raise fail(label, f"{expression.text!r} on {_describe(combo)}: "
-                               f"{type(exc).__name__}: {exc}") from None
+                    raise fail(
+                        label,
+                        f"{expression.text!r} on {_describe(combo)}: {type(exc).__name__}: {exc}",
+                    ) from None
             else:
                 digest = config_hash(case)
                 if digest not in hashes:
                     hashes.add(digest)
                     cases.append(case)
     description = str(data.get("description") or "").strip()
-    return Suite(path, str(data.get("name") or path.stem), description, runner,
-                 dict(options), cases)
+    return Suite(
+        path, str(data.get("name") or path.stem), description, runner, dict(options), cases
+    )
 
 
 def _plain(combo: dict[str, Any]) -> dict[str, Any]:
@@ -460,8 +535,15 @@ def _build(runner: str, combo: dict[str, Any]) -> list[dict[str, Any]]:
     if "S" in names and "ctx" in combo and resolved["S"] > combo["ctx"]:
         return []
     keys = [k for k in RUNNERS[runner].keys if k not in ("method", "S") and k in combo]
-    return [{"kind": runner, "method": method.name, "family": method.family, **resolved,
-             **{k: combo[k] for k in keys}}]
+    return [
+        {
+            "kind": runner,
+            "method": method.name,
+            "family": method.family,
+            **resolved,
+            **{k: combo[k] for k in keys},
+        }
+    ]
 
 
 def _kernel_case(
@@ -482,8 +564,20 @@ def _kernel_case(
         batch=[combo["batch"]],
         S=[budget if budget is not None else 128],
         device=device,
-        **{k: combo[k] for k in ("heads", "kv_heads", "head_dim", "dtype", "layout",
-                                 "page_size", "seed", "graph") if k in combo},
+        **{
+            k: combo[k]
+            for k in (
+                "heads",
+                "kv_heads",
+                "head_dim",
+                "dtype",
+                "layout",
+                "page_size",
+                "seed",
+                "graph",
+            )
+            if k in combo
+        },
         **({"cold_l2": combo["cold"]} if "cold" in combo else {}),
     )
     check_kernel_grid(grid)

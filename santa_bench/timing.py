@@ -279,7 +279,12 @@ def _eager_samples(
 ) -> tuple[list[float], int]:
     _warm_on_side_stream(calls, passes=1)
     samples = _event_samples(
-        lambda i: calls[i % len(calls)](), 1, warmup_ms, budget_ms, min_reps, max_reps,
+        lambda i: calls[i % len(calls)](),
+        1,
+        warmup_ms,
+        budget_ms,
+        min_reps,
+        max_reps,
         backlog=True,
     )
     return samples, 1

@@ -64,3 +64,24 @@ def test_bernoulli_reports_the_kl_of_its_attention_distribution():
     rows = _run("bernoulli", "peaked", [16], seeds=8)[("bernoulli", 16, "systematic")]
     assert rows["attention_kl"]["status"] == "ok" and rows["attention_kl"]["value"] > 0
     assert rows["k_read_fraction"]["value"] < 1
+
+
+def test_fidelity_command_writes_rows_and_resumes(tmp_path):
+    from typer.testing import CliRunner
+
+    from santa_bench.cli import app
+    from santa_bench.results import ResultStore
+
+    args = ["accuracy", "fidelity", "--patterns", "peaked,needle", "--methods",
+            "santa-sys,bernoulli", "--S", "8", "--ctx", "256", "--heads", "4", "--kv-heads",
+            "2", "--head-dim", "16", "--seeds", "4", "--results", str(tmp_path)]
+    first = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert first.exit_code == 0, first.output
+    frame = ResultStore(tmp_path).load()
+    assert frame["case_hash"].nunique() == 4 and set(frame["kind"]) == {"fidelity"}
+    assert {"rel_l2_vs_dense", "rel_bias", "max_abs_z", "attention_kl"} <= set(frame.metric)
+    assert frame["command"].str.startswith("santa-bench accuracy fidelity").all()
+    again = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert "4 of 4 cases already" in again.output
+    bad = CliRunner().invoke(app, [*args[:2], "--patterns", "zipf"], catch_exceptions=False)
+    assert bad.exit_code == 2 and "unknown ['zipf']" in bad.output

@@ -40,6 +40,11 @@ def mmlu_correct(
 ) -> list[bool]:
     """Returns per-question correctness of ``spec`` on MMLU questions."""
     use_method(model, spec, seed=seed, dense_layers=dense_layers)
+    return mmlu_loop(model, tokenizer, questions)
+
+
+def mmlu_loop(model, tokenizer, questions: Sequence[MmluQuestion]) -> list[bool]:
+    """Per-question correctness with the attention ``model`` currently uses."""
     correct = []
     with torch.no_grad():
         for question in questions:
@@ -64,6 +69,13 @@ def gsm8k_solved(
 ) -> list[bool]:
     """Returns per-problem exact-match of the final number, greedy decoding through ``spec``."""
     use_method(model, spec, seed=seed, dense_layers=dense_layers)
+    return gsm8k_loop(model, tokenizer, problems, max_new_tokens)
+
+
+def gsm8k_loop(
+    model, tokenizer, problems: Sequence[Gsm8kProblem], max_new_tokens: int
+) -> list[bool]:
+    """Per-problem exact match with the attention ``model`` currently uses."""
     solved = []
     with torch.no_grad():
         for problem in problems:

@@ -159,3 +159,41 @@ def _row(metric: str, value: float, status: str = "ok", reason: str = "") -> dic
         "status": status,
         "reason": reason,
     }
+
+
+def case_command(case: dict[str, Any], registry: Registry = REGISTRY) -> str:
+    """Returns the ``santa-bench accuracy fidelity`` command line that runs exactly ``case``."""
+    import shlex
+
+    method = registry.get(case["method"])
+    names = [p.name for p in method.params]
+    params = [f"{k}={case[k]}" for k in names if k != "S" and case.get(k) is not None]
+    spec = method.name + (":" + ",".join(params) if params else "")
+    args = [
+        "santa-bench",
+        "accuracy",
+        "fidelity",
+        "--patterns",
+        case["pattern"],
+        "--methods",
+        spec,
+        "--ctx",
+        str(case["ctx"]),
+        "--batch",
+        str(case["batch"]),
+    ]
+    if "S" in names and case.get("S") is not None:
+        args += ["--S", str(case["S"])]
+    args += [
+        "--heads",
+        str(case["heads"]),
+        "--kv-heads",
+        str(case["kv_heads"]),
+        "--head-dim",
+        str(case["head_dim"]),
+        "--seeds",
+        str(case["seeds"]),
+        "--seed",
+        str(case["seed"]),
+    ]
+    return shlex.join(args)

@@ -72,7 +72,7 @@ class TaskRunner:
             self.dense[tuple(record.get(k) for k in PAIR_KEYS)] = json.loads(record["per_sample"])
 
     def run(self, case: dict[str, Any]) -> list[dict[str, Any]]:
-        from santa_bench.accuracy.tasks import gsm8k_solved, mmlu_correct, retention_ci
+        from santa_bench.accuracy.tasks import gsm8k_loop, mmlu_loop, retention_ci
 
         method = self.registry.get(case["method"])
         params = {p.name: case[p.name] for p in method.params if p.name in case}
@@ -86,20 +86,9 @@ class TaskRunner:
 
         info = use_method(model, spec, seed=case["seed"], dense_layers=layers)
         if case["task"] == "mmlu":
-            correct = mmlu_correct(
-                model, tokenizer, items, spec, seed=case["seed"], dense_layers=layers, info=info
-            )
+            correct = mmlu_loop(model, tokenizer, items)
         else:
-            correct = gsm8k_solved(
-                model,
-                tokenizer,
-                items,
-                spec,
-                seed=case["seed"],
-                max_new_tokens=case["max_new_tokens"],
-                dense_layers=layers,
-                info=info,
-            )
+            correct = gsm8k_loop(model, tokenizer, items, case["max_new_tokens"])
         n = len(correct)
         low, high = wilson(sum(correct), n)
         reads = info["kv_read_fraction"]
@@ -143,3 +132,72 @@ class TaskRunner:
                 }
             )
         return rows
+
+
+def expand_task_cases(
+    task: str,
+    model: str,
+    methods: list,
+    *,
+    n: int,
+    seed: int,
+    dense_layers: str = "",
+    max_new_tokens: int = 256,
+    data_dir: str | None = None,
+) -> list[dict[str, Any]]:
+    """Returns one accuracy case per method; dense first, so retention can be computed."""
+    if task not in TASKS:
+        raise ValueError(f"task: expected one of {TASKS}, got {task!r}")
+    if n <= 0:
+        raise ValueError(f"--n: must be > 0, got {n}")
+    ordered = sorted(methods, key=lambda m: m[0].name != "dense")
+    if ordered[0][0].name != "dense":
+        ordered.insert(0, (REGISTRY.get("dense"), {}))  # the same run always includes dense
+    cases = []
+    for method, overrides in ordered:
+        case = {
+            "kind": "accuracy",
+            "task": task,
+            "model": model,
+            "method": method.name,
+            "family": method.family,
+            **method.resolve_params(overrides),
+            "n": n,
+            "seed": seed,
+            "dense_layers": dense_layers,
+            "device": "cpu",
+            "max_new_tokens": max_new_tokens if task == "gsm8k" else 0,
+        }
+        if data_dir:
+            case["_data_dir"] = str(data_dir)  # where the data is: not part of the case
+        cases.append(case)
+    return cases
+
+
+def case_command(case: dict[str, Any], registry: Registry = REGISTRY) -> str:
+    """Returns the ``santa-bench accuracy <task>`` command line that runs exactly ``case``."""
+    import shlex
+
+    method = registry.get(case["method"])
+    params = [f"{p.name}={case[p.name]}" for p in method.params if case.get(p.name) is not None]
+    spec = method.name + (":" + ",".join(params) if params else "")
+    args = [
+        "santa-bench",
+        "accuracy",
+        case["task"],
+        "--model",
+        case["model"],
+        "--methods",
+        spec,
+        "--n",
+        str(case["n"]),
+        "--seed",
+        str(case["seed"]),
+    ]
+    if case.get("dense_layers"):
+        args += ["--dense-layers", str(case["dense_layers"])]
+    if case["task"] == "gsm8k":
+        args += ["--max-new-tokens", str(case["max_new_tokens"])]
+    if case.get("_data_dir"):
+        args += ["--data-dir", case["_data_dir"]]
+    return shlex.join(args)

@@ -1,0 +1,276 @@
+"""``santa-bench accuracy``: fidelity on synthetic inputs, tasks and token agreement."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from santa_bench import environment, execute, results
+from santa_bench.methods import MethodError, parse_method_specs
+from santa_bench.units import parse_list, parse_size_list
+
+app = typer.Typer(
+    help="Accuracy of the methods: estimator fidelity, real-model tasks, token agreement.",
+    no_args_is_help=True,
+)
+console = Console()
+
+DEFAULT_METHODS = "santa-iid,santa-strat,santa-sys,santa-flash,santa-prop"
+RESULTS = Annotated[Path, typer.Option("--results", help="Result store root (Parquet).")]
+RUN_ID = Annotated[str | None, typer.Option(help="Name of this run's folder.")]
+FORCE = Annotated[bool, typer.Option(help="Re-run cases already in the store.")]
+
+
+def _fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {escape(message)}")
+    raise typer.Exit(code=2)
+
+
+def _run(cases: list[dict], results_dir: Path, run_id: str | None, force: bool, title: str):
+    command = shlex.join(["santa-bench", *sys.argv[1:]])
+    env = environment.collect_environment(command)
+    options = execute.RunOptions(force=force, run_id=run_id)
+    return execute.run_cases(
+        cases, results.ResultStore(results_dir), env, options, console=console, title=title
+    )
+
+
+def _table(title: str, outcome, metrics: tuple[str, ...], keys: tuple[str, ...]) -> None:
+    table = Table(title=title)
+    for column in (*keys, *metrics):
+        table.add_column(column)
+    for case, rows in outcome.results:
+        by_metric = {r["metric"]: r for r in rows}
+        cells = [str(case.get(k, "-")) for k in keys]
+        for metric in metrics:
+            row = by_metric.get(metric)
+            if row is None or row.get("status", "ok") != "ok":
+                cells.append("-" if row is None else row.get("status", ""))
+            elif "ci_low" in row:
+                cells.append(f"{row['value']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]")
+            else:
+                cells.append(f"{row['value']:.3g}")
+        table.add_row(*cells)
+    console.print(table)
+
+
+@app.command("fidelity")
+def fidelity(
+    patterns: Annotated[
+        str,
+        typer.Option(
+            help="Synthetic attention patterns, comma list: uniform, peaked, needle, "
+            "multi-needle, sink-heavy."
+        ),
+    ] = "uniform,peaked,needle,multi-needle,sink-heavy",
+    methods: Annotated[
+        str, typer.Option(help="Methods, comma list, parameters as name:key=value.")
+    ] = DEFAULT_METHODS,
+    S: Annotated[str, typer.Option("--S", help="Budgets S, comma list.")] = "16,64,256",
+    ctx: Annotated[str, typer.Option(help="Context length(s): 2k, 8k, ...")] = "2k",
+    batch: Annotated[int, typer.Option(help="Sequences per case.")] = 1,
+    heads: Annotated[int, typer.Option(help="Query heads.")] = 8,
+    kv_heads: Annotated[int, typer.Option(help="KV heads.")] = 2,
+    head_dim: Annotated[int, typer.Option(help="Head dimension.")] = 64,
+    seeds: Annotated[int, typer.Option(help="Independent draws per case (bias, spread).")] = 32,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic inputs.")] = 0,
+    results_dir: RESULTS = Path("results"),
+    run_id: RUN_ID = None,
+    force: FORCE = False,
+) -> None:
+    """Error of each method against dense as a random estimator, on synthetic inputs.
+
+    Per (pattern, method, S): mean relative L2 and cosine over seeds, relative bias and
+    the largest |z| of the seed mean, spread, KL of the attention distribution where the
+    method estimates one (Bernoulli scores), and read fractions. float64 references.
+    """
+    from santa_bench.accuracy.patterns import PATTERNS
+    from santa_bench.runners.fidelity import FidelityGrid, expand_fidelity_cases
+
+    try:
+        chosen = parse_list(patterns)
+        unknown = [p for p in chosen if p not in PATTERNS]
+        if unknown:
+            raise ValueError(f"--patterns: unknown {unknown}; known: {list(PATTERNS)}")
+        if seeds < 2:
+            raise ValueError("--seeds: need at least 2 draws")
+        grid = FidelityGrid(
+            methods=parse_method_specs(methods),
+            patterns=chosen,
+            S=parse_list(S, int),
+            ctx=parse_size_list(ctx),
+            batch=batch,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            seeds=seeds,
+            input_seed=seed,
+        )
+        if min(grid.S, default=1) <= 0 or heads % kv_heads:
+            raise ValueError("--S must be > 0 and --heads a multiple of --kv-heads")
+        cases = expand_fidelity_cases(grid)
+    except (MethodError, ValueError) as exc:
+        _fail(str(exc))
+        return
+    outcome = _run(cases, results_dir, run_id, force, "fidelity")
+    if outcome.results:
+        _table(
+            "fidelity vs dense",
+            outcome,
+            ("rel_l2_vs_dense", "rel_bias", "max_abs_z", "kv_read_fraction", "attention_kl"),
+            ("pattern", "method", "S"),
+        )
+
+
+def _task(
+    task: str,
+    model: str,
+    methods: str,
+    n: int,
+    seed: int,
+    dense_layers: str,
+    max_new_tokens: int,
+    data_dir: Path | None,
+    results_dir: Path,
+    run_id: str | None,
+    force: bool,
+) -> None:
+    from santa_bench.runners.tasks import expand_task_cases
+
+    try:
+        cases = expand_task_cases(
+            task,
+            model,
+            parse_method_specs(methods),
+            n=n,
+            seed=seed,
+            dense_layers=dense_layers,
+            max_new_tokens=max_new_tokens,
+            data_dir=str(data_dir) if data_dir else None,
+        )
+    except (MethodError, ValueError) as exc:
+        _fail(str(exc))
+        return
+    outcome = _run(cases, results_dir, run_id, force, task)
+    if outcome.results:
+        _table(
+            f"{task} on {model} (n={n})",
+            outcome,
+            ("score", "retention", "decode_kv_read_fraction"),
+            ("method", "S"),
+        )
+
+
+MODEL = Annotated[
+    str,
+    typer.Option(
+        help="Catalog model (smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b), a local "
+        "path or a Hugging Face id."
+    ),
+]
+METHODS = Annotated[
+    str, typer.Option(help="Methods, comma list; dense is always added so retention is measured.")
+]
+N = Annotated[int, typer.Option("--n", help="Samples (a seeded shuffle of the task).")]
+SEED = Annotated[int, typer.Option(help="Seed of the sample shuffle and the samplers.")]
+DENSE_LAYERS = Annotated[str, typer.Option(help="Layers kept exact, comma list (e.g. 0,1).")]
+DATA_DIR = Annotated[
+    Path | None, typer.Option(help="Data directory (default: $SANTA_BENCH_DATA or the user cache).")
+]
+
+
+@app.command("mmlu")
+def mmlu(
+    model: MODEL = "smollm2-135m",
+    methods: METHODS = "dense,santa-prop:S=16",
+    n: N = 20,
+    seed: SEED = 0,
+    dense_layers: DENSE_LAYERS = "",
+    data_dir: DATA_DIR = None,
+    results_dir: RESULTS = Path("results"),
+    run_id: RUN_ID = None,
+    force: FORCE = False,
+) -> None:
+    """MMLU-Redux choice accuracy (the answer token is a decode step through the method)."""
+    _task("mmlu", model, methods, n, seed, dense_layers, 0, data_dir, results_dir, run_id, force)
+
+
+@app.command("gsm8k")
+def gsm8k(
+    model: MODEL = "smollm2-135m",
+    methods: METHODS = "dense,santa-prop:S=16",
+    n: N = 10,
+    seed: SEED = 0,
+    dense_layers: DENSE_LAYERS = "",
+    max_new_tokens: Annotated[int, typer.Option(help="Greedy generation length.")] = 256,
+    data_dir: DATA_DIR = None,
+    results_dir: RESULTS = Path("results"),
+    run_id: RUN_ID = None,
+    force: FORCE = False,
+) -> None:
+    """GSM8K exact match of the final number, greedy decoding through the method."""
+    _task(
+        "gsm8k",
+        model,
+        methods,
+        n,
+        seed,
+        dense_layers,
+        max_new_tokens,
+        data_dir,
+        results_dir,
+        run_id,
+        force,
+    )
+
+
+@app.command("agreement")
+def agreement_command(
+    text: Annotated[Path, typer.Option(help="Text file to teacher-force.")],
+    model: MODEL = "smollm2-135m",
+    methods: METHODS = "santa-prop:S=16",
+    prefix: Annotated[int, typer.Option(help="Tokens prefilled densely.")] = 64,
+    max_tokens: Annotated[int, typer.Option(help="Tokens of the text used, at most.")] = 512,
+    seed: SEED = 0,
+) -> None:
+    """Top-1 agreement and KL against dense logits, one decode step per token of a text."""
+    from santa_bench.accuracy.agreement import agreement
+    from santa_bench.accuracy.models import load_model
+
+    if not text.exists():
+        _fail(f"--text: {text} not found")
+    try:
+        specs = [
+            m.name + (":" + ",".join(f"{k}={v}" for k, v in o.items()) if o else "")
+            for m, o in parse_method_specs(methods)
+        ]
+    except MethodError as exc:
+        _fail(str(exc))
+        return
+    model_obj, tokenizer = load_model(model)
+    ids = tokenizer(text.read_text(), return_tensors="pt").input_ids[:, :max_tokens]
+    table = Table(title=f"token agreement with dense, {model}, {ids.shape[1]} tokens")
+    for column in ("method", "top-1 agreement", "KL vs dense (nats)", "KV read"):
+        table.add_column(column)
+    reference = None
+    for spec in specs:
+        try:
+            result = agreement(model_obj, ids, spec, prefix=prefix, seed=seed, reference=reference)
+        except ValueError as exc:
+            _fail(str(exc))
+            return
+        reference = result["reference"]
+        table.add_row(
+            spec,
+            f"{result['top1_agreement']:.3f}",
+            f"{result['kl_vs_dense']:.4f}",
+            f"{result['kv_read_fraction']:.1%}",
+        )
+    console.print(table)
