@@ -304,8 +304,9 @@ def sweep(
     except execute.ExecutorError as exc:
         _fail(str(exc))
         return
-    if outcome.results:
+    if outcome.results and suite.runner == "kernel":
         _print_summary(outcome.results)
+    if outcome.results:
         console.print(f"rows written to {outcome.run_path}")
 
 

@@ -84,7 +84,6 @@ RUNNERS: dict[str, RunnerSpec] = {
         defaults={"ctx": 4096, "batch": 1, "S": 128, "device": "auto"},
         implemented=True,
     ),
-    # planned runners: their keys are validated now, running them is not implemented yet
     "fidelity": RunnerSpec(
         "fidelity",
         {
@@ -94,9 +93,18 @@ RUNNERS: dict[str, RunnerSpec] = {
             **_SHAPE,
             "seeds": "int",
             "seed": "int",
-            "dtype": "str",
-            "device": "str",
         },
+        defaults={
+            "ctx": 2048,
+            "batch": 1,
+            "heads": 8,
+            "kv_heads": 2,
+            "head_dim": 64,
+            "seeds": 32,
+            "seed": 0,
+            "S": 64,
+        },
+        implemented=True,
     ),
     "accuracy": RunnerSpec(
         "accuracy",
@@ -106,13 +114,21 @@ RUNNERS: dict[str, RunnerSpec] = {
             "model": "str",
             "task": "str",
             "ctx": "size",
-            "batch": "int",
-            "samples": "int",
+            "n": "int",
             "seed": "int",
-            "dtype": "str",
-            "device": "str",
+            "dense_layers": "str",
+            "max_new_tokens": "int",
         },
+        defaults={
+            "model": "smollm2-135m",
+            "n": 20,
+            "seed": 0,
+            "dense_layers": "",
+            "max_new_tokens": 256,
+        },
+        implemented=True,
     ),
+    # planned runner: its keys are validated now, running it is not implemented yet
     "e2e": RunnerSpec(
         "e2e",
         {
@@ -528,6 +544,8 @@ def _build(runner: str, combo: dict[str, Any]) -> list[dict[str, Any]]:
     overrides = _overrides(method, given, combo)
     if runner == "kernel":
         return _kernel_case(method, overrides, budget, combo)
+    if runner in ("fidelity", "accuracy"):
+        return _expanded_case(runner, method, overrides, budget, combo)
     names = {p.name for p in method.params}
     if budget is not None and "S" in names and "S" not in overrides:
         overrides["S"] = budget
@@ -543,6 +561,56 @@ def _build(runner: str, combo: dict[str, Any]) -> list[dict[str, Any]]:
             **resolved,
             **{k: combo[k] for k in keys},
         }
+    ]
+
+
+def _expanded_case(
+    runner: str,
+    method: Method,
+    overrides: dict[str, Any],
+    budget: int | None,
+    combo: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """The fidelity or accuracy case of one combination, exactly as its command builds it."""
+    names = {p.name for p in method.params}
+    budgets = [budget] if budget is not None and "S" in names and "S" not in overrides else []
+    if runner == "fidelity":
+        from santa_bench.accuracy.patterns import PATTERNS
+        from santa_bench.runners.fidelity import FidelityGrid, expand_fidelity_cases
+
+        if combo.get("pattern") not in PATTERNS:
+            raise ValueError(
+                f"pattern: expected one of {list(PATTERNS)}, got {combo.get('pattern')!r}"
+            )
+        grid = FidelityGrid(
+            methods=[(method, overrides)],
+            patterns=[combo["pattern"]],
+            S=budgets or [overrides.get("S", 128)],
+            ctx=[combo["ctx"]],
+            batch=combo["batch"],
+            heads=combo["heads"],
+            kv_heads=combo["kv_heads"],
+            head_dim=combo["head_dim"],
+            seeds=combo["seeds"],
+            input_seed=combo["seed"],
+        )
+        return expand_fidelity_cases(grid)
+    from santa_bench.runners.tasks import task_case
+
+    if budgets:
+        overrides = {**overrides, "S": budgets[0]}
+    return [
+        task_case(
+            combo["task"],
+            combo["model"],
+            method,
+            overrides,
+            n=combo["n"],
+            seed=combo["seed"],
+            dense_layers=combo["dense_layers"],
+            max_new_tokens=combo["max_new_tokens"],
+            ctx=combo.get("ctx"),
+        )
     ]
 
 

@@ -85,3 +85,27 @@ def test_fidelity_command_writes_rows_and_resumes(tmp_path):
     assert "4 of 4 cases already" in again.output
     bad = CliRunner().invoke(app, [*args[:2], "--patterns", "zipf"], catch_exceptions=False)
     assert bad.exit_code == 2 and "unknown ['zipf']" in bad.output
+
+
+def test_fidelity_suite_runs_and_matches_the_command_cases(tmp_path):
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from santa_bench.cli import app
+    from santa_bench.results import ResultStore, config_hash
+    from santa_bench.runners.fidelity import FidelityGrid, expand_fidelity_cases
+    from santa_bench.sweep import load_suite
+
+    path = Path(__file__).resolve().parents[1] / "suites" / "smoke-fidelity.yaml"
+    suite = load_suite(path)
+    grid = FidelityGrid(methods=parse_method_specs("santa-sys,santa-prop"),
+                        patterns=["peaked", "needle"], S=[8, 16], ctx=[256], heads=4,
+                        kv_heads=2, head_dim=16, seeds=4)
+    assert {config_hash(c) for c in suite.cases} == {
+        config_hash(c) for c in expand_fidelity_cases(grid)
+    }
+    result = CliRunner().invoke(app, ["sweep", str(path), "--results", str(tmp_path)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert ResultStore(tmp_path).load()["case_hash"].nunique() == len(suite.cases) == 8
