@@ -169,7 +169,7 @@ def kernel(
     Each (ctx, batch, method, S) is a case; finished cases already in the store are
     skipped (so an interrupted run resumes), unless --force.
     """
-    from santa_bench.runners.kernel import KernelGrid, expand_cases
+    from santa_bench.runners.kernel import KernelGrid, check_grid, expand_cases
 
     try:
         on_device = _device(device)
@@ -189,7 +189,7 @@ def kernel(
             graph=graph,
             cold_l2=cold,
         )
-        _check_grid(grid)
+        check_grid(grid, lambda name: "--" + name.replace("_", "-"))
         cases = expand_cases(grid)
     except (MethodError, ValueError) as exc:
         _fail(str(exc))
@@ -323,22 +323,6 @@ def _with_baselines(parsed: list, baselines: str, device: str) -> list:
             if REGISTRY.get(name).family != "baseline":
                 raise MethodError(f"--baselines: {name!r} is not a dense baseline")
     return parsed + [(REGISTRY.get(n), {}) for n in wanted if n not in named]
-
-
-def _check_grid(grid) -> None:
-    for name in ("heads", "kv_heads", "head_dim", "page_size"):
-        if getattr(grid, name) <= 0:
-            raise ValueError(f"--{name.replace('_', '-')}: must be > 0")
-    if grid.heads % grid.kv_heads:
-        raise ValueError(f"--heads {grid.heads} is not a multiple of --kv-heads {grid.kv_heads}")
-    if grid.layout not in ("contiguous", "paged"):
-        raise ValueError(f"--layout: expected contiguous or paged, got {grid.layout!r}")
-    if grid.dtype not in ("bf16", "fp16", "fp32"):
-        raise ValueError(f"--dtype: expected bf16, fp16 or fp32, got {grid.dtype!r}")
-    if not grid.batch or min(grid.batch) <= 0:
-        raise ValueError("--batch: every batch size must be > 0")
-    if not grid.S or min(grid.S) <= 0:
-        raise ValueError("--S: every budget must be > 0")
 
 
 def _print_summary(summary: list[tuple[dict, list[dict]]]) -> None:

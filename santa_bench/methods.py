@@ -18,6 +18,7 @@ import torch
 import santa_kernels as sk
 from santa_bench import baselines, kernel_adapters
 from santa_kernels.reads import ReadCounts
+from santa_kernels.santapp import santapp as _santapp_reference
 
 FAMILIES = ("dense", "baseline", "santa", "santapp", "bernoulli", "oracle")
 
@@ -288,6 +289,29 @@ def _builtin_methods() -> list[Method]:
             "Bernoulli qK^T: ternary queries read a subset of K features; any value stage",
             (_DRAWS, _GROUPING, _VALUE, _S, _TILE, _ALLOC, _MIN_CTX),
             reference=_bernoulli_reference,
+        ),
+        Method(
+            "santapp",
+            "santapp",
+            "SANTA++: M teams sampled through representative keys, exact inside, HT ratio",
+            (
+                Param("M", 32, int, "teams selected per query head", minimum=1),
+                Param("team_size", 16, int, "tokens per team (P; k-means: per parent)", minimum=1),
+                Param("leaders", 4, int, "k-means: leaders (teams) per parent (R)", minimum=1),
+                Param("policy", "contiguous", str, "team index", choices=("contiguous", "kmeans")),
+                Param(
+                    "scheme",
+                    "gumbel-topk",
+                    str,
+                    "team selection, without or with replacement",
+                    choices=("gumbel-topk", "multinomial"),
+                ),
+                Param("representative", "leader", str, "team key", choices=("leader", "mean")),
+                Param("mix", 0.0, float, "defensive mixing with the uniform, in [0, 1)"),
+                Param("sink", 0, int, "first tokens attended exactly", minimum=0),
+                Param("window", 0, int, "recent tokens attended exactly", minimum=0),
+            ),
+            reference=_santapp_reference,
         ),
         *(_baseline(entry) for entry in baselines.BASELINES.values()),
     ]

@@ -619,7 +619,7 @@ def _kernel_case(
 ) -> list[dict[str, Any]]:
     import torch
 
-    from santa_bench.runners.kernel import KernelGrid, expand_cases
+    from santa_bench.runners.kernel import KernelGrid, check_grid, expand_cases
 
     device = combo.get("device", "auto")
     if device == "auto":
@@ -648,22 +648,8 @@ def _kernel_case(
         },
         **({"cold_l2": combo["cold"]} if "cold" in combo else {}),
     )
-    check_kernel_grid(grid)
+    check_grid(grid)
     return expand_cases(grid)
-
-
-def check_kernel_grid(grid: Any) -> None:
-    """Raises ValueError for a kernel shape the runner cannot build."""
-    for name in ("heads", "kv_heads", "head_dim", "page_size", "batch", "ctx"):
-        value = getattr(grid, name)
-        if min(value if isinstance(value, list) else [value]) <= 0:
-            raise ValueError(f"{name} must be > 0")
-    if grid.heads % grid.kv_heads:
-        raise ValueError(f"heads {grid.heads} is not a multiple of kv_heads {grid.kv_heads}")
-    if grid.layout not in ("contiguous", "paged"):
-        raise ValueError(f"layout: expected contiguous or paged, got {grid.layout!r}")
-    if grid.dtype not in ("bf16", "fp16", "fp32"):
-        raise ValueError(f"dtype: expected bf16, fp16 or fp32, got {grid.dtype!r}")
 
 
 # ------------------------------------------------------------ selection

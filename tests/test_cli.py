@@ -76,7 +76,7 @@ def test_kernel_writes_tidy_rows_and_resumes(tmp_path: Path):
     ("args", "message"),
     [
         (["--ctx", "4q"], "not a size"),
-        (["--S", "0"], "--S: every budget must be > 0"),
+        (["--S", "0"], "--S: every value must be > 0"),
         (["--methods", "santa-magic"], "unknown method 'santa-magic'"),
         (["--methods", "santa-prop:T=3"], "unknown parameter(s) ['T']"),
         (["--methods", "santa-prop:alloc=round"], "alloc must be one of"),

@@ -47,6 +47,27 @@ class KernelGrid:
     cold_l2: bool = True
 
 
+def check_grid(grid: KernelGrid, option: Callable[[str], str] = str) -> None:
+    """Raises ValueError for a grid the runner cannot build; ``option`` spells each key
+    as the caller's user wrote it (``--kv-heads`` on the command line, ``kv_heads`` in
+    a suite)."""
+    for name in ("heads", "kv_heads", "head_dim", "page_size", "batch", "ctx", "S"):
+        value = getattr(grid, name)
+        values = value if isinstance(value, list) else [value]
+        if not values or min(values) <= 0:
+            every = "every value " if isinstance(value, list) else ""
+            raise ValueError(f"{option(name)}: {every}must be > 0")
+    if grid.heads % grid.kv_heads:
+        raise ValueError(
+            f"{option('heads')} {grid.heads} is not a multiple of "
+            f"{option('kv_heads')} {grid.kv_heads}"
+        )
+    if grid.layout not in ("contiguous", "paged"):
+        raise ValueError(f"{option('layout')}: expected contiguous or paged, got {grid.layout!r}")
+    if grid.dtype not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"{option('dtype')}: expected bf16, fp16 or fp32, got {grid.dtype!r}")
+
+
 def timing_mode(grid: KernelGrid) -> tuple[str, str]:
     """Returns the case's ``(timing, l2)`` labels: what the device timing will do."""
     if grid.device == "cpu":
