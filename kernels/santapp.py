@@ -1,0 +1,624 @@
+"""Exact PyTorch reference of SANTA++: sampling teams through representative keys.
+
+ALGORITHMS.md section 6. A :class:`TeamIndex` groups each (sequence, KV head)'s keys into
+teams (``contiguous`` spans or ``kmeans`` parents split by farthest-first leaders) and
+stores one representative key per team. At decode, a query scores the representatives
+(team logit ``phi_g = tau q.r_g + log n_g``), selects ``M`` teams (``gumbel-topk`` without
+replacement or ``multinomial`` with replacement), attends exactly inside them, and
+reweights each selected team by its Horvitz-Thompson (or Hansen-Hurwitz) weight; an exact
+set ``E`` (growth tail, sinks, recent window) is always attended. The output is the
+self-normalised ratio ``num / den`` of the two weighted sums (no ``1/M`` factor).
+
+Decisions where section 6 is silent (see also the docstrings):
+
+- ``sink``/``window`` tokens that belong to a team stay members (the team's size ``n_g``
+  in ``phi_g``, and its representative, are unchanged) but are masked out of the team's
+  weighted sums and added once, with weight 1, to the exact set: no token is counted
+  twice. The index can instead leave them out of the teams (``build_team_index(sink=,
+  exact_recent=)``), as the registry entry does.
+- k-means assignments are computed in fp32, means, leaders and representatives in fp64.
+- Reads: ``reads`` counts K and V rows of the selected teams (all members, GQA union)
+  and of ``E``; representatives are reported apart (``representatives_read``) and only
+  ``read_equivalent`` adds them, as K rows, so the registry byte model follows the
+  "KV read fraction" convention.
+- Tokens of the cache past the index (not yet added by :func:`extend`) are exact.
+- :func:`extend` grows both policies the same way: tokens wait in the exact tail until
+  ``team_size`` of them (beyond the ``exact_recent`` most recent) are there, then the
+  oldest ``team_size`` form one new contiguous team (k-means is not re-run).
+- ``M`` may not exceed the team count of any (sequence, KV head); where it equals it,
+  every team is selected with ``pi = 1`` (gumbel-topk), so the output is exact.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from santa_kernels.kv import KVCache
+from santa_kernels.reads import ReadCounts
+from santa_kernels.reference import COMPUTE_DTYPES, AttentionOutput, make_generator
+from santa_kernels.validate import InputError, check_positive_int, check_query, check_scale
+
+POLICIES = ("contiguous", "kmeans")
+SCHEMES = ("gumbel-topk", "multinomial")
+REPRESENTATIVES = ("leader", "mean")
+KMEANS_ITERS = 10
+KMEANS_BATCH = 1024
+_INDEX_DTYPE = torch.float64  # the index (means, distances, representatives) is built in fp64
+
+
+@dataclass(frozen=True)
+class TeamIndex:
+    """Teams of one cache, per (sequence, KV head), padded to ``T`` teams of ``L`` slots.
+
+    ``team_of [B, Hkv, Nidx]``: team id of each indexed token (-1: not in a team, i.e.
+    exact). ``members [B, Hkv, T, L]``: member positions (-1 padding), ``sizes``
+    ``[B, Hkv, T]``: ``n_g`` (0 for padding teams), ``team_valid [B, Hkv, T]``,
+    ``leaders [B, Hkv, T]``: k-means farthest-first leader (the key nearest the team mean
+    for contiguous/grown teams), ``rep_pos [B, Hkv, T]``: position of the representative
+    key (-1 for ``mean``), ``rep_keys [B, Hkv, T, d]`` (float64). ``length [B]``: tokens
+    covered; ``team_end [B]``: tokens at or past it form the growth tail.
+    """
+
+    policy: str
+    team_size: int
+    leaders_per_parent: int
+    representative: str
+    seed: int
+    sink: int
+    exact_recent: int
+    team_of: torch.Tensor
+    members: torch.Tensor
+    sizes: torch.Tensor
+    team_valid: torch.Tensor
+    leaders: torch.Tensor
+    rep_pos: torch.Tensor
+    rep_keys: torch.Tensor
+    length: torch.Tensor
+    team_end: torch.Tensor
+
+    @property
+    def num_teams(self) -> torch.Tensor:
+        """Teams per (sequence, KV head), ``[B, Hkv]`` int64."""
+        return self.team_valid.sum(dim=-1)
+
+    @property
+    def batch(self) -> int:
+        return int(self.team_of.shape[0])
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(self.team_of.shape[1])
+
+
+@dataclass(frozen=True)
+class SantaPPOutput(AttentionOutput):
+    """A SANTA++ decode step: ``out``, ``reads`` (selected teams' members + exact rows,
+    GQA union), ``weights [B, Hq, N]`` (normalised token weights, ``out = sum w_i v_i``),
+    ``representatives_read [B, Hkv]`` (K rows of representatives scored), the HT/HH sums
+    ``num [B, Hq, d]`` and ``den [B, Hq]`` taken relative to ``shift [B, Hq]`` (the largest
+    read score), and ``team_weights [B, Hq, T]`` (``1/pi_g`` or ``c_g/(M p_g)``, 0 if not
+    selected)."""
+
+    representatives_read: torch.Tensor
+    num: torch.Tensor
+    den: torch.Tensor
+    shift: torch.Tensor
+    team_weights: torch.Tensor
+
+    @property
+    def kv_read_fraction(self) -> float:
+        """Fraction of dense K+V bytes read, union per GQA group, representatives excluded."""
+        return self.reads.kv_read_fraction
+
+    @property
+    def read_equivalent(self) -> float:
+        """Like ``kv_read_fraction`` with every representative counted as one K row."""
+        reads = self.reads
+        d = reads.head_dim
+        read = float(reads.k_features.sum()) + float(reads.v_rows.sum()) * d
+        read += float(self.representatives_read.sum()) * d
+        return read / (2 * reads.dense_rows * d)
+
+
+# ------------------------------------------------------------------ validation
+def _check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise InputError(f"{name}: expected one of {choices}, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def _check_count(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError(f"{name}: expected an integer >= 0, got {value!r}")
+    return value
+
+
+def _check_kv(kv: object) -> KVCache:
+    if not isinstance(kv, KVCache):
+        raise InputError(f"kv: expected a santa_kernels.KVCache, got {type(kv).__name__}")
+    return kv
+
+
+# ------------------------------------------------------------------ index
+def build_team_index(
+    kv: KVCache,
+    policy: str = "contiguous",
+    team_size: int = 16,
+    leaders: int = 4,
+    representative: str = "leader",
+    seed: int = 0,
+    exact_recent: int = 0,
+    sink: int = 0,
+) -> TeamIndex:
+    """Builds the team index of ``kv`` from its post-RoPE keys (ALGORITHMS.md section 6).
+
+    ``contiguous``: spans of ``team_size`` tokens from ``sink`` on (the last may be
+    shorter). ``kmeans``: mini-batch k-means (``KMEANS_ITERS`` iterations, seeded) into
+    ``ceil(n / team_size)`` parents, then ``leaders`` farthest-first leaders per parent
+    (first: the member nearest the parent mean); members join their nearest leader.
+    The first ``sink`` and last ``exact_recent`` tokens are left out of every team.
+    """
+    kv = _check_kv(kv)
+    _check_choice(policy, "policy", POLICIES)
+    _check_choice(representative, "representative", REPRESENTATIVES)
+    check_positive_int(team_size, "team_size")
+    check_positive_int(leaders, "leaders")
+    _check_count(exact_recent, "exact_recent")
+    _check_count(sink, "sink")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise InputError(f"seed: expected an integer, got {seed!r}")
+    keys, _, _ = kv.padded(_INDEX_DTYPE)
+    lengths = kv.lengths.cpu()
+    team_end = torch.maximum(lengths - exact_recent, torch.full_like(lengths, sink)).clamp_max(
+        lengths
+    )
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    n_max = keys.shape[1]
+    team_of = torch.full((kv.batch, kv.num_kv_heads, n_max), -1, dtype=torch.int64)
+    lead: list[list[torch.Tensor | None]] = []
+    for b in range(kv.batch):
+        lo, hi = min(sink, int(team_end[b])), int(team_end[b])
+        row: list[torch.Tensor | None] = []
+        for h in range(kv.num_kv_heads):
+            if hi <= lo:
+                row.append(None)
+            elif policy == "contiguous":
+                team_of[b, h, lo:hi] = torch.arange(hi - lo) // team_size
+                row.append(None)
+            else:
+                ids, leader_pos = _kmeans_teams(keys[b, lo:hi, h].cpu(), team_size, leaders, gen)
+                team_of[b, h, lo:hi] = ids
+                row.append(leader_pos + lo)
+        lead.append(row)
+    return _pack(
+        policy,
+        team_size,
+        leaders,
+        representative,
+        seed,
+        sink,
+        exact_recent,
+        team_of,
+        lead,
+        keys,
+        lengths,
+        team_end,
+    )
+
+
+def extend(index: TeamIndex, kv: KVCache) -> TeamIndex:
+    """Returns ``index`` grown to ``kv.lengths``: new tokens wait in the exact tail until
+    ``team_size`` of them lie before the ``exact_recent`` most recent, then the oldest
+    ``team_size`` form one new contiguous team (both policies; section 6 "extended
+    during decode")."""
+    kv = _check_kv(kv)
+    _check_index(index, kv)
+    keys, _, _ = kv.padded(_INDEX_DTYPE)
+    lengths = kv.lengths.cpu()
+    n_max = keys.shape[1]
+    team_of = torch.full((kv.batch, kv.num_kv_heads, n_max), -1, dtype=torch.int64)
+    team_of[:, :, : index.team_of.shape[2]] = index.team_of
+    team_end = index.team_end.clone()
+    size = index.team_size
+    lead: list[list[torch.Tensor | None]] = []
+    for b in range(kv.batch):
+        start = max(int(team_end[b]), index.sink)
+        grown = max(0, (int(lengths[b]) - index.exact_recent - start) // size)
+        team_end[b] = start + grown * size
+        row: list[torch.Tensor | None] = []
+        for h in range(kv.num_kv_heads):
+            first_new = int(index.num_teams[b, h])
+            span = torch.arange(grown * size)
+            team_of[b, h, start : start + grown * size] = first_new + span // size
+            old = index.leaders[b, h, :first_new]
+            row.append(torch.cat([old, torch.full((grown,), -1, dtype=torch.int64)]))
+        lead.append(row)
+    return _pack(
+        index.policy,
+        size,
+        index.leaders_per_parent,
+        index.representative,
+        index.seed,
+        index.sink,
+        index.exact_recent,
+        team_of,
+        lead,
+        keys,
+        lengths,
+        team_end,
+    )
+
+
+def _check_index(index: object, kv: KVCache) -> TeamIndex:
+    if not isinstance(index, TeamIndex):
+        raise InputError(f"index: expected a TeamIndex, got {type(index).__name__}")
+    if index.batch != kv.batch or index.num_kv_heads != kv.num_kv_heads:
+        raise InputError(
+            f"index: built for {index.batch} sequences x {index.num_kv_heads} KV heads, "
+            f"the cache has {kv.batch} x {kv.num_kv_heads}"
+        )
+    if index.rep_keys.shape[-1] != kv.head_dim:
+        raise InputError(
+            f"index: head dim {index.rep_keys.shape[-1]} does not match the cache's {kv.head_dim}"
+        )
+    if bool((kv.lengths.cpu() < index.length).any()):
+        raise InputError(
+            f"index: covers {index.length.tolist()} tokens, more than the cache's "
+            f"{kv.lengths.tolist()}"
+        )
+    return index
+
+
+def _sq_dist(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Squared Euclidean distances ``[n, m]`` between rows of ``a [n, d]`` and ``b [m, d]``."""
+    cross = a @ b.T
+    return ((a * a).sum(-1)[:, None] - 2 * cross + (b * b).sum(-1)[None, :]).clamp_min(0)
+
+
+def _segment_sum(x: torch.Tensor, seg: torch.Tensor, n_seg: int) -> torch.Tensor:
+    """Sums the rows of ``x [n, d]`` per segment id ``seg [n]``: ``[n_seg, d]``."""
+    out = torch.zeros((n_seg, x.shape[1]), dtype=x.dtype)
+    return out.index_put_((seg,), x, accumulate=True)
+
+
+def _segment_argbest(values: torch.Tensor, seg: torch.Tensor, n_seg: int, op: str) -> torch.Tensor:
+    """Index (into ``values``) of each segment's ``amin``/``amax``; ties: the lowest index."""
+    start = math.inf if op == "amin" else -math.inf
+    best = torch.full((n_seg,), start, dtype=values.dtype).scatter_reduce(0, seg, values, op)
+    n = values.shape[0]
+    cand = torch.where(values == best[seg], torch.arange(n), n)
+    return torch.full((n_seg,), n, dtype=torch.int64).scatter_reduce(0, seg, cand, "amin")
+
+
+def _kmeans_teams(
+    x: torch.Tensor, team_size: int, leaders: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns ``(team id per key [n], leader index per team [T])`` for keys ``x [n, d]``."""
+    n = x.shape[0]
+    parents = min(n, math.ceil(n / team_size))
+    xf = x.float()  # the clustering runs in fp32; leaders, teams and means use fp64
+    centers = xf[torch.randperm(n, generator=gen)[:parents]].clone()
+    seen = torch.zeros(parents)
+    for _ in range(KMEANS_ITERS):  # mini-batch k-means with per-centre learning rates 1/count
+        batch = xf[torch.randint(n, (min(n, KMEANS_BATCH),), generator=gen)]
+        nearest = _sq_dist(batch, centers).argmin(dim=1)
+        counts = torch.bincount(nearest, minlength=parents).float()
+        seen += counts
+        rate = (counts / seen.clamp_min(1))[:, None]
+        means = _segment_sum(batch, nearest, parents) / counts.clamp_min(1)[:, None]
+        centers = torch.where(counts[:, None] > 0, centers + rate * (means - centers), centers)
+    chunks = [_sq_dist(xf[i : i + 4096], centers).argmin(1) for i in range(0, n, 4096)]
+    parent = torch.unique(torch.cat(chunks), return_inverse=True)[1]  # drop empty parents
+    n_par = int(parent.max()) + 1
+    counts = torch.bincount(parent, minlength=n_par)
+    mean = _segment_sum(x, parent, n_par) / counts[:, None].to(x.dtype)
+    first = _segment_argbest(((x - mean[parent]) ** 2).sum(-1), parent, n_par, "amin")
+    lead = [first]
+    min_dist = ((x - x[first[parent]]) ** 2).sum(-1)
+    taken = torch.zeros(n, dtype=torch.bool)
+    taken[first] = True
+    r_max = min(leaders, int(counts.max()))
+    for r in range(1, r_max):  # farthest first among the members not yet leaders
+        score = torch.where(taken, -math.inf, min_dist)
+        nxt = torch.where(counts > r, _segment_argbest(score, parent, n_par, "amax"), first)
+        lead.append(nxt)
+        taken[nxt] = True
+        min_dist = torch.minimum(min_dist, ((x - x[nxt[parent]]) ** 2).sum(-1))
+    lead_idx = torch.stack(lead, dim=1)  # [n_par, R]
+    lead_ok = torch.arange(r_max)[None, :] < counts.clamp_max(r_max)[:, None]
+    to_lead = torch.stack([((x - x[lead_idx[parent, r]]) ** 2).sum(-1) for r in range(r_max)], 1)
+    join = torch.where(lead_ok[parent], to_lead, math.inf).argmin(dim=1)
+    for r in range(r_max):  # every leader is a member of its own team (ties, duplicate keys)
+        join[lead_idx[:, r][lead_ok[:, r]]] = r
+    n_lead = lead_ok.sum(dim=1)
+    team_ids = (torch.cumsum(n_lead, 0) - n_lead)[parent] + join
+    return team_ids, lead_idx[lead_ok]
+
+
+def _pack(
+    policy: str,
+    team_size: int,
+    leaders: int,
+    representative: str,
+    seed: int,
+    sink: int,
+    exact_recent: int,
+    team_of: torch.Tensor,
+    lead: list[list[torch.Tensor | None]],
+    keys: torch.Tensor,
+    lengths: torch.Tensor,
+    team_end: torch.Tensor,
+) -> TeamIndex:
+    """Packs per-token team ids into padded member lists, sizes and representatives."""
+    batch, hkv, _ = team_of.shape
+    d = keys.shape[-1]
+    counts = [
+        torch.bincount(team_of[b, h][team_of[b, h] >= 0]) for b in range(batch) for h in range(hkv)
+    ]
+    t_max = max([1] + [c.numel() for c in counts])
+    l_max = max([1] + [int(c.max()) for c in counts if c.numel()])
+    members = torch.full((batch, hkv, t_max, l_max), -1, dtype=torch.int64)
+    sizes = torch.zeros((batch, hkv, t_max), dtype=torch.int64)
+    lead_out = torch.full((batch, hkv, t_max), -1, dtype=torch.int64)
+    rep_pos = torch.full((batch, hkv, t_max), -1, dtype=torch.int64)
+    rep_keys = torch.zeros((batch, hkv, t_max, d), dtype=_INDEX_DTYPE)
+    for b in range(batch):
+        for h in range(hkv):
+            ids = team_of[b, h]
+            pos = torch.nonzero(ids >= 0).flatten()
+            if pos.numel() == 0:
+                continue
+            tid = ids[pos]
+            n_t = int(tid.max()) + 1
+            cnt = torch.bincount(tid, minlength=n_t)
+            order = torch.argsort(tid, stable=True)  # positions ascending within a team
+            slot = torch.arange(pos.numel()) - (torch.cumsum(cnt, 0) - cnt)[tid[order]]
+            members[b, h, tid[order], slot] = pos[order]
+            sizes[b, h, :n_t] = cnt
+            keys_bh = keys[b, :, h].cpu()
+            k = keys_bh[pos]
+            mean = _segment_sum(k, tid, n_t) / cnt[:, None].to(_INDEX_DTYPE)
+            dist = ((k - mean[tid]) ** 2).sum(-1)
+            nearest = pos[_segment_argbest(dist, tid, n_t, "amin")]  # lowest position on ties
+            given = lead[b][h]
+            lead_out[b, h, :n_t] = (
+                nearest if given is None else torch.where(given >= 0, given, nearest)
+            )
+            if representative == "leader":
+                rep_pos[b, h, :n_t] = nearest
+                rep_keys[b, h, :n_t] = keys_bh[nearest]
+            else:
+                rep_keys[b, h, :n_t] = mean
+    return TeamIndex(
+        policy=policy,
+        team_size=team_size,
+        leaders_per_parent=leaders,
+        representative=representative,
+        seed=seed,
+        sink=sink,
+        exact_recent=exact_recent,
+        team_of=team_of,
+        members=members,
+        sizes=sizes,
+        team_valid=sizes > 0,
+        leaders=lead_out,
+        rep_pos=rep_pos,
+        rep_keys=rep_keys,
+        length=lengths.clone(),
+        team_end=team_end,
+    )
+
+
+# ------------------------------------------------------------------ selection
+def gumbel_topk_select(
+    phi: torch.Tensor, M: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns ``(selected, pi)`` for logits ``phi [..., T]`` (-inf: no team).
+
+    ``z = phi + Gumbel``; the top ``M`` are selected; ``pi_g = 1 - exp(-exp(phi_g - kappa))``
+    with ``kappa`` the ``(M+1)``-th largest ``z`` (``pi = 1`` where a row has at most ``M``
+    teams): the inclusion probability of ``g`` given the other teams' ``z``; ``pi`` is 0 where not
+    selected. ``E[1{g selected} / pi_g] = 1`` for every team (section 6).
+    """
+    u = torch.rand(phi.shape, generator=generator, dtype=torch.float64).to(phi.device)
+    gumbel = -torch.log(-torch.log(u.clamp(min=1e-300, max=1 - 2**-53)))
+    z = phi + gumbel.to(phi.dtype)
+    n_teams = torch.isfinite(phi).sum(dim=-1, keepdim=True)
+    k = min(M + 1, phi.shape[-1])
+    top = torch.topk(z, k, dim=-1)
+    selected = torch.zeros_like(phi, dtype=torch.bool).scatter(-1, top.indices[..., :M], True)
+    selected &= torch.isfinite(phi)
+    everything = n_teams <= M
+    kappa = top.values[..., -1:] if k > M else torch.full_like(z[..., :1], -math.inf)
+    kappa = torch.where(everything, torch.full_like(kappa, -math.inf), kappa)
+    pi = -torch.expm1(-torch.exp(phi - kappa))
+    pi = torch.where(everything, torch.ones_like(pi), pi)
+    return selected, torch.where(selected, pi, torch.zeros_like(pi))
+
+
+def _mixed_log_probs(phi: torch.Tensor, mix: float) -> torch.Tensor:
+    """``log((1 - mix) softmax(phi) + mix / n)`` over the finite entries of ``phi``."""
+    if mix == 0:
+        return phi
+    n = torch.isfinite(phi).sum(dim=-1, keepdim=True).to(phi.dtype)
+    p = (1 - mix) * torch.softmax(phi, dim=-1) + mix / n
+    return torch.where(torch.isfinite(phi), p.log(), phi)
+
+
+# ------------------------------------------------------------------ decode
+def santapp_attention(
+    q: torch.Tensor,
+    kv: KVCache,
+    index: TeamIndex,
+    M: int,
+    *,
+    scheme: str = "gumbel-topk",
+    mix: float = 0.0,
+    sink: int = 0,
+    window: int = 0,
+    scale: float | None = None,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+) -> SantaPPOutput:
+    """One SANTA++ decode step for ``q [B, Hq, d]`` over ``kv`` and its ``index`` (section 6).
+
+    Every query head scores the representatives (``phi_g = tau q.r_g + log n_g``), selects
+    ``M`` teams by ``scheme`` from ``(1 - mix) softmax(phi) + mix / n_teams`` (gumbel-topk:
+    the Gumbel trick on the log of the mixed probabilities; weights ``1/pi_g``;
+    multinomial: ``M`` draws, weights ``c_g / (M p_g)``), and returns
+    ``num / den`` with ``num = sum_sel w_g sum_{i in g \\ E} e^{s_i-m} v_i +
+    sum_{j in E} e^{s_j-m} v_j`` (``den`` likewise). ``E``: tokens in no team, the first
+    ``sink`` and the last ``window`` tokens (masked out of their teams' sums).
+    """
+    kv = _check_kv(kv)
+    group = check_query(q, kv.batch, kv.num_kv_heads, kv.head_dim)
+    _check_index(index, kv)
+    check_positive_int(M, "M")
+    _check_choice(scheme, "scheme", SCHEMES)
+    if isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0 <= mix < 1:
+        raise InputError(f"mix: expected a number in [0, 1), got {mix!r}")
+    _check_count(sink, "sink")
+    _check_count(window, "window")
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise InputError(f"compute_dtype: expected float32 or float64, got {compute_dtype}")
+    fewest = int(index.num_teams.min())
+    if fewest < M:
+        b, h = divmod(int(index.num_teams.argmin()), kv.num_kv_heads)
+        raise InputError(
+            f"M: {M} teams requested but sequence {b}, KV head {h} has only {fewest} teams"
+        )
+    tau = check_scale(scale, kv.head_dim)
+    gen = make_generator(seed, generator)
+    device = kv.device
+
+    keys, values, valid = kv.padded(compute_dtype)
+    batch, n_max, hkv, d = keys.shape
+    hq = q.shape[1]
+    query = q.to(compute_dtype)
+    head_kv = torch.arange(hq, device=device) // group
+    scores = tau * torch.einsum("bhd,bnhd->bhn", query, keys[:, :, head_kv])
+
+    # team of every token per query head (-1: none), exact set E per KV head
+    team_of = torch.full((batch, hkv, n_max), -1, dtype=torch.int64)
+    width = min(n_max, index.team_of.shape[2])
+    team_of[:, :, :width] = index.team_of[:, :, :width]
+    team_of = team_of.to(device)
+    pos = torch.arange(n_max, device=device)
+    lengths = kv.lengths.to(device)
+    forced = (pos[None, :] < sink) | (pos[None, :] >= lengths[:, None] - window)
+    exact = valid[:, None, :] & ((team_of < 0) | forced[:, None, :])  # [B, Hkv, N]
+    in_team = valid[:, None, :] & (team_of >= 0) & ~forced[:, None, :]
+
+    # team logits and selection per query head
+    rep = index.rep_keys.to(device=device, dtype=compute_dtype)[:, head_kv]  # [B, Hq, T, d]
+    team_valid = index.team_valid.to(device)[:, head_kv]
+    log_n = index.sizes.to(device=device, dtype=compute_dtype).clamp_min(1).log()[:, head_kv]
+    phi = tau * torch.einsum("bhd,bhtd->bht", query, rep) + log_n
+    phi = torch.where(team_valid, phi, torch.full_like(phi, -math.inf))
+    log_p = _mixed_log_probs(phi, float(mix))
+    if scheme == "gumbel-topk":
+        selected, pi = gumbel_topk_select(log_p, M, gen)
+        team_w = torch.where(selected, 1 / torch.where(selected, pi, 1), 0)
+    else:
+        probs = torch.softmax(log_p, dim=-1)
+        flat = probs.reshape(-1, probs.shape[-1]).to(device="cpu", dtype=torch.float64)
+        draws = torch.multinomial(flat, M, replacement=True, generator=gen)
+        ones = torch.ones_like(draws, dtype=flat.dtype)
+        counts = torch.zeros_like(flat).scatter_add_(1, draws, ones)
+        counts = counts.reshape(probs.shape).to(device=device, dtype=compute_dtype)
+        selected = counts > 0
+        team_w = torch.where(selected, counts / (M * probs), 0)
+
+    # token weights: HT/HH weight of the token's team, 1 on E, 0 elsewhere
+    tok_team = team_of[:, head_kv]  # [B, Hq, N]
+    gathered = torch.gather(team_w, 2, tok_team.clamp_min(0))
+    token_w = torch.where(in_team[:, head_kv], gathered, 0)
+    token_w = torch.where(exact[:, head_kv], 1, token_w).to(compute_dtype)
+    read = token_w > 0
+    shift = torch.where(read, scores, -math.inf).amax(dim=-1)  # the largest score read
+    unnorm = token_w * torch.exp(torch.where(read, scores - shift[..., None], -math.inf))
+    den = unnorm.sum(dim=-1)
+    num = torch.einsum("bhn,bhnd->bhd", unnorm, values[:, :, head_kv].transpose(1, 2))
+    out = num / den[..., None]
+    weights = unnorm / den[..., None]
+
+    # reads: members of the group's selected teams (all of them) + exact rows, GQA union
+    sel_group = selected.reshape(batch, hkv, group, -1).any(dim=2)  # [B, Hkv, T]
+    member_sel = torch.gather(sel_group, 2, team_of.clamp_min(0)) & (team_of >= 0)
+    rows = ((member_sel & valid[:, None, :]) | exact).sum(dim=-1).long().cpu()
+    reads = ReadCounts(
+        k_rows=rows,
+        k_features=rows * d,
+        v_rows=rows.clone(),
+        context=kv.lengths.cpu(),
+        head_dim=d,
+    )
+    return SantaPPOutput(
+        out=out,
+        reads=reads,
+        weights=weights,
+        representatives_read=index.num_teams.clone(),
+        num=num,
+        den=den,
+        shift=shift,
+        team_weights=team_w,
+    )
+
+
+def santapp(
+    q: torch.Tensor,
+    kv: KVCache,
+    *,
+    M: int = 32,
+    team_size: int = 16,
+    leaders: int = 4,
+    policy: str = "contiguous",
+    representative: str = "leader",
+    scheme: str = "gumbel-topk",
+    mix: float = 0.0,
+    sink: int = 0,
+    window: int = 0,
+    index_seed: int = 0,
+    **kw: object,
+) -> SantaPPOutput:
+    """Builds the index (``sink`` and ``window`` tokens left out of the teams) and decodes
+    one step (section 6); ``kw`` goes to :func:`santapp_attention` (seed, scale, ...)."""
+    index = build_team_index(
+        kv,
+        policy=policy,
+        team_size=team_size,
+        leaders=leaders,
+        representative=representative,
+        seed=index_seed,
+        exact_recent=window,
+        sink=sink,
+    )
+    return santapp_attention(
+        q,
+        kv,
+        index,
+        M,
+        scheme=scheme,
+        mix=mix,
+        sink=sink,
+        window=window,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+__all__ = [
+    "POLICIES",
+    "REPRESENTATIVES",
+    "SCHEMES",
+    "SantaPPOutput",
+    "TeamIndex",
+    "build_team_index",
+    "extend",
+    "gumbel_topk_select",
+    "santapp",
+    "santapp_attention",
+]
