@@ -501,15 +501,18 @@ def speedup_vs_S(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Re
 def error_vs_S(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rendered:
     """Return relative L2 error against dense vs the budget, log-log, with an S^-1/2 guide.
 
-    One panel per (batch, ctx); duplicate cases (e.g. two timing runs) are averaged; the
-    dense kernels' own bf16 error is a dotted floor when the store has them.
+    One panel per (batch, ctx), or per (attention pattern, ctx) for fidelity rows;
+    duplicate cases (e.g. two timing runs) are averaged; the dense kernels' own bf16
+    error is a dotted floor when the store has them.
     """
     data = _with_series(_ok(frame, "rel_l2_vs_dense"))
     sampled = data[data.budget.notna()]
     if sampled.empty:
         raise NoData("error-vs-S", PRODUCERS["error-vs-S"])
     floor = data[data.budget.isna() & data.family.isin(DENSE_FAMILIES) & (data.method != "dense")]
-    batches, contexts = _unique(sampled, "batch"), _unique(sampled, "ctx")
+    by_pattern = "pattern" in sampled.columns and sampled.pattern.notna().any()
+    row_key = "pattern" if by_pattern else "batch"
+    batches, contexts = _unique(sampled, row_key), _unique(sampled, "ctx")
     fig, axes = _new_figure(
         len(batches),
         len(contexts),
@@ -522,7 +525,7 @@ def error_vs_S(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rend
     for i, batch in enumerate(batches):
         for j, ctx in enumerate(contexts):
             ax = axes[i, j]
-            panel = _select(sampled, batch=batch, ctx=ctx)
+            panel = _select(sampled, **{row_key: batch}, ctx=ctx)
             for series, method, family in _ordered_series(panel):
                 rows = (
                     panel[panel.series == series]
@@ -537,7 +540,9 @@ def error_vs_S(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rend
                     **_line_style(family),
                 )
                 points.append(
-                    rows.assign(batch=batch, ctx=ctx, series=series, method=method, family=family)
+                    rows.assign(
+                        **{row_key: batch}, ctx=ctx, series=series, method=method, family=family
+                    )
                 )
             if not panel.empty:
                 s0 = panel.budget.min()
@@ -552,7 +557,7 @@ def error_vs_S(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rend
                     linewidth=1.2,
                     label=r"$\propto S^{-1/2}$ guide",
                 )
-            dense = _select(floor, batch=batch, ctx=ctx)
+            dense = _select(floor, batch=batch, ctx=ctx) if not by_pattern else floor[:0]
             if not dense.empty:
                 ax.axhline(
                     float(dense.value.median()),
@@ -563,7 +568,11 @@ def error_vs_S(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rend
                 )
             _log_axis(ax, "y")
             _size_axis(ax, sampled.budget, tokens=False)
-            ax.set_title(_panel_title(ctx=ctx, batch=batch))
+            ax.set_title(
+                f"{batch} · {_panel_title(ctx=ctx)}"
+                if by_pattern
+                else _panel_title(ctx=ctx, batch=batch)
+            )
     _label_axes(axes, f"{_budget_name(sampled)} (samples per head)", "rel. L2 error vs dense")
     _figure_legend(fig, axes.flat, "method")
     return Rendered(fig, _points(points).rename(columns={"budget": "S"}))
