@@ -180,10 +180,3 @@ def largest_remainder_budgets(tile_mass: torch.Tensor, budget: int) -> torch.Ten
     rank = torch.empty_like(order)
     rank.scatter_(-1, order, torch.arange(order.shape[-1], device=order.device).expand_as(order))
     return floor + (rank < missing).to(floor.dtype)
-
-
-def systematic_tile_budgets(
-    tile_mass: torch.Tensor, budget: int, offset: torch.Tensor
-) -> torch.Tensor:
-    """Global-systematic tile budgets ``S_t = floor(a + S C_t) - floor(a + S C_{t-1})``."""
-    return _counts_from_cdf(torch.cumsum(tile_mass, dim=-1).clamp(max=1.0), offset, budget)
