@@ -241,3 +241,13 @@ def test_failed_cases_are_retried_and_forget_removes_their_parts(tmp_path) -> No
     run.write_case(CASE, [{"metric": "latency", "value": 1.0, "unit": "us"}])
     assert config_hash(CASE) in store.completed(fingerprint)
     assert len(store.load()) == 1
+
+
+def test_git_sha_falls_back_to_the_environment_outside_a_checkout(tmp_path, monkeypatch):
+    from santa_bench import environment
+
+    monkeypatch.setattr(environment, "_run", lambda args: None)  # no git here
+    monkeypatch.setenv("SANTA_BENCH_GIT_SHA", "abc123")
+    assert environment._git_sha() == "abc123"
+    monkeypatch.delenv("SANTA_BENCH_GIT_SHA")
+    assert environment._git_sha() is None
