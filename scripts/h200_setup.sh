@@ -5,7 +5,7 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v -i warning || true
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0
-# the copy on the device has no .git: run `git rev-parse HEAD > .git_sha` here before a call
+# the device copy has no .git: `git rev-parse HEAD > .git_sha` here, and carry .git_sha
 [ -f .git_sha ] && export SANTA_BENCH_GIT_SHA="$(cat .git_sha)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
