@@ -231,6 +231,75 @@ def gsm8k(
     )
 
 
+RULER_DEFAULT_TASKS = "niah_single_1,niah_single_2,vt,qa_1"
+
+
+@app.command("ruler")
+def ruler(
+    tasks: Annotated[
+        str,
+        typer.Option(
+            help="RULER tasks, comma list or 'all': niah_single_1..3, niah_multikey_1..3, "
+            "niah_multivalue, niah_multiquery, vt, cwe, fwe, qa_1, qa_2."
+        ),
+    ] = RULER_DEFAULT_TASKS,
+    ctx: Annotated[str, typer.Option(help="Context length(s) of the samples: 2k, 8k, ...")] = "2k",
+    model: MODEL = "smollm2-135m",
+    methods: METHODS = "dense,santa-prop:S=128",
+    n: Annotated[int, typer.Option("--n", help="Samples per task and context.")] = 3,
+    seed: Annotated[int, typer.Option(help="Seed of the generated samples and samplers.")] = 0,
+    dense_layers: DENSE_LAYERS = "",
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(help="Folder with RULER's JSON files (default: fetched into the cache)."),
+    ] = None,
+    results_dir: RESULTS = Path("results"),
+    run_id: RUN_ID = None,
+    force: FORCE = False,
+) -> None:
+    """RULER tasks generated at each context length, greedy decoding through the method.
+
+    Scores are RULER's (string_match_all; string_match_part for qa), 0..1 per sample.
+    """
+    from santa_bench.accuracy.ruler import RULER_TASKS, DataUnavailable, fetch_ruler_data
+    from santa_bench.runners.tasks import expand_task_cases
+
+    try:
+        chosen = list(RULER_TASKS) if tasks.strip() == "all" else parse_list(tasks)
+        unknown = [t for t in chosen if t not in RULER_TASKS]
+        if unknown:
+            raise ValueError(f"--tasks: unknown {unknown}; known: {', '.join(RULER_TASKS)}")
+        contexts = parse_size_list(ctx)
+        specs = parse_method_specs(methods)
+        fetch_ruler_data(data_dir)
+        cases = [
+            case
+            for size in contexts
+            for task in chosen
+            for case in expand_task_cases(
+                f"ruler-{task}",
+                model,
+                specs,
+                n=n,
+                seed=seed,
+                dense_layers=dense_layers,
+                ctx=size,
+                data_dir=str(data_dir) if data_dir else None,
+            )
+        ]
+    except (MethodError, ValueError, DataUnavailable) as exc:
+        _fail(str(exc))
+        return
+    outcome = _run(cases, results_dir, run_id, force, "ruler")
+    if outcome.results:
+        _table(
+            f"RULER on {model} (n={n})",
+            outcome,
+            ("score", "retention", "decode_kv_read_fraction"),
+            ("task", "ctx", "method", "S"),
+        )
+
+
 @app.command("agreement")
 def agreement_command(
     text: Annotated[Path, typer.Option(help="Text file to teacher-force.")],

@@ -91,6 +91,31 @@ def gsm8k_loop(
     return solved
 
 
+def ruler_loop(model, tokenizer, samples: Sequence, task: str) -> tuple[list[float], list[str]]:
+    """RULER per-sample scores and predictions with the attention ``model`` currently uses.
+
+    ``prompt + answer_prefix`` is prefilled densely except its last token; that token and
+    every generated one (greedy, ``tokens_to_generate``) are decode steps through the method.
+    """
+    from santa_bench.accuracy.ruler import score
+
+    predictions = []
+    with torch.no_grad():
+        for sample in samples:
+            ids = tokenizer(sample.prompt + sample.answer_prefix, return_tensors="pt").input_ids
+            ids = ids.to(model.device)
+            past = model(ids[:, :-1], use_cache=True).past_key_values  # dense prefill
+            out = model.generate(
+                ids,
+                past_key_values=past,
+                max_new_tokens=sample.tokens_to_generate,
+                do_sample=False,
+                pad_token_id=tokenizer.eos_token_id,
+            )
+            predictions.append(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
+    return score(task, predictions, [s.outputs for s in samples]), predictions
+
+
 def retention_ci(
     method: Sequence[bool], dense: Sequence[bool], *, n_boot: int = 2000, seed: int = 0
 ) -> tuple[float, float, float]:

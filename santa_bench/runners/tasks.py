@@ -17,8 +17,32 @@ from typing import Any
 from santa_bench.methods import REGISTRY, Registry
 
 TASKS = ("mmlu", "gsm8k")
-PLANNED_TASK_PREFIXES = ("ruler", "longbench", "helmet")  # accepted in suites, not run yet
+PLANNED_TASK_PREFIXES = ("longbench", "helmet")  # accepted in suites, not run yet
 PAIR_KEYS = ("task", "model", "n", "seed", "dense_layers", "max_new_tokens")
+RULER_PREFIX = "ruler-"  # ruler-<task>: RULER task <task> at the case's ctx
+RULER_ALIASES = {"qa1": "qa_1", "qa2": "qa_2"}  # the SANTA table's names (suites)
+PLANNED_RULER = ("ruler-niah",)  # the SANTA table's NIAH column: which task(s) is open
+
+
+def _ruler_name(task: str) -> str | None:
+    """Returns the RULER task of ``ruler-<task>`` (ValueError if unknown), else None."""
+    if not task.startswith(RULER_PREFIX) or task in PLANNED_RULER:
+        return None
+    from santa_bench.accuracy.ruler import RULER_TASKS
+
+    name = task[len(RULER_PREFIX) :]
+    name = RULER_ALIASES.get(name, name)
+    if name not in RULER_TASKS:
+        raise ValueError(f"task {task!r}: unknown RULER task; known: {', '.join(RULER_TASKS)}")
+    return name
+
+
+def _pair_key(record: dict[str, Any]) -> tuple:
+    """Dense/method pairing key; RULER cases also pair on their context length."""
+    key = tuple(record.get(k) for k in PAIR_KEYS)
+    if str(record.get("task", "")).startswith(RULER_PREFIX):
+        key += (int(record["ctx"]),)
+    return key
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -50,6 +74,19 @@ class TaskRunner:
     def samples(self, case: dict[str, Any]) -> list:
         from santa_bench.accuracy import datasets
 
+        ruler_task = _ruler_name(case["task"])
+        if ruler_task is not None:
+            from santa_bench.accuracy.ruler import generate
+
+            _, tokenizer = self.model(case["model"])
+            return generate(
+                ruler_task,
+                tokenizer,
+                int(case["ctx"]),
+                case["n"],
+                seed=case["seed"],
+                data_dir=case.get("_data_dir"),
+            )
         if case["task"] == "mmlu":
             items = datasets.load_mmlu_redux(case.get("_data_dir"))
         elif case["task"] == "gsm8k":
@@ -70,10 +107,10 @@ class TaskRunner:
             & frame.per_sample.notna()
         ]
         for record in rows.to_dict("records"):
-            self.dense[tuple(record.get(k) for k in PAIR_KEYS)] = json.loads(record["per_sample"])
+            self.dense[_pair_key(record)] = json.loads(record["per_sample"])
 
     def run(self, case: dict[str, Any]) -> list[dict[str, Any]]:
-        from santa_bench.accuracy.tasks import gsm8k_loop, mmlu_loop, retention_ci
+        from santa_bench.accuracy.tasks import gsm8k_loop, mmlu_loop, retention_ci, ruler_loop
 
         method = self.registry.get(case["method"])
         params = {p.name: case[p.name] for p in method.params if p.name in case}
@@ -86,12 +123,16 @@ class TaskRunner:
         from santa_bench.accuracy.integration import use_method
 
         info = use_method(model, spec, seed=case["seed"], dense_layers=layers)
-        if case["task"] == "mmlu":
+        ruler_task = _ruler_name(case["task"])
+        correct: list  # per-sample correctness (bool) or RULER score (float in [0, 1])
+        if ruler_task is not None:
+            correct, _ = ruler_loop(model, tokenizer, items, ruler_task)
+        elif case["task"] == "mmlu":
             correct = mmlu_loop(model, tokenizer, items)
         else:
             correct = gsm8k_loop(model, tokenizer, items, case["max_new_tokens"])
         n = len(correct)
-        low, high = wilson(sum(correct), n)
+        low, high = wilson(round(sum(correct)), n)
         reads = info["kv_read_fraction"]
         rows = [
             {
@@ -100,7 +141,7 @@ class TaskRunner:
                 "unit": "ratio",
                 "ci_low": low,
                 "ci_high": high,
-                "per_sample": json.dumps([int(c) for c in correct]),
+                "per_sample": json.dumps([c if isinstance(c, float) else int(c) for c in correct]),
             },
             {
                 "metric": "decode_kv_read_fraction",
@@ -108,9 +149,9 @@ class TaskRunner:
                 "unit": "ratio",
             },
         ]
-        key = tuple(case.get(k) for k in PAIR_KEYS)
+        key = _pair_key(case)
         if method.name == "dense":
-            self.dense[key] = [bool(c) for c in correct]
+            self.dense[key] = [c if isinstance(c, float) else bool(c) for c in correct]
         elif key in self.dense:
             ratio, low, high = retention_ci(correct, self.dense[key], seed=case["seed"])
             rows.append(
@@ -149,8 +190,11 @@ def task_case(
     data_dir: str | None = None,
 ) -> dict[str, Any]:
     """Returns the accuracy case of one method (the same dict for the CLI and suites)."""
-    if task not in TASKS and not task.startswith(PLANNED_TASK_PREFIXES):
-        raise ValueError(f"task: expected one of {TASKS}, got {task!r}")
+    if _ruler_name(task) is not None:
+        if ctx is None or ctx <= 0:
+            raise ValueError(f"task {task!r}: needs a context length ctx > 0")
+    elif task not in (*TASKS, *PLANNED_RULER) and not task.startswith(PLANNED_TASK_PREFIXES):
+        raise ValueError(f"task: expected one of {TASKS} or ruler-<task>, got {task!r}")
     if n <= 0:
         raise ValueError(f"n: must be > 0, got {n}")
     case = {
@@ -183,6 +227,7 @@ def expand_task_cases(
     dense_layers: str = "",
     max_new_tokens: int = 256,
     data_dir: str | None = None,
+    ctx: int | None = None,
 ) -> list[dict[str, Any]]:
     """Returns one accuracy case per method; dense first, so retention can be computed."""
     ordered = sorted(methods, key=lambda m: m[0].name != "dense")
@@ -198,6 +243,7 @@ def expand_task_cases(
             seed=seed,
             dense_layers=dense_layers,
             max_new_tokens=max_new_tokens,
+            ctx=ctx,
             data_dir=data_dir,
         )
         for method, overrides in ordered
@@ -228,6 +274,9 @@ def case_command(case: dict[str, Any], registry: Registry = REGISTRY) -> str:
         args += ["--dense-layers", str(case["dense_layers"])]
     if case["task"] == "gsm8k":
         args += ["--max-new-tokens", str(case["max_new_tokens"])]
+    ruler_task = _ruler_name(case["task"])
+    if ruler_task is not None:  # santa-bench accuracy ruler --tasks <task> --ctx <ctx>
+        args[2:3] = ["ruler", "--tasks", ruler_task, "--ctx", str(case["ctx"])]
     if case.get("_data_dir"):
         args += ["--data-dir", case["_data_dir"]]
     return shlex.join(args)
