@@ -1108,7 +1108,9 @@ def _kernel_anchor_table(kernel: pd.DataFrame) -> pd.DataFrame:
 
 
 def _task_key(name: Any) -> str:
-    return re.sub(r"[^a-z0-9]", "", str(name).lower())
+    """Return a task's table key: ``ruler-qa_1`` -> ``qa1``; every NIAH variant -> ``niah``."""
+    key = re.sub(r"[^a-z0-9]", "", str(name).lower()).removeprefix("ruler")
+    return "niah" if key.startswith("niah") else key
 
 
 def _our_score(scores: pd.DataFrame, task: str, method: str | None, s: int | None) -> str:
@@ -1124,7 +1126,7 @@ def _our_score(scores: pd.DataFrame, task: str, method: str | None, s: int | Non
         return "–"
     value = float(rows.value.mean())
     unit = str(rows.unit.iloc[0])
-    return _fmt(value * 100 if unit in ("", "fraction") and value <= 1 else value, ".2f")
+    return _fmt(value * 100 if unit in ("", "fraction", "ratio") and value <= 1 else value, ".2f")
 
 
 def _ruler_table(scores: pd.DataFrame) -> pd.DataFrame:
