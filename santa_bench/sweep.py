@@ -145,13 +145,6 @@ RUNNERS: dict[str, RunnerSpec] = {
     ),
 }
 
-# Methods that planned runners will evaluate but the registry does not have yet.
-PLANNED_METHODS: dict[str, tuple[Param, ...]] = {
-    "santa-pp": (
-        Param("teams", 32, int, "SANTA++: teams sampled per head", minimum=1),
-        Param("team_size", 16, int, "SANTA++: keys per team", minimum=1),
-    ),
-}
 
 
 @dataclass(frozen=True)
@@ -298,20 +291,10 @@ _RATIO = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
 def _method_params(runner: str) -> dict[str, Param]:
     """Every parameter of every method a runner can name (registry, planned methods)."""
-    params = {p.name: p for m in REGISTRY for p in m.params}
-    if runner != "kernel":
-        params.update({p.name: p for ps in PLANNED_METHODS.values() for p in ps})
-    return params
+    return {p.name: p for m in REGISTRY for p in m.params}
 
 
 def _method(spec: str, runner: str) -> tuple[Method, dict[str, Any]]:
-    name = str(spec).partition(":")[0].strip()
-    if runner != "kernel" and name in PLANNED_METHODS:
-        planned = Method(name, "santapp", f"{name} (planned)", PLANNED_METHODS[name])
-        _, _, rest = str(spec).partition(":")
-        overrides = parse_method_specs(f"dense:{rest}")[0][1] if rest else {}
-        planned.resolve_params(overrides)
-        return planned, overrides
     parsed = parse_method_specs(str(spec))
     if len(parsed) != 1:
         raise MethodError(f"{spec!r} names {len(parsed)} methods; give one per item")
@@ -661,7 +644,7 @@ def select_only(cases: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
     without a named key is dropped.
     """
     names = [t.strip() for t in text.split(",") if t.strip()]
-    if names and all(n in REGISTRY.names() or n in PLANNED_METHODS for n in names):
+    if names and all(n in REGISTRY.names() for n in names):
         return [c for c in cases if c.get("method") in names]
     try:
         expression = Expression.parse(text)
