@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from santa_bench import environment, results
+from santa_bench.cli_options import Force, ResultsDir, RunId
 from santa_bench.methods import REGISTRY, MethodError, parse_method_specs
 from santa_bench.units import format_size, parse_list, parse_size_list
 
@@ -135,13 +136,9 @@ def kernel(
     page_size: Annotated[int, typer.Option(help="Tokens per page for the paged layout.")] = 16,
     seed: Annotated[int, typer.Option(help="Seed of the inputs and of the samplers.")] = 0,
     device: Annotated[str, typer.Option(help="auto (GPU when present), cpu or cuda.")] = "auto",
-    results_dir: Annotated[
-        Path, typer.Option("--results", help="Result store root (Parquet).")
-    ] = Path("results"),
-    run_id: Annotated[
-        str | None, typer.Option(help="Name of this run's folder (default: timestamp).")
-    ] = None,
-    force: Annotated[bool, typer.Option(help="Re-run cases already in the store.")] = False,
+    results_dir: ResultsDir = Path("results"),
+    run_id: RunId = None,
+    force: Force = False,
     graph: Annotated[
         bool,
         typer.Option(
@@ -248,13 +245,9 @@ def sweep(
             "CPU cases) on the cluster at RAY_ADDRESS, else a local one; needs Ray installed."
         ),
     ] = "local",
-    results_dir: Annotated[
-        Path, typer.Option("--results", help="Result store root (Parquet).")
-    ] = Path("results"),
-    run_id: Annotated[
-        str | None, typer.Option(help="Name of this run's folder (default: timestamp).")
-    ] = None,
-    force: Annotated[bool, typer.Option(help="Re-run cases already in the store.")] = False,
+    results_dir: ResultsDir = Path("results"),
+    run_id: RunId = None,
+    force: Force = False,
 ) -> None:
     """Run a suite file: its cases not yet in the store (so an interrupted sweep resumes).
 

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from santa_bench import environment, execute, results
+from santa_bench.cli_options import Force, ResultsDir, RunId
 from santa_bench.methods import MethodError, parse_method_specs
 from santa_bench.units import parse_list, parse_size_list
 
@@ -23,9 +24,6 @@ app = typer.Typer(
 console = Console()
 
 DEFAULT_METHODS = "santa-iid,santa-strat,santa-sys,santa-flash,santa-prop"
-RESULTS = Annotated[Path, typer.Option("--results", help="Result store root (Parquet).")]
-RUN_ID = Annotated[str | None, typer.Option(help="Name of this run's folder.")]
-FORCE = Annotated[bool, typer.Option(help="Re-run cases already in the store.")]
 
 
 def _fail(message: str) -> None:
@@ -81,9 +79,9 @@ def fidelity(
     head_dim: Annotated[int, typer.Option(help="Head dimension.")] = 64,
     seeds: Annotated[int, typer.Option(help="Independent draws per case (bias, spread).")] = 32,
     seed: Annotated[int, typer.Option(help="Seed of the synthetic inputs.")] = 0,
-    results_dir: RESULTS = Path("results"),
-    run_id: RUN_ID = None,
-    force: FORCE = False,
+    results_dir: ResultsDir = Path("results"),
+    run_id: RunId = None,
+    force: Force = False,
 ) -> None:
     """Error of each method against dense as a random estimator, on synthetic inputs.
 
@@ -194,9 +192,9 @@ def mmlu(
     seed: SEED = 0,
     dense_layers: DENSE_LAYERS = "",
     data_dir: DATA_DIR = None,
-    results_dir: RESULTS = Path("results"),
-    run_id: RUN_ID = None,
-    force: FORCE = False,
+    results_dir: ResultsDir = Path("results"),
+    run_id: RunId = None,
+    force: Force = False,
 ) -> None:
     """MMLU-Redux choice accuracy (the answer token is a decode step through the method)."""
     _task("mmlu", model, methods, n, seed, dense_layers, 0, data_dir, results_dir, run_id, force)
@@ -211,9 +209,9 @@ def gsm8k(
     dense_layers: DENSE_LAYERS = "",
     max_new_tokens: Annotated[int, typer.Option(help="Greedy generation length.")] = 256,
     data_dir: DATA_DIR = None,
-    results_dir: RESULTS = Path("results"),
-    run_id: RUN_ID = None,
-    force: FORCE = False,
+    results_dir: ResultsDir = Path("results"),
+    run_id: RunId = None,
+    force: Force = False,
 ) -> None:
     """GSM8K exact match of the final number, greedy decoding through the method."""
     _task(
@@ -253,9 +251,9 @@ def ruler(
         Path | None,
         typer.Option(help="Folder with RULER's JSON files (default: fetched into the cache)."),
     ] = None,
-    results_dir: RESULTS = Path("results"),
-    run_id: RUN_ID = None,
-    force: FORCE = False,
+    results_dir: ResultsDir = Path("results"),
+    run_id: RunId = None,
+    force: Force = False,
 ) -> None:
     """RULER tasks generated at each context length, greedy decoding through the method.
 

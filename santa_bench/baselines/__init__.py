@@ -120,6 +120,21 @@ def check_decode_inputs(q: torch.Tensor, kv: KVCache) -> int:
     return check_query(q, kv.batch, kv.num_kv_heads, kv.head_dim)
 
 
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def check_half_precision_backend(backend: Backend, name: str, q: torch.Tensor, kv: KVCache) -> None:
+    """Raises Unsupported unless ``backend`` runs here on fp16/bf16 ``q`` and K/V of one dtype."""
+    ok, why = backend.available(q.device)
+    if not ok:
+        raise Unsupported(why)
+    check_decode_inputs(q, kv)
+    if q.dtype not in HALF_DTYPES or kv.dtype != q.dtype:
+        raise Unsupported(
+            f"{name}: needs fp16/bf16 q and K/V of one dtype, got {q.dtype}/{kv.dtype}"
+        )
+
+
 class _TritonSplitKV:
     """The suite's own FlashDecoding (``santa_kernels.triton_splitkv``), imported lazily."""
 

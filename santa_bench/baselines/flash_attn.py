@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from santa_bench.baselines import Prepared, Unsupported, check_decode_inputs
+from santa_bench.baselines import Prepared, Unsupported, check_half_precision_backend
 from santa_bench.timing import nbytes_of
 from santa_kernels.kv import KVCache
 from santa_kernels.validate import check_scale
@@ -29,7 +29,6 @@ except Exception as exc:  # not installed, or built for another torch
     HAS_FLASH_ATTN = False
     REASON = f"flash-attn not installed ({type(exc).__name__}: {exc})"
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 FA2_PAGE_MULTIPLE = 256
 
 
@@ -56,14 +55,7 @@ class FlashAttnKVCache:
         page_size: int = 0,
     ) -> Prepared:
         """Returns the ``flash_attn_with_kvcache`` call; layout set up here."""
-        ok, why = self.available(q.device)
-        if not ok:
-            raise Unsupported(why)
-        check_decode_inputs(q, kv)
-        if q.dtype not in SUPPORTED_DTYPES or kv.dtype != q.dtype:
-            raise Unsupported(
-                f"{self.name}: needs fp16/bf16 q and K/V of one dtype, got {q.dtype}/{kv.dtype}"
-            )
+        check_half_precision_backend(self, self.name, q, kv)
         if num_splits < 0:
             raise ValueError(f"num_splits: must be >= 0, got {num_splits}")
         if page_size < 0 or (page_size and page_size % FA2_PAGE_MULTIPLE):

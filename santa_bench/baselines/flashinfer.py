@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from santa_bench.baselines import Prepared, Unsupported, check_decode_inputs
+from santa_bench.baselines import Prepared, Unsupported, check_half_precision_backend
 from santa_bench.timing import nbytes_of
 from santa_kernels.kv import KVCache
 from santa_kernels.validate import check_scale
@@ -36,7 +36,6 @@ except Exception as exc:  # not installed, or a broken install
     VERSION = None
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 _WORKSPACES: dict[torch.device, torch.Tensor] = {}
 
 
@@ -90,14 +89,7 @@ class FlashInferDecode:
         self, q: torch.Tensor, kv: KVCache, *, scale: float | None = None, page_size: int = 16
     ) -> Prepared:
         """Returns ``wrapper.run(q, (k_pages, v_pages), out=out)`` after ``plan()``."""
-        ok, why = self.available(q.device)
-        if not ok:
-            raise Unsupported(why)
-        check_decode_inputs(q, kv)
-        if q.dtype not in SUPPORTED_DTYPES or kv.dtype != q.dtype:
-            raise Unsupported(
-                f"{self.name}: needs fp16/bf16 q and K/V of one dtype, got {q.dtype}/{kv.dtype}"
-            )
+        check_half_precision_backend(self, self.name, q, kv)
         if page_size < 1:
             raise ValueError(f"page_size: must be >= 1, got {page_size}")
         tau = check_scale(scale, kv.head_dim)
