@@ -256,3 +256,17 @@ def test_long_prefix_path_matches_float64(method, monkeypatch):
     monkeypatch.setattr(triton_santa, "MAX_PREFIX_IN_REGS", 2)
     q, kv = make_cache(n=75, lengths=(75, 41))
     check_exact(method, q, kv, S=7)
+
+
+@pytest.mark.parametrize("method", ["prop", "strat", "iid"])
+@pytest.mark.parametrize("subs", [2, 4])
+def test_wide_score_loads_match_float64(method, subs, monkeypatch):
+    # the score pass loads K SUBS tiles at a time; statistics stay per tile
+    import santa_kernels.triton_santa as triton_santa
+
+    config = {**triton_santa.HOPPER_CONFIGS[64], "subs": subs}
+    monkeypatch.setitem(triton_santa.HOPPER_CONFIGS, 64, config)
+    q, kv = make_cache(hq=6, hkv=2, n=75, lengths=(75, 41))  # group of 3: padded
+    check_exact(method, q, kv, S=24)
+    paged = kv.to_paged(8, torch.Generator().manual_seed(2))
+    check_exact(method, q, paged, S=9)
