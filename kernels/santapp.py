@@ -414,17 +414,28 @@ def _pack(
 
 # ------------------------------------------------------------------ selection
 def gumbel_topk_select(
-    phi: torch.Tensor, M: int, generator: torch.Generator
+    phi: torch.Tensor,
+    M: int,
+    generator: torch.Generator | None,
+    gumbels: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(selected, pi)`` for logits ``phi [..., T]`` (-inf: no team).
 
     ``z = phi + Gumbel``; the top ``M`` are selected; ``pi_g = 1 - exp(-exp(phi_g - kappa))``
     with ``kappa`` the ``(M+1)``-th largest ``z`` (``pi = 1`` where a row has at most ``M``
     teams): the inclusion probability of ``g`` given the other teams' ``z``; ``pi`` is 0 where not
-    selected. ``E[1{g selected} / pi_g] = 1`` for every team (section 6).
+    selected. ``E[1{g selected} / pi_g] = 1`` for every team (section 6). ``gumbels`` (shape
+    of ``phi``) replaces the drawn noise, so a kernel can be checked on the same draw.
     """
-    u = torch.rand(phi.shape, generator=generator, dtype=torch.float64).to(phi.device)
-    gumbel = -torch.log(-torch.log(u.clamp(min=1e-300, max=1 - 2**-53)))
+    if gumbels is not None:
+        if tuple(gumbels.shape) != tuple(phi.shape):
+            raise InputError(
+                f"gumbels: expected shape {tuple(phi.shape)}, got {tuple(gumbels.shape)}"
+            )
+        gumbel = gumbels.to(device=phi.device, dtype=torch.float64)
+    else:
+        u = torch.rand(phi.shape, generator=generator, dtype=torch.float64).to(phi.device)
+        gumbel = -torch.log(-torch.log(u.clamp(min=1e-300, max=1 - 2**-53)))
     z = phi + gumbel.to(phi.dtype)
     n_teams = torch.isfinite(phi).sum(dim=-1, keepdim=True)
     k = min(M + 1, phi.shape[-1])
@@ -463,6 +474,7 @@ def santapp_attention(
     seed: int | None = None,
     generator: torch.Generator | None = None,
     compute_dtype: torch.dtype = torch.float32,
+    gumbels: torch.Tensor | None = None,
 ) -> SantaPPOutput:
     """One SANTA++ decode step for ``q [B, Hq, d]`` over ``kv`` and its ``index`` (section 6).
 
@@ -473,6 +485,7 @@ def santapp_attention(
     ``num / den`` with ``num = sum_sel w_g sum_{i in g \\ E} e^{s_i-m} v_i +
     sum_{j in E} e^{s_j-m} v_j`` (``den`` likewise). ``E``: tokens in no team, the first
     ``sink`` and the last ``window`` tokens (masked out of their teams' sums).
+    ``gumbels [B, Hq, T]`` (gumbel-topk only) replaces the drawn Gumbel noise.
     """
     kv = _check_kv(kv)
     group = check_query(q, kv.batch, kv.num_kv_heads, kv.head_dim)
@@ -520,8 +533,10 @@ def santapp_attention(
     phi = tau * torch.einsum("bhd,bhtd->bht", query, rep) + log_n
     phi = torch.where(team_valid, phi, torch.full_like(phi, -math.inf))
     log_p = _mixed_log_probs(phi, float(mix))
+    if gumbels is not None and scheme != "gumbel-topk":
+        raise InputError(f"gumbels: only for scheme 'gumbel-topk', got {scheme!r}")
     if scheme == "gumbel-topk":
-        selected, pi = gumbel_topk_select(log_p, M, gen)
+        selected, pi = gumbel_topk_select(log_p, M, gen, gumbels)
         team_w = torch.where(selected, 1 / torch.where(selected, pi, 1), 0)
     else:
         probs = torch.softmax(log_p, dim=-1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import shlex
 import sys
@@ -87,6 +88,14 @@ app.add_typer(accuracy_app, name="accuracy")
 
 app.command("plot")(plot_command)
 
+from santa_bench.e2e.cli import e2e_command  # noqa: E402
+
+app.command("e2e")(e2e_command)
+
+from santa_bench.capture import capture_command  # noqa: E402
+
+app.command("capture")(capture_command)
+
 
 def _device(requested: str) -> str:
     import torch
@@ -109,6 +118,15 @@ def kernel(
         str, typer.Option("--S", help="Sample budget(s) S for the sampling methods, comma list.")
     ] = "128",
     batch: Annotated[str, typer.Option(help="Batch size(s), comma list.")] = "1",
+    M: Annotated[
+        str | None, typer.Option("--M", help="SANTA++: teams selected per head, comma list.")
+    ] = None,
+    team_size: Annotated[
+        str | None, typer.Option(help="SANTA++: team size(s) P, comma list.")
+    ] = None,
+    team_policy: Annotated[
+        str | None, typer.Option(help="SANTA++: team index(es), contiguous and/or kmeans.")
+    ] = None,
     baselines: Annotated[
         str,
         typer.Option(
@@ -171,7 +189,11 @@ def kernel(
     try:
         on_device = _device(device)
         grid = KernelGrid(
-            methods=_with_baselines(parse_method_specs(methods), baselines, on_device),
+            methods=_with_baselines(
+                _with_team_options(parse_method_specs(methods), M, team_size, team_policy),
+                baselines,
+                on_device,
+            ),
             ctx=parse_size_list(ctx),
             batch=parse_list(batch, int),
             S=parse_list(S, int),
@@ -303,6 +325,23 @@ def sweep(
         console.print(f"rows written to {outcome.run_path}")
 
 
+def _with_team_options(
+    parsed: list, M: str | None, team_size: str | None, policy: str | None
+) -> list:
+    """Expands the methods with SANTA++ parameters over --M, --team-size, --team-policy
+    (a value in the method's own spec wins); other methods are left as they are."""
+    options = (("M", M, int), ("team_size", team_size, int), ("policy", policy, str))
+    axes = [(name, parse_list(text, kind)) for name, text, kind in options if text is not None]
+    expanded = []
+    for method, overrides in parsed:
+        known = {p.name for p in method.params}
+        free = [(name, values) for name, values in axes if name in known and name not in overrides]
+        names = [name for name, _ in free]
+        for combo in itertools.product(*(values for _, values in free)):
+            expanded.append((method, {**overrides, **dict(zip(names, combo, strict=True))}))
+    return expanded
+
+
 def _with_baselines(parsed: list, baselines: str, device: str) -> list:
     """Adds the requested dense baselines (``auto``: all of them on a GPU, none on a CPU)."""
     named = {m.name for m, _ in parsed}
@@ -338,7 +377,7 @@ def _print_summary(summary: list[tuple[dict, list[dict]]]) -> None:
         shown = f"{value:,.1f} us" if status == "ok" else f"{status}: {latency.get('reason', '')}"
         table.add_row(
             case["method"],
-            str(case.get("S") or "-"),
+            str(case.get("S") or (f"M={case['M']},P={case['team_size']}" if "M" in case else "-")),
             format_size(case["ctx"]),
             str(case["batch"]),
             shown,

@@ -99,6 +99,10 @@ def case_command(case: dict[str, Any]) -> str:
         from santa_bench.runners.tasks import case_command as task_command
 
         return task_command(case)
+    if case.get("kind") == "e2e":
+        from santa_bench.e2e.runner import case_command as e2e_command
+
+        return e2e_command(case)
     raise ValueError(f"no command line for cases of kind {case.get('kind')!r}")
 
 
@@ -164,6 +168,12 @@ class CaseWorker:
 
                 runner = TaskRunner()
                 if self.recall:  # dense scores of a resumed run give retention
+                    runner.recall(self.store.load(), self.run_folder.env_fingerprint)
+            elif kind == "e2e":
+                from santa_bench.e2e.runner import E2ERunner
+
+                runner = E2ERunner()
+                if self.recall:  # dense decode runs of a resumed run give speedups
                     runner.recall(self.store.load(), self.run_folder.env_fingerprint)
             else:
                 raise ValueError(f"no runner for cases of kind {kind!r}")
@@ -349,6 +359,10 @@ def run_cases(
         return not (known and REGISTRY.get(case["method"]).kernel_kind == "baseline")
 
     todo = sorted(todo, key=baseline_first)  # stable: later cases compare against them
+    if any(c.get("kind") == "e2e" for c in todo):
+        from santa_bench.e2e.runner import order_cases
+
+        todo = order_cases(todo)  # one prefill per group, its dense backends first
     with _Progress(console, len(todo), title) as progress:
         if options.executor == "ray":
             _run_ray(todo, store, run, options, env, progress, outcome)

@@ -312,6 +312,9 @@ def _builtin_methods() -> list[Method]:
                 Param("window", 0, int, "recent tokens attended exactly", minimum=0),
             ),
             reference=_santapp_reference,
+            prepare=kernel_adapters.santapp_prepare,  # gumbel-topk, mix=0 (else skipped)
+            kernel_kind="triton",
+            kernel_availability=kernel_adapters.santapp_kernel_available,
         ),
         *(_baseline(entry) for entry in baselines.BASELINES.values()),
     ]

@@ -3,7 +3,7 @@
 A suite is a YAML file (see ``suites/``)::
 
     description: what it reproduces          # optional
-    runner: kernel                           # kernel; fidelity, accuracy, e2e: not yet
+    runner: kernel                           # kernel, fidelity, accuracy, e2e
     fixed: {heads: 4, kv_heads: 2, device: cpu}         # one value per key
     grid: {ctx: [256, 512], method: [dense, santa-prop:tile=32]}   # cartesian product
     zip: {S: [16, 32], tile: [16, 32]}       # tied axes of equal length (or a list of them)
@@ -128,20 +128,46 @@ RUNNERS: dict[str, RunnerSpec] = {
         },
         implemented=True,
     ),
-    # planned runner: its keys are validated now, running it is not implemented yet
     "e2e": RunnerSpec(
         "e2e",
         {
             "method": "method",
             "S": "budget",
             "model": "str",
+            "weights": "str",
             "ctx": "size",
             "batch": "int",
             "decode_steps": "int",
             "seed": "int",
             "dtype": "str",
             "device": "str",
+            "layout": "str",
+            "page_size": "int",
+            "dense_layers": "str",
+            "dense_backends": "str",
+            "prefill": "str",
+            "prefill_chunk": "int",
+            "graph": "bool",
         },
+        derived=("kind", "family", "backend", "timing"),
+        defaults={
+            "model": "llama-3.1-8b",
+            "weights": "real",
+            "ctx": 32768,
+            "batch": 1,
+            "decode_steps": 64,
+            "seed": 0,
+            "dtype": "bf16",
+            "device": "auto",
+            "layout": "contiguous",
+            "page_size": 16,
+            "dense_layers": "",
+            "dense_backends": "auto",
+            "prefill": "dense",
+            "prefill_chunk": 1024,
+            "graph": True,
+        },
+        implemented=True,
     ),
 }
 
@@ -529,6 +555,8 @@ def _build(runner: str, combo: dict[str, Any]) -> list[dict[str, Any]]:
         return _kernel_case(method, overrides, budget, combo)
     if runner in ("fidelity", "accuracy"):
         return _expanded_case(runner, method, overrides, budget, combo)
+    if runner == "e2e":
+        return _e2e_cases(method, overrides, budget, combo)
     names = {p.name for p in method.params}
     if budget is not None and "S" in names and "S" not in overrides:
         overrides["S"] = budget
@@ -554,7 +582,8 @@ def _expanded_case(
     budget: int | None,
     combo: dict[str, Any],
 ) -> list[dict[str, Any]]:
-    """The fidelity or accuracy case of one combination, exactly as its command builds it."""
+    """The fidelity or accuracy case(s) of one combination, exactly as its command builds
+    them (a task group such as ``ruler-niah`` gives one case per concrete task)."""
     names = {p.name for p in method.params}
     budgets = [budget] if budget is not None and "S" in names and "S" not in overrides else []
     if runner == "fidelity":
@@ -578,13 +607,13 @@ def _expanded_case(
             input_seed=combo["seed"],
         )
         return expand_fidelity_cases(grid)
-    from santa_bench.runners.tasks import task_case
+    from santa_bench.runners.tasks import expand_task_names, task_case
 
     if budgets:
         overrides = {**overrides, "S": budgets[0]}
     return [
         task_case(
-            combo["task"],
+            task,
             combo["model"],
             method,
             overrides,
@@ -594,7 +623,38 @@ def _expanded_case(
             max_new_tokens=combo["max_new_tokens"],
             ctx=combo.get("ctx"),
         )
+        for task in expand_task_names(combo["task"])  # ruler-niah: the eight NIAH tasks
     ]
+
+
+def _e2e_cases(
+    method: Method, overrides: dict[str, Any], budget: int | None, combo: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The e2e case(s) of one combination (dense: one per dense backend), as the command."""
+    import torch
+
+    from santa_bench.e2e.runner import E2EGrid, check_grid, expand_cases
+    from santa_bench.units import parse_list
+
+    device = combo["device"]
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device: expected auto, cpu or cuda, got {device!r}")
+    if budget is not None and "S" in {p.name for p in method.params} and "S" not in overrides:
+        overrides = {**overrides, "S": budget}
+    backends = combo["dense_backends"]
+    grid = E2EGrid(
+        model=str(combo["model"]), weights=combo["weights"], methods=[(method, overrides)],
+        ctx=[combo["ctx"]], batch=[combo["batch"]], steps=combo["decode_steps"],
+        dense_backends=None if backends == "auto" else parse_list(backends),
+        layout=combo["layout"], page_size=combo["page_size"],
+        dense_layers=str(combo["dense_layers"]), prefill=combo["prefill"],
+        prefill_chunk=combo["prefill_chunk"], dtype=combo["dtype"], seed=combo["seed"],
+        device=device, graph=combo["graph"],
+    )
+    check_grid(grid, str)
+    return expand_cases(grid)
 
 
 def _kernel_case(

@@ -192,3 +192,40 @@ def test_runner_accepts_ruler_tasks():
     assert case_command(alias).startswith("santa-bench accuracy ruler --tasks qa_2 --ctx 8")
     command = case_command(cases[0])
     assert command.startswith("santa-bench accuracy ruler --tasks qa_1 --ctx 4096 --model m")
+
+
+def test_ruler_niah_expands_to_the_eight_niah_tasks():
+    from santa_bench.runners.tasks import RULER_GROUPS, expand_task_names
+    from santa_bench.sweep import suite_from_dict
+
+    niah = [t for t in RULER_TASKS if t.startswith("niah")]
+    assert list(RULER_GROUPS["niah"]) == niah and len(niah) == 8
+    assert expand_task_names("ruler-niah") == [f"ruler-{t}" for t in niah]
+    assert expand_task_names("ruler-qa1") == ["ruler-qa1"]
+    dense = REGISTRY.get("dense")
+    cases = expand_task_cases("ruler-niah", "m", [(dense, {})], n=1, seed=0, ctx=4096)
+    assert [c["task"] for c in cases] == [f"ruler-{t}" for t in niah]
+    with pytest.raises(ValueError, match="unknown RULER task"):
+        task_case("ruler-niah", "m", dense, {}, n=1, seed=0, ctx=4096)  # a group, not a task
+    suite = suite_from_dict(
+        {
+            "runner": "accuracy",
+            "fixed": {"model": "m", "ctx": "32k"},
+            "grid": {"task": ["ruler-fwe", "ruler-niah"]},
+            "zip": {"method": ["dense", "santa-prop"], "S": [128, 128]},
+        }
+    )
+    tasks = [c["task"] for c in suite.cases]
+    assert len(tasks) == 2 * 9 and tasks.count("ruler-niah_multiquery") == 2
+    assert "ruler-niah" not in tasks
+
+
+def test_ruler_32k_suite_runs_the_eight_niah_tasks():
+    from pathlib import Path
+
+    from santa_bench.sweep import load_suite
+
+    suite = load_suite(Path(__file__).resolve().parents[1] / "suites" / "ruler-32k.yaml")
+    tasks = {c["task"] for c in suite.cases}
+    assert {f"ruler-{t}" for t in RULER_TASKS if t.startswith("niah")} <= tasks
+    assert len(suite.cases) == 5 * (3 + 8)  # dense + 4 sampled, over fwe, qa1, qa2, 8 niah

@@ -62,12 +62,13 @@ def _table(title: str, outcome, metrics: tuple[str, ...], keys: tuple[str, ...])
 @app.command("fidelity")
 def fidelity(
     patterns: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="Synthetic attention patterns, comma list: uniform, peaked, needle, "
-            "multi-needle, sink-heavy."
+            help="Attention patterns, comma list: uniform, peaked, needle, multi-needle, "
+            "sink-heavy, or captured:<model>:L<layer> from --inputs (default: the five "
+            "synthetic ones, or every captured one with --inputs)."
         ),
-    ] = "uniform,peaked,needle,multi-needle,sink-heavy",
+    ] = None,
     methods: Annotated[
         str, typer.Option(help="Methods, comma list, parameters as name:key=value.")
     ] = DEFAULT_METHODS,
@@ -79,24 +80,35 @@ def fidelity(
     head_dim: Annotated[int, typer.Option(help="Head dimension.")] = 64,
     seeds: Annotated[int, typer.Option(help="Independent draws per case (bias, spread).")] = 32,
     seed: Annotated[int, typer.Option(help="Seed of the synthetic inputs.")] = 0,
+    inputs: Annotated[
+        Path | None,
+        typer.Option(
+            help="Captured decode inputs (`santa-bench capture`): real post-RoPE q, K, V; "
+            "their shape and context come from the file."
+        ),
+    ] = None,
     results_dir: ResultsDir = Path("results"),
     run_id: RunId = None,
     force: Force = False,
 ) -> None:
-    """Error of each method against dense as a random estimator, on synthetic inputs.
+    """Error of each method against dense as a random estimator, on synthetic or captured inputs.
 
     Per (pattern, method, S): mean relative L2 and cosine over seeds, relative bias and
     the largest |z| of the seed mean, spread, KL of the attention distribution where the
     method estimates one (Bernoulli scores), and read fractions. float64 references.
     """
     from santa_bench.accuracy.patterns import PATTERNS
+    from santa_bench.capture import captured_patterns
     from santa_bench.runners.fidelity import FidelityGrid, expand_fidelity_cases
 
     try:
-        chosen = parse_list(patterns)
-        unknown = [p for p in chosen if p not in PATTERNS]
+        available = captured_patterns(inputs) if inputs else []
+        chosen = parse_list(patterns) if patterns else available or list(PATTERNS)
+        unknown = [p for p in chosen if p not in PATTERNS and p not in available]
         if unknown:
-            raise ValueError(f"--patterns: unknown {unknown}; known: {list(PATTERNS)}")
+            raise ValueError(
+                f"--patterns: unknown {unknown}; known: {[*PATTERNS, *available]}"
+            )
         if seeds < 2:
             raise ValueError("--seeds: need at least 2 draws")
         grid = FidelityGrid(
@@ -110,6 +122,7 @@ def fidelity(
             head_dim=head_dim,
             seeds=seeds,
             input_seed=seed,
+            inputs=str(inputs) if inputs else None,
         )
         if min(grid.S, default=1) <= 0 or heads % kv_heads:
             raise ValueError("--S must be > 0 and --heads a multiple of --kv-heads")
@@ -238,7 +251,8 @@ def ruler(
         str,
         typer.Option(
             help="RULER tasks, comma list or 'all': niah_single_1..3, niah_multikey_1..3, "
-            "niah_multivalue, niah_multiquery, vt, cwe, fwe, qa_1, qa_2."
+            "niah_multivalue, niah_multiquery, vt, cwe, fwe, qa_1, qa_2; 'niah' = the eight "
+            "NIAH tasks."
         ),
     ] = RULER_DEFAULT_TASKS,
     ctx: Annotated[str, typer.Option(help="Context length(s) of the samples: 2k, 8k, ...")] = "2k",
@@ -260,10 +274,11 @@ def ruler(
     Scores are RULER's (string_match_all; string_match_part for qa), 0..1 per sample.
     """
     from santa_bench.accuracy.ruler import RULER_TASKS, DataUnavailable, fetch_ruler_data
-    from santa_bench.runners.tasks import expand_task_cases
+    from santa_bench.runners.tasks import RULER_GROUPS, expand_task_cases
 
     try:
         chosen = list(RULER_TASKS) if tasks.strip() == "all" else parse_list(tasks)
+        chosen = list(dict.fromkeys(t for c in chosen for t in RULER_GROUPS.get(c, (c,))))
         unknown = [t for t in chosen if t not in RULER_TASKS]
         if unknown:
             raise ValueError(f"--tasks: unknown {unknown}; known: {', '.join(RULER_TASKS)}")
@@ -296,6 +311,132 @@ def ruler(
             ("score", "retention", "decode_kv_read_fraction"),
             ("task", "ctx", "method", "S"),
         )
+
+
+def _long_task(
+    tasks: list[str],
+    ctx: str,
+    model: str,
+    methods: str,
+    n: int,
+    seed: int,
+    dense_layers: str,
+    data_dir: Path | None,
+    file: Path | None,
+    demo_file: Path | None,
+    results_dir: Path,
+    run_id: str | None,
+    force: bool,
+    title: str,
+) -> None:
+    """Runs LongBench v2 / HELMET-RAG cases at each context length."""
+    from santa_bench.runners.tasks import expand_task_cases
+
+    try:
+        if file is not None and not file.is_file():
+            raise ValueError(f"--file: {file} not found")
+        if file is not None and len(tasks) > 1:
+            raise ValueError("--file holds one dataset: name one (e.g. --datasets nq)")
+        specs = parse_method_specs(methods)
+        cases = [
+            case
+            for size in parse_size_list(ctx)
+            for task in tasks
+            for case in expand_task_cases(
+                task,
+                model,
+                specs,
+                n=n,
+                seed=seed,
+                dense_layers=dense_layers,
+                ctx=size,
+                data_dir=str(data_dir) if data_dir else None,
+                data_file=str(file) if file else None,
+                demo_file=str(demo_file) if demo_file else None,
+            )
+        ]
+    except (MethodError, ValueError) as exc:
+        _fail(str(exc))
+        return
+    outcome = _run(cases, results_dir, run_id, force, title)
+    if outcome.results:
+        _table(
+            f"{title} on {model} (n={n})",
+            outcome,
+            ("score", "retention", "decode_kv_read_fraction"),
+            ("task", "ctx", "method", "S"),
+        )
+
+
+LONG_CTX = Annotated[
+    str, typer.Option(help="Context length(s) in tokens (prompts are truncated to fit): 8k, 32k.")
+]
+FILE = Annotated[
+    Path | None,
+    typer.Option(help="A local JSONL/JSON/Parquet/CSV file with the task's fields instead."),
+]
+
+
+@app.command("longbench-v2")
+def longbench_v2(
+    ctx: LONG_CTX = "32k",
+    model: MODEL = "smollm2-135m",
+    methods: METHODS = "dense,santapp:M=32",
+    n: N = 20,
+    seed: SEED = 0,
+    dense_layers: DENSE_LAYERS = "",
+    data_dir: DATA_DIR = None,
+    file: FILE = None,
+    results_dir: ResultsDir = Path("results"),
+    run_id: RunId = None,
+    force: Force = False,
+) -> None:
+    """LongBench v2 multiple-choice accuracy (official 0-shot prompt, middle truncation).
+
+    Data: <data-dir>/longbench-v2/data.json (THUDM/LongBench-v2, fetched from the
+    Hugging Face hub when missing and reachable) or --file.
+    """
+    _long_task(
+        ["longbench-v2"], ctx, model, methods, n, seed, dense_layers, data_dir, file, None,
+        results_dir, run_id, force, "longbench-v2",
+    )  # fmt: skip
+
+
+@app.command("helmet-rag")
+def helmet_rag(
+    datasets: Annotated[
+        str, typer.Option(help="HELMET-RAG datasets, comma list: nq, triviaqa, hotpotqa, popqa.")
+    ] = "nq,triviaqa,hotpotqa,popqa",
+    ctx: LONG_CTX = "32k",
+    model: MODEL = "smollm2-135m",
+    methods: METHODS = "dense,santapp:M=32",
+    n: N = 20,
+    seed: SEED = 0,
+    dense_layers: DENSE_LAYERS = "",
+    data_dir: DATA_DIR = None,
+    file: FILE = None,
+    demo_file: Annotated[
+        Path | None, typer.Option(help="Demonstrations for --file (HELMET's k=3 train file).")
+    ] = None,
+    results_dir: ResultsDir = Path("results"),
+    run_id: RunId = None,
+    force: Force = False,
+) -> None:
+    """HELMET-RAG SubEM (retrieved passages fitted to --ctx, two demonstrations).
+
+    Data: <data-dir>/helmet/kilt/*.jsonl (HELMET's data/kilt files; fetched from
+    princeton-nlp/HELMET's data.tar.gz on the hub when missing and reachable) or --file.
+    """
+    from santa_bench.runners.tasks import HELMET_DATASETS, HELMET_PREFIX
+
+    chosen = parse_list(datasets)
+    unknown = [d for d in chosen if d not in HELMET_DATASETS]
+    if unknown or not chosen:
+        _fail(f"--datasets: unknown {unknown}; known: {', '.join(HELMET_DATASETS)}")
+    _long_task(
+        [HELMET_PREFIX + d for d in chosen], ctx, model, methods, n, seed, dense_layers,
+        data_dir, file, demo_file, results_dir, run_id, force, "helmet-rag",
+    )  # fmt: skip
 
 
 @app.command("agreement")

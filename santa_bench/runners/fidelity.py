@@ -40,14 +40,42 @@ class FidelityGrid:
     head_dim: int = 64
     seeds: int = 32
     input_seed: int = 0
+    inputs: str | None = None  # a `santa-bench capture` file: patterns captured:<model>:L<n>
+
+
+def _pattern_shapes(grid: FidelityGrid) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """Each (pattern, shape keys, extra case keys) of the grid.
+
+    A captured pattern takes its shape from the file (batch = captured positions)
+    and runs once, at the captured context; synthetic ones run at every ``ctx``.
+    """
+    from santa_bench.capture import CAPTURED_PREFIX, captured_shape, file_digest
+
+    out = []
+    for ctx in grid.ctx:
+        for pattern in grid.patterns:
+            if pattern.startswith(CAPTURED_PREFIX):
+                continue
+            shape = {"batch": grid.batch, "ctx": ctx, "heads": grid.heads}
+            shape |= {"kv_heads": grid.kv_heads, "head_dim": grid.head_dim}
+            out.append((pattern, shape, {}))
+    captured = [p for p in grid.patterns if p.startswith(CAPTURED_PREFIX)]
+    if captured:
+        if not grid.inputs:
+            raise ValueError(f"patterns {captured}: need --inputs (a capture file)")
+        extra = {"inputs": file_digest(grid.inputs), "_inputs": str(grid.inputs)}
+        shape = captured_shape(grid.inputs)
+        out += [(pattern, shape, extra) for pattern in captured]
+    return out
 
 
 def expand_fidelity_cases(grid: FidelityGrid) -> list[dict[str, Any]]:
     """Returns one case per (ctx, pattern, method, budget); budgets above ctx are dropped."""
     cases = []
-    for ctx, pattern, (method, overrides) in itertools.product(
-        grid.ctx, grid.patterns, grid.methods
+    for (pattern, shape, extra), (method, overrides) in itertools.product(
+        _pattern_shapes(grid), grid.methods
     ):
+        ctx = shape["ctx"]
         names = {p.name for p in method.params}
         budgets = grid.S if "S" in names and "S" not in overrides else [None]
         for budget in budgets:
@@ -62,15 +90,12 @@ def expand_fidelity_cases(grid: FidelityGrid) -> list[dict[str, Any]]:
                     "family": method.family,
                     **resolved,
                     "pattern": pattern,
-                    "batch": grid.batch,
-                    "ctx": ctx,
-                    "heads": grid.heads,
-                    "kv_heads": grid.kv_heads,
-                    "head_dim": grid.head_dim,
+                    **shape,
                     "dtype": "fp64",
                     "seeds": grid.seeds,
                     "seed": grid.input_seed,
                     "device": "cpu",
+                    **extra,
                 }
             )
     return cases
@@ -85,10 +110,19 @@ class FidelityRunner:
         self._inputs: tuple[torch.Tensor, sk.KVCache, sk.AttentionOutput] | None = None
 
     def inputs(self, case: dict[str, Any]) -> tuple[torch.Tensor, sk.KVCache, sk.AttentionOutput]:
-        key = (case["pattern"], case["seed"], *(case[k] for k in SHAPE_KEYS))
+        key = (case["pattern"], case["seed"], case.get("inputs"), *(case[k] for k in SHAPE_KEYS))
         if key != self._key:
-            shape = DecodeShape(**{k: case[k] for k in SHAPE_KEYS})
-            q, kv = make_pattern(case["pattern"], shape, seed=case["seed"], dtype=torch.float64)
+            if "_inputs" in case:  # a captured pattern
+                from santa_bench.capture import file_digest, load_captured
+
+                if file_digest(case["_inputs"]) != case["inputs"]:
+                    raise ValueError(f"{case['_inputs']}: not the capture this case names")
+                q, kv = load_captured(case["_inputs"], case["pattern"])
+            else:
+                shape = DecodeShape(**{k: case[k] for k in SHAPE_KEYS})
+                q, kv = make_pattern(
+                    case["pattern"], shape, seed=case["seed"], dtype=torch.float64
+                )
             exact = sk.dense_attention(q, kv, compute_dtype=torch.float64)
             self._inputs, self._key = (q, kv, exact), key
         assert self._inputs is not None
@@ -196,4 +230,6 @@ def case_command(case: dict[str, Any], registry: Registry = REGISTRY) -> str:
         "--seed",
         str(case["seed"]),
     ]
+    if case.get("_inputs"):
+        args += ["--inputs", case["_inputs"]]
     return shlex.join(args)

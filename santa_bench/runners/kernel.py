@@ -300,6 +300,8 @@ class KernelRunner:
                 timing_mode=timing.mode,
             ),
             *_quality_rows(out, dense, reads, method, q, params),
+            # method-specific metrics the adapter measured (e.g. santapp: index_build_ms)
+            *(_row(k, v, unit) for k, (v, unit) in getattr(prepared, "metrics", {}).items()),
         ]
         moved = rows_bytes(rows) + 2 * q.numel() * q.element_size()  # + read q, write out
         bandwidth = moved / (timing.median_us * 1e-6) / 1e9

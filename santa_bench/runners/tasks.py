@@ -1,6 +1,7 @@
 """The task runner: accuracy of a real model on a task, decode steps through a method.
 
-A case is (task, model, method and its parameters, n samples, seed). Rows: the task
+A case is (task, model, method and its parameters, n samples, seed; ctx for the
+long-context tasks: RULER, LongBench v2, HELMET-RAG). Rows: the task
 ``score`` with a Wilson 95% interval, the mean KV read fraction of the decode calls,
 and, for a method other than dense, its ``retention`` (score / dense score on the same
 samples in the same run) with a paired bootstrap interval. Per-sample correctness is
@@ -16,31 +17,73 @@ from typing import Any
 
 from santa_bench.methods import REGISTRY, Registry
 
-TASKS = ("mmlu", "gsm8k")
-PLANNED_TASK_PREFIXES = ("longbench", "helmet")  # accepted in suites, not run yet
+TASKS = ("mmlu", "gsm8k", "longbench-v2")
+HELMET_PREFIX = "helmet-rag-"  # helmet-rag-<dataset>: nq, triviaqa, hotpotqa, popqa
+HELMET_DATASETS = ("nq", "triviaqa", "hotpotqa", "popqa")
+# HELMET's RAG category is the mean of its four datasets: ``helmet-rag`` stands for all four.
+TASK_GROUPS = {"helmet-rag": tuple(HELMET_PREFIX + d for d in HELMET_DATASETS)}
 PAIR_KEYS = ("task", "model", "n", "seed", "dense_layers", "max_new_tokens")
 RULER_PREFIX = "ruler-"  # ruler-<task>: RULER task <task> at the case's ctx
 RULER_ALIASES = {"qa1": "qa_1", "qa2": "qa_2"}  # the SANTA table's names (suites)
-PLANNED_RULER = ("ruler-niah",)  # the SANTA table's NIAH column: which task(s) is open
+# The SANTA table's NIAH column is the mean of RULER's eight NIAH tasks: ``ruler-niah``
+# (suites, ``accuracy ruler --tasks niah``) stands for all eight, one case each.
+RULER_GROUPS = {
+    "niah": (
+        "niah_single_1",
+        "niah_single_2",
+        "niah_single_3",
+        "niah_multikey_1",
+        "niah_multikey_2",
+        "niah_multikey_3",
+        "niah_multivalue",
+        "niah_multiquery",
+    )
+}
+
+
+def expand_task_names(task: str) -> list[str]:
+    """Returns the concrete tasks of ``task``: ``ruler-niah`` -> the eight ``ruler-niah_*``,
+    ``helmet-rag`` -> ``helmet-rag-{nq,triviaqa,hotpotqa,popqa}``; others unchanged."""
+    if task.startswith(RULER_PREFIX) and task[len(RULER_PREFIX) :] in RULER_GROUPS:
+        return [RULER_PREFIX + t for t in RULER_GROUPS[task[len(RULER_PREFIX) :]]]
+    return list(TASK_GROUPS.get(task, (task,)))
+
+
+def _helmet_name(task: str) -> str | None:
+    """Returns the dataset of ``helmet-rag-<dataset>`` (ValueError if unknown), else None."""
+    if not task.startswith(HELMET_PREFIX):
+        return None
+    name = task[len(HELMET_PREFIX) :]
+    if name not in HELMET_DATASETS:
+        raise ValueError(f"task {task!r}: unknown HELMET-RAG dataset; known: {HELMET_DATASETS}")
+    return name
+
+
+def _long_context(task: str) -> bool:
+    """Tasks whose samples are made at the case's ``ctx``."""
+    return task.startswith((RULER_PREFIX, HELMET_PREFIX)) or task == "longbench-v2"
 
 
 def _ruler_name(task: str) -> str | None:
     """Returns the RULER task of ``ruler-<task>`` (ValueError if unknown), else None."""
-    if not task.startswith(RULER_PREFIX) or task in PLANNED_RULER:
+    if not task.startswith(RULER_PREFIX):
         return None
     from santa_bench.accuracy.ruler import RULER_TASKS
 
     name = task[len(RULER_PREFIX) :]
     name = RULER_ALIASES.get(name, name)
     if name not in RULER_TASKS:
-        raise ValueError(f"task {task!r}: unknown RULER task; known: {', '.join(RULER_TASKS)}")
+        raise ValueError(
+            f"task {task!r}: unknown RULER task; known: {', '.join(RULER_TASKS)} "
+            f"(and {', '.join(RULER_GROUPS)}, expanded by expand_task_names)"
+        )
     return name
 
 
 def _pair_key(record: dict[str, Any]) -> tuple:
-    """Dense/method pairing key; RULER cases also pair on their context length."""
+    """Dense/method pairing key; long-context cases also pair on their context length."""
     key = tuple(record.get(k) for k in PAIR_KEYS)
-    if str(record.get("task", "")).startswith(RULER_PREFIX):
+    if _long_context(str(record.get("task", ""))):
         key += (int(record["ctx"]),)
     return key
 
@@ -63,15 +106,26 @@ class TaskRunner:
         self._model_name: str | None = None
         self._model: Any = None
         self.dense: dict[tuple, list[bool]] = {}
+        self._samples: tuple[tuple, list] | None = None  # the last sample set
+        self.prefills: Any = None  # accuracy.tasks.PrefillCache, made on first use
 
     def model(self, name: str):
         if name != self._model_name:
             from santa_bench.accuracy.models import load_model
+            from santa_bench.accuracy.tasks import PrefillCache
 
             self._model, self._model_name = load_model(name), name
+            self.prefills = PrefillCache()  # dense prefills, shared by the methods of a case
         return self._model
 
     def samples(self, case: dict[str, Any]) -> list:
+        """The case's samples; the methods of one task share them (made once)."""
+        key = tuple(str(case.get(k)) for k in ("task", "model", "ctx", "n", "seed", "_data_dir"))
+        if self._samples is None or self._samples[0] != key:
+            self._samples = (key, self._make_samples(case))
+        return self._samples[1]
+
+    def _make_samples(self, case: dict[str, Any]) -> list:
         from santa_bench.accuracy import datasets
 
         ruler_task = _ruler_name(case["task"])
@@ -87,6 +141,8 @@ class TaskRunner:
                 seed=case["seed"],
                 data_dir=case.get("_data_dir"),
             )
+        if case["task"] == "longbench-v2" or _helmet_name(case["task"]) is not None:
+            return self._long_samples(case)
         if case["task"] == "mmlu":
             items = datasets.load_mmlu_redux(case.get("_data_dir"))
         elif case["task"] == "gsm8k":
@@ -95,6 +151,22 @@ class TaskRunner:
             raise ValueError(f"task {case['task']!r} is not implemented yet ({', '.join(TASKS)})")
         random.Random(case["seed"]).shuffle(items)
         return items[: case["n"]]
+
+    def _long_samples(self, case: dict[str, Any]) -> list:
+        """LongBench v2 / HELMET-RAG samples fitted to the case's ``ctx``."""
+        from santa_bench.accuracy import longcontext as lc
+
+        ctx, n, seed = int(case["ctx"]), case["n"], case["seed"]
+        dataset = _helmet_name(case["task"])
+        if dataset is None:  # data first: a missing file fails before the model loads
+            items = lc.load_longbench_v2(case.get("_data_dir"), case.get("_data_file"))
+            _, tokenizer = self.model(case["model"])
+            return lc.longbench_samples(lc.shuffled(items, n, seed), tokenizer, ctx)
+        tests, demos = lc.load_helmet_rag(
+            dataset, ctx, case.get("_data_dir"), case.get("_data_file"), case.get("_demo_file")
+        )
+        _, tokenizer = self.model(case["model"])
+        return lc.helmet_samples(dataset, lc.shuffled(tests, n, seed), demos, tokenizer, ctx)
 
     def recall(self, frame, fingerprint: str) -> None:
         """Loads stored dense per-sample results (for resumed runs)."""
@@ -110,7 +182,13 @@ class TaskRunner:
             self.dense[_pair_key(record)] = json.loads(record["per_sample"])
 
     def run(self, case: dict[str, Any]) -> list[dict[str, Any]]:
-        from santa_bench.accuracy.tasks import gsm8k_loop, mmlu_loop, retention_ci, ruler_loop
+        from santa_bench.accuracy.tasks import (
+            gsm8k_loop,
+            long_context_loop,
+            mmlu_loop,
+            retention_ci,
+            ruler_loop,
+        )
 
         method = self.registry.get(case["method"])
         params = {p.name: case[p.name] for p in method.params if p.name in case}
@@ -126,7 +204,9 @@ class TaskRunner:
         ruler_task = _ruler_name(case["task"])
         correct: list  # per-sample correctness (bool) or RULER score (float in [0, 1])
         if ruler_task is not None:
-            correct, _ = ruler_loop(model, tokenizer, items, ruler_task)
+            correct, _ = ruler_loop(model, tokenizer, items, ruler_task, self.prefills)
+        elif case["task"] == "longbench-v2" or _helmet_name(case["task"]) is not None:
+            correct, _ = long_context_loop(model, tokenizer, items, case["task"], self.prefills)
         elif case["task"] == "mmlu":
             correct = mmlu_loop(model, tokenizer, items)
         else:
@@ -188,13 +268,22 @@ def task_case(
     max_new_tokens: int = 256,
     ctx: int | None = None,
     data_dir: str | None = None,
+    data_file: str | None = None,
+    demo_file: str | None = None,
 ) -> dict[str, Any]:
-    """Returns the accuracy case of one method (the same dict for the CLI and suites)."""
-    if _ruler_name(task) is not None:
+    """Returns the accuracy case of one method (the same dict for the CLI and suites).
+
+    ``data_dir``, ``data_file`` (a local JSONL/JSON/Parquet/CSV file of the task) and
+    ``demo_file`` (HELMET-RAG demonstrations) say where the data is: not case keys.
+    """
+    if _ruler_name(task) is not None or _helmet_name(task) is not None or task == "longbench-v2":
         if ctx is None or ctx <= 0:
             raise ValueError(f"task {task!r}: needs a context length ctx > 0")
-    elif task not in (*TASKS, *PLANNED_RULER) and not task.startswith(PLANNED_TASK_PREFIXES):
-        raise ValueError(f"task: expected one of {TASKS} or ruler-<task>, got {task!r}")
+    elif task not in TASKS:
+        raise ValueError(
+            f"task: expected one of {', '.join(TASKS)}, helmet-rag(-<dataset>) or "
+            f"ruler-<task>, got {task!r}"
+        )
     if n <= 0:
         raise ValueError(f"n: must be > 0, got {n}")
     case = {
@@ -214,6 +303,10 @@ def task_case(
         case["ctx"] = ctx
     if data_dir:
         case["_data_dir"] = str(data_dir)  # where the data is: not part of the case
+    if data_file:
+        case["_data_file"] = str(data_file)
+    if demo_file:
+        case["_demo_file"] = str(demo_file)
     return case
 
 
@@ -228,14 +321,17 @@ def expand_task_cases(
     max_new_tokens: int = 256,
     data_dir: str | None = None,
     ctx: int | None = None,
+    data_file: str | None = None,
+    demo_file: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Returns one accuracy case per method; dense first, so retention can be computed."""
+    """Returns one accuracy case per method (per concrete task of a group such as
+    ``ruler-niah``); dense first, so retention can be computed."""
     ordered = sorted(methods, key=lambda m: m[0].name != "dense")
     if ordered[0][0].name != "dense":
         ordered.insert(0, (REGISTRY.get("dense"), {}))  # the same run always includes dense
     return [
         task_case(
-            task,
+            concrete,
             model,
             method,
             overrides,
@@ -245,7 +341,10 @@ def expand_task_cases(
             max_new_tokens=max_new_tokens,
             ctx=ctx,
             data_dir=data_dir,
+            data_file=data_file,
+            demo_file=demo_file,
         )
+        for concrete in expand_task_names(task)
         for method, overrides in ordered
     ]
 
@@ -277,6 +376,14 @@ def case_command(case: dict[str, Any], registry: Registry = REGISTRY) -> str:
     ruler_task = _ruler_name(case["task"])
     if ruler_task is not None:  # santa-bench accuracy ruler --tasks <task> --ctx <ctx>
         args[2:3] = ["ruler", "--tasks", ruler_task, "--ctx", str(case["ctx"])]
-    if case.get("_data_dir"):
-        args += ["--data-dir", case["_data_dir"]]
+    helmet = _helmet_name(case["task"])
+    if helmet is not None:  # santa-bench accuracy helmet-rag --datasets <d> --ctx <ctx>
+        args[2:3] = ["helmet-rag", "--datasets", helmet, "--ctx", str(case["ctx"])]
+    if case["task"] == "longbench-v2":
+        args[3:3] = ["--ctx", str(case["ctx"])]
+    for key, flag in (("_data_dir", "--data-dir"), ("_data_file", "--file")):
+        if case.get(key):
+            args += [flag, case[key]]
+    if case.get("_demo_file"):
+        args += ["--demo-file", case["_demo_file"]]
     return shlex.join(args)

@@ -1,0 +1,1306 @@
+"""Triton kernels for SANTA++ decode attention (ALGORITHMS.md sections 6 and 8).
+
+One decode step for ``q [B, Hq, d]`` runs three kernels (four with ``fuse_select=False``),
+none of which synchronises with the host, so a call can be captured in a CUDA graph; the
+Philox step counter lives on the device (``rng``, advanced by the last kernel) so every
+replay draws fresh Gumbel noise.
+
+1. **select** ``(splits, B*Hkv)``: each program scores a block of ``TB`` representatives
+   for all ``G`` query heads of its KV head with one ``tl.dot`` (``phi = tau q.r + log n``,
+   ``-inf`` for padding teams), adds Gumbel noise (32-bit Philox keyed by ``(seed, step)``,
+   counter ``(b, block of 4 heads, team)``, ``rand4x``; ``gumbels=`` overrides it) and
+   writes ``phi`` and ``z = phi + Gumbel``. In *local* mode (many teams: ``G * T``
+   above :data:`FINISH_CAP`) it also keeps its block's top ``M+1`` per head as
+   candidates (threshold found by bisection). The
+   program that finishes last for its ``(b, kv head)`` (an atomic ticket; or a second
+   kernel without fusion) finds per head ``kappa`` = the ``(M+1)``-th largest ``z`` by
+   bisection on order-preserving integer keys, and writes the compact union over the group
+   of the selected teams (``z > kappa``; a team belongs to the first head that selected
+   it) and its count.
+2. **attend** ``(B*Hkv, chunks + exact programs)``: a team program loads ``TPB`` teams of
+   the union list (``SLOT`` rows each; programs past the device-side count do nothing),
+   K once for the whole group (``tl.dot`` with ``[G_PAD, d]`` queries), the weight
+   ``w_{h,g} = 1/pi_{h,g}`` (``pi = 1 - exp(-exp(phi - kappa))``; 0 where head ``h`` did
+   not select ``g``), and V; it keeps the weighted online softmax
+   ``p = w e^{s - m}`` and writes a partial ``(m, l, acc)`` per head. Exact programs walk
+   the exact set ``E`` (tokens in no team: the first ``sink`` and ``[team_end, length)``)
+   with weight 1.
+3. **merge** ``(B*Hq)``: log-sum-exp merge of the partials, ``out = num / den`` in q's
+   dtype (the self-normalised Horvitz-Thompson ratio of section 6); advances ``rng``.
+
+Team storage (:class:`PackedTeams`): representatives ``[B, Hkv, T, d]`` in the cache dtype,
+``log n_g`` (``-inf`` for padding), team start/length tables and the exact-set bounds.
+``contiguous`` teams are *views* of the cache: team ``g`` is the rows
+``start_g .. start_g + n_g - 1`` of the cache (contiguous or paged; paged rows are looked
+up in the page table), nothing is copied. ``kmeans`` teams (or ``copy=True``) are copied
+team-major into ``[B, Hkv, R, d]`` K/V buffers so each team is one contiguous read. Index
+build + pack is prefill-time work: :func:`build_packed` does both, :func:`time_index_build`
+times it apart from decode.
+
+Limits: head dim >= 16 (any; padded to a power of two); team sizes >= 1, no power of two
+needed (a team is read in chunks of ``SLOT = next_pow2(longest team)`` rows, at most 128,
+32 for ``d > 128``, halved for fp32); group size <= 64; K/V in bf16, fp16 or fp32;
+``gumbel-topk`` only (multinomial and ``mix`` are reference-only and raise);
+``1 <= M <=`` the fewest teams of any (sequence, KV head).
+
+Byte model (element size ``E``, ``T`` teams per (b, kv head), union ``U`` teams of the
+group, ``n_u`` their members, ``X`` exact rows):
+
+* select: reads ``B*Hkv*T*(d*E + 4)`` (representatives, ``log n``) + q; writes
+  ``2*B*Hq*T*4`` (``phi``, ``z``; L2-resident) + local candidates ``B*Hq*splits*(M+1)*8``;
+  the finishers re-read ``z`` (or the candidates) from L2.
+* attend: reads ``Σ (n_u + X) * 2 * d * E`` (K and V rows, union per group) + ``U*G*8``
+  (``z``, ``phi``); writes ``B*Hq*(chunks used + exact programs)*(d + 2)*4``.
+* merge: reads those partials, writes ``B*Hq*d*E``.
+
+At Llama-3.1-8B shape (Hq=32, Hkv=8, d=128, bf16), 32k tokens, P=16, M=32, B=1: the
+representatives are 8 x 2048 x 256 B = 4.2 MB and the teams at most 8 x 128 x 16 rows x
+512 B = 8.4 MB, against 134 MB of dense K+V (<= 9.4%). The KV read fraction reported
+excludes the representatives (union rows + exact rows); the read-equivalent adds them
+as K rows.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from santa_kernels.kv import KVCache
+from santa_kernels.reads import ReadCounts
+from santa_kernels.santapp import TeamIndex, build_team_index
+from santa_kernels.validate import InputError, check_positive_int, check_scale
+
+# -------------------------------------------------------------------- constants
+KEY_NEG_INF = -2139095041  # order-preserving int32 key of -inf (bits 0xFF800000 ^ 0x7FFFFFFF)
+KEY_PAD = -2147483648  # below every real key: slots that hold no team
+FINISH_CAP = 8192  # heads x candidates one finishing program keeps in registers
+MAX_TEAMS_PER_SPLIT = 1024  # representatives one select program scores (local mode)
+MAX_GROUP = 64
+H200_SM_COUNT = 132
+PROGRAMS_PER_SM = 2  # select/attend grids aim for about this many programs per SM
+KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+STAGES = ("select", "attend", "merge")
+# Hopper launch parameters. Every kernel here is latency bound at B=1 (a few KB per
+# program): 4 warps, one stage; the select program needs 8 warps when its finisher
+# holds more than 2048 keys.
+HOPPER = {
+    "select_warps_small": 4,
+    "select_warps_large": 8,
+    "attend_warps": 4,
+    "attend_rows": {64: 64, 128: 64, 256: 32},  # rows of K/V a team program loads per chunk
+    "exact_rows": {64: 64, 128: 64, 256: 32},
+    "merge_warps": 4,
+    "merge_block": 16,
+}
+
+
+def santapp_triton_available() -> tuple[bool, str]:
+    """Returns ``(available, reason)`` for the SANTA++ Triton kernels here."""
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return True, "interpreter"
+    if torch.cuda.is_available():
+        return True, f"cuda ({torch.cuda.get_device_name()})"
+    return False, "no CUDA device (set TRITON_INTERPRET=1 to run the kernels on the CPU)"
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    """'ieee' for fp32 data and for bf16/fp16 under the interpreter (whose numpy dot has no
+    16-bit floats); else 'tf32' (ignored for 16-bit inputs: tensor cores)."""
+    if dtype == torch.float32 or _interpreted():
+        return "ieee"
+    return "tf32"
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return H200_SM_COUNT
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ----------------------------------------------------------------- packed teams
+@dataclass(frozen=True)
+class PackedTeams:
+    """A team index laid out for the kernels (device tensors unless noted).
+
+    ``reps [B, Hkv, T, d]`` (cache dtype), ``log_n [B, Hkv, T]`` (fp32, ``-inf`` for
+    padding teams), ``team_start``/``team_len [B, Hkv, T]`` (int32): team ``g`` is rows
+    ``team_start .. team_start + team_len - 1`` of the packed K/V (``packed_k`` set) or
+    of the cache (positions; ``packed_k`` None). ``regular``: ``team_start = sink + g*P``
+    and ``team_len = min(P, team_end - team_start)`` for every team (the kernel then
+    computes them). ``team_end [B]`` (int32): the exact set is ``[0, min(sink, team_end))``
+    and ``[team_end, length)``. Host values: ``num_teams [B, Hkv]``, ``lengths [B]`` at
+    pack time, ``max_team_len``, ``exact_max`` (exact rows at pack time).
+    """
+
+    policy: str
+    team_size: int
+    sink: int
+    exact_recent: int
+    reps: torch.Tensor
+    log_n: torch.Tensor
+    team_start: torch.Tensor
+    team_len: torch.Tensor
+    team_end: torch.Tensor
+    packed_k: torch.Tensor | None
+    packed_v: torch.Tensor | None
+    regular: bool
+    max_team_len: int
+    exact_max: int
+    num_teams: torch.Tensor
+    lengths: torch.Tensor
+
+    @property
+    def batch(self) -> int:
+        return int(self.reps.shape[0])
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(self.reps.shape[1])
+
+    @property
+    def max_teams(self) -> int:
+        """Padded team count ``T`` of the tables."""
+        return int(self.reps.shape[2])
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.reps.shape[3])
+
+    @property
+    def min_teams(self) -> int:
+        return int(self.num_teams.min())
+
+    @property
+    def team_valid(self) -> torch.Tensor:
+        return self.team_len > 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the index the kernels read (tables, representatives, packed K/V)."""
+        tensors = [self.reps, self.log_n, self.team_start, self.team_len, self.team_end]
+        tensors += [t for t in (self.packed_k, self.packed_v) if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def what_is_read(self) -> str:
+        """One line: where the kernel reads team rows from."""
+        if self.packed_k is not None:
+            return "team-major packed K/V copy [B, Hkv, R, d] (one contiguous span per team)"
+        return "the cache itself (contiguous spans; paged: rows looked up in the page table)"
+
+
+def _check_kv(kv: object) -> KVCache:
+    if not isinstance(kv, KVCache):
+        raise InputError(f"kv: expected a santa_kernels.KVCache, got {type(kv).__name__}")
+    return kv
+
+
+def _team_end(lengths: torch.Tensor, sink: int, exact_recent: int) -> torch.Tensor:
+    """Start of the growth tail per sequence (as build_team_index computes it)."""
+    end = torch.maximum(lengths - exact_recent, torch.full_like(lengths, sink))
+    return end.clamp_max(lengths)
+
+
+def build_packed(
+    kv: KVCache,
+    *,
+    policy: str = "contiguous",
+    team_size: int = 16,
+    leaders: int = 4,
+    representative: str = "leader",
+    seed: int = 0,
+    sink: int = 0,
+    exact_recent: int = 0,
+    copy: bool = False,
+    index_dtype: torch.dtype | None = None,
+) -> PackedTeams:
+    """Builds the team index of ``kv`` and packs it (prefill-time work).
+
+    ``contiguous`` (without ``copy``) is built on the cache's device directly (means,
+    leaders and representatives in ``index_dtype``: fp64 on a CPU, fp32 on a GPU); other
+    policies go through :func:`santa_kernels.santapp.build_team_index` (CPU, fp64) and
+    :func:`pack_teams`.
+    """
+    kv = _check_kv(kv)
+    if policy == "contiguous" and not copy:
+        return _contiguous_packed(kv, team_size, representative, sink, exact_recent, index_dtype)
+    index = build_team_index(
+        kv,
+        policy=policy,
+        team_size=team_size,
+        leaders=leaders,
+        representative=representative,
+        seed=seed,
+        exact_recent=exact_recent,
+        sink=sink,
+    )
+    return pack_teams(kv, index, copy=copy)
+
+
+def _contiguous_packed(
+    kv: KVCache,
+    team_size: int,
+    representative: str,
+    sink: int,
+    exact_recent: int,
+    index_dtype: torch.dtype | None,
+) -> PackedTeams:
+    """Contiguous teams ``[sink + gP, sink + (g+1)P)`` built on the device (no copy of K/V)."""
+    check_positive_int(team_size, "team_size")
+    for name, value in (("sink", sink), ("exact_recent", exact_recent)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InputError(f"{name}: expected an integer >= 0, got {value!r}")
+    if representative not in ("leader", "mean"):
+        raise InputError(f"representative: expected 'leader' or 'mean', got {representative!r}")
+    device = kv.device
+    dtype = index_dtype or (torch.float64 if device.type == "cpu" else torch.float32)
+    lengths = kv.lengths.cpu()
+    team_end = _team_end(lengths, sink, exact_recent)
+    lo = torch.minimum(torch.full_like(team_end, sink), team_end)
+    n_teams = (team_end - lo + team_size - 1) // team_size
+    batch, hkv, d = kv.batch, kv.num_kv_heads, kv.head_dim
+    t_cap = max(1, int(n_teams.max()))
+    reps = torch.zeros(batch, hkv, t_cap, d, dtype=kv.dtype, device=device)
+    slots = torch.arange(team_size, device=device)
+    starts = sink + torch.arange(t_cap, device=device) * team_size  # [T]
+    for b in range(batch):
+        if int(n_teams[b]) == 0:
+            continue
+        pos = starts[:, None] + slots[None, :]  # [T, P]
+        member = pos < int(team_end[b])
+        if kv.layout == "contiguous" and sink + t_cap * team_size <= kv.k.shape[1]:
+            keys = kv.k[b, sink : sink + t_cap * team_size].to(dtype)  # a slice, no gather
+        else:
+            keys = _rows(kv, b, pos.clamp_max(int(lengths[b]) - 1).reshape(-1)).to(dtype)
+        keys = keys.reshape(t_cap, team_size, hkv, d)
+        keys = torch.where(member[:, :, None, None], keys, 0)
+        count = member.sum(dim=1).clamp_min(1).to(dtype)  # [T]
+        mean = keys.sum(dim=1) / count[:, None, None]  # [T, Hkv, d]
+        if representative == "mean":
+            reps[b] = mean.transpose(0, 1).to(kv.dtype)
+            continue
+        dist = ((keys - mean[:, None]) ** 2).sum(dim=-1)  # [T, P, Hkv]
+        dist = torch.where(member[:, :, None], dist, math.inf)
+        leader = dist.argmin(dim=1)  # [T, Hkv]: first (lowest position) on ties
+        chosen = torch.gather(keys, 1, leader[:, None, :, None].expand(-1, 1, -1, d))[:, 0]
+        reps[b] = chosen.transpose(0, 1).to(kv.dtype)
+    start = starts.to(torch.int32).expand(batch, hkv, t_cap)
+    end = team_end.to(device=device, dtype=torch.int32)
+    length = (end[:, None, None] - start).clamp(0, team_size).to(torch.int32).contiguous()
+    start = torch.where(length > 0, start, 0).contiguous()  # padding teams: 0, as pack_teams
+    log_n = torch.where(length > 0, length.float().clamp_min(1).log(), -math.inf)
+    return PackedTeams(
+        policy="contiguous",
+        team_size=team_size,
+        sink=sink,
+        exact_recent=exact_recent,
+        reps=reps.contiguous(),
+        log_n=log_n.contiguous(),
+        team_start=start.contiguous(),
+        team_len=length,
+        team_end=end,
+        packed_k=None,
+        packed_v=None,
+        regular=True,
+        max_team_len=max(1, int(length.max())),
+        exact_max=int((lo + lengths - team_end).max()),
+        num_teams=n_teams[:, None].expand(batch, hkv).clone(),
+        lengths=lengths.clone(),
+    )
+
+
+def _rows(kv: KVCache, b: int, pos: torch.Tensor) -> torch.Tensor:
+    """K rows ``[len(pos), Hkv, d]`` of sequence ``b`` at positions ``pos``."""
+    if kv.layout == "paged":
+        page = kv.page_table[b, pos // kv.page_size].long()
+        return kv.k[page, pos % kv.page_size]
+    return kv.k[b, pos]
+
+
+def pack_teams(kv: KVCache, index: TeamIndex, *, copy: bool = False) -> PackedTeams:
+    """Returns ``index`` laid out for the kernels.
+
+    Teams that are contiguous spans of positions (``contiguous`` policy, also after
+    :func:`~santa_kernels.santapp.extend`) stay views of the cache unless ``copy``;
+    otherwise (``kmeans``) K and V are copied team-major into ``[B, Hkv, R, d]``.
+    The exact set is the index's: tokens in no team (``sink`` first tokens, and from
+    ``team_end`` on).
+    """
+    kv = _check_kv(kv)
+    if not isinstance(index, TeamIndex):
+        raise InputError(f"index: expected a TeamIndex, got {type(index).__name__}")
+    if index.batch != kv.batch or index.num_kv_heads != kv.num_kv_heads:
+        raise InputError(
+            f"index: built for {index.batch} sequences x {index.num_kv_heads} KV heads, "
+            f"the cache has {kv.batch} x {kv.num_kv_heads}"
+        )
+    if index.rep_keys.shape[-1] != kv.head_dim:
+        raise InputError("index: head dim does not match the cache's")
+    lengths = kv.lengths.cpu()
+    if bool((lengths < index.length).any()):
+        raise InputError(f"index: covers {index.length.tolist()} tokens, more than the cache's")
+    device = kv.device
+    batch, hkv, t_cap, width = index.members.shape
+    sizes = index.sizes
+    members = index.members
+    first = members[..., 0].clamp_min(0)
+    slot = torch.arange(width)
+    in_team = slot[None, None, None, :] < sizes[..., None]
+    spans = bool(((members == first[..., None] + slot) | ~in_team).all())
+    team_end = index.team_end.clone()
+    if spans and not copy:
+        start = torch.where(sizes > 0, first, 0)
+        packed_k = packed_v = None
+        expect = index.sink + torch.arange(t_cap) * index.team_size  # team g at sink + gP
+        expect_len = (team_end[:, None, None] - expect).clamp(0, index.team_size)
+        regular = torch.equal(sizes, expect_len.expand_as(sizes)) and bool(
+            ((start == expect) | (sizes == 0)).all()
+        )
+    else:
+        regular = False
+        start = torch.cumsum(sizes, dim=-1) - sizes  # team-major rows per (b, h)
+        rows = max(1, int(sizes.sum(dim=-1).max()))
+        keys, values, _ = kv.padded()
+        packed_k = torch.zeros(batch, hkv, rows, kv.head_dim, dtype=kv.dtype, device=device)
+        packed_v = torch.zeros_like(packed_k)
+        for b in range(batch):
+            for h in range(hkv):
+                pos = members[b, h][in_team[b, h]].to(device)  # team-major, ascending inside
+                n = pos.numel()
+                packed_k[b, h, :n] = keys[b, pos, h]
+                packed_v[b, h, :n] = values[b, pos, h]
+    lo = torch.minimum(torch.full_like(team_end, index.sink), team_end)
+    log_n = torch.where(sizes > 0, sizes.double().clamp_min(1).log(), -math.inf)
+    return PackedTeams(
+        policy=index.policy,
+        team_size=index.team_size,
+        sink=index.sink,
+        exact_recent=index.exact_recent,
+        reps=index.rep_keys.to(device=device, dtype=kv.dtype).contiguous(),
+        log_n=log_n.to(device=device, dtype=torch.float32).contiguous(),
+        team_start=start.to(device=device, dtype=torch.int32).contiguous(),
+        team_len=sizes.to(device=device, dtype=torch.int32).contiguous(),
+        team_end=team_end.to(device=device, dtype=torch.int32),
+        packed_k=packed_k,
+        packed_v=packed_v,
+        regular=regular,
+        max_team_len=max(1, int(sizes.max())),
+        exact_max=int((lo + lengths - team_end).max()),
+        num_teams=index.num_teams.clone(),
+        lengths=lengths.clone(),
+    )
+
+
+def time_index_build(kv: KVCache, *, repeats: int = 3, **params) -> tuple[PackedTeams, float]:
+    """Returns ``(packed, milliseconds)``: :func:`build_packed` timed apart from decode
+    (median of ``repeats`` builds after one warm-up for ``contiguous``; one build for
+    the slow CPU policies)."""
+    check_positive_int(repeats, "repeats")
+    cheap = params.get("policy", "contiguous") == "contiguous" and not params.get("copy")
+    if cheap:
+        build_packed(kv, **params)  # warm-up: allocator, kernels' first launch
+    times = []
+    packed = None
+    for _ in range(repeats if cheap else 1):
+        _sync(kv.device)
+        t0 = time.perf_counter()
+        packed = build_packed(kv, **params)
+        _sync(kv.device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    assert packed is not None
+    return packed, sorted(times)[len(times) // 2]
+
+
+# --------------------------------------------------------------------- planning
+@dataclass(frozen=True)
+class SantaPPPlan:
+    """Launch geometry of one call shape (everything static: no device values)."""
+
+    batch: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_teams: int
+    M: int
+    group: int
+    g_pad: int  # dot rows (>= 16)
+    g_rows: int  # finisher rows (next_pow2(G))
+    teams_per_split: int  # TB
+    num_splits: int
+    local: bool  # candidates per split (True) or the finisher reads every z (False)
+    n_cand: int  # candidates per head the finisher reads
+    c_pad: int
+    m1_pad: int
+    s_pad: int
+    slot: int  # rows per team per chunk (power of two)
+    chunks: int  # chunks per team
+    teams_per_block: int  # TPB teams per attend program
+    union_cap: int
+    team_programs: int  # attend programs per (b, kv head) over the union list
+    exact_programs: int
+    exact_rows: int  # BLOCK_E
+    num_parts: int
+    select_warps: int
+
+
+def make_plan(
+    batch: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    max_teams: int,
+    M: int,
+    max_team_len: int,
+    exact_max: int,
+    sms: int = H200_SM_COUNT,
+    *,
+    teams_per_split: int | None = None,
+    local: bool | None = None,
+    teams_per_block: int | None = None,
+    exact_programs: int | None = None,
+    kv_element_size: int = 2,
+) -> SantaPPPlan:
+    """Plans the grids (keyword overrides are for tests and tuning). K/V tiles keep their
+    byte size: 4-byte K/V and d > 128 halve the rows a program loads at once."""
+    group = num_q_heads // num_kv_heads
+    g_rows = max(2, _next_pow2(group))
+    if batch * num_q_heads * max_teams >= 2**31:
+        raise InputError("q: B * Hq * teams must stay below 2**31 (int32 offsets)")
+    bkv = batch * num_kv_heads
+    m1 = M + 1
+    target = PROGRAMS_PER_SM * sms
+    if local is None:
+        local = g_rows * _next_pow2(max_teams) > FINISH_CAP
+    if teams_per_split is None:
+        if not local:
+            wanted = max(1, -(-target // bkv))
+            teams_per_split = min(256, max(16, _next_pow2(-(-max_teams // wanted))))
+        else:
+            teams_per_split = max(64, _next_pow2(2 * m1))
+            while (
+                teams_per_split < MAX_TEAMS_PER_SPLIT
+                and g_rows * _next_pow2(-(-max_teams // teams_per_split) * m1) > FINISH_CAP
+            ):
+                teams_per_split *= 2
+    tb = teams_per_split
+    if tb < 16 or tb & (tb - 1):
+        raise InputError(f"teams_per_split: must be a power of two >= 16, got {tb}")
+    if local and tb < m1:
+        raise InputError(f"teams_per_split: {tb} is below M+1 = {m1} (local mode)")
+    splits = -(-max_teams // tb)
+    n_cand = splits * m1 if local else max_teams
+    shrink = max(1, kv_element_size // 2)
+    rows_cap = (128 if head_dim <= 128 else 32) // shrink
+    slot = min(_next_pow2(max_team_len), rows_cap)
+    chunks = -(-max_team_len // slot)
+    union_cap = min(group * M, max_teams)
+    block_rows = HOPPER["attend_rows"][min(HOPPER["attend_rows"], key=lambda k: abs(k - head_dim))]
+    block_rows = max(16, block_rows // shrink)
+    if teams_per_block is None:
+        tpb = max(1, block_rows // slot)
+        least = max(1, 16 // slot)  # tl.dot needs >= 16 rows
+        while tpb > least and bkv * -(-union_cap // tpb) < target:
+            tpb //= 2
+        teams_per_block = max(tpb, least)
+    if teams_per_block * slot < 16 or teams_per_block & (teams_per_block - 1):
+        raise InputError(
+            f"teams_per_block: must be a power of two with teams_per_block * {slot} >= 16"
+        )
+    team_programs = -(-union_cap // teams_per_block)
+    exact_rows = HOPPER["exact_rows"][min(HOPPER["exact_rows"], key=lambda k: abs(k - head_dim))]
+    exact_rows = max(16, exact_rows // shrink)
+    if exact_programs is None:
+        exact_programs = min(8, max(1, -(-exact_max // exact_rows)))
+    check_positive_int(exact_programs, "exact_programs")
+    c_pad = _next_pow2(n_cand)
+    select_warps = (
+        HOPPER["select_warps_large"] if g_rows * c_pad > 2048 else HOPPER["select_warps_small"]
+    )
+    return SantaPPPlan(
+        batch=batch,
+        num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        max_teams=max_teams,
+        M=M,
+        group=group,
+        g_pad=max(16, _next_pow2(group)),
+        g_rows=g_rows,
+        teams_per_split=tb,
+        num_splits=splits,
+        local=local,
+        n_cand=n_cand,
+        c_pad=c_pad,
+        m1_pad=_next_pow2(m1),
+        s_pad=max(2, _next_pow2(splits)),
+        slot=slot,
+        chunks=chunks,
+        teams_per_block=teams_per_block,
+        union_cap=union_cap,
+        team_programs=team_programs,
+        exact_programs=exact_programs,
+        exact_rows=exact_rows,
+        num_parts=team_programs + exact_programs,
+        select_warps=select_warps,
+    )
+
+
+# -------------------------------------------------------------------- workspace
+class SantaPPWorkspace:
+    """Every buffer one SANTA++ call needs, allocated once for a :class:`SantaPPPlan`.
+
+    Holds the Philox ``seed`` and the device step counter ``rng`` (advanced by the merge
+    kernel). Outputs are views of the workspace: the next call overwrites them.
+    """
+
+    def __init__(
+        self, plan: SantaPPPlan, *, device: torch.device | str = "cuda", seed: int = 0
+    ) -> None:
+        self.plan = plan
+        self.device = torch.device(device)
+        self.seed = int(seed)
+        p = plan
+        rows = p.batch * p.num_q_heads
+        bkv = p.batch * p.num_kv_heads
+        f32 = {"dtype": torch.float32, "device": self.device}
+        i32 = {"dtype": torch.int32, "device": self.device}
+        self.phi = torch.empty(rows, p.max_teams, **f32)
+        self.z = torch.empty(rows, p.max_teams, **f32)
+        cand = rows * p.n_cand if p.local else 1
+        self.cand_z = torch.empty(cand, **f32)
+        self.cand_id = torch.empty(cand, **i32)
+        self.split_kth = torch.empty(rows * p.num_splits if p.local else 1, **i32)
+        self.ticket = torch.zeros(bkv, **i32)
+        self.kappa = torch.empty(rows, **f32)
+        self.union = torch.empty(bkv, p.union_cap, **i32)
+        self.count = torch.zeros(bkv, **i32)
+        self.part_m = torch.empty(rows * p.num_parts, **f32)
+        self.part_l = torch.empty(rows * p.num_parts, **f32)
+        self.part_o = torch.empty(rows * p.num_parts * p.head_dim, **f32)
+        self.rng = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self._out: dict[torch.dtype, torch.Tensor] = {}
+
+    @classmethod
+    def for_inputs(
+        cls, q: torch.Tensor, kv: KVCache, packed: PackedTeams, M: int, *, seed: int = 0, **plan_kw
+    ) -> SantaPPWorkspace:
+        """Returns a workspace planned for exactly this call shape."""
+        plan = _plan_for(q, kv, packed, M, **plan_kw)
+        return cls(plan, device=q.device, seed=seed)
+
+    def reset_rng(self, step: int = 0, seed: int | None = None) -> None:
+        """Sets the device step counter (and optionally the seed): replays a run exactly."""
+        self.rng.fill_(step)
+        self.ticket.zero_()
+        if seed is not None:
+            self.seed = int(seed)
+
+    def out(self, dtype: torch.dtype) -> torch.Tensor:
+        if dtype not in self._out:
+            p = self.plan
+            self._out[dtype] = torch.empty(
+                p.batch, p.num_q_heads, p.head_dim, dtype=dtype, device=self.device
+            )
+        return self._out[dtype]
+
+
+def _plan_for(q, kv, packed: PackedTeams, M: int, **plan_kw) -> SantaPPPlan:
+    sms = _sm_count(q.device)
+    return make_plan(
+        q.shape[0],
+        q.shape[1],
+        kv.num_kv_heads,
+        kv.head_dim,
+        packed.max_teams,
+        M,
+        packed.max_team_len,
+        packed.exact_max,
+        sms,
+        kv_element_size=kv.k.element_size(),
+        **plan_kw,
+    )
+
+
+# ------------------------------------------------------------------ jit helpers
+@triton.jit
+def _key(z):
+    """Order-preserving int32 key of fp32 ``z`` (no NaNs)."""
+    bits = z.to(tl.int32, bitcast=True)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+
+
+@triton.jit
+def _unkey(key):
+    bits = tl.where(key >= 0, key, key ^ 0x7FFFFFFF)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _kth_largest(key, K, lo, MAX_STEPS: tl.constexpr):
+    """Per row of ``key [R, C]`` (int32; KEY_PAD: no entry), the ``K``-th largest key, or
+    KEY_NEG_INF where the row has fewer than ``K`` entries. ``lo [R]``: a key with at least
+    ``K`` entries at or above it (or KEY_NEG_INF). Bisection on the keys, midpoints taken
+    in value space while they split the bracket; stops as soon as exactly ``K`` entries
+    lie at or above ``lo``."""
+    # the smallest finite key is a lower bound too when >= K keys are finite: with both
+    # ends finite the value-space midpoints cut the bracket from the first step
+    finite = key > -2139095041
+    least = tl.min(tl.where(finite, key, 2147483647), axis=1)
+    enough = tl.sum(finite.to(tl.int32), axis=1) >= K
+    lo = tl.where(enough & (least > lo), least, lo).to(tl.int64)
+    hi = tl.max(key, axis=1).to(tl.int64) + 1  # nothing at or above hi
+    active = hi - lo > 1
+    steps = 0
+    while (tl.max(active.to(tl.int32), axis=0) > 0) & (steps < MAX_STEPS):
+        mid_v = 0.5 * _unkey(lo.to(tl.int32)) + 0.5 * _unkey(hi.to(tl.int32))
+        mid = _key(mid_v).to(tl.int64)
+        mid = tl.where((mid > lo) & (mid < hi), mid, lo + (hi - lo) // 2)
+        count = tl.sum((key >= mid.to(tl.int32)[:, None]).to(tl.int32), axis=1)
+        up = active & (count >= K)
+        lo = tl.where(up, mid, lo)
+        hi = tl.where(active & (count < K), mid, hi)
+        active = active & (hi - lo > 1) & (count != K)
+        steps += 1
+    lo32 = lo.to(tl.int32)
+    above = key >= lo32[:, None]
+    count = tl.sum(above.to(tl.int32), axis=1)
+    kth = tl.min(tl.where(above, key, 2147483647), axis=1)
+    return tl.where(count >= K, kth, -2139095041)
+
+
+@triton.jit
+def _scores(q, k, DOT_PRECISION: tl.constexpr):
+    """``q [R, D] @ k[N, D]^T`` in fp32 (tensor cores for 16-bit K on the GPU)."""
+    if DOT_PRECISION == "ieee":
+        return tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    return tl.dot(q.to(k.dtype), tl.trans(k))
+
+
+@triton.jit
+def _weighted_values(p, v, DOT_PRECISION: tl.constexpr):
+    """``p [R, N] @ v [N, D]`` in fp32 (p rounded to V's 16-bit dtype on tensor cores)."""
+    if DOT_PRECISION == "ieee":
+        return tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    return tl.dot(p.to(v.dtype), v)
+
+
+@triton.jit
+def _inclusion_weight(z, phi, kappa):
+    """``1/pi`` where ``z > kappa`` (the team was selected), else 0; ``pi = 1 - e^{-x}``,
+    ``x = e^{phi - kappa}``, by its series for small ``x`` (fp32 has no expm1)."""
+    x = tl.exp(phi - kappa)  # kappa = -inf: x = inf, pi = 1
+    series = x * (1.0 - x * (0.5 - x * (1.0 / 6.0 - x * (1.0 / 24.0 - x * (1.0 / 120.0)))))
+    pi = tl.where(x < 0.1, series, 1.0 - tl.exp(-x))
+    return tl.where(z > kappa, 1.0 / tl.where(z > kappa, pi, 1.0), 0.0)
+
+
+@triton.jit
+def _finish_selection(
+    z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, kappa_ptr, union_ptr, count_ptr,
+    b, kvh, bkv, M, num_splits, n_cand, t_cap, union_cap,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr,
+    C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr,
+):
+    """kappa per head of the group and the compact union of the selected teams."""
+    hq = NUM_KV_HEADS * GROUP
+    offs_h = tl.arange(0, G_ROWS)
+    mask_h = offs_h < GROUP
+    head_rows = (b * hq + kvh * GROUP + offs_h).to(tl.int64)
+    offs_c = tl.arange(0, C_PAD)
+    inside = mask_h[:, None] & (offs_c < n_cand)[None, :]
+    if LOCAL:
+        cand = head_rows[:, None] * n_cand + offs_c[None, :]
+        z = tl.load(cand_z_ptr + cand, mask=inside, other=float("-inf"), cache_modifier=".cg")
+        ids = tl.load(cand_id_ptr + cand, mask=inside, other=-1, cache_modifier=".cg")
+        real = inside & (ids >= 0)
+        offs_s = tl.arange(0, S_PAD)
+        kth_s = tl.load(split_kth_ptr + head_rows[:, None] * num_splits + offs_s[None, :],
+                        mask=mask_h[:, None] & (offs_s < num_splits)[None, :],
+                        other=-2139095041, cache_modifier=".cg")
+        lo = tl.max(kth_s, axis=1)  # that split alone holds M+1 keys at or above it
+    else:
+        ids = offs_c[None, :] + 0 * offs_h[:, None]
+        z = tl.load(z_ptr + head_rows[:, None] * t_cap + ids, mask=inside, other=float("-inf"),
+                    cache_modifier=".cg")
+        real = inside
+        lo = tl.full([G_ROWS], -2139095041, tl.int32)
+    key = tl.where(real, _key(z), -2147483648)
+    kth = _kth_largest(key, M + 1, lo, 64)  # 64 steps: a guard (int32 keys need <= 32)
+    kappa = tl.where(kth > -2139095041, _unkey(kth), float("-inf"))
+    selected = real & (key > kth[:, None])
+    # a team selected by several heads belongs to the first of them (section 6: GQA union)
+    taken = selected & (offs_h[:, None] < 0)
+    for other in tl.static_range(GROUP):
+        kappa_o = tl.sum(tl.where(offs_h == other, kappa, 0.0), axis=0)
+        ask = selected & (offs_h[:, None] > other)
+        z_o = tl.load(z_ptr + (b * hq + kvh * GROUP + other).to(tl.int64) * t_cap + ids,
+                      mask=ask, other=float("-inf"), cache_modifier=".cg")
+        taken = taken | (ask & (z_o > kappa_o))
+    owned = (selected & ~taken).to(tl.int32)
+    per_head = tl.sum(owned, axis=1)
+    first = tl.cumsum(per_head, axis=0) - per_head
+    slot = first[:, None] + tl.cumsum(owned, axis=1) - 1
+    tl.store(union_ptr + bkv.to(tl.int64) * union_cap + slot, ids, mask=owned > 0)
+    tl.store(count_ptr + bkv, tl.sum(per_head, axis=0))
+    tl.store(kappa_ptr + head_rows, kappa, mask=mask_h)
+
+
+# ---------------------------------------------------------------- kernel 1: select
+@triton.jit
+def _select_kernel(
+    q_ptr, reps_ptr, log_n_ptr, gumbel_ptr, rng_ptr, seed,
+    phi_ptr, z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, ticket_ptr,
+    kappa_ptr, union_ptr, count_ptr,
+    scale, M, num_splits, n_cand, t_cap, union_cap, stride_qb, stride_qh,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr, G_PAD: tl.constexpr, G_ROWS: tl.constexpr, TB: tl.constexpr,
+    C_PAD: tl.constexpr, M1_PAD: tl.constexpr, S_PAD: tl.constexpr,
+    LOCAL: tl.constexpr, FUSED: tl.constexpr, HAS_GUMBELS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    split = tl.program_id(0)
+    bkv = tl.program_id(1)
+    b = bkv // NUM_KV_HEADS
+    kvh = bkv % NUM_KV_HEADS
+    hq = NUM_KV_HEADS * GROUP
+    offs_g = tl.arange(0, G_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    mask_d = offs_d < HEAD_DIM
+    offs_t = split * TB + tl.arange(0, TB)
+    mask_t = offs_t < t_cap
+    # section 6: phi_g = tau q.r_g + log n_g for the G heads of the group, one dot
+    q = tl.load(q_ptr + b * stride_qb + (kvh * GROUP + offs_g)[:, None] * stride_qh
+                + offs_d[None, :], mask=(offs_g < GROUP)[:, None] & mask_d[None, :], other=0.0)
+    team_rows = bkv * t_cap + offs_t
+    reps = tl.load(reps_ptr + team_rows.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :],
+                   mask=mask_t[:, None] & mask_d[None, :], other=0.0)
+    log_n = tl.load(log_n_ptr + team_rows, mask=mask_t, other=float("-inf"))
+    s = _scores(q, reps, DOT_PRECISION)  # [G_PAD, TB]; the padding rows of q are zero
+    if G_PAD > G_ROWS:  # keep G_ROWS rows: adding the zero rows is exact
+        s = tl.sum(tl.reshape(s, [G_PAD // G_ROWS, G_ROWS, TB]), axis=0)
+    offs_h = tl.arange(0, G_ROWS)
+    mask_h = offs_h < GROUP
+    head_rows = b * hq + kvh * GROUP + offs_h
+    phi = s * scale + log_n[None, :]
+    valid = mask_h[:, None] & mask_t[None, :]
+    cells = head_rows[:, None] * t_cap + offs_t[None, :]  # < 2**31 (checked by the plan)
+    if HAS_GUMBELS:
+        gumbel = tl.load(gumbel_ptr + cells, mask=valid, other=0.0)
+    else:
+        # section 8: Philox keyed by (seed, step) (the step lives on the device), counter
+        # (b, head block of 4, team): rand4x serves four heads per counter
+        key = (tl.load(rng_ptr) << 32) + seed
+        u = tl.zeros([G_ROWS, TB], dtype=tl.float32)
+        for block in tl.static_range((G_ROWS + 3) // 4):
+            counter = (b * hq + kvh * GROUP + 4 * block) * t_cap + offs_t
+            u0, u1, u2, u3 = tl.rand4x(key, counter)
+            row = offs_h[:, None] - 4 * block
+            u = tl.where(row == 0, u0[None, :], u)
+            u = tl.where(row == 1, u1[None, :], u)
+            u = tl.where(row == 2, u2[None, :], u)
+            u = tl.where(row == 3, u3[None, :], u)
+        gumbel = -tl.log(-tl.log(tl.maximum(u, 1e-12)))
+    z = tl.where(valid, phi + gumbel, float("-inf"))
+    tl.store(phi_ptr + cells, phi, mask=valid)
+    tl.store(z_ptr + cells, z, mask=valid)
+    if LOCAL:
+        # this block's top M+1 per head: every global top-(M+1) team is among them
+        keys = tl.where(valid, _key(z), -2147483648)
+        kth = _kth_largest(keys, M + 1, tl.full([G_ROWS], -2139095041, tl.int32), 64)
+        keep = valid & (keys >= kth[:, None])
+        rank = tl.cumsum(keep.to(tl.int32), axis=1) - 1
+        keep = keep & (rank < M + 1)
+        base = head_rows[:, None] * n_cand + split * (M + 1)
+        tl.store(cand_z_ptr + base + rank, z, mask=keep)
+        tl.store(cand_id_ptr + base + rank, offs_t[None, :] + 0 * offs_h[:, None], mask=keep)
+        kept = tl.sum(keep.to(tl.int32), axis=1)
+        offs_m = tl.arange(0, M1_PAD)
+        empty = mask_h[:, None] & (offs_m[None, :] >= kept[:, None]) & (offs_m < M + 1)[None, :]
+        tl.store(cand_id_ptr + base + offs_m[None, :], -1 + 0 * offs_m[None, :], mask=empty)
+        tl.store(split_kth_ptr + head_rows * num_splits + split, kth, mask=mask_h)
+    if FUSED:
+        # the last program of this (b, kv head) finishes the selection: every thread's
+        # stores above are ordered before the ticket (barrier + acq_rel atomic)
+        tl.debug_barrier()
+        ticket = tl.atomic_add(ticket_ptr + bkv, 1, sem="acq_rel")
+        if ticket == num_splits - 1:
+            _finish_selection(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, kappa_ptr,
+                              union_ptr, count_ptr, b, kvh, bkv, M, num_splits, n_cand,
+                              t_cap, union_cap, NUM_KV_HEADS, GROUP, G_ROWS, C_PAD, S_PAD,
+                              LOCAL)
+            tl.store(ticket_ptr + bkv, 0)  # ready for the next call (graph replay)
+
+
+@triton.jit
+def _finish_kernel(
+    z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, kappa_ptr, union_ptr, count_ptr,
+    M, num_splits, n_cand, t_cap, union_cap,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr,
+    C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr,
+):
+    bkv = tl.program_id(0)
+    _finish_selection(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, kappa_ptr, union_ptr,
+                      count_ptr, bkv // NUM_KV_HEADS, bkv % NUM_KV_HEADS, bkv, M, num_splits,
+                      n_cand, t_cap, union_cap, NUM_KV_HEADS, GROUP, G_ROWS, C_PAD, S_PAD,
+                      LOCAL)
+
+
+# ---------------------------------------------------------------- kernel 2: attend
+@triton.jit
+def _cache_rows(page_table_ptr, b, pos, stride_kx, stride_ky, stride_pt, page_size,
+                PAGED: tl.constexpr):
+    """Element offsets of sequence ``b``'s positions ``pos`` in a [X, Y, Hkv, d] cache."""
+    if PAGED:
+        page = tl.load(page_table_ptr + b * stride_pt + pos // page_size)
+        return page.to(tl.int64) * stride_kx + (pos % page_size).to(tl.int64) * stride_ky
+    return b.to(tl.int64) * stride_kx + pos.to(tl.int64) * stride_ky
+
+
+@triton.jit
+def _online_update(q, k, v, w, s_ok, m_i, l_i, acc, scale, DOT_PRECISION: tl.constexpr):
+    """Folds rows with weights ``w [G_PAD, N]`` (0: not read) into the running (m, l, acc)."""
+    s = _scores(q, k, DOT_PRECISION) * scale
+    s = tl.where(s_ok & (w > 0), s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
+    alpha = tl.exp(m_i - m_ref)
+    p = w * tl.exp(s - m_ref[:, None])  # HT-weighted: p = w e^{s - m}
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + _weighted_values(p, v, DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _attend_kernel(
+    q_ptr, k_ptr, v_ptr, pk_ptr, pv_ptr, lengths_ptr, page_table_ptr,
+    team_start_ptr, team_len_ptr, team_end_ptr,
+    z_ptr, phi_ptr, kappa_ptr, union_ptr, count_ptr,
+    part_m_ptr, part_l_ptr, part_o_ptr,
+    scale, sink, team_size, t_cap, union_cap, packed_rows, num_parts, team_programs,
+    exact_programs,
+    stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_pt, page_size,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr, G_PAD: tl.constexpr, TPB: tl.constexpr, SLOT: tl.constexpr,
+    CHUNKS: tl.constexpr, BLOCK_E: tl.constexpr,
+    PACKED: tl.constexpr, PAGED: tl.constexpr, REGULAR: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    BLOCK_N: tl.constexpr = TPB * SLOT
+    bkv = tl.program_id(0)
+    c = tl.program_id(1)
+    b = bkv // NUM_KV_HEADS
+    kvh = bkv % NUM_KV_HEADS
+    hq = NUM_KV_HEADS * GROUP
+    offs_g = tl.arange(0, G_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    mask_g = offs_g < GROUP
+    mask_d = offs_d < HEAD_DIM
+    head_rows = (b * hq + kvh * GROUP + offs_g).to(tl.int64)
+    q = tl.load(q_ptr + b * stride_qb + (kvh * GROUP + offs_g)[:, None] * stride_qh
+                + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], dtype=tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+    team_end = tl.load(team_end_ptr + b)
+    k_head = k_ptr + kvh * stride_kh
+    v_head = v_ptr + kvh * stride_kh
+    count = tl.load(count_ptr + bkv)
+    exact = c >= team_programs
+    busy = (c < team_programs) & (c * TPB < count)  # past the device-side count: idle
+    if busy:
+        # rows of TPB teams of the union list, SLOT rows each
+        offs_n = tl.arange(0, BLOCK_N)
+        member = c * TPB + offs_n // SLOT
+        mask_u = member < count
+        team = tl.load(union_ptr + bkv.to(tl.int64) * union_cap + member, mask=mask_u,
+                       other=0)
+        # w_{h,g} = 1/pi_{h,g} for the heads that selected g, 0 for the others
+        cell = head_rows[:, None] * t_cap + team[None, :]
+        hw = mask_g[:, None] & mask_u[None, :]
+        z = tl.load(z_ptr + cell, mask=hw, other=float("-inf"))
+        phi = tl.load(phi_ptr + cell, mask=hw, other=float("-inf"))
+        kappa = tl.load(kappa_ptr + head_rows, mask=mask_g, other=0.0)
+        w = _inclusion_weight(z, phi, kappa[:, None])
+        if REGULAR:
+            start = sink + team * team_size
+            n_g = tl.minimum(team_size, team_end - start)
+        else:
+            table = bkv.to(tl.int64) * t_cap + team
+            start = tl.load(team_start_ptr + table, mask=mask_u, other=0)
+            n_g = tl.load(team_len_ptr + table, mask=mask_u, other=0)
+        for chunk in range(CHUNKS):  # a loop, not unrolled: one chunk of K/V live at a time
+            r = chunk * SLOT + offs_n % SLOT
+            ok = mask_u & (r < n_g)
+            pos = tl.where(ok, start + r, 0)
+            if PACKED:
+                rows = (bkv.to(tl.int64) * packed_rows + pos) * HEAD_DIM
+                k = tl.load(pk_ptr + rows[:, None] + offs_d[None, :],
+                            mask=ok[:, None] & mask_d[None, :], other=0.0)
+                v = tl.load(pv_ptr + rows[:, None] + offs_d[None, :],
+                            mask=ok[:, None] & mask_d[None, :], other=0.0)
+            else:
+                rows = _cache_rows(page_table_ptr, b, pos, stride_kx, stride_ky, stride_pt,
+                                   page_size, PAGED)
+                k = tl.load(k_head + rows[:, None] + offs_d[None, :],
+                            mask=ok[:, None] & mask_d[None, :], other=0.0)
+                v = tl.load(v_head + rows[:, None] + offs_d[None, :],
+                            mask=ok[:, None] & mask_d[None, :], other=0.0)
+            m_i, l_i, acc = _online_update(q, k, v, w, ok[None, :], m_i, l_i, acc, scale,
+                                           DOT_PRECISION)
+    if exact:
+        # exact set E: [0, min(sink, team_end)) and [team_end, length), weight 1
+        length = tl.load(lengths_ptr + b)
+        n_head = tl.minimum(sink, team_end)
+        n_exact = n_head + tl.maximum(length - team_end, 0)
+        e = c - team_programs
+        offs_e = tl.arange(0, BLOCK_E)
+        ones = tl.full([G_PAD, BLOCK_E], 1.0, tl.float32)
+        for r0 in range(e * BLOCK_E, n_exact, exact_programs * BLOCK_E):
+            r = r0 + offs_e
+            ok = r < n_exact
+            pos = tl.where(ok, tl.where(r < n_head, r, team_end + r - n_head), 0)
+            rows = _cache_rows(page_table_ptr, b, pos, stride_kx, stride_ky, stride_pt,
+                               page_size, PAGED)
+            k = tl.load(k_head + rows[:, None] + offs_d[None, :],
+                        mask=ok[:, None] & mask_d[None, :], other=0.0)
+            v = tl.load(v_head + rows[:, None] + offs_d[None, :],
+                        mask=ok[:, None] & mask_d[None, :], other=0.0)
+            m_i, l_i, acc = _online_update(q, k, v, ones, ok[None, :], m_i, l_i, acc, scale,
+                                           DOT_PRECISION)
+    if busy | exact:  # exact programs always write (possibly empty) partials
+        part = head_rows * num_parts + c
+        tl.store(part_m_ptr + part, m_i, mask=mask_g)
+        tl.store(part_l_ptr + part, l_i, mask=mask_g)
+        tl.store(part_o_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
+                 mask=mask_g[:, None] & mask_d[None, :])
+
+
+# ----------------------------------------------------------------- kernel 3: merge
+@triton.jit
+def _merge_block(part_m_ptr, part_l_ptr, part_o_ptr, base, s0, end, m_run, l_run, acc,
+                 HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_S: tl.constexpr):
+    offs_s = s0 + tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, D_PAD)
+    mask_s = offs_s < end
+    m = tl.load(part_m_ptr + base + offs_s, mask=mask_s, other=float("-inf"))
+    l_s = tl.load(part_l_ptr + base + offs_s, mask=mask_s, other=0.0)
+    o = tl.load(part_o_ptr + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                mask=mask_s[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
+    m_new = tl.maximum(m_run, tl.max(m, axis=0))
+    m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
+    alpha = tl.exp(m_run - m_ref)
+    weight = tl.exp(m - m_ref)  # empty partials hold m = -inf: weight 0
+    l_run = l_run * alpha + tl.sum(weight * l_s, axis=0)
+    acc = acc * alpha + tl.sum(weight[:, None] * o, axis=0)
+    return m_new, l_run, acc
+
+
+@triton.jit
+def _merge_kernel(
+    part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, out_ptr, rng_ptr,
+    num_parts, team_programs, teams_per_block, stride_ob, stride_oh,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    hq = NUM_KV_HEADS * GROUP
+    b = pid // hq
+    h = pid % hq
+    bkv = b * NUM_KV_HEADS + h // GROUP
+    used = tl.cdiv(tl.load(count_ptr + bkv), teams_per_block)  # team programs that wrote
+    base = pid.to(tl.int64) * num_parts
+    m_run = tl.full((), float("-inf"), tl.float32)
+    l_run = tl.full((), 0.0, tl.float32)
+    acc = tl.zeros([D_PAD], dtype=tl.float32)
+    for s0 in range(0, used, BLOCK_S):
+        m_run, l_run, acc = _merge_block(part_m_ptr, part_l_ptr, part_o_ptr, base, s0, used,
+                                         m_run, l_run, acc, HEAD_DIM, D_PAD, BLOCK_S)
+    for s0 in range(team_programs, num_parts, BLOCK_S):
+        m_run, l_run, acc = _merge_block(part_m_ptr, part_l_ptr, part_o_ptr, base, s0,
+                                         num_parts, m_run, l_run, acc, HEAD_DIM, D_PAD,
+                                         BLOCK_S)
+    offs_d = tl.arange(0, D_PAD)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d,
+             (acc / l_run).to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+    if pid == 0:  # the call's last kernel advances the step counter (section 8)
+        tl.store(rng_ptr, tl.load(rng_ptr) + 1)
+
+
+# -------------------------------------------------------------------- host side
+@dataclass(frozen=True)
+class SantaPPInfo:
+    """What one call selected (views into the workspace; read off the hot path).
+
+    ``z``/``phi [B, Hq, T]``, ``kappa [B, Hq]``, ``union [B, Hkv, U]`` with ``count [B, Hkv]``
+    valid entries (team ids).
+    """
+
+    M: int
+    packed: PackedTeams
+    z: torch.Tensor
+    phi: torch.Tensor
+    kappa: torch.Tensor
+    union: torch.Tensor
+    count: torch.Tensor
+    lengths: torch.Tensor
+
+    def selected(self) -> torch.Tensor:
+        """``[B, Hq, T]`` bool: the teams each head selected (``z > kappa``)."""
+        return self.z > self.kappa[..., None]
+
+    def team_weights(self) -> torch.Tensor:
+        """``[B, Hq, T]`` float64: ``1/pi`` of each selected team, 0 elsewhere."""
+        z, phi, kappa = self.z.double(), self.phi.double(), self.kappa.double()[..., None]
+        pi = -torch.expm1(-torch.exp(phi - kappa))
+        chosen = z > kappa
+        return torch.where(chosen, 1 / torch.where(chosen, pi, 1), 0)
+
+    def union_sets(self) -> list[list[set[int]]]:
+        """The union list of every (sequence, KV head) as Python sets."""
+        union, count = self.union.cpu(), self.count.cpu()
+        return [
+            [set(union[b, h, : int(count[b, h])].tolist()) for h in range(union.shape[1])]
+            for b in range(union.shape[0])
+        ]
+
+    def read_counts(self) -> ReadCounts:
+        """K/V rows read per (sequence, KV head): the union's members plus the exact set."""
+        packed = self.packed
+        union, count = self.union.long().cpu(), self.count.long().cpu()
+        team_len = packed.team_len.long().cpu()
+        lengths = self.lengths.long().cpu()
+        team_end = packed.team_end.long().cpu()
+        n_exact = torch.minimum(torch.full_like(team_end, packed.sink), team_end)
+        n_exact = n_exact + (lengths - team_end).clamp_min(0)
+        slots = torch.arange(union.shape[-1])
+        used = slots[None, None, :] < count[..., None]
+        members = torch.gather(team_len, 2, torch.where(used, union, 0))
+        rows = torch.where(used, members, 0).sum(-1) + n_exact[:, None]
+        d = packed.head_dim
+        return ReadCounts(
+            k_rows=rows, k_features=rows * d, v_rows=rows.clone(), context=lengths, head_dim=d
+        )
+
+    @property
+    def representatives_read(self) -> torch.Tensor:
+        return self.packed.num_teams.clone()
+
+    def bytes_moved(self, q: torch.Tensor) -> int:
+        """HBM bytes of the call by the module's byte model: representatives and ``log n``
+        of every (sequence, KV head), the K/V rows read, q and the output (the L2-resident
+        workspace traffic is left out)."""
+        packed = self.packed
+        tables = packed.reps.numel() * packed.reps.element_size() + packed.log_n.numel() * 4
+        rows = self.read_counts().kv_bytes(packed.reps.element_size())
+        return tables + rows + 2 * q.numel() * q.element_size()
+
+    def read_equivalent(self) -> float:
+        """KV read fraction with every representative counted as one K row."""
+        reads = self.read_counts()
+        d = reads.head_dim
+        read = float(reads.k_features.sum()) + float(reads.v_rows.sum()) * d
+        read += float(self.representatives_read.sum()) * d
+        return read / (2 * reads.dense_rows * d)
+
+
+def check_scheme(scheme: str = "gumbel-topk", mix: float = 0.0) -> None:
+    """Raises unless the kernel implements this selection (gumbel-topk without mixing)."""
+    if scheme != "gumbel-topk":
+        raise InputError(
+            f"scheme: the SANTA++ kernel implements 'gumbel-topk' only, got {scheme!r} "
+            "(multinomial is reference-only: santa_kernels.santapp)"
+        )
+    if mix:
+        raise InputError(
+            f"mix: the SANTA++ kernel has no defensive mixing, got {mix!r} "
+            "(use santa_kernels.santapp for mix > 0)"
+        )
+
+
+def _check_call(q, kv, packed, M, workspace) -> None:
+    if not isinstance(kv, KVCache):
+        raise InputError(f"kv: expected a santa_kernels.KVCache, got {type(kv).__name__}")
+    if not isinstance(packed, PackedTeams):
+        raise InputError(f"packed: expected a PackedTeams, got {type(packed).__name__}")
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise InputError("q: expected a tensor [B, Hq, d]")
+    batch, hq, d = q.shape
+    if batch != kv.batch or d != kv.head_dim or hq % kv.num_kv_heads:
+        raise InputError(
+            f"q: shape {tuple(q.shape)} does not fit the cache "
+            f"(B={kv.batch}, Hkv={kv.num_kv_heads}, d={kv.head_dim})"
+        )
+    if q.dtype not in KERNEL_DTYPES or kv.dtype not in KERNEL_DTYPES:
+        raise InputError(
+            f"q/kv: dtypes {q.dtype}/{kv.dtype} not supported by the kernel "
+            "(bf16, fp16, fp32; use santa_kernels.santapp for float64)"
+        )
+    if d < 16:
+        raise InputError(f"q: head dim must be >= 16 for the kernel, got {d}")
+    if hq // kv.num_kv_heads > MAX_GROUP:
+        raise InputError(f"q: GQA group of {hq // kv.num_kv_heads} heads (at most {MAX_GROUP})")
+    if q.stride(-1) != 1 or kv.k.stride(-1) != 1 or kv.k.stride() != kv.v.stride():
+        raise InputError("q/k/v: the head dim must be contiguous and K, V share strides")
+    if q.device != kv.device:
+        raise InputError(f"q: on {q.device}, the cache is on {kv.device}")
+    if (packed.batch, packed.num_kv_heads, packed.head_dim) != (kv.batch, kv.num_kv_heads, d):
+        raise InputError(
+            f"packed: built for B={packed.batch}, Hkv={packed.num_kv_heads}, "
+            f"d={packed.head_dim}; the cache has B={kv.batch}, Hkv={kv.num_kv_heads}, d={d}"
+        )
+    if packed.reps.device != kv.device or packed.reps.dtype != kv.dtype:
+        raise InputError("packed: not on the cache's device or in its dtype (pack it again)")
+    check_positive_int(M, "M")
+    if packed.min_teams < M:
+        raise InputError(
+            f"M: {M} teams requested but some (sequence, KV head) has only "
+            f"{packed.min_teams} teams"
+        )
+    if workspace is not None:
+        if not isinstance(workspace, SantaPPWorkspace):
+            raise InputError("workspace: expected a SantaPPWorkspace")
+        p = workspace.plan
+        shape = (p.batch, p.num_q_heads, p.num_kv_heads, p.head_dim, p.max_teams, p.M)
+        if shape != (batch, hq, kv.num_kv_heads, d, packed.max_teams, M):
+            raise InputError(
+                f"workspace: planned for (B, Hq, Hkv, d, T, M) = {shape}, got "
+                f"{(batch, hq, kv.num_kv_heads, d, packed.max_teams, M)}"
+            )
+        if workspace.device != q.device:
+            raise InputError(f"workspace: on {workspace.device}, inputs on {q.device}")
+        if p.slot * p.chunks < packed.max_team_len:
+            raise InputError("workspace: planned for shorter teams (pack changed)")
+
+
+def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages) -> torch.Tensor:
+    """Launches the call's kernels (``stages``: a subset of :data:`STAGES`, for profiling;
+    the output is only meaningful with all of them). Returns the output buffer."""
+    p = ws.plan
+    batch, hq, d = q.shape
+    hkv = kv.num_kv_heads
+    precision = _dot_precision(kv.dtype)
+    d_pad = _next_pow2(d)
+    if "select" in stages:
+        _select_kernel[(p.num_splits, batch * hkv)](
+            q, packed.reps, packed.log_n, gumbels if gumbels is not None else ws.phi, ws.rng,
+            (ws.seed if seed is None else int(seed)) & 0xFFFFFFFF,
+            ws.phi, ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.ticket,
+            ws.kappa, ws.union, ws.count,
+            tau, M, p.num_splits, p.n_cand, p.max_teams, p.union_cap, q.stride(0), q.stride(1),
+            NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad, G_PAD=p.g_pad,
+            G_ROWS=p.g_rows, TB=p.teams_per_split, C_PAD=p.c_pad, M1_PAD=p.m1_pad, S_PAD=p.s_pad,
+            LOCAL=p.local, FUSED=fuse_select, HAS_GUMBELS=gumbels is not None,
+            DOT_PRECISION=precision, num_warps=p.select_warps, num_stages=1,
+        )  # fmt: skip
+    if not fuse_select and "select" in stages:
+        _finish_kernel[(batch * hkv,)](
+            ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count,
+            M, p.num_splits, p.n_cand, p.max_teams, p.union_cap,
+            NUM_KV_HEADS=hkv, GROUP=p.group, G_ROWS=p.g_rows, C_PAD=p.c_pad, S_PAD=p.s_pad,
+            LOCAL=p.local, num_warps=p.select_warps, num_stages=1,
+        )  # fmt: skip
+    paged = kv.layout == "paged"
+    table = kv.page_table if paged else kv.lengths
+    packed_k = packed.packed_k if packed.packed_k is not None else kv.k
+    packed_v = packed.packed_v if packed.packed_v is not None else kv.v
+    packed_rows = int(packed.packed_k.shape[2]) if packed.packed_k is not None else 0
+    if "attend" in stages:
+        _attend_kernel[(batch * hkv, p.num_parts)](
+            q, kv.k, kv.v, packed_k, packed_v, kv.lengths, table,
+            packed.team_start, packed.team_len, packed.team_end,
+            ws.z, ws.phi, ws.kappa, ws.union, ws.count,
+            ws.part_m, ws.part_l, ws.part_o,
+            tau, packed.sink, packed.team_size, p.max_teams, p.union_cap, packed_rows,
+            p.num_parts, p.team_programs, p.exact_programs,
+            q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
+            table.stride(0) if paged else 0, kv.page_size if paged else 1,
+            NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad, G_PAD=p.g_pad,
+            TPB=p.teams_per_block, SLOT=p.slot, CHUNKS=p.chunks, BLOCK_E=p.exact_rows,
+            PACKED=packed.packed_k is not None, PAGED=paged, REGULAR=packed.regular,
+            DOT_PRECISION=precision, num_warps=HOPPER["attend_warps"], num_stages=1,
+        )  # fmt: skip
+    out = ws.out(q.dtype)
+    if "merge" in stages:
+        _merge_kernel[(batch * hq,)](
+            ws.part_m, ws.part_l, ws.part_o, ws.count, out, ws.rng,
+            p.num_parts, p.team_programs, p.teams_per_block, out.stride(0), out.stride(1),
+            NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad,
+            BLOCK_S=HOPPER["merge_block"], num_warps=HOPPER["merge_warps"],
+        )  # fmt: skip
+    return out
+
+
+def santapp_decode(
+    q: torch.Tensor,
+    kv: KVCache,
+    packed: PackedTeams,
+    M: int,
+    *,
+    scale: float | None = None,
+    seed: int | None = None,
+    gumbels: torch.Tensor | None = None,
+    workspace: SantaPPWorkspace | None = None,
+    fuse_select: bool = True,
+) -> tuple[torch.Tensor, SantaPPInfo]:
+    """Returns ``(out [B, Hq, d] in q.dtype, info)``: one SANTA++ decode step (section 6,
+    gumbel-topk, exact set = the pack's). ``gumbels [B, Hq, T]`` replaces the Philox
+    Gumbel noise (tests); ``fuse_select=False`` finishes the selection in its own kernel
+    instead of the last select program. With a ``workspace`` the call allocates nothing
+    and never synchronises (CUDA-graph capturable)."""
+    _check_call(q, kv, packed, M, workspace)
+    ws = workspace or SantaPPWorkspace.for_inputs(q, kv, packed, M)
+    p = ws.plan
+    batch, hq, d = q.shape
+    hkv = kv.num_kv_heads
+    tau = check_scale(scale, d)
+    if gumbels is not None:
+        if tuple(gumbels.shape) != (batch, hq, p.max_teams):
+            raise InputError(
+                f"gumbels: expected shape {(batch, hq, p.max_teams)}, got {tuple(gumbels.shape)}"
+            )
+        gumbels = gumbels.to(device=q.device, dtype=torch.float32).contiguous()
+    out = _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, STAGES)
+    info = SantaPPInfo(
+        M=M,
+        packed=packed,
+        z=ws.z.view(batch, hq, p.max_teams),
+        phi=ws.phi.view(batch, hq, p.max_teams),
+        kappa=ws.kappa.view(batch, hq),
+        union=ws.union.view(batch, hkv, p.union_cap),
+        count=ws.count.view(batch, hkv),
+        lengths=kv.lengths,
+    )
+    return out, info
+
+
+__all__ = [
+    "PackedTeams",
+    "SantaPPInfo",
+    "SantaPPPlan",
+    "SantaPPWorkspace",
+    "build_packed",
+    "check_scheme",
+    "make_plan",
+    "pack_teams",
+    "santapp_decode",
+    "santapp_triton_available",
+    "time_index_build",
+]
