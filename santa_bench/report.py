@@ -19,8 +19,9 @@ KERNEL_METRICS = (
 
 def _label(row: pd.Series) -> str:
     label = str(row["method"])
-    if "S" in row and not pd.isna(row.get("S")):
-        label += f" S={int(row['S'])}"
+    for key, short in (("S", "S"), ("M", "M"), ("team_size", "P")):
+        if key in row and not pd.isna(row.get(key)):
+            label += f" {short}={int(row[key])}"
     return label
 
 

@@ -357,7 +357,7 @@ def _gpu_session(dtype, layout="contiguous", steps=8):
 @pytest.mark.parametrize("layout", ["contiguous", "paged"])
 def test_gpu_graph_decode_matches_eager_and_draws_fresh_numbers(layout):
     session = _gpu_session(torch.float32, layout)
-    eager = _decode(session, dense_backend("sdpa", session.scale), graph=False)
+    eager = _decode(session, dense_backend("sdpa", session.scale), graph=False, keep_logits=True)
     assert eager.timing == "events"
     for name in ("sdpa", "triton-splitkv"):
         graphed = _decode(session, dense_backend(name, session.scale), graph=True)
@@ -366,17 +366,24 @@ def test_gpu_graph_decode_matches_eager_and_draws_fresh_numbers(layout):
     prop, santapp = REGISTRY.get("santa-prop"), REGISTRY.get("santapp")
     kernel = TritonSampledDecode(prop, prop.resolve_params({"S": 1 << 14, "stash": "fp32"}),
                                  session.scale, seed=0)
-    result = _decode(session, kernel, graph=True)
+    result = _decode(session, kernel, graph=True, keep_logits=True)
     # every replayed step and layer advanced the shared workspace's device counter
     assert int(kernel.workspace.rng[0]) == (8 + len(result.attention_ms)) * layers
-    assert (result.tokens == eager.tokens).float().mean() > 0.8
+    # S >> context: the first step's logits are dense's up to the sampling noise (greedy
+    # tokens of a random model may still flip on near-ties and then diverge)
+    first, dense_first = result.logits[0].double(), eager.logits[0].double()
+    rel = float((first - dense_first).norm() / dense_first.norm())
+    assert rel < 0.05, rel
+    assert torch.equal(result.tokens[:, 0], eager.tokens[:, 0])
     teams = TritonSantaPPDecode(santapp.resolve_params({"M": 4}), session.scale, seed=0)
     result = _decode(session, teams, graph=True)
     assert int(teams.workspaces[0].rng[0]) == (8 + len(result.attention_ms)) * layers
     # M = every team (300 tokens / 16): exact attention, the dense tokens up to rounding
     everything = TritonSantaPPDecode(santapp.resolve_params({"M": 19}), session.scale, seed=0)
-    tokens = _decode(session, everything, graph=True).tokens
-    assert (tokens == eager.tokens).float().mean() > 0.9
+    exact = _decode(session, everything, graph=True, keep_logits=True)
+    first = exact.logits[0].double()
+    assert float((first - dense_first).norm() / dense_first.norm()) < 1e-3
+    assert torch.equal(exact.tokens[:, 0], eager.tokens[:, 0])
 
 
 @pytest.mark.gpu

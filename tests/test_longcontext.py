@@ -63,7 +63,7 @@ def test_longbench_template_is_the_official_0shot_prompt():
         "(B) $C_B$\n(C) $C_C$\n(D) $C_D$\n\nFormat your response as follows: \"The correct "
         'answer is (insert answer here)".'
     )
-    assert lc.LONGBENCH_TEMPLATE == official
+    assert official == lc.LONGBENCH_TEMPLATE
     item = lc.LongBenchItem("x", "", "", "", "", " Q? ", ("a ", "b", "c", "d"), "B", " doc ")
     prompt = lc.longbench_prompt(item)
     assert "<text>\ndoc\n</text>" in prompt and "question: Q?\nChoices:\n(A) a\n(B) b" in prompt
@@ -229,7 +229,7 @@ def test_runner_scores_both_tasks_and_reuses_the_dense_prefill(tmp_path, offline
     for task in ("longbench-v2", "helmet-rag-nq"):
         cases = expand_task_cases(task, "tiny", methods, n=2, seed=0, ctx=2048,
                                   data_dir=str(tmp_path))
-        dense, sampled = (runner.run(c) for c in cases)
+        _, sampled = (runner.run(c) for c in cases)
         score = {r["metric"]: r for r in sampled}
         assert 0 <= score["score"]["value"] <= 1 and len(json.loads(score["score"]["per_sample"]))
         assert "retention" in score and 0 < score["decode_kv_read_fraction"]["value"] <= 1
