@@ -11,22 +11,27 @@ replay draws fresh Gumbel noise.
    counter ``(b, block of 4 heads, team)``, ``rand4x``; ``gumbels=`` overrides it) and
    writes ``phi`` and ``z = phi + Gumbel``. In *local* mode (many teams: ``G * T``
    above :data:`FINISH_CAP`) it also keeps its block's top ``M+1`` per head as
-   candidates (threshold found by bisection). The
+   candidates (threshold found by the search below). The
    program that finishes last for its ``(b, kv head)`` (an atomic ticket; or a second
-   kernel without fusion) finds per head ``kappa`` = the ``(M+1)``-th largest ``z`` by
-   bisection on order-preserving integer keys, and writes the compact union over the group
-   of the selected teams (``z > kappa``; a team belongs to the first head that selected
-   it) and its count.
+   kernel without fusion) finds per head ``kappa`` = the ``(M+1)``-th largest ``z`` by a
+   k-ary search on order-preserving integer keys (:func:`_kth_largest`: 4 or 8
+   thresholds a step, one packed reduction each, ~4-6 dependent steps instead of ~11 for
+   bisection), and writes the compact union over the group of the selected teams
+   (``z > kappa`` for some head; team order, or in local mode a team belongs to the first
+   head that selected it) and its count.
 2. **attend** ``(B*Hkv, chunks + exact programs)``: a team program loads ``TPB`` teams of
-   the union list (``SLOT`` rows each; programs past the device-side count do nothing),
+   the union list (``SLOT`` rows each; programs past the device-side count read nothing
+   and write an empty partial, so the merge needs no count),
    K once for the whole group (``tl.dot`` with ``[G_PAD, d]`` queries), the weight
    ``w_{h,g} = 1/pi_{h,g}`` (``pi = 1 - exp(-exp(phi - kappa))``; 0 where head ``h`` did
    not select ``g``), and V; it keeps the weighted online softmax
    ``p = w e^{s - m}`` and writes a partial ``(m, l, acc)`` per head. Exact programs walk
    the exact set ``E`` (tokens in no team: the first ``sink`` and ``[team_end, length)``)
    with weight 1.
-3. **merge** ``(B*Hq)``: log-sum-exp merge of the partials, ``out = num / den`` in q's
-   dtype (the self-normalised Horvitz-Thompson ratio of section 6); advances ``rng``.
+3. **merge** ``(B*Hq)``: log-sum-exp merge of every partial as triton_splitkv's stage 2
+   (max first, then one weighted sum over up to 64 partials a step; about one attend
+   program per SM keeps B=1 at 33 partials per head), ``out = num / den`` in q's dtype
+   (the self-normalised Horvitz-Thompson ratio of section 6); advances ``rng``.
 
 Team storage (:class:`PackedTeams`): representatives ``[B, Hkv, T, d]`` in the cache dtype,
 ``log n_g`` (``-inf`` for padding), team start/length tables and the exact-set bounds.
@@ -92,11 +97,14 @@ STAGES = ("select", "attend", "merge")
 HOPPER = {
     "select_warps_small": 4,
     "select_warps_large": 8,
+    # the finisher's kth search tests 8 thresholds a step (~4 steps) while each thread
+    # holds at most this many keys, else 4 (~6 steps): the compares cost per key
+    "search_8way_keys_per_thread": 16,
     "attend_warps": 4,
     "attend_rows": {64: 64, 128: 64, 256: 32},  # rows of K/V a team program loads per chunk
     "exact_rows": {64: 64, 128: 64, 256: 32},
-    "merge_warps": 4,
-    "merge_block": 16,
+    "merge_warps": 4,  # 8 when a merge step holds >= 4096 partial elements
+    "merge_block": 64,  # partials merged per step (fewer when there are fewer)
 }
 
 
@@ -459,6 +467,9 @@ class SantaPPPlan:
     exact_rows: int  # BLOCK_E
     num_parts: int
     select_warps: int
+    search_ways: int  # thresholds per step of the finisher's kth-largest search (4 or 8)
+    merge_block: int  # partials per merge step
+    merge_warps: int
 
 
 def make_plan(
@@ -517,7 +528,7 @@ def make_plan(
     if teams_per_block is None:
         tpb = max(1, block_rows // slot)
         least = max(1, 16 // slot)  # tl.dot needs >= 16 rows
-        while tpb > least and bkv * -(-union_cap // tpb) < target:
+        while tpb > least and bkv * -(-union_cap // tpb) < sms:  # >= 1 program per SM
             tpb //= 2
         teams_per_block = max(tpb, least)
     if teams_per_block * slot < 16 or teams_per_block & (teams_per_block - 1):
@@ -534,6 +545,11 @@ def make_plan(
     select_warps = (
         HOPPER["select_warps_large"] if g_rows * c_pad > 2048 else HOPPER["select_warps_small"]
     )
+    keys_per_thread = g_rows * c_pad // (32 * select_warps)
+    search_ways = 8 if keys_per_thread <= HOPPER["search_8way_keys_per_thread"] else 4
+    num_parts = team_programs + exact_programs
+    merge_block = min(HOPPER["merge_block"], max(2, _next_pow2(num_parts)))
+    merge_warps = HOPPER["merge_warps"] * (2 if merge_block * _next_pow2(head_dim) >= 4096 else 1)
     return SantaPPPlan(
         batch=batch,
         num_q_heads=num_q_heads,
@@ -558,8 +574,11 @@ def make_plan(
         team_programs=team_programs,
         exact_programs=exact_programs,
         exact_rows=exact_rows,
-        num_parts=team_programs + exact_programs,
+        num_parts=num_parts,
         select_warps=select_warps,
+        search_ways=search_ways,
+        merge_block=merge_block,
+        merge_warps=merge_warps,
     )
 
 
@@ -590,7 +609,7 @@ class SantaPPWorkspace:
         self.split_kth = torch.empty(rows * p.num_splits if p.local else 1, **i32)
         self.ticket = torch.zeros(bkv, **i32)
         self.kappa = torch.empty(rows, **f32)
-        self.union = torch.empty(bkv, p.union_cap, **i32)
+        self.union = torch.zeros(bkv, p.union_cap, **i32)  # entries always team ids
         self.count = torch.zeros(bkv, **i32)
         self.part_m = torch.empty(rows * p.num_parts, **f32)
         self.part_l = torch.empty(rows * p.num_parts, **f32)
@@ -654,35 +673,120 @@ def _unkey(key):
 
 
 @triton.jit
-def _kth_largest(key, K, lo, MAX_STEPS: tl.constexpr):
+def _add2(a0, a1, b0, b1):
+    return a0 + b0, a1 + b1
+
+
+@triton.jit
+def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+
+
+@triton.jit
+def _count_min_max(n0, lo0, hi0, n1, lo1, hi1):
+    return n0 + n1, tl.minimum(lo0, lo1), tl.maximum(hi0, hi1)
+
+
+@triton.jit
+def _count_min(n0, lo0, n1, lo1):
+    return n0 + n1, tl.minimum(lo0, lo1)
+
+
+@triton.jit
+def _threshold(lo, hi, lo_v, hi_v, J: tl.constexpr, WAYS: tl.constexpr):
+    """Threshold ``J`` of ``WAYS`` (int32 keys ``[R]``) for the bracket ``[lo, hi)`` (int64).
+    The last is the key-space midpoint (the bracket at least halves every step); the
+    others split the bracket evenly in value space, or in key space where that gives no
+    key strictly inside it (infinite or adjacent ends). Any key is a correct threshold:
+    the choice only decides how fast the bracket shrinks."""
+    if J == WAYS - 1:
+        t = lo + (hi - lo) // 2
+    else:
+        t = _key(lo_v + (hi_v - lo_v) * ((J + 1) / WAYS)).to(tl.int64)
+        t = tl.where((t > lo) & (t < hi), t, lo + (hi - lo) * (J + 1) // WAYS)
+    return t.to(tl.int32)
+
+
+@triton.jit
+def _pair(key, ta, tb):
+    """Per key, ``[key >= ta] + 65536 [key >= tb]``: two counts packed in one int32
+    (rows hold at most FINISH_CAP < 65536 keys)."""
+    return tl.where(key >= ta[:, None], 1, 0) + tl.where(key >= tb[:, None], 65536, 0)
+
+
+@triton.jit
+def _narrow(K, lo, hi, t, c):
+    """Folds threshold ``t`` with ``c`` keys at or above it into the bracket."""
+    t = t.to(tl.int64)
+    lo = tl.where((c >= K) & (t > lo), t, lo)
+    hi = tl.where((c < K) & (t < hi), t, hi)
+    return lo, hi
+
+
+@triton.jit
+def _narrow4(K, lo, hi, t0, t1, t2, t3, s01, s23):
+    """Folds four thresholds (counts packed in ``s01``, ``s23``) into the bracket; also
+    returns whether one has exactly ``K`` keys at or above it."""
+    c0, c1, c2, c3 = s01 & 0xFFFF, s01 >> 16, s23 & 0xFFFF, s23 >> 16
+    lo, hi = _narrow(K, lo, hi, t0, c0)
+    lo, hi = _narrow(K, lo, hi, t1, c1)
+    lo, hi = _narrow(K, lo, hi, t2, c2)
+    lo, hi = _narrow(K, lo, hi, t3, c3)
+    return lo, hi, (c0 == K) | (c1 == K) | (c2 == K) | (c3 == K)
+
+
+@triton.jit
+def _kth_largest(key, K, lo, WAYS: tl.constexpr):
     """Per row of ``key [R, C]`` (int32; KEY_PAD: no entry), the ``K``-th largest key, or
     KEY_NEG_INF where the row has fewer than ``K`` entries. ``lo [R]``: a key with at least
-    ``K`` entries at or above it (or KEY_NEG_INF). Bisection on the keys, midpoints taken
-    in value space while they split the bracket; stops as soon as exactly ``K`` entries
-    lie at or above ``lo``."""
-    # the smallest finite key is a lower bound too when >= K keys are finite: with both
-    # ends finite the value-space midpoints cut the bracket from the first step
+    ``K`` entries at or above it (or KEY_NEG_INF).
+
+    ``WAYS``-ary search (4 or 8): each step counts the keys at or above ``WAYS`` thresholds
+    inside the bracket ``[lo, hi)`` (``count(lo) >= K > count(hi)``) with one packed
+    reduction and keeps the tightest bracket; a row is done when some threshold has
+    exactly ``K`` keys at or above it, or ``hi = lo + 1``. Seeded with the row's smallest
+    finite key (when >= K are finite) and its largest key, value-space thresholds finish
+    Gumbel-perturbed scores in ~3-5 steps (bisection: ~10-12); the key-space midpoint
+    bounds any input (ties, infinities) by 33 steps."""
     finite = key > -2139095041
-    least = tl.min(tl.where(finite, key, 2147483647), axis=1)
-    enough = tl.sum(finite.to(tl.int32), axis=1) >= K
-    lo = tl.where(enough & (least > lo), least, lo).to(tl.int64)
-    hi = tl.max(key, axis=1).to(tl.int64) + 1  # nothing at or above hi
+    n_fin, least, top = tl.reduce(
+        (finite.to(tl.int32), tl.where(finite, key, 2147483647), key), 1, _count_min_max
+    )
+    lo = tl.where((n_fin >= K) & (least > lo), least, lo).to(tl.int64)
+    hi = top.to(tl.int64) + 1  # nothing at or above hi
     active = hi - lo > 1
     steps = 0
-    while (tl.max(active.to(tl.int32), axis=0) > 0) & (steps < MAX_STEPS):
-        mid_v = 0.5 * _unkey(lo.to(tl.int32)) + 0.5 * _unkey(hi.to(tl.int32))
-        mid = _key(mid_v).to(tl.int64)
-        mid = tl.where((mid > lo) & (mid < hi), mid, lo + (hi - lo) // 2)
-        count = tl.sum((key >= mid.to(tl.int32)[:, None]).to(tl.int32), axis=1)
-        up = active & (count >= K)
-        lo = tl.where(up, mid, lo)
-        hi = tl.where(active & (count < K), mid, hi)
-        active = active & (hi - lo > 1) & (count != K)
+    while (tl.max(active.to(tl.int32), axis=0) > 0) & (steps < 40):
+        lo_v = _unkey(lo.to(tl.int32))
+        hi_v = _unkey(hi.to(tl.int32))  # max key + 1 <= 0x7F800001: fits
+        t0 = _threshold(lo, hi, lo_v, hi_v, 0, WAYS)
+        t1 = _threshold(lo, hi, lo_v, hi_v, 1, WAYS)
+        t2 = _threshold(lo, hi, lo_v, hi_v, 2, WAYS)
+        t3 = _threshold(lo, hi, lo_v, hi_v, 3, WAYS)
+        if WAYS == 8:
+            t4 = _threshold(lo, hi, lo_v, hi_v, 4, WAYS)
+            t5 = _threshold(lo, hi, lo_v, hi_v, 5, WAYS)
+            t6 = _threshold(lo, hi, lo_v, hi_v, 6, WAYS)
+            t7 = _threshold(lo, hi, lo_v, hi_v, 7, WAYS)
+            s01, s23, s45, s67 = tl.reduce(
+                (_pair(key, t0, t1), _pair(key, t2, t3), _pair(key, t4, t5),
+                 _pair(key, t6, t7)), 1, _add4)  # fmt: skip
+            new_lo, new_hi, hit = _narrow4(K, lo, hi, t0, t1, t2, t3, s01, s23)
+            new_lo, new_hi, hit2 = _narrow4(K, new_lo, new_hi, t4, t5, t6, t7, s45, s67)
+            hit = hit | hit2
+        else:
+            s01, s23 = tl.reduce((_pair(key, t0, t1), _pair(key, t2, t3)), 1, _add2)
+            new_lo, new_hi, hit = _narrow4(K, lo, hi, t0, t1, t2, t3, s01, s23)
+        # a threshold with exactly K keys above it makes the largest such the new lo
+        lo = new_lo
+        hi = new_hi
+        active = active & ~hit & (hi - lo > 1)
         steps += 1
     lo32 = lo.to(tl.int32)
     above = key >= lo32[:, None]
-    count = tl.sum(above.to(tl.int32), axis=1)
-    kth = tl.min(tl.where(above, key, 2147483647), axis=1)
+    count, kth = tl.reduce(
+        (above.to(tl.int32), tl.where(above, key, 2147483647)), 1, _count_min
+    )
     return tl.where(count >= K, kth, -2139095041)
 
 
@@ -717,7 +821,7 @@ def _finish_selection(
     z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, kappa_ptr, union_ptr, count_ptr,
     b, kvh, bkv, M, num_splits, n_cand, t_cap, union_cap,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr,
-    C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr,
+    C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr, WAYS: tl.constexpr,
 ):
     """kappa per head of the group and the compact union of the selected teams."""
     hq = NUM_KV_HEADS * GROUP
@@ -743,23 +847,32 @@ def _finish_selection(
         real = inside
         lo = tl.full([G_ROWS], -2139095041, tl.int32)
     key = tl.where(real, _key(z), -2147483648)
-    kth = _kth_largest(key, M + 1, lo, 64)  # 64 steps: a guard (int32 keys need <= 32)
+    kth = _kth_largest(key, M + 1, lo, WAYS)
     kappa = tl.where(kth > -2139095041, _unkey(kth), float("-inf"))
     selected = real & (key > kth[:, None])
-    # a team selected by several heads belongs to the first of them (section 6: GQA union)
-    taken = selected & (offs_h[:, None] < 0)
-    for other in tl.static_range(GROUP):
-        kappa_o = tl.sum(tl.where(offs_h == other, kappa, 0.0), axis=0)
-        ask = selected & (offs_h[:, None] > other)
-        z_o = tl.load(z_ptr + (b * hq + kvh * GROUP + other).to(tl.int64) * t_cap + ids,
-                      mask=ask, other=float("-inf"), cache_modifier=".cg")
-        taken = taken | (ask & (z_o > kappa_o))
-    owned = (selected & ~taken).to(tl.int32)
-    per_head = tl.sum(owned, axis=1)
-    first = tl.cumsum(per_head, axis=0) - per_head
-    slot = first[:, None] + tl.cumsum(owned, axis=1) - 1
-    tl.store(union_ptr + bkv.to(tl.int64) * union_cap + slot, ids, mask=owned > 0)
-    tl.store(count_ptr + bkv, tl.sum(per_head, axis=0))
+    if LOCAL:
+        # candidates differ per head: a team selected by several heads belongs to the
+        # first of them (section 6: GQA union), found by reading the others' z
+        taken = selected & (offs_h[:, None] < 0)
+        for other in tl.static_range(GROUP):
+            kappa_o = tl.sum(tl.where(offs_h == other, kappa, 0.0), axis=0)
+            ask = selected & (offs_h[:, None] > other)
+            z_o = tl.load(z_ptr + (b * hq + kvh * GROUP + other).to(tl.int64) * t_cap + ids,
+                          mask=ask, other=float("-inf"), cache_modifier=".cg")
+            taken = taken | (ask & (z_o > kappa_o))
+        owned = (selected & ~taken).to(tl.int32)
+        per_head = tl.sum(owned, axis=1)
+        first = tl.cumsum(per_head, axis=0) - per_head
+        slot = first[:, None] + tl.cumsum(owned, axis=1) - 1
+        tl.store(union_ptr + bkv.to(tl.int64) * union_cap + slot, ids, mask=owned > 0)
+        tl.store(count_ptr + bkv, tl.sum(per_head, axis=0))
+    else:
+        # column c is team c for every head: the union is the teams any head selected,
+        # in team order (one scan over the teams)
+        chosen = tl.max(selected.to(tl.int32), axis=0)  # [C_PAD]
+        slot = tl.cumsum(chosen, axis=0) - 1
+        tl.store(union_ptr + bkv.to(tl.int64) * union_cap + slot, offs_c, mask=chosen > 0)
+        tl.store(count_ptr + bkv, tl.sum(chosen, axis=0))
     tl.store(kappa_ptr + head_rows, kappa, mask=mask_h)
 
 
@@ -774,7 +887,7 @@ def _select_kernel(
     D_PAD: tl.constexpr, G_PAD: tl.constexpr, G_ROWS: tl.constexpr, TB: tl.constexpr,
     C_PAD: tl.constexpr, M1_PAD: tl.constexpr, S_PAD: tl.constexpr,
     LOCAL: tl.constexpr, FUSED: tl.constexpr, HAS_GUMBELS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, WAYS: tl.constexpr,
 ):
     split = tl.program_id(0)
     bkv = tl.program_id(1)
@@ -824,7 +937,7 @@ def _select_kernel(
     if LOCAL:
         # this block's top M+1 per head: every global top-(M+1) team is among them
         keys = tl.where(valid, _key(z), -2147483648)
-        kth = _kth_largest(keys, M + 1, tl.full([G_ROWS], -2139095041, tl.int32), 64)
+        kth = _kth_largest(keys, M + 1, tl.full([G_ROWS], -2139095041, tl.int32), 8)
         keep = valid & (keys >= kth[:, None])
         rank = tl.cumsum(keep.to(tl.int32), axis=1) - 1
         keep = keep & (rank < M + 1)
@@ -845,7 +958,7 @@ def _select_kernel(
             _finish_selection(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, kappa_ptr,
                               union_ptr, count_ptr, b, kvh, bkv, M, num_splits, n_cand,
                               t_cap, union_cap, NUM_KV_HEADS, GROUP, G_ROWS, C_PAD, S_PAD,
-                              LOCAL)
+                              LOCAL, WAYS)
             tl.store(ticket_ptr + bkv, 0)  # ready for the next call (graph replay)
 
 
@@ -854,13 +967,13 @@ def _finish_kernel(
     z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, kappa_ptr, union_ptr, count_ptr,
     M, num_splits, n_cand, t_cap, union_cap,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr,
-    C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr,
+    C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr, WAYS: tl.constexpr,
 ):
     bkv = tl.program_id(0)
     _finish_selection(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, kappa_ptr, union_ptr,
                       count_ptr, bkv // NUM_KV_HEADS, bkv % NUM_KV_HEADS, bkv, M, num_splits,
                       n_cand, t_cap, union_cap, NUM_KV_HEADS, GROUP, G_ROWS, C_PAD, S_PAD,
-                      LOCAL)
+                      LOCAL, WAYS)
 
 
 # ---------------------------------------------------------------- kernel 2: attend
@@ -924,21 +1037,16 @@ def _attend_kernel(
     v_head = v_ptr + kvh * stride_kh
     count = tl.load(count_ptr + bkv)
     exact = c >= team_programs
-    busy = (c < team_programs) & (c * TPB < count)  # past the device-side count: idle
-    if busy:
-        # rows of TPB teams of the union list, SLOT rows each
+    if c < team_programs:
+        # rows of TPB teams of the union list, SLOT rows each. No branch on the device-side
+        # count: the union entries load with it (the list is zero-initialised, so entries
+        # past the count are valid team ids) and programs past the count read nothing
+        # and write an empty partial (m = -inf), so the merge never reads the count.
         offs_n = tl.arange(0, BLOCK_N)
         member = c * TPB + offs_n // SLOT
+        team = tl.load(union_ptr + bkv.to(tl.int64) * union_cap + member,
+                       mask=member < union_cap, other=0)
         mask_u = member < count
-        team = tl.load(union_ptr + bkv.to(tl.int64) * union_cap + member, mask=mask_u,
-                       other=0)
-        # w_{h,g} = 1/pi_{h,g} for the heads that selected g, 0 for the others
-        cell = head_rows[:, None] * t_cap + team[None, :]
-        hw = mask_g[:, None] & mask_u[None, :]
-        z = tl.load(z_ptr + cell, mask=hw, other=float("-inf"))
-        phi = tl.load(phi_ptr + cell, mask=hw, other=float("-inf"))
-        kappa = tl.load(kappa_ptr + head_rows, mask=mask_g, other=0.0)
-        w = _inclusion_weight(z, phi, kappa[:, None])
         if REGULAR:
             start = sink + team * team_size
             n_g = tl.minimum(team_size, team_end - start)
@@ -946,6 +1054,8 @@ def _attend_kernel(
             table = bkv.to(tl.int64) * t_cap + team
             start = tl.load(team_start_ptr + table, mask=mask_u, other=0)
             n_g = tl.load(team_len_ptr + table, mask=mask_u, other=0)
+        cell = head_rows[:, None] * t_cap + team[None, :]
+        hw = mask_g[:, None] & mask_u[None, :]
         for chunk in range(CHUNKS):  # a loop, not unrolled: one chunk of K/V live at a time
             r = chunk * SLOT + offs_n % SLOT
             ok = mask_u & (r < n_g)
@@ -963,6 +1073,12 @@ def _attend_kernel(
                             mask=ok[:, None] & mask_d[None, :], other=0.0)
                 v = tl.load(v_head + rows[:, None] + offs_d[None, :],
                             mask=ok[:, None] & mask_d[None, :], other=0.0)
+            # w_{h,g} = 1/pi_{h,g} for the heads that selected g, 0 for the others; loaded
+            # after K/V are requested so both round trips overlap
+            z = tl.load(z_ptr + cell, mask=hw, other=float("-inf"))
+            phi = tl.load(phi_ptr + cell, mask=hw, other=float("-inf"))
+            kappa = tl.load(kappa_ptr + head_rows, mask=mask_g, other=0.0)
+            w = _inclusion_weight(z, phi, kappa[:, None])
             m_i, l_i, acc = _online_update(q, k, v, w, ok[None, :], m_i, l_i, acc, scale,
                                            DOT_PRECISION)
     if exact:
@@ -985,61 +1101,55 @@ def _attend_kernel(
                         mask=ok[:, None] & mask_d[None, :], other=0.0)
             m_i, l_i, acc = _online_update(q, k, v, ones, ok[None, :], m_i, l_i, acc, scale,
                                            DOT_PRECISION)
-    if busy | exact:  # exact programs always write (possibly empty) partials
-        part = head_rows * num_parts + c
-        tl.store(part_m_ptr + part, m_i, mask=mask_g)
-        tl.store(part_l_ptr + part, l_i, mask=mask_g)
-        tl.store(part_o_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
-                 mask=mask_g[:, None] & mask_d[None, :])
+    part = head_rows * num_parts + c  # every program writes a (possibly empty) partial
+    tl.store(part_m_ptr + part, m_i, mask=mask_g)
+    tl.store(part_l_ptr + part, l_i, mask=mask_g)
+    tl.store(part_o_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
+             mask=mask_g[:, None] & mask_d[None, :])
 
 
 # ----------------------------------------------------------------- kernel 3: merge
 @triton.jit
-def _merge_block(part_m_ptr, part_l_ptr, part_o_ptr, base, s0, end, m_run, l_run, acc,
-                 HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_S: tl.constexpr):
-    offs_s = s0 + tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, D_PAD)
-    mask_s = offs_s < end
-    m = tl.load(part_m_ptr + base + offs_s, mask=mask_s, other=float("-inf"))
-    l_s = tl.load(part_l_ptr + base + offs_s, mask=mask_s, other=0.0)
-    o = tl.load(part_o_ptr + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                mask=mask_s[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
-    m_new = tl.maximum(m_run, tl.max(m, axis=0))
-    m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
-    alpha = tl.exp(m_run - m_ref)
-    weight = tl.exp(m - m_ref)  # empty partials hold m = -inf: weight 0
-    l_run = l_run * alpha + tl.sum(weight * l_s, axis=0)
-    acc = acc * alpha + tl.sum(weight[:, None] * o, axis=0)
-    return m_new, l_run, acc
-
-
-@triton.jit
 def _merge_kernel(
-    part_m_ptr, part_l_ptr, part_o_ptr, count_ptr, out_ptr, rng_ptr,
-    num_parts, team_programs, teams_per_block, stride_ob, stride_oh,
+    part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, rng_ptr,
+    num_parts, stride_ob, stride_oh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
+    """Log-sum-exp merge of one head's partials, as triton_splitkv's stage 2: the max
+    over every partial first, then one weighted sum (no running rescale). Every attend
+    program wrote its partial (empty ones hold m = -inf: weight 0), so nothing here
+    waits on the device-side union count; ``BLOCK_S >= num_parts`` at B=1 (one step)."""
     pid = tl.program_id(0)
     hq = NUM_KV_HEADS * GROUP
     b = pid // hq
     h = pid % hq
-    bkv = b * NUM_KV_HEADS + h // GROUP
-    used = tl.cdiv(tl.load(count_ptr + bkv), teams_per_block)  # team programs that wrote
     base = pid.to(tl.int64) * num_parts
-    m_run = tl.full((), float("-inf"), tl.float32)
-    l_run = tl.full((), 0.0, tl.float32)
-    acc = tl.zeros([D_PAD], dtype=tl.float32)
-    for s0 in range(0, used, BLOCK_S):
-        m_run, l_run, acc = _merge_block(part_m_ptr, part_l_ptr, part_o_ptr, base, s0, used,
-                                         m_run, l_run, acc, HEAD_DIM, D_PAD, BLOCK_S)
-    for s0 in range(team_programs, num_parts, BLOCK_S):
-        m_run, l_run, acc = _merge_block(part_m_ptr, part_l_ptr, part_o_ptr, base, s0,
-                                         num_parts, m_run, l_run, acc, HEAD_DIM, D_PAD,
-                                         BLOCK_S)
+    offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, D_PAD)
+    mask_d = offs_d < HEAD_DIM
+    m_lanes = tl.full([BLOCK_S], float("-inf"), tl.float32)
+    for s0 in range(0, num_parts, BLOCK_S):
+        m = tl.load(part_m_ptr + base + s0 + offs_s, mask=s0 + offs_s < num_parts,
+                    other=float("-inf"))
+        m_lanes = tl.maximum(m_lanes, m)
+    m_max = tl.max(m_lanes, axis=0)
+    m_ref = tl.where(m_max > float("-inf"), m_max, 0.0)
+    l_lanes = tl.zeros([BLOCK_S], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_S, D_PAD], dtype=tl.float32)
+    for s0 in range(0, num_parts, BLOCK_S):
+        mask_s = s0 + offs_s < num_parts
+        rows = base + s0 + offs_s
+        m = tl.load(part_m_ptr + rows, mask=mask_s, other=float("-inf"))
+        l_s = tl.load(part_l_ptr + rows, mask=mask_s, other=0.0)
+        o = tl.load(part_o_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+        w = tl.exp(m - m_ref)  # empty partials: 0
+        l_lanes += w * l_s
+        acc += w[:, None] * o
+    out = tl.sum(acc, axis=0) / tl.sum(l_lanes, axis=0)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d,
-             (acc / l_run).to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+             out.to(out_ptr.dtype.element_ty), mask=mask_d)
     if pid == 0:  # the call's last kernel advances the step counter (section 8)
         tl.store(rng_ptr, tl.load(rng_ptr) + 1)
 
@@ -1192,12 +1302,15 @@ def _check_call(q, kv, packed, M, workspace) -> None:
 
 def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages) -> torch.Tensor:
     """Launches the call's kernels (``stages``: a subset of :data:`STAGES`, for profiling;
-    the output is only meaningful with all of them). Returns the output buffer."""
+    the output is only meaningful with all of them; ``("score",)`` runs the select kernel
+    without finishing the selection). Returns the output buffer."""
     p = ws.plan
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
     precision = _dot_precision(kv.dtype)
     d_pad = _next_pow2(d)
+    if "score" in stages:  # profiling: the select kernel alone, without its finisher
+        fuse_select, stages = False, (*stages, "select")
     if "select" in stages:
         _select_kernel[(p.num_splits, batch * hkv)](
             q, packed.reps, packed.log_n, gumbels if gumbels is not None else ws.phi, ws.rng,
@@ -1208,14 +1321,15 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages) -> to
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad, G_PAD=p.g_pad,
             G_ROWS=p.g_rows, TB=p.teams_per_split, C_PAD=p.c_pad, M1_PAD=p.m1_pad, S_PAD=p.s_pad,
             LOCAL=p.local, FUSED=fuse_select, HAS_GUMBELS=gumbels is not None,
-            DOT_PRECISION=precision, num_warps=p.select_warps, num_stages=1,
+            DOT_PRECISION=precision, WAYS=p.search_ways, num_warps=p.select_warps,
+            num_stages=1,
         )  # fmt: skip
-    if not fuse_select and "select" in stages:
+    if not fuse_select and "select" in stages and "score" not in stages:
         _finish_kernel[(batch * hkv,)](
             ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count,
             M, p.num_splits, p.n_cand, p.max_teams, p.union_cap,
             NUM_KV_HEADS=hkv, GROUP=p.group, G_ROWS=p.g_rows, C_PAD=p.c_pad, S_PAD=p.s_pad,
-            LOCAL=p.local, num_warps=p.select_warps, num_stages=1,
+            LOCAL=p.local, WAYS=p.search_ways, num_warps=p.select_warps, num_stages=1,
         )  # fmt: skip
     paged = kv.layout == "paged"
     table = kv.page_table if paged else kv.lengths
@@ -1240,10 +1354,10 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages) -> to
     out = ws.out(q.dtype)
     if "merge" in stages:
         _merge_kernel[(batch * hq,)](
-            ws.part_m, ws.part_l, ws.part_o, ws.count, out, ws.rng,
-            p.num_parts, p.team_programs, p.teams_per_block, out.stride(0), out.stride(1),
+            ws.part_m, ws.part_l, ws.part_o, out, ws.rng,
+            p.num_parts, out.stride(0), out.stride(1),
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad,
-            BLOCK_S=HOPPER["merge_block"], num_warps=HOPPER["merge_warps"],
+            BLOCK_S=p.merge_block, num_warps=p.merge_warps,
         )  # fmt: skip
     return out
 

@@ -133,6 +133,12 @@ def profile_config(inputs, dense_ref, M: int, P: int) -> dict:
         row[f"select_us_{tag}"] = select
         row[f"attend_us_{tag}"] = select_attend - select
         row[f"merge_us_{tag}"] = row[f"us_{tag}"] - select_attend
+    # the select kernel without its finisher: select_us_unfused - score_us = the finish
+    row["score_us"] = graph_time([
+        lambda q=q, kv=kv, p=p, w=w: tsp._launch(q, kv, p, M, w, 128**-0.5, None, None,
+                                                 False, ("score",))
+        for (q, kv), p, w in zip(inputs, packs, wss, strict=True)
+    ])  # fmt: skip
     out, info = tsp.santapp_decode(q0, kv0, packs[0], M, workspace=wss[0])
     reads = info.read_counts()
     row["kv_read_fraction"] = reads.kv_read_fraction
@@ -191,7 +197,8 @@ def main() -> None:
             rows.append(row)
             print(f"{tag} M={M:3d} P={P:3d} | {row['us_fused']:6.1f} us fused "
                   f"({row['select_us_fused']:.1f} select + {row['attend_us_fused']:.1f} attend + "
-                  f"{row['merge_us_fused']:.1f} merge), {row['us_unfused']:6.1f} unfused | "
+                  f"{row['merge_us_fused']:.1f} merge; score {row['score_us']:.1f}), "
+                  f"{row['us_unfused']:6.1f} unfused | "
                   f"x{row['speedup']:.2f} vs {best_name} | KV {100 * row['kv_read_fraction']:.1f}%"
                   f" (+reps {100 * row['read_equivalent']:.1f}%) | {gbps:.0f} GB/s = "
                   f"{row['pct_of_copy_bw']:.0f}% of copy | build {row['build_ms']:.2f} ms = "

@@ -15,13 +15,18 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import santa_kernels as sk
 from conftest import decode_problem
 from santa_kernels.santapp import build_team_index, extend, santapp_attention
 from santa_kernels.triton_santapp import (
     FINISH_CAP,
+    KEY_NEG_INF,
+    KEY_PAD,
     SantaPPWorkspace,
+    _kth_largest,
     build_packed,
     check_scheme,
     make_plan,
@@ -388,3 +393,67 @@ def test_llama_shapes_match_reference_on_gpu(ctx, batch, M, team_size):
     assert agree > 0.999  # fp32 vs bf16-rounded representatives may flip near-ties
     error = (outs[True][0].float() - ref.out.float()).norm() / ref.out.float().norm()
     assert error < 2e-2
+
+
+# ------------------------------------------------------------ kth-largest search
+@triton.jit
+def _kth_kernel(key_ptr, lo_ptr, out_ptr, K, R: tl.constexpr, C: tl.constexpr,
+                WAYS: tl.constexpr):
+    offs_r = tl.arange(0, R)
+    keys = tl.load(key_ptr + offs_r[:, None] * C + tl.arange(0, C)[None, :])
+    lo = tl.load(lo_ptr + offs_r)
+    tl.store(out_ptr + offs_r, _kth_largest(keys, K, lo, WAYS))
+
+
+def _keys(z: torch.Tensor) -> torch.Tensor:
+    bits = z.float().contiguous().view(torch.int32)
+    return torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+
+
+def _expected_kth(keys: torch.Tensor, K: int) -> torch.Tensor:
+    """K-th largest entry per row (KEY_PAD: no entry); KEY_NEG_INF with fewer entries."""
+    out = []
+    for row in keys:
+        entries = row[row != KEY_PAD].sort(descending=True).values
+        out.append(int(entries[K - 1]) if entries.numel() >= K else KEY_NEG_INF)
+    return torch.tensor(out, dtype=torch.int32)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # inf - inf thresholds: skipped
+@pytest.mark.parametrize("ways", [4, 8])
+def test_kth_largest_search_on_adversarial_rows(ways):
+    gen = torch.Generator().manual_seed(0)
+    C, K = 64, 9
+    inf = math.inf
+    rows = [
+        torch.randn(C, generator=gen) * 3,  # continuous
+        torch.full((C,), 1.5),  # all equal
+        torch.cat([torch.full((20,), 2.0), torch.randn(C - 20, generator=gen)]),  # tie at kth
+        torch.cat([torch.full((5,), 7.0), torch.full((C - 5,), -inf)]),  # < K finite
+        torch.cat([torch.full((K,), inf), torch.randn(C - K, generator=gen)]),  # +inf top
+        torch.full((C,), -inf),  # nothing finite
+        torch.randn(C, generator=gen) * 1e-30,  # subnormal-scale spread around 0
+        torch.tensor([1e30, -1e30] * (C // 2)),  # huge range, ties
+        torch.randint(-3, 3, (C,), generator=gen).float(),  # heavy ties
+        torch.cat([torch.tensor([3.0, 3.0]), torch.nextafter(torch.full((C - 2,), 3.0),
+                                                             torch.tensor(0.0))]),
+    ]
+    keys = torch.stack([_keys(r) for r in rows])
+    pad = torch.rand(keys.shape, generator=gen) < 0.2  # entries missing (KEY_PAD)
+    pad[3] = pad[5] = False
+    keys_padded = torch.where(pad, KEY_PAD, keys)
+    keys_few = keys.clone()
+    keys_few[:, K - 3:] = KEY_PAD  # fewer than K entries in every row
+    R = 16
+    for batch in (keys, keys_padded, keys_few):
+        batch = torch.cat([batch, torch.full((R - batch.shape[0], C), KEY_PAD)])
+        expected = _expected_kth(batch, K)
+        for seeded in (False, True):
+            lo = torch.full((R,), KEY_NEG_INF, dtype=torch.int32)
+            if seeded:  # a valid lower bound: the K-th largest of the first half
+                half = batch.clone()
+                half[:, C // 2:] = KEY_PAD
+                lo = torch.minimum(_expected_kth(half, K), expected)
+            out = torch.empty(R, dtype=torch.int32, device=DEVICE)
+            _kth_kernel[(1,)](batch.to(DEVICE), lo.to(DEVICE), out, K, R=R, C=C, WAYS=ways)
+            assert torch.equal(out.cpu(), expected), (seeded, out, expected)
