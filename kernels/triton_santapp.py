@@ -1,6 +1,6 @@
 """Triton kernels for SANTA++ decode attention (ALGORITHMS.md sections 6 and 8).
 
-One decode step for ``q [B, Hq, d]`` runs three kernels (four with ``fuse_select=False``),
+One decode step for ``q [B, Hq, d]`` runs four kernels (three with ``fuse_select=True``),
 none of which synchronises with the host, so a call can be captured in a CUDA graph; the
 Philox step counter lives on the device (``rng``, advanced by the last kernel) so every
 replay draws fresh Gumbel noise.
@@ -87,6 +87,10 @@ KEY_PAD = -2147483648  # below every real key: slots that hold no team
 FINISH_CAP = 8192  # heads x candidates one finishing program keeps in registers
 MAX_TEAMS_PER_SPLIT = 1024  # representatives one select program scores (local mode)
 MAX_GROUP = 64
+# finish the selection in the last select program (True) or in its own kernel (False):
+# on the H200 the separate kernel measured equal or faster at every shape (34.7 vs 39.5 us
+# at 32k B=1, 78.7 vs 87.3 at B=8, 57.2 vs 64.2 at 128k; results/h200/santapp-profile*)
+FUSE_SELECT = False
 H200_SM_COUNT = 132
 PROGRAMS_PER_SM = 2  # select/attend grids aim for about this many programs per SM
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -1372,7 +1376,7 @@ def santapp_decode(
     seed: int | None = None,
     gumbels: torch.Tensor | None = None,
     workspace: SantaPPWorkspace | None = None,
-    fuse_select: bool = True,
+    fuse_select: bool = FUSE_SELECT,
 ) -> tuple[torch.Tensor, SantaPPInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)``: one SANTA++ decode step (section 6,
     gumbel-topk, exact set = the pack's). ``gumbels [B, Hq, T]`` replaces the Philox
