@@ -309,7 +309,7 @@ def ruler(
             f"RULER on {model} (n={n})",
             outcome,
             ("score", "retention", "decode_kv_read_fraction"),
-            ("task", "ctx", "method", "S"),
+            ("task", "ctx", "method", "S", "M"),
         )
 
 
@@ -364,7 +364,7 @@ def _long_task(
             f"{title} on {model} (n={n})",
             outcome,
             ("score", "retention", "decode_kv_read_fraction"),
-            ("task", "ctx", "method", "S"),
+            ("task", "ctx", "method", "S", "M"),
         )
 
 

@@ -195,9 +195,9 @@ class TaskRunner:
         spec = method.name + (
             ":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else ""
         )
+        items = self.samples(case)  # first: missing data fails before a model loads
         model, tokenizer = self.model(case["model"])
         layers = tuple(int(x) for x in str(case.get("dense_layers") or "").split(",") if x)
-        items = self.samples(case)
         from santa_bench.accuracy.integration import use_method
 
         info = use_method(model, spec, seed=case["seed"], dense_layers=layers)
