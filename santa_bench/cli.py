@@ -357,6 +357,15 @@ def _with_baselines(parsed: list, baselines: str, device: str) -> list:
     return parsed + [(REGISTRY.get(n), {}) for n in wanted if n not in named]
 
 
+
+def _team_label(case: dict) -> str:
+    """``M=..,P=..`` (and the team policy when it is not contiguous) of a SANTA++ case."""
+    if "M" not in case:
+        return "-"
+    label = f"M={case['M']},P={case['team_size']}"
+    policy = case.get("policy", "contiguous")
+    return label if policy == "contiguous" else f"{label},{policy}"
+
 def _print_summary(summary: list[tuple[dict, list[dict]]]) -> None:
     table = Table(title="kernel summary (sorted by latency)")
     for column in ("method", "S", "ctx", "B", "latency", "timing", "rel L2", "cos", "KV read"):
@@ -377,7 +386,7 @@ def _print_summary(summary: list[tuple[dict, list[dict]]]) -> None:
         shown = f"{value:,.1f} us" if status == "ok" else f"{status}: {latency.get('reason', '')}"
         table.add_row(
             case["method"],
-            str(case.get("S") or (f"M={case['M']},P={case['team_size']}" if "M" in case else "-")),
+            str(case.get("S") or _team_label(case)),
             format_size(case["ctx"]),
             str(case["batch"]),
             shown,
