@@ -645,6 +645,8 @@ def ruler_vs_budget(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) ->
                     stats.assign(ctx=ctx, task=task, series=series, method=method, family=family)
                 )
             _size_axis(ax, data.budget, tokens=False)
+            if panel.value.between(0, 1).all():  # scores and ratios: the whole [0, 1] range
+                ax.set_ylim(-0.05, 1.05)
             ax.set_title(_panel_title(task=task, ctx=ctx))
     _label_axes(
         axes,
