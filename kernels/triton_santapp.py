@@ -79,6 +79,7 @@ import triton.language as tl
 from santa_kernels.kv import KVCache
 from santa_kernels.reads import ReadCounts
 from santa_kernels.santapp import TeamIndex, build_team_index
+from santa_kernels.triton_santa import _row_offsets
 from santa_kernels.validate import InputError, check_positive_int, check_scale
 
 # -------------------------------------------------------------------- constants
@@ -982,16 +983,6 @@ def _finish_kernel(
 
 # ---------------------------------------------------------------- kernel 2: attend
 @triton.jit
-def _cache_rows(page_table_ptr, b, pos, stride_kx, stride_ky, stride_pt, page_size,
-                PAGED: tl.constexpr):
-    """Element offsets of sequence ``b``'s positions ``pos`` in a [X, Y, Hkv, d] cache."""
-    if PAGED:
-        page = tl.load(page_table_ptr + b * stride_pt + pos // page_size)
-        return page.to(tl.int64) * stride_kx + (pos % page_size).to(tl.int64) * stride_ky
-    return b.to(tl.int64) * stride_kx + pos.to(tl.int64) * stride_ky
-
-
-@triton.jit
 def _online_update(q, k, v, w, s_ok, m_i, l_i, acc, scale, DOT_PRECISION: tl.constexpr):
     """Folds rows with weights ``w [G_PAD, N]`` (0: not read) into the running (m, l, acc)."""
     s = _scores(q, k, DOT_PRECISION) * scale
@@ -1071,7 +1062,7 @@ def _attend_kernel(
                 v = tl.load(pv_ptr + rows[:, None] + offs_d[None, :],
                             mask=ok[:, None] & mask_d[None, :], other=0.0)
             else:
-                rows = _cache_rows(page_table_ptr, b, pos, stride_kx, stride_ky, stride_pt,
+                rows = _row_offsets(page_table_ptr, b, pos, stride_kx, stride_ky, stride_pt,
                                    page_size, PAGED)
                 k = tl.load(k_head + rows[:, None] + offs_d[None, :],
                             mask=ok[:, None] & mask_d[None, :], other=0.0)
@@ -1097,7 +1088,7 @@ def _attend_kernel(
             r = r0 + offs_e
             ok = r < n_exact
             pos = tl.where(ok, tl.where(r < n_head, r, team_end + r - n_head), 0)
-            rows = _cache_rows(page_table_ptr, b, pos, stride_kx, stride_ky, stride_pt,
+            rows = _row_offsets(page_table_ptr, b, pos, stride_kx, stride_ky, stride_pt,
                                page_size, PAGED)
             k = tl.load(k_head + rows[:, None] + offs_d[None, :],
                         mask=ok[:, None] & mask_d[None, :], other=0.0)

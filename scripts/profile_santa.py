@@ -16,6 +16,7 @@ import torch
 
 import santa_kernels.triton_santa as ts
 from santa_bench.inputs import DecodeShape, make_decode_inputs
+from santa_bench.timing import graph_call_us
 from santa_kernels.triton_splitkv import SplitKVWorkspace, splitkv_decode
 
 DEFAULT = copy.deepcopy(ts.HOPPER_CONFIGS)
@@ -26,35 +27,6 @@ VARIANTS = {
     "two-kernel": {},
     "two-kernel-subs2": {"subs": 2},
 }
-
-
-def graph_time(calls, reps: int = 20) -> float:
-    """Median us of one call: a graph of all ``calls`` (one per input copy), replayed."""
-    for c in calls:
-        c()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        for c in calls:  # warm-up on the capture stream
-            c()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(4):
-                for c in calls:
-                    c()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / (4 * len(calls)))
-    times.sort()
-    return times[len(times) // 2]
 
 
 def check_subs_match(q, kv, tag: str) -> None:
@@ -82,7 +54,7 @@ def main() -> None:
         tag = f"B={batch} ctx={ctx // 1024}k"
         outs = [torch.empty_like(q) for q, _ in inputs]
         wss = [SplitKVWorkspace.for_inputs(q, kv) for q, kv in inputs]
-        t = graph_time([lambda q=q, kv=kv, o=o, w=w: splitkv_decode(q, kv, out=o, workspace=w)
+        t = graph_call_us([lambda q=q, kv=kv, o=o, w=w: splitkv_decode(q, kv, out=o, workspace=w)
                         for (q, kv), o, w in zip(inputs, outs, wss, strict=True)])
         print(f"{tag} splitkv {t:.1f} us ({2 * k_mb / t:.2f} TB/s K+V)", flush=True)
         rows.append({"shape": tag, "variant": "splitkv", "splits": "", "S": "", "us": t})
@@ -99,14 +71,14 @@ def main() -> None:
                                                         stash_dtype=torch.float16)
                            for q, kv in inputs]
                     line = f"{tag} {name} splits={splits}"
-                    score = graph_time([
+                    score = graph_call_us([
                         lambda q=q, kv=kv, w=w: ts._score_pass(q, kv, w, 128**-0.5, 64)
                         for (q, kv), w in zip(inputs, wss, strict=True)])
                     line += f" score {score:.1f} ({k_mb / score:.2f} TB/s K)"
                     rows.append({"shape": tag, "variant": name, "splits": splits,
                                  "S": "score", "us": score})
                     for S in (128, 256):
-                        t = graph_time([
+                        t = graph_call_us([
                             lambda q=q, kv=kv, w=w, S=S: ts.santa_prop(
                                 q, kv, S, workspace=w, stash_dtype=torch.float16)
                             for (q, kv), w in zip(inputs, wss, strict=True)])

@@ -26,48 +26,13 @@ import santa_kernels as sk
 import santa_kernels.triton_santapp as tsp
 from santa_bench.baselines import BASELINES
 from santa_bench.inputs import DecodeShape, make_decode_inputs
+from santa_bench.timing import copy_bandwidth_gbps, graph_call_us
 from santa_kernels.triton_splitkv import SplitKVWorkspace, splitkv_decode
 
 SHAPES = [(1, 32768), (8, 32768), (1, 131072)]
 CONFIGS = [(32, 16), (32, 64), (64, 16), (64, 64)]  # (M, team size P)
 BARS = {(1, 32768): 2.0, (8, 32768): 2.5, (1, 131072): 3.0}  # speedup at M=32 (issue #5)
 MAX_COPIES = 24
-
-
-def graph_time(calls, reps: int = 30, per_graph: int = 4) -> float:
-    """Median microseconds of one call: a graph of ``per_graph`` rounds over ``calls``."""
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        for call in calls:
-            call()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(per_graph):
-                for call in calls:
-                    call()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / (per_graph * len(calls)))
-    return sorted(times)[len(times) // 2]
-
-
-def copy_bandwidth_gbps(size: int = 1 << 30) -> float:
-    """Device-to-device copy bandwidth (read + write bytes per second), GB/s."""
-    src = torch.empty(size, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    us = graph_time([lambda: dst.copy_(src)], reps=20, per_graph=2)
-    return 2 * size / (us * 1e-6) / 1e9
 
 
 def prefill_ms(batch: int, ctx: int, reps: int = 3) -> float:
@@ -97,13 +62,13 @@ def dense_times(inputs) -> dict[str, float]:
     result = {}
     outs = [torch.empty_like(q) for q, _ in inputs]
     wss = [SplitKVWorkspace.for_inputs(q, kv) for q, kv in inputs]
-    result["triton-splitkv"] = graph_time([
+    result["triton-splitkv"] = graph_call_us([
         lambda q=q, kv=kv, o=o, w=w: splitkv_decode(q, kv, out=o, workspace=w)
         for (q, kv), o, w in zip(inputs, outs, wss, strict=True)
     ])  # fmt: skip
     try:
         prepared = [BASELINES["sdpa-cudnn"].prepare(q, kv) for q, kv in inputs]
-        result["sdpa-cudnn"] = graph_time(prepared)
+        result["sdpa-cudnn"] = graph_call_us(prepared)
     except Exception as exc:  # cuDNN missing: report splitkv alone
         print(f"sdpa-cudnn unavailable: {type(exc).__name__}: {exc}", flush=True)
     return result
@@ -127,14 +92,14 @@ def profile_config(inputs, dense_ref, M: int, P: int) -> dict:
                 for (q, kv), p, w in zip(inputs, packs, wss, strict=True)
             ]  # fmt: skip
 
-        row[f"us_{tag}"] = graph_time(calls(tsp.STAGES))
-        select = graph_time(calls(("select",)))
-        select_attend = graph_time(calls(("select", "attend")))
+        row[f"us_{tag}"] = graph_call_us(calls(tsp.STAGES))
+        select = graph_call_us(calls(("select",)))
+        select_attend = graph_call_us(calls(("select", "attend")))
         row[f"select_us_{tag}"] = select
         row[f"attend_us_{tag}"] = select_attend - select
         row[f"merge_us_{tag}"] = row[f"us_{tag}"] - select_attend
     # the select kernel without its finisher: select_us_unfused - score_us = the finish
-    row["score_us"] = graph_time([
+    row["score_us"] = graph_call_us([
         lambda q=q, kv=kv, p=p, w=w: tsp._launch(q, kv, p, M, w, 128**-0.5, None, None,
                                                  False, ("score",))
         for (q, kv), p, w in zip(inputs, packs, wss, strict=True)
@@ -160,7 +125,7 @@ def main() -> None:
     out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else "santapp_profile")
     quick = "--quick" in sys.argv
     out_dir.mkdir(parents=True, exist_ok=True)
-    copy_bw = copy_bandwidth_gbps()
+    copy_bw = copy_bandwidth_gbps("cuda")  # the harness's figure (read + write)
     print(f"device copy bandwidth {copy_bw:.0f} GB/s", flush=True)
     rows = []
     for batch, ctx in SHAPES[:1] if quick else SHAPES:

@@ -40,6 +40,12 @@ def _run(cases: list[dict], results_dir: Path, run_id: str | None, force: bool, 
     )
 
 
+
+def _task_table(outcome, heading: str, keys: tuple[str, ...] = ("task", "ctx", "method", "S", "M")):
+    """Prints the score / retention / KV-read table of a task run (when anything ran)."""
+    if outcome.results:
+        _table(heading, outcome, ("score", "retention", "decode_kv_read_fraction"), keys)
+
 def _table(title: str, outcome, metrics: tuple[str, ...], keys: tuple[str, ...]) -> None:
     table = Table(title=title)
     for column in (*keys, *metrics):
@@ -170,13 +176,7 @@ def _task(
         _fail(str(exc))
         return
     outcome = _run(cases, results_dir, run_id, force, task)
-    if outcome.results:
-        _table(
-            f"{task} on {model} (n={n})",
-            outcome,
-            ("score", "retention", "decode_kv_read_fraction"),
-            ("method", "S"),
-        )
+    _task_table(outcome, f"{task} on {model} (n={n})", keys=("method", "S", "M"))
 
 
 MODEL = Annotated[
@@ -304,13 +304,7 @@ def ruler(
         _fail(str(exc))
         return
     outcome = _run(cases, results_dir, run_id, force, "ruler")
-    if outcome.results:
-        _table(
-            f"RULER on {model} (n={n})",
-            outcome,
-            ("score", "retention", "decode_kv_read_fraction"),
-            ("task", "ctx", "method", "S", "M"),
-        )
+    _task_table(outcome, f"RULER on {model} (n={n})")
 
 
 def _long_task(
@@ -359,13 +353,7 @@ def _long_task(
         _fail(str(exc))
         return
     outcome = _run(cases, results_dir, run_id, force, title)
-    if outcome.results:
-        _table(
-            f"{title} on {model} (n={n})",
-            outcome,
-            ("score", "retention", "decode_kv_read_fraction"),
-            ("task", "ctx", "method", "S", "M"),
-        )
+    _task_table(outcome, f"{title} on {model} (n={n})")
 
 
 LONG_CTX = Annotated[
