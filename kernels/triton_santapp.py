@@ -108,6 +108,9 @@ HOPPER = {
     "attend_warps": 4,
     "attend_rows": {64: 64, 128: 64, 256: 32},  # rows of K/V a team program loads per chunk
     "exact_rows": {64: 64, 128: 64, 256: 32},
+    # heads per finishing program: 0 = one program per KV group finds every head's kappa
+    # and writes the union; h > 0 = G/h programs per group, the last writes the union
+    "finish_heads": 1,
     "merge_warps": 4,  # 8 when a merge step holds >= 4096 partial elements
     "merge_block": 64,  # partials merged per step (fewer when there are fewer)
 }
@@ -473,6 +476,11 @@ class SantaPPPlan:
     num_parts: int
     select_warps: int
     search_ways: int  # thresholds per step of the finisher's kth-largest search (4 or 8)
+    finish_heads: int  # heads per finishing program (0: one program per KV group)
+    h_rows: int  # rows of a per-head finishing program (next_pow2(finish_heads))
+    finish_parts: int  # finishing programs per KV group (per-head finisher)
+    finish_warps: int
+    finish_ways: int
     merge_block: int  # partials per merge step
     merge_warps: int
 
@@ -492,6 +500,8 @@ def make_plan(
     local: bool | None = None,
     teams_per_block: int | None = None,
     exact_programs: int | None = None,
+    finish_heads: int | None = None,
+    finish_warps: int | None = None,
     kv_element_size: int = 2,
 ) -> SantaPPPlan:
     """Plans the grids (keyword overrides are for tests and tuning). K/V tiles keep their
@@ -552,6 +562,19 @@ def make_plan(
     )
     keys_per_thread = g_rows * c_pad // (32 * select_warps)
     search_ways = 8 if keys_per_thread <= HOPPER["search_8way_keys_per_thread"] else 4
+    if finish_heads is None:
+        finish_heads = HOPPER["finish_heads"]
+    if finish_heads < 0:
+        raise InputError(f"finish_heads: must be >= 0, got {finish_heads}")
+    h_rows = _next_pow2(min(finish_heads, group)) if finish_heads else g_rows
+    finish_parts = -(-group // h_rows) if finish_heads else 1
+    if finish_warps is None:
+        finish_warps = select_warps  # the union step holds G x C_PAD keys either way
+    check_positive_int(finish_warps, "finish_warps")
+    finish_ways = (
+        8 if h_rows * c_pad // (32 * finish_warps) <= HOPPER["search_8way_keys_per_thread"]
+        else 4
+    )
     num_parts = team_programs + exact_programs
     merge_block = min(HOPPER["merge_block"], max(2, _next_pow2(num_parts)))
     merge_warps = HOPPER["merge_warps"] * (2 if merge_block * _next_pow2(head_dim) >= 4096 else 1)
@@ -582,6 +605,11 @@ def make_plan(
         num_parts=num_parts,
         select_warps=select_warps,
         search_ways=search_ways,
+        finish_heads=finish_heads,
+        h_rows=h_rows,
+        finish_parts=finish_parts,
+        finish_warps=finish_warps,
+        finish_ways=finish_ways,
         merge_block=merge_block,
         merge_warps=merge_warps,
     )
@@ -822,17 +850,12 @@ def _inclusion_weight(z, phi, kappa):
 
 
 @triton.jit
-def _finish_selection(
-    z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, kappa_ptr, union_ptr, count_ptr,
-    b, kvh, bkv, M, num_splits, n_cand, t_cap, union_cap,
-    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr,
-    C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr, WAYS: tl.constexpr,
+def _selection_keys(
+    z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, head_rows, mask_h, num_splits, n_cand,
+    t_cap, C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr,
 ):
-    """kappa per head of the group and the compact union of the selected teams."""
-    hq = NUM_KV_HEADS * GROUP
-    offs_h = tl.arange(0, G_ROWS)
-    mask_h = offs_h < GROUP
-    head_rows = (b * hq + kvh * GROUP + offs_h).to(tl.int64)
+    """Per head row: the int32 keys of its candidates ``[R, C_PAD]`` (KEY_PAD: none), their
+    team ids, which are real, and a key ``lo [R]`` with at least M+1 keys at or above it."""
     offs_c = tl.arange(0, C_PAD)
     inside = mask_h[:, None] & (offs_c < n_cand)[None, :]
     if LOCAL:
@@ -846,18 +869,28 @@ def _finish_selection(
                         other=-2139095041, cache_modifier=".cg")
         lo = tl.max(kth_s, axis=1)  # that split alone holds M+1 keys at or above it
     else:
-        ids = offs_c[None, :] + 0 * offs_h[:, None]
+        ids = offs_c[None, :] + (head_rows * 0).to(tl.int32)[:, None]
         z = tl.load(z_ptr + head_rows[:, None] * t_cap + ids, mask=inside, other=float("-inf"),
                     cache_modifier=".cg")
         real = inside
-        lo = tl.full([G_ROWS], -2139095041, tl.int32)
+        lo = (head_rows * 0 - 2139095041).to(tl.int32)
     key = tl.where(real, _key(z), -2147483648)
-    kth = _kth_largest(key, M + 1, lo, WAYS)
-    kappa = tl.where(kth > -2139095041, _unkey(kth), float("-inf"))
+    return key, ids, real, lo
+
+
+@triton.jit
+def _write_union(
+    z_ptr, union_ptr, count_ptr, key, ids, real, kth, b, kvh, bkv, t_cap, union_cap,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr, LOCAL: tl.constexpr,
+):
+    """The compact union of the group's selected teams (rows = the G heads)."""
+    hq = NUM_KV_HEADS * GROUP
+    offs_h = tl.arange(0, G_ROWS)
     selected = real & (key > kth[:, None])
     if LOCAL:
         # candidates differ per head: a team selected by several heads belongs to the
         # first of them (section 6: GQA union), found by reading the others' z
+        kappa = tl.where(kth > -2139095041, _unkey(kth), float("-inf"))
         taken = selected & (offs_h[:, None] < 0)
         for other in tl.static_range(GROUP):
             kappa_o = tl.sum(tl.where(offs_h == other, kappa, 0.0), axis=0)
@@ -876,8 +909,30 @@ def _finish_selection(
         # in team order (one scan over the teams)
         chosen = tl.max(selected.to(tl.int32), axis=0)  # [C_PAD]
         slot = tl.cumsum(chosen, axis=0) - 1
-        tl.store(union_ptr + bkv.to(tl.int64) * union_cap + slot, offs_c, mask=chosen > 0)
+        tl.store(union_ptr + bkv.to(tl.int64) * union_cap + slot, tl.max(ids, axis=0),
+                 mask=chosen > 0)
         tl.store(count_ptr + bkv, tl.sum(chosen, axis=0))
+
+
+@triton.jit
+def _finish_selection(
+    z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, kappa_ptr, union_ptr, count_ptr,
+    b, kvh, bkv, M, num_splits, n_cand, t_cap, union_cap,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr,
+    C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr, WAYS: tl.constexpr,
+):
+    """kappa per head of the group and the compact union of the selected teams."""
+    hq = NUM_KV_HEADS * GROUP
+    offs_h = tl.arange(0, G_ROWS)
+    mask_h = offs_h < GROUP
+    head_rows = (b * hq + kvh * GROUP + offs_h).to(tl.int64)
+    key, ids, real, lo = _selection_keys(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr,
+                                         head_rows, mask_h, num_splits, n_cand, t_cap,
+                                         C_PAD, S_PAD, LOCAL)
+    kth = _kth_largest(key, M + 1, lo, WAYS)
+    kappa = tl.where(kth > -2139095041, _unkey(kth), float("-inf"))
+    _write_union(z_ptr, union_ptr, count_ptr, key, ids, real, kth, b, kvh, bkv, t_cap,
+                 union_cap, NUM_KV_HEADS, GROUP, G_ROWS, LOCAL)
     tl.store(kappa_ptr + head_rows, kappa, mask=mask_h)
 
 
@@ -979,6 +1034,49 @@ def _finish_kernel(
                       count_ptr, bkv // NUM_KV_HEADS, bkv % NUM_KV_HEADS, bkv, M, num_splits,
                       n_cand, t_cap, union_cap, NUM_KV_HEADS, GROUP, G_ROWS, C_PAD, S_PAD,
                       LOCAL, WAYS)
+
+
+@triton.jit
+def _finish_heads_kernel(
+    z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, kappa_ptr, union_ptr, count_ptr, ticket_ptr,
+    M, num_splits, n_cand, t_cap, union_cap, finish_parts,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr,
+    H_ROWS: tl.constexpr, C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr,
+    WAYS: tl.constexpr,
+):
+    """Grid ``(B * Hkv, finish_parts)``: each program finds kappa for ``H_ROWS`` heads of
+    the group (the kth search spread over the group's heads instead of one program per
+    group); the last of the group's programs to finish (an acq_rel ticket) writes the
+    union from the group's kappas."""
+    bkv = tl.program_id(0)
+    part = tl.program_id(1)
+    b = bkv // NUM_KV_HEADS
+    kvh = bkv % NUM_KV_HEADS
+    hq = NUM_KV_HEADS * GROUP
+    offs_h = part * H_ROWS + tl.arange(0, H_ROWS)
+    mask_h = offs_h < GROUP
+    head_rows = (b * hq + kvh * GROUP + offs_h).to(tl.int64)
+    key, ids, real, lo = _selection_keys(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr,
+                                         head_rows, mask_h, num_splits, n_cand, t_cap,
+                                         C_PAD, S_PAD, LOCAL)
+    kth = _kth_largest(key, M + 1, lo, WAYS)
+    kappa = tl.where(kth > -2139095041, _unkey(kth), float("-inf"))
+    tl.store(kappa_ptr + head_rows, kappa, mask=mask_h)
+    # every thread's kappa store is ordered before the ticket (barrier + acq_rel atomic)
+    tl.debug_barrier()
+    ticket = tl.atomic_add(ticket_ptr + bkv, 1, sem="acq_rel")
+    if ticket == finish_parts - 1:
+        offs_g = tl.arange(0, G_ROWS)
+        mask_g = offs_g < GROUP
+        rows = (b * hq + kvh * GROUP + offs_g).to(tl.int64)
+        key_g, ids_g, real_g, _ = _selection_keys(z_ptr, cand_z_ptr, cand_id_ptr,
+                                                  split_kth_ptr, rows, mask_g, num_splits,
+                                                  n_cand, t_cap, C_PAD, S_PAD, LOCAL)
+        kappa_g = tl.load(kappa_ptr + rows, mask=mask_g, other=float("-inf"),
+                          cache_modifier=".cg")
+        _write_union(z_ptr, union_ptr, count_ptr, key_g, ids_g, real_g, _key(kappa_g), b,
+                     kvh, bkv, t_cap, union_cap, NUM_KV_HEADS, GROUP, G_ROWS, LOCAL)
+        tl.store(ticket_ptr + bkv, 0)  # ready for the next call (graph replay)
 
 
 # ---------------------------------------------------------------- kernel 2: attend
@@ -1319,12 +1417,20 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages) -> to
             DOT_PRECISION=precision, WAYS=p.search_ways, num_warps=p.select_warps,
             num_stages=1,
         )  # fmt: skip
-    if not fuse_select and "select" in stages and "score" not in stages:
+    if not fuse_select and "select" in stages and "score" not in stages and p.finish_heads:
+        _finish_heads_kernel[(batch * hkv, p.finish_parts)](
+            ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count, ws.ticket,
+            M, p.num_splits, p.n_cand, p.max_teams, p.union_cap, p.finish_parts,
+            NUM_KV_HEADS=hkv, GROUP=p.group, G_ROWS=p.g_rows, H_ROWS=p.h_rows, C_PAD=p.c_pad,
+            S_PAD=p.s_pad, LOCAL=p.local, WAYS=p.finish_ways, num_warps=p.finish_warps,
+            num_stages=1,
+        )  # fmt: skip
+    elif not fuse_select and "select" in stages and "score" not in stages:
         _finish_kernel[(batch * hkv,)](
             ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count,
             M, p.num_splits, p.n_cand, p.max_teams, p.union_cap,
             NUM_KV_HEADS=hkv, GROUP=p.group, G_ROWS=p.g_rows, C_PAD=p.c_pad, S_PAD=p.s_pad,
-            LOCAL=p.local, WAYS=p.search_ways, num_warps=p.select_warps, num_stages=1,
+            LOCAL=p.local, WAYS=p.search_ways, num_warps=p.finish_warps, num_stages=1,
         )  # fmt: skip
     paged = kv.layout == "paged"
     table = kv.page_table if paged else kv.lengths

@@ -98,6 +98,13 @@ def _compare(q, kv, index, packed, M, *, atol=2e-5, seed=0, **kw):
         (8, 8, 64, 3, 5, 6, {"local": True, "teams_per_split": 16}),
         (16, 6, 32, 0, 9, 5, {"local": True, "teams_per_split": 16, "fuse": False}),
         (8, 4, 64, 2, 0, 9, {"fuse": False, "teams_per_block": 2}),
+        # the finisher: one program per group (0), per head (1, default), per 2 heads
+        (8, 6, 32, 0, 4, 5, {"fuse": False, "finish_heads": 0}),
+        (8, 6, 32, 2, 0, 6, {"fuse": False, "finish_heads": 2}),
+        (16, 6, 32, 0, 9, 5, {"local": True, "teams_per_split": 16, "fuse": False,
+                              "finish_heads": 0}),
+        (8, 8, 64, 3, 5, 6, {"local": True, "teams_per_split": 16, "fuse": False,
+                             "finish_heads": 2}),
     ],
 )
 def test_matches_reference_given_the_same_gumbels(team_size, heads, d, sink, window, M, plan):

@@ -1,0 +1,202 @@
+"""Launch-parameter sweep of the SANTA++ finisher and the prop score pass (GPU).
+
+Run on the H200:  python3 scripts/tune_h200.py OUT_DIR [santapp] [flat] [prop]
+Llama-3.1-8B shape (Hq=32, Hkv=8, d=128, bf16), inputs made on the GPU (Gaussian K/V,
+Q x3 like the harness). Every figure is the median of CUDA-graph replays rotating enough
+input copies that one pass reads more than 4x the L2 (cold reads), in us per call.
+
+- ``santapp``: M=32 contiguous teams; the finishing step as one program per KV group
+  (``finish_heads=0``) or per head (1, 2) with several warp counts: the full call, the
+  select stage (score + finish) and the score kernel alone; first checks that every
+  variant selects the same teams as ``finish_heads=0`` given the same Gumbel noise.
+- ``flat``: santa-prop S=128 (fp16 stash) with a near-uniform softmax (Q x0.05, what a
+  randomly initialised model gives, as in ``santa-bench e2e --prefill random``) against
+  the harness's Q x3: score pass alone and the whole call.
+- ``prop``: ``HOPPER_CONFIGS[128]`` stream (warps, stages) x subs for the score pass.
+Rows go to OUT_DIR/tune.csv as they are measured (an interrupted run keeps them).
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import santa_kernels as sk
+import santa_kernels.triton_santa as ts
+import santa_kernels.triton_santapp as tsp
+from santa_bench.timing import graph_call_us
+from santa_kernels.triton_splitkv import SplitKVWorkspace, splitkv_decode
+
+SHAPES = [(1, 32768), (8, 32768), (1, 131072)]
+FINISH_VARIANTS = {
+    "group": {"finish_heads": 0},
+    "group-w16": {"finish_heads": 0, "finish_warps": 16},
+    "head1": {"finish_heads": 1},
+    "head1-w4": {"finish_heads": 1, "finish_warps": 4},
+    "head1-w16": {"finish_heads": 1, "finish_warps": 16},
+    "head2": {"finish_heads": 2},
+}
+STREAM_VARIANTS = [(4, 2), (4, 3), (4, 4), (4, 5), (8, 3), (8, 4)]
+TAU = 128**-0.5
+FIELDS = ["section", "shape", "variant", "what", "us", "note"]
+
+
+class Rows:
+    def __init__(self, path: Path) -> None:
+        self.f = open(path, "w", newline="")  # noqa: SIM115 (kept open for the run)
+        self.w = csv.DictWriter(self.f, fieldnames=FIELDS)
+        self.w.writeheader()
+
+    def add(self, **row) -> None:
+        self.w.writerow(row)
+        self.f.flush()
+        print(" | ".join(f"{row.get(k, '')}" for k in FIELDS), flush=True)
+
+
+def gpu_inputs(batch: int, ctx: int, seed: int, q_scale: float = 3.0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = (torch.randn(batch, 32, 128, device="cuda", generator=gen) * q_scale).bfloat16()
+    k = torch.randn(batch, ctx, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(batch, ctx, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    return q, sk.KVCache.contiguous(k, v)
+
+
+def copies(batch: int, ctx: int, read_fraction: float) -> int:
+    kv_bytes = 2 * batch * ctx * 8 * 128 * 2
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    wanted = math.ceil(4 * l2 / max(1, read_fraction * kv_bytes))
+    free, _ = torch.cuda.mem_get_info()
+    return max(3, min(24, wanted, int(0.35 * free) // kv_bytes))
+
+
+def dense_us(inputs) -> float:
+    outs = [torch.empty_like(q) for q, _ in inputs]
+    wss = [SplitKVWorkspace.for_inputs(q, kv) for q, kv in inputs]
+    return graph_call_us([lambda q=q, kv=kv, o=o, w=w: splitkv_decode(q, kv, out=o, workspace=w)
+                          for (q, kv), o, w in zip(inputs, outs, wss, strict=True)])
+
+
+def santapp_section(rows: Rows) -> None:
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(copies(batch, ctx, 0.1))]
+        rows.add(section="santapp", shape=tag, variant="splitkv", what="call",
+                 us=f"{dense_us(inputs[:3]):.2f}", note=f"{len(inputs)} copies")
+        for P in (16, 64) if ctx > 32768 else (16,):
+            packs = [tsp.build_packed(kv, team_size=P) for _, kv in inputs]
+            q0, kv0 = inputs[0]
+            gumbels = -torch.log(-torch.log(
+                torch.rand(batch, 32, packs[0].max_teams, device="cuda").clamp(1e-12, 1 - 1e-7)))
+            base = None
+            for name, kw in FINISH_VARIANTS.items():
+                try:
+                    wss = [tsp.SantaPPWorkspace.for_inputs(q, kv, p, 32, seed=i, **kw)
+                           for i, ((q, kv), p) in enumerate(zip(inputs, packs, strict=True))]
+                    out, info = tsp.santapp_decode(q0, kv0, packs[0], 32, gumbels=gumbels,
+                                                   workspace=wss[0])
+                    got = (info.kappa.clone(), info.union_sets(), out.float().clone())
+                    if base is None:
+                        base = got
+                    same = (torch.equal(got[0], base[0]) and got[1] == base[1]
+                            and float((got[2] - base[2]).abs().max()) < 1e-2)
+
+                    def calls(stages, wss=wss):
+                        return [lambda q=q, kv=kv, p=p, w=w: tsp._launch(
+                                    q, kv, p, 32, w, TAU, None, None, False, stages)
+                                for (q, kv), p, w in zip(inputs, packs, wss, strict=True)]
+
+                    full = graph_call_us(calls(tsp.STAGES))
+                    select = graph_call_us(calls(("select",)))
+                    plan = wss[0].plan
+                    note = (f"same={same} parts={plan.finish_parts} warps={plan.finish_warps} "
+                            f"ways={plan.finish_ways} local={plan.local} c_pad={plan.c_pad}")
+                    rows.add(section="santapp", shape=f"{tag} P={P}", variant=name, what="call",
+                             us=f"{full:.2f}", note=note)
+                    rows.add(section="santapp", shape=f"{tag} P={P}", variant=name,
+                             what="select", us=f"{select:.2f}", note="")
+                    if name == "group":
+                        score = graph_call_us(calls(("score",)))
+                        rows.add(section="santapp", shape=f"{tag} P={P}", variant=name,
+                                 what="score", us=f"{score:.2f}", note="")
+                except Exception as exc:  # report and go on
+                    rows.add(section="santapp", shape=f"{tag} P={P}", variant=name,
+                             what="FAILED", us="", note=f"{type(exc).__name__}: {exc}"[:300])
+        del inputs
+        torch.cuda.empty_cache()
+
+
+def prop_calls(inputs, S, splits=None):
+    wss = [ts.SantaWorkspace.for_inputs(q, kv, S, 64, num_splits=splits,
+                                        stash_dtype=torch.float16) for q, kv in inputs]
+    score = [lambda q=q, kv=kv, w=w: ts._score_pass(q, kv, w, TAU, 64)
+             for (q, kv), w in zip(inputs, wss, strict=True)]
+    full = [lambda q=q, kv=kv, w=w: ts.santa_prop(q, kv, S, workspace=w,
+                                                  stash_dtype=torch.float16)
+            for (q, kv), w in zip(inputs, wss, strict=True)]
+    return score, full
+
+
+def flat_section(rows: Rows) -> None:
+    for batch, ctx in SHAPES[:2]:
+        tag = f"B={batch} {ctx // 1024}k"
+        for q_scale in (3.0, 0.05):
+            inputs = [gpu_inputs(batch, ctx, i, q_scale) for i in range(3)]
+            score, full = prop_calls(inputs, 128)
+            _, info = ts.santa_prop(*inputs[0], 128, stash_dtype=torch.float16)
+            unique = info.read_counts(128).v_rows.float().mean().item() if hasattr(
+                info, "read_counts") else float("nan")
+            rows.add(section="flat", shape=tag, variant=f"q x{q_scale}", what="score",
+                     us=f"{graph_call_us(score):.2f}", note="")
+            rows.add(section="flat", shape=tag, variant=f"q x{q_scale}", what="call S=128",
+                     us=f"{graph_call_us(full):.2f}", note=f"unique V rows per KV group {unique:.1f}")
+            del inputs
+            torch.cuda.empty_cache()
+
+
+def prop_section(rows: Rows) -> None:
+    default = copy.deepcopy(ts.HOPPER_CONFIGS)
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
+        rows.add(section="prop", shape=tag, variant="splitkv", what="call",
+                 us=f"{dense_us(inputs):.2f}", note="")
+        for warps, stages in STREAM_VARIANTS:
+            for subs in (1, 2):
+                name = f"w{warps}s{stages}x{subs}"
+                ts.HOPPER_CONFIGS[128] = {**default[128], "stream": (warps, stages),
+                                          "subs": subs}
+                try:
+                    score, full = prop_calls(inputs, 128)
+                    t_score = graph_call_us(score)
+                    rows.add(section="prop", shape=tag, variant=name, what="score",
+                             us=f"{t_score:.2f}",
+                             note=f"{batch * ctx * 8 * 128 * 2 / t_score / 1e6:.2f} TB/s K")
+                    rows.add(section="prop", shape=tag, variant=name, what="call S=128",
+                             us=f"{graph_call_us(full):.2f}", note="")
+                except Exception as exc:
+                    rows.add(section="prop", shape=tag, variant=name, what="FAILED", us="",
+                             note=f"{type(exc).__name__}: {exc}"[:300])
+        ts.HOPPER_CONFIGS[128] = copy.deepcopy(default[128])
+        del inputs
+        torch.cuda.empty_cache()
+
+
+def main() -> None:
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "tune")
+    out.mkdir(parents=True, exist_ok=True)
+    sections = sys.argv[2:] or ["santapp", "flat", "prop"]
+    rows = Rows(out / "tune.csv")
+    t0 = time.time()
+    for name in sections:
+        {"santapp": santapp_section, "flat": flat_section, "prop": prop_section}[name](rows)
+        print(f"-- {name} done at {time.time() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
