@@ -1056,9 +1056,9 @@ def _finish_heads_kernel(
     offs_h = part * H_ROWS + tl.arange(0, H_ROWS)
     mask_h = offs_h < GROUP
     head_rows = (b * hq + kvh * GROUP + offs_h).to(tl.int64)
-    key, ids, real, lo = _selection_keys(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr,
-                                         head_rows, mask_h, num_splits, n_cand, t_cap,
-                                         C_PAD, S_PAD, LOCAL)
+    key, _, _, lo = _selection_keys(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr,
+                                    head_rows, mask_h, num_splits, n_cand, t_cap,
+                                    C_PAD, S_PAD, LOCAL)
     kth = _kth_largest(key, M + 1, lo, WAYS)
     kappa = tl.where(kth > -2139095041, _unkey(kth), float("-inf"))
     tl.store(kappa_ptr + head_rows, kappa, mask=mask_h)

@@ -106,7 +106,7 @@ def santapp_section(rows: Rows) -> None:
                     same = (torch.equal(got[0], base[0]) and got[1] == base[1]
                             and float((got[2] - base[2]).abs().max()) < 1e-2)
 
-                    def calls(stages, wss=wss):
+                    def calls(stages, wss=wss, inputs=inputs, packs=packs):
                         return [lambda q=q, kv=kv, p=p, w=w: tsp._launch(
                                     q, kv, p, 32, w, TAU, None, None, False, stages)
                                 for (q, kv), p, w in zip(inputs, packs, wss, strict=True)]
@@ -154,7 +154,8 @@ def flat_section(rows: Rows) -> None:
             rows.add(section="flat", shape=tag, variant=f"q x{q_scale}", what="score",
                      us=f"{graph_call_us(score):.2f}", note="")
             rows.add(section="flat", shape=tag, variant=f"q x{q_scale}", what="call S=128",
-                     us=f"{graph_call_us(full):.2f}", note=f"unique V rows per KV group {unique:.1f}")
+                     us=f"{graph_call_us(full):.2f}",
+                     note=f"unique V rows per KV group {unique:.1f}")
             del inputs
             torch.cuda.empty_cache()
 
