@@ -297,8 +297,10 @@ def _score_pass_kernel(
     stash_stride, stats_stride,
     stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_pt, page_size,
     PAGED: tl.constexpr, TILE: tl.constexpr, SUBS: tl.constexpr, G_PAD: tl.constexpr,
-    D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, STORES: tl.constexpr = 2,
 ):
+    # STORES (profiling only): 2 = statistics and stash (the kernel), 1 = statistics only,
+    # 0 = neither (the K stream and the scores alone)
     # K is loaded SUBS * TILE rows at a time (one load, one tl.dot); the statistics stay
     # per TILE rows, the granularity pass 2 samples at
     split = tl.program_id(0)
@@ -328,8 +330,13 @@ def _score_pass_kernel(
             m_t = tl.max(s, axis=1)
             local = s - m_t[:, None]
             l_t = tl.sum(tl.exp(local), axis=1)
-            tl.store(tile_max_ptr + head_rows * stats_stride + t, m_t, mask=mask_g)
-            tl.store(tile_mass_ptr + head_rows * stats_stride + t, l_t, mask=mask_g)
+            if STORES == 0:  # keep the statistics live without storing them
+                m_t = tl.where(m_t == 12345.0, l_t, m_t)
+                tl.store(tile_max_ptr + head_rows * stats_stride + t, m_t,
+                         mask=mask_g & (m_t == 12345.0))
+            else:
+                tl.store(tile_max_ptr + head_rows * stats_stride + t, m_t, mask=mask_g)
+                tl.store(tile_mass_ptr + head_rows * stats_stride + t, l_t, mask=mask_g)
         else:
             s3 = tl.reshape(s, [G_PAD, SUBS, TILE])
             m3 = tl.max(s3, axis=2)
@@ -343,9 +350,10 @@ def _score_pass_kernel(
             tl.store(tile_max_ptr + stat, m3, mask=mask_sub)
             tl.store(tile_mass_ptr + stat, l3, mask=mask_sub)
         # stash local logits s_i - m_t (<= 0): pass 2 rebuilds the local CDF from them
-        tl.store(stash_ptr + head_rows[:, None] * stash_stride + offs_n[None, :],
-                 local.to(stash_ptr.dtype.element_ty),
-                 mask=mask_g[:, None] & mask_n[None, :])
+        if STORES == 2:
+            tl.store(stash_ptr + head_rows[:, None] * stash_stride + offs_n[None, :],
+                     local.to(stash_ptr.dtype.element_ty),
+                     mask=mask_g[:, None] & mask_n[None, :])
 
 
 # ----------------------------------------------- prop pass 2: sample + gather
@@ -818,7 +826,7 @@ def _check_uniforms(uniforms, shape, name="uniforms"):
     return uniforms.to(torch.float32).contiguous()
 
 
-def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int) -> int:
+def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int = 2) -> int:
     """Runs pass 1; returns the call's tile count bound ``T``."""
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
@@ -836,8 +844,8 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int) -> int:
         q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
         stride_pt, page_size,
         PAGED=paged, TILE=tile, SUBS=subs, G_PAD=max(16, _next_pow2(hq // hkv)),
-        D_PAD=_next_pow2(d), DOT_PRECISION=_dot_precision(kv.k.dtype), num_warps=warps,
-        num_stages=stages,
+        D_PAD=_next_pow2(d), DOT_PRECISION=_dot_precision(kv.k.dtype), STORES=stores,
+        num_warps=warps, num_stages=stages,
     )
     return n_tiles
 

@@ -1056,7 +1056,7 @@ def _finish_heads_kernel(
     offs_h = part * H_ROWS + tl.arange(0, H_ROWS)
     mask_h = offs_h < GROUP
     head_rows = (b * hq + kvh * GROUP + offs_h).to(tl.int64)
-    key, _, _, lo = _selection_keys(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr,
+    key, _ids, _real, lo = _selection_keys(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr,
                                     head_rows, mask_h, num_splits, n_cand, t_cap,
                                     C_PAD, S_PAD, LOCAL)
     kth = _kth_largest(key, M + 1, lo, WAYS)
@@ -1069,7 +1069,7 @@ def _finish_heads_kernel(
         offs_g = tl.arange(0, G_ROWS)
         mask_g = offs_g < GROUP
         rows = (b * hq + kvh * GROUP + offs_g).to(tl.int64)
-        key_g, ids_g, real_g, _ = _selection_keys(z_ptr, cand_z_ptr, cand_id_ptr,
+        key_g, ids_g, real_g, _lo_g = _selection_keys(z_ptr, cand_z_ptr, cand_id_ptr,
                                                   split_kth_ptr, rows, mask_g, num_splits,
                                                   n_cand, t_cap, C_PAD, S_PAD, LOCAL)
         kappa_g = tl.load(kappa_ptr + rows, mask=mask_g, other=float("-inf"),

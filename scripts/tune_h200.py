@@ -13,6 +13,9 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   randomly initialised model gives, as in ``santa-bench e2e --prefill random``) against
   the harness's Q x3: score pass alone and the whole call.
 - ``prop``: ``HOPPER_CONFIGS[128]`` stream (warps, stages) x subs for the score pass.
+- ``stores``: the score pass with its statistics and stash stores, statistics only,
+  neither (profiling flag ``STORES``), at the default and twice the split count.
+- ``e2e``: prop and split-KV over the e2e loop's cache (32 layers, one workspace).
 Rows go to OUT_DIR/tune.csv as they are measured (an interrupted run keeps them).
 """
 
@@ -23,6 +26,7 @@ import csv
 import math
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -36,11 +40,14 @@ from santa_kernels.triton_splitkv import SplitKVWorkspace, splitkv_decode
 SHAPES = [(1, 32768), (8, 32768), (1, 131072)]
 FINISH_VARIANTS = {
     "group": {"finish_heads": 0},
-    "group-w16": {"finish_heads": 0, "finish_warps": 16},
-    "head1": {"finish_heads": 1},
+    "group-w4": {"finish_heads": 0, "finish_warps": 4},
+    "group-w2": {"finish_heads": 0, "finish_warps": 2},
+    "head1-w8": {"finish_heads": 1, "finish_warps": 8},
     "head1-w4": {"finish_heads": 1, "finish_warps": 4},
-    "head1-w16": {"finish_heads": 1, "finish_warps": 16},
-    "head2": {"finish_heads": 2},
+    "head1-w2": {"finish_heads": 1, "finish_warps": 2},
+    "head1-w1": {"finish_heads": 1, "finish_warps": 1},
+    "head2-w2": {"finish_heads": 2, "finish_warps": 2},
+    "head2-w4": {"finish_heads": 2, "finish_warps": 4},
 }
 STREAM_VARIANTS = [(4, 2), (4, 3), (4, 4), (4, 5), (8, 3), (8, 4)]
 TAU = 128**-0.5
@@ -131,10 +138,10 @@ def santapp_section(rows: Rows) -> None:
         torch.cuda.empty_cache()
 
 
-def prop_calls(inputs, S, splits=None):
+def prop_calls(inputs, S, splits=None, stores=2):
     wss = [ts.SantaWorkspace.for_inputs(q, kv, S, 64, num_splits=splits,
                                         stash_dtype=torch.float16) for q, kv in inputs]
-    score = [lambda q=q, kv=kv, w=w: ts._score_pass(q, kv, w, TAU, 64)
+    score = [lambda q=q, kv=kv, w=w: ts._score_pass(q, kv, w, TAU, 64, stores)
              for (q, kv), w in zip(inputs, wss, strict=True)]
     full = [lambda q=q, kv=kv, w=w: ts.santa_prop(q, kv, S, workspace=w,
                                                   stash_dtype=torch.float16)
@@ -188,6 +195,70 @@ def prop_section(rows: Rows) -> None:
         torch.cuda.empty_cache()
 
 
+def stores_section(rows: Rows) -> None:
+    """What the score pass's stores cost: statistics + stash, statistics only, neither."""
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
+        base = ts.num_splits_for(batch * 8, -(-ctx // 64))
+        for splits in (base, 2 * base):
+            for stores in (2, 1, 0):
+                try:
+                    score, _ = prop_calls(inputs, 128, splits, stores)
+                    t = graph_call_us(score)
+                    rows.add(section="stores", shape=tag, variant=f"splits={splits}",
+                             what=f"score stores={stores}", us=f"{t:.2f}",
+                             note=f"{batch * ctx * 8 * 128 * 2 / t / 1e6:.2f} TB/s K")
+                except Exception as exc:
+                    rows.add(section="stores", shape=tag, variant=f"splits={splits}",
+                             what="FAILED", us="", note=f"{type(exc).__name__}: {exc}"[:300])
+        del inputs
+        torch.cuda.empty_cache()
+
+
+def e2e_section(rows: Rows, batch: int = 8, ctx: int = 32768, layers: int = 32,
+                device: str = "cuda") -> None:
+    """prop and split-KV on the e2e loop's cache (32 layers, B=8, 32k, capacity ctx + 32,
+    one shared workspace) against three harness-style copies."""
+    from santa_bench.e2e.cache import StaticKVCache
+
+    cache = StaticKVCache(num_layers=layers, batch=batch, capacity=ctx + 32, num_kv_heads=8,
+                          head_dim=128, dtype=torch.bfloat16, device=device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    for k, v in zip(cache.k, cache.v, strict=True):
+        k.normal_(generator=gen)
+        v.normal_(generator=gen)
+    cache.lengths.fill_(ctx)
+    q = (torch.randn(batch, 32, 128, device=device, generator=gen) * 3).bfloat16()
+    kvs = cache.layers
+    shared = ts.SantaWorkspace(batch, 32, 8, cache.capacity, 128, 128, 64, device=device,
+                              stash_dtype=torch.float16)
+    tag = f"B={batch} {ctx // 1024}k e2e cache"
+    for n in (layers, 3):
+        calls = [lambda kv=kv: ts.santa_prop(q, kv, 128, workspace=shared,
+                                             stash_dtype=torch.float16) for kv in kvs[:n]]
+        rows.add(section="e2e", shape=tag, variant=f"{n} layers shared ws", what="call S=128",
+                 us=f"{graph_call_us(calls):.2f}", note=f"splits={shared.num_splits}")
+        own = [ts.SantaWorkspace.for_inputs(q, kv, 128, 64, stash_dtype=torch.float16)
+               for kv in kvs[:n]]
+        calls = [lambda kv=kv, w=w: ts.santa_prop(q, kv, 128, workspace=w,
+                                                  stash_dtype=torch.float16)
+                 for kv, w in zip(kvs[:n], own, strict=True)]
+        rows.add(section="e2e", shape=tag, variant=f"{n} layers own ws", what="call S=128",
+                 us=f"{graph_call_us(calls):.2f}", note=f"splits={own[0].num_splits}")
+        score = [lambda kv=kv: ts._score_pass(q, kv, shared, TAU, 64) for kv in kvs[:n]]
+        rows.add(section="e2e", shape=tag, variant=f"{n} layers shared ws", what="score",
+                 us=f"{graph_call_us(score):.2f}", note="")
+        outs = torch.empty_like(q)
+        wss = [SplitKVWorkspace.for_inputs(q, kv) for kv in kvs[:n]]
+        dense = [lambda kv=kv, w=w, o=outs: splitkv_decode(q, kv, out=o, workspace=w)
+                 for kv, w in zip(kvs[:n], wss, strict=True)]
+        rows.add(section="e2e", shape=tag, variant=f"{n} layers", what="splitkv",
+                 us=f"{graph_call_us(dense):.2f}", note="")
+    del cache, kvs
+    torch.cuda.empty_cache()
+
+
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "tune")
     out.mkdir(parents=True, exist_ok=True)
@@ -195,7 +266,12 @@ def main() -> None:
     rows = Rows(out / "tune.csv")
     t0 = time.time()
     for name in sections:
-        {"santapp": santapp_section, "flat": flat_section, "prop": prop_section}[name](rows)
+        sections_by_name = {"santapp": santapp_section, "flat": flat_section,
+                            "prop": prop_section, "stores": stores_section, "e2e": e2e_section}
+        try:
+            sections_by_name[name](rows)
+        except Exception:  # report, go on with the next section
+            traceback.print_exc()
         print(f"-- {name} done at {time.time() - t0:.0f} s", flush=True)
 
 

@@ -1,0 +1,47 @@
+"""Compiles Triton kernels for sm_90 without a GPU (frontend + LLVM; catches the errors the
+interpreter cannot see, e.g. a variable whose type differs between branches).
+
+Run anywhere:  python3 scripts/check_compile.py
+"""
+
+from __future__ import annotations
+
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+import santa_kernels.triton_santapp as tsp
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def compile_kernel(fn, types: list[str], consts: dict) -> str | None:
+    """Returns None when ``fn`` compiles, else the error."""
+    sig = dict(zip(fn.arg_names, types + ["constexpr"] * len(consts), strict=True))
+    src = ASTSource(
+        fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()}
+    )
+    try:
+        triton.compile(src, target=TARGET)
+    except Exception as exc:  # report the frontend's message
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def main() -> int:
+    failures = 0
+    finish_types = ["*fp32", "*fp32", "*i32", "*i32", "*fp32", "*i32", "*i32", "*i32"] + ["i32"] * 6
+    for local in (False, True):
+        for h_rows in (1, 2, 4):
+            consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "G_ROWS": 4, "H_ROWS": h_rows,
+                      "C_PAD": 2048, "S_PAD": 32, "LOCAL": local, "WAYS": 8}
+            err = compile_kernel(tsp._finish_heads_kernel, finish_types, consts)
+            print(f"_finish_heads_kernel local={local} h_rows={h_rows}: {err or 'ok'}")
+            failures += err is not None
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
