@@ -49,9 +49,11 @@ from santa_kernels.validate import InputError, check_positive_int
 HOPPER_CONFIGS = {
     # head_dim: score/flash (num_warps, num_stages), sample (num_warps, SAMPLE_BLOCK),
     # subs: tiles per K load in the score pass (2 measured within 2% of 1 at d=128, 32k)
-    64: {"stream": (4, 4), "sample": (8, 256), "subs": 1},
-    128: {"stream": (4, 3), "sample": (8, 256), "subs": 1},
-    256: {"stream": (8, 2), "sample": (8, 128), "subs": 1},
+    # narrow: the score pass's tail (statistics, exp, stash stores) on the G real query
+    # rows instead of the dot's 16 padded rows
+    64: {"stream": (4, 4), "sample": (8, 256), "subs": 1, "narrow": True},
+    128: {"stream": (4, 3), "sample": (8, 256), "subs": 1, "narrow": True},
+    256: {"stream": (8, 2), "sample": (8, 128), "subs": 1, "narrow": True},
 }
 H200_SM_COUNT = 132
 MAX_PREFIX_IN_REGS = 2048  # tile prefixes up to this length stay in registers in pass 2
@@ -297,7 +299,8 @@ def _score_pass_kernel(
     stash_stride, stats_stride,
     stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_pt, page_size,
     PAGED: tl.constexpr, TILE: tl.constexpr, SUBS: tl.constexpr, G_PAD: tl.constexpr,
-    D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, STORES: tl.constexpr = 2,
+    D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, G_ROWS: tl.constexpr = 0,
+    STORES: tl.constexpr = 2,
 ):
     # STORES (profiling only): 2 = statistics and stash (the kernel), 1 = statistics only,
     # 0 = neither (the K stream and the scores alone)
@@ -320,11 +323,19 @@ def _score_pass_kernel(
     t_end = tl.minimum(t_begin + tiles_per_split, n_blocks)
     q, heads, mask_g = _group_queries(q_ptr, b, kvh, group, head_dim, stride_qb, stride_qh,
                                       G_PAD, D_PAD)
+    ROWS: tl.constexpr = G_PAD if G_ROWS == 0 else G_ROWS
+    if ROWS < G_PAD:
+        # statistics and stash on the G real rows only: the dot needs >= 16 rows, the
+        # rest of the tail (exp, reductions, masked stores) does not
+        heads = kvh * group + tl.arange(0, ROWS)
+        mask_g = tl.arange(0, ROWS) < group
     head_rows = (b * num_q_heads + heads).to(tl.int64)
     for t in range(t_begin, t_end):
         s, offs_n, mask_n = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim,
                                          scale, stride_kx, stride_ky, stride_kh, stride_pt,
                                          page_size, PAGED, LOAD, D_PAD, DOT_PRECISION)
+        if ROWS < G_PAD:  # the padding rows of q are zero (or -inf past the end): exact
+            s = tl.sum(tl.reshape(s, [G_PAD // ROWS, ROWS, LOAD]), axis=0)
         # section 4: local max m_t and local mass l_t of every head on each TILE rows
         if SUBS == 1:
             m_t = tl.max(s, axis=1)
@@ -338,12 +349,12 @@ def _score_pass_kernel(
                 tl.store(tile_max_ptr + head_rows * stats_stride + t, m_t, mask=mask_g)
                 tl.store(tile_mass_ptr + head_rows * stats_stride + t, l_t, mask=mask_g)
         else:
-            s3 = tl.reshape(s, [G_PAD, SUBS, TILE])
+            s3 = tl.reshape(s, [ROWS, SUBS, TILE])
             m3 = tl.max(s3, axis=2)
             m3 = tl.where(m3 == float("-inf"), 0.0, m3)  # a sub-tile past the end: no NaN
             local3 = s3 - m3[:, :, None]
             l3 = tl.sum(tl.exp(local3), axis=2)
-            local = tl.reshape(local3, [G_PAD, LOAD])
+            local = tl.reshape(local3, [ROWS, LOAD])
             offs_sub = t * SUBS + tl.arange(0, SUBS)
             stat = head_rows[:, None] * stats_stride + offs_sub[None, :]
             mask_sub = mask_g[:, None] & (offs_sub[None, :] < n_tiles)
@@ -827,10 +838,13 @@ def _check_uniforms(uniforms, shape, name="uniforms"):
 
 
 def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int = 2) -> int:
-    """Runs pass 1; returns the call's tile count bound ``T``."""
+    """Runs pass 1; returns the call's tile count bound ``T``. ``stores`` < 2 skips the
+    stash (1) or every store (0): profiling only."""
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
     cfg = _config(d)
+    g_pad = max(16, _next_pow2(hq // hkv))
+    g_rows = max(2, _next_pow2(hq // hkv)) if cfg.get("narrow", False) else 0
     subs = cfg.get("subs", 1)
     n_tiles = -(-_capacity(kv) // tile)
     n_blocks = -(-_capacity(kv) // (tile * subs))  # K loads of subs * tile rows
@@ -843,9 +857,9 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
         scale, hkv, hq, hq // hkv, d, per_split, ws.max_len, ws.max_tiles,
         q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
         stride_pt, page_size,
-        PAGED=paged, TILE=tile, SUBS=subs, G_PAD=max(16, _next_pow2(hq // hkv)),
-        D_PAD=_next_pow2(d), DOT_PRECISION=_dot_precision(kv.k.dtype), STORES=stores,
-        num_warps=warps, num_stages=stages,
+        PAGED=paged, TILE=tile, SUBS=subs, G_PAD=g_pad, D_PAD=_next_pow2(d),
+        DOT_PRECISION=_dot_precision(kv.k.dtype), G_ROWS=g_rows if g_rows < g_pad else 0,
+        STORES=stores, num_warps=warps, num_stages=stages,
     )
     return n_tiles
 

@@ -38,16 +38,11 @@ from santa_bench.timing import graph_call_us
 from santa_kernels.triton_splitkv import SplitKVWorkspace, splitkv_decode
 
 SHAPES = [(1, 32768), (8, 32768), (1, 131072)]
-FINISH_VARIANTS = {
+FINISH_VARIANTS = {  # measured 2026-11-29 (results/h200/tune-2026-11-29): head1-w8 best
     "group": {"finish_heads": 0},
-    "group-w4": {"finish_heads": 0, "finish_warps": 4},
-    "group-w2": {"finish_heads": 0, "finish_warps": 2},
     "head1-w8": {"finish_heads": 1, "finish_warps": 8},
+    "head1-w16": {"finish_heads": 1, "finish_warps": 16},
     "head1-w4": {"finish_heads": 1, "finish_warps": 4},
-    "head1-w2": {"finish_heads": 1, "finish_warps": 2},
-    "head1-w1": {"finish_heads": 1, "finish_warps": 1},
-    "head2-w2": {"finish_heads": 2, "finish_warps": 2},
-    "head2-w4": {"finish_heads": 2, "finish_warps": 4},
 }
 STREAM_VARIANTS = [(4, 2), (4, 3), (4, 4), (4, 5), (8, 3), (8, 4)]
 TAU = 128**-0.5
@@ -196,22 +191,28 @@ def prop_section(rows: Rows) -> None:
 
 
 def stores_section(rows: Rows) -> None:
-    """What the score pass's stores cost: statistics + stash, statistics only, neither."""
+    """What the score pass's stores cost (statistics + stash, statistics only, neither),
+    with its tail on the dot's 16 padded rows or on the G real rows (``narrow``)."""
+    default = copy.deepcopy(ts.HOPPER_CONFIGS)
     for batch, ctx in SHAPES:
         tag = f"B={batch} {ctx // 1024}k"
         inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
-        base = ts.num_splits_for(batch * 8, -(-ctx // 64))
-        for splits in (base, 2 * base):
+        for narrow in (False, True):
+            ts.HOPPER_CONFIGS[128] = {**default[128], "narrow": narrow}
             for stores in (2, 1, 0):
                 try:
-                    score, _ = prop_calls(inputs, 128, splits, stores)
+                    score, full = prop_calls(inputs, 128, None, stores)
                     t = graph_call_us(score)
-                    rows.add(section="stores", shape=tag, variant=f"splits={splits}",
+                    rows.add(section="stores", shape=tag, variant=f"narrow={narrow}",
                              what=f"score stores={stores}", us=f"{t:.2f}",
                              note=f"{batch * ctx * 8 * 128 * 2 / t / 1e6:.2f} TB/s K")
+                    if stores == 2:
+                        rows.add(section="stores", shape=tag, variant=f"narrow={narrow}",
+                                 what="call S=128", us=f"{graph_call_us(full):.2f}", note="")
                 except Exception as exc:
-                    rows.add(section="stores", shape=tag, variant=f"splits={splits}",
+                    rows.add(section="stores", shape=tag, variant=f"narrow={narrow}",
                              what="FAILED", us="", note=f"{type(exc).__name__}: {exc}"[:300])
+        ts.HOPPER_CONFIGS[128] = copy.deepcopy(default[128])
         del inputs
         torch.cuda.empty_cache()
 
@@ -222,6 +223,8 @@ def e2e_section(rows: Rows, batch: int = 8, ctx: int = 32768, layers: int = 32,
     one shared workspace) against three harness-style copies."""
     from santa_bench.e2e.cache import StaticKVCache
 
+    if device == "cuda":
+        device = f"cuda:{torch.cuda.current_device()}"
     cache = StaticKVCache(num_layers=layers, batch=batch, capacity=ctx + 32, num_kv_heads=8,
                           head_dim=128, dtype=torch.bfloat16, device=device)
     gen = torch.Generator(device=device).manual_seed(0)
