@@ -231,33 +231,21 @@ def e2e_section(rows: Rows, batch: int = 8, ctx: int = 32768, layers: int = 32,
     for k, v in zip(cache.k, cache.v, strict=True):
         k.normal_(generator=gen)
         v.normal_(generator=gen)
-    cache.lengths.fill_(ctx)
-    q = (torch.randn(batch, 32, 128, device=device, generator=gen) * 3).bfloat16()
     kvs = cache.layers
     shared = ts.SantaWorkspace(batch, 32, 8, cache.capacity, 128, 128, 64, device=device,
                               stash_dtype=torch.float16)
-    tag = f"B={batch} {ctx // 1024}k e2e cache"
-    for n in (layers, 3):
-        calls = [lambda kv=kv: ts.santa_prop(q, kv, 128, workspace=shared,
-                                             stash_dtype=torch.float16) for kv in kvs[:n]]
-        rows.add(section="e2e", shape=tag, variant=f"{n} layers shared ws", what="call S=128",
-                 us=f"{graph_call_us(calls):.2f}", note=f"splits={shared.num_splits}")
-        own = [ts.SantaWorkspace.for_inputs(q, kv, 128, 64, stash_dtype=torch.float16)
-               for kv in kvs[:n]]
-        calls = [lambda kv=kv, w=w: ts.santa_prop(q, kv, 128, workspace=w,
-                                                  stash_dtype=torch.float16)
-                 for kv, w in zip(kvs[:n], own, strict=True)]
-        rows.add(section="e2e", shape=tag, variant=f"{n} layers own ws", what="call S=128",
-                 us=f"{graph_call_us(calls):.2f}", note=f"splits={own[0].num_splits}")
-        score = [lambda kv=kv: ts._score_pass(q, kv, shared, TAU, 64) for kv in kvs[:n]]
-        rows.add(section="e2e", shape=tag, variant=f"{n} layers shared ws", what="score",
+    for length, q_scale in ((ctx, 3.0), (ctx + 32, 3.0), (ctx + 32, 1.25), (ctx + 32, 30.0)):
+        cache.lengths.fill_(length)
+        q = (torch.randn(batch, 32, 128, device=device, generator=gen) * q_scale).bfloat16()
+        tag = f"B={batch} len={length} q x{q_scale}"
+        calls = [lambda kv=kv, q=q: ts.santa_prop(q, kv, 128, workspace=shared,
+                                                  stash_dtype=torch.float16) for kv in kvs]
+        rows.add(section="e2e", shape=tag, variant=f"{layers} layers shared ws",
+                 what="call S=128", us=f"{graph_call_us(calls):.2f}",
+                 note=f"splits={shared.num_splits}")
+        score = [lambda kv=kv, q=q: ts._score_pass(q, kv, shared, TAU, 64) for kv in kvs]
+        rows.add(section="e2e", shape=tag, variant=f"{layers} layers shared ws", what="score",
                  us=f"{graph_call_us(score):.2f}", note="")
-        outs = torch.empty_like(q)
-        wss = [SplitKVWorkspace.for_inputs(q, kv) for kv in kvs[:n]]
-        dense = [lambda kv=kv, w=w, o=outs: splitkv_decode(q, kv, out=o, workspace=w)
-                 for kv, w in zip(kvs[:n], wss, strict=True)]
-        rows.add(section="e2e", shape=tag, variant=f"{n} layers", what="splitkv",
-                 us=f"{graph_call_us(dense):.2f}", note="")
     del cache, kvs
     torch.cuda.empty_cache()
 

@@ -29,7 +29,15 @@ from santa_kernels.triton_santa import (
     santa_triton_available,
 )
 
-pytestmark = pytest.mark.skipif(not santa_triton_available()[0], reason="no Triton backend")
+pytestmark = [
+    pytest.mark.skipif(not santa_triton_available()[0], reason="no Triton backend"),
+    # these tests build CPU tensors: they run the kernels under the interpreter (the GPU
+    # checks of the compiled kernels are tests/test_gpu_graphs.py and scripts/)
+    pytest.mark.skipif(
+        os.environ.get("TRITON_INTERPRET", "0") != "1" and torch.cuda.is_available(),
+        reason="CPU tensors: run with TRITON_INTERPRET=1",
+    ),
+]
 
 TILE = 16
 
