@@ -10,7 +10,7 @@ set -u
 out=${1:?usage: bash scripts/h200_e2e.sh RESULTS_DIR [steps] [batches]}
 steps=${2:-64}
 batches=${3:-4,8}
-run=e2e-llama8b-32k
+run=${RUN:-e2e-llama8b-32k}
 source scripts/h200_setup.sh
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   python3 -m pytest -q -x -m gpu tests/test_e2e.py 2>&1 | tail -8
