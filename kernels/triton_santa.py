@@ -50,7 +50,8 @@ HOPPER_CONFIGS = {
     # head_dim: score/flash (num_warps, num_stages), sample (num_warps, SAMPLE_BLOCK),
     # subs: tiles per K load in the score pass (2 measured within 2% of 1 at d=128, 32k)
     # narrow: the score pass's tail (statistics, exp, stash stores) on the G real query
-    # rows instead of the dot's 16 padded rows
+    # rows instead of the dot's 16 padded rows; evict_k: L2 eviction hint of the score
+    # pass's K loads ("" = none, "evict_first": K is read once, the stash may stay in L2)
     64: {"stream": (4, 4), "sample": (8, 256), "subs": 1, "narrow": True},
     128: {"stream": (4, 3), "sample": (8, 256), "subs": 1, "narrow": True},
     256: {"stream": (8, 2), "sample": (8, 128), "subs": 1, "narrow": True},
@@ -261,7 +262,7 @@ def _group_queries(q_ptr, b, kvh, group, head_dim, stride_qb, stride_qh,
 def _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale,
                  stride_kx, stride_ky, stride_kh, stride_pt, page_size,
                  PAGED: tl.constexpr, TILE: tl.constexpr, D_PAD: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr):
+                 DOT_PRECISION: tl.constexpr, EVICT: tl.constexpr = ""):
     """Returns (s [G_PAD, TILE] with -inf on invalid rows, offs_n, mask_n) for tile ``t``."""
     offs_n = t * TILE + tl.arange(0, TILE)
     offs_d = tl.arange(0, D_PAD)
@@ -276,10 +277,12 @@ def _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale,
                 + kvh * stride_kh)
         k_tile = k_ptr + base + (tl.arange(0, TILE) * stride_ky)[:, None]
     if head_dim == D_PAD:  # no head-dim mask: full-width vector loads
-        k = tl.load(k_tile + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+        k = tl.load(k_tile + offs_d[None, :], mask=mask_n[:, None], other=0.0,
+                    eviction_policy=EVICT)
     else:
         k = tl.load(k_tile + offs_d[None, :],
-                    mask=mask_n[:, None] & (offs_d[None, :] < head_dim), other=0.0)
+                    mask=mask_n[:, None] & (offs_d[None, :] < head_dim), other=0.0,
+                    eviction_policy=EVICT)
     # all G heads of the group against one K tile: K is read once per group (section 4)
     if DOT_PRECISION == "ieee":  # fp32 inputs (and bf16 under the CPU interpreter)
         s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
@@ -300,7 +303,7 @@ def _score_pass_kernel(
     stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_pt, page_size,
     PAGED: tl.constexpr, TILE: tl.constexpr, SUBS: tl.constexpr, G_PAD: tl.constexpr,
     D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, G_ROWS: tl.constexpr = 0,
-    STORES: tl.constexpr = 2,
+    STORES: tl.constexpr = 2, EVICT: tl.constexpr = "",
 ):
     # STORES (profiling only): 2 = statistics and stash (the kernel), 1 = statistics only,
     # 0 = neither (the K stream and the scores alone)
@@ -333,7 +336,7 @@ def _score_pass_kernel(
     for t in range(t_begin, t_end):
         s, offs_n, mask_n = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim,
                                          scale, stride_kx, stride_ky, stride_kh, stride_pt,
-                                         page_size, PAGED, LOAD, D_PAD, DOT_PRECISION)
+                                         page_size, PAGED, LOAD, D_PAD, DOT_PRECISION, EVICT)
         if ROWS < G_PAD:  # the padding rows of q are zero (or -inf past the end): exact
             s = tl.sum(tl.reshape(s, [G_PAD // ROWS, ROWS, LOAD]), axis=0)
         # section 4: local max m_t and local mass l_t of every head on each TILE rows
@@ -859,7 +862,7 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
         stride_pt, page_size,
         PAGED=paged, TILE=tile, SUBS=subs, G_PAD=g_pad, D_PAD=_next_pow2(d),
         DOT_PRECISION=_dot_precision(kv.k.dtype), G_ROWS=g_rows if g_rows < g_pad else 0,
-        STORES=stores, num_warps=warps, num_stages=stages,
+        STORES=stores, EVICT=cfg.get("evict_k", ""), num_warps=warps, num_stages=stages,
     )
     return n_tiles
 

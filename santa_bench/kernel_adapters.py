@@ -19,6 +19,7 @@ import torch
 from santa_bench.baselines import BASELINES, Prepared, Unsupported
 from santa_bench.timing import nbytes_of
 from santa_kernels.kv import KVCache
+from santa_kernels.validate import InputError
 
 PrepareFn = Callable[..., Prepared]
 STASH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -55,9 +56,15 @@ def santa_prepare(function: str) -> PrepareFn:
             raise Unsupported("the Triton kernels do not implement min_ctx; use the reference")
         module = _triton_santa()
         flash = function == "santa_flash"
-        workspace = module.SantaWorkspace.for_inputs(q, kv, S, tile, seed=seed, store_counts=flash)
+        if stash is not None and stash not in STASH_DTYPES:
+            raise InputError(f"stash: expected one of {sorted(STASH_DTYPES)}, got {stash!r}")
+        stash_dtype = STASH_DTYPES[stash or "fp32"]
+        workspace = module.SantaWorkspace.for_inputs(q, kv, S, tile, seed=seed, store_counts=flash,
+                                                     stash_dtype=stash_dtype)
         kernel = getattr(module, function)
         kwargs: dict[str, Any] = {"tile": tile, "scale": scale, "workspace": workspace}
+        if not flash:  # santa-flash keeps no stash
+            kwargs["stash_dtype"] = stash_dtype
         if alloc is not None:
             kwargs["alloc"] = alloc
 

@@ -45,11 +45,14 @@ def main() -> int:
             failures += err is not None
     score_types = ["*bf16", "*bf16", "*i32", "*i32", "*fp32", "*fp32", "*fp16", "*i64", "fp32"]
     score_types += ["i32"] * 14
-    for group, g_rows, subs in ((4, 4, 1), (4, 4, 2), (4, 0, 1), (1, 2, 1), (8, 8, 1)):
+    for group, g_rows, subs, evict in ((4, 4, 1, ""), (4, 4, 2, ""), (4, 0, 1, ""),
+                                       (1, 2, 1, ""), (8, 8, 1, ""), (4, 4, 1, "evict_first")):
         consts = {"head_dim": 128, "PAGED": False, "TILE": 64, "SUBS": subs, "G_PAD": 16,
-                  "D_PAD": 128, "DOT_PRECISION": "tf32", "G_ROWS": g_rows, "STORES": 2}
+                  "D_PAD": 128, "DOT_PRECISION": "tf32", "G_ROWS": g_rows, "STORES": 2,
+                  "EVICT": evict}
         err = compile_kernel(ts._score_pass_kernel, score_types, consts)
-        print(f"_score_pass_kernel G={group} G_ROWS={g_rows} SUBS={subs}: {err or 'ok'}")
+        print(f"_score_pass_kernel G={group} G_ROWS={g_rows} SUBS={subs} EVICT={evict!r}: "
+              f"{err or 'ok'}")
         failures += err is not None
     return 1 if failures else 0
 

@@ -217,6 +217,35 @@ def stores_section(rows: Rows) -> None:
         torch.cuda.empty_cache()
 
 
+def evict_section(rows: Rows) -> None:
+    """The score pass's K loads with and without an evict-first L2 hint, fp16/fp32 stash."""
+    default = copy.deepcopy(ts.HOPPER_CONFIGS)
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
+        for evict in ("", "evict_first", "evict_last"):
+            ts.HOPPER_CONFIGS[128] = {**default[128], "evict_k": evict}
+            for stash in (torch.float16, torch.float32):
+                try:
+                    wss = [ts.SantaWorkspace.for_inputs(q, kv, 128, 64, stash_dtype=stash)
+                           for q, kv in inputs]
+                    score = [lambda q=q, kv=kv, w=w: ts._score_pass(q, kv, w, TAU, 64)
+                             for (q, kv), w in zip(inputs, wss, strict=True)]
+                    full = [lambda q=q, kv=kv, w=w: ts.santa_prop(q, kv, 128, workspace=w)
+                            for (q, kv), w in zip(inputs, wss, strict=True)]
+                    name = f"evict={evict or 'none'} stash={str(stash)[6:]}"
+                    rows.add(section="evict", shape=tag, variant=name, what="score",
+                             us=f"{graph_call_us(score):.2f}", note="")
+                    rows.add(section="evict", shape=tag, variant=name, what="call S=128",
+                             us=f"{graph_call_us(full):.2f}", note="")
+                except Exception as exc:
+                    rows.add(section="evict", shape=tag, variant=f"evict={evict}",
+                             what="FAILED", us="", note=f"{type(exc).__name__}: {exc}"[:300])
+        ts.HOPPER_CONFIGS[128] = copy.deepcopy(default[128])
+        del inputs
+        torch.cuda.empty_cache()
+
+
 def e2e_section(rows: Rows, batch: int = 8, ctx: int = 32768, layers: int = 32,
                 device: str = "cuda") -> None:
     """prop and split-KV on the e2e loop's cache (32 layers, B=8, 32k, capacity ctx + 32,
@@ -258,7 +287,8 @@ def main() -> None:
     t0 = time.time()
     for name in sections:
         sections_by_name = {"santapp": santapp_section, "flat": flat_section,
-                            "prop": prop_section, "stores": stores_section, "e2e": e2e_section}
+                            "prop": prop_section, "stores": stores_section, "e2e": e2e_section,
+                            "evict": evict_section}
         try:
             sections_by_name[name](rows)
         except Exception:  # report, go on with the next section

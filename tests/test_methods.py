@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import santa_kernels as sk
 from conftest import decode_problem
 from santa_bench.methods import REGISTRY, MethodError, parse_method_specs
 
@@ -74,3 +75,33 @@ def test_bernoulli_entry_composes_value_stages():
         params = method.resolve_params({"value_stage": value, "S": 8})
         out = method.run_reference(q, kv, params, seed=1)
         assert out.reads.k_read_fraction < 1.0
+
+
+def test_kernel_adapter_honours_the_stash_dtype(monkeypatch):
+    """``santa-prop:stash=fp16`` must reach the kernel's workspace (it was once ignored)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    import santa_kernels.triton_santa as ts
+    from santa_bench.kernel_adapters import santa_prepare
+    from santa_kernels.validate import InputError
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU tensors: the interpreter check")
+    seen = []
+    real = ts.SantaWorkspace.for_inputs
+
+    def spy(*args, **kw):
+        ws = real(*args, **kw)
+        seen.append(ws.stash.dtype)
+        return ws
+
+    monkeypatch.setattr(ts.SantaWorkspace, "for_inputs", spy)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 16, generator=gen)
+    k, v = torch.randn(2, 1, 40, 2, 16, generator=gen)
+    kv = sk.KVCache.contiguous(k, v)
+    prepare = santa_prepare("santa_prop")
+    prepare(q, kv, S=8, tile=16, stash="fp16").run()
+    prepare(q, kv, S=8, tile=16).run()
+    assert seen == [torch.float16, torch.float32]
+    with pytest.raises(InputError, match="stash"):
+        prepare(q, kv, S=8, tile=16, stash="fp8")
