@@ -51,7 +51,8 @@ HOPPER_CONFIGS = {
     # subs: tiles per K load in the score pass (2 measured within 2% of 1 at d=128, 32k)
     # narrow: the score pass's tail (statistics, exp, stash stores) on the G real query
     # rows instead of the dot's 16 padded rows; evict_k: L2 eviction hint of the score
-    # pass's K loads ("" = none, "evict_first": K is read once, the stash may stay in L2)
+    # pass's K loads ("" = none, "evict_first": K is read once, the stash may stay in L2);
+    # stash_store: cache modifier of the stash stores ("" = default write-back, ".cs")
     64: {"stream": (4, 4), "sample": (8, 256), "subs": 1, "narrow": True},
     128: {"stream": (4, 3), "sample": (8, 256), "subs": 1, "narrow": True},
     256: {"stream": (8, 2), "sample": (8, 128), "subs": 1, "narrow": True},
@@ -303,7 +304,7 @@ def _score_pass_kernel(
     stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_pt, page_size,
     PAGED: tl.constexpr, TILE: tl.constexpr, SUBS: tl.constexpr, G_PAD: tl.constexpr,
     D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, G_ROWS: tl.constexpr = 0,
-    STORES: tl.constexpr = 2, EVICT: tl.constexpr = "",
+    STORES: tl.constexpr = 2, EVICT: tl.constexpr = "", STASH_CACHE: tl.constexpr = "",
 ):
     # STORES (profiling only): 2 = statistics and stash (the kernel), 1 = statistics only,
     # 0 = neither (the K stream and the scores alone)
@@ -367,7 +368,7 @@ def _score_pass_kernel(
         if STORES == 2:
             tl.store(stash_ptr + head_rows[:, None] * stash_stride + offs_n[None, :],
                      local.to(stash_ptr.dtype.element_ty),
-                     mask=mask_g[:, None] & mask_n[None, :])
+                     mask=mask_g[:, None] & mask_n[None, :], cache_modifier=STASH_CACHE)
 
 
 # ----------------------------------------------- prop pass 2: sample + gather
@@ -862,7 +863,8 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
         stride_pt, page_size,
         PAGED=paged, TILE=tile, SUBS=subs, G_PAD=g_pad, D_PAD=_next_pow2(d),
         DOT_PRECISION=_dot_precision(kv.k.dtype), G_ROWS=g_rows if g_rows < g_pad else 0,
-        STORES=stores, EVICT=cfg.get("evict_k", ""), num_warps=warps, num_stages=stages,
+        STORES=stores, EVICT=cfg.get("evict_k", ""), STASH_CACHE=cfg.get("stash_store", ""),
+        num_warps=warps, num_stages=stages,
     )
     return n_tiles
 

@@ -49,7 +49,7 @@ def main() -> int:
                                        (1, 2, 1, ""), (8, 8, 1, ""), (4, 4, 1, "evict_first")):
         consts = {"head_dim": 128, "PAGED": False, "TILE": 64, "SUBS": subs, "G_PAD": 16,
                   "D_PAD": 128, "DOT_PRECISION": "tf32", "G_ROWS": g_rows, "STORES": 2,
-                  "EVICT": evict}
+                  "EVICT": evict, "STASH_CACHE": ".cs" if evict else ""}
         err = compile_kernel(ts._score_pass_kernel, score_types, consts)
         print(f"_score_pass_kernel G={group} G_ROWS={g_rows} SUBS={subs} EVICT={evict!r}: "
               f"{err or 'ok'}")

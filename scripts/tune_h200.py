@@ -246,6 +246,35 @@ def evict_section(rows: Rows) -> None:
         torch.cuda.empty_cache()
 
 
+def tail_section(rows: Rows) -> None:
+    """prop S=128 (fp16 stash): stash store cache hint, sample-pass warps, split count."""
+    default = copy.deepcopy(ts.HOPPER_CONFIGS)
+    variants = {
+        "base": ({}, 1),
+        "stash .cs": ({"stash_store": ".cs"}, 1),
+        "sample w4": ({"sample": (4, 256)}, 1),
+        "sample w16": ({"sample": (16, 256)}, 1),
+        "splits x2": ({}, 2),
+        "splits x0.5": ({}, 0.5),
+    }
+    for batch, ctx in SHAPES[:2]:
+        tag = f"B={batch} {ctx // 1024}k"
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
+        base = ts.num_splits_for(batch * 8, -(-ctx // 64))
+        for name, (override, factor) in variants.items():
+            ts.HOPPER_CONFIGS[128] = {**default[128], **override}
+            try:
+                score, full = prop_calls(inputs, 128, max(1, int(base * factor)))
+                rows.add(section="tail", shape=tag, variant=name, what="call S=128",
+                         us=f"{graph_call_us(full):.2f}", note=f"score {graph_call_us(score):.2f}")
+            except Exception as exc:
+                rows.add(section="tail", shape=tag, variant=name, what="FAILED", us="",
+                         note=f"{type(exc).__name__}: {exc}"[:300])
+        ts.HOPPER_CONFIGS[128] = copy.deepcopy(default[128])
+        del inputs
+        torch.cuda.empty_cache()
+
+
 def e2e_section(rows: Rows, batch: int = 8, ctx: int = 32768, layers: int = 32,
                 device: str = "cuda") -> None:
     """prop and split-KV on the e2e loop's cache (32 layers, B=8, 32k, capacity ctx + 32,
@@ -288,7 +317,7 @@ def main() -> None:
     for name in sections:
         sections_by_name = {"santapp": santapp_section, "flat": flat_section,
                             "prop": prop_section, "stores": stores_section, "e2e": e2e_section,
-                            "evict": evict_section}
+                            "evict": evict_section, "tail": tail_section}
         try:
             sections_by_name[name](rows)
         except Exception:  # report, go on with the next section
