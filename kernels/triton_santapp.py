@@ -11,14 +11,16 @@ replay draws fresh Gumbel noise.
    counter ``(b, block of 4 heads, team)``, ``rand4x``; ``gumbels=`` overrides it) and
    writes ``phi`` and ``z = phi + Gumbel``. In *local* mode (many teams: ``G * T``
    above :data:`FINISH_CAP`) it also keeps its block's top ``M+1`` per head as
-   candidates (threshold found by the search below). The
-   program that finishes last for its ``(b, kv head)`` (an atomic ticket; or a second
-   kernel without fusion) finds per head ``kappa`` = the ``(M+1)``-th largest ``z`` by a
-   k-ary search on order-preserving integer keys (:func:`_kth_largest`: 4 or 8
-   thresholds a step, one packed reduction each, ~4-6 dependent steps instead of ~11 for
-   bisection), and writes the compact union over the group of the selected teams
-   (``z > kappa`` for some head; team order, or in local mode a team belongs to the first
-   head that selected it) and its count.
+   candidates (threshold found by the search below).
+   **finish** (default: its own kernel, grid ``(B*Hkv, G)``, one program per query head;
+   ``finish_heads=0``: one program per KV group; ``fuse_select``: the last select
+   program of the group) finds ``kappa`` = the ``(M+1)``-th largest ``z`` by a k-ary
+   search on order-preserving integer keys (:func:`_kth_largest`: 4 or 8 thresholds a
+   step, one packed reduction each, ~4-6 dependent steps instead of ~11 for bisection);
+   the group's last finishing program (an acq_rel ticket) writes the compact union over
+   the group of the selected teams (``z > kappa`` for some head; team order, or in local
+   mode a team belongs to the first head that selected it) and its count. Per head:
+   14.7 vs 22.9 us for select + finish at 32k B=1 (BENCHMARKS.md, session 3).
 2. **attend** ``(B*Hkv, chunks + exact programs)``: a team program loads ``TPB`` teams of
    the union list (``SLOT`` rows each; programs past the device-side count read nothing
    and write an empty partial, so the merge needs no count),
@@ -109,7 +111,10 @@ HOPPER = {
     "attend_rows": {64: 64, 128: 64, 256: 32},  # rows of K/V a team program loads per chunk
     "exact_rows": {64: 64, 128: 64, 256: 32},
     # heads per finishing program: 0 = one program per KV group finds every head's kappa
-    # and writes the union; h > 0 = G/h programs per group, the last writes the union
+    # and writes the union; h > 0 = G/h programs per group, the last writes the union.
+    # H200, select + finish at 32k B=1 / B=8 / 128k B=1 (P=64): 0 -> 22.9 / 40.4 / 23.0 us,
+    # 1 -> 14.7 / 32.2 / 13.3 us (8 warps), 2 with 4 warps -> 19.1 / 34.4 / 17.8
+    # (results/h200/tune-2026-11-29)
     "finish_heads": 1,
     "merge_warps": 4,  # 8 when a merge step holds >= 4096 partial elements
     "merge_block": 64,  # partials merged per step (fewer when there are fewer)

@@ -38,16 +38,21 @@ def kernel_table(frame: pd.DataFrame) -> str:
         return "(no kernel rows)\n"
     lines: list[str] = []
     latency = kernel[kernel.metric == "latency"]
+    runs = "run_id" in kernel and kernel.run_id.nunique() > 1  # name each line's run
     for (timing, l2), group in latency.groupby(["timing", "l2"], dropna=False, sort=True):
         lines += [
             f"\n**timing: {timing}, L2: {l2}**\n",
             "| ctx | B | method | latency (us) [IQR] | speedup vs best dense [95% CI] "
-            "| bandwidth (TB/s) | rel. L2 vs dense | KV read |",
-            "|---|---|---|---|---|---|---|---|",
+            "| bandwidth (TB/s) | rel. L2 vs dense | KV read |" + (" run |" if runs else ""),
+            "|---|---|---|---|---|---|---|---|" + ("---|" if runs else ""),
         ]
         for _, row in group.sort_values(["ctx", "batch", "value"]).iterrows():
-            case = kernel[kernel.case_hash == row.case_hash].set_index("metric")
-            lines.append(_kernel_line(row, case))
+            # the same case may sit in several runs: this row's run, its last write
+            same = kernel.case_hash == row.case_hash
+            if "run_id" in kernel:
+                same &= kernel.run_id == row.run_id
+            case = kernel[same].drop_duplicates("metric", keep="last").set_index("metric")
+            lines.append(_kernel_line(row, case) + (f" {row.run_id} |" if runs else ""))
     return "\n".join(lines) + "\n"
 
 

@@ -251,3 +251,24 @@ def test_git_sha_falls_back_to_the_environment_outside_a_checkout(tmp_path, monk
     assert environment._git_sha() == "abc123"
     monkeypatch.delenv("SANTA_BENCH_GIT_SHA")
     assert environment._git_sha() is None
+
+
+def test_kernel_table_with_one_case_in_two_runs():
+    """The same case stored by two runs (a re-timing) gives one line per run, not a crash."""
+    import pandas as pd
+
+    from santa_bench.report import kernel_table
+
+    rows = []
+    for run, latency in (("old", 40.0), ("new", 30.0)):
+        base = {"kind": "kernel", "method": "santa-prop", "S": 128, "ctx": 32768, "batch": 1,
+                "timing": "graph", "l2": "cold", "status": "ok", "reason": None,
+                "case_hash": "abc", "run_id": run, "q1_us": latency - 1, "q3_us": latency + 1,
+                "ci_low": 1.0, "ci_high": 1.1, "best_dense": "sdpa-cudnn"}
+        rows.append({**base, "metric": "latency", "value": latency})
+        rows.append({**base, "metric": "speedup_vs_best_dense", "value": 38.0 / latency})
+    table = kernel_table(pd.DataFrame(rows))
+    lines = [line for line in table.splitlines() if line.startswith("| 32k")]
+    assert lines[0].startswith("| 32k | 1 | santa-prop S=128 | 30.0 [29.0-31.0] | 1.27x")
+    assert lines[0].endswith("| new |") and lines[1].endswith("| old |")
+    assert lines[1].startswith("| 32k | 1 | santa-prop S=128 | 40.0 [39.0-41.0] | 0.95x")
