@@ -275,6 +275,36 @@ def tail_section(rows: Rows) -> None:
         torch.cuda.empty_cache()
 
 
+def statsblk_section(rows: Rows) -> None:
+    """Tile statistics stored per tile (0) or once per block of 64 tiles from registers:
+    the same samples given the same uniforms, and prop S=128 (fp16 stash) latency."""
+    default = copy.deepcopy(ts.HOPPER_CONFIGS)
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
+        q0, kv0 = inputs[0]
+        uniforms = torch.rand(batch, 32, device="cuda")
+        first = None
+        for block in (0, 64, 32):
+            ts.HOPPER_CONFIGS[128] = {**default[128], "stats_block": block}
+            try:
+                out, info = ts.santa_prop(q0, kv0, 128, uniforms=uniforms,
+                                          stash_dtype=torch.float16)
+                got = (info.sample_index.clone(), out.float().clone())
+                first = first or got
+                same = torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])
+                score, full = prop_calls(inputs, 128)
+                rows.add(section="statsblk", shape=tag, variant=f"stats_block={block}",
+                         what="call S=128", us=f"{graph_call_us(full):.2f}",
+                         note=f"score {graph_call_us(score):.2f}; same samples {same}")
+            except Exception as exc:
+                rows.add(section="statsblk", shape=tag, variant=f"stats_block={block}",
+                         what="FAILED", us="", note=f"{type(exc).__name__}: {exc}"[:300])
+        ts.HOPPER_CONFIGS[128] = copy.deepcopy(default[128])
+        del inputs
+        torch.cuda.empty_cache()
+
+
 def e2e_section(rows: Rows, batch: int = 8, ctx: int = 32768, layers: int = 32,
                 device: str = "cuda") -> None:
     """prop and split-KV on the e2e loop's cache (32 layers, B=8, 32k, capacity ctx + 32,
@@ -317,7 +347,8 @@ def main() -> None:
     for name in sections:
         sections_by_name = {"santapp": santapp_section, "flat": flat_section,
                             "prop": prop_section, "stores": stores_section, "e2e": e2e_section,
-                            "evict": evict_section, "tail": tail_section}
+                            "evict": evict_section, "tail": tail_section,
+                            "statsblk": statsblk_section}
         try:
             sections_by_name[name](rows)
         except Exception:  # report, go on with the next section
