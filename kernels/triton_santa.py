@@ -54,9 +54,10 @@ HOPPER_CONFIGS = {
     # pass's K loads ("" = none, "evict_first": K is read once, the stash may stay in L2);
     # stash_store: cache modifier of the stash stores ("" = default write-back, ".cs");
     # stats_block: tiles whose statistics stay in registers between stores (0 = a store
-    # per tile; subs == 1 only)
+    # per tile; subs == 1 only). 64 measured 18% slower at 32k B=8 (182.6 vs 155.2 us),
+    # equal at B=1: off (BENCHMARKS.md, session 3)
     64: {"stream": (4, 4), "sample": (8, 256), "subs": 1, "narrow": True, "stats_block": 0},
-    128: {"stream": (4, 3), "sample": (8, 256), "subs": 1, "narrow": True, "stats_block": 64},
+    128: {"stream": (4, 3), "sample": (8, 256), "subs": 1, "narrow": True, "stats_block": 0},
     256: {"stream": (8, 2), "sample": (8, 128), "subs": 1, "narrow": True, "stats_block": 0},
 }
 H200_SM_COUNT = 132
