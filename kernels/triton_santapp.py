@@ -884,6 +884,21 @@ def _selection_keys(
 
 
 @triton.jit
+def _rows_kappa(
+    z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, head_rows, mask_h, M, num_splits, n_cand,
+    t_cap, C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr, WAYS: tl.constexpr,
+):
+    """Per head row: its candidates (keys, team ids, real), the (M+1)-th largest key and
+    kappa (its value; -inf where the row has at most M candidates)."""
+    key, ids, real, lo = _selection_keys(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr,
+                                         head_rows, mask_h, num_splits, n_cand, t_cap,
+                                         C_PAD, S_PAD, LOCAL)
+    kth = _kth_largest(key, M + 1, lo, WAYS)
+    kappa = tl.where(kth > -2139095041, _unkey(kth), float("-inf"))
+    return key, ids, real, kth, kappa
+
+
+@triton.jit
 def _write_union(
     z_ptr, union_ptr, count_ptr, key, ids, real, kth, b, kvh, bkv, t_cap, union_cap,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr, LOCAL: tl.constexpr,
@@ -931,11 +946,9 @@ def _finish_selection(
     offs_h = tl.arange(0, G_ROWS)
     mask_h = offs_h < GROUP
     head_rows = (b * hq + kvh * GROUP + offs_h).to(tl.int64)
-    key, ids, real, lo = _selection_keys(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr,
-                                         head_rows, mask_h, num_splits, n_cand, t_cap,
-                                         C_PAD, S_PAD, LOCAL)
-    kth = _kth_largest(key, M + 1, lo, WAYS)
-    kappa = tl.where(kth > -2139095041, _unkey(kth), float("-inf"))
+    key, ids, real, kth, kappa = _rows_kappa(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr,
+                                             head_rows, mask_h, M, num_splits, n_cand, t_cap,
+                                             C_PAD, S_PAD, LOCAL, WAYS)
     _write_union(z_ptr, union_ptr, count_ptr, key, ids, real, kth, b, kvh, bkv, t_cap,
                  union_cap, NUM_KV_HEADS, GROUP, G_ROWS, LOCAL)
     tl.store(kappa_ptr + head_rows, kappa, mask=mask_h)
@@ -1061,11 +1074,9 @@ def _finish_heads_kernel(
     offs_h = part * H_ROWS + tl.arange(0, H_ROWS)
     mask_h = offs_h < GROUP
     head_rows = (b * hq + kvh * GROUP + offs_h).to(tl.int64)
-    key, _ids, _real, lo = _selection_keys(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr,
-                                    head_rows, mask_h, num_splits, n_cand, t_cap,
-                                    C_PAD, S_PAD, LOCAL)
-    kth = _kth_largest(key, M + 1, lo, WAYS)
-    kappa = tl.where(kth > -2139095041, _unkey(kth), float("-inf"))
+    _keys, _ids, _real, _kth, kappa = _rows_kappa(
+        z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, head_rows, mask_h, M, num_splits,
+        n_cand, t_cap, C_PAD, S_PAD, LOCAL, WAYS)  # fmt: skip
     tl.store(kappa_ptr + head_rows, kappa, mask=mask_h)
     # every thread's kappa store is ordered before the ticket (barrier + acq_rel atomic)
     tl.debug_barrier()
