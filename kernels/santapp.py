@@ -142,6 +142,12 @@ def _check_kv(kv: object) -> KVCache:
     return kv
 
 
+def team_end_of(lengths: torch.Tensor, sink: int, exact_recent: int) -> torch.Tensor:
+    """Per sequence, where the teams end and the exact recent tail (growth) begins."""
+    end = torch.maximum(lengths - exact_recent, torch.full_like(lengths, sink))
+    return end.clamp_max(lengths)
+
+
 # ------------------------------------------------------------------ index
 def build_team_index(
     kv: KVCache,
@@ -172,9 +178,7 @@ def build_team_index(
         raise InputError(f"seed: expected an integer, got {seed!r}")
     keys, _, _ = kv.padded(_INDEX_DTYPE)
     lengths = kv.lengths.cpu()
-    team_end = torch.maximum(lengths - exact_recent, torch.full_like(lengths, sink)).clamp_max(
-        lengths
-    )
+    team_end = team_end_of(lengths, sink, exact_recent)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     n_max = keys.shape[1]
     team_of = torch.full((kv.batch, kv.num_kv_heads, n_max), -1, dtype=torch.int64)

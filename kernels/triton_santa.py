@@ -50,15 +50,12 @@ HOPPER_CONFIGS = {
     # head_dim: score/flash (num_warps, num_stages), sample (num_warps, SAMPLE_BLOCK),
     # subs: tiles per K load in the score pass (2 measured within 2% of 1 at d=128, 32k)
     # narrow: the score pass's tail (statistics, exp, stash stores) on the G real query
-    # rows instead of the dot's 16 padded rows; evict_k: L2 eviction hint of the score
-    # pass's K loads ("" = none, "evict_first": K is read once, the stash may stay in L2);
-    # stash_store: cache modifier of the stash stores ("" = default write-back, ".cs");
-    # stats_block: tiles whose statistics stay in registers between stores (0 = a store
-    # per tile; subs == 1 only). 64 measured 18% slower at 32k B=8 (182.6 vs 155.2 us),
-    # equal at B=1: off (BENCHMARKS.md, session 3)
-    64: {"stream": (4, 4), "sample": (8, 256), "subs": 1, "narrow": True, "stats_block": 0},
-    128: {"stream": (4, 3), "sample": (8, 256), "subs": 1, "narrow": True, "stats_block": 0},
-    256: {"stream": (8, 2), "sample": (8, 128), "subs": 1, "narrow": True, "stats_block": 0},
+    # rows instead of the dot's 16 padded rows. Measured and not kept (BENCHMARKS.md,
+    # session 3): L2 eviction hints on the K loads and the stash stores (no effect), the
+    # statistics of 64 tiles kept in registers and stored once (18% slower at 32k B=8)
+    64: {"stream": (4, 4), "sample": (8, 256), "subs": 1, "narrow": True},
+    128: {"stream": (4, 3), "sample": (8, 256), "subs": 1, "narrow": True},
+    256: {"stream": (8, 2), "sample": (8, 128), "subs": 1, "narrow": True},
 }
 H200_SM_COUNT = 132
 MAX_PREFIX_IN_REGS = 2048  # tile prefixes up to this length stay in registers in pass 2
@@ -266,7 +263,7 @@ def _group_queries(q_ptr, b, kvh, group, head_dim, stride_qb, stride_qh,
 def _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale,
                  stride_kx, stride_ky, stride_kh, stride_pt, page_size,
                  PAGED: tl.constexpr, TILE: tl.constexpr, D_PAD: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, EVICT: tl.constexpr = ""):
+                 DOT_PRECISION: tl.constexpr):
     """Returns (s [G_PAD, TILE] with -inf on invalid rows, offs_n, mask_n) for tile ``t``."""
     offs_n = t * TILE + tl.arange(0, TILE)
     offs_d = tl.arange(0, D_PAD)
@@ -281,12 +278,10 @@ def _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale,
                 + kvh * stride_kh)
         k_tile = k_ptr + base + (tl.arange(0, TILE) * stride_ky)[:, None]
     if head_dim == D_PAD:  # no head-dim mask: full-width vector loads
-        k = tl.load(k_tile + offs_d[None, :], mask=mask_n[:, None], other=0.0,
-                    eviction_policy=EVICT)
+        k = tl.load(k_tile + offs_d[None, :], mask=mask_n[:, None], other=0.0)
     else:
         k = tl.load(k_tile + offs_d[None, :],
-                    mask=mask_n[:, None] & (offs_d[None, :] < head_dim), other=0.0,
-                    eviction_policy=EVICT)
+                    mask=mask_n[:, None] & (offs_d[None, :] < head_dim), other=0.0)
     # all G heads of the group against one K tile: K is read once per group (section 4)
     if DOT_PRECISION == "ieee":  # fp32 inputs (and bf16 under the CPU interpreter)
         s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
@@ -307,11 +302,8 @@ def _score_pass_kernel(
     stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_pt, page_size,
     PAGED: tl.constexpr, TILE: tl.constexpr, SUBS: tl.constexpr, G_PAD: tl.constexpr,
     D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, G_ROWS: tl.constexpr = 0,
-    STORES: tl.constexpr = 2, EVICT: tl.constexpr = "", STASH_CACHE: tl.constexpr = "",
-    STATS_BLOCK: tl.constexpr = 0,
+    STORES: tl.constexpr = 2,
 ):
-    # STATS_BLOCK > 0 (SUBS == 1): the statistics of STATS_BLOCK tiles are kept in
-    # registers and stored once per block instead of two scalar stores per tile
     # STORES (profiling only): 2 = statistics and stash (the kernel), 1 = statistics only,
     # 0 = neither (the K stream and the scores alone)
     # K is loaded SUBS * TILE rows at a time (one load, one tl.dot); the statistics stay
@@ -340,73 +332,41 @@ def _score_pass_kernel(
         heads = kvh * group + tl.arange(0, ROWS)
         mask_g = tl.arange(0, ROWS) < group
     head_rows = (b * num_q_heads + heads).to(tl.int64)
-    if STATS_BLOCK > 0:
-        offs_sb = tl.arange(0, STATS_BLOCK)
-        for c0 in range(t_begin, t_end, STATS_BLOCK):
-            c_end = tl.minimum(c0 + STATS_BLOCK, t_end)
-            m_acc = tl.zeros([ROWS, STATS_BLOCK], dtype=tl.float32)
-            l_acc = tl.zeros([ROWS, STATS_BLOCK], dtype=tl.float32)
-            for t in range(c0, c_end):
-                s, offs_n, mask_n = _tile_scores(
-                    q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale, stride_kx,
-                    stride_ky, stride_kh, stride_pt, page_size, PAGED, TILE, D_PAD,
-                    DOT_PRECISION, EVICT)  # fmt: skip
-                if ROWS < G_PAD:  # the padding rows of q are zero (-inf past the end)
-                    s = tl.sum(tl.reshape(s, [G_PAD // ROWS, ROWS, TILE]), axis=0)
-                # section 4: local max m_t and local mass l_t of every head on the tile
-                m_t = tl.max(s, axis=1)
-                local = s - m_t[:, None]
-                l_t = tl.sum(tl.exp(local), axis=1)
-                here = offs_sb[None, :] == t - c0
-                m_acc = tl.where(here, m_t[:, None], m_acc)
-                l_acc = tl.where(here, l_t[:, None], l_acc)
-                if STORES == 2:  # local logits s_i - m_t: pass 2 rebuilds the local CDF
-                    tl.store(stash_ptr + head_rows[:, None] * stash_stride + offs_n[None, :],
-                             local.to(stash_ptr.dtype.element_ty),
-                             mask=mask_g[:, None] & mask_n[None, :],
-                             cache_modifier=STASH_CACHE)
-            stat = head_rows[:, None] * stats_stride + c0 + offs_sb[None, :]
-            keep = mask_g[:, None] & (offs_sb[None, :] < c_end - c0)
+    for t in range(t_begin, t_end):
+        s, offs_n, mask_n = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim,
+                                         scale, stride_kx, stride_ky, stride_kh, stride_pt,
+                                         page_size, PAGED, LOAD, D_PAD, DOT_PRECISION)
+        if ROWS < G_PAD:  # the padding rows of q are zero (or -inf past the end): exact
+            s = tl.sum(tl.reshape(s, [G_PAD // ROWS, ROWS, LOAD]), axis=0)
+        # section 4: local max m_t and local mass l_t of every head on each TILE rows
+        if SUBS == 1:
+            m_t = tl.max(s, axis=1)
+            local = s - m_t[:, None]
+            l_t = tl.sum(tl.exp(local), axis=1)
             if STORES == 0:  # keep the statistics live without storing them
-                keep = keep & (m_acc == 12345.0) & (l_acc == 12345.0)
-            tl.store(tile_max_ptr + stat, m_acc, mask=keep)
-            tl.store(tile_mass_ptr + stat, l_acc, mask=keep)
-    else:
-        for t in range(t_begin, t_end):
-            s, offs_n, mask_n = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim,
-                                             scale, stride_kx, stride_ky, stride_kh, stride_pt,
-                                             page_size, PAGED, LOAD, D_PAD, DOT_PRECISION, EVICT)
-            if ROWS < G_PAD:  # the padding rows of q are zero (or -inf past the end): exact
-                s = tl.sum(tl.reshape(s, [G_PAD // ROWS, ROWS, LOAD]), axis=0)
-            # section 4: local max m_t and local mass l_t of every head on each TILE rows
-            if SUBS == 1:
-                m_t = tl.max(s, axis=1)
-                local = s - m_t[:, None]
-                l_t = tl.sum(tl.exp(local), axis=1)
-                if STORES == 0:  # keep the statistics live without storing them
-                    m_t = tl.where(m_t == 12345.0, l_t, m_t)
-                    tl.store(tile_max_ptr + head_rows * stats_stride + t, m_t,
-                             mask=mask_g & (m_t == 12345.0))
-                else:
-                    tl.store(tile_max_ptr + head_rows * stats_stride + t, m_t, mask=mask_g)
-                    tl.store(tile_mass_ptr + head_rows * stats_stride + t, l_t, mask=mask_g)
+                m_t = tl.where(m_t == 12345.0, l_t, m_t)
+                tl.store(tile_max_ptr + head_rows * stats_stride + t, m_t,
+                         mask=mask_g & (m_t == 12345.0))
             else:
-                s3 = tl.reshape(s, [ROWS, SUBS, TILE])
-                m3 = tl.max(s3, axis=2)
-                m3 = tl.where(m3 == float("-inf"), 0.0, m3)  # a sub-tile past the end: no NaN
-                local3 = s3 - m3[:, :, None]
-                l3 = tl.sum(tl.exp(local3), axis=2)
-                local = tl.reshape(local3, [ROWS, LOAD])
-                offs_sub = t * SUBS + tl.arange(0, SUBS)
-                stat = head_rows[:, None] * stats_stride + offs_sub[None, :]
-                mask_sub = mask_g[:, None] & (offs_sub[None, :] < n_tiles)
-                tl.store(tile_max_ptr + stat, m3, mask=mask_sub)
-                tl.store(tile_mass_ptr + stat, l3, mask=mask_sub)
-            # stash local logits s_i - m_t (<= 0): pass 2 rebuilds the local CDF from them
-            if STORES == 2:
-                tl.store(stash_ptr + head_rows[:, None] * stash_stride + offs_n[None, :],
-                         local.to(stash_ptr.dtype.element_ty),
-                         mask=mask_g[:, None] & mask_n[None, :], cache_modifier=STASH_CACHE)
+                tl.store(tile_max_ptr + head_rows * stats_stride + t, m_t, mask=mask_g)
+                tl.store(tile_mass_ptr + head_rows * stats_stride + t, l_t, mask=mask_g)
+        else:
+            s3 = tl.reshape(s, [ROWS, SUBS, TILE])
+            m3 = tl.max(s3, axis=2)
+            m3 = tl.where(m3 == float("-inf"), 0.0, m3)  # a sub-tile past the end: no NaN
+            local3 = s3 - m3[:, :, None]
+            l3 = tl.sum(tl.exp(local3), axis=2)
+            local = tl.reshape(local3, [ROWS, LOAD])
+            offs_sub = t * SUBS + tl.arange(0, SUBS)
+            stat = head_rows[:, None] * stats_stride + offs_sub[None, :]
+            mask_sub = mask_g[:, None] & (offs_sub[None, :] < n_tiles)
+            tl.store(tile_max_ptr + stat, m3, mask=mask_sub)
+            tl.store(tile_mass_ptr + stat, l3, mask=mask_sub)
+        # stash local logits s_i - m_t (<= 0): pass 2 rebuilds the local CDF from them
+        if STORES == 2:
+            tl.store(stash_ptr + head_rows[:, None] * stash_stride + offs_n[None, :],
+                     local.to(stash_ptr.dtype.element_ty),
+                     mask=mask_g[:, None] & mask_n[None, :])
 
 
 # ----------------------------------------------- prop pass 2: sample + gather
@@ -901,9 +861,7 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
         stride_pt, page_size,
         PAGED=paged, TILE=tile, SUBS=subs, G_PAD=g_pad, D_PAD=_next_pow2(d),
         DOT_PRECISION=_dot_precision(kv.k.dtype), G_ROWS=g_rows if g_rows < g_pad else 0,
-        STORES=stores, EVICT=cfg.get("evict_k", ""), STASH_CACHE=cfg.get("stash_store", ""),
-        STATS_BLOCK=cfg.get("stats_block", 0) if subs == 1 else 0,
-        num_warps=warps, num_stages=stages,
+        STORES=stores, num_warps=warps, num_stages=stages,
     )
     return n_tiles
 

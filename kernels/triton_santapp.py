@@ -80,7 +80,7 @@ import triton.language as tl
 
 from santa_kernels.kv import KVCache
 from santa_kernels.reads import ReadCounts
-from santa_kernels.santapp import TeamIndex, build_team_index
+from santa_kernels.santapp import TeamIndex, _check_kv, build_team_index, team_end_of
 from santa_kernels.triton_santa import _row_offsets
 from santa_kernels.validate import InputError, check_positive_int, check_scale
 
@@ -228,18 +228,6 @@ class PackedTeams:
         return "the cache itself (contiguous spans; paged: rows looked up in the page table)"
 
 
-def _check_kv(kv: object) -> KVCache:
-    if not isinstance(kv, KVCache):
-        raise InputError(f"kv: expected a santa_kernels.KVCache, got {type(kv).__name__}")
-    return kv
-
-
-def _team_end(lengths: torch.Tensor, sink: int, exact_recent: int) -> torch.Tensor:
-    """Start of the growth tail per sequence (as build_team_index computes it)."""
-    end = torch.maximum(lengths - exact_recent, torch.full_like(lengths, sink))
-    return end.clamp_max(lengths)
-
-
 def build_packed(
     kv: KVCache,
     *,
@@ -294,7 +282,7 @@ def _contiguous_packed(
     device = kv.device
     dtype = index_dtype or (torch.float64 if device.type == "cpu" else torch.float32)
     lengths = kv.lengths.cpu()
-    team_end = _team_end(lengths, sink, exact_recent)
+    team_end = team_end_of(lengths, sink, exact_recent)
     lo = torch.minimum(torch.full_like(team_end, sink), team_end)
     n_teams = (team_end - lo + team_size - 1) // team_size
     batch, hkv, d = kv.batch, kv.num_kv_heads, kv.head_dim
@@ -901,7 +889,8 @@ def _rows_kappa(
 @triton.jit
 def _write_union(
     z_ptr, union_ptr, count_ptr, key, ids, real, kth, b, kvh, bkv, t_cap, union_cap,
-    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr, LOCAL: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr, C_PAD: tl.constexpr,
+    LOCAL: tl.constexpr,
 ):
     """The compact union of the group's selected teams (rows = the G heads)."""
     hq = NUM_KV_HEADS * GROUP
@@ -929,7 +918,7 @@ def _write_union(
         # in team order (one scan over the teams)
         chosen = tl.max(selected.to(tl.int32), axis=0)  # [C_PAD]
         slot = tl.cumsum(chosen, axis=0) - 1
-        tl.store(union_ptr + bkv.to(tl.int64) * union_cap + slot, tl.max(ids, axis=0),
+        tl.store(union_ptr + bkv.to(tl.int64) * union_cap + slot, tl.arange(0, C_PAD),
                  mask=chosen > 0)
         tl.store(count_ptr + bkv, tl.sum(chosen, axis=0))
 
@@ -950,7 +939,7 @@ def _finish_selection(
                                              head_rows, mask_h, M, num_splits, n_cand, t_cap,
                                              C_PAD, S_PAD, LOCAL, WAYS)
     _write_union(z_ptr, union_ptr, count_ptr, key, ids, real, kth, b, kvh, bkv, t_cap,
-                 union_cap, NUM_KV_HEADS, GROUP, G_ROWS, LOCAL)
+                 union_cap, NUM_KV_HEADS, GROUP, G_ROWS, C_PAD, LOCAL)
     tl.store(kappa_ptr + head_rows, kappa, mask=mask_h)
 
 
@@ -1091,7 +1080,7 @@ def _finish_heads_kernel(
         kappa_g = tl.load(kappa_ptr + rows, mask=mask_g, other=float("-inf"),
                           cache_modifier=".cg")
         _write_union(z_ptr, union_ptr, count_ptr, key_g, ids_g, real_g, _key(kappa_g), b,
-                     kvh, bkv, t_cap, union_cap, NUM_KV_HEADS, GROUP, G_ROWS, LOCAL)
+                     kvh, bkv, t_cap, union_cap, NUM_KV_HEADS, GROUP, G_ROWS, C_PAD, LOCAL)
         tl.store(ticket_ptr + bkv, 0)  # ready for the next call (graph replay)
 
 

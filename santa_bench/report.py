@@ -17,6 +17,32 @@ KERNEL_METRICS = (
 )
 
 
+def case_metrics(rows: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
+    """The metric rows of ``row``'s case, indexed by metric: the same case may sit in
+    several runs (re-timings), so only ``row``'s run, its last write of each metric."""
+    same = rows.case_hash == row.case_hash
+    if "run_id" in rows:
+        same &= rows.run_id == row.run_id
+    return rows[same].drop_duplicates("metric", keep="last").set_index("metric")
+
+
+def metric_value(case: pd.DataFrame, metric: str) -> float:
+    """``metric``'s value in ``case`` (from :func:`case_metrics`), NaN when absent or not ok."""
+    if metric not in case.index or case.loc[metric, "status"] != "ok":
+        return math.nan
+    return float(case.loc[metric, "value"])
+
+
+def speedup_cell(case: pd.DataFrame, bold: bool = False) -> str:
+    """``1.23x [1.21-1.25] vs best`` (the bootstrap interval), or ``-``."""
+    speedup = metric_value(case, "speedup_vs_best_dense")
+    if math.isnan(speedup):
+        return "-"
+    ci = case.loc["speedup_vs_best_dense"]
+    ratio = f"**{speedup:.2f}x**" if bold else f"{speedup:.2f}x"
+    return f"{ratio} [{ci.ci_low:.2f}-{ci.ci_high:.2f}] vs {ci.best_dense}"
+
+
 def _label(row: pd.Series) -> str:
     label = str(row["method"])
     for key, short in (("S", "S"), ("M", "M"), ("team_size", "P")):
@@ -47,34 +73,20 @@ def kernel_table(frame: pd.DataFrame) -> str:
             "|---|---|---|---|---|---|---|---|" + ("---|" if runs else ""),
         ]
         for _, row in group.sort_values(["ctx", "batch", "value"]).iterrows():
-            # the same case may sit in several runs: this row's run, its last write
-            same = kernel.case_hash == row.case_hash
-            if "run_id" in kernel:
-                same &= kernel.run_id == row.run_id
-            case = kernel[same].drop_duplicates("metric", keep="last").set_index("metric")
+            case = case_metrics(kernel, row)
             lines.append(_kernel_line(row, case) + (f" {row.run_id} |" if runs else ""))
     return "\n".join(lines) + "\n"
 
 
 def _kernel_line(row: pd.Series, case: pd.DataFrame) -> str:
-    def value(metric: str) -> float:
-        if metric not in case.index or case.loc[metric, "status"] != "ok":
-            return math.nan
-        return float(case.loc[metric, "value"])
-
     if row.status != "ok":
         latency = f"{row.status}: {row.reason}"
     else:
         latency = f"{row.value:,.1f} [{row.q1_us:,.1f}-{row.q3_us:,.1f}]"
-    speedup = value("speedup_vs_best_dense")
-    if math.isnan(speedup):
-        speed = "-"
-    else:
-        ci = case.loc["speedup_vs_best_dense"]
-        speed = f"{speedup:.2f}x [{ci.ci_low:.2f}-{ci.ci_high:.2f}] vs {ci.best_dense}"
-    bandwidth = value("bandwidth") / 1e3
-    error = value("rel_l2_vs_dense")
-    reads = value("kv_read_fraction")
+    speed = speedup_cell(case)
+    bandwidth = metric_value(case, "bandwidth") / 1e3
+    error = metric_value(case, "rel_l2_vs_dense")
+    reads = metric_value(case, "kv_read_fraction")
     cells = [
         format_size(int(row.ctx)),
         str(int(row.batch)),

@@ -16,6 +16,8 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
 - ``stores``: the score pass with its statistics and stash stores, statistics only,
   neither (profiling flag ``STORES``), at the default and twice the split count.
 - ``e2e``: prop and split-KV over the e2e loop's cache (32 layers, one workspace).
+The sections ``evict``, ``tail`` and ``statsblk`` (results/h200/tune-2026-11-29, commits
+named there) went with the kernel knobs they measured, none of which was kept.
 Rows go to OUT_DIR/tune.csv as they are measured (an interrupted run keeps them).
 """
 
@@ -217,94 +219,6 @@ def stores_section(rows: Rows) -> None:
         torch.cuda.empty_cache()
 
 
-def evict_section(rows: Rows) -> None:
-    """The score pass's K loads with and without an evict-first L2 hint, fp16/fp32 stash."""
-    default = copy.deepcopy(ts.HOPPER_CONFIGS)
-    for batch, ctx in SHAPES:
-        tag = f"B={batch} {ctx // 1024}k"
-        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
-        for evict in ("", "evict_first", "evict_last"):
-            ts.HOPPER_CONFIGS[128] = {**default[128], "evict_k": evict}
-            for stash in (torch.float16, torch.float32):
-                try:
-                    wss = [ts.SantaWorkspace.for_inputs(q, kv, 128, 64, stash_dtype=stash)
-                           for q, kv in inputs]
-                    score = [lambda q=q, kv=kv, w=w: ts._score_pass(q, kv, w, TAU, 64)
-                             for (q, kv), w in zip(inputs, wss, strict=True)]
-                    full = [lambda q=q, kv=kv, w=w: ts.santa_prop(q, kv, 128, workspace=w)
-                            for (q, kv), w in zip(inputs, wss, strict=True)]
-                    name = f"evict={evict or 'none'} stash={str(stash)[6:]}"
-                    rows.add(section="evict", shape=tag, variant=name, what="score",
-                             us=f"{graph_call_us(score):.2f}", note="")
-                    rows.add(section="evict", shape=tag, variant=name, what="call S=128",
-                             us=f"{graph_call_us(full):.2f}", note="")
-                except Exception as exc:
-                    rows.add(section="evict", shape=tag, variant=f"evict={evict}",
-                             what="FAILED", us="", note=f"{type(exc).__name__}: {exc}"[:300])
-        ts.HOPPER_CONFIGS[128] = copy.deepcopy(default[128])
-        del inputs
-        torch.cuda.empty_cache()
-
-
-def tail_section(rows: Rows) -> None:
-    """prop S=128 (fp16 stash): stash store cache hint, sample-pass warps, split count."""
-    default = copy.deepcopy(ts.HOPPER_CONFIGS)
-    variants = {
-        "base": ({}, 1),
-        "stash .cs": ({"stash_store": ".cs"}, 1),
-        "sample w4": ({"sample": (4, 256)}, 1),
-        "sample w16": ({"sample": (16, 256)}, 1),
-        "splits x2": ({}, 2),
-        "splits x0.5": ({}, 0.5),
-    }
-    for batch, ctx in SHAPES[:2]:
-        tag = f"B={batch} {ctx // 1024}k"
-        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
-        base = ts.num_splits_for(batch * 8, -(-ctx // 64))
-        for name, (override, factor) in variants.items():
-            ts.HOPPER_CONFIGS[128] = {**default[128], **override}
-            try:
-                score, full = prop_calls(inputs, 128, max(1, int(base * factor)))
-                rows.add(section="tail", shape=tag, variant=name, what="call S=128",
-                         us=f"{graph_call_us(full):.2f}", note=f"score {graph_call_us(score):.2f}")
-            except Exception as exc:
-                rows.add(section="tail", shape=tag, variant=name, what="FAILED", us="",
-                         note=f"{type(exc).__name__}: {exc}"[:300])
-        ts.HOPPER_CONFIGS[128] = copy.deepcopy(default[128])
-        del inputs
-        torch.cuda.empty_cache()
-
-
-def statsblk_section(rows: Rows) -> None:
-    """Tile statistics stored per tile (0) or once per block of 64 tiles from registers:
-    the same samples given the same uniforms, and prop S=128 (fp16 stash) latency."""
-    default = copy.deepcopy(ts.HOPPER_CONFIGS)
-    for batch, ctx in SHAPES:
-        tag = f"B={batch} {ctx // 1024}k"
-        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
-        q0, kv0 = inputs[0]
-        uniforms = torch.rand(batch, 32, device="cuda")
-        first = None
-        for block in (0, 64, 32):
-            ts.HOPPER_CONFIGS[128] = {**default[128], "stats_block": block}
-            try:
-                out, info = ts.santa_prop(q0, kv0, 128, uniforms=uniforms,
-                                          stash_dtype=torch.float16)
-                got = (info.sample_index.clone(), out.float().clone())
-                first = first or got
-                same = torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])
-                score, full = prop_calls(inputs, 128)
-                rows.add(section="statsblk", shape=tag, variant=f"stats_block={block}",
-                         what="call S=128", us=f"{graph_call_us(full):.2f}",
-                         note=f"score {graph_call_us(score):.2f}; same samples {same}")
-            except Exception as exc:
-                rows.add(section="statsblk", shape=tag, variant=f"stats_block={block}",
-                         what="FAILED", us="", note=f"{type(exc).__name__}: {exc}"[:300])
-        ts.HOPPER_CONFIGS[128] = copy.deepcopy(default[128])
-        del inputs
-        torch.cuda.empty_cache()
-
-
 def e2e_section(rows: Rows, batch: int = 8, ctx: int = 32768, layers: int = 32,
                 device: str = "cuda") -> None:
     """prop and split-KV on the e2e loop's cache (32 layers, B=8, 32k, capacity ctx + 32,
@@ -346,9 +260,7 @@ def main() -> None:
     t0 = time.time()
     for name in sections:
         sections_by_name = {"santapp": santapp_section, "flat": flat_section,
-                            "prop": prop_section, "stores": stores_section, "e2e": e2e_section,
-                            "evict": evict_section, "tail": tail_section,
-                            "statsblk": statsblk_section}
+                            "prop": prop_section, "stores": stores_section, "e2e": e2e_section}
         try:
             sections_by_name[name](rows)
         except Exception:  # report, go on with the next section

@@ -26,4 +26,4 @@ def test_kernels_compile_for_hopper():
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
                           text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count(": ok") >= 14, done.stdout
+    assert done.stdout.count(": ok") >= 12, done.stdout

@@ -12,6 +12,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -248,6 +249,11 @@ def test_speedups_recall_dense_runs_of_an_earlier_process_and_the_report(tmp_pat
     table = e2e_table(frame)
     assert "model: tiny, weights: random" in table and "| 64 | 2 | santa-flash S=8 |" in table
     assert table.index("| dense |") < table.index("santa-flash")
+    # a store merged from two machines holds the same cases under two run ids: one line
+    # per run, not a crash (run dirs copied together, as results/h200 is)
+    shutil.copytree(tmp_path / "x", tmp_path / "y")
+    table = e2e_table(ResultStore(tmp_path).load())
+    assert table.count("| 64 | 2 | santa-flash S=8 |") == 2
 
 
 def test_real_weights_report_token_agreement(tmp_path, monkeypatch):

@@ -104,9 +104,9 @@ def uniforms_for(method, q, kv, S, seed=1):
     return torch.rand(shape, generator=torch.Generator().manual_seed(seed))
 
 
-def check_exact(method, q, kv, S, out_tol=1e-5, **kw):
+def check_exact(method, q, kv, S, out_tol=1e-5):
     uniforms = uniforms_for(method, q, kv, S)
-    out, info = run_method(method, q, kv, S, uniforms, **kw)
+    out, info = run_method(method, q, kv, S, uniforms)
     scores, values = float64_scores(q, kv)
     n = scores.shape[-1]
     expected = expected_counts(method, scores, S, uniforms[..., : math.ceil(n / TILE)]
@@ -298,20 +298,3 @@ def test_wide_score_loads_match_float64(method, subs, monkeypatch):
     paged = kv.to_paged(8, torch.Generator().manual_seed(2))
     check_exact(method, q, paged, S=9)
 
-
-@pytest.mark.parametrize("stats_block", [2, 4, 64])
-@pytest.mark.parametrize("layout", ["contiguous", "paged"])
-def test_statistics_kept_in_registers_give_the_same_samples(monkeypatch, stats_block, layout):
-    """``stats_block``: the score pass stores the tile statistics once per block of tiles
-    (blocks of 2 and 4 split a program's 5-tile range; 64 holds it whole): same counts."""
-    import santa_kernels.triton_santa as ts
-
-    d = 64
-    monkeypatch.setitem(ts.HOPPER_CONFIGS, d, {**ts.HOPPER_CONFIGS[d],
-                                               "stats_block": stats_block})
-    q, kv = make_cache(n=75, lengths=(75, 41), d=d)
-    if layout == "paged":
-        kv = kv.to_paged(8, torch.Generator().manual_seed(1))
-    ws = SantaWorkspace.for_inputs(q, kv, 24, TILE, num_splits=1)
-    check_exact("prop", q, kv, S=24, workspace=ws)
-    check_exact("iid", q, kv, S=24)

@@ -14,6 +14,7 @@ import sys
 
 import pandas as pd
 
+from santa_bench.report import case_metrics, metric_value, speedup_cell
 from santa_bench.units import format_size
 
 TABLE_KEYS = ("model", "weights", "prefill", "layout", "timing")
@@ -49,27 +50,20 @@ def e2e_table(frame: pd.DataFrame) -> str:
         ordered = group.assign(_dense=group.family != "dense").sort_values(
             ["ctx", "batch", "_dense", "value"])
         for _, row in ordered.iterrows():
-            case = rows[rows.case_hash == row.case_hash].set_index("metric")
+            case = case_metrics(rows, row)
             lines.append(_line(row, case))
     return "\n".join(lines) + "\n"
 
 
 def _line(row: pd.Series, case: pd.DataFrame) -> str:
     def value(metric: str) -> float:
-        if metric not in case.index or case.loc[metric, "status"] != "ok":
-            return math.nan
-        return float(case.loc[metric, "value"])
+        return metric_value(case, metric)
 
     def fmt(number: float, spec: str) -> str:
         return "-" if math.isnan(number) else format(number, spec)
 
     step = f"{row.value:.2f}" if row.status == "ok" else f"{row.status}: {row.reason}"
-    speedup = value("speedup_vs_best_dense")
-    if math.isnan(speedup):
-        speed = "-"
-    else:
-        ci = case.loc["speedup_vs_best_dense"]
-        speed = f"**{speedup:.2f}x** [{ci.ci_low:.2f}-{ci.ci_high:.2f}] vs {ci.best_dense}"
+    speed = speedup_cell(case, bold=True)
     cells = [
         format_size(int(row.ctx)), str(int(row.batch)), _label(row), str(row.backend), step,
         fmt(value("step_ms_p90"), ".2f"), fmt(value("tokens_per_s"), ",.0f"),
