@@ -37,6 +37,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # programmatic dependent launch (Hopper+; Triton >= 3.4)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton: launches stay serial
+    gdc_launch_dependents = gdc_wait = None
+
 from santa_kernels.kv import KVCache
 from santa_kernels.reads import ReadCounts
 from santa_kernels.validate import InputError, check_positive_int
@@ -53,14 +58,24 @@ HOPPER_CONFIGS = {
     # rows instead of the dot's 16 padded rows. Measured and not kept (BENCHMARKS.md,
     # session 3): L2 eviction hints on the K loads and the stash stores (no effect), the
     # statistics of 64 tiles kept in registers and stored once (18% slower at 32k B=8)
-    64: {"stream": (4, 4), "sample": (8, 256), "subs": 1, "narrow": True},
-    128: {"stream": (4, 3), "sample": (8, 256), "subs": 1, "narrow": True},
-    256: {"stream": (8, 2), "sample": (8, 128), "subs": 1, "narrow": True},
+    # sample_splits: programs per head in the sample pass (None: sample_splits_for)
+    # pdl: the sample pass is launched as a programmatic dependent of the score pass (its
+    # launch and prologue overlap the score pass's last wave; it waits for the score
+    # pass's writes with griddepcontrol.wait)
+    64: {"stream": (4, 4), "sample": (8, 256), "subs": 1, "narrow": True,
+         "sample_splits": None, "pdl": True},
+    128: {"stream": (4, 3), "sample": (8, 256), "subs": 1, "narrow": True,
+          "sample_splits": None, "pdl": True},
+    256: {"stream": (8, 2), "sample": (8, 128), "subs": 1, "narrow": True,
+          "sample_splits": None, "pdl": True},
 }
 H200_SM_COUNT = 132
 MAX_PREFIX_IN_REGS = 2048  # tile prefixes up to this length stay in registers in pass 2
 PROGRAMS_PER_SM = 4  # target waves of split programs per SM for the streaming passes
 MIN_TILES_PER_SPLIT = 4  # fewer tiles per program leave the pipeline empty
+MAX_SAMPLE_SPLITS = 8  # programs per head in the sample pass, at most
+SAMPLE_PROGRAMS_PER_SM = 1  # target sample-pass programs per SM
+MIN_SAMPLES_PER_PROGRAM = 16
 MODES = {"sys": 0, "strat": 1, "iid": 2, "largest-remainder": 3}
 _MODE_SYS, _MODE_STRAT, _MODE_IID, _MODE_LR = 0, 1, 2, 3
 _STASH_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -93,6 +108,17 @@ def num_splits_for(batch_kv: int, n_tiles: int, sm_count: int = H200_SM_COUNT) -
     splits = min(wanted, most)
     per_split = -(-n_tiles // splits)
     return -(-n_tiles // per_split)
+
+
+def sample_splits_for(rows: int, S: int, sm_count: int = H200_SM_COUNT) -> int:
+    """Programs per head of the sample pass: a power of two, ~SAMPLE_PROGRAMS_PER_SM
+    programs per SM, >= MIN_SAMPLES_PER_PROGRAM samples each, <= MAX_SAMPLE_SPLITS."""
+    splits = 1
+    while (splits < MAX_SAMPLE_SPLITS
+           and 2 * rows * splits <= SAMPLE_PROGRAMS_PER_SM * sm_count
+           and S // (2 * splits) >= MIN_SAMPLES_PER_PROGRAM):
+        splits *= 2
+    return splits
 
 
 # ------------------------------------------------------------------- workspace
@@ -148,9 +174,15 @@ class SantaWorkspace:
         self.part_m = torch.empty(rows, self.num_splits, **f32)
         self.part_l = torch.empty(rows, self.num_splits, **f32)
         self.part_o = torch.empty(rows, self.num_splits, head_dim, **f32)
-        self.counts = (torch.empty(rows, max_len, dtype=torch.int16, device=device)
+        # counts rows padded (a multiple of 512, +2048): wide readers load whole blocks
+        # (and the next one) without a column mask (vector loads), never past the row
+        counts_width = -(-max_len // 512) * 512 + 2048
+        self.counts = (torch.zeros(rows, counts_width, dtype=torch.int16, device=device)
                        if store_counts else None)
         self.rng = torch.zeros(2, dtype=torch.int64, device=device)
+        # the sample pass's per-program partial sums and per-head tickets (zero between calls)
+        self.sample_part = torch.empty(rows, MAX_SAMPLE_SPLITS, _next_pow2(head_dim), **f32)
+        self.sample_ticket = torch.zeros(rows, dtype=torch.int32, device=device)
         self._out: dict[torch.dtype, torch.Tensor] = {}
 
     @classmethod
@@ -302,8 +334,10 @@ def _score_pass_kernel(
     stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_pt, page_size,
     PAGED: tl.constexpr, TILE: tl.constexpr, SUBS: tl.constexpr, G_PAD: tl.constexpr,
     D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, G_ROWS: tl.constexpr = 0,
-    STORES: tl.constexpr = 2,
+    STORES: tl.constexpr = 2, PDL: tl.constexpr = False,
 ):
+    if PDL:  # the sample pass may launch once every program of this grid has started
+        gdc_launch_dependents()
     # STORES (profiling only): 2 = statistics and stash (the kernel), 1 = statistics only,
     # 0 = neither (the K stream and the scores alone)
     # K is loaded SUBS * TILE rows at a time (one load, one tl.dot); the statistics stay
@@ -378,7 +412,7 @@ def _score_pass_kernel(
 def _sample_pass_kernel(
     v_ptr, lengths_ptr, page_table_ptr,
     tile_max_ptr, tile_mass_ptr, stash_ptr, prefix_ptr, sample_index_ptr, out_ptr,
-    uniforms_ptr, rng_ptr, seed,
+    uniforms_ptr, rng_ptr, seed, part_ptr, ticket_ptr, samples_per_program,
     S, sample_stride, num_q_heads, group, head_dim: tl.constexpr, stash_stride, stats_stride,
     search_iters,
     uniform_stride, rng_stride,
@@ -386,9 +420,17 @@ def _sample_pass_kernel(
     MODE: tl.constexpr, HAS_UNIFORMS: tl.constexpr, PAGED: tl.constexpr,
     TILE: tl.constexpr, BLOCK_T: tl.constexpr, SAMPLE_BLOCK: tl.constexpr,
     PREFIX_IN_REGS: tl.constexpr,
-    D_PAD: tl.constexpr,
+    D_PAD: tl.constexpr, SAMPLE_SPLITS: tl.constexpr = 1, PROFILE: tl.constexpr = 0,
+    PDL: tl.constexpr = False,
 ):
+    # PROFILE (timing only, wrong outputs): 1 skips the binary search, 2 the stash load,
+    # 3 the V gather
+    # SAMPLE_SPLITS programs share one head's samples (program_id(1) takes samples
+    # [s_lo, s_lo + samples_per_program)); each rebuilds the head's tile prefix, the last
+    # to finish (an acq_rel ticket) adds the partial sums in a fixed order
     pid = tl.program_id(0)
+    s_lo = tl.program_id(1) * samples_per_program
+    s_hi = tl.minimum(s_lo + samples_per_program, S)
     b = pid // num_q_heads
     h = pid % num_q_heads
     kvh = h // group
@@ -396,6 +438,8 @@ def _sample_pass_kernel(
     length = tl.load(lengths_ptr + b)
     n_tiles = tl.cdiv(length, TILE).to(tl.int32)
     stats = head_row * stats_stride
+    if PDL:  # launched early (programmatic dependent): the score pass's writes come next
+        gdc_wait()
     step = tl.load(rng_ptr + 1)
     rng_base = (step << 32) + head_row * rng_stride  # section 8: (step, b, head, sample)
 
@@ -442,9 +486,9 @@ def _sample_pass_kernel(
     offs_d = tl.arange(0, D_PAD)
     mask_d = offs_d < head_dim
     acc = tl.zeros([D_PAD], dtype=tl.float32)
-    for s0 in range(0, S, SAMPLE_BLOCK):
+    for s0 in range(s_lo, s_hi, SAMPLE_BLOCK):
         offs_s = s0 + tl.arange(0, SAMPLE_BLOCK)
-        mask_s = offs_s < S
+        mask_s = offs_s < s_hi
         j = offs_s.to(tl.float32)
         # thresholds x_j on the S*F scale; sample j lands on the first row with S*F_i > x_j
         if MODE == 0:  # sys (section 3): one offset a per (b, head): x_j = j + 1 - a
@@ -474,6 +518,9 @@ def _sample_pass_kernel(
         # dependent round trip to L2
         lo = tl.zeros([SAMPLE_BLOCK], dtype=tl.int32)
         hi = lo + (n_tiles - 1).to(tl.int32)
+        if PROFILE == 1:
+            lo = (offs_s * n_tiles // S).to(tl.int32)
+            hi = lo
         for _ in range(search_iters):
             active = lo < hi
             mid = (lo + hi) // 2
@@ -503,8 +550,11 @@ def _sample_pass_kernel(
         offs_n = tl.arange(0, TILE)
         rows = tile_idx[:, None] * TILE + offs_n[None, :]
         mask_rows = (rows < length) & mask_s[:, None]
-        local = tl.load(stash_ptr + head_row * stash_stride + rows, mask=mask_rows,
-                        other=float("-inf")).to(tl.float32)
+        if PROFILE == 2:
+            local = tl.where(mask_rows, 0.0, float("-inf"))
+        else:
+            local = tl.load(stash_ptr + head_row * stash_stride + rows, mask=mask_rows,
+                            other=float("-inf")).to(tl.float32)
         weight = tl.exp(local)
         cum = tl.cumsum(weight, axis=1)
         total = tl.sum(weight, axis=1)
@@ -518,11 +568,28 @@ def _sample_pass_kernel(
         # gather-and-add the sampled V rows (weight 1/S each; section 2)
         v_rows = _row_offsets(page_table_ptr, b, index, stride_vx, stride_vy, stride_pt,
                               page_size, PAGED)
-        v = tl.load(v_ptr + v_rows[:, None] + kvh * stride_vh + offs_d[None, :],
-                    mask=mask_s[:, None] & mask_d[None, :], other=0.0)
-        acc += tl.sum(v.to(tl.float32), axis=0)
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d,
-             (acc / S).to(out_ptr.dtype.element_ty), mask=mask_d)
+        if PROFILE == 3:
+            acc += tl.sum(v_rows.to(tl.float32), axis=0)
+        else:
+            v = tl.load(v_ptr + v_rows[:, None] + kvh * stride_vh + offs_d[None, :],
+                        mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+            acc += tl.sum(v.to(tl.float32), axis=0)
+    if SAMPLE_SPLITS == 1:
+        tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d,
+                 (acc / S).to(out_ptr.dtype.element_ty), mask=mask_d)
+    else:
+        part = head_row * SAMPLE_SPLITS
+        tl.store(part_ptr + (part + tl.program_id(1)) * D_PAD + offs_d, acc)
+        # every thread's partial is ordered before the ticket (barrier + acq_rel atomic)
+        tl.debug_barrier()
+        ticket = tl.atomic_add(ticket_ptr + head_row, 1, sem="acq_rel")
+        if ticket == SAMPLE_SPLITS - 1:
+            offs_p = tl.arange(0, SAMPLE_SPLITS)
+            parts = tl.load(part_ptr + (part + offs_p)[:, None] * D_PAD + offs_d[None, :],
+                            cache_modifier=".cg")
+            tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d,
+                     (tl.sum(parts, axis=0) / S).to(out_ptr.dtype.element_ty), mask=mask_d)
+            tl.store(ticket_ptr + head_row, 0)  # ready for the next call (graph replay)
 
 
 # ------------------------------------------------------ flash: fused pass
@@ -543,12 +610,29 @@ FLASH_CONFIGS = (
 FLASH_W_BITS = 30  # integer tile weights: a tile's total stays below 2**FLASH_W_BITS
 
 
-def _flash_config(S: int) -> tuple[int, int, int, int | None]:
-    """Returns (num_warps, num_stages, SUB, maxnreg) for budget ``S``."""
+@dataclass(frozen=True)
+class FlashLaunch:
+    """Launch parameters of the flash pass: ``stages == 1`` selects the hand-written
+    pipeline ``prefetch`` (1: V gathered at the top of the next iteration, 2: V loaded
+    at the end of its own iteration and multiplied in the next)."""
+
+    warps: int
+    stages: int
+    sub: int = 1
+    maxnreg: int | None = None
+    prefetch: int = 1
+
+    def __post_init__(self) -> None:
+        if self.prefetch not in (1, 2):
+            raise InputError(f"prefetch: 1 or 2, got {self.prefetch}")
+
+
+def flash_launch_for(S: int) -> FlashLaunch:
+    """Returns the ``FLASH_CONFIGS`` launch for budget ``S``."""
     for max_s, warps, stages, sub, maxnreg in FLASH_CONFIGS:
         if max_s >= S:
-            return warps, stages, sub, maxnreg
-    return FLASH_CONFIGS[-1][1:]
+            return FlashLaunch(warps, stages, sub, maxnreg)
+    return FlashLaunch(*FLASH_CONFIGS[-1][1:])
 
 
 @triton.jit
@@ -589,24 +673,41 @@ def _flash_load_k(k_ptr, page_table_ptr, b, t0, limit, offs_c, offs_d, mask_d, s
 
 
 @triton.jit
-def _flash_gather_dot(v_ptr, rows, needed, counts, offs_d, mask_d,
-                      CNT_MODE: tl.constexpr):
-    """Returns ``counts @ V[rows]`` [G_PAD, D_PAD] (fp32), reading only ``needed`` rows.
+def _flash_gather(v_ptr, rows, needed, offs_d, mask_d):
+    """Loads the V block ``[BLOCK_N, D_PAD]``, only the ``needed`` rows (predicated loads
+    skip the rest: no memory traffic for rows no head sampled)."""
+    return tl.load(v_ptr + rows[:, None] + offs_d[None, :],
+                   mask=needed[:, None] & mask_d[None, :], other=0.0)
+
+
+@triton.jit
+def _flash_count_dot(counts, v, per_tile, CNT_MODE: tl.constexpr):
+    """Returns ``counts @ v`` [G_PAD, D_PAD] (fp32).
 
     CNT_MODE 0: fp32 dot (fp32 V, interpreter); 1: one tensor-core dot with the counts
     in V's 16-bit dtype (exact: counts <= 256 bf16 / 2048 fp16); 2: counts split as
-    ``256 * hi + lo`` (both exact in bf16/fp16), two tensor-core dots."""
-    v = tl.load(v_ptr + rows[:, None] + offs_d[None, :],
-                mask=needed[:, None] & mask_d[None, :], other=0.0)
+    ``256 * hi + lo`` (both exact in bf16/fp16), two tensor-core dots, unless this call's
+    ``per_tile`` (>= every count) is <= 256: then one dot."""
     c = counts.to(tl.float32)
     if CNT_MODE == 0:
         o = tl.dot(c, v.to(tl.float32), input_precision="ieee")
     elif CNT_MODE == 1:
         o = tl.dot(c.to(v.dtype), v)
     else:
-        hi = tl.floor(c * (1.0 / 256.0))
-        o = tl.dot(hi.to(v.dtype), v) * 256.0 + tl.dot((c - 256.0 * hi).to(v.dtype), v)
+        if per_tile <= 256.0:
+            o = tl.dot(c.to(v.dtype), v)
+        else:
+            hi = tl.floor(c * (1.0 / 256.0))
+            o = tl.dot(hi.to(v.dtype), v) * 256.0 + tl.dot((c - 256.0 * hi).to(v.dtype), v)
     return o
+
+
+@triton.jit
+def _flash_gather_dot(v_ptr, rows, needed, counts, offs_d, mask_d, per_tile,
+                      CNT_MODE: tl.constexpr):
+    """Returns ``counts @ V[rows]`` [G_PAD, D_PAD] (fp32), reading only ``needed`` rows."""
+    v = _flash_gather(v_ptr, rows, needed, offs_d, mask_d)
+    return _flash_count_dot(counts, v, per_tile, CNT_MODE)
 
 
 @triton.jit
@@ -621,7 +722,7 @@ def _flash_kernel(
     PAGED: tl.constexpr, TILE: tl.constexpr, SUB: tl.constexpr, G_PAD: tl.constexpr,
     D_PAD: tl.constexpr, HAS_UNIFORMS: tl.constexpr, STORE_COUNTS: tl.constexpr,
     CNT_MODE: tl.constexpr, CARRY_FP16: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    W_BITS: tl.constexpr, PREFETCH: tl.constexpr,
+    W_BITS: tl.constexpr, PREFETCH: tl.constexpr, GROUP_RNG: tl.constexpr = False,
 ):
     # One program: tiles [t_begin, t_end) of one (sequence, KV head), all G query heads.
     # A loop iteration handles a block of SUB tiles: query row r = sub * HALF + g is head
@@ -644,7 +745,10 @@ def _flash_kernel(
     q, heads, mask_g, sub = _flash_queries(q_ptr, b, kvh, group, head_dim, stride_qb,
                                            stride_qh, HALF, G_PAD, D_PAD)
     head_rows = (b * num_q_heads + heads).to(tl.int64)
-    rng_base = (step << 32) + head_rows * rng_stride  # section 8: (step, b, head, tile)
+    if GROUP_RNG:  # one offset per (step, b, KV head, tile), shared by the group's heads
+        rng_base = (step << 32) + (head_rows * 0 + b * num_kv_heads + kvh) * rng_stride
+    else:  # section 8: (step, b, head, tile)
+        rng_base = (step << 32) + head_rows * rng_stride
     offs_d = tl.arange(0, D_PAD)
     mask_d = offs_d < head_dim
     offs_c = tl.arange(0, BLOCK_N)
@@ -653,12 +757,14 @@ def _flash_kernel(
     l_run = tl.zeros([G_PAD], dtype=tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
     # the last block's draw (counts, V row offsets, rows any head sampled, W_t / S_tile).
-    # PREFETCH (launch with num_stages=1): software pipelining by hand, the V rows of
-    # block i are gathered in iteration i+1 and K of block i+1 is loaded in iteration i,
-    # both into registers, so their latency overlaps block i's score work. Otherwise
-    # (num_stages >= 2) Triton's pipeliner does the same through shared memory: it
-    # computes the next block's scores and issues its V copy ahead of this block's dot;
-    # a hand-deferred gather would defeat it (it then waits on every copy at once).
+    # PREFETCH (launch with num_stages=1) pipelines by hand, in registers: K of block i+1
+    # is loaded during block i, and the V rows of block i are
+    #   1: gathered and multiplied at the top of iteration i+1 (the load's latency is
+    #      exposed there, behind only the K load just issued);
+    #   2: loaded at the end of iteration i and multiplied in iteration i+1, after block
+    #      i+1's scores and draw (block i+1's work hides the V load's latency).
+    # Otherwise (num_stages >= 2) Triton's pipeliner stages the K loads through shared
+    # memory and the V gather waits inside its own iteration.
     if CARRY_FP16:
         p_counts = tl.zeros([G_PAD, BLOCK_N], dtype=tl.float16)
     else:
@@ -667,7 +773,10 @@ def _flash_kernel(
     p_needed = offs_c < 0
     p_coef = tl.zeros([G_PAD], dtype=tl.float32)
     k_base = k_ptr + kvh * stride_kh
-    if PREFETCH:
+    v_base = v_ptr + kvh * stride_vh
+    if PREFETCH == 2:
+        p_v = _flash_gather(v_base, p_rows, p_needed, offs_d, mask_d)  # all rows masked
+    if PREFETCH != 0:
         k_next = _flash_load_k(k_base, page_table_ptr, b, t_begin, limit, offs_c, offs_d,
                                mask_d, stride_kx, stride_ky, stride_pt, page_size, PAGED,
                                TILE)
@@ -676,13 +785,14 @@ def _flash_kernel(
         mask_n = offs_n < limit
         x, y = _flash_rows(page_table_ptr, b, tl.where(mask_n, offs_n, 0), stride_pt,
                            page_size, PAGED)
-        if PREFETCH:  # issue the next K block and the previous block's V gather first
+        if PREFETCH != 0:  # issue the next K block (and, mode 1, the last block's gather)
             k = k_next
             k_next = _flash_load_k(k_base, page_table_ptr, b, t0 + SUB, limit, offs_c,
                                    offs_d, mask_d, stride_kx, stride_ky, stride_pt,
                                    page_size, PAGED, TILE)
-            o = _flash_gather_dot(v_ptr + kvh * stride_vh, p_rows, p_needed, p_counts,
-                                  offs_d, mask_d, CNT_MODE)
+            if PREFETCH == 1:
+                o = _flash_gather_dot(v_base, p_rows, p_needed, p_counts, offs_d, mask_d,
+                                      per_tile, CNT_MODE)
         else:
             k = tl.load(k_base + (x * stride_kx + y * stride_ky)[:, None] + offs_d[None, :],
                         mask=mask_n[:, None] & mask_d[None, :], other=0.0)
@@ -719,8 +829,14 @@ def _flash_kernel(
         if STORE_COUNTS:
             tl.store(counts_ptr + head_rows[:, None] * counts_stride + offs_n[None, :],
                      counts.to(tl.int16), mask=mask_g[:, None] & valid)
+        needed = tl.max(counts, axis=0) > 0  # rows some head sampled
+        rows = x * stride_vx + y * stride_vy
+        if PREFETCH == 2:  # issue this block's gather; multiply the last block's
+            v_cur = _flash_gather(v_base, rows, needed, offs_d, mask_d)
+            o = _flash_count_dot(p_counts, p_v, per_tile, CNT_MODE)
+            p_v = v_cur
         # fold in the previous block (PREFETCH), then this block's tile weights e^{m_t} l_t
-        if PREFETCH:
+        if PREFETCH != 0:
             acc += p_coef[:, None] * o
         m_new = tl.maximum(m_run, m_t)
         m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
@@ -729,18 +845,18 @@ def _flash_kernel(
         acc = acc * alpha[:, None]
         l_run = l_run * alpha + w_t
         m_run = m_new
-        # only rows some head sampled are gathered (predicated loads skip the rest)
-        p_needed = tl.max(counts, axis=0) > 0
-        p_rows = x * stride_vx + y * stride_vy
+        p_needed = needed
+        p_rows = rows
         p_coef = w_t / per_tile
         p_counts = counts.to(tl.float16) if CARRY_FP16 else counts
-        if not PREFETCH:
-            acc += p_coef[:, None] * _flash_gather_dot(v_ptr + kvh * stride_vh, p_rows,
-                                                       p_needed, p_counts, offs_d, mask_d,
-                                                       CNT_MODE)
-    if PREFETCH:
-        acc += p_coef[:, None] * _flash_gather_dot(v_ptr + kvh * stride_vh, p_rows, p_needed,
-                                                   p_counts, offs_d, mask_d, CNT_MODE)
+        if PREFETCH == 0:
+            acc += p_coef[:, None] * _flash_gather_dot(v_base, p_rows, p_needed, p_counts,
+                                                       offs_d, mask_d, per_tile, CNT_MODE)
+    if PREFETCH == 1:
+        acc += p_coef[:, None] * _flash_gather_dot(v_base, p_rows, p_needed, p_counts,
+                                                   offs_d, mask_d, per_tile, CNT_MODE)
+    if PREFETCH == 2:
+        acc += p_coef[:, None] * _flash_count_dot(p_counts, p_v, per_tile, CNT_MODE)
     # merge the SUB rows of every head (FlashDecoding rule); empty rows hold m = -inf
     m_rows = tl.reshape(m_run, [SUB, HALF])
     m_head = tl.max(m_rows, axis=0)
@@ -839,9 +955,19 @@ def _check_uniforms(uniforms, shape, name="uniforms"):
     return uniforms.to(torch.float32).contiguous()
 
 
-def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int = 2) -> int:
+def pdl_available(device: torch.device) -> bool:
+    """True where programmatic dependent launch works: a CUDA device of compute
+    capability >= 9.0 (not the interpreter) and a Triton with grid dependency control."""
+    return (gdc_wait is not None and device.type == "cuda"
+            and os.environ.get("TRITON_INTERPRET", "0") != "1"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int = 2,
+                pdl: bool = False) -> int:
     """Runs pass 1; returns the call's tile count bound ``T``. ``stores`` < 2 skips the
-    stash (1) or every store (0): profiling only."""
+    stash (1) or every store (0): profiling only. ``pdl``: let the next kernel (the sample
+    pass, launched as a programmatic dependent) start early."""
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
     cfg = _config(d)
@@ -861,7 +987,7 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
         stride_pt, page_size,
         PAGED=paged, TILE=tile, SUBS=subs, G_PAD=g_pad, D_PAD=_next_pow2(d),
         DOT_PRECISION=_dot_precision(kv.k.dtype), G_ROWS=g_rows if g_rows < g_pad else 0,
-        STORES=stores, num_warps=warps, num_stages=stages,
+        STORES=stores, PDL=pdl, num_warps=warps, num_stages=stages,
     )
     return n_tiles
 
@@ -893,7 +1019,9 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
     """Pass 1 + pass 2 for the global-CDF samplers (prop/sys/strat/iid)."""
     ws, scale = _prepare(q, kv, S, tile, scale, workspace, stash_dtype=stash_dtype)
     batch, hq, d = q.shape
-    n_tiles = _score_pass(q, kv, ws, scale, tile)
+    cfg = _config(d)
+    pdl = bool(cfg.get("pdl")) and mode != _MODE_LR and pdl_available(q.device)
+    n_tiles = _score_pass(q, kv, ws, scale, tile, pdl=pdl)
     if mode == _MODE_LR:
         _largest_remainder_prefix(ws, kv, batch, hq, n_tiles, S, tile)
     expected = {_MODE_SYS: (batch, hq), _MODE_STRAT: (batch, hq, S), _MODE_IID: (batch, hq, S),
@@ -901,12 +1029,16 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
     uniforms = _check_uniforms(uniforms, expected)
     table, paged, page_size, stride_pt = _cache_args(kv)
     out = ws.out(q.dtype)
-    warps, sample_block = _config(d)["sample"]
-    sample_block = min(sample_block, max(16, _next_pow2(S)))
-    _sample_pass_kernel[(batch * hq,)](
+    warps, sample_block = cfg["sample"]
+    prefix_in_regs = n_tiles <= MAX_PREFIX_IN_REGS
+    splits = cfg.get("sample_splits") or sample_splits_for(batch * hq, S, _sm_count(q.device))
+    splits = min(splits, MAX_SAMPLE_SPLITS) if prefix_in_regs else 1
+    per_program = -(-S // splits)
+    sample_block = min(sample_block, max(16, _next_pow2(per_program)))
+    _sample_pass_kernel[(batch * hq, splits)](
         kv.v, kv.lengths, table, ws.tile_max, ws.tile_mass, ws.stash, ws.prefix,
         ws.sample_index, out, uniforms if uniforms is not None else ws.prefix, ws.rng,
-        ws.seed if seed is None else int(seed),
+        ws.seed if seed is None else int(seed), ws.sample_part, ws.sample_ticket, per_program,
         S, ws.S, hq, hq // kv.num_kv_heads, d, ws.max_len, ws.max_tiles,
         max(0, math.ceil(math.log2(n_tiles))) if n_tiles > 1 else 0,
         expected[-1] if len(expected) == 3 else 1, max(S, ws.max_tiles),
@@ -914,8 +1046,10 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
         out.stride(0), out.stride(1),
         MODE=mode, HAS_UNIFORMS=uniforms is not None, PAGED=paged, TILE=tile,
         BLOCK_T=min(MAX_PREFIX_IN_REGS, _next_pow2(n_tiles)), SAMPLE_BLOCK=sample_block,
-        PREFIX_IN_REGS=n_tiles <= MAX_PREFIX_IN_REGS,
+        PREFIX_IN_REGS=prefix_in_regs, SAMPLE_SPLITS=splits,
+        PROFILE=cfg.get("sample_profile", 0), PDL=pdl,
         D_PAD=_next_pow2(d), num_warps=warps, num_stages=1,
+        **({"launch_pdl": True} if pdl else {}),
     )
     info = SantaInfo(method={_MODE_SYS: "prop", _MODE_STRAT: "strat", _MODE_IID: "iid",
                              _MODE_LR: "prop-largest-remainder"}[mode],
@@ -973,22 +1107,27 @@ def santa_flash(
     q: torch.Tensor, kv: KVCache, S: int, *, tile: int = 64, scale: float | None = None,
     seed: int | None = None, uniforms: torch.Tensor | None = None,
     workspace: SantaWorkspace | None = None, return_counts: bool = False,
+    group_offsets: bool = False, launch: FlashLaunch | None = None,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash (section 4).
 
     Every tile draws ``max(1, S // T_b)`` systematic samples from its local
     distribution (``uniforms [B, Hq, T]``: one offset per tile overrides Philox);
     ``return_counts`` also stores per-row counts (a workspace built with
-    ``store_counts=True``), off the hot path.
+    ``store_counts=True``), off the hot path. ``group_offsets`` draws one Philox offset
+    per (KV head, tile) shared by the group's query heads: every head's estimator is
+    unchanged in distribution, but similar heads sample the same rows, so the group's
+    union of V rows (the bytes read) shrinks. ``launch`` overrides ``FLASH_CONFIGS``.
     """
     ws, scale = _prepare(q, kv, S, tile, scale, workspace, counts=return_counts)
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
     n_tiles = -(-_capacity(kv) // tile)
     uniforms = _check_uniforms(uniforms, (batch, hq, n_tiles))
-    warps, stages, sub, maxnreg = _flash_config(S)
-    launch = {} if maxnreg is None or os.environ.get("TRITON_INTERPRET", "0") == "1" else {
-        "maxnreg": maxnreg}
+    cfg = launch or flash_launch_for(S)
+    extra = ({} if cfg.maxnreg is None or os.environ.get("TRITON_INTERPRET", "0") == "1"
+             else {"maxnreg": cfg.maxnreg})
+    sub = cfg.sub
     g_pad = max(16, _next_pow2(hq // hkv))
     while sub > 1 and g_pad // sub < _next_pow2(hq // hkv):
         sub //= 2  # every sub-tile needs a row per head of the group
@@ -1002,27 +1141,28 @@ def santa_flash(
     elif (256 if v_dtype == torch.bfloat16 else 2048) >= S:
         cnt_mode = 1  # counts <= S_tile <= S are exact in V's 16-bit dtype
     else:
-        cnt_mode = 2  # 256 * hi + lo, both exact in 16 bits
+        cnt_mode = 2  # 256 * hi + lo, both exact in 16 bits (one dot when S_tile <= 256)
     _flash_kernel[(splits, batch * hkv)](
         q, kv.k, kv.v, kv.lengths, table, ws.part_m, ws.part_l, ws.part_o,
         ws.counts if return_counts else ws.part_m,
         uniforms if uniforms is not None else ws.part_m, ws.rng,
         ws.seed if seed is None else int(seed),
-        scale, S, hkv, hq, hq // hkv, d, per_split, ws.num_splits, ws.max_len, n_tiles,
+        scale, S, hkv, hq, hq // hkv, d, per_split, ws.num_splits,
+        ws.counts.stride(0) if return_counts else 0, n_tiles,
         ws.max_tiles,
         q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
         kv.v.stride(0), kv.v.stride(1), kv.v.stride(2), stride_pt, page_size,
         PAGED=paged, TILE=tile, SUB=sub, G_PAD=g_pad, D_PAD=_next_pow2(d),
         HAS_UNIFORMS=uniforms is not None, STORE_COUNTS=return_counts,
         CNT_MODE=cnt_mode, CARRY_FP16=S <= 2048, DOT_PRECISION=_dot_precision(kv.k.dtype),
-        W_BITS=FLASH_W_BITS, PREFETCH=stages == 1, num_warps=warps, num_stages=stages,
-        **launch,
+        W_BITS=FLASH_W_BITS, PREFETCH=cfg.prefetch if cfg.stages == 1 else 0,
+        GROUP_RNG=group_offsets, num_warps=cfg.warps, num_stages=cfg.stages, **extra,
     )
     out = ws.out(q.dtype)
     _merge_kernel[(batch * hq,)](
         ws.part_m, ws.part_l, ws.part_o, out, ws.rng, hq, splits, ws.num_splits, d,
         out.stride(0), out.stride(1),
-        SPLIT_PAD=max(2, _next_pow2(ws.num_splits)), D_PAD=_next_pow2(d), num_warps=4,
+        SPLIT_PAD=max(2, _next_pow2(splits)), D_PAD=_next_pow2(d), num_warps=4,
     )
     counts = (ws.counts[: batch * hq, : _capacity(kv)].view(batch, hq, -1)
               if return_counts else None)

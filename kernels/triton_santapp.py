@@ -81,7 +81,12 @@ import triton.language as tl
 from santa_kernels.kv import KVCache
 from santa_kernels.reads import ReadCounts
 from santa_kernels.santapp import TeamIndex, _check_kv, build_team_index, team_end_of
-from santa_kernels.triton_santa import _row_offsets
+from santa_kernels.triton_santa import (
+    _row_offsets,
+    gdc_launch_dependents,
+    gdc_wait,
+    pdl_available,
+)
 from santa_kernels.validate import InputError, check_positive_int, check_scale
 
 # -------------------------------------------------------------------- constants
@@ -118,6 +123,14 @@ HOPPER = {
     "finish_heads": 1,
     "merge_warps": 4,  # 8 when a merge step holds >= 4096 partial elements
     "merge_block": 64,  # partials merged per step (fewer when there are fewer)
+    # every kernel after the first is launched as a programmatic dependent of the one
+    # before (its launch overlaps the previous kernel's last wave; griddepcontrol.wait
+    # before it reads anything): where pdl_available() and B * Hkv <= pdl_max_groups.
+    # H200, M=32 P=16 (results/h200/tune-2026-11-29-s4): 32k B=1 26.15 -> 24.88 us,
+    # 128k B=1 P=64 39.9 -> 39.1, but 32k B=8 74.6 -> 76.8 (the early programs wait on
+    # SMs the previous kernel's last wave could use)
+    "pdl": True,
+    "pdl_max_groups": 16,
 }
 
 
@@ -954,8 +967,10 @@ def _select_kernel(
     D_PAD: tl.constexpr, G_PAD: tl.constexpr, G_ROWS: tl.constexpr, TB: tl.constexpr,
     C_PAD: tl.constexpr, M1_PAD: tl.constexpr, S_PAD: tl.constexpr,
     LOCAL: tl.constexpr, FUSED: tl.constexpr, HAS_GUMBELS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, WAYS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, WAYS: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # the next kernel may launch once every program here has started
+        gdc_launch_dependents()
     split = tl.program_id(0)
     bkv = tl.program_id(1)
     b = bkv // NUM_KV_HEADS
@@ -1035,7 +1050,11 @@ def _finish_kernel(
     M, num_splits, n_cand, t_cap, union_cap,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr,
     C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr, WAYS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # launched early (programmatic dependent): wait for the previous kernel
+        gdc_wait()
+        gdc_launch_dependents()
     bkv = tl.program_id(0)
     _finish_selection(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, kappa_ptr, union_ptr,
                       count_ptr, bkv // NUM_KV_HEADS, bkv % NUM_KV_HEADS, bkv, M, num_splits,
@@ -1049,12 +1068,15 @@ def _finish_heads_kernel(
     M, num_splits, n_cand, t_cap, union_cap, finish_parts,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr,
     H_ROWS: tl.constexpr, C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr,
-    WAYS: tl.constexpr,
+    WAYS: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Grid ``(B * Hkv, finish_parts)``: each program finds kappa for ``H_ROWS`` heads of
     the group (the kth search spread over the group's heads instead of one program per
     group); the last of the group's programs to finish (an acq_rel ticket) writes the
     union from the group's kappas."""
+    if PDL:  # launched early (programmatic dependent): wait for the previous kernel
+        gdc_wait()
+        gdc_launch_dependents()
     bkv = tl.program_id(0)
     part = tl.program_id(1)
     b = bkv // NUM_KV_HEADS
@@ -1112,8 +1134,11 @@ def _attend_kernel(
     D_PAD: tl.constexpr, G_PAD: tl.constexpr, TPB: tl.constexpr, SLOT: tl.constexpr,
     CHUNKS: tl.constexpr, BLOCK_E: tl.constexpr,
     PACKED: tl.constexpr, PAGED: tl.constexpr, REGULAR: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # launched early (programmatic dependent): wait for the previous kernel
+        gdc_wait()
+        gdc_launch_dependents()
     BLOCK_N: tl.constexpr = TPB * SLOT
     bkv = tl.program_id(0)
     c = tl.program_id(1)
@@ -1212,12 +1237,14 @@ def _merge_kernel(
     part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, rng_ptr,
     num_parts, stride_ob, stride_oh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    D_PAD: tl.constexpr, BLOCK_S: tl.constexpr,
+    D_PAD: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Log-sum-exp merge of one head's partials, as triton_splitkv's stage 2: the max
     over every partial first, then one weighted sum (no running rescale). Every attend
     program wrote its partial (empty ones hold m = -inf: weight 0), so nothing here
     waits on the device-side union count; ``BLOCK_S >= num_parts`` at B=1 (one step)."""
+    if PDL:  # launched early (programmatic dependent): wait for the previous kernel
+        gdc_wait()
     pid = tl.program_id(0)
     hq = NUM_KV_HEADS * GROUP
     b = pid // hq
@@ -1407,6 +1434,9 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages) -> to
     hkv = kv.num_kv_heads
     precision = _dot_precision(kv.dtype)
     d_pad = _next_pow2(d)
+    pdl = (bool(HOPPER.get("pdl")) and batch * hkv <= HOPPER["pdl_max_groups"]
+           and pdl_available(q.device))
+    dep = {"launch_pdl": True} if pdl else {}  # kernels after the first
     if "score" in stages:  # profiling: the select kernel alone, without its finisher
         fuse_select, stages = False, (*stages, "select")
     if "select" in stages:
@@ -1419,7 +1449,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages) -> to
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad, G_PAD=p.g_pad,
             G_ROWS=p.g_rows, TB=p.teams_per_split, C_PAD=p.c_pad, M1_PAD=p.m1_pad, S_PAD=p.s_pad,
             LOCAL=p.local, FUSED=fuse_select, HAS_GUMBELS=gumbels is not None,
-            DOT_PRECISION=precision, WAYS=p.search_ways, num_warps=p.select_warps,
+            DOT_PRECISION=precision, WAYS=p.search_ways, PDL=pdl, num_warps=p.select_warps,
             num_stages=1,
         )  # fmt: skip
     if not fuse_select and "select" in stages and "score" not in stages and p.finish_heads:
@@ -1427,15 +1457,16 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages) -> to
             ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count, ws.ticket,
             M, p.num_splits, p.n_cand, p.max_teams, p.union_cap, p.finish_parts,
             NUM_KV_HEADS=hkv, GROUP=p.group, G_ROWS=p.g_rows, H_ROWS=p.h_rows, C_PAD=p.c_pad,
-            S_PAD=p.s_pad, LOCAL=p.local, WAYS=p.finish_ways, num_warps=p.finish_warps,
-            num_stages=1,
+            S_PAD=p.s_pad, LOCAL=p.local, WAYS=p.finish_ways, PDL=pdl, num_warps=p.finish_warps,
+            num_stages=1, **dep,
         )  # fmt: skip
     elif not fuse_select and "select" in stages and "score" not in stages:
         _finish_kernel[(batch * hkv,)](
             ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count,
             M, p.num_splits, p.n_cand, p.max_teams, p.union_cap,
             NUM_KV_HEADS=hkv, GROUP=p.group, G_ROWS=p.g_rows, C_PAD=p.c_pad, S_PAD=p.s_pad,
-            LOCAL=p.local, WAYS=p.search_ways, num_warps=p.finish_warps, num_stages=1,
+            LOCAL=p.local, WAYS=p.search_ways, PDL=pdl, num_warps=p.finish_warps, num_stages=1,
+            **dep,
         )  # fmt: skip
     paged = kv.layout == "paged"
     table = kv.page_table if paged else kv.lengths
@@ -1455,7 +1486,8 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages) -> to
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad, G_PAD=p.g_pad,
             TPB=p.teams_per_block, SLOT=p.slot, CHUNKS=p.chunks, BLOCK_E=p.exact_rows,
             PACKED=packed.packed_k is not None, PAGED=paged, REGULAR=packed.regular,
-            DOT_PRECISION=precision, num_warps=HOPPER["attend_warps"], num_stages=1,
+            DOT_PRECISION=precision, PDL=pdl, num_warps=HOPPER["attend_warps"], num_stages=1,
+            **dep,
         )  # fmt: skip
     out = ws.out(q.dtype)
     if "merge" in stages:
@@ -1463,7 +1495,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages) -> to
             ws.part_m, ws.part_l, ws.part_o, out, ws.rng,
             p.num_parts, out.stride(0), out.stride(1),
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad,
-            BLOCK_S=p.merge_block, num_warps=p.merge_warps,
+            BLOCK_S=p.merge_block, PDL=pdl, num_warps=p.merge_warps, **dep,
         )  # fmt: skip
     return out
 

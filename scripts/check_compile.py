@@ -13,23 +13,36 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 import santa_kernels.triton_santa as ts
+import santa_kernels.triton_santa_flash2 as tf2
 import santa_kernels.triton_santapp as tsp
 
 TARGET = GPUTarget("cuda", 90, 32)
 
 
-def compile_kernel(fn, types: list[str], consts: dict) -> str | None:
+def compile_kernel(fn, types: list[str], consts: dict, options: dict | None = None,
+                   divisible: tuple[str, ...] = (), pipelined: bool = False) -> str | None:
     """Returns None when ``fn`` compiles, else the error. ``types``: the non-constexpr
-    arguments in order; ``consts``: every constexpr argument by name."""
+    arguments in order; ``consts``: every constexpr argument by name; ``options``: launch
+    options (num_warps, num_stages). ``divisible``: integer arguments to specialise as
+    multiples of 16, as a launch does for such values (pointers always are: torch's
+    allocations are aligned); without the hint loads are not vectorised and Triton's
+    pipeliner skips them. ``pipelined``: also fail unless the pipeliner staged a load
+    through shared memory (async copies)."""
     it = iter(types)
     sig = {name: "constexpr" if name in consts else next(it) for name in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if divisible and name not in consts and (sig[name].startswith("*")
+                                                      or name in divisible)}
     src = ASTSource(
-        fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()}
+        fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
+        attrs=attrs,
     )
     try:
-        triton.compile(src, target=TARGET)
+        kernel = triton.compile(src, target=TARGET, options=options)
     except Exception as exc:  # report the frontend's message
         return f"{type(exc).__name__}: {exc}"
+    if pipelined and "async_copy_global_to_local" not in kernel.asm["ttgir"]:
+        return "not pipelined: no load staged through shared memory"
     return None
 
 
@@ -39,7 +52,7 @@ def main() -> int:
     for local in (False, True):
         for h_rows in (1, 2, 4):
             consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "G_ROWS": 4, "H_ROWS": h_rows,
-                      "C_PAD": 2048, "S_PAD": 32, "LOCAL": local, "WAYS": 8}
+                      "C_PAD": 2048, "S_PAD": 32, "LOCAL": local, "WAYS": 8, "PDL": local}
             err = compile_kernel(tsp._finish_heads_kernel, finish_types, consts)
             print(f"_finish_heads_kernel local={local} h_rows={h_rows}: {err or 'ok'}")
             failures += err is not None
@@ -48,12 +61,79 @@ def main() -> int:
     for group, g_rows, subs, stores in ((4, 4, 1, 2), (4, 4, 2, 2), (4, 0, 1, 2), (1, 2, 1, 2),
                                         (8, 8, 1, 2), (4, 4, 1, 0)):
         consts = {"head_dim": 128, "PAGED": False, "TILE": 64, "SUBS": subs, "G_PAD": 16,
-                  "D_PAD": 128, "DOT_PRECISION": "tf32", "G_ROWS": g_rows, "STORES": stores}
+                  "D_PAD": 128, "DOT_PRECISION": "tf32", "G_ROWS": g_rows, "STORES": stores,
+                  "PDL": group == 4}
         err = compile_kernel(ts._score_pass_kernel, score_types, consts)
         print(f"_score_pass_kernel G={group} G_ROWS={g_rows} SUBS={subs} STORES={stores}: "
               f"{err or 'ok'}")
         failures += err is not None
+    sample_types = ["*bf16", "*i32", "*i32", "*fp32", "*fp32", "*fp16", "*fp32", "*i32", "*bf16",
+                    "*fp32", "*i64", "i32", "*fp32", "*i32", "i32"] + ["i32"] * 16
+    for mode, splits in ((0, 1), (0, 8), (1, 4), (3, 2)):
+        consts = {"head_dim": 128, "MODE": mode, "HAS_UNIFORMS": False, "PAGED": False,
+                  "TILE": 64, "BLOCK_T": 512, "SAMPLE_BLOCK": 16, "PREFIX_IN_REGS": True,
+                  "D_PAD": 128, "SAMPLE_SPLITS": splits, "PROFILE": 0, "PDL": splits > 1}
+        err = compile_kernel(ts._sample_pass_kernel, sample_types, consts,
+                             {"num_warps": 8, "num_stages": 1})
+        print(f"_sample_pass_kernel MODE={mode} SAMPLE_SPLITS={splits}: {err or 'ok'}")
+        failures += err is not None
+    flash_types = ["*bf16", "*bf16", "*bf16", "*i32", "*i32", "*fp32", "*fp32", "*fp32", "*i16",
+                   "*fp32", "*i64", "i32", "fp32"] + ["i32"] * 19
+    for prefetch, stages, sub, group_rng in ((0, 2, 1, False), (1, 1, 1, False),
+                                             (2, 1, 2, True)):
+        consts = {"head_dim": 128, "PAGED": False, "TILE": 64, "SUB": sub, "G_PAD": 16,
+                  "D_PAD": 128, "HAS_UNIFORMS": False, "STORE_COUNTS": False, "CNT_MODE": 2,
+                  "CARRY_FP16": True, "DOT_PRECISION": "tf32", "W_BITS": ts.FLASH_W_BITS,
+                  "PREFETCH": prefetch, "GROUP_RNG": group_rng}
+        err = compile_kernel(ts._flash_kernel, flash_types, consts,
+                             {"num_warps": 4, "num_stages": stages})
+        print(f"_flash_kernel PREFETCH={prefetch} SUB={sub} GROUP_RNG={group_rng}: "
+              f"{err or 'ok'}")
+        failures += err is not None
+    failures += check_flash_two_pass()
     return 1 if failures else 0
+
+
+def check_flash_two_pass() -> int:
+    """The two passes of triton_santa_flash2 at their FLASH2_CONFIG launch options, with
+    the strides a real cache has (multiples of 16): the K / V loads must be pipelined."""
+    failures = 0
+    divisible = ("stride_qb", "stride_qh", "stride_kx", "stride_ky", "stride_kh", "stride_vx",
+                 "stride_vy", "stride_vh")
+    for d, group, paged, uniforms in ((128, 4, False, False), (128, 1, True, False),
+                                      (64, 8, False, True), (256, 3, True, False)):
+        cfg = tf2.flash2_config(d)
+        table = "*i32" if paged else "*i64"  # contiguous: the lengths stand in for it
+        types = ["*bf16", "*bf16", "*i64", table, "*fp32", "*fp32", "*i16", "*fp32", "*i64",
+                 "i32", "fp32"] + ["i32"] * 16
+        g_pad = max(16, ts._next_pow2(group))
+        consts = {"head_dim": d, "PAGED": paged, "TILE": 64, "G_PAD": g_pad,
+                  "ROWS": max(2, ts._next_pow2(group)), "D_PAD": d, "HAS_UNIFORMS": uniforms,
+                  "DOT_PRECISION": "tf32", "W_BITS": ts.FLASH_W_BITS, "GROUP_RNG": uniforms,
+                  "DRAW": True}
+        warps, stages = cfg["count"]
+        err = compile_kernel(tf2._flash_count_kernel, types, consts,
+                             {"num_warps": warps, "num_stages": stages}, divisible, stages > 1)
+        print(f"_flash_count_kernel d={d} G={group} paged={paged} uniforms={uniforms}: "
+              f"{err or 'ok'}")
+        failures += err is not None
+        for dtype, cnt_mode, exact in (("bf16", 1, 256), ("bf16", 3, 256), ("fp16", 3, 2048)):
+            types = [f"*{dtype}", "*i64", table, "*fp32", "*fp32", "*i16", "*fp32", "*fp32",
+                     "*fp32"] + ["i32"] * 13
+            for wide, prefetch, warps in ((0, False, None), (2, True, 4), (4, False, 8),
+                                          (4, True, 8)):
+                consts = {"head_dim": d, "PAGED": paged, "TILE": 64, "G_PAD": g_pad,
+                          "D_PAD": d, "CNT_MODE": cnt_mode, "EXACT": exact, "WIDE": wide,
+                          "PREFETCH": prefetch}
+                stages = cfg["gather"][1] if wide == 0 else 1
+                warps = warps or cfg["gather"][0]
+                err = compile_kernel(tf2._flash_gather_kernel, types, consts,
+                                     {"num_warps": warps, "num_stages": stages}, divisible,
+                                     stages > 1)
+                print(f"_flash_gather_kernel d={d} G={group} paged={paged} {dtype} "
+                      f"CNT_MODE={cnt_mode} WIDE={wide} PREFETCH={prefetch}: {err or 'ok'}")
+                failures += err is not None
+    return failures
 
 
 if __name__ == "__main__":

@@ -16,6 +16,22 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
 - ``stores``: the score pass with its statistics and stash stores, statistics only,
   neither (profiling flag ``STORES``), at the default and twice the split count.
 - ``e2e``: prop and split-KV over the e2e loop's cache (32 layers, one workspace).
+- ``flash``: santa-flash S=2048, the fused kernel's launches (Triton's pipeliner, or the
+  hand pipelines ``prefetch`` 1 / 2) and the two-pass kernel's (count, gather) launches,
+  each with per-head or group-shared offsets; first checks on the GPU that every
+  variant draws the default's counts given the same uniforms.
+- ``split``: santa-prop's sample pass over 1-8 programs per head (``sample_splits``), S=128
+  and 256: the whole call; first checks that every split draws the same samples.
+- ``sample``: prop S=128's sample pass with parts skipped (``sample_profile`` 1: the
+  binary search, 2: the stash load, 3: the V gather; timing only) and other warp counts.
+- ``wide``: the two-pass flash kernel's pass 2 over WIDE tiles per iteration (batched
+  dot), with or without the next block's counts prefetched, launches and split counts.
+- ``pdl``: santa-prop with the sample pass launched as a programmatic dependent of the
+  score pass or not, S=128 and 256; first checks both draw the same samples.
+- ``pdlpp``: SANTA++ M=32 with its kernels launched as programmatic dependents or not;
+  first checks both select the same teams and agree on the output.
+- ``flash2``: the two-pass flash kernel stage by stage: pass 1 with and without its draw,
+  pass 2 alone over several split counts and launches, the merge alone.
 The sections ``evict``, ``tail`` and ``statsblk`` (results/h200/tune-2026-11-29, commits
 named there) went with the kernel knobs they measured, none of which was kept.
 Rows go to OUT_DIR/tune.csv as they are measured (an interrupted run keeps them).
@@ -35,6 +51,7 @@ import torch
 
 import santa_kernels as sk
 import santa_kernels.triton_santa as ts
+import santa_kernels.triton_santa_flash2 as tf2
 import santa_kernels.triton_santapp as tsp
 from santa_bench.timing import graph_call_us
 from santa_kernels.triton_splitkv import SplitKVWorkspace, splitkv_decode
@@ -252,6 +269,288 @@ def e2e_section(rows: Rows, batch: int = 8, ctx: int = 32768, layers: int = 32,
     torch.cuda.empty_cache()
 
 
+FLASH_VARIANTS = {  # name: ("fused", FlashLaunch | None) or ("two", count, gather)
+    "fused-default": ("fused", None),
+    "fused-w4s3": ("fused", ts.FlashLaunch(4, 3)),
+    "fused-w4-pf1": ("fused", ts.FlashLaunch(4, 1, prefetch=1)),
+    "fused-w4-pf2": ("fused", ts.FlashLaunch(4, 1, prefetch=2)),
+    "fused-w8-pf2": ("fused", ts.FlashLaunch(8, 1, prefetch=2)),
+    "fused-w8-pf2-r128": ("fused", ts.FlashLaunch(8, 1, maxnreg=128, prefetch=2)),
+    "two-c43-g43": ("two", (4, 3), (4, 3)),
+    "two-c43-g42": ("two", (4, 3), (4, 2)),
+    "two-c43-g44": ("two", (4, 3), (4, 4)),
+    "two-c43-g83": ("two", (4, 3), (8, 3)),
+    "two-c44-g44": ("two", (4, 4), (4, 4)),
+}
+
+
+def flash_call(variant, q, kv, S, ws, group, uniforms=None, counts=False):
+    kind, *cfg = variant
+    if kind == "fused":
+        return ts.santa_flash(q, kv, S, workspace=ws, launch=cfg[0], group_offsets=group,
+                              uniforms=uniforms, return_counts=counts)
+    return tf2.santa_flash_two_pass(q, kv, S, workspace=ws, count_config=cfg[0],
+                                    gather_config=cfg[1], group_offsets=group,
+                                    uniforms=uniforms, return_counts=counts)
+
+
+def flash_section(rows: Rows, S: int = 2048) -> None:
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
+        rows.add(section="flash", shape=tag, variant="splitkv", what="call",
+                 us=f"{dense_us(inputs):.2f}", note="")
+        q0, kv0 = inputs[0]
+        uniforms = torch.rand(batch, 32, -(-ctx // 64), device="cuda")
+        base = None
+        for name, variant in FLASH_VARIANTS.items():
+            try:
+                ws0 = ts.SantaWorkspace.for_inputs(q0, kv0, S, 64, store_counts=True)
+                out, info = flash_call(variant, q0, kv0, S, ws0, False, uniforms, True)
+                got = (info.row_counts().clone(), out.float().clone())
+                base = base or got
+                same = (torch.equal(got[0], base[0])
+                        and float((got[1] - base[1]).abs().max()) < 2e-2)
+                for group in (False, True):
+                    wss = [ts.SantaWorkspace.for_inputs(q, kv, S, 64, store_counts=True)
+                           for q, kv in inputs]
+                    _, info = flash_call(variant, q0, kv0, S, wss[0], group, counts=True)
+                    v_frac = info.read_counts(128).v_rows.float().mean().item() / ctx
+                    calls = [lambda q=q, kv=kv, w=w, g=group, v=variant:
+                             flash_call(v, q, kv, S, w, g)
+                             for (q, kv), w in zip(inputs, wss, strict=True)]
+                    rows.add(section="flash", shape=tag, variant=name,
+                             what=f"call S={S} group={int(group)}",
+                             us=f"{graph_call_us(calls):.2f}",
+                             note=f"same={same} V rows {100 * v_frac:.1f}%")
+            except Exception as exc:
+                rows.add(section="flash", shape=tag, variant=name, what="FAILED", us="",
+                         note=f"{type(exc).__name__}: {exc}"[:300])
+        for S_prop in (128, 256):
+            _, full = prop_calls(inputs, S_prop)
+            rows.add(section="flash", shape=tag, variant="prop fp16 stash",
+                     what=f"call S={S_prop}", us=f"{graph_call_us(full):.2f}", note="")
+        del inputs
+        torch.cuda.empty_cache()
+
+
+def flash2_section(rows: Rows, S: int = 2048) -> None:
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
+        default = ts.num_splits_for(batch * 8, ctx // 64)
+        wss = [ts.SantaWorkspace.for_inputs(q, kv, S, 64, store_counts=True,
+                                            num_splits=8 * default) for q, kv in inputs]
+
+        def timed(what, note="", wss=wss, inputs=inputs, tag=tag, **kw):
+            try:
+                for (q, kv), w in zip(inputs, wss, strict=True):  # counts in place first
+                    tf2.santa_flash_two_pass(q, kv, S, workspace=w)
+                calls = [lambda q=q, kv=kv, w=w: tf2.santa_flash_two_pass(q, kv, S, workspace=w,
+                                                                          **kw)
+                         for (q, kv), w in zip(inputs, wss, strict=True)]
+                rows.add(section="flash2", shape=tag, variant=what, what=str(kw)[:80],
+                         us=f"{graph_call_us(calls):.2f}", note=note)
+            except Exception as exc:
+                rows.add(section="flash2", shape=tag, variant=what, what="FAILED", us="",
+                         note=f"{type(exc).__name__}: {exc}"[:300])
+
+        score, _ = prop_calls(inputs, 128)
+        rows.add(section="flash2", shape=tag, variant="prop score pass", what="",
+                 us=f"{graph_call_us(score):.2f}", note="")
+        timed("full")
+        timed("count", stages=("count",))
+        timed("count no draw", stages=("count",), draw=False)
+        for cfg in ((4, 3), (4, 4), (8, 3), (8, 4), (2, 4)):
+            for mult in (1, 2, 4, 8):
+                timed("gather", gather_config=cfg, gather_splits=mult * default,
+                      stages=("gather",))
+        timed("merge", stages=("merge",))
+        for mult in (2, 4):
+            timed("full", gather_splits=mult * default)
+        del inputs, wss
+        torch.cuda.empty_cache()
+
+
+def split_section(rows: Rows) -> None:
+    default = copy.deepcopy(ts.HOPPER_CONFIGS)
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
+        rows.add(section="split", shape=tag, variant="splitkv", what="call",
+                 us=f"{dense_us(inputs):.2f}", note="")
+        auto = ts.sample_splits_for(batch * 32, 128)
+        for S in (128, 256):
+            base = None
+            for splits in (1, 2, 4, 8):
+                ts.HOPPER_CONFIGS[128] = {**default[128], "sample_splits": splits}
+                try:
+                    ws = ts.SantaWorkspace.for_inputs(*inputs[0], S, 64, seed=3,
+                                                      stash_dtype=torch.float16)
+                    out, info = ts.santa_prop(*inputs[0], S, workspace=ws,
+                                              stash_dtype=torch.float16)
+                    got = (info.sample_index.clone(), out.float().clone())
+                    base = base or got
+                    same = (torch.equal(got[0], base[0])
+                            and float((got[1] - base[1]).abs().max()) < 1e-2)
+                    _, full = prop_calls(inputs, S)
+                    rows.add(section="split", shape=tag, variant=f"sample_splits={splits}",
+                             what=f"call S={S}", us=f"{graph_call_us(full):.2f}",
+                             note=f"same={same} auto={auto}")
+                except Exception as exc:
+                    rows.add(section="split", shape=tag, variant=f"sample_splits={splits}",
+                             what="FAILED", us="", note=f"{type(exc).__name__}: {exc}"[:300])
+        ts.HOPPER_CONFIGS[128] = copy.deepcopy(default[128])
+        del inputs
+        torch.cuda.empty_cache()
+
+
+def sample_section(rows: Rows) -> None:
+    default = copy.deepcopy(ts.HOPPER_CONFIGS)
+    variants = {"default": {}, "no search": {"sample_profile": 1},
+                "no stash": {"sample_profile": 2}, "no V": {"sample_profile": 3},
+                "warps 4": {"sample": (4, 256)}, "warps 16": {"sample": (16, 256)},
+                "block 64": {"sample": (8, 64)}}
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
+        score, _ = prop_calls(inputs, 128)
+        rows.add(section="sample", shape=tag, variant="score pass", what="",
+                 us=f"{graph_call_us(score):.2f}", note="")
+        for name, kw in variants.items():
+            ts.HOPPER_CONFIGS[128] = {**default[128], **kw}
+            try:
+                _, full = prop_calls(inputs, 128)
+                rows.add(section="sample", shape=tag, variant=name, what="call S=128",
+                         us=f"{graph_call_us(full):.2f}",
+                         note=f"splits={ts.sample_splits_for(batch * 32, 128)}")
+            except Exception as exc:
+                rows.add(section="sample", shape=tag, variant=name, what="FAILED", us="",
+                         note=f"{type(exc).__name__}: {exc}"[:300])
+        ts.HOPPER_CONFIGS[128] = copy.deepcopy(default[128])
+        del inputs
+        torch.cuda.empty_cache()
+
+
+WIDE_VARIANTS = [  # (warps, stages, wide, prefetch)
+    (4, 1, 1, False), (4, 1, 2, True), (4, 2, 2, False), (4, 3, 2, False), (8, 1, 4, True),
+    (8, 2, 4, False), (8, 3, 4, False), (4, 1, 4, True), (8, 1, 2, True), (4, 2, 4, False),
+]
+
+
+def wide_section(rows: Rows, S: int = 2048) -> None:
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
+        default = ts.num_splits_for(batch * 8, ctx // 64)
+        wss = [ts.SantaWorkspace.for_inputs(q, kv, S, 64, store_counts=True,
+                                            num_splits=2 * default) for q, kv in inputs]
+        rows.add(section="wide", shape=tag, variant="splitkv", what="call",
+                 us=f"{dense_us(inputs):.2f}", note="")
+        q0, kv0 = inputs[0]
+        uniforms = torch.rand(batch, 32, -(-ctx // 64), device="cuda")
+        ws0 = ts.SantaWorkspace.for_inputs(q0, kv0, S, 64, store_counts=True)
+        base = ts.santa_flash(q0, kv0, S, workspace=ws0, uniforms=uniforms)[0].float().clone()
+        for warps, stages, wide, prefetch in WIDE_VARIANTS:
+            for mult in (1, 2):
+                kw = {"gather_config": (warps, stages), "gather_wide": wide,
+                      "gather_prefetch": prefetch, "gather_splits": mult * default}
+                name = f"w{warps}s{stages} wide{wide} pf{int(prefetch)} x{mult}"
+                try:
+                    ws1 = ts.SantaWorkspace.for_inputs(q0, kv0, S, 64, store_counts=True,
+                                                       num_splits=2 * default)
+                    out = tf2.santa_flash_two_pass(q0, kv0, S, workspace=ws1,
+                                                   uniforms=uniforms, **kw)[0].float()
+                    err = float((out - base).abs().max())
+                    gather = [lambda q=q, kv=kv, w=w, kw=kw: tf2.santa_flash_two_pass(
+                        q, kv, S, workspace=w, stages=("gather",), **kw)
+                        for (q, kv), w in zip(inputs, wss, strict=True)]
+                    full = [lambda q=q, kv=kv, w=w, kw=kw: tf2.santa_flash_two_pass(
+                        q, kv, S, workspace=w, **kw)
+                        for (q, kv), w in zip(inputs, wss, strict=True)]
+                    rows.add(section="wide", shape=tag, variant=name, what="gather",
+                             us=f"{graph_call_us(gather):.2f}", note=f"max diff {err:.1e}")
+                    rows.add(section="wide", shape=tag, variant=name, what=f"call S={S}",
+                             us=f"{graph_call_us(full):.2f}", note="")
+                except Exception as exc:
+                    rows.add(section="wide", shape=tag, variant=name, what="FAILED", us="",
+                             note=f"{type(exc).__name__}: {exc}"[:300])
+        del inputs, wss
+        torch.cuda.empty_cache()
+
+
+def pdl_section(rows: Rows) -> None:
+    default = copy.deepcopy(ts.HOPPER_CONFIGS)
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
+        rows.add(section="pdl", shape=tag, variant="splitkv", what="call",
+                 us=f"{dense_us(inputs):.2f}", note="")
+        for S in (128, 256):
+            base = None
+            for rep in range(2):  # alternate, twice: drift between runs shows
+                for pdl in (False, True):
+                    ts.HOPPER_CONFIGS[128] = {**default[128], "pdl": pdl}
+                    try:
+                        ws = ts.SantaWorkspace.for_inputs(*inputs[0], S, 64, seed=3,
+                                                          stash_dtype=torch.float16)
+                        out, info = ts.santa_prop(*inputs[0], S, workspace=ws,
+                                                  stash_dtype=torch.float16)
+                        got = (info.sample_index.clone(), out.float().clone())
+                        base = base or got
+                        same = (torch.equal(got[0], base[0])
+                                and float((got[1] - base[1]).abs().max()) < 1e-2)
+                        _, full = prop_calls(inputs, S)
+                        rows.add(section="pdl", shape=tag, variant=f"pdl={int(pdl)}",
+                                 what=f"call S={S}", us=f"{graph_call_us(full):.2f}",
+                                 note=f"same={same} rep={rep}")
+                    except Exception as exc:
+                        rows.add(section="pdl", shape=tag, variant=f"pdl={int(pdl)}",
+                                 what="FAILED", us="",
+                                 note=f"{type(exc).__name__}: {exc}"[:300])
+        ts.HOPPER_CONFIGS[128] = copy.deepcopy(default[128])
+        del inputs
+        torch.cuda.empty_cache()
+
+
+def pdlpp_section(rows: Rows) -> None:
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(copies(batch, ctx, 0.1))]
+        rows.add(section="pdlpp", shape=tag, variant="splitkv", what="call",
+                 us=f"{dense_us(inputs[:3]):.2f}", note=f"{len(inputs)} copies")
+        for P in (16, 64) if ctx > 32768 else (16,):
+            packs = [tsp.build_packed(kv, team_size=P) for _, kv in inputs]
+            q0, kv0 = inputs[0]
+            gumbels = -torch.log(-torch.log(
+                torch.rand(batch, 32, packs[0].max_teams, device="cuda").clamp(1e-12, 1 - 1e-7)))
+            base = None
+            for rep in range(2):
+                for pdl in (False, True):
+                    tsp.HOPPER["pdl"] = pdl
+                    try:
+                        wss = [tsp.SantaPPWorkspace.for_inputs(q, kv, p, 32, seed=i)
+                               for i, ((q, kv), p) in enumerate(zip(inputs, packs, strict=True))]
+                        out, info = tsp.santapp_decode(q0, kv0, packs[0], 32, gumbels=gumbels,
+                                                       workspace=wss[0])
+                        got = (info.kappa.clone(), info.union_sets(), out.float().clone())
+                        base = base or got
+                        same = (torch.equal(got[0], base[0]) and got[1] == base[1]
+                                and float((got[2] - base[2]).abs().max()) < 1e-2)
+                        calls = [lambda q=q, kv=kv, p=p, w=w: tsp._launch(
+                                     q, kv, p, 32, w, TAU, None, None, False, tsp.STAGES)
+                                 for (q, kv), p, w in zip(inputs, packs, wss, strict=True)]
+                        rows.add(section="pdlpp", shape=f"{tag} P={P}", variant=f"pdl={int(pdl)}",
+                                 what="call M=32", us=f"{graph_call_us(calls):.2f}",
+                                 note=f"same={same} rep={rep}")
+                    except Exception as exc:
+                        rows.add(section="pdlpp", shape=f"{tag} P={P}", variant=f"pdl={int(pdl)}",
+                                 what="FAILED", us="", note=f"{type(exc).__name__}: {exc}"[:300])
+        tsp.HOPPER["pdl"] = True
+        del inputs
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "tune")
     out.mkdir(parents=True, exist_ok=True)
@@ -260,7 +559,11 @@ def main() -> None:
     t0 = time.time()
     for name in sections:
         sections_by_name = {"santapp": santapp_section, "flat": flat_section,
-                            "prop": prop_section, "stores": stores_section, "e2e": e2e_section}
+                            "prop": prop_section, "stores": stores_section, "e2e": e2e_section,
+                            "flash": flash_section, "flash2": flash2_section,
+                            "split": split_section, "sample": sample_section,
+                            "wide": wide_section, "pdl": pdl_section,
+                            "pdlpp": pdlpp_section}
         try:
             sections_by_name[name](rows)
         except Exception:  # report, go on with the next section

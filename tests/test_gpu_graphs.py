@@ -17,14 +17,17 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("function", ["santa_prop", "santa_flash", "santa_strat", "santa_iid"])
+@pytest.mark.parametrize("function", ["santa_prop", "santa_flash", "santa_strat", "santa_iid",
+                                      "santa_flash_two_pass"])
 def test_graph_replays_draw_fresh_samples_and_reset_reproduces(function):
     import santa_kernels.triton_santa as ts
+    import santa_kernels.triton_santa_flash2 as tf2
     from santa_bench.inputs import DecodeShape, make_decode_inputs
 
     q, kv = make_decode_inputs(DecodeShape(batch=2, ctx=4096), device="cuda")
-    workspace = ts.SantaWorkspace.for_inputs(q, kv, 64, 64, seed=1)
-    kernel = getattr(ts, function)
+    two_pass = function == "santa_flash_two_pass"
+    workspace = ts.SantaWorkspace.for_inputs(q, kv, 64, 64, seed=1, store_counts=two_pass)
+    kernel = getattr(tf2 if two_pass else ts, function)
     kernel(q, kv, 64, workspace=workspace)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

@@ -15,12 +15,14 @@ import math
 import pytest
 import torch
 
-from santa_kernels import KVCache, attention
+from santa_kernels import InputError, KVCache, attention
 from santa_kernels import values as value_stages
 from santa_kernels.scores import exact_scores
 from santa_kernels.triton_santa import (
+    FlashLaunch,
     SantaWorkspace,
     num_splits_for,
+    sample_splits_for,
     santa_flash,
     santa_iid,
     santa_prop,
@@ -104,9 +106,9 @@ def uniforms_for(method, q, kv, S, seed=1):
     return torch.rand(shape, generator=torch.Generator().manual_seed(seed))
 
 
-def check_exact(method, q, kv, S, out_tol=1e-5):
+def check_exact(method, q, kv, S, out_tol=1e-5, **kw):
     uniforms = uniforms_for(method, q, kv, S)
-    out, info = run_method(method, q, kv, S, uniforms)
+    out, info = run_method(method, q, kv, S, uniforms, **kw)
     scores, values = float64_scores(q, kv)
     n = scores.shape[-1]
     expected = expected_counts(method, scores, S, uniforms[..., : math.ceil(n / TILE)]
@@ -165,6 +167,34 @@ def test_head_dim_128_multiple_splits():
     torch.testing.assert_close(info.row_counts().double(), counts, rtol=0, atol=0)
     torch.testing.assert_close(out.double(), torch.einsum("bhn,bhnd->bhd", weights, values),
                                rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("launch", [FlashLaunch(4, 1, prefetch=1), FlashLaunch(4, 1, prefetch=2),
+                                    FlashLaunch(4, 1, sub=2, prefetch=2), FlashLaunch(4, 2, sub=2)])
+def test_flash_pipelines_match_float64(launch):
+    # the hand-pipelined loops (K one block ahead; V gathered next iteration, or loaded
+    # in its own and multiplied in the next) and SUB tiles per block: same draw, same sum
+    q, kv = make_cache(hq=6, hkv=2, n=75, lengths=(75, 41))  # group of 3: padded rows
+    check_exact("flash", q, kv, S=24, launch=launch)
+    paged = kv.to_paged(8, torch.Generator().manual_seed(2))
+    check_exact("flash", q, paged, S=40, launch=launch)
+    ws = SantaWorkspace.for_inputs(q, kv, 24, TILE, num_splits=3, store_counts=True)
+    check_exact("flash", q, kv, S=24, launch=launch, workspace=ws)  # several splits
+
+
+def test_flash_group_offsets_share_rows_and_keep_each_head_unbiased():
+    # identical queries in a group: shared offsets draw identical rows for every head
+    q, kv = make_cache(batch=1, hq=4, hkv=1, n=75, lengths=(75,))
+    q = q[:, :1].expand(-1, 4, -1).contiguous()
+    _, info = santa_flash(q, kv, 16, tile=TILE, seed=2, return_counts=True,
+                          group_offsets=True)
+    counts = info.row_counts()[0]
+    assert all(torch.equal(counts[h], counts[0]) for h in range(1, 4))
+    _, info = santa_flash(q, kv, 16, tile=TILE, seed=2, return_counts=True)
+    counts = info.row_counts()[0]
+    assert not all(torch.equal(counts[h], counts[0]) for h in range(1, 4))
+    with pytest.raises(InputError, match="prefetch"):
+        FlashLaunch(4, 1, prefetch=3)
 
 
 # ------------------------------------------------------------ degenerate inputs
@@ -244,7 +274,7 @@ def replicated_cache(n=80, hq=4, d=32, kind="gaussian"):
     ("method", "calls", "kind"),
     [("prop", 2, "gaussian"), ("flash", 2, "gaussian"), ("strat", 1, "gaussian"),
      ("prop", 2, "needle"), ("prop", 2, "peaked"), ("flash", 2, "needle"),
-     ("prop-fp16-stash", 2, "needle")],
+     ("prop-fp16-stash", 2, "needle"), ("flash-group", 3, "gaussian")],
 )
 def test_unbiased_and_reference_mse(method, calls, kind):
     """Issue 4: accuracy is not traded silently: on Gaussian, peaked and needle inputs
@@ -252,10 +282,11 @@ def test_unbiased_and_reference_mse(method, calls, kind):
     q, kv = replicated_cache(kind=kind)
     S = 16
     stash = torch.float16 if method.endswith("fp16-stash") else torch.float32
-    method = method.removesuffix("-fp16-stash")
+    kw = {"group_offsets": True} if method.endswith("-group") else {}
+    method = method.removesuffix("-fp16-stash").removesuffix("-group")
     ws = SantaWorkspace.for_inputs(q, kv, S, TILE, num_splits=2, stash_dtype=stash)
     fn = {"prop": santa_prop, "flash": santa_flash, "strat": santa_strat}[method]
-    kw = {} if method == "flash" else {"stash_dtype": stash}
+    kw = kw if method == "flash" else {"stash_dtype": stash}
     draws = torch.cat([fn(q, kv, S, tile=TILE, workspace=ws, seed=11, **kw)[0].double()
                        for _ in range(calls)])  # [R, Hq, d]
     dense = attention(q[:1], KVCache.contiguous(kv.k[:1], kv.v[:1]),
@@ -298,3 +329,24 @@ def test_wide_score_loads_match_float64(method, subs, monkeypatch):
     paged = kv.to_paged(8, torch.Generator().manual_seed(2))
     check_exact(method, q, paged, S=9)
 
+
+
+@pytest.mark.parametrize("method", ["prop", "strat", "iid", "largest-remainder"])
+@pytest.mark.parametrize("splits", [2, 8])
+def test_sample_pass_split_over_programs_matches_float64(method, splits, monkeypatch):
+    # several programs per head share its samples; the last adds the partial sums
+    import santa_kernels.triton_santa as triton_santa
+
+    config = {**triton_santa.HOPPER_CONFIGS[64], "sample_splits": splits}
+    monkeypatch.setitem(triton_santa.HOPPER_CONFIGS, 64, config)
+    q, kv = make_cache(hq=6, hkv=2, n=75, lengths=(75, 41))
+    first, _ = check_exact(method, q, kv, S=21)  # S not a multiple of the split
+    again, _ = check_exact(method, q, kv, S=21)  # the tickets were reset by the last call
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+
+
+def test_sample_splits_for():
+    assert sample_splits_for(32, 128) == 4  # B=1: 32 heads, 4 programs each
+    assert sample_splits_for(256, 128) == 1  # B=8: 256 heads, ~2 per SM already
+    assert sample_splits_for(32, 16) == 1  # too few samples to share
+    assert sample_splits_for(4096, 2048) == 1

@@ -1,0 +1,457 @@
+"""S²ANTA-flash in two passes (ALGORITHMS.md section 4): the same estimator as
+``triton_santa.santa_flash``, bit-for-bit the same counts, with the V gather taken out of
+the K stream.
+
+``_flash_kernel`` gathers a tile's V rows at addresses that depend on the same tile's
+scores, so the gather latency is exposed once per tile. Here:
+
+* pass 1 ``_flash_count_kernel`` (grid ``(splits, B*Hkv)``): one ``tl.dot`` per K tile for
+  all ``G`` query heads of the group; per (head, tile) the local max ``m_t``, the integer
+  local CDF and the systematic counts of ``_flash_kernel`` (``SUB=1``), the same Philox
+  stream. Writes counts (int16), ``m_t`` and the tile mass ``l_t`` to the workspace.
+* pass 2 ``_flash_gather_kernel`` (grid ``(splits, B*Hkv)``): per tile, the group's counts
+  block, a predicated V load of the rows some head sampled (masked-off rows cost no
+  memory traffic), ``counts @ V`` with ``tl.dot`` and the FlashDecoding running merge.
+  Nothing in a tile's V addresses depends on work of the same iteration beyond one small
+  counts load, so Triton's software pipeliner prefetches the next tiles.
+* the existing ``_merge_kernel`` combines the splits and advances the step counter.
+
+Byte model (``E`` element size, ``T_b = ceil(N_b / tile)``): pass 1 reads ``B*Hkv*N*d*E``
+(K) and writes ``B*Hq*(2*N + 8*T)``; pass 2 reads ``B*Hq*(2*N + 8*T)`` and the union of
+the group's sampled V rows ``<= B*Hkv*N*d*E``, writes ``B*Hq*splits*(d+2)*4``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from santa_kernels.kv import KVCache
+from santa_kernels.triton_santa import (
+    FLASH_W_BITS,
+    SantaInfo,
+    SantaWorkspace,
+    _cache_args,
+    _capacity,
+    _check_uniforms,
+    _dot_precision,
+    _group_queries,
+    _merge_kernel,
+    _next_pow2,
+    _prepare,
+    _row_offsets,
+    _sm_count,
+    _tile_scores,
+    num_splits_for,
+)
+from santa_kernels.validate import InputError, check_positive_int
+
+# Hopper (H200) defaults per head dim, (num_warps, num_stages) of each pass. The count
+# pass is the score pass's K stream (HOPPER_CONFIGS["stream"]); the gather pass streams
+# the counts and the sampled V rows, 2-4 tiles in flight through the pipeliner. Not yet
+# swept on the GPU: override per call (count_config=, gather_config=) to sweep.
+FLASH2_CONFIG = {
+    64: {"count": (4, 4), "gather": (4, 4)},
+    128: {"count": (4, 3), "gather": (4, 3)},
+    256: {"count": (8, 2), "gather": (8, 2)},
+}
+MAX_COUNT = (1 << 15) - 1  # counts are stored as int16: a row holds at most S_tile <= S
+# counts @ V on tensor cores: exact with the counts in V's 16-bit dtype up to this count
+_EXACT_COUNT = {torch.bfloat16: 256, torch.float16: 2048}
+
+
+def flash2_config(head_dim: int) -> dict:
+    """Returns the default ``{"count": (warps, stages), "gather": (warps, stages)}``."""
+    key = min(FLASH2_CONFIG, key=lambda d: (abs(d - head_dim), d))
+    return FLASH2_CONFIG[key]
+
+
+# ------------------------------------------------------------- pass 1: counts
+@triton.jit
+def _flash_count_kernel(
+    q_ptr, k_ptr, lengths_ptr, page_table_ptr,
+    tile_max_ptr, tile_mass_ptr, counts_ptr, uniforms_ptr, rng_ptr, seed,
+    scale, S, num_kv_heads, num_q_heads, group, head_dim: tl.constexpr, tiles_per_split,
+    counts_stride, stats_stride, uniform_stride, rng_stride,
+    stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_pt, page_size,
+    PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr,
+    D_PAD: tl.constexpr, HAS_UNIFORMS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    W_BITS: tl.constexpr, GROUP_RNG: tl.constexpr = False, DRAW: tl.constexpr = True,
+):
+    # DRAW (profiling only): False stores the integer weights instead of the draw's
+    # counts (no scan, no Philox, no floors): what the draw costs
+    # One program: tiles [t_begin, t_end) of one (sequence, KV head), all G query heads.
+    # The dot runs on G_PAD >= 16 rows; everything after it on ROWS >= G real rows.
+    W_SCALE: tl.constexpr = (1 << W_BITS) // TILE
+    split = tl.program_id(0)
+    pid_bkv = tl.program_id(1)
+    b = pid_bkv // num_kv_heads
+    kvh = pid_bkv % num_kv_heads
+    length = tl.load(lengths_ptr + b)
+    n_tiles = tl.cdiv(length, TILE).to(tl.int32)
+    per_tile = tl.maximum(S // n_tiles, 1).to(tl.float32)  # S_tile = max(1, S // T_b)
+    t_begin = split * tiles_per_split
+    t_end = tl.minimum(t_begin + tiles_per_split, n_tiles)
+    step = tl.load(rng_ptr)  # advanced by _merge_kernel, the call's last kernel
+    q, heads, mask_g = _group_queries(q_ptr, b, kvh, group, head_dim, stride_qb, stride_qh,
+                                      G_PAD, D_PAD)
+    if ROWS < G_PAD:
+        heads = kvh * group + tl.arange(0, ROWS)
+        mask_g = tl.arange(0, ROWS) < group
+    head_rows = (b * num_q_heads + heads).to(tl.int64)
+    if GROUP_RNG:  # one offset per (step, b, KV head, tile), shared by the group's heads
+        rng_base = (step << 32) + (head_rows * 0 + b * num_kv_heads + kvh) * rng_stride
+    else:  # section 8: (step, b, head, tile)
+        rng_base = (step << 32) + head_rows * rng_stride
+    for t in range(t_begin, t_end):
+        s, offs_n, mask_n = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim,
+                                         scale, stride_kx, stride_ky, stride_kh, stride_pt,
+                                         page_size, PAGED, TILE, D_PAD, DOT_PRECISION)
+        if ROWS < G_PAD:  # the padding rows of q are zero (-inf past the end): exact
+            s = tl.sum(tl.reshape(s, [G_PAD // ROWS, ROWS, TILE]), axis=0)
+        # _flash_kernel's draw (SUB=1), term for term: identical scores give identical counts
+        m_t = tl.max(s, axis=1)
+        row_ok = m_t > float("-inf")
+        m_safe = tl.where(row_ok, m_t, 0.0)
+        w = (tl.exp(s - m_safe[:, None]) * W_SCALE + 0.5).to(tl.int32)
+        mass = tl.sum(w, axis=1)
+        if DRAW:
+            cum = tl.cumsum(w, axis=1)
+            inv = 1.0 / tl.maximum(mass, 1).to(tl.float32)
+            prev = cum - w
+            cdf_in = tl.where(cum >= mass[:, None], 1.0, cum.to(tl.float32) * inv[:, None])
+            cdf_ex = tl.where(prev >= mass[:, None], 1.0, prev.to(tl.float32) * inv[:, None])
+            if HAS_UNIFORMS:
+                a = tl.load(uniforms_ptr + head_rows * uniform_stride + t,
+                            mask=mask_g & row_ok, other=0.0)
+            else:
+                a = tl.rand(seed, rng_base + t)
+            counts = (tl.floor(a[:, None] + per_tile * cdf_in)
+                      - tl.floor(a[:, None] + per_tile * cdf_ex))
+        else:
+            counts = w >> 27
+        ok = mask_g[:, None] & mask_n[None, :]
+        tl.store(counts_ptr + head_rows[:, None] * counts_stride + offs_n[None, :],
+                 counts.to(tl.int16), mask=ok)
+        tl.store(tile_max_ptr + head_rows * stats_stride + t, m_t, mask=mask_g)
+        tl.store(tile_mass_ptr + head_rows * stats_stride + t, mass.to(tl.float32) / W_SCALE,
+                 mask=mask_g)
+
+
+# ------------------------------------------------------------- pass 2: gather
+@triton.jit
+def _counts_dot(c, v, CNT_MODE: tl.constexpr):
+    """Returns ``c @ v`` (fp32 [G_PAD, D_PAD]) for fp32 counts ``c``. CNT_MODE 0: fp32 dot;
+    1: one 16-bit tensor-core dot (exact: counts <= 256 bf16 / 2048 fp16); 2: counts split
+    as ``256 * hi + lo`` (both exact in 16 bits), two dots."""
+    if CNT_MODE == 0:
+        o = tl.dot(c, v.to(tl.float32), input_precision="ieee")
+    elif CNT_MODE == 1:
+        o = tl.dot(c.to(v.dtype), v)
+    else:
+        hi = tl.floor(c * (1.0 / 256.0))
+        o = tl.dot(hi.to(v.dtype), v) * 256.0 + tl.dot((c - 256.0 * hi).to(v.dtype), v)
+    return o
+
+
+@triton.jit
+def _gather_tiles(v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, b, length,
+                  t_begin, t_end, per_tile, head_rows, mask_g, offs_d, mask_d, counts_stride,
+                  stats_stride, stride_vx, stride_vy, stride_pt, page_size,
+                  PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr,
+                  D_PAD: tl.constexpr, CNT_MODE: tl.constexpr):
+    """Tiles [t_begin, t_end) of one (sequence, KV head): returns the running
+    (m_run, l_run, acc) of the group's heads."""
+    offs_c = tl.arange(0, TILE)
+    m_run = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_run = tl.zeros([G_PAD], dtype=tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+    for t in range(t_begin, t_end):
+        offs_n = t * TILE + offs_c
+        mask_n = offs_n < length
+        counts = tl.load(counts_ptr + head_rows[:, None] * counts_stride + offs_n[None, :],
+                         mask=mask_g[:, None] & mask_n[None, :], other=0).to(tl.float32)
+        m_t = tl.load(tile_max_ptr + head_rows * stats_stride + t, mask=mask_g,
+                      other=float("-inf"))
+        mass = tl.load(tile_mass_ptr + head_rows * stats_stride + t, mask=mask_g, other=0.0)
+        # only rows some head of the group sampled are read (predicated loads: the
+        # masked-off rows cost no memory traffic)
+        needed = (tl.max(counts, axis=0) > 0) & mask_n
+        rows = _row_offsets(page_table_ptr, b, tl.where(mask_n, offs_n, 0), stride_vx,
+                            stride_vy, stride_pt, page_size, PAGED)
+        v = tl.load(v_base + rows[:, None] + offs_d[None, :],
+                    mask=needed[:, None] & mask_d[None, :], other=0.0)
+        o = _counts_dot(counts, v, CNT_MODE)
+        # FlashDecoding merge of the tile estimate (W_t / S_tile) * counts @ V, as
+        # _flash_kernel does; padding rows hold m_t = -inf and weight 0
+        row_ok = m_t > float("-inf")
+        m_new = tl.maximum(m_run, m_t)
+        m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
+        alpha = tl.exp(m_run - m_ref)
+        w_t = tl.where(row_ok, tl.exp(m_t - m_ref) * mass, 0.0)
+        acc = acc * alpha[:, None]
+        l_run = l_run * alpha + w_t
+        m_run = m_new
+        acc += (w_t / per_tile)[:, None] * o
+    return m_run, l_run, acc
+
+
+@triton.jit
+def _wide_counts(counts_ptr, head_rows, mask_g, counts_stride, t0,
+                 TILE: tl.constexpr, BLOCK_R: tl.constexpr):
+    """The group's counts of rows [t0 * TILE, t0 * TILE + BLOCK_R) as [G_PAD, BLOCK_R]
+    (no column mask: the workspace pads every counts row; stale columns are masked by
+    the caller)."""
+    offs_r = t0 * TILE + tl.arange(0, BLOCK_R)
+    return tl.load(counts_ptr + head_rows[:, None] * counts_stride + offs_r[None, :],
+                   mask=mask_g[:, None], other=0)
+
+
+@triton.jit
+def _gather_wide(v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, b, length,
+                 t_begin, t_end, per_tile, head_rows, mask_g, offs_d, counts_stride,
+                 stats_stride, stride_vx, stride_vy, stride_pt, page_size,
+                 PAGED: tl.constexpr, TILE: tl.constexpr, WIDE: tl.constexpr,
+                 G_PAD: tl.constexpr, D_PAD: tl.constexpr, CNT_MODE: tl.constexpr,
+                 PREFETCH: tl.constexpr):
+    """``_gather_tiles`` over WIDE tiles per iteration: one counts load and one predicated
+    V load of WIDE * TILE rows, a batched ``[WIDE, G, TILE] @ [WIDE, TILE, d]`` dot and the
+    WIDE tiles' weights folded in at once, so each dependent round trip (counts -> V)
+    serves WIDE tiles. PREFETCH: the next block's counts are loaded (into registers)
+    before this block's V gather."""
+    BLOCK_R: tl.constexpr = WIDE * TILE
+    offs_c = tl.arange(0, BLOCK_R)
+    offs_w = tl.arange(0, WIDE)
+    limit = tl.minimum(length, t_end * TILE)
+    m_run = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_run = tl.zeros([G_PAD], dtype=tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+    if PREFETCH:
+        c_next = _wide_counts(counts_ptr, head_rows, mask_g, counts_stride, t_begin, TILE,
+                              BLOCK_R)
+    for t0 in range(t_begin, t_end, WIDE):
+        offs_r = t0 * TILE + offs_c
+        mask_r = offs_r < limit
+        if PREFETCH:
+            c_raw = c_next
+            c_next = _wide_counts(counts_ptr, head_rows, mask_g, counts_stride, t0 + WIDE,
+                                  TILE, BLOCK_R)
+        else:
+            c_raw = _wide_counts(counts_ptr, head_rows, mask_g, counts_stride, t0, TILE,
+                                 BLOCK_R)
+        counts = tl.where(mask_r[None, :], c_raw.to(tl.float32), 0.0)
+        needed = tl.max(counts, axis=0) > 0
+        rows = _row_offsets(page_table_ptr, b, tl.where(mask_r, offs_r, 0), stride_vx,
+                            stride_vy, stride_pt, page_size, PAGED)
+        v = tl.load(v_base + rows[:, None] + offs_d[None, :], mask=needed[:, None], other=0.0)
+        c3 = tl.permute(tl.reshape(counts, [G_PAD, WIDE, TILE]), (1, 0, 2))
+        o3 = _counts_dot(c3, tl.reshape(v, [WIDE, TILE, D_PAD]), CNT_MODE)  # [WIDE, G, d]
+        tiles = t0 + offs_w
+        stat = head_rows[None, :] * stats_stride + tiles[:, None]
+        ok = (tiles < t_end)[:, None] & mask_g[None, :]
+        m_t = tl.load(tile_max_ptr + stat, mask=ok, other=float("-inf"))
+        mass = tl.load(tile_mass_ptr + stat, mask=ok, other=0.0)
+        m_new = tl.maximum(m_run, tl.max(m_t, axis=0))
+        m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
+        alpha = tl.exp(m_run - m_ref)
+        w_t = tl.where(m_t > float("-inf"), tl.exp(m_t - m_ref[None, :]) * mass, 0.0)
+        acc = acc * alpha[:, None] + tl.sum(w_t[:, :, None] * o3, axis=0) / per_tile
+        l_run = l_run * alpha + tl.sum(w_t, axis=0)
+        m_run = m_new
+    return m_run, l_run, acc
+
+
+@triton.jit
+def _gather_any(v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, b, length,
+                t_begin, t_end, per_tile, head_rows, mask_g, offs_d, mask_d, counts_stride,
+                stats_stride, stride_vx, stride_vy, stride_pt, page_size,
+                PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr,
+                D_PAD: tl.constexpr, CNT_MODE: tl.constexpr, WIDE: tl.constexpr,
+                PREFETCH: tl.constexpr):
+    """The per-tile loop (WIDE == 0) or the wide one."""
+    if WIDE == 0:
+        m_run, l_run, acc = _gather_tiles(
+            v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, b, length,
+            t_begin, t_end, per_tile, head_rows, mask_g, offs_d, mask_d, counts_stride,
+            stats_stride, stride_vx, stride_vy, stride_pt, page_size,
+            PAGED, TILE, G_PAD, D_PAD, CNT_MODE)
+    else:
+        m_run, l_run, acc = _gather_wide(
+            v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, b, length,
+            t_begin, t_end, per_tile, head_rows, mask_g, offs_d, counts_stride, stats_stride,
+            stride_vx, stride_vy, stride_pt, page_size,
+            PAGED, TILE, WIDE, G_PAD, D_PAD, CNT_MODE, PREFETCH)
+    return m_run, l_run, acc
+
+
+@triton.jit
+def _flash_gather_kernel(
+    v_ptr, lengths_ptr, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr,
+    part_m_ptr, part_l_ptr, part_o_ptr,
+    S, num_kv_heads, num_q_heads, group, head_dim: tl.constexpr, tiles_per_split, num_splits,
+    counts_stride, stats_stride,
+    stride_vx, stride_vy, stride_vh, stride_pt, page_size,
+    PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
+    CNT_MODE: tl.constexpr, EXACT: tl.constexpr, WIDE: tl.constexpr = 0,
+    PREFETCH: tl.constexpr = False,
+):
+    # CNT_MODE 0-2: _counts_dot's; 3: 1 when this sequence's S_tile <= EXACT, else 2,
+    # decided once outside the tile loop (dots under a branch inside the loop would keep
+    # Triton's pipeliner from prefetching the V loads)
+    split = tl.program_id(0)
+    pid_bkv = tl.program_id(1)
+    b = pid_bkv // num_kv_heads
+    kvh = pid_bkv % num_kv_heads
+    length = tl.load(lengths_ptr + b)
+    n_tiles = tl.cdiv(length, TILE).to(tl.int32)
+    per_tile = tl.maximum(S // n_tiles, 1).to(tl.float32)
+    t_begin = split * tiles_per_split
+    t_end = tl.minimum(t_begin + tiles_per_split, n_tiles)
+    offs_g = tl.arange(0, G_PAD)
+    mask_g = offs_g < group
+    head_rows = (b * num_q_heads + kvh * group + offs_g).to(tl.int64)
+    offs_d = tl.arange(0, D_PAD)
+    mask_d = offs_d < head_dim
+    v_base = v_ptr + kvh * stride_vh
+    if CNT_MODE == 3:
+        if per_tile <= EXACT:
+            m_run, l_run, acc = _gather_any(
+                v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, b, length,
+                t_begin, t_end, per_tile, head_rows, mask_g, offs_d, mask_d, counts_stride,
+                stats_stride, stride_vx, stride_vy, stride_pt, page_size,
+                PAGED, TILE, G_PAD, D_PAD, 1, WIDE, PREFETCH)
+        else:
+            m_run, l_run, acc = _gather_any(
+                v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, b, length,
+                t_begin, t_end, per_tile, head_rows, mask_g, offs_d, mask_d, counts_stride,
+                stats_stride, stride_vx, stride_vy, stride_pt, page_size,
+                PAGED, TILE, G_PAD, D_PAD, 2, WIDE, PREFETCH)
+    else:
+        m_run, l_run, acc = _gather_any(
+            v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, b, length,
+            t_begin, t_end, per_tile, head_rows, mask_g, offs_d, mask_d, counts_stride,
+            stats_stride, stride_vx, stride_vy, stride_pt, page_size,
+            PAGED, TILE, G_PAD, D_PAD, CNT_MODE, WIDE, PREFETCH)
+    part = head_rows * num_splits + split
+    tl.store(part_m_ptr + part, m_run, mask=mask_g)
+    tl.store(part_l_ptr + part, l_run, mask=mask_g)
+    tl.store(part_o_ptr + part[:, None] * head_dim + offs_d[None, :], acc,
+             mask=mask_g[:, None] & mask_d[None, :])
+
+
+# ------------------------------------------------------------------ host side
+def _launch_config(value, default: tuple[int, int], name: str) -> tuple[int, int]:
+    if value is None:
+        return default
+    if (not isinstance(value, tuple | list) or len(value) != 2
+            or not all(isinstance(x, int) and x > 0 for x in value)):
+        raise InputError(f"{name}: expected (num_warps, num_stages), got {value!r}")
+    return int(value[0]), int(value[1])
+
+
+def santa_flash_two_pass(
+    q: torch.Tensor, kv: KVCache, S: int, *, tile: int = 64, scale: float | None = None,
+    seed: int | None = None, uniforms: torch.Tensor | None = None,
+    workspace: SantaWorkspace | None = None, return_counts: bool = False,
+    count_config: tuple[int, int] | None = None, gather_config: tuple[int, int] | None = None,
+    group_offsets: bool = False, gather_splits: int | None = None,
+    gather_wide: int | None = None, gather_prefetch: bool | None = None,
+    stages: tuple[str, ...] = ("count", "gather", "merge"), draw: bool = True,
+) -> tuple[torch.Tensor, SantaInfo]:
+    """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash in two passes.
+
+    Same estimator, arguments and outputs as :func:`santa_flash` (given the same
+    ``uniforms [B, Hq, T]`` or the same seed and step, the same counts). The workspace
+    must be built with ``store_counts=True`` (pass 2 reads the counts); ``S`` is at
+    most 32767 (int16 counts). ``count_config`` / ``gather_config``: ``(num_warps,
+    num_stages)`` of each pass (default :data:`FLASH2_CONFIG`). ``group_offsets``: as in
+    :func:`santa_flash` (the same stream as ``santa_flash(..., group_offsets=True)``).
+    ``gather_wide``: tiles per pass-2 iteration (0: one tile, the per-tile loop; 1, 2
+    or 4: the batched loop), ``gather_prefetch``: the batched loop loads the next block's
+    counts first (defaults: :data:`FLASH2_CONFIG`). ``gather_splits``: programs per
+    (sequence, KV head) of pass 2 (at most the
+    workspace's ``num_splits``; default: pass 1's split). Profiling only: ``stages``
+    (the kernels to launch) and ``draw=False`` (pass 1 without its draw).
+    """
+    ws, scale = _prepare(q, kv, S, tile, scale, workspace, counts=True)
+    if S > MAX_COUNT:
+        raise InputError(f"S: at most {MAX_COUNT} (int16 counts), got {S}")
+    batch, hq, d = q.shape
+    hkv = kv.num_kv_heads
+    group = hq // hkv
+    n_tiles = -(-_capacity(kv) // tile)
+    uniforms = _check_uniforms(uniforms, (batch, hq, n_tiles))
+    defaults = flash2_config(d)
+    count_warps, count_stages = _launch_config(count_config, defaults["count"], "count_config")
+    gather_warps, gather_stages = _launch_config(gather_config, defaults["gather"],
+                                                 "gather_config")
+    wide = defaults.get("wide", 0) if gather_wide is None else gather_wide
+    if wide not in (0, 1, 2, 4):
+        raise InputError(f"gather_wide: 0, 1, 2 or 4 tiles, got {wide!r}")
+    if wide and d != _next_pow2(d):
+        wide = 0  # the batched loop loads whole rows without a head-dim mask
+    prefetch = defaults.get("prefetch", False) if gather_prefetch is None else gather_prefetch
+    g_pad = max(16, _next_pow2(group))
+    rows = max(2, _next_pow2(group))
+    d_pad = _next_pow2(d)
+    count_splits = min(ws.num_splits, num_splits_for(batch * hkv, n_tiles, _sm_count(q.device)))
+    per_split = -(-n_tiles // count_splits)
+    grid = (-(-n_tiles // per_split), batch * hkv)
+    if gather_splits is None:
+        gather_per_split = per_split
+    else:
+        check_positive_int(gather_splits, "gather_splits")
+        if gather_splits > ws.num_splits:
+            raise InputError(f"gather_splits: at most the workspace's num_splits "
+                             f"{ws.num_splits}, got {gather_splits}")
+        gather_per_split = -(-n_tiles // gather_splits)
+    splits = -(-n_tiles // gather_per_split)
+    table, paged, page_size, stride_pt = _cache_args(kv)
+    if "count" in stages:
+        _flash_count_kernel[grid](
+            q, kv.k, kv.lengths, table, ws.tile_max, ws.tile_mass, ws.counts,
+            uniforms if uniforms is not None else ws.tile_max, ws.rng,
+            ws.seed if seed is None else int(seed),
+            scale, S, hkv, hq, group, d, per_split, ws.counts.stride(0), ws.max_tiles, n_tiles,
+            ws.max_tiles,
+            q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
+            stride_pt, page_size,
+            PAGED=paged, TILE=tile, G_PAD=g_pad, ROWS=rows, D_PAD=d_pad,
+            HAS_UNIFORMS=uniforms is not None, DOT_PRECISION=_dot_precision(kv.k.dtype),
+            W_BITS=FLASH_W_BITS, GROUP_RNG=group_offsets, DRAW=draw, num_warps=count_warps,
+            num_stages=count_stages,
+        )
+    v_dtype = kv.v.dtype
+    exact = _EXACT_COUNT.get(v_dtype, 0)
+    if _dot_precision(v_dtype) == "ieee":
+        cnt_mode = 0  # fp32 counts @ V
+    elif exact >= S:
+        cnt_mode = 1  # every count <= S_tile <= S is exact in V's 16-bit dtype
+    else:
+        cnt_mode = 3  # decided per sequence from S_tile (one dot, or the hi/lo split)
+    if "gather" in stages:
+        _flash_gather_kernel[(splits, batch * hkv)](
+            kv.v, kv.lengths, table, ws.tile_max, ws.tile_mass, ws.counts,
+            ws.part_m, ws.part_l, ws.part_o,
+            S, hkv, hq, group, d, gather_per_split, ws.num_splits, ws.counts.stride(0),
+            ws.max_tiles,
+            kv.v.stride(0), kv.v.stride(1), kv.v.stride(2), stride_pt, page_size,
+            PAGED=paged, TILE=tile, G_PAD=g_pad, D_PAD=d_pad, CNT_MODE=cnt_mode, EXACT=exact,
+            WIDE=wide, PREFETCH=prefetch, num_warps=gather_warps, num_stages=gather_stages,
+        )
+    out = ws.out(q.dtype)
+    if "merge" in stages:
+        _merge_kernel[(batch * hq,)](
+            ws.part_m, ws.part_l, ws.part_o, out, ws.rng, hq, splits, ws.num_splits, d,
+            out.stride(0), out.stride(1),
+            SPLIT_PAD=max(2, _next_pow2(splits)), D_PAD=d_pad, num_warps=4,
+        )
+    counts = (ws.counts[: batch * hq, : _capacity(kv)].view(batch, hq, -1)
+              if return_counts else None)
+    info = SantaInfo(method="flash", S=S, tile=tile, lengths=kv.lengths, num_kv_heads=hkv,
+                     max_len=_capacity(kv), counts=counts)
+    return out[:batch], info
+
+
+__all__ = ["FLASH2_CONFIG", "flash2_config", "santa_flash_two_pass"]
