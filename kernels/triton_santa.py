@@ -603,9 +603,11 @@ def _sample_pass_kernel(
 # a [tile, tile] difference matmul): (4, 3) best for S=128, (8, 2) best for S=2048.
 # maxnreg caps registers per thread (None: ptxas' choice, ~255 at 4 warps = 2 programs
 # per SM); (8, 2) fits 128 without spills (offline sm_90 compile): 2 programs of 8 warps.
+# Session 4 (results/h200/tune-2026-11-29-s4, S=2048): (4, 3) beats (8, 2, maxnreg 128)
+# at every shape (32k B=1 60.4 vs 67.1 us, B=8 535 vs 577, 128k B=1 205 vs 235); the
+# hand pipelines (stages=1, prefetch 1 or 2) were within 5% of it.
 FLASH_CONFIGS = (
-    (512, 4, 3, 1, None),
-    (1 << 62, 8, 2, 1, 128),
+    (1 << 62, 4, 3, 1, None),
 )
 FLASH_W_BITS = 30  # integer tile weights: a tile's total stays below 2**FLASH_W_BITS
 
