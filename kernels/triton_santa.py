@@ -58,14 +58,16 @@ HOPPER_CONFIGS = {
     # rows instead of the dot's 16 padded rows. Measured and not kept (BENCHMARKS.md,
     # session 3): L2 eviction hints on the K loads and the stash stores (no effect), the
     # statistics of 64 tiles kept in registers and stored once (18% slower at 32k B=8)
-    # sample_splits: programs per head in the sample pass (None: sample_splits_for)
+    # sample_splits: programs per head in the sample pass (None: sample_splits_for);
+    # sample_small_warps: the sample pass's warps when B * Hq <= sample_small_rows (H200,
+    # prop S=128: 4 warps 28.2 vs 28.5 us at 32k B=1, 154.2 vs 153.0 at B=8)
     # pdl: the sample pass is launched as a programmatic dependent of the score pass (its
     # launch and prologue overlap the score pass's last wave; it waits for the score
     # pass's writes with griddepcontrol.wait)
     64: {"stream": (4, 4), "sample": (8, 256), "subs": 1, "narrow": True,
          "sample_splits": None, "pdl": True},
     128: {"stream": (4, 3), "sample": (8, 256), "subs": 1, "narrow": True,
-          "sample_splits": None, "pdl": True},
+          "sample_splits": None, "pdl": True, "sample_small_rows": 64, "sample_small_warps": 4},
     256: {"stream": (8, 2), "sample": (8, 128), "subs": 1, "narrow": True,
           "sample_splits": None, "pdl": True},
 }
@@ -1032,6 +1034,8 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
     table, paged, page_size, stride_pt = _cache_args(kv)
     out = ws.out(q.dtype)
     warps, sample_block = cfg["sample"]
+    if batch * hq <= cfg.get("sample_small_rows", 0):
+        warps = cfg["sample_small_warps"]
     prefix_in_regs = n_tiles <= MAX_PREFIX_IN_REGS
     splits = cfg.get("sample_splits") or sample_splits_for(batch * hq, S, _sm_count(q.device))
     splits = min(splits, MAX_SAMPLE_SPLITS) if prefix_in_regs else 1
