@@ -16,6 +16,13 @@ scores, so the gather latency is exposed once per tile. Here:
   counts load, so Triton's software pipeliner prefetches the next tiles.
 * the existing ``_merge_kernel`` combines the splits and advances the step counter.
 
+Measured on the H200 at S=2048 (results/h200/tune-2026-11-29-s4, BENCHMARKS.md): pass 1
+streams K like prop's score pass (22.5 vs 21.0 us at 32k B=1, 152.6 vs 143.4 at B=8; its
+draw costs 1.5 / 9 us), but pass 2 moves its ~14 MB (B=1) / ~112 MB (B=8) at only
+0.4 TB/s (36 / 256 us), more splits do not help, and a batched loop over 2-4 tiles per
+iteration was 1.4-4x slower still (removed). The whole call (61 / 452 / 198 us at 32k
+B=1 / B=8 / 128k B=1) beats the fused kernel at B=8 only; ``santa_flash`` stays fused.
+
 Byte model (``E`` element size, ``T_b = ceil(N_b / tile)``): pass 1 reads ``B*Hkv*N*d*E``
 (K) and writes ``B*Hq*(2*N + 8*T)``; pass 2 reads ``B*Hq*(2*N + 8*T)`` and the union of
 the group's sampled V rows ``<= B*Hkv*N*d*E``, writes ``B*Hq*splits*(d+2)*4``.
@@ -198,94 +205,6 @@ def _gather_tiles(v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_pt
 
 
 @triton.jit
-def _wide_counts(counts_ptr, head_rows, mask_g, counts_stride, t0,
-                 TILE: tl.constexpr, BLOCK_R: tl.constexpr):
-    """The group's counts of rows [t0 * TILE, t0 * TILE + BLOCK_R) as [G_PAD, BLOCK_R]
-    (no column mask: the workspace pads every counts row; stale columns are masked by
-    the caller)."""
-    offs_r = t0 * TILE + tl.arange(0, BLOCK_R)
-    return tl.load(counts_ptr + head_rows[:, None] * counts_stride + offs_r[None, :],
-                   mask=mask_g[:, None], other=0)
-
-
-@triton.jit
-def _gather_wide(v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, b, length,
-                 t_begin, t_end, per_tile, head_rows, mask_g, offs_d, counts_stride,
-                 stats_stride, stride_vx, stride_vy, stride_pt, page_size,
-                 PAGED: tl.constexpr, TILE: tl.constexpr, WIDE: tl.constexpr,
-                 G_PAD: tl.constexpr, D_PAD: tl.constexpr, CNT_MODE: tl.constexpr,
-                 PREFETCH: tl.constexpr):
-    """``_gather_tiles`` over WIDE tiles per iteration: one counts load and one predicated
-    V load of WIDE * TILE rows, a batched ``[WIDE, G, TILE] @ [WIDE, TILE, d]`` dot and the
-    WIDE tiles' weights folded in at once, so each dependent round trip (counts -> V)
-    serves WIDE tiles. PREFETCH: the next block's counts are loaded (into registers)
-    before this block's V gather."""
-    BLOCK_R: tl.constexpr = WIDE * TILE
-    offs_c = tl.arange(0, BLOCK_R)
-    offs_w = tl.arange(0, WIDE)
-    limit = tl.minimum(length, t_end * TILE)
-    m_run = tl.full([G_PAD], float("-inf"), tl.float32)
-    l_run = tl.zeros([G_PAD], dtype=tl.float32)
-    acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
-    if PREFETCH:
-        c_next = _wide_counts(counts_ptr, head_rows, mask_g, counts_stride, t_begin, TILE,
-                              BLOCK_R)
-    for t0 in range(t_begin, t_end, WIDE):
-        offs_r = t0 * TILE + offs_c
-        mask_r = offs_r < limit
-        if PREFETCH:
-            c_raw = c_next
-            c_next = _wide_counts(counts_ptr, head_rows, mask_g, counts_stride, t0 + WIDE,
-                                  TILE, BLOCK_R)
-        else:
-            c_raw = _wide_counts(counts_ptr, head_rows, mask_g, counts_stride, t0, TILE,
-                                 BLOCK_R)
-        counts = tl.where(mask_r[None, :], c_raw.to(tl.float32), 0.0)
-        needed = tl.max(counts, axis=0) > 0
-        rows = _row_offsets(page_table_ptr, b, tl.where(mask_r, offs_r, 0), stride_vx,
-                            stride_vy, stride_pt, page_size, PAGED)
-        v = tl.load(v_base + rows[:, None] + offs_d[None, :], mask=needed[:, None], other=0.0)
-        c3 = tl.permute(tl.reshape(counts, [G_PAD, WIDE, TILE]), (1, 0, 2))
-        o3 = _counts_dot(c3, tl.reshape(v, [WIDE, TILE, D_PAD]), CNT_MODE)  # [WIDE, G, d]
-        tiles = t0 + offs_w
-        stat = head_rows[None, :] * stats_stride + tiles[:, None]
-        ok = (tiles < t_end)[:, None] & mask_g[None, :]
-        m_t = tl.load(tile_max_ptr + stat, mask=ok, other=float("-inf"))
-        mass = tl.load(tile_mass_ptr + stat, mask=ok, other=0.0)
-        m_new = tl.maximum(m_run, tl.max(m_t, axis=0))
-        m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
-        alpha = tl.exp(m_run - m_ref)
-        w_t = tl.where(m_t > float("-inf"), tl.exp(m_t - m_ref[None, :]) * mass, 0.0)
-        acc = acc * alpha[:, None] + tl.sum(w_t[:, :, None] * o3, axis=0) / per_tile
-        l_run = l_run * alpha + tl.sum(w_t, axis=0)
-        m_run = m_new
-    return m_run, l_run, acc
-
-
-@triton.jit
-def _gather_any(v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, b, length,
-                t_begin, t_end, per_tile, head_rows, mask_g, offs_d, mask_d, counts_stride,
-                stats_stride, stride_vx, stride_vy, stride_pt, page_size,
-                PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr,
-                D_PAD: tl.constexpr, CNT_MODE: tl.constexpr, WIDE: tl.constexpr,
-                PREFETCH: tl.constexpr):
-    """The per-tile loop (WIDE == 0) or the wide one."""
-    if WIDE == 0:
-        m_run, l_run, acc = _gather_tiles(
-            v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, b, length,
-            t_begin, t_end, per_tile, head_rows, mask_g, offs_d, mask_d, counts_stride,
-            stats_stride, stride_vx, stride_vy, stride_pt, page_size,
-            PAGED, TILE, G_PAD, D_PAD, CNT_MODE)
-    else:
-        m_run, l_run, acc = _gather_wide(
-            v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, b, length,
-            t_begin, t_end, per_tile, head_rows, mask_g, offs_d, counts_stride, stats_stride,
-            stride_vx, stride_vy, stride_pt, page_size,
-            PAGED, TILE, WIDE, G_PAD, D_PAD, CNT_MODE, PREFETCH)
-    return m_run, l_run, acc
-
-
-@triton.jit
 def _flash_gather_kernel(
     v_ptr, lengths_ptr, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr,
     part_m_ptr, part_l_ptr, part_o_ptr,
@@ -293,8 +212,7 @@ def _flash_gather_kernel(
     counts_stride, stats_stride,
     stride_vx, stride_vy, stride_vh, stride_pt, page_size,
     PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
-    CNT_MODE: tl.constexpr, EXACT: tl.constexpr, WIDE: tl.constexpr = 0,
-    PREFETCH: tl.constexpr = False,
+    CNT_MODE: tl.constexpr, EXACT: tl.constexpr,
 ):
     # CNT_MODE 0-2: _counts_dot's; 3: 1 when this sequence's S_tile <= EXACT, else 2,
     # decided once outside the tile loop (dots under a branch inside the loop would keep
@@ -316,23 +234,23 @@ def _flash_gather_kernel(
     v_base = v_ptr + kvh * stride_vh
     if CNT_MODE == 3:
         if per_tile <= EXACT:
-            m_run, l_run, acc = _gather_any(
+            m_run, l_run, acc = _gather_tiles(
                 v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, b, length,
                 t_begin, t_end, per_tile, head_rows, mask_g, offs_d, mask_d, counts_stride,
                 stats_stride, stride_vx, stride_vy, stride_pt, page_size,
-                PAGED, TILE, G_PAD, D_PAD, 1, WIDE, PREFETCH)
+                PAGED, TILE, G_PAD, D_PAD, 1)
         else:
-            m_run, l_run, acc = _gather_any(
+            m_run, l_run, acc = _gather_tiles(
                 v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, b, length,
                 t_begin, t_end, per_tile, head_rows, mask_g, offs_d, mask_d, counts_stride,
                 stats_stride, stride_vx, stride_vy, stride_pt, page_size,
-                PAGED, TILE, G_PAD, D_PAD, 2, WIDE, PREFETCH)
+                PAGED, TILE, G_PAD, D_PAD, 2)
     else:
-        m_run, l_run, acc = _gather_any(
+        m_run, l_run, acc = _gather_tiles(
             v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, b, length,
             t_begin, t_end, per_tile, head_rows, mask_g, offs_d, mask_d, counts_stride,
             stats_stride, stride_vx, stride_vy, stride_pt, page_size,
-            PAGED, TILE, G_PAD, D_PAD, CNT_MODE, WIDE, PREFETCH)
+            PAGED, TILE, G_PAD, D_PAD, CNT_MODE)
     part = head_rows * num_splits + split
     tl.store(part_m_ptr + part, m_run, mask=mask_g)
     tl.store(part_l_ptr + part, l_run, mask=mask_g)
@@ -356,7 +274,6 @@ def santa_flash_two_pass(
     workspace: SantaWorkspace | None = None, return_counts: bool = False,
     count_config: tuple[int, int] | None = None, gather_config: tuple[int, int] | None = None,
     group_offsets: bool = False, gather_splits: int | None = None,
-    gather_wide: int | None = None, gather_prefetch: bool | None = None,
     stages: tuple[str, ...] = ("count", "gather", "merge"), draw: bool = True,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash in two passes.
@@ -367,9 +284,7 @@ def santa_flash_two_pass(
     most 32767 (int16 counts). ``count_config`` / ``gather_config``: ``(num_warps,
     num_stages)`` of each pass (default :data:`FLASH2_CONFIG`). ``group_offsets``: as in
     :func:`santa_flash` (the same stream as ``santa_flash(..., group_offsets=True)``).
-    ``gather_wide``: tiles per pass-2 iteration (0: one tile, the per-tile loop; 1, 2
-    or 4: the batched loop), ``gather_prefetch``: the batched loop loads the next block's
-    counts first (defaults: :data:`FLASH2_CONFIG`). ``gather_splits``: programs per
+    ``gather_splits``: programs per
     (sequence, KV head) of pass 2 (at most the
     workspace's ``num_splits``; default: pass 1's split). Profiling only: ``stages``
     (the kernels to launch) and ``draw=False`` (pass 1 without its draw).
@@ -386,12 +301,6 @@ def santa_flash_two_pass(
     count_warps, count_stages = _launch_config(count_config, defaults["count"], "count_config")
     gather_warps, gather_stages = _launch_config(gather_config, defaults["gather"],
                                                  "gather_config")
-    wide = defaults.get("wide", 0) if gather_wide is None else gather_wide
-    if wide not in (0, 1, 2, 4):
-        raise InputError(f"gather_wide: 0, 1, 2 or 4 tiles, got {wide!r}")
-    if wide and d != _next_pow2(d):
-        wide = 0  # the batched loop loads whole rows without a head-dim mask
-    prefetch = defaults.get("prefetch", False) if gather_prefetch is None else gather_prefetch
     g_pad = max(16, _next_pow2(group))
     rows = max(2, _next_pow2(group))
     d_pad = _next_pow2(d)
@@ -438,7 +347,7 @@ def santa_flash_two_pass(
             ws.max_tiles,
             kv.v.stride(0), kv.v.stride(1), kv.v.stride(2), stride_pt, page_size,
             PAGED=paged, TILE=tile, G_PAD=g_pad, D_PAD=d_pad, CNT_MODE=cnt_mode, EXACT=exact,
-            WIDE=wide, PREFETCH=prefetch, num_warps=gather_warps, num_stages=gather_stages,
+            num_warps=gather_warps, num_stages=gather_stages,
         )
     out = ws.out(q.dtype)
     if "merge" in stages:

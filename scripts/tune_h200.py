@@ -24,8 +24,6 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   and 256: the whole call; first checks that every split draws the same samples.
 - ``sample``: prop S=128's sample pass with parts skipped (``sample_profile`` 1: the
   binary search, 2: the stash load, 3: the V gather; timing only) and other warp counts.
-- ``wide``: the two-pass flash kernel's pass 2 over WIDE tiles per iteration (batched
-  dot), with or without the next block's counts prefetched, launches and split counts.
 - ``pdl``: santa-prop with the sample pass launched as a programmatic dependent of the
   score pass or not, S=128 and 256; first checks both draw the same samples.
 - ``pdlpp``: SANTA++ M=32 with its kernels launched as programmatic dependents or not;
@@ -33,7 +31,8 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
 - ``flash2``: the two-pass flash kernel stage by stage: pass 1 with and without its draw,
   pass 2 alone over several split counts and launches, the merge alone.
 The sections ``evict``, ``tail`` and ``statsblk`` (results/h200/tune-2026-11-29, commits
-named there) went with the kernel knobs they measured, none of which was kept.
+named there) and ``wide`` (results/h200/tune-2026-11-29-s4, commit ``a05c5a2``) went with
+the kernel knobs they measured, none of which was kept.
 Rows go to OUT_DIR/tune.csv as they are measured (an interrupted run keeps them).
 """
 
@@ -432,53 +431,6 @@ def sample_section(rows: Rows) -> None:
         torch.cuda.empty_cache()
 
 
-WIDE_VARIANTS = [  # (warps, stages, wide, prefetch)
-    (4, 1, 1, False), (4, 1, 2, True), (4, 2, 2, False), (4, 3, 2, False), (8, 1, 4, True),
-    (8, 2, 4, False), (8, 3, 4, False), (4, 1, 4, True), (8, 1, 2, True), (4, 2, 4, False),
-]
-
-
-def wide_section(rows: Rows, S: int = 2048) -> None:
-    for batch, ctx in SHAPES:
-        tag = f"B={batch} {ctx // 1024}k"
-        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
-        default = ts.num_splits_for(batch * 8, ctx // 64)
-        wss = [ts.SantaWorkspace.for_inputs(q, kv, S, 64, store_counts=True,
-                                            num_splits=2 * default) for q, kv in inputs]
-        rows.add(section="wide", shape=tag, variant="splitkv", what="call",
-                 us=f"{dense_us(inputs):.2f}", note="")
-        q0, kv0 = inputs[0]
-        uniforms = torch.rand(batch, 32, -(-ctx // 64), device="cuda")
-        ws0 = ts.SantaWorkspace.for_inputs(q0, kv0, S, 64, store_counts=True)
-        base = ts.santa_flash(q0, kv0, S, workspace=ws0, uniforms=uniforms)[0].float().clone()
-        for warps, stages, wide, prefetch in WIDE_VARIANTS:
-            for mult in (1, 2):
-                kw = {"gather_config": (warps, stages), "gather_wide": wide,
-                      "gather_prefetch": prefetch, "gather_splits": mult * default}
-                name = f"w{warps}s{stages} wide{wide} pf{int(prefetch)} x{mult}"
-                try:
-                    ws1 = ts.SantaWorkspace.for_inputs(q0, kv0, S, 64, store_counts=True,
-                                                       num_splits=2 * default)
-                    out = tf2.santa_flash_two_pass(q0, kv0, S, workspace=ws1,
-                                                   uniforms=uniforms, **kw)[0].float()
-                    err = float((out - base).abs().max())
-                    gather = [lambda q=q, kv=kv, w=w, kw=kw: tf2.santa_flash_two_pass(
-                        q, kv, S, workspace=w, stages=("gather",), **kw)
-                        for (q, kv), w in zip(inputs, wss, strict=True)]
-                    full = [lambda q=q, kv=kv, w=w, kw=kw: tf2.santa_flash_two_pass(
-                        q, kv, S, workspace=w, **kw)
-                        for (q, kv), w in zip(inputs, wss, strict=True)]
-                    rows.add(section="wide", shape=tag, variant=name, what="gather",
-                             us=f"{graph_call_us(gather):.2f}", note=f"max diff {err:.1e}")
-                    rows.add(section="wide", shape=tag, variant=name, what=f"call S={S}",
-                             us=f"{graph_call_us(full):.2f}", note="")
-                except Exception as exc:
-                    rows.add(section="wide", shape=tag, variant=name, what="FAILED", us="",
-                             note=f"{type(exc).__name__}: {exc}"[:300])
-        del inputs, wss
-        torch.cuda.empty_cache()
-
-
 def pdl_section(rows: Rows) -> None:
     default = copy.deepcopy(ts.HOPPER_CONFIGS)
     for batch, ctx in SHAPES:
@@ -562,7 +514,7 @@ def main() -> None:
                             "prop": prop_section, "stores": stores_section, "e2e": e2e_section,
                             "flash": flash_section, "flash2": flash2_section,
                             "split": split_section, "sample": sample_section,
-                            "wide": wide_section, "pdl": pdl_section,
+                            "pdl": pdl_section,
                             "pdlpp": pdlpp_section}
         try:
             sections_by_name[name](rows)

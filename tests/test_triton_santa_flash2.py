@@ -38,7 +38,7 @@ pytestmark = [
 
 def check_against_fused(q, kv, S, *, out_tol=1e-5, num_splits=None, **gather):
     """Same uniforms: identical counts to santa_flash and to the float64 expectation,
-    outputs close to both. ``gather``: pass 2 options (gather_splits, gather_wide, ...)."""
+    outputs close to both. ``gather``: pass 2 options (gather_splits, gather_config)."""
     uniforms = uniforms_for("flash", q, kv, S)
     kw = {"workspace": None, **gather}
     if num_splits is not None:
@@ -91,21 +91,6 @@ def test_multiple_splits_and_budget_above_context():
         check_against_fused(q, kv, S=16, num_splits=6, gather_splits=gather_splits)
     with pytest.raises(InputError, match="gather_splits"):
         check_against_fused(q, kv, S=16, num_splits=3, gather_splits=4)
-    with pytest.raises(InputError, match="gather_wide"):
-        check_against_fused(q, kv, S=16, gather_wide=3)
-
-
-@pytest.mark.parametrize(("wide", "prefetch"), [(1, False), (2, True), (4, False), (4, True)])
-def test_wide_gather_loop(wide, prefetch):
-    # pass 2 over WIDE tiles per iteration (batched dot), several splits, uneven lengths
-    q, kv = make_cache(batch=2, hq=6, hkv=2, n=150, lengths=(150, 37))
-    for num_splits, gather_splits in ((1, None), (6, 2), (6, 5)):
-        check_against_fused(q, kv, S=24, num_splits=num_splits, gather_splits=gather_splits,
-                            gather_wide=wide, gather_prefetch=prefetch)
-    paged = kv.to_paged(8, torch.Generator().manual_seed(2))
-    check_against_fused(q, paged, S=40, gather_wide=wide, gather_prefetch=prefetch)
-    qb, kvb = make_cache(dtype=torch.bfloat16)
-    check_against_fused(qb, kvb, S=16, out_tol=2e-2, gather_wide=wide, gather_prefetch=prefetch)
 
 
 def test_16_bit_inputs():
