@@ -715,6 +715,44 @@ def _flash_gather_dot(v_ptr, rows, needed, counts, offs_d, mask_d, per_tile,
 
 
 @triton.jit
+def _flash_rng_base(step, head_rows, b, kvh, num_kv_heads, rng_stride,
+                    GROUP_RNG: tl.constexpr):
+    """Philox offsets of the rows' tile draws (section 8: keyed by (step, b, head, tile));
+    GROUP_RNG: one offset per (step, b, KV head, tile), shared by the group's heads."""
+    if GROUP_RNG:
+        base = (step << 32) + (head_rows * 0 + b * num_kv_heads + kvh) * rng_stride
+    else:
+        base = (step << 32) + head_rows * rng_stride
+    return base
+
+
+@triton.jit
+def _flash_local_weights(s, W_SCALE: tl.constexpr):
+    """Section 4 (flash): per row the local max ``m_t`` (``-inf``: no valid column),
+    ``row_ok``, and integer weights ``w`` (step ``1 / W_SCALE`` of the row's max, the
+    resolution an fp32 CDF has near 1) with their total ``mass``."""
+    m_t = tl.max(s, axis=1)
+    row_ok = m_t > float("-inf")
+    m_safe = tl.where(row_ok, m_t, 0.0)
+    w = (tl.exp(s - m_safe[:, None]) * W_SCALE + 0.5).to(tl.int32)
+    return m_t, row_ok, w, tl.sum(w, axis=1)
+
+
+@triton.jit
+def _flash_counts(w, mass, a, per_tile):
+    """Systematic counts ``c_i = floor(a + S_tile F_i) - floor(a + S_tile F_{i-1})`` of the
+    local CDF of integer weights ``w``. Integer partial sums are exact and order-free, so
+    ``cum - w`` is bit-for-bit the previous column's ``cum``: both floors come from
+    identical values and the counts of a row telescope to ``S_tile``."""
+    cum = tl.cumsum(w, axis=1)
+    inv = 1.0 / tl.maximum(mass, 1).to(tl.float32)
+    prev = cum - w
+    cdf_in = tl.where(cum >= mass[:, None], 1.0, cum.to(tl.float32) * inv[:, None])
+    cdf_ex = tl.where(prev >= mass[:, None], 1.0, prev.to(tl.float32) * inv[:, None])
+    return tl.floor(a[:, None] + per_tile * cdf_in) - tl.floor(a[:, None] + per_tile * cdf_ex)
+
+
+@triton.jit
 def _flash_kernel(
     q_ptr, k_ptr, v_ptr, lengths_ptr, page_table_ptr,
     part_m_ptr, part_l_ptr, part_o_ptr, counts_ptr, uniforms_ptr, rng_ptr, seed,
@@ -749,10 +787,7 @@ def _flash_kernel(
     q, heads, mask_g, sub = _flash_queries(q_ptr, b, kvh, group, head_dim, stride_qb,
                                            stride_qh, HALF, G_PAD, D_PAD)
     head_rows = (b * num_q_heads + heads).to(tl.int64)
-    if GROUP_RNG:  # one offset per (step, b, KV head, tile), shared by the group's heads
-        rng_base = (step << 32) + (head_rows * 0 + b * num_kv_heads + kvh) * rng_stride
-    else:  # section 8: (step, b, head, tile)
-        rng_base = (step << 32) + head_rows * rng_stride
+    rng_base = _flash_rng_base(step, head_rows, b, kvh, num_kv_heads, rng_stride, GROUP_RNG)
     offs_d = tl.arange(0, D_PAD)
     mask_d = offs_d < head_dim
     offs_c = tl.arange(0, BLOCK_N)
@@ -807,28 +842,14 @@ def _flash_kernel(
             s = tl.dot(q.to(k.dtype), tl.trans(k))
         valid = own & mask_n[None, :]
         s = tl.where(valid, s * scale, float("-inf"))
-        m_t = tl.max(s, axis=1)
-        row_ok = m_t > float("-inf")  # false: the row's sub-tile lies past t_end
-        m_safe = tl.where(row_ok, m_t, 0.0)
-        # section 4 (flash): local CDF from integer weights (step 2**-W_BITS * TILE of the
-        # tile max, the resolution an fp32 CDF has near 1). Integer partial sums are
-        # exact and order-free, so cum - w is bit-for-bit the previous row's cum: both
-        # floors below come from identical values and the counts telescope to S_tile.
-        w = (tl.exp(s - m_safe[:, None]) * W_SCALE + 0.5).to(tl.int32)
-        cum = tl.cumsum(w, axis=1)
-        mass = tl.sum(w, axis=1)
-        inv = 1.0 / tl.maximum(mass, 1).to(tl.float32)
-        prev = cum - w
-        cdf_in = tl.where(cum >= mass[:, None], 1.0, cum.to(tl.float32) * inv[:, None])
-        cdf_ex = tl.where(prev >= mass[:, None], 1.0, prev.to(tl.float32) * inv[:, None])
+        # row_ok false: the row's sub-tile lies past t_end
+        m_t, row_ok, w, mass = _flash_local_weights(s, W_SCALE)
         if HAS_UNIFORMS:
             a = tl.load(uniforms_ptr + head_rows * uniform_stride + t0 + sub,
                         mask=mask_g & row_ok, other=0.0)
         else:
             a = tl.rand(seed, rng_base + t0 + sub)
-        # systematic counts c_i = floor(a + S_tile F_i) - floor(a + S_tile F_{i-1})
-        counts = (tl.floor(a[:, None] + per_tile * cdf_in)
-                  - tl.floor(a[:, None] + per_tile * cdf_ex))
+        counts = _flash_counts(w, mass, a, per_tile)
         counts = tl.where(mask_g[:, None] & row_ok[:, None], counts, 0.0)
         if STORE_COUNTS:
             tl.store(counts_ptr + head_rows[:, None] * counts_stride + offs_n[None, :],

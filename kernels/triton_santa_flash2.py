@@ -43,6 +43,9 @@ from santa_kernels.triton_santa import (
     _capacity,
     _check_uniforms,
     _dot_precision,
+    _flash_counts,
+    _flash_local_weights,
+    _flash_rng_base,
     _group_queries,
     _merge_kernel,
     _next_pow2,
@@ -107,10 +110,7 @@ def _flash_count_kernel(
         heads = kvh * group + tl.arange(0, ROWS)
         mask_g = tl.arange(0, ROWS) < group
     head_rows = (b * num_q_heads + heads).to(tl.int64)
-    if GROUP_RNG:  # one offset per (step, b, KV head, tile), shared by the group's heads
-        rng_base = (step << 32) + (head_rows * 0 + b * num_kv_heads + kvh) * rng_stride
-    else:  # section 8: (step, b, head, tile)
-        rng_base = (step << 32) + head_rows * rng_stride
+    rng_base = _flash_rng_base(step, head_rows, b, kvh, num_kv_heads, rng_stride, GROUP_RNG)
     for t in range(t_begin, t_end):
         s, offs_n, mask_n = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim,
                                          scale, stride_kx, stride_ky, stride_kh, stride_pt,
@@ -118,24 +118,14 @@ def _flash_count_kernel(
         if ROWS < G_PAD:  # the padding rows of q are zero (-inf past the end): exact
             s = tl.sum(tl.reshape(s, [G_PAD // ROWS, ROWS, TILE]), axis=0)
         # _flash_kernel's draw (SUB=1), term for term: identical scores give identical counts
-        m_t = tl.max(s, axis=1)
-        row_ok = m_t > float("-inf")
-        m_safe = tl.where(row_ok, m_t, 0.0)
-        w = (tl.exp(s - m_safe[:, None]) * W_SCALE + 0.5).to(tl.int32)
-        mass = tl.sum(w, axis=1)
+        m_t, row_ok, w, mass = _flash_local_weights(s, W_SCALE)
         if DRAW:
-            cum = tl.cumsum(w, axis=1)
-            inv = 1.0 / tl.maximum(mass, 1).to(tl.float32)
-            prev = cum - w
-            cdf_in = tl.where(cum >= mass[:, None], 1.0, cum.to(tl.float32) * inv[:, None])
-            cdf_ex = tl.where(prev >= mass[:, None], 1.0, prev.to(tl.float32) * inv[:, None])
             if HAS_UNIFORMS:
                 a = tl.load(uniforms_ptr + head_rows * uniform_stride + t,
                             mask=mask_g & row_ok, other=0.0)
             else:
                 a = tl.rand(seed, rng_base + t)
-            counts = (tl.floor(a[:, None] + per_tile * cdf_in)
-                      - tl.floor(a[:, None] + per_tile * cdf_ex))
+            counts = _flash_counts(w, mass, a, per_tile)
         else:
             counts = w >> 27
         ok = mask_g[:, None] & mask_n[None, :]
