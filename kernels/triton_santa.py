@@ -171,7 +171,10 @@ class SantaWorkspace:
         self.tile_max = torch.empty(rows, self.max_tiles, **f32)  # m_t
         self.tile_mass = torch.empty(rows, self.max_tiles, **f32)  # l_t
         self.prefix = torch.empty(rows, self.max_tiles, **f32)  # S * C_t
-        self.stash = torch.empty(rows, max_len, dtype=stash_dtype, device=device)  # s_i - m_t
+        # s_i - m_t; rows padded to whole 512-column blocks (+ one load of SUBS tiles) so
+        # that the score pass stores whole tiles without a column mask (vector stores)
+        stash_width = -(-max_len // 512) * 512 + 4 * tile
+        self.stash = torch.empty(rows, stash_width, dtype=stash_dtype, device=device)
         self.sample_index = torch.empty(rows, S, dtype=torch.int32, device=device)
         self.part_m = torch.empty(rows, self.num_splits, **f32)
         self.part_l = torch.empty(rows, self.num_splits, **f32)
@@ -336,7 +339,7 @@ def _score_pass_kernel(
     stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_pt, page_size,
     PAGED: tl.constexpr, TILE: tl.constexpr, SUBS: tl.constexpr, G_PAD: tl.constexpr,
     D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, G_ROWS: tl.constexpr = 0,
-    STORES: tl.constexpr = 2, PDL: tl.constexpr = False,
+    STORES: tl.constexpr = 2, PDL: tl.constexpr = False, COL_MASK: tl.constexpr = False,
 ):
     if PDL:  # the sample pass may launch once every program of this grid has started
         gdc_launch_dependents()
@@ -400,9 +403,15 @@ def _score_pass_kernel(
             tl.store(tile_mass_ptr + stat, l3, mask=mask_sub)
         # stash local logits s_i - m_t (<= 0): pass 2 rebuilds the local CDF from them
         if STORES == 2:
-            tl.store(stash_ptr + head_rows[:, None] * stash_stride + offs_n[None, :],
-                     local.to(stash_ptr.dtype.element_ty),
-                     mask=mask_g[:, None] & mask_n[None, :])
+            # whole tiles (columns past the length hold -inf; the stash rows are padded):
+            # without a column mask each thread's columns go out as one vector store
+            if COL_MASK:
+                tl.store(stash_ptr + head_rows[:, None] * stash_stride + offs_n[None, :],
+                         local.to(stash_ptr.dtype.element_ty),
+                         mask=mask_g[:, None] & mask_n[None, :])
+            else:
+                tl.store(stash_ptr + head_rows[:, None] * stash_stride + offs_n[None, :],
+                         local.to(stash_ptr.dtype.element_ty), mask=mask_g[:, None])
 
 
 # ----------------------------------------------- prop pass 2: sample + gather
@@ -1007,12 +1016,13 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
     grid = (-(-n_blocks // per_split), batch * hkv)
     _score_pass_kernel[grid](
         q, kv.k, kv.lengths, table, ws.tile_max, ws.tile_mass, ws.stash, ws.rng,
-        scale, hkv, hq, hq // hkv, d, per_split, ws.max_len, ws.max_tiles,
+        scale, hkv, hq, hq // hkv, d, per_split, ws.stash.stride(0), ws.max_tiles,
         q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
         stride_pt, page_size,
         PAGED=paged, TILE=tile, SUBS=subs, G_PAD=g_pad, D_PAD=_next_pow2(d),
         DOT_PRECISION=_dot_precision(kv.k.dtype), G_ROWS=g_rows if g_rows < g_pad else 0,
-        STORES=stores, PDL=pdl, num_warps=warps, num_stages=stages,
+        STORES=stores, PDL=pdl, COL_MASK=cfg.get("stash_col_mask", False), num_warps=warps,
+        num_stages=stages,
     )
     return n_tiles
 
@@ -1066,7 +1076,7 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
         kv.v, kv.lengths, table, ws.tile_max, ws.tile_mass, ws.stash, ws.prefix,
         ws.sample_index, out, uniforms if uniforms is not None else ws.prefix, ws.rng,
         ws.seed if seed is None else int(seed), ws.sample_part, ws.sample_ticket, per_program,
-        S, ws.S, hq, hq // kv.num_kv_heads, d, ws.max_len, ws.max_tiles,
+        S, ws.S, hq, hq // kv.num_kv_heads, d, ws.stash.stride(0), ws.max_tiles,
         max(0, math.ceil(math.log2(n_tiles))) if n_tiles > 1 else 0,
         expected[-1] if len(expected) == 3 else 1, max(S, ws.max_tiles),
         kv.v.stride(0), kv.v.stride(1), kv.v.stride(2), stride_pt, page_size,

@@ -62,7 +62,7 @@ def main() -> int:
                                         (8, 8, 1, 2), (4, 4, 1, 0)):
         consts = {"head_dim": 128, "PAGED": False, "TILE": 64, "SUBS": subs, "G_PAD": 16,
                   "D_PAD": 128, "DOT_PRECISION": "tf32", "G_ROWS": g_rows, "STORES": stores,
-                  "PDL": group == 4}
+                  "PDL": group == 4, "COL_MASK": group == 1}
         err = compile_kernel(ts._score_pass_kernel, score_types, consts)
         print(f"_score_pass_kernel G={group} G_ROWS={g_rows} SUBS={subs} STORES={stores}: "
               f"{err or 'ok'}")

@@ -28,6 +28,8 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   score pass or not, S=128 and 256; first checks both draw the same samples.
 - ``pdlpp``: SANTA++ M=32 with its kernels launched as programmatic dependents or not;
   first checks both select the same teams and agree on the output.
+- ``colmask``: santa-prop S=128 with the stash stored as whole tiles (the padded stash,
+  vector stores) or with a column mask; first checks both draw the same samples.
 - ``flash2``: the two-pass flash kernel stage by stage: pass 1 with and without its draw,
   pass 2 alone over several split counts and launches, the merge alone.
 The sections ``evict``, ``tail`` and ``statsblk`` (results/h200/tune-2026-11-29, commits
@@ -503,6 +505,34 @@ def pdlpp_section(rows: Rows) -> None:
         torch.cuda.empty_cache()
 
 
+def colmask_section(rows: Rows) -> None:
+    default = copy.deepcopy(ts.HOPPER_CONFIGS)
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
+        base = None
+        for rep in range(2):
+            for col_mask in (True, False):
+                ts.HOPPER_CONFIGS[128] = {**default[128], "stash_col_mask": col_mask}
+                ws = ts.SantaWorkspace.for_inputs(*inputs[0], 128, 64, seed=3,
+                                                  stash_dtype=torch.float16)
+                out, info = ts.santa_prop(*inputs[0], 128, workspace=ws,
+                                          stash_dtype=torch.float16)
+                got = (info.sample_index.clone(), out.float().clone())
+                base = base or got
+                same = (torch.equal(got[0], base[0])
+                        and float((got[1] - base[1]).abs().max()) < 1e-2)
+                score, full = prop_calls(inputs, 128)
+                rows.add(section="colmask", shape=tag, variant=f"col_mask={int(col_mask)}",
+                         what="score", us=f"{graph_call_us(score):.2f}", note=f"rep={rep}")
+                rows.add(section="colmask", shape=tag, variant=f"col_mask={int(col_mask)}",
+                         what="call S=128", us=f"{graph_call_us(full):.2f}",
+                         note=f"same={same} rep={rep}")
+        ts.HOPPER_CONFIGS[128] = copy.deepcopy(default[128])
+        del inputs
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "tune")
     out.mkdir(parents=True, exist_ok=True)
@@ -515,7 +545,7 @@ def main() -> None:
                             "flash": flash_section, "flash2": flash2_section,
                             "split": split_section, "sample": sample_section,
                             "pdl": pdl_section,
-                            "pdlpp": pdlpp_section}
+                            "pdlpp": pdlpp_section, "colmask": colmask_section}
         try:
             sections_by_name[name](rows)
         except Exception:  # report, go on with the next section

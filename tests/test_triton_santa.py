@@ -350,3 +350,15 @@ def test_sample_splits_for():
     assert sample_splits_for(256, 128) == 1  # B=8: 256 heads, ~2 per SM already
     assert sample_splits_for(32, 16) == 1  # too few samples to share
     assert sample_splits_for(4096, 2048) == 1
+
+
+@pytest.mark.parametrize("col_mask", [False, True])
+def test_stash_stores_with_and_without_a_column_mask(col_mask, monkeypatch):
+    # the padded stash takes whole tiles (default) or only the valid columns (profiling)
+    import santa_kernels.triton_santa as triton_santa
+
+    config = {**triton_santa.HOPPER_CONFIGS[64], "stash_col_mask": col_mask}
+    monkeypatch.setitem(triton_santa.HOPPER_CONFIGS, 64, config)
+    q, kv = make_cache(n=75, lengths=(75, 41))
+    check_exact("prop", q, kv, S=24)
+    check_exact("prop", q, kv.to_paged(8, torch.Generator().manual_seed(3)), S=24)
