@@ -6,11 +6,15 @@ Two families share one split-KV skeleton (the same as ``triton_splitkv``):
   Pass 1 ("score") reads every K row exactly once, one program per (split, sequence,
   KV head) serving all ``G`` query heads of the group through ``tl.dot``; it writes
   per-tile ``(m_t, l_t)`` and a stash of local logits ``s_i - m_t``. Pass 2
-  ("sample + gather"), one program per (sequence, query head), turns the tile
-  statistics into the tile CDF, places the ``S`` thresholds by binary search over
-  the tiles and by a local CDF inside each tile, and gathers only the sampled V rows.
+  ("sample + gather"), one program per (sequence, query head) or several sharing a
+  head's samples at small batch (``sample_splits_for``), turns the tile statistics
+  into the tile CDF, places the ``S`` thresholds by binary search over the tiles and
+  by a local CDF inside each tile, and gathers only the sampled V rows. On Hopper it is
+  launched as a programmatic dependent of pass 1 (``pdl_available``): its launch and
+  prologue overlap pass 1's last wave, ``griddepcontrol.wait`` precedes its reads.
 * ``santa_flash``: one fused pass (scores, local CDF, per-tile systematic draw,
-  gather, running FlashDecoding merge) and a small merge kernel over the splits.
+  gather, running FlashDecoding merge) and a small merge kernel over the splits
+  (``triton_santa_flash2`` splits the gather into a second pass: same counts).
 
 Nothing in the hot path allocates, synchronises with the host or sorts: every buffer
 lives in a reusable :class:`SantaWorkspace`, and the Philox step counter lives on the
