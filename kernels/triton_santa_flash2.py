@@ -22,6 +22,13 @@ draw costs 1.5 / 9 us), but pass 2 moves its ~14 MB (B=1) / ~112 MB (B=8) at onl
 0.4 TB/s (36 / 256 us), more splits do not help, and a batched loop over 2-4 tiles per
 iteration was 1.4-4x slower still (removed). The whole call (61 / 452 / 198 us at 32k
 B=1 / B=8 / 128k B=1) beats the fused kernel at B=8 only; ``santa_flash`` stays fused.
+Why (found after the device time was spent, from the compiled TTGIR): the counts block
+was loaded with a column mask, 2-byte elements the pipeliner cannot stage, so each
+iteration waited on a synchronous counts load before it could issue its V copy — about
+one HBM round trip per 64-row tile. The counts rows are now padded and loaded without a
+column mask: the pipeliner stages counts and V two tiles ahead
+(``scripts/check_compile.py`` fails if an i16 or V load is left synchronous). Not yet
+timed on the GPU.
 
 Byte model (``E`` element size, ``T_b = ceil(N_b / tile)``): pass 1 reads ``B*Hkv*N*d*E``
 (K) and writes ``B*Hq*(2*N + 8*T)``; pass 2 reads ``B*Hq*(2*N + 8*T)`` and the union of
@@ -167,8 +174,12 @@ def _gather_tiles(v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_pt
     for t in range(t_begin, t_end):
         offs_n = t * TILE + offs_c
         mask_n = offs_n < length
+        # no column mask (the workspace pads every counts row): whole-row vector loads that
+        # the pipeliner can stage through shared memory; columns past the length (stale
+        # counts of earlier calls) are zeroed after the load
         counts = tl.load(counts_ptr + head_rows[:, None] * counts_stride + offs_n[None, :],
-                         mask=mask_g[:, None] & mask_n[None, :], other=0).to(tl.float32)
+                         mask=mask_g[:, None], other=0)
+        counts = tl.where(mask_n[None, :], counts.to(tl.float32), 0.0)
         m_t = tl.load(tile_max_ptr + head_rows * stats_stride + t, mask=mask_g,
                       other=float("-inf"))
         mass = tl.load(tile_mass_ptr + head_rows * stats_stride + t, mask=mask_g, other=0.0)

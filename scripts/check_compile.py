@@ -6,6 +6,7 @@ Run anywhere:  python3 scripts/check_compile.py
 
 from __future__ import annotations
 
+import re
 import sys
 
 import triton
@@ -20,14 +21,17 @@ TARGET = GPUTarget("cuda", 90, 32)
 
 
 def compile_kernel(fn, types: list[str], consts: dict, options: dict | None = None,
-                   divisible: tuple[str, ...] = (), pipelined: bool = False) -> str | None:
+                   divisible: tuple[str, ...] = (), pipelined: bool = False,
+                   staged: tuple[str, ...] = ()) -> str | None:
     """Returns None when ``fn`` compiles, else the error. ``types``: the non-constexpr
     arguments in order; ``consts``: every constexpr argument by name; ``options``: launch
     options (num_warps, num_stages). ``divisible``: integer arguments to specialise as
     multiples of 16, as a launch does for such values (pointers always are: torch's
     allocations are aligned); without the hint loads are not vectorised and Triton's
     pipeliner skips them. ``pipelined``: also fail unless the pipeliner staged a load
-    through shared memory (async copies)."""
+    through shared memory (async copies); ``staged``: element types (``"i16"``,
+    ``"bf16"``) every one of whose loads it must have staged (a synchronous load of that
+    type left in the loop exposes its latency every iteration)."""
     it = iter(types)
     sig = {name: "constexpr" if name in consts else next(it) for name in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
@@ -41,8 +45,12 @@ def compile_kernel(fn, types: list[str], consts: dict, options: dict | None = No
         kernel = triton.compile(src, target=TARGET, options=options)
     except Exception as exc:  # report the frontend's message
         return f"{type(exc).__name__}: {exc}"
-    if pipelined and "async_copy_global_to_local" not in kernel.asm["ttgir"]:
+    ttgir = kernel.asm["ttgir"]
+    if pipelined and "async_copy_global_to_local" not in ttgir:
         return "not pipelined: no load staged through shared memory"
+    for ty in staged:
+        if re.search(rf"tt\.load %[\w.]+(, [^:]*)?: tensor<[0-9x]+x!tt\.ptr<{ty}>", ttgir):
+            return f"a {ty} load is not staged through shared memory"
     return None
 
 
@@ -99,7 +107,7 @@ def check_flash_two_pass() -> int:
     the strides a real cache has (multiples of 16): the K / V loads must be pipelined."""
     failures = 0
     divisible = ("stride_qb", "stride_qh", "stride_kx", "stride_ky", "stride_kh", "stride_vx",
-                 "stride_vy", "stride_vh")
+                 "stride_vy", "stride_vh", "counts_stride")  # counts rows: padded to 512s
     for d, group, paged, uniforms in ((128, 4, False, False), (128, 1, True, False),
                                       (64, 8, False, True), (256, 3, True, False)):
         cfg = tf2.flash2_config(d)
@@ -125,7 +133,7 @@ def check_flash_two_pass() -> int:
             warps, stages = cfg["gather"]
             err = compile_kernel(tf2._flash_gather_kernel, types, consts,
                                  {"num_warps": warps, "num_stages": stages}, divisible,
-                                 stages > 1)
+                                 stages > 1, staged=("i16", dtype) if stages > 1 else ())
             print(f"_flash_gather_kernel d={d} G={group} paged={paged} {dtype} "
                   f"CNT_MODE={cnt_mode}: {err or 'ok'}")
             failures += err is not None
