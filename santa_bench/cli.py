@@ -384,8 +384,9 @@ def _print_summary(summary: list[tuple[dict, list[dict]]]) -> None:
 
         status = latency.get("status", "ok")
         shown = f"{value:,.1f} us" if status == "ok" else f"{status}: {latency.get('reason', '')}"
+        passes = case.get("passes", 1)
         table.add_row(
-            case["method"],
+            case["method"] if passes == 1 else f"{case['method']} passes={passes}",
             str(case.get("S") or _team_label(case)),
             format_size(case["ctx"]),
             str(case["batch"]),

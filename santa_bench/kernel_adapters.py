@@ -51,17 +51,23 @@ def santa_prepare(function: str) -> PrepareFn:
         min_ctx: int = 0,
         stash: str | None = None,
         scale: float | None = None,
+        passes: int | None = None,
     ) -> Prepared:
         if min_ctx:
             raise Unsupported("the Triton kernels do not implement min_ctx; use the reference")
         module = _triton_santa()
         flash = function == "santa_flash"
+        if passes not in (None, 1, 2) or (passes == 2 and not flash):
+            raise InputError(f"passes: 1 or 2, and 2 only for santa-flash; got {passes!r}")
         if stash is not None and stash not in STASH_DTYPES:
             raise InputError(f"stash: expected one of {sorted(STASH_DTYPES)}, got {stash!r}")
         stash_dtype = STASH_DTYPES[stash or "fp32"]
         workspace = module.SantaWorkspace.for_inputs(q, kv, S, tile, seed=seed, store_counts=flash,
                                                      stash_dtype=stash_dtype)
         kernel = getattr(module, function)
+        if passes == 2:  # the same draw in two kernels (a counts pass, a gather pass)
+            two_pass = importlib.import_module("santa_kernels.triton_santa_flash2")
+            kernel = two_pass.santa_flash_two_pass
         kwargs: dict[str, Any] = {"tile": tile, "scale": scale, "workspace": workspace}
         if not flash:  # santa-flash keeps no stash
             kwargs["stash_dtype"] = stash_dtype

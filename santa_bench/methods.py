@@ -150,6 +150,14 @@ _STASH = Param(
     "(fp32 is exact; fp16 halves the stash traffic, rounding logits by <= 2^-11 relative)",
     choices=("fp32", "fp16", "bf16"),
 )
+_PASSES = Param(
+    "passes",
+    1,
+    int,
+    "santa-flash Triton kernel: 1 = one fused pass; 2 = a counts pass, then a gather pass "
+    "(the same samples: triton_santa_flash2)",
+    choices=(1, 2),
+)
 _DRAWS = Param("draws", 4, int, "ternary query draws B averaged per head", minimum=1)
 _GROUPING = Param(
     "grouping",
@@ -167,7 +175,8 @@ _VALUE = Param(
 )
 
 
-KERNEL_ONLY_PARAMS = ("stash",)  # knobs of the fast kernel that the reference does not have
+# knobs of the fast kernels that the reference does not have
+KERNEL_ONLY_PARAMS = ("stash", "passes")
 
 
 def _reference(value: str) -> Callable[..., sk.AttentionOutput]:
@@ -271,7 +280,7 @@ def _builtin_methods() -> list[Method]:
         _santa(
             "santa-flash",
             "S2ANTA-flash: equal tile budgets, mass-weighted merge",
-            (_S, _TILE, _MIN_CTX),
+            (_S, _TILE, _PASSES, _MIN_CTX),
             "flash",
             "santa_flash",
         ),

@@ -45,8 +45,10 @@ def speedup_cell(case: pd.DataFrame, bold: bool = False) -> str:
 
 def _label(row: pd.Series) -> str:
     label = str(row["method"])
-    for key, short in (("S", "S"), ("M", "M"), ("team_size", "P")):
+    for key, short in (("S", "S"), ("M", "M"), ("team_size", "P"), ("passes", "passes")):
         if key in row and not pd.isna(row.get(key)):
+            if key == "passes" and int(row[key]) == 1:
+                continue  # the default (one fused pass): rows of older runs have no column
             label += f" {short}={int(row[key])}"
     return label
 
@@ -82,7 +84,9 @@ def _kernel_line(row: pd.Series, case: pd.DataFrame) -> str:
     if row.status != "ok":
         latency = f"{row.status}: {row.reason}"
     else:
-        latency = f"{row.value:,.1f} [{row.q1_us:,.1f}-{row.q3_us:,.1f}]"
+        q1, q3 = row.get("q1_us", math.nan), row.get("q3_us", math.nan)
+        iqr = "" if pd.isna(q1) or pd.isna(q3) else f" [{q1:,.1f}-{q3:,.1f}]"
+        latency = f"{row.value:,.1f}{iqr}"  # CPU wall-clock rows carry no quartiles
     speed = speedup_cell(case)
     bandwidth = metric_value(case, "bandwidth") / 1e3
     error = metric_value(case, "rel_l2_vs_dense")

@@ -62,6 +62,9 @@ def test_kernel_writes_tidy_rows_and_resumes(tmp_path: Path):
     assert err["dense"].max() == 0 and err.drop("dense").min() > 0
     reads = frame[frame.metric == "v_read_fraction"]
     assert ((reads.value > 0) & (reads.value <= 1)).all()
+    report = _invoke("report", "--results", str(tmp_path))  # CPU rows: no quartiles
+    assert report.exit_code == 0 and "timing: cpu-wall" in report.output
+    assert "| 300 | 1 | santa-prop S=32 |" in report.output
 
     again = _invoke(*args)
     assert "22 of 22 cases already" in again.output

@@ -105,3 +105,31 @@ def test_kernel_adapter_honours_the_stash_dtype(monkeypatch):
     assert seen == [torch.float16, torch.float32]
     with pytest.raises(InputError, match="stash"):
         prepare(q, kv, S=8, tile=16, stash="fp8")
+
+
+def test_flash_adapter_two_passes_draws_the_fused_kernels_samples(monkeypatch):
+    """``santa-flash:passes=2`` runs the two-pass kernel: the same draw as the fused one."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from santa_bench.kernel_adapters import santa_prepare
+    from santa_kernels.validate import InputError
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU tensors: the interpreter check")
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 16, generator=gen)
+    k, v = torch.randn(2, 2, 40, 2, 16, generator=gen)
+    kv = sk.KVCache.contiguous(k, v)
+    prepare = santa_prepare("santa_flash")
+    fused = prepare(q, kv, S=8, tile=16, seed=3)
+    two = prepare(q, kv, S=8, tile=16, seed=3, passes=2)
+    torch.testing.assert_close(two.run(), fused.run(), rtol=1e-5, atol=1e-5)
+    assert torch.equal(two.reads().v_rows, fused.reads().v_rows)
+    with pytest.raises(InputError, match="passes"):
+        santa_prepare("santa_prop")(q, kv, S=8, tile=16, passes=2)
+    flash = REGISTRY.get("santa-flash")
+    assert flash.resolve_params({"passes": 2, "S": 8})["passes"] == 2
+    with pytest.raises(MethodError, match="passes"):
+        flash.resolve_params({"passes": 3})
+    # the reference has no kernel passes: the same estimator either way
+    out = flash.run_reference(q, kv, flash.resolve_params({"passes": 2, "S": 8, "tile": 16}))
+    assert out.out.shape == q.shape

@@ -272,3 +272,15 @@ def test_kernel_table_with_one_case_in_two_runs():
     assert lines[0].startswith("| 32k | 1 | santa-prop S=128 | 30.0 [29.0-31.0] | 1.27x")
     assert lines[0].endswith("| new |") and lines[1].endswith("| old |")
     assert lines[1].startswith("| 32k | 1 | santa-prop S=128 | 40.0 [39.0-41.0] | 0.95x")
+
+
+def test_report_label_names_two_pass_flash_only():
+    import pandas as pd
+
+    from santa_bench.report import _label
+
+    row = pd.Series({"method": "santa-flash", "S": 2048.0, "passes": 2.0})
+    assert _label(row) == "santa-flash S=2048 passes=2"
+    fused = pd.Series({"method": "santa-flash", "S": 2048.0, "passes": 1.0})
+    assert _label(fused) == "santa-flash S=2048"  # the default, as in runs without the column
+    assert _label(pd.Series({"method": "santa-flash", "S": 128.0})) == "santa-flash S=128"
