@@ -37,6 +37,9 @@ class Param:
     help: str
     choices: tuple[Any, ...] | None = None
     minimum: int | None = None
+    # left out of a case at its default: a parameter added after results were stored
+    # keeps those cases' config hashes (the resume key) unchanged
+    omit_default: bool = False
 
     def validate(self, value: Any, method: str) -> Any:
         """Returns ``value`` converted to the parameter's type, or raises MethodError."""
@@ -89,10 +92,12 @@ class Method:
             raise MethodError(
                 f"{self.name}: unknown parameter(s) {unknown}; accepted: {sorted(known) or 'none'}"
             )
-        return {
+        resolved = {
             name: p.validate(overrides[name], self.name) if name in overrides else p.default
             for name, p in known.items()
         }
+        return {name: value for name, value in resolved.items()
+                if not (known[name].omit_default and value == known[name].default)}
 
     def available(self) -> tuple[bool, str]:
         """Returns ``(True, "")`` or ``(False, reason)`` for this machine."""
@@ -157,6 +162,7 @@ _PASSES = Param(
     "santa-flash Triton kernel: 1 = one fused pass; 2 = a counts pass, then a gather pass "
     "(the same samples: triton_santa_flash2)",
     choices=(1, 2),
+    omit_default=True,
 )
 _DRAWS = Param("draws", 4, int, "ternary query draws B averaged per head", minimum=1)
 _GROUPING = Param(
