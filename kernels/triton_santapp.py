@@ -253,6 +253,7 @@ def build_packed(
     exact_recent: int = 0,
     copy: bool = False,
     index_dtype: torch.dtype | None = None,
+    reps_kernel: bool | None = None,
 ) -> PackedTeams:
     """Builds the team index of ``kv`` and packs it (prefill-time work).
 
@@ -263,7 +264,8 @@ def build_packed(
     """
     kv = _check_kv(kv)
     if policy == "contiguous" and not copy:
-        return _contiguous_packed(kv, team_size, representative, sink, exact_recent, index_dtype)
+        return _contiguous_packed(kv, team_size, representative, sink, exact_recent, index_dtype,
+                                  reps_kernel)
     index = build_team_index(
         kv,
         policy=policy,
@@ -277,6 +279,71 @@ def build_packed(
     return pack_teams(kv, index, copy=copy)
 
 
+@triton.jit
+def _contiguous_reps_kernel(
+    k_ptr, reps_ptr, team_end_ptr, t_cap, sink,
+    stride_kb, stride_kn, stride_kh, stride_rb, stride_rh, stride_rt,
+    NUM_KV_HEADS: tl.constexpr, P: tl.constexpr, HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr, TB: tl.constexpr, MEAN: tl.constexpr,
+):
+    """Representatives of TB contiguous teams ``[sink + tP, sink + (t+1)P)`` of one
+    (sequence, KV head): the members' mean (MEAN) or the leader, the member nearest the
+    mean (the lowest position on ties), as ``_contiguous_packed``'s torch loop computes
+    them (fp32; teams without members get zeros). K is read once."""
+    bkv = tl.program_id(0)
+    b = bkv // NUM_KV_HEADS
+    h = bkv % NUM_KV_HEADS
+    teams = tl.program_id(1) * TB + tl.arange(0, TB)
+    slots = tl.arange(0, P)
+    offs_d = tl.arange(0, D_PAD)
+    end = tl.load(team_end_ptr + b)
+    pos = sink + teams[:, None] * P + slots[None, :]  # [TB, P]
+    member = (pos < end) & (teams[:, None] < t_cap)
+    keys = tl.load(k_ptr + b.to(tl.int64) * stride_kb + pos[:, :, None].to(tl.int64) * stride_kn
+                   + h * stride_kh + offs_d[None, None, :],
+                   mask=member[:, :, None] & (offs_d < HEAD_DIM)[None, None, :],
+                   other=0.0).to(tl.float32)  # [TB, P, D_PAD]
+    count = tl.maximum(tl.sum(member.to(tl.float32), axis=1), 1.0)
+    mean = tl.sum(keys, axis=1) / count[:, None]  # [TB, D_PAD]
+    if MEAN:
+        rep = mean
+    else:
+        diff = keys - mean[:, None, :]
+        dist = tl.where(member, tl.sum(diff * diff, axis=2), float("inf"))  # [TB, P]
+        nearest = tl.min(dist, axis=1)
+        leader = tl.min(tl.where(dist == nearest[:, None], slots[None, :], P), axis=1)
+        rep = tl.sum(tl.where((slots[None, :] == leader[:, None])[:, :, None], keys, 0.0),
+                     axis=1)
+    tl.store(reps_ptr + b.to(tl.int64) * stride_rb + h * stride_rh
+             + teams[:, None].to(tl.int64) * stride_rt + offs_d[None, :],
+             rep.to(reps_ptr.dtype.element_ty),
+             mask=(teams < t_cap)[:, None] & (offs_d < HEAD_DIM)[None, :])
+
+
+REPS_KERNEL_ELEMENTS = 8192  # [TB, P, d] keys per program (fp32 registers at 4 warps)
+
+
+def _contiguous_reps_on_device(kv: KVCache, reps: torch.Tensor, team_end: torch.Tensor,
+                               t_cap: int, team_size: int, sink: int, mean: bool) -> bool:
+    """Fills ``reps [B, Hkv, T, d]`` with ``_contiguous_reps_kernel`` (one read of K) where
+    it applies: a contiguous cache, power-of-two teams small enough for one program.
+    Returns False (reps untouched) where it does not."""
+    d_pad = _next_pow2(kv.head_dim)
+    per_team = team_size * d_pad
+    if kv.layout != "contiguous" or team_size & (team_size - 1) or per_team > REPS_KERNEL_ELEMENTS:
+        return False  # (rows past a sequence's team end are never loaded: masked)
+    tb = max(1, min(_next_pow2(t_cap), REPS_KERNEL_ELEMENTS // per_team))
+    k = kv.k
+    grid = (kv.batch * kv.num_kv_heads, -(-t_cap // tb))
+    _contiguous_reps_kernel[grid](
+        k, reps, team_end.to(device=k.device, dtype=torch.int32), t_cap, sink,
+        k.stride(0), k.stride(1), k.stride(2), reps.stride(0), reps.stride(1), reps.stride(2),
+        NUM_KV_HEADS=kv.num_kv_heads, P=team_size, HEAD_DIM=kv.head_dim, D_PAD=d_pad,
+        TB=tb, MEAN=mean, num_warps=4,
+    )
+    return True
+
+
 def _contiguous_packed(
     kv: KVCache,
     team_size: int,
@@ -284,8 +351,11 @@ def _contiguous_packed(
     sink: int,
     exact_recent: int,
     index_dtype: torch.dtype | None,
+    reps_kernel: bool | None = None,
 ) -> PackedTeams:
-    """Contiguous teams ``[sink + gP, sink + (g+1)P)`` built on the device (no copy of K/V)."""
+    """Contiguous teams ``[sink + gP, sink + (g+1)P)`` built on the device (no copy of K/V).
+    ``reps_kernel``: representatives by ``_contiguous_reps_kernel`` (default: on a GPU,
+    fp32) instead of the torch loop over sequences."""
     check_positive_int(team_size, "team_size")
     for name, value in (("sink", sink), ("exact_recent", exact_recent)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -303,7 +373,11 @@ def _contiguous_packed(
     reps = torch.zeros(batch, hkv, t_cap, d, dtype=kv.dtype, device=device)
     slots = torch.arange(team_size, device=device)
     starts = sink + torch.arange(t_cap, device=device) * team_size  # [T]
-    for b in range(batch):
+    if reps_kernel is None:  # one K read on a GPU; the float64 torch loop on a CPU
+        reps_kernel = device.type == "cuda" and dtype == torch.float32
+    on_device = reps_kernel and _contiguous_reps_on_device(
+        kv, reps, team_end, t_cap, team_size, sink, representative == "mean")
+    for b in range(0 if on_device else batch):
         if int(n_teams[b]) == 0:
             continue
         pos = starts[:, None] + slots[None, :]  # [T, P]

@@ -98,6 +98,13 @@ def main() -> int:
         print(f"_flash_kernel PREFETCH={prefetch} SUB={sub} GROUP_RNG={group_rng}: "
               f"{err or 'ok'}")
         failures += err is not None
+    reps_types = ["*bf16", "*bf16", "*i32", "i32", "i32"] + ["i32"] * 6
+    for team_size, mean in ((16, False), (64, True), (4, False)):
+        consts = {"NUM_KV_HEADS": 8, "P": team_size, "HEAD_DIM": 128, "D_PAD": 128,
+                  "TB": max(1, tsp.REPS_KERNEL_ELEMENTS // (team_size * 128)), "MEAN": mean}
+        err = compile_kernel(tsp._contiguous_reps_kernel, reps_types, consts)
+        print(f"_contiguous_reps_kernel P={team_size} MEAN={mean}: {err or 'ok'}")
+        failures += err is not None
     failures += check_flash_two_pass()
     return 1 if failures else 0
 

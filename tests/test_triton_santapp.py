@@ -464,3 +464,31 @@ def test_kth_largest_search_on_adversarial_rows(ways):
             out = torch.empty(R, dtype=torch.int32, device=DEVICE)
             _kth_kernel[(1,)](batch.to(DEVICE), lo.to(DEVICE), out, K, R=R, C=C, WAYS=ways)
             assert torch.equal(out.cpu(), expected), (seeded, out, expected)
+
+
+@pytest.mark.parametrize("representative", ["leader", "mean"])
+@pytest.mark.parametrize(("team_size", "dtype"), [(4, torch.float32), (16, torch.bfloat16),
+                                                  (64, torch.float32)])
+def test_contiguous_reps_kernel_matches_the_torch_loop(representative, team_size, dtype):
+    # one read of K per (sequence, KV head) on a GPU; the fp32 torch loop as the reference
+    _, kv = _problem(heads=4, n=250, d=32, lengths=[250, 203], dtype=dtype, seed=4)
+    params = {"team_size": team_size, "sink": 2, "exact_recent": 7,
+              "representative": representative, "index_dtype": torch.float32}
+    fast = build_packed(kv, **params, reps_kernel=True)
+    slow = build_packed(kv, **params, reps_kernel=False)
+    for name in ("log_n", "team_start", "team_len", "team_end", "num_teams"):
+        assert torch.equal(getattr(fast, name), getattr(slow, name)), name
+    if representative == "mean":  # fp32 sums in another order: within rounding
+        tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(fast.reps, slow.reps, rtol=tol, atol=tol)
+    else:  # a member key, the one the torch loop picked (no near-ties in these inputs)
+        assert torch.equal(fast.reps, slow.reps)
+    assert bool(fast.reps[1, :, int(fast.num_teams[1, 0]):].eq(0).all())  # no members: 0
+
+
+def test_contiguous_reps_kernel_declines_what_it_cannot_read():
+    _, kv = _problem(heads=4, n=203, d=32, lengths=[203, 150], dtype=torch.float32, seed=9)
+    paged = kv.to_paged(16, generator=torch.Generator().manual_seed(0))
+    fast = build_packed(paged, team_size=8, reps_kernel=True, index_dtype=torch.float32)
+    slow = build_packed(paged, team_size=8, reps_kernel=False, index_dtype=torch.float32)
+    assert torch.equal(fast.reps, slow.reps)  # paged: the torch loop either way
