@@ -277,6 +277,33 @@ class SantaInfo:
 
 # --------------------------------------------------------------- jit helpers
 @triton.jit
+def _pdl_enter(PDL: tl.constexpr, WAIT: tl.constexpr):
+    """Programmatic dependent launch (Hopper): with WAIT (a kernel launched with
+    ``launch_pdl``), wait until the previous kernel has finished and its writes are
+    visible; then let the next kernel launch once every program of this one has started.
+    Nothing without PDL."""
+    if PDL:
+        if WAIT:
+            gdc_wait()
+        gdc_launch_dependents()
+
+
+@triton.jit
+def _flash_program(lengths_ptr, S, num_kv_heads, tiles_per_split, TILE: tl.constexpr):
+    """A flash program's tiles: ``(b, kvh, length, per_tile, t_begin, t_end)`` for the
+    grid ``(splits, B * Hkv)``, tiles ``[t_begin, t_end)`` of sequence ``b``'s KV head
+    ``kvh``, each drawing ``per_tile = S_tile = max(1, S // T_b)`` samples."""
+    b = tl.program_id(1) // num_kv_heads
+    kvh = tl.program_id(1) % num_kv_heads
+    length = tl.load(lengths_ptr + b)
+    n_tiles = tl.cdiv(length, TILE).to(tl.int32)
+    per_tile = tl.maximum(S // n_tiles, 1).to(tl.float32)
+    t_begin = tl.program_id(0) * tiles_per_split
+    t_end = tl.minimum(t_begin + tiles_per_split, n_tiles)
+    return b, kvh, length, per_tile, t_begin, t_end
+
+
+@triton.jit
 def _row_offsets(page_table_ptr, b, offs_n, stride_x, stride_y, stride_pt, page_size,
                  PAGED: tl.constexpr):
     """Element offsets of sequence ``b``'s rows ``offs_n`` in a [X, Y, Hkv, d] cache."""
@@ -343,10 +370,9 @@ def _score_pass_kernel(
     stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_pt, page_size,
     PAGED: tl.constexpr, TILE: tl.constexpr, SUBS: tl.constexpr, G_PAD: tl.constexpr,
     D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, G_ROWS: tl.constexpr = 0,
-    STORES: tl.constexpr = 2, PDL: tl.constexpr = False, COL_MASK: tl.constexpr = False,
+    STORES: tl.constexpr = 2, PDL: tl.constexpr = False,
 ):
-    if PDL:  # the sample pass may launch once every program of this grid has started
-        gdc_launch_dependents()
+    _pdl_enter(PDL, False)  # the sample pass may launch as this grid's last wave starts
     # STORES (profiling only): 2 = statistics and stash (the kernel), 1 = statistics only,
     # 0 = neither (the K stream and the scores alone)
     # K is loaded SUBS * TILE rows at a time (one load, one tl.dot); the statistics stay
@@ -376,7 +402,7 @@ def _score_pass_kernel(
         mask_g = tl.arange(0, ROWS) < group
     head_rows = (b * num_q_heads + heads).to(tl.int64)
     for t in range(t_begin, t_end):
-        s, offs_n, mask_n = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim,
+        s, offs_n, _ = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim,
                                          scale, stride_kx, stride_ky, stride_kh, stride_pt,
                                          page_size, PAGED, LOAD, D_PAD, DOT_PRECISION)
         if ROWS < G_PAD:  # the padding rows of q are zero (or -inf past the end): exact
@@ -409,13 +435,8 @@ def _score_pass_kernel(
         if STORES == 2:
             # whole tiles (columns past the length hold -inf; the stash rows are padded):
             # without a column mask each thread's columns go out as one vector store
-            if COL_MASK:
-                tl.store(stash_ptr + head_rows[:, None] * stash_stride + offs_n[None, :],
-                         local.to(stash_ptr.dtype.element_ty),
-                         mask=mask_g[:, None] & mask_n[None, :])
-            else:
-                tl.store(stash_ptr + head_rows[:, None] * stash_stride + offs_n[None, :],
-                         local.to(stash_ptr.dtype.element_ty), mask=mask_g[:, None])
+            tl.store(stash_ptr + head_rows[:, None] * stash_stride + offs_n[None, :],
+                     local.to(stash_ptr.dtype.element_ty), mask=mask_g[:, None])
 
 
 # ----------------------------------------------- prop pass 2: sample + gather
@@ -453,8 +474,7 @@ def _sample_pass_kernel(
     length = tl.load(lengths_ptr + b)
     n_tiles = tl.cdiv(length, TILE).to(tl.int32)
     stats = head_row * stats_stride
-    if PDL:  # launched early (programmatic dependent): the score pass's writes come next
-        gdc_wait()
+    _pdl_enter(PDL, True)  # launched early: the score pass's writes come next
     step = tl.load(rng_ptr + 1)
     rng_base = (step << 32) + head_row * rng_stride  # section 8: (step, b, head, sample)
 
@@ -620,7 +640,8 @@ def _sample_pass_kernel(
 # per SM); (8, 2) fits 128 without spills (offline sm_90 compile): 2 programs of 8 warps.
 # Session 4 (results/h200/tune-2026-11-29-s4, S=2048): (4, 3) beats (8, 2, maxnreg 128)
 # at every shape (32k B=1 60.4 vs 67.1 us, B=8 535 vs 577, 128k B=1 205 vs 235); the
-# hand pipelines (stages=1, prefetch 1 or 2) were within 5% of it.
+# hand pipeline (stages=1) was within 5% of it, and a variant that loads V one iteration
+# ahead of its dot was no faster (removed; code at commit a05c5a2).
 FLASH_CONFIGS = (
     (1 << 62, 4, 3, 1, None),
 )
@@ -629,19 +650,12 @@ FLASH_W_BITS = 30  # integer tile weights: a tile's total stays below 2**FLASH_W
 
 @dataclass(frozen=True)
 class FlashLaunch:
-    """Launch parameters of the flash pass: ``stages == 1`` selects the hand-written
-    pipeline ``prefetch`` (1: V gathered at the top of the next iteration, 2: V loaded
-    at the end of its own iteration and multiplied in the next)."""
+    """Launch parameters of the flash pass (``stages == 1``: the hand-written pipeline)."""
 
     warps: int
     stages: int
     sub: int = 1
     maxnreg: int | None = None
-    prefetch: int = 1
-
-    def __post_init__(self) -> None:
-        if self.prefetch not in (1, 2):
-            raise InputError(f"prefetch: 1 or 2, got {self.prefetch}")
 
 
 def flash_launch_for(S: int) -> FlashLaunch:
@@ -690,40 +704,43 @@ def _flash_load_k(k_ptr, page_table_ptr, b, t0, limit, offs_c, offs_d, mask_d, s
 
 
 @triton.jit
-def _flash_gather(v_ptr, rows, needed, offs_d, mask_d):
-    """Loads the V block ``[BLOCK_N, D_PAD]``, only the ``needed`` rows (predicated loads
-    skip the rest: no memory traffic for rows no head sampled)."""
-    return tl.load(v_ptr + rows[:, None] + offs_d[None, :],
-                   mask=needed[:, None] & mask_d[None, :], other=0.0)
-
-
-@triton.jit
-def _flash_count_dot(counts, v, per_tile, CNT_MODE: tl.constexpr):
-    """Returns ``counts @ v`` [G_PAD, D_PAD] (fp32).
-
-    CNT_MODE 0: fp32 dot (fp32 V, interpreter); 1: one tensor-core dot with the counts
-    in V's 16-bit dtype (exact: counts <= 256 bf16 / 2048 fp16); 2: counts split as
-    ``256 * hi + lo`` (both exact in bf16/fp16), two tensor-core dots, unless this call's
-    ``per_tile`` (>= every count) is <= 256: then one dot."""
-    c = counts.to(tl.float32)
+def _counts_dot(c, v, CNT_MODE: tl.constexpr):
+    """Returns ``c @ v`` (fp32 [G_PAD, D_PAD]) for fp32 counts ``c``. CNT_MODE 0: fp32 dot
+    (fp32 V, interpreter); 1: one tensor-core dot with the counts in V's 16-bit dtype
+    (exact: counts <= 256 bf16 / 2048 fp16); 2: counts split as ``256 * hi + lo`` (both
+    exact in 16 bits), two dots."""
     if CNT_MODE == 0:
         o = tl.dot(c, v.to(tl.float32), input_precision="ieee")
     elif CNT_MODE == 1:
         o = tl.dot(c.to(v.dtype), v)
     else:
-        if per_tile <= 256.0:
-            o = tl.dot(c.to(v.dtype), v)
+        hi = tl.floor(c * (1.0 / 256.0))
+        o = tl.dot(hi.to(v.dtype), v) * 256.0 + tl.dot((c - 256.0 * hi).to(v.dtype), v)
+    return o
+
+
+@triton.jit
+def _flash_count_dot(counts, v, per_tile, CNT_MODE: tl.constexpr):
+    """``_counts_dot``, where CNT_MODE 2 takes one dot when this call's ``per_tile`` (>=
+    every count) is <= 256."""
+    c = counts.to(tl.float32)
+    if CNT_MODE == 2:
+        if per_tile <= 256.0:  # noqa: SIM108 (a runtime branch: one dot runs, not both)
+            o = _counts_dot(c, v, 1)
         else:
-            hi = tl.floor(c * (1.0 / 256.0))
-            o = tl.dot(hi.to(v.dtype), v) * 256.0 + tl.dot((c - 256.0 * hi).to(v.dtype), v)
+            o = _counts_dot(c, v, 2)
+    else:
+        o = _counts_dot(c, v, CNT_MODE)
     return o
 
 
 @triton.jit
 def _flash_gather_dot(v_ptr, rows, needed, counts, offs_d, mask_d, per_tile,
                       CNT_MODE: tl.constexpr):
-    """Returns ``counts @ V[rows]`` [G_PAD, D_PAD] (fp32), reading only ``needed`` rows."""
-    v = _flash_gather(v_ptr, rows, needed, offs_d, mask_d)
+    """Returns ``counts @ V[rows]`` [G_PAD, D_PAD] (fp32), reading only ``needed`` rows
+    (predicated loads skip the rest: no memory traffic for rows no head sampled)."""
+    v = tl.load(v_ptr + rows[:, None] + offs_d[None, :],
+                mask=needed[:, None] & mask_d[None, :], other=0.0)
     return _flash_count_dot(counts, v, per_tile, CNT_MODE)
 
 
@@ -787,14 +804,8 @@ def _flash_kernel(
     HALF: tl.constexpr = G_PAD // SUB
     W_SCALE: tl.constexpr = (1 << W_BITS) // TILE
     split = tl.program_id(0)
-    pid_bkv = tl.program_id(1)
-    b = pid_bkv // num_kv_heads
-    kvh = pid_bkv % num_kv_heads
-    length = tl.load(lengths_ptr + b)
-    n_tiles = tl.cdiv(length, TILE).to(tl.int32)
-    per_tile = tl.maximum(S // n_tiles, 1).to(tl.float32)  # S_tile = max(1, S // T_b)
-    t_begin = split * tiles_per_split
-    t_end = tl.minimum(t_begin + tiles_per_split, n_tiles)
+    b, kvh, length, per_tile, t_begin, t_end = _flash_program(lengths_ptr, S, num_kv_heads,
+                                                              tiles_per_split, TILE)
     limit = tl.minimum(length, t_end * TILE)  # rows of this split
     step = tl.load(rng_ptr)
     q, heads, mask_g, sub = _flash_queries(q_ptr, b, kvh, group, head_dim, stride_qb,
@@ -810,13 +821,9 @@ def _flash_kernel(
     acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
     # the last block's draw (counts, V row offsets, rows any head sampled, W_t / S_tile).
     # PREFETCH (launch with num_stages=1) pipelines by hand, in registers: K of block i+1
-    # is loaded during block i, and the V rows of block i are
-    #   1: gathered and multiplied at the top of iteration i+1 (the load's latency is
-    #      exposed there, behind only the K load just issued);
-    #   2: loaded at the end of iteration i and multiplied in iteration i+1, after block
-    #      i+1's scores and draw (block i+1's work hides the V load's latency).
-    # Otherwise (num_stages >= 2) Triton's pipeliner stages the K loads through shared
-    # memory and the V gather waits inside its own iteration.
+    # is loaded during block i, and the V rows of block i are gathered and multiplied at
+    # the top of iteration i+1. Otherwise (num_stages >= 2) Triton's pipeliner stages the
+    # K loads through shared memory and the V gather waits inside its own iteration.
     if CARRY_FP16:
         p_counts = tl.zeros([G_PAD, BLOCK_N], dtype=tl.float16)
     else:
@@ -826,9 +833,7 @@ def _flash_kernel(
     p_coef = tl.zeros([G_PAD], dtype=tl.float32)
     k_base = k_ptr + kvh * stride_kh
     v_base = v_ptr + kvh * stride_vh
-    if PREFETCH == 2:
-        p_v = _flash_gather(v_base, p_rows, p_needed, offs_d, mask_d)  # all rows masked
-    if PREFETCH != 0:
+    if PREFETCH:
         k_next = _flash_load_k(k_base, page_table_ptr, b, t_begin, limit, offs_c, offs_d,
                                mask_d, stride_kx, stride_ky, stride_pt, page_size, PAGED,
                                TILE)
@@ -837,14 +842,13 @@ def _flash_kernel(
         mask_n = offs_n < limit
         x, y = _flash_rows(page_table_ptr, b, tl.where(mask_n, offs_n, 0), stride_pt,
                            page_size, PAGED)
-        if PREFETCH != 0:  # issue the next K block (and, mode 1, the last block's gather)
+        if PREFETCH:  # issue the next K block and the previous block's V gather first
             k = k_next
             k_next = _flash_load_k(k_base, page_table_ptr, b, t0 + SUB, limit, offs_c,
                                    offs_d, mask_d, stride_kx, stride_ky, stride_pt,
                                    page_size, PAGED, TILE)
-            if PREFETCH == 1:
-                o = _flash_gather_dot(v_base, p_rows, p_needed, p_counts, offs_d, mask_d,
-                                      per_tile, CNT_MODE)
+            o = _flash_gather_dot(v_base, p_rows, p_needed, p_counts, offs_d, mask_d,
+                                  per_tile, CNT_MODE)
         else:
             k = tl.load(k_base + (x * stride_kx + y * stride_ky)[:, None] + offs_d[None, :],
                         mask=mask_n[:, None] & mask_d[None, :], other=0.0)
@@ -869,12 +873,8 @@ def _flash_kernel(
                      counts.to(tl.int16), mask=mask_g[:, None] & valid)
         needed = tl.max(counts, axis=0) > 0  # rows some head sampled
         rows = x * stride_vx + y * stride_vy
-        if PREFETCH == 2:  # issue this block's gather; multiply the last block's
-            v_cur = _flash_gather(v_base, rows, needed, offs_d, mask_d)
-            o = _flash_count_dot(p_counts, p_v, per_tile, CNT_MODE)
-            p_v = v_cur
         # fold in the previous block (PREFETCH), then this block's tile weights e^{m_t} l_t
-        if PREFETCH != 0:
+        if PREFETCH:
             acc += p_coef[:, None] * o
         m_new = tl.maximum(m_run, m_t)
         m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
@@ -887,14 +887,12 @@ def _flash_kernel(
         p_rows = rows
         p_coef = w_t / per_tile
         p_counts = counts.to(tl.float16) if CARRY_FP16 else counts
-        if PREFETCH == 0:
+        if not PREFETCH:
             acc += p_coef[:, None] * _flash_gather_dot(v_base, p_rows, p_needed, p_counts,
                                                        offs_d, mask_d, per_tile, CNT_MODE)
-    if PREFETCH == 1:
+    if PREFETCH:
         acc += p_coef[:, None] * _flash_gather_dot(v_base, p_rows, p_needed, p_counts,
                                                    offs_d, mask_d, per_tile, CNT_MODE)
-    if PREFETCH == 2:
-        acc += p_coef[:, None] * _flash_count_dot(p_counts, p_v, per_tile, CNT_MODE)
     # merge the SUB rows of every head (FlashDecoding rule); empty rows hold m = -inf
     m_rows = tl.reshape(m_run, [SUB, HALF])
     m_head = tl.max(m_rows, axis=0)
@@ -1025,8 +1023,7 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
         stride_pt, page_size,
         PAGED=paged, TILE=tile, SUBS=subs, G_PAD=g_pad, D_PAD=_next_pow2(d),
         DOT_PRECISION=_dot_precision(kv.k.dtype), G_ROWS=g_rows if g_rows < g_pad else 0,
-        STORES=stores, PDL=pdl, COL_MASK=cfg.get("stash_col_mask", False), num_warps=warps,
-        num_stages=stages,
+        STORES=stores, PDL=pdl, num_warps=warps, num_stages=stages,
     )
     return n_tiles
 
@@ -1196,7 +1193,7 @@ def santa_flash(
         PAGED=paged, TILE=tile, SUB=sub, G_PAD=g_pad, D_PAD=_next_pow2(d),
         HAS_UNIFORMS=uniforms is not None, STORE_COUNTS=return_counts,
         CNT_MODE=cnt_mode, CARRY_FP16=S <= 2048, DOT_PRECISION=_dot_precision(kv.k.dtype),
-        W_BITS=FLASH_W_BITS, PREFETCH=cfg.prefetch if cfg.stages == 1 else 0,
+        W_BITS=FLASH_W_BITS, PREFETCH=cfg.stages == 1,
         GROUP_RNG=group_offsets, num_warps=cfg.warps, num_stages=cfg.stages, **extra,
     )
     out = ws.out(q.dtype)

@@ -49,9 +49,11 @@ from santa_kernels.triton_santa import (
     _cache_args,
     _capacity,
     _check_uniforms,
+    _counts_dot,
     _dot_precision,
     _flash_counts,
     _flash_local_weights,
+    _flash_program,
     _flash_rng_base,
     _group_queries,
     _merge_kernel,
@@ -101,15 +103,8 @@ def _flash_count_kernel(
     # One program: tiles [t_begin, t_end) of one (sequence, KV head), all G query heads.
     # The dot runs on G_PAD >= 16 rows; everything after it on ROWS >= G real rows.
     W_SCALE: tl.constexpr = (1 << W_BITS) // TILE
-    split = tl.program_id(0)
-    pid_bkv = tl.program_id(1)
-    b = pid_bkv // num_kv_heads
-    kvh = pid_bkv % num_kv_heads
-    length = tl.load(lengths_ptr + b)
-    n_tiles = tl.cdiv(length, TILE).to(tl.int32)
-    per_tile = tl.maximum(S // n_tiles, 1).to(tl.float32)  # S_tile = max(1, S // T_b)
-    t_begin = split * tiles_per_split
-    t_end = tl.minimum(t_begin + tiles_per_split, n_tiles)
+    b, kvh, length, per_tile, t_begin, t_end = _flash_program(lengths_ptr, S, num_kv_heads,
+                                                              tiles_per_split, TILE)
     step = tl.load(rng_ptr)  # advanced by _merge_kernel, the call's last kernel
     q, heads, mask_g = _group_queries(q_ptr, b, kvh, group, head_dim, stride_qb, stride_qh,
                                       G_PAD, D_PAD)
@@ -144,21 +139,6 @@ def _flash_count_kernel(
 
 
 # ------------------------------------------------------------- pass 2: gather
-@triton.jit
-def _counts_dot(c, v, CNT_MODE: tl.constexpr):
-    """Returns ``c @ v`` (fp32 [G_PAD, D_PAD]) for fp32 counts ``c``. CNT_MODE 0: fp32 dot;
-    1: one 16-bit tensor-core dot (exact: counts <= 256 bf16 / 2048 fp16); 2: counts split
-    as ``256 * hi + lo`` (both exact in 16 bits), two dots."""
-    if CNT_MODE == 0:
-        o = tl.dot(c, v.to(tl.float32), input_precision="ieee")
-    elif CNT_MODE == 1:
-        o = tl.dot(c.to(v.dtype), v)
-    else:
-        hi = tl.floor(c * (1.0 / 256.0))
-        o = tl.dot(hi.to(v.dtype), v) * 256.0 + tl.dot((c - 256.0 * hi).to(v.dtype), v)
-    return o
-
-
 @triton.jit
 def _gather_tiles(v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, b, length,
                   t_begin, t_end, per_tile, head_rows, mask_g, offs_d, mask_d, counts_stride,
@@ -213,45 +193,21 @@ def _flash_gather_kernel(
     counts_stride, stats_stride,
     stride_vx, stride_vy, stride_vh, stride_pt, page_size,
     PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
-    CNT_MODE: tl.constexpr, EXACT: tl.constexpr,
+    CNT_MODE: tl.constexpr,
 ):
-    # CNT_MODE 0-2: _counts_dot's; 3: 1 when this sequence's S_tile <= EXACT, else 2,
-    # decided once outside the tile loop (dots under a branch inside the loop would keep
-    # Triton's pipeliner from prefetching the V loads)
     split = tl.program_id(0)
-    pid_bkv = tl.program_id(1)
-    b = pid_bkv // num_kv_heads
-    kvh = pid_bkv % num_kv_heads
-    length = tl.load(lengths_ptr + b)
-    n_tiles = tl.cdiv(length, TILE).to(tl.int32)
-    per_tile = tl.maximum(S // n_tiles, 1).to(tl.float32)
-    t_begin = split * tiles_per_split
-    t_end = tl.minimum(t_begin + tiles_per_split, n_tiles)
+    b, kvh, length, per_tile, t_begin, t_end = _flash_program(lengths_ptr, S, num_kv_heads,
+                                                              tiles_per_split, TILE)
     offs_g = tl.arange(0, G_PAD)
     mask_g = offs_g < group
     head_rows = (b * num_q_heads + kvh * group + offs_g).to(tl.int64)
     offs_d = tl.arange(0, D_PAD)
     mask_d = offs_d < head_dim
-    v_base = v_ptr + kvh * stride_vh
-    if CNT_MODE == 3:
-        if per_tile <= EXACT:
-            m_run, l_run, acc = _gather_tiles(
-                v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, b, length,
-                t_begin, t_end, per_tile, head_rows, mask_g, offs_d, mask_d, counts_stride,
-                stats_stride, stride_vx, stride_vy, stride_pt, page_size,
-                PAGED, TILE, G_PAD, D_PAD, 1)
-        else:
-            m_run, l_run, acc = _gather_tiles(
-                v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, b, length,
-                t_begin, t_end, per_tile, head_rows, mask_g, offs_d, mask_d, counts_stride,
-                stats_stride, stride_vx, stride_vy, stride_pt, page_size,
-                PAGED, TILE, G_PAD, D_PAD, 2)
-    else:
-        m_run, l_run, acc = _gather_tiles(
-            v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, b, length,
-            t_begin, t_end, per_tile, head_rows, mask_g, offs_d, mask_d, counts_stride,
-            stats_stride, stride_vx, stride_vy, stride_pt, page_size,
-            PAGED, TILE, G_PAD, D_PAD, CNT_MODE)
+    m_run, l_run, acc = _gather_tiles(
+        v_ptr + kvh * stride_vh, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, b,
+        length, t_begin, t_end, per_tile, head_rows, mask_g, offs_d, mask_d, counts_stride,
+        stats_stride, stride_vx, stride_vy, stride_pt, page_size,
+        PAGED, TILE, G_PAD, D_PAD, CNT_MODE)
     part = head_rows * num_splits + split
     tl.store(part_m_ptr + part, m_run, mask=mask_g)
     tl.store(part_l_ptr + part, l_run, mask=mask_g)
@@ -333,13 +289,12 @@ def santa_flash_two_pass(
             num_stages=count_stages,
         )
     v_dtype = kv.v.dtype
-    exact = _EXACT_COUNT.get(v_dtype, 0)
     if _dot_precision(v_dtype) == "ieee":
         cnt_mode = 0  # fp32 counts @ V
-    elif exact >= S:
+    elif _EXACT_COUNT.get(v_dtype, 0) >= S:
         cnt_mode = 1  # every count <= S_tile <= S is exact in V's 16-bit dtype
     else:
-        cnt_mode = 3  # decided per sequence from S_tile (one dot, or the hi/lo split)
+        cnt_mode = 2  # 256 * hi + lo: two dots (the fused kernel picks per call; not here)
     if "gather" in stages:
         _flash_gather_kernel[(splits, batch * hkv)](
             kv.v, kv.lengths, table, ws.tile_max, ws.tile_mass, ws.counts,
@@ -347,7 +302,7 @@ def santa_flash_two_pass(
             S, hkv, hq, group, d, gather_per_split, ws.num_splits, ws.counts.stride(0),
             ws.max_tiles,
             kv.v.stride(0), kv.v.stride(1), kv.v.stride(2), stride_pt, page_size,
-            PAGED=paged, TILE=tile, G_PAD=g_pad, D_PAD=d_pad, CNT_MODE=cnt_mode, EXACT=exact,
+            PAGED=paged, TILE=tile, G_PAD=g_pad, D_PAD=d_pad, CNT_MODE=cnt_mode,
             num_warps=gather_warps, num_stages=gather_stages,
         )
     out = ws.out(q.dtype)

@@ -81,12 +81,7 @@ import triton.language as tl
 from santa_kernels.kv import KVCache
 from santa_kernels.reads import ReadCounts
 from santa_kernels.santapp import TeamIndex, _check_kv, build_team_index, team_end_of
-from santa_kernels.triton_santa import (
-    _row_offsets,
-    gdc_launch_dependents,
-    gdc_wait,
-    pdl_available,
-)
+from santa_kernels.triton_santa import _pdl_enter, _row_offsets, pdl_available
 from santa_kernels.validate import InputError, check_positive_int, check_scale
 
 # -------------------------------------------------------------------- constants
@@ -253,7 +248,7 @@ def build_packed(
     exact_recent: int = 0,
     copy: bool = False,
     index_dtype: torch.dtype | None = None,
-    reps_kernel: bool | None = None,
+    reps_kernel: bool = False,
 ) -> PackedTeams:
     """Builds the team index of ``kv`` and packs it (prefill-time work).
 
@@ -351,11 +346,11 @@ def _contiguous_packed(
     sink: int,
     exact_recent: int,
     index_dtype: torch.dtype | None,
-    reps_kernel: bool | None = None,
+    reps_kernel: bool = False,
 ) -> PackedTeams:
     """Contiguous teams ``[sink + gP, sink + (g+1)P)`` built on the device (no copy of K/V).
-    ``reps_kernel``: representatives by ``_contiguous_reps_kernel`` (default: on a GPU,
-    fp32) instead of the torch loop over sequences."""
+    ``reps_kernel``: representatives by ``_contiguous_reps_kernel`` (one read of K)
+    instead of the torch loop over sequences; opt-in, not yet timed on a GPU."""
     check_positive_int(team_size, "team_size")
     for name, value in (("sink", sink), ("exact_recent", exact_recent)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -373,9 +368,9 @@ def _contiguous_packed(
     reps = torch.zeros(batch, hkv, t_cap, d, dtype=kv.dtype, device=device)
     slots = torch.arange(team_size, device=device)
     starts = sink + torch.arange(t_cap, device=device) * team_size  # [T]
-    if reps_kernel is None:  # one K read on a GPU; the float64 torch loop on a CPU
-        reps_kernel = device.type == "cuda" and dtype == torch.float32
-    on_device = reps_kernel and _contiguous_reps_on_device(
+    # the kernel is opt-in until it is timed on a GPU (written after the session's device
+    # time was spent; same leaders as this loop in the interpreter tests)
+    on_device = bool(reps_kernel) and _contiguous_reps_on_device(
         kv, reps, team_end, t_cap, team_size, sink, representative == "mean")
     for b in range(0 if on_device else batch):
         if int(n_teams[b]) == 0:
@@ -1043,8 +1038,7 @@ def _select_kernel(
     LOCAL: tl.constexpr, FUSED: tl.constexpr, HAS_GUMBELS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, WAYS: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    if PDL:  # the next kernel may launch once every program here has started
-        gdc_launch_dependents()
+    _pdl_enter(PDL, False)  # the next kernel may launch as this grid's last wave starts
     split = tl.program_id(0)
     bkv = tl.program_id(1)
     b = bkv // NUM_KV_HEADS
@@ -1126,9 +1120,7 @@ def _finish_kernel(
     C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr, WAYS: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
-    if PDL:  # launched early (programmatic dependent): wait for the previous kernel
-        gdc_wait()
-        gdc_launch_dependents()
+    _pdl_enter(PDL, True)  # launched early: wait for the previous kernel
     bkv = tl.program_id(0)
     _finish_selection(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, kappa_ptr, union_ptr,
                       count_ptr, bkv // NUM_KV_HEADS, bkv % NUM_KV_HEADS, bkv, M, num_splits,
@@ -1148,9 +1140,7 @@ def _finish_heads_kernel(
     the group (the kth search spread over the group's heads instead of one program per
     group); the last of the group's programs to finish (an acq_rel ticket) writes the
     union from the group's kappas."""
-    if PDL:  # launched early (programmatic dependent): wait for the previous kernel
-        gdc_wait()
-        gdc_launch_dependents()
+    _pdl_enter(PDL, True)  # launched early: wait for the previous kernel
     bkv = tl.program_id(0)
     part = tl.program_id(1)
     b = bkv // NUM_KV_HEADS
@@ -1210,9 +1200,7 @@ def _attend_kernel(
     PACKED: tl.constexpr, PAGED: tl.constexpr, REGULAR: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    if PDL:  # launched early (programmatic dependent): wait for the previous kernel
-        gdc_wait()
-        gdc_launch_dependents()
+    _pdl_enter(PDL, True)  # launched early: wait for the previous kernel
     BLOCK_N: tl.constexpr = TPB * SLOT
     bkv = tl.program_id(0)
     c = tl.program_id(1)
@@ -1317,8 +1305,7 @@ def _merge_kernel(
     over every partial first, then one weighted sum (no running rescale). Every attend
     program wrote its partial (empty ones hold m = -inf: weight 0), so nothing here
     waits on the device-side union count; ``BLOCK_S >= num_parts`` at B=1 (one step)."""
-    if PDL:  # launched early (programmatic dependent): wait for the previous kernel
-        gdc_wait()
+    _pdl_enter(PDL, True)  # launched early: wait for the previous kernel
     pid = tl.program_id(0)
     hq = NUM_KV_HEADS * GROUP
     b = pid // hq

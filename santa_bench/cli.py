@@ -384,9 +384,9 @@ def _print_summary(summary: list[tuple[dict, list[dict]]]) -> None:
 
         status = latency.get("status", "ok")
         shown = f"{value:,.1f} us" if status == "ok" else f"{status}: {latency.get('reason', '')}"
-        passes = case.get("passes", 1)
+        passes = f" passes={case['passes']}" if "passes" in case else ""  # only when not 1
         table.add_row(
-            case["method"] if passes == 1 else f"{case['method']} passes={passes}",
+            case["method"] + passes,
             str(case.get("S") or _team_label(case)),
             format_size(case["ctx"]),
             str(case["batch"]),

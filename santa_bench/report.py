@@ -46,9 +46,7 @@ def speedup_cell(case: pd.DataFrame, bold: bool = False) -> str:
 def _label(row: pd.Series) -> str:
     label = str(row["method"])
     for key, short in (("S", "S"), ("M", "M"), ("team_size", "P"), ("passes", "passes")):
-        if key in row and not pd.isna(row.get(key)):
-            if key == "passes" and int(row[key]) == 1:
-                continue  # the default (one fused pass): rows of older runs have no column
+        if key in row and not pd.isna(row.get(key)):  # passes: stored only when not 1
             label += f" {short}={int(row[key])}"
     return label
 

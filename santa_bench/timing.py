@@ -270,7 +270,6 @@ def _graph_samples(
     return samples, per_graph
 
 
-
 def graph_call_us(
     calls: list[Callable[[], object]], warmup_ms: float = 20.0, budget_ms: float = 100.0
 ) -> float:
@@ -278,6 +277,7 @@ def graph_call_us(
     harness's graph timing, for profiling scripts that time stages outside ``measure``)."""
     samples, _ = _graph_samples(calls, warmup_ms, budget_ms, min_reps=10, max_reps=1000)
     return statistics.median(samples)
+
 
 def _eager_samples(
     calls: list[Callable[[], object]],

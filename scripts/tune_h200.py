@@ -17,7 +17,8 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   neither (profiling flag ``STORES``), at the default and twice the split count.
 - ``e2e``: prop and split-KV over the e2e loop's cache (32 layers, one workspace).
 - ``flash``: santa-flash S=2048, the fused kernel's launches (Triton's pipeliner, or the
-  hand pipelines ``prefetch`` 1 / 2) and the two-pass kernel's (count, gather) launches,
+  hand pipeline; its ``prefetch=2`` variant went at ``a05c5a2``) and the two-pass
+  kernel's (count, gather) launches,
   each with per-head or group-shared offsets; first checks on the GPU that every
   variant draws the default's counts given the same uniforms.
 - ``split``: santa-prop's sample pass over 1-8 programs per head (``sample_splits``), S=128
@@ -28,13 +29,12 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   score pass or not, S=128 and 256; first checks both draw the same samples.
 - ``pdlpp``: SANTA++ M=32 with its kernels launched as programmatic dependents or not;
   first checks both select the same teams and agree on the output.
-- ``colmask``: santa-prop S=128 with the stash stored as whole tiles (the padded stash,
-  vector stores) or with a column mask; first checks both draw the same samples.
 - ``flash2``: the two-pass flash kernel stage by stage: pass 1 with and without its draw,
   pass 2 alone over several split counts and launches, the merge alone.
 The sections ``evict``, ``tail`` and ``statsblk`` (results/h200/tune-2026-11-29, commits
-named there) and ``wide`` (results/h200/tune-2026-11-29-s4, commit ``a05c5a2``) went with
-the kernel knobs they measured, none of which was kept.
+named there), ``wide`` (results/h200/tune-2026-11-29-s4, commit ``a05c5a2``) and
+``colmask`` (same folder, commit ``be5f18f``) went with the kernel knobs they measured; of
+those only the whole-tile stash stores ``colmask`` compared were kept (as the default).
 Rows go to OUT_DIR/tune.csv as they are measured (an interrupted run keeps them).
 """
 
@@ -104,53 +104,68 @@ def dense_us(inputs) -> float:
                           for (q, kv), o, w in zip(inputs, outs, wss, strict=True)])
 
 
-def santapp_section(rows: Rows) -> None:
+def santapp_cases(rows: Rows, section: str):
+    """Yields ``(shape tag, inputs, packs, gumbels)`` per shape and team size (M=32): rotated
+    input copies for cold reads, their contiguous indexes, one shared Gumbel noise; the
+    split-KV row of each shape first."""
     for batch, ctx in SHAPES:
         tag = f"B={batch} {ctx // 1024}k"
         inputs = [gpu_inputs(batch, ctx, i) for i in range(copies(batch, ctx, 0.1))]
-        rows.add(section="santapp", shape=tag, variant="splitkv", what="call",
+        rows.add(section=section, shape=tag, variant="splitkv", what="call",
                  us=f"{dense_us(inputs[:3]):.2f}", note=f"{len(inputs)} copies")
         for P in (16, 64) if ctx > 32768 else (16,):
             packs = [tsp.build_packed(kv, team_size=P) for _, kv in inputs]
-            q0, kv0 = inputs[0]
             gumbels = -torch.log(-torch.log(
                 torch.rand(batch, 32, packs[0].max_teams, device="cuda").clamp(1e-12, 1 - 1e-7)))
-            base = None
-            for name, kw in FINISH_VARIANTS.items():
-                try:
-                    wss = [tsp.SantaPPWorkspace.for_inputs(q, kv, p, 32, seed=i, **kw)
-                           for i, ((q, kv), p) in enumerate(zip(inputs, packs, strict=True))]
-                    out, info = tsp.santapp_decode(q0, kv0, packs[0], 32, gumbels=gumbels,
-                                                   workspace=wss[0])
-                    got = (info.kappa.clone(), info.union_sets(), out.float().clone())
-                    if base is None:
-                        base = got
-                    same = (torch.equal(got[0], base[0]) and got[1] == base[1]
-                            and float((got[2] - base[2]).abs().max()) < 1e-2)
-
-                    def calls(stages, wss=wss, inputs=inputs, packs=packs):
-                        return [lambda q=q, kv=kv, p=p, w=w: tsp._launch(
-                                    q, kv, p, 32, w, TAU, None, None, False, stages)
-                                for (q, kv), p, w in zip(inputs, packs, wss, strict=True)]
-
-                    full = graph_call_us(calls(tsp.STAGES))
-                    select = graph_call_us(calls(("select",)))
-                    plan = wss[0].plan
-                    note = (f"same={same} parts={plan.finish_parts} warps={plan.finish_warps} "
-                            f"ways={plan.finish_ways} local={plan.local} c_pad={plan.c_pad}")
-                    rows.add(section="santapp", shape=f"{tag} P={P}", variant=name, what="call",
-                             us=f"{full:.2f}", note=note)
-                    rows.add(section="santapp", shape=f"{tag} P={P}", variant=name,
-                             what="select", us=f"{select:.2f}", note="")
-                    if name == "group":
-                        score = graph_call_us(calls(("score",)))
-                        rows.add(section="santapp", shape=f"{tag} P={P}", variant=name,
-                                 what="score", us=f"{score:.2f}", note="")
-                except Exception as exc:  # report and go on
-                    rows.add(section="santapp", shape=f"{tag} P={P}", variant=name,
-                             what="FAILED", us="", note=f"{type(exc).__name__}: {exc}"[:300])
+            yield f"{tag} P={P}", inputs, packs, gumbels
         del inputs
         torch.cuda.empty_cache()
+
+
+def santapp_run(inputs, packs, gumbels, **ws_kw):
+    """(workspaces, (kappa, union sets, output) of the first copy given ``gumbels``)."""
+    wss = [tsp.SantaPPWorkspace.for_inputs(q, kv, p, 32, seed=i, **ws_kw)
+           for i, ((q, kv), p) in enumerate(zip(inputs, packs, strict=True))]
+    (q0, kv0), p0 = inputs[0], packs[0]
+    out, info = tsp.santapp_decode(q0, kv0, p0, 32, gumbels=gumbels, workspace=wss[0])
+    return wss, (info.kappa.clone(), info.union_sets(), out.float().clone())
+
+
+def same_selection(got, base) -> bool:
+    return (torch.equal(got[0], base[0]) and got[1] == base[1]
+            and float((got[2] - base[2]).abs().max()) < 1e-2)
+
+
+def santapp_calls(inputs, packs, wss, stages=tsp.STAGES):
+    return [lambda q=q, kv=kv, p=p, w=w: tsp._launch(q, kv, p, 32, w, TAU, None, None, False,
+                                                     stages)
+            for (q, kv), p, w in zip(inputs, packs, wss, strict=True)]
+
+
+def santapp_section(rows: Rows) -> None:
+    for shape, inputs, packs, gumbels in santapp_cases(rows, "santapp"):
+        base = None
+        for name, kw in FINISH_VARIANTS.items():
+            try:
+                wss, got = santapp_run(inputs, packs, gumbels, **kw)
+                base = base or got
+                full = graph_call_us(santapp_calls(inputs, packs, wss))
+                select = graph_call_us(santapp_calls(inputs, packs, wss, ("select",)))
+                plan = wss[0].plan
+                note = (f"same={same_selection(got, base)} parts={plan.finish_parts} "
+                        f"warps={plan.finish_warps} ways={plan.finish_ways} "
+                        f"local={plan.local} c_pad={plan.c_pad}")
+                rows.add(section="santapp", shape=shape, variant=name, what="call",
+                         us=f"{full:.2f}", note=note)
+                rows.add(section="santapp", shape=shape, variant=name, what="select",
+                         us=f"{select:.2f}", note="")
+                if name == "group":
+                    score = graph_call_us(santapp_calls(inputs, packs, wss, ("score",)))
+                    rows.add(section="santapp", shape=shape, variant=name, what="score",
+                             us=f"{score:.2f}", note="")
+            except Exception as exc:  # report and go on
+                rows.add(section="santapp", shape=shape, variant=name, what="FAILED", us="",
+                         note=f"{type(exc).__name__}: {exc}"[:300])
 
 
 def prop_calls(inputs, S, splits=None, stores=2):
@@ -273,10 +288,7 @@ def e2e_section(rows: Rows, batch: int = 8, ctx: int = 32768, layers: int = 32,
 FLASH_VARIANTS = {  # name: ("fused", FlashLaunch | None) or ("two", count, gather)
     "fused-default": ("fused", None),
     "fused-w4s3": ("fused", ts.FlashLaunch(4, 3)),
-    "fused-w4-pf1": ("fused", ts.FlashLaunch(4, 1, prefetch=1)),
-    "fused-w4-pf2": ("fused", ts.FlashLaunch(4, 1, prefetch=2)),
-    "fused-w8-pf2": ("fused", ts.FlashLaunch(8, 1, prefetch=2)),
-    "fused-w8-pf2-r128": ("fused", ts.FlashLaunch(8, 1, maxnreg=128, prefetch=2)),
+    "fused-w4-pf1": ("fused", ts.FlashLaunch(4, 1)),
     "two-c43-g43": ("two", (4, 3), (4, 3)),
     "two-c43-g42": ("two", (4, 3), (4, 2)),
     "two-c43-g44": ("two", (4, 3), (4, 4)),
@@ -373,164 +385,86 @@ def flash2_section(rows: Rows, S: int = 2048) -> None:
         torch.cuda.empty_cache()
 
 
-def split_section(rows: Rows) -> None:
+def prop_draw(q, kv, S: int):
+    """(sample indices, output) of one santa-prop call on a fresh workspace (seed 3)."""
+    ws = ts.SantaWorkspace.for_inputs(q, kv, S, 64, seed=3, stash_dtype=torch.float16)
+    out, info = ts.santa_prop(q, kv, S, workspace=ws, stash_dtype=torch.float16)
+    return info.sample_index.clone(), out.float().clone()
+
+
+def prop_variants(rows: Rows, section: str, variants: dict[str, dict], budgets=(128,),
+                  reps: int = 1, same_samples: bool = True, score: bool = False) -> None:
+    """santa-prop with ``HOPPER_CONFIGS[128]`` overridden by each variant, alternated
+    ``reps`` times (drift between runs shows), timed over rotated inputs; with
+    ``same_samples``, first checks each variant draws the first one's samples."""
     default = copy.deepcopy(ts.HOPPER_CONFIGS)
     for batch, ctx in SHAPES:
         tag = f"B={batch} {ctx // 1024}k"
         inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
-        rows.add(section="split", shape=tag, variant="splitkv", what="call",
+        rows.add(section=section, shape=tag, variant="splitkv", what="call",
                  us=f"{dense_us(inputs):.2f}", note="")
-        auto = ts.sample_splits_for(batch * 32, 128)
-        for S in (128, 256):
+        if score:
+            rows.add(section=section, shape=tag, variant="score pass", what="",
+                     us=f"{graph_call_us(prop_calls(inputs, 128)[0]):.2f}", note="")
+        for S in budgets:
             base = None
-            for splits in (1, 2, 4, 8):
-                ts.HOPPER_CONFIGS[128] = {**default[128], "sample_splits": splits}
-                try:
-                    ws = ts.SantaWorkspace.for_inputs(*inputs[0], S, 64, seed=3,
-                                                      stash_dtype=torch.float16)
-                    out, info = ts.santa_prop(*inputs[0], S, workspace=ws,
-                                              stash_dtype=torch.float16)
-                    got = (info.sample_index.clone(), out.float().clone())
-                    base = base or got
-                    same = (torch.equal(got[0], base[0])
-                            and float((got[1] - base[1]).abs().max()) < 1e-2)
-                    _, full = prop_calls(inputs, S)
-                    rows.add(section="split", shape=tag, variant=f"sample_splits={splits}",
-                             what=f"call S={S}", us=f"{graph_call_us(full):.2f}",
-                             note=f"same={same} auto={auto}")
-                except Exception as exc:
-                    rows.add(section="split", shape=tag, variant=f"sample_splits={splits}",
-                             what="FAILED", us="", note=f"{type(exc).__name__}: {exc}"[:300])
+            for rep in range(reps):
+                for name, overrides in variants.items():
+                    ts.HOPPER_CONFIGS[128] = {**default[128], **overrides}
+                    try:
+                        note = f"rep={rep} splits={ts.sample_splits_for(batch * 32, S)}"
+                        if same_samples:
+                            got = prop_draw(*inputs[0], S)
+                            base = base or got
+                            same = (torch.equal(got[0], base[0])
+                                    and float((got[1] - base[1]).abs().max()) < 1e-2)
+                            note += f" same={same}"
+                        _, full = prop_calls(inputs, S)
+                        rows.add(section=section, shape=tag, variant=name, what=f"call S={S}",
+                                 us=f"{graph_call_us(full):.2f}", note=note)
+                    except Exception as exc:
+                        rows.add(section=section, shape=tag, variant=name, what="FAILED",
+                                 us="", note=f"{type(exc).__name__}: {exc}"[:300])
         ts.HOPPER_CONFIGS[128] = copy.deepcopy(default[128])
         del inputs
         torch.cuda.empty_cache()
 
 
+def split_section(rows: Rows) -> None:
+    prop_variants(rows, "split", {f"sample_splits={n}": {"sample_splits": n}
+                                  for n in (1, 2, 4, 8)}, budgets=(128, 256))
+
+
 def sample_section(rows: Rows) -> None:
-    default = copy.deepcopy(ts.HOPPER_CONFIGS)
     variants = {"default": {}, "no search": {"sample_profile": 1},
                 "no stash": {"sample_profile": 2}, "no V": {"sample_profile": 3},
                 "warps 4": {"sample": (4, 256)}, "warps 16": {"sample": (16, 256)},
                 "block 64": {"sample": (8, 64)}}
-    for batch, ctx in SHAPES:
-        tag = f"B={batch} {ctx // 1024}k"
-        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
-        score, _ = prop_calls(inputs, 128)
-        rows.add(section="sample", shape=tag, variant="score pass", what="",
-                 us=f"{graph_call_us(score):.2f}", note="")
-        for name, kw in variants.items():
-            ts.HOPPER_CONFIGS[128] = {**default[128], **kw}
-            try:
-                _, full = prop_calls(inputs, 128)
-                rows.add(section="sample", shape=tag, variant=name, what="call S=128",
-                         us=f"{graph_call_us(full):.2f}",
-                         note=f"splits={ts.sample_splits_for(batch * 32, 128)}")
-            except Exception as exc:
-                rows.add(section="sample", shape=tag, variant=name, what="FAILED", us="",
-                         note=f"{type(exc).__name__}: {exc}"[:300])
-        ts.HOPPER_CONFIGS[128] = copy.deepcopy(default[128])
-        del inputs
-        torch.cuda.empty_cache()
+    prop_variants(rows, "sample", variants, same_samples=False, score=True)
 
 
 def pdl_section(rows: Rows) -> None:
-    default = copy.deepcopy(ts.HOPPER_CONFIGS)
-    for batch, ctx in SHAPES:
-        tag = f"B={batch} {ctx // 1024}k"
-        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
-        rows.add(section="pdl", shape=tag, variant="splitkv", what="call",
-                 us=f"{dense_us(inputs):.2f}", note="")
-        for S in (128, 256):
-            base = None
-            for rep in range(2):  # alternate, twice: drift between runs shows
-                for pdl in (False, True):
-                    ts.HOPPER_CONFIGS[128] = {**default[128], "pdl": pdl}
-                    try:
-                        ws = ts.SantaWorkspace.for_inputs(*inputs[0], S, 64, seed=3,
-                                                          stash_dtype=torch.float16)
-                        out, info = ts.santa_prop(*inputs[0], S, workspace=ws,
-                                                  stash_dtype=torch.float16)
-                        got = (info.sample_index.clone(), out.float().clone())
-                        base = base or got
-                        same = (torch.equal(got[0], base[0])
-                                and float((got[1] - base[1]).abs().max()) < 1e-2)
-                        _, full = prop_calls(inputs, S)
-                        rows.add(section="pdl", shape=tag, variant=f"pdl={int(pdl)}",
-                                 what=f"call S={S}", us=f"{graph_call_us(full):.2f}",
-                                 note=f"same={same} rep={rep}")
-                    except Exception as exc:
-                        rows.add(section="pdl", shape=tag, variant=f"pdl={int(pdl)}",
-                                 what="FAILED", us="",
-                                 note=f"{type(exc).__name__}: {exc}"[:300])
-        ts.HOPPER_CONFIGS[128] = copy.deepcopy(default[128])
-        del inputs
-        torch.cuda.empty_cache()
+    prop_variants(rows, "pdl", {"pdl=0": {"pdl": False}, "pdl=1": {"pdl": True}},
+                  budgets=(128, 256), reps=2)
 
 
 def pdlpp_section(rows: Rows) -> None:
-    for batch, ctx in SHAPES:
-        tag = f"B={batch} {ctx // 1024}k"
-        inputs = [gpu_inputs(batch, ctx, i) for i in range(copies(batch, ctx, 0.1))]
-        rows.add(section="pdlpp", shape=tag, variant="splitkv", what="call",
-                 us=f"{dense_us(inputs[:3]):.2f}", note=f"{len(inputs)} copies")
-        for P in (16, 64) if ctx > 32768 else (16,):
-            packs = [tsp.build_packed(kv, team_size=P) for _, kv in inputs]
-            q0, kv0 = inputs[0]
-            gumbels = -torch.log(-torch.log(
-                torch.rand(batch, 32, packs[0].max_teams, device="cuda").clamp(1e-12, 1 - 1e-7)))
-            base = None
-            for rep in range(2):
-                for pdl in (False, True):
-                    tsp.HOPPER["pdl"] = pdl
-                    try:
-                        wss = [tsp.SantaPPWorkspace.for_inputs(q, kv, p, 32, seed=i)
-                               for i, ((q, kv), p) in enumerate(zip(inputs, packs, strict=True))]
-                        out, info = tsp.santapp_decode(q0, kv0, packs[0], 32, gumbels=gumbels,
-                                                       workspace=wss[0])
-                        got = (info.kappa.clone(), info.union_sets(), out.float().clone())
-                        base = base or got
-                        same = (torch.equal(got[0], base[0]) and got[1] == base[1]
-                                and float((got[2] - base[2]).abs().max()) < 1e-2)
-                        calls = [lambda q=q, kv=kv, p=p, w=w: tsp._launch(
-                                     q, kv, p, 32, w, TAU, None, None, False, tsp.STAGES)
-                                 for (q, kv), p, w in zip(inputs, packs, wss, strict=True)]
-                        rows.add(section="pdlpp", shape=f"{tag} P={P}", variant=f"pdl={int(pdl)}",
-                                 what="call M=32", us=f"{graph_call_us(calls):.2f}",
-                                 note=f"same={same} rep={rep}")
-                    except Exception as exc:
-                        rows.add(section="pdlpp", shape=f"{tag} P={P}", variant=f"pdl={int(pdl)}",
-                                 what="FAILED", us="", note=f"{type(exc).__name__}: {exc}"[:300])
-        tsp.HOPPER["pdl"] = True
-        del inputs
-        torch.cuda.empty_cache()
-
-
-def colmask_section(rows: Rows) -> None:
-    default = copy.deepcopy(ts.HOPPER_CONFIGS)
-    for batch, ctx in SHAPES:
-        tag = f"B={batch} {ctx // 1024}k"
-        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
+    for shape, inputs, packs, gumbels in santapp_cases(rows, "pdlpp"):
         base = None
         for rep in range(2):
-            for col_mask in (True, False):
-                ts.HOPPER_CONFIGS[128] = {**default[128], "stash_col_mask": col_mask}
-                ws = ts.SantaWorkspace.for_inputs(*inputs[0], 128, 64, seed=3,
-                                                  stash_dtype=torch.float16)
-                out, info = ts.santa_prop(*inputs[0], 128, workspace=ws,
-                                          stash_dtype=torch.float16)
-                got = (info.sample_index.clone(), out.float().clone())
-                base = base or got
-                same = (torch.equal(got[0], base[0])
-                        and float((got[1] - base[1]).abs().max()) < 1e-2)
-                score, full = prop_calls(inputs, 128)
-                rows.add(section="colmask", shape=tag, variant=f"col_mask={int(col_mask)}",
-                         what="score", us=f"{graph_call_us(score):.2f}", note=f"rep={rep}")
-                rows.add(section="colmask", shape=tag, variant=f"col_mask={int(col_mask)}",
-                         what="call S=128", us=f"{graph_call_us(full):.2f}",
-                         note=f"same={same} rep={rep}")
-        ts.HOPPER_CONFIGS[128] = copy.deepcopy(default[128])
-        del inputs
-        torch.cuda.empty_cache()
+            for pdl in (False, True):
+                tsp.HOPPER["pdl"] = pdl
+                try:
+                    wss, got = santapp_run(inputs, packs, gumbels)
+                    base = base or got
+                    rows.add(section="pdlpp", shape=shape, variant=f"pdl={int(pdl)}",
+                             what="call M=32",
+                             us=f"{graph_call_us(santapp_calls(inputs, packs, wss)):.2f}",
+                             note=f"same={same_selection(got, base)} rep={rep}")
+                except Exception as exc:
+                    rows.add(section="pdlpp", shape=shape, variant=f"pdl={int(pdl)}",
+                             what="FAILED", us="", note=f"{type(exc).__name__}: {exc}"[:300])
+        tsp.HOPPER["pdl"] = True
 
 
 def main() -> None:
@@ -545,7 +479,7 @@ def main() -> None:
                             "flash": flash_section, "flash2": flash2_section,
                             "split": split_section, "sample": sample_section,
                             "pdl": pdl_section,
-                            "pdlpp": pdlpp_section, "colmask": colmask_section}
+                            "pdlpp": pdlpp_section}
         try:
             sections_by_name[name](rows)
         except Exception:  # report, go on with the next section

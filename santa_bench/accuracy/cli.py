@@ -40,11 +40,11 @@ def _run(cases: list[dict], results_dir: Path, run_id: str | None, force: bool, 
     )
 
 
-
 def _task_table(outcome, heading: str, keys: tuple[str, ...] = ("task", "ctx", "method", "S", "M")):
     """Prints the score / retention / KV-read table of a task run (when anything ran)."""
     if outcome.results:
         _table(heading, outcome, ("score", "retention", "decode_kv_read_fraction"), keys)
+
 
 def _table(title: str, outcome, metrics: tuple[str, ...], keys: tuple[str, ...]) -> None:
     table = Table(title=title)
