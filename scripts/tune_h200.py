@@ -29,6 +29,8 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   score pass or not, S=128 and 256; first checks both draw the same samples.
 - ``pdlpp``: SANTA++ M=32 with its kernels launched as programmatic dependents or not;
   first checks both select the same teams and agree on the output.
+- ``reps``: the SANTA++ contiguous index build with the representatives by the torch loop
+  or by ``_contiguous_reps_kernel``; first checks both pack the same index.
 - ``flash2``: the two-pass flash kernel stage by stage: pass 1 with and without its draw,
   pass 2 alone over several split counts and launches, the merge alone.
 The sections ``evict``, ``tail`` and ``statsblk`` (results/h200/tune-2026-11-29, commits
@@ -467,6 +469,29 @@ def pdlpp_section(rows: Rows) -> None:
         tsp.HOPPER["pdl"] = True
 
 
+def reps_section(rows: Rows) -> None:
+    """SANTA++ contiguous index build: the representatives by the torch loop or by
+    ``_contiguous_reps_kernel`` (``reps_kernel``), leader and mean, P=16 and 64; first
+    checks both give the same packed index."""
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        _, kv = gpu_inputs(batch, ctx, 0)
+        for P in (16, 64):
+            for rep in ("leader", "mean"):
+                got = {}
+                for kernel in (False, True):
+                    packed, ms = tsp.time_index_build(kv, team_size=P, representative=rep,
+                                                      reps_kernel=kernel, repeats=5)
+                    got[kernel] = packed
+                    same = (torch.equal(packed.reps, got[False].reps)
+                            and torch.equal(packed.log_n, got[False].log_n))
+                    rows.add(section="reps", shape=f"{tag} P={P}", variant=f"kernel={int(kernel)}",
+                             what=f"build {rep}", us=f"{ms * 1e3:.1f}",
+                             note=f"same={same}")
+        del kv
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "tune")
     out.mkdir(parents=True, exist_ok=True)
@@ -479,7 +504,7 @@ def main() -> None:
                             "flash": flash_section, "flash2": flash2_section,
                             "split": split_section, "sample": sample_section,
                             "pdl": pdl_section,
-                            "pdlpp": pdlpp_section}
+                            "pdlpp": pdlpp_section, "reps": reps_section}
         try:
             sections_by_name[name](rows)
         except Exception:  # report, go on with the next section
