@@ -148,6 +148,7 @@ RUNNERS: dict[str, RunnerSpec] = {
             "prefill": "str",
             "prefill_chunk": "int",
             "graph": "bool",
+            "rest": "str",
         },
         derived=("kind", "family", "backend", "timing"),
         defaults={
@@ -166,6 +167,7 @@ RUNNERS: dict[str, RunnerSpec] = {
             "prefill": "dense",
             "prefill_chunk": 1024,
             "graph": True,
+            "rest": "auto",
         },
         implemented=True,
     ),
@@ -651,7 +653,7 @@ def _e2e_cases(
         layout=combo["layout"], page_size=combo["page_size"],
         dense_layers=str(combo["dense_layers"]), prefill=combo["prefill"],
         prefill_chunk=combo["prefill_chunk"], dtype=combo["dtype"], seed=combo["seed"],
-        device=device, graph=combo["graph"],
+        device=device, graph=combo["graph"], rest=combo["rest"],
     )
     check_grid(grid, str)
     return expand_cases(grid)

@@ -104,6 +104,16 @@ def e2e_command(
             "serving engine does); --no-graph launches every step eagerly."
         ),
     ] = True,
+    rest: Annotated[
+        str,
+        typer.Option(
+            help="The step outside attention: fused (residual add + RMSNorm, RoPE + K/V "
+            "write, SiLU*mul as three Triton kernels a layer, as serving engines fuse them; "
+            "a GPU, or TRITON_INTERPRET=1), torch (the ~39 eager ops a layer transformers "
+            "runs), or auto (fused on a GPU, torch on a CPU). Dense and sampled cases of a "
+            "run share it, so speedups compare like with like."
+        ),
+    ] = "auto",
     dtype: Annotated[str, typer.Option(help="Weights and KV cache dtype: bf16, fp16, fp32.")] = (
         "bf16"
     ),
@@ -161,6 +171,7 @@ def e2e_command(
             seed=seed,
             device=device,
             graph=graph,
+            rest=rest,
         )
         check_grid(grid)
         cases = expand_cases(grid)

@@ -34,6 +34,7 @@ from santa_bench.e2e.model import Decoder
 from santa_kernels.validate import InputError
 
 PREFILL_MODES = ("dense", "random")
+REST_MODES = ("fused", "torch")  # the step outside attention (see fused.py)
 WARMUP_STEPS = 2  # eager steps before capture (compilation, allocator, cuBLAS)
 ATTENTION_REPS = 16  # timed replays of the attention-only pass
 CPU_ATTENTION_REPS = 2  # CPU runs are for testing: keep them short
@@ -210,13 +211,16 @@ class DecodeSession:
 
     @torch.no_grad()
     def decode(
-        self, attend: DecodeAttention, *, graph: bool = True, keep_logits: bool = False
+        self, attend: DecodeAttention, *, graph: bool = True, keep_logits: bool = False,
+        rest: str | None = None,
     ) -> DecodeResult:
         """Decodes ``steps`` greedy tokens per sequence through ``attend``; returns timings.
 
         ``tokens[:, i]`` is the token chosen by decode step ``i`` (the first decode step
         consumes the prefill's greedy token, ``first_tokens``); ``keep_logits`` also logs
-        every step's logits (tests).
+        every step's logits (tests). ``rest``: the step outside attention as three fused
+        Triton kernels a layer (``fused``, :mod:`santa_bench.e2e.fused`) or as the eager ops
+        of ``model.py`` (``torch``); ``None``: fused on a GPU, torch on a CPU.
 
         ``attend`` must be prepared on this session (:meth:`prepare`).
         """
@@ -224,6 +228,15 @@ class DecodeSession:
             raise InputError("decode: prefill first")
         model, cache, c = self.model, self.cache, self.model.config
         cuda = model.device.type == "cuda"
+        rest = rest or ("fused" if cuda else "torch")
+        if rest not in REST_MODES:
+            raise InputError(f"rest: expected one of {REST_MODES}, got {rest!r}")
+        if rest == "fused":
+            from santa_bench.e2e.fused import fused_available
+
+            ok, why = fused_available(model.device)
+            if not ok:
+                raise InputError(f"rest=fused: {why}")
         use_graph = graph and cuda and attend.graph_safe
         cache.set_lengths(self.ctx)
         attend.reset()
@@ -235,16 +248,30 @@ class DecodeSession:
         last_q: list[torch.Tensor | None] = [None] * c.num_layers
         host_lengths = [self.ctx] * self.batch
 
-        def step() -> None:
-            positions = cache.lengths.long()  # where the new tokens go
-            cache.lengths.add_(1)
-            x = model.embed(ids)
+        def layers_torch(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
             for layer in range(c.num_layers):
                 q, k, v = model.attention_inputs(layer, x, positions)
                 cache.write(layer, k, v, positions)
                 last_q[layer] = q
                 x = model.layer_output(layer, x, attend(layer, q))
-            logits = model.logits(x)
+            return model.logits(x)
+
+        def layers_fused(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            delta = None
+            for layer in range(c.num_layers):
+                x, q = model.fused_attention_inputs(
+                    layer, x, delta, positions, cache.k[layer], cache.v[layer],
+                    cache.page_table, cache.page_size)
+                last_q[layer] = q
+                x, delta = model.fused_layer_output(layer, x, attend(layer, q))
+            return model.fused_logits(x, delta)
+
+        layers = layers_fused if rest == "fused" else layers_torch
+
+        def step() -> None:
+            positions = cache.lengths.long()  # where the new tokens go
+            cache.lengths.add_(1)
+            logits = layers(model.embed(ids), positions)
             nxt = logits.argmax(-1)
             if logits_log is not None:
                 logits_log.index_copy_(0, step_index, logits[None])

@@ -231,6 +231,43 @@ class Decoder:
         gate, up = F.linear(h, w.w_gate_up).chunk(2, dim=-1)
         return x + F.linear(F.silu(gate) * up, w.w_down)
 
+    # ------------------------------------------------ fused decode step (e2e/fused.py)
+    def fused_attention_inputs(
+        self, layer: int, x: torch.Tensor, delta: torch.Tensor | None,
+        positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        page_table: torch.Tensor | None = None, page_size: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode (one token per sequence): returns ``(x + delta, q)`` and writes the
+        layer's new K/V at ``positions`` into the cache; ``attention_inputs`` plus the
+        cache write and the previous layer's residual add, in three kernels."""
+        from santa_bench.e2e import fused
+
+        c, w = self.config, self.layers[layer]
+        x, h = fused.add_rms_norm(x, delta, w.ln_attn, c.rms_eps)
+        q = fused.rope_write(F.linear(h, w.w_qkv, w.b_qkv), self.cos, self.sin, positions,
+                             k_cache, v_cache, c.num_heads, c.num_kv_heads, c.head_dim,
+                             page_table, page_size)
+        return x, q
+
+    def fused_layer_output(
+        self, layer: int, x: torch.Tensor, attn: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns ``(x', delta)`` with ``x' + delta`` = :meth:`layer_output` (the final
+        residual add is left to the next layer's norm, as serving engines fuse it)."""
+        from santa_bench.e2e import fused
+
+        c, w = self.config, self.layers[layer]
+        x, h = fused.add_rms_norm(x, F.linear(attn.reshape(x.shape[0], -1), w.w_o), w.ln_mlp,
+                                  c.rms_eps)
+        return x, F.linear(fused.silu_mul(F.linear(h, w.w_gate_up)), w.w_down)
+
+    def fused_logits(self, x: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+        """Returns the logits of ``x + delta`` (:meth:`logits` with the last residual add)."""
+        from santa_bench.e2e import fused
+
+        return F.linear(fused.add_rms_norm(x, delta, self.norm, self.config.rms_eps)[1],
+                        self.lm_head)
+
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Returns the next-token logits ``[M, vocab]`` of the last layer's output."""
         return F.linear(rms_norm(x, self.norm, self.config.rms_eps), self.lm_head)

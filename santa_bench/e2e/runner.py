@@ -40,7 +40,7 @@ from santa_kernels.validate import InputError
 
 WEIGHTS = ("random", "real")
 GROUP_KEYS = ("model", "weights", "batch", "ctx", "decode_steps", "layout", "page_size",
-              "prefill", "prefill_chunk", "dtype", "seed", "device", "timing")
+              "prefill", "prefill_chunk", "dtype", "seed", "device", "rest", "timing")
 MEMORY_MARGIN = 2 << 30  # bytes kept free beyond the estimate (activations, allocator)
 
 
@@ -64,6 +64,7 @@ class E2EGrid:
     seed: int = 0
     device: str = "cpu"
     graph: bool = True
+    rest: str = "auto"  # the step outside attention: fused | torch | auto (fused on a GPU)
 
 
 def parse_layers(text: str | Iterable[int] | None) -> tuple[int, ...]:
@@ -109,6 +110,14 @@ def check_grid(grid: E2EGrid, option=lambda name: "--" + name.replace("_", "-"))
         raise ValueError(f"{option('prefill')} random: real weights need the dense prefill "
                          "(random K/V is for speed-only runs with random weights)")
     parse_dtype(grid.dtype)
+    if grid.rest not in ("auto", "fused", "torch"):
+        raise ValueError(f"{option('rest')}: expected auto, fused or torch, got {grid.rest!r}")
+    if rest_label(grid.device, grid.rest) == "fused":
+        from santa_bench.e2e.fused import fused_available
+
+        ok, why = fused_available(torch.device(grid.device))
+        if not ok:
+            raise ValueError(f"{option('rest')} fused: {why}")
     layers = parse_layers(grid.dense_layers)
     for name in grid.dense_backends or []:
         if name not in DENSE_BACKENDS:
@@ -140,6 +149,11 @@ def timing_label(device: str, graph: bool) -> str:
     return "graph" if graph else "events"
 
 
+def rest_label(device: str, rest: str) -> str:
+    """The step outside attention a case runs: ``auto`` is fused on a GPU, torch on a CPU."""
+    return ("fused" if device == "cuda" else "torch") if rest == "auto" else rest
+
+
 def expand_cases(grid: E2EGrid) -> list[dict[str, Any]]:
     """Returns one case per (ctx, batch, method); ``dense`` gives one per dense backend.
 
@@ -161,6 +175,7 @@ def expand_cases(grid: E2EGrid) -> list[dict[str, Any]]:
                 "prefill": grid.prefill,
                 "prefill_chunk": grid.prefill_chunk if grid.prefill == "dense" else 0,
                 "dtype": grid.dtype, "seed": grid.seed, "device": grid.device,
+                "rest": rest_label(grid.device, grid.rest),
                 "timing": timing_label(grid.device, grid.graph),
             }
             for method, overrides in ordered:
@@ -201,6 +216,8 @@ def case_command(case: dict[str, Any], registry: Registry = REGISTRY) -> str:
     if case["prefill"] == "dense":
         args += ["--prefill-chunk", str(case["prefill_chunk"])]
     args += ["--dtype", case["dtype"], "--seed", str(case["seed"]), "--device", case["device"]]
+    if case.get("rest"):
+        args += ["--rest", case["rest"]]
     if case["device"] == "cuda":
         args.append("--graph" if case["timing"] == "graph" else "--no-graph")
     return shlex.join(args)
@@ -311,7 +328,7 @@ class E2ERunner:
         from santa_bench.e2e.loop import DecodeSession
         from santa_bench.e2e.prompts import make_prompt
 
-        key = tuple(case[k] for k in GROUP_KEYS if k != "timing")
+        key = tuple(case[k] for k in GROUP_KEYS if k not in ("rest", "timing"))
         if self._session_key == key:
             return self._session
         self._release(model=False)
@@ -383,7 +400,8 @@ class E2ERunner:
             session.prepare(attend)
         except Unsupported as exc:
             return skipped(str(exc))
-        result = session.decode(attend, graph=case["timing"] == "graph")
+        result = session.decode(attend, graph=case["timing"] == "graph",
+                                rest=case.get("rest") or "torch")
         return self._rows(case, method, session, result)
 
     def _backend(self, case: dict[str, Any], method: Method, session) -> LayerRouting:
