@@ -426,6 +426,10 @@ def test_gpu_dense_backends_agree_with_sdpa_under_graphs(name, layout):
     q = torch.randn(2, config.num_heads, config.head_dim, device="cuda", dtype=torch.bfloat16)
     backend.before_step([300, 300])
     torch.testing.assert_close(backend(1, q).float(), sdpa(1, q).float(), atol=2e-2, rtol=2e-2)
-    result = _decode(session, backend, graph=True)
-    reference = _decode(session, sdpa, graph=True)
-    assert (result.tokens == reference.tokens).float().mean() > 0.8
+    result = _decode(session, backend, graph=True, keep_logits=True)
+    reference = _decode(session, sdpa, graph=True, keep_logits=True)
+    # the first step's logits (later greedy tokens of a random bf16 model flip on near-ties
+    # and then diverge: a token agreement over the steps measures luck, not the backend)
+    first, want = result.logits[0].double(), reference.logits[0].double()
+    assert float((first - want).norm() / want.norm()) < 2e-2
+    assert (result.tokens[:, 0] == reference.tokens[:, 0]).all()

@@ -11,8 +11,9 @@ model, as much as attention at 32k. Fused (the ``rest="fused"`` path of the loop
 
 A layer is then norm, QKV GEMM, rope_write, attention, O GEMM, norm, gate/up GEMM,
 silu_mul, down GEMM. Each kernel rounds where the eager ops do (every eager op returns
-the model dtype), so the results equal ``model.py``'s up to fp32 summation order in the
-RMSNorm statistic. The kernels run on a GPU or in Triton's interpreter.
+the model dtype), so the results match ``model.py``'s to about an ulp (the fp32 sum order
+of the RMSNorm statistic, exp, and the compiler may keep an intermediate in fp32). The
+kernels run on a GPU or in Triton's interpreter.
 """
 
 from __future__ import annotations

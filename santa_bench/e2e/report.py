@@ -1,7 +1,8 @@
 """Markdown tables of the e2e rows in a store (what BENCHMARKS.md quotes).
 
 ``python -m santa_bench.e2e.report RESULTS [RUN,...]`` prints one table per (model,
-weights, prefill, layout, timing): for each (ctx, batch), every dense backend and method
+weights, prefill, layout, rest of the step, timing; rows stored before ``rest`` existed
+ran the eager ``torch`` rest): for each (ctx, batch), every dense backend and method
 with its median and p90 step latency, tokens/s, attention's share of the step, the
 speedup over the fastest dense backend (bootstrap 95% interval) and, with real weights,
 the token agreement with dense.
@@ -17,7 +18,7 @@ import pandas as pd
 from santa_bench.report import case_metrics, metric_value, speedup_cell
 from santa_bench.units import format_size
 
-TABLE_KEYS = ("model", "weights", "prefill", "layout", "timing")
+TABLE_KEYS = ("model", "weights", "prefill", "layout", "rest", "timing")
 
 
 def _label(row: pd.Series) -> str:
@@ -37,6 +38,8 @@ def e2e_table(frame: pd.DataFrame) -> str:
     rows = frame[frame.kind == "e2e"]
     if rows.empty:
         return "(no e2e rows)\n"
+    rest = rows["rest"] if "rest" in rows.columns else pd.Series(index=rows.index, dtype=object)
+    rows = rows.assign(rest=rest.fillna("torch"))
     lines: list[str] = []
     steps = rows[rows.metric == "step_ms_median"]
     for keys, group in steps.groupby(list(TABLE_KEYS), dropna=False, sort=True):
