@@ -1,9 +1,9 @@
 """Triton kernels for SANTA++ decode attention (ALGORITHMS.md sections 6 and 8).
 
-One decode step for ``q [B, Hq, d]`` runs four kernels (one fewer with ``fuse_select=True``,
-one fewer with ``HOPPER["fold_merge"]``), none of which synchronises with the host, so a
-call can be captured in a CUDA graph; the Philox step counter lives on the device (``rng``,
-advanced by the last kernel) so every replay draws fresh Gumbel noise.
+One decode step for ``q [B, Hq, d]`` runs four kernels (three with ``fuse_select=True``),
+none of which synchronises with the host, so a call can be captured in a CUDA graph; the
+Philox step counter lives on the device (``rng``, advanced by the last kernel) so every
+replay draws fresh Gumbel noise.
 
 1. **select** ``(splits, B*Hkv)``: each program scores a block of ``TB`` representatives
    for all ``G`` query heads of its KV head with one ``tl.dot`` (``phi = tau q.r + log n``,
@@ -34,11 +34,6 @@ advanced by the last kernel) so every replay draws fresh Gumbel noise.
    (max first, then one weighted sum over up to 64 partials a step; about one attend
    program per SM keeps B=1 at 33 partials per head), ``out = num / den`` in q's dtype
    (the self-normalised Horvitz-Thompson ratio of section 6); advances ``rng``.
-   ``fold_merge``: no merge launch; the last attend program of each KV group to store
-   its partials (an acq_rel ticket, as the fused finisher's) merges the group's G heads
-   the same way and writes their output rows, and attend program ``(0, 0)`` advances
-   ``rng`` (every read of it, in the select kernel, is complete before an attend
-   program passes its stream / PDL wait).
 
 Team storage (:class:`PackedTeams`): representatives ``[B, Hkv, T, d]`` in the cache dtype,
 ``log n_g`` (``-inf`` for padding), team start/length tables and the exact-set bounds.
@@ -131,10 +126,6 @@ HOPPER = {
     # SMs the previous kernel's last wave could use)
     "pdl": True,
     "pdl_max_groups": 16,
-    # merge the partials in the attend kernel (the group's last program, by a ticket)
-    # instead of a merge launch: one launch fewer in the B=1 latency chain (each ~4-8 us
-    # on the H200). Off until timed (scripts/tune_h200.py fold).
-    "fold_merge": False,
 }
 
 
@@ -570,7 +561,6 @@ class SantaPPPlan:
     finish_ways: int
     merge_block: int  # partials per merge step
     merge_warps: int
-    fold_merge: bool  # the attend kernel merges (no merge launch)
 
 
 def make_plan(
@@ -590,7 +580,6 @@ def make_plan(
     exact_programs: int | None = None,
     finish_heads: int | None = None,
     finish_warps: int | None = None,
-    fold_merge: bool | None = None,
     kv_element_size: int = 2,
 ) -> SantaPPPlan:
     """Plans the grids (keyword overrides are for tests and tuning). K/V tiles keep their
@@ -667,8 +656,6 @@ def make_plan(
     num_parts = team_programs + exact_programs
     merge_block = min(HOPPER["merge_block"], max(2, _next_pow2(num_parts)))
     merge_warps = HOPPER["merge_warps"] * (2 if merge_block * _next_pow2(head_dim) >= 4096 else 1)
-    if fold_merge is None:
-        fold_merge = bool(HOPPER["fold_merge"])
     return SantaPPPlan(
         batch=batch,
         num_q_heads=num_q_heads,
@@ -703,7 +690,6 @@ def make_plan(
         finish_ways=finish_ways,
         merge_block=merge_block,
         merge_warps=merge_warps,
-        fold_merge=bool(fold_merge),
     )
 
 
@@ -711,9 +697,8 @@ def make_plan(
 class SantaPPWorkspace:
     """Every buffer one SANTA++ call needs, allocated once for a :class:`SantaPPPlan`.
 
-    Holds the Philox ``seed`` and the device step counter ``rng`` (advanced by the call's
-    last kernel: merge, or attend with ``fold_merge``). Outputs are views of the
-    workspace: the next call overwrites them.
+    Holds the Philox ``seed`` and the device step counter ``rng`` (advanced by the merge
+    kernel). Outputs are views of the workspace: the next call overwrites them.
     """
 
     def __init__(
@@ -733,10 +718,7 @@ class SantaPPWorkspace:
         self.cand_z = torch.empty(cand, **f32)
         self.cand_id = torch.empty(cand, **i32)
         self.split_kth = torch.empty(rows * p.num_splits if p.local else 1, **i32)
-        self.ticket = torch.zeros(bkv, **i32)  # select (fused) / finish_heads
-        # fold_merge: attend programs done per group (reset by the group's merger). Its
-        # own buffer: ``ticket`` counts another kernel's programs and is reset by them
-        self.attend_ticket = torch.zeros(bkv if p.fold_merge else 1, **i32)
+        self.ticket = torch.zeros(bkv, **i32)
         self.kappa = torch.empty(rows, **f32)
         self.union = torch.zeros(bkv, p.union_cap, **i32)  # entries always team ids
         self.count = torch.zeros(bkv, **i32)
@@ -758,7 +740,6 @@ class SantaPPWorkspace:
         """Sets the device step counter (and optionally the seed): replays a run exactly."""
         self.rng.fill_(step)
         self.ticket.zero_()
-        self.attend_ticket.zero_()
         if seed is not None:
             self.seed = int(seed)
 
@@ -1212,22 +1193,16 @@ def _attend_kernel(
     q_ptr, k_ptr, v_ptr, pk_ptr, pv_ptr, lengths_ptr, page_table_ptr,
     team_start_ptr, team_len_ptr, team_end_ptr,
     z_ptr, phi_ptr, kappa_ptr, union_ptr, count_ptr,
-    part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, ticket_ptr, rng_ptr,
+    part_m_ptr, part_l_ptr, part_o_ptr,
     scale, sink, team_size, t_cap, union_cap, packed_rows, num_parts, team_programs,
     exact_programs,
     stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_pt, page_size,
-    stride_ob, stride_oh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr, G_PAD: tl.constexpr, TPB: tl.constexpr, SLOT: tl.constexpr,
     CHUNKS: tl.constexpr, BLOCK_E: tl.constexpr,
     PACKED: tl.constexpr, PAGED: tl.constexpr, REGULAR: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False,
-    FOLD: tl.constexpr = False, BLOCK_S: tl.constexpr = 2,
 ):
-    """Grid ``(B * Hkv, num_parts)``: one partial (m, l, acc) per head of the group, from
-    ``TPB`` teams of the union list (team programs) or a stride of the exact set. FOLD
-    (``fold_merge``): the group's last program merges its G heads (``out_ptr``; ``BLOCK_S``
-    partials a step) and program (0, 0) advances ``rng``; else these three are unused."""
     _pdl_enter(PDL, True)  # launched early: wait for the previous kernel
     BLOCK_N: tl.constexpr = TPB * SLOT
     bkv = tl.program_id(0)
@@ -1319,43 +1294,33 @@ def _attend_kernel(
     tl.store(part_l_ptr + part, l_i, mask=mask_g)
     tl.store(part_o_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
              mask=mask_g[:, None] & mask_d[None, :])
-    if FOLD:
-        if (bkv == 0) & (c == 0):
-            # the call's one step advance (section 8). Its only reader, the select kernel,
-            # has completed: stream order, or PDL's wait above (which waits for the previous
-            # kernel, itself past its own wait for the select kernel)
-            tl.store(rng_ptr, tl.load(rng_ptr) + 1)
-        # the group's last program to finish merges its heads: every thread's partial
-        # stores are ordered before the ticket (barrier + acq_rel atomic), and the merger
-        # reads the other programs' partials through L2 (.cg)
-        tl.debug_barrier()
-        ticket = tl.atomic_add(ticket_ptr + bkv, 1, sem="acq_rel")
-        if ticket == num_parts - 1:
-            for g in range(GROUP):  # a loop: one head's [BLOCK_S, D_PAD] tile live at a time
-                h = kvh * GROUP + g
-                _merge_head(part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, b * hq + h, b, h,
-                            num_parts, stride_ob, stride_oh, HEAD_DIM, D_PAD, BLOCK_S, ".cg")
-            tl.store(ticket_ptr + bkv, 0)  # ready for the next call (graph replay)
 
 
 # ----------------------------------------------------------------- kernel 3: merge
 @triton.jit
-def _merge_head(
-    part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, row, b, h, num_parts, stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_S: tl.constexpr, CACHE: tl.constexpr,
+def _merge_kernel(
+    part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, rng_ptr,
+    num_parts, stride_ob, stride_oh,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    D_PAD: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    """Log-sum-exp merge of head row ``row``'s (``b * Hq + h``) partials into
-    ``out[b, h]``, as triton_splitkv's stage 2: the max over every partial first, then one
-    weighted sum (no running rescale). ``CACHE``: the partials' load cache modifier
-    (``.cg`` where other programs of the same grid wrote them: L1 is not coherent)."""
-    base = row.to(tl.int64) * num_parts
+    """Log-sum-exp merge of one head's partials, as triton_splitkv's stage 2: the max
+    over every partial first, then one weighted sum (no running rescale). Every attend
+    program wrote its partial (empty ones hold m = -inf: weight 0), so nothing here
+    waits on the device-side union count; ``BLOCK_S >= num_parts`` at B=1 (one step)."""
+    _pdl_enter(PDL, True)  # launched early: wait for the previous kernel
+    pid = tl.program_id(0)
+    hq = NUM_KV_HEADS * GROUP
+    b = pid // hq
+    h = pid % hq
+    base = pid.to(tl.int64) * num_parts
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, D_PAD)
     mask_d = offs_d < HEAD_DIM
     m_lanes = tl.full([BLOCK_S], float("-inf"), tl.float32)
     for s0 in range(0, num_parts, BLOCK_S):
         m = tl.load(part_m_ptr + base + s0 + offs_s, mask=s0 + offs_s < num_parts,
-                    other=float("-inf"), cache_modifier=CACHE)
+                    other=float("-inf"))
         m_lanes = tl.maximum(m_lanes, m)
     m_max = tl.max(m_lanes, axis=0)
     m_ref = tl.where(m_max > float("-inf"), m_max, 0.0)
@@ -1364,33 +1329,16 @@ def _merge_head(
     for s0 in range(0, num_parts, BLOCK_S):
         mask_s = s0 + offs_s < num_parts
         rows = base + s0 + offs_s
-        m = tl.load(part_m_ptr + rows, mask=mask_s, other=float("-inf"), cache_modifier=CACHE)
-        l_s = tl.load(part_l_ptr + rows, mask=mask_s, other=0.0, cache_modifier=CACHE)
+        m = tl.load(part_m_ptr + rows, mask=mask_s, other=float("-inf"))
+        l_s = tl.load(part_l_ptr + rows, mask=mask_s, other=0.0)
         o = tl.load(part_o_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :],
-                    mask=mask_s[:, None] & mask_d[None, :], other=0.0, cache_modifier=CACHE)
+                    mask=mask_s[:, None] & mask_d[None, :], other=0.0)
         w = tl.exp(m - m_ref)  # empty partials: 0
         l_lanes += w * l_s
         acc += w[:, None] * o
     out = tl.sum(acc, axis=0) / tl.sum(l_lanes, axis=0)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d,
              out.to(out_ptr.dtype.element_ty), mask=mask_d)
-
-
-@triton.jit
-def _merge_kernel(
-    part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, rng_ptr,
-    num_parts, stride_ob, stride_oh,
-    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    D_PAD: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
-):
-    """Grid ``(B * Hq,)``: one head's partials merged (:func:`_merge_head`). Every attend
-    program wrote its partial (empty ones hold m = -inf: weight 0), so nothing here
-    waits on the device-side union count; ``BLOCK_S >= num_parts`` at B=1 (one step)."""
-    _pdl_enter(PDL, True)  # launched early: wait for the previous kernel
-    pid = tl.program_id(0)
-    hq = NUM_KV_HEADS * GROUP
-    _merge_head(part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, pid, pid // hq, pid % hq,
-                num_parts, stride_ob, stride_oh, HEAD_DIM, D_PAD, BLOCK_S, "")
     if pid == 0:  # the call's last kernel advances the step counter (section 8)
         tl.store(rng_ptr, tl.load(rng_ptr) + 1)
 
@@ -1544,10 +1492,7 @@ def _check_call(q, kv, packed, M, workspace) -> None:
 def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages) -> torch.Tensor:
     """Launches the call's kernels (``stages``: a subset of :data:`STAGES`, for profiling;
     the output is only meaningful with all of them; ``("score",)`` runs the select kernel
-    without finishing the selection). With the plan's ``fold_merge`` the merge is part of
-    "attend" (its kernel merges and advances ``rng``) and "merge" names no kernel:
-    ``("select", "attend")`` is then the whole call, so a profile's (select + attend) -
-    select is attend + merge and its merge share is 0. Returns the output buffer."""
+    without finishing the selection). Returns the output buffer."""
     p = ws.plan
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
@@ -1592,25 +1537,24 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages) -> to
     packed_k = packed.packed_k if packed.packed_k is not None else kv.k
     packed_v = packed.packed_v if packed.packed_v is not None else kv.v
     packed_rows = int(packed.packed_k.shape[2]) if packed.packed_k is not None else 0
-    out = ws.out(q.dtype)
     if "attend" in stages:
         _attend_kernel[(batch * hkv, p.num_parts)](
             q, kv.k, kv.v, packed_k, packed_v, kv.lengths, table,
             packed.team_start, packed.team_len, packed.team_end,
             ws.z, ws.phi, ws.kappa, ws.union, ws.count,
-            ws.part_m, ws.part_l, ws.part_o, out, ws.attend_ticket, ws.rng,
+            ws.part_m, ws.part_l, ws.part_o,
             tau, packed.sink, packed.team_size, p.max_teams, p.union_cap, packed_rows,
             p.num_parts, p.team_programs, p.exact_programs,
             q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
             table.stride(0) if paged else 0, kv.page_size if paged else 1,
-            out.stride(0), out.stride(1),
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad, G_PAD=p.g_pad,
             TPB=p.teams_per_block, SLOT=p.slot, CHUNKS=p.chunks, BLOCK_E=p.exact_rows,
             PACKED=packed.packed_k is not None, PAGED=paged, REGULAR=packed.regular,
-            DOT_PRECISION=precision, PDL=pdl, FOLD=p.fold_merge, BLOCK_S=p.merge_block,
-            num_warps=HOPPER["attend_warps"], num_stages=1, **dep,
+            DOT_PRECISION=precision, PDL=pdl, num_warps=HOPPER["attend_warps"], num_stages=1,
+            **dep,
         )  # fmt: skip
-    if "merge" in stages and not p.fold_merge:
+    out = ws.out(q.dtype)
+    if "merge" in stages:
         _merge_kernel[(batch * hq,)](
             ws.part_m, ws.part_l, ws.part_o, out, ws.rng,
             p.num_parts, out.stride(0), out.stride(1),

@@ -105,38 +105,8 @@ def main() -> int:
         err = compile_kernel(tsp._contiguous_reps_kernel, reps_types, consts)
         print(f"_contiguous_reps_kernel P={team_size} MEAN={mean}: {err or 'ok'}")
         failures += err is not None
-    failures += check_santapp_attend()
     failures += check_flash_two_pass()
     return 1 if failures else 0
-
-
-def check_santapp_attend() -> int:
-    """SANTA++'s attend kernel at the Llama shape (G=4, d=128, bf16, 33 partials per head
-    at 32k B=1: merge block 64), unfolded and with the merge folded in (``FOLD``: ticket,
-    .cg loads of the other programs' partials, output rows, step counter), and the
-    merge kernel it replaces."""
-    failures = 0
-    for paged, packed, fold, pdl in ((False, False, False, True), (False, False, True, True),
-                                     (True, False, True, False), (False, True, True, True)):
-        table = "*i32" if paged else "*i64"  # contiguous: the lengths stand in for it
-        types = ["*bf16"] * 5 + ["*i64", table, "*i32", "*i32", "*i32", "*fp32", "*fp32",
-                                 "*fp32", "*i32", "*i32", "*fp32", "*fp32", "*fp32", "*bf16",
-                                 "*i32", "*i64", "fp32"] + ["i32"] * 17
-        consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "G_PAD": 16,
-                  "TPB": 4, "SLOT": 16, "CHUNKS": 1, "BLOCK_E": 64, "PACKED": packed,
-                  "PAGED": paged, "REGULAR": not packed, "DOT_PRECISION": "tf32", "PDL": pdl,
-                  "FOLD": fold, "BLOCK_S": 64}
-        err = compile_kernel(tsp._attend_kernel, types, consts,
-                             {"num_warps": tsp.HOPPER["attend_warps"], "num_stages": 1})
-        print(f"santapp _attend_kernel FOLD={fold} paged={paged} packed={packed} PDL={pdl}: "
-              f"{err or 'ok'}")
-        failures += err is not None
-    types = ["*fp32", "*fp32", "*fp32", "*bf16", "*i64", "i32", "i32", "i32"]
-    consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "BLOCK_S": 64,
-              "PDL": True}
-    err = compile_kernel(tsp._merge_kernel, types, consts, {"num_warps": 8, "num_stages": 1})
-    print(f"santapp _merge_kernel: {err or 'ok'}")
-    return failures + (err is not None)
 
 
 def check_flash_two_pass() -> int:

@@ -29,9 +29,6 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   score pass or not, S=128 and 256; first checks both draw the same samples.
 - ``pdlpp``: SANTA++ M=32 with its kernels launched as programmatic dependents or not;
   first checks both select the same teams and agree on the output.
-- ``fold``: SANTA++ M=32 with the merge folded into the attend kernel
-  (``HOPPER["fold_merge"]``: the group's last attend program merges; no merge launch) or
-  not, alternated twice; first checks both select the same teams and agree on the output.
 - ``reps``: the SANTA++ contiguous index build with the representatives by the torch loop
   or by ``_contiguous_reps_kernel``; first checks both pack the same index.
 - ``flash2``: the two-pass flash kernel stage by stage: pass 1 with and without its draw,
@@ -472,29 +469,6 @@ def pdlpp_section(rows: Rows) -> None:
         tsp.HOPPER["pdl"] = True
 
 
-def fold_section(rows: Rows) -> None:
-    """SANTA++ with ``HOPPER["fold_merge"]`` off / on (alternated twice: drift shows); the
-    plan reads the flag, so each workspace gets the variant's launches."""
-    default = tsp.HOPPER["fold_merge"]
-    for shape, inputs, packs, gumbels in santapp_cases(rows, "fold"):
-        base = None
-        for rep in range(2):
-            for fold in (False, True):
-                tsp.HOPPER["fold_merge"] = fold
-                try:
-                    wss, got = santapp_run(inputs, packs, gumbels)
-                    base = base or got
-                    rows.add(section="fold", shape=shape, variant=f"fold_merge={int(fold)}",
-                             what="call M=32",
-                             us=f"{graph_call_us(santapp_calls(inputs, packs, wss)):.2f}",
-                             note=(f"same={same_selection(got, base)} rep={rep} "
-                                   f"parts={wss[0].plan.num_parts}"))
-                except Exception as exc:
-                    rows.add(section="fold", shape=shape, variant=f"fold_merge={int(fold)}",
-                             what="FAILED", us="", note=f"{type(exc).__name__}: {exc}"[:300])
-        tsp.HOPPER["fold_merge"] = default
-
-
 def reps_section(rows: Rows) -> None:
     """SANTA++ contiguous index build: the representatives by the torch loop or by
     ``_contiguous_reps_kernel`` (``reps_kernel``), leader and mean, P=16 and 64; first
@@ -530,8 +504,7 @@ def main() -> None:
                             "flash": flash_section, "flash2": flash2_section,
                             "split": split_section, "sample": sample_section,
                             "pdl": pdl_section,
-                            "pdlpp": pdlpp_section, "fold": fold_section,
-                            "reps": reps_section}
+                            "pdlpp": pdlpp_section, "reps": reps_section}
         try:
             sections_by_name[name](rows)
         except Exception:  # report, go on with the next section

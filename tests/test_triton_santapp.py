@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 
 import santa_kernels as sk
-import santa_kernels.triton_santapp as tsp
 from conftest import decode_problem
 from santa_kernels.santapp import build_team_index, extend, santapp_attention
 from santa_kernels.triton_santapp import (
@@ -167,56 +166,6 @@ def test_paged_cache_gives_the_contiguous_result():
         outs.append(santapp_decode(q, cache, packed, 5, workspace=workspace)[0])  # Philox
     torch.testing.assert_close(outs[0], outs[2], rtol=0, atol=1e-6)
     torch.testing.assert_close(outs[1], outs[3], rtol=0, atol=1e-6)
-
-
-# ------------------------------------------------------------ merge folded into attend
-@pytest.mark.parametrize(("batch", "layout", "sink", "window", "merge_block"),
-                         [(1, "contiguous", 0, 0, 64), (2, "paged", 2, 5, 2),
-                          (2, "contiguous", 0, 4, 64)])
-def test_folded_merge_gives_the_unfolded_output(monkeypatch, batch, layout, sink, window,
-                                                merge_block):
-    # fold_merge: the group's last attend program merges the same partials with the same
-    # math (no merge launch): the same output up to fp32 summation order. GQA group 4;
-    # merge_block=2 merges in several steps
-    monkeypatch.setitem(tsp.HOPPER, "merge_block", merge_block)
-    q, kv = _problem(batch=batch, heads=8, kv_heads=2, n=150, d=32, lengths=[150, 117][:batch],
-                     q_scale=2.0, dtype=torch.float32, seed=10)
-    if layout == "paged":
-        kv = kv.to_paged(16, generator=torch.Generator().manual_seed(1))
-    packed = build_packed(kv, team_size=8, sink=sink, exact_recent=window)
-    noise = _gumbels(batch, 8, packed.max_teams, 3)
-    outs, wss = [], []
-    for fold in (False, True):
-        ws = SantaPPWorkspace.for_inputs(q, kv, packed, 5, fold_merge=fold, finish_heads=0)
-        assert ws.plan.fold_merge is fold
-        assert (ws.plan.num_parts > ws.plan.merge_block) == (merge_block == 2)
-        ws.part_o.fill_(math.nan)  # a partial merged before its program stored it shows
-        wss.append(ws)  # (alive: no workspace reuses the other's memory)
-        outs.append(santapp_decode(q, kv, packed, 5, gumbels=noise, workspace=ws)[0])
-    assert not ws.attend_ticket.any() and int(ws.rng) == 1
-    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=1e-6)
-
-
-def test_folded_merge_advances_the_step_once_per_call(monkeypatch):
-    monkeypatch.setitem(tsp.HOPPER, "fold_merge", True)
-    q, kv = _problem(batch=1, heads=8, kv_heads=2, n=120, d=16, dtype=torch.float32, seed=12)
-    packed = build_packed(kv, team_size=8)
-    folded = SantaPPWorkspace.for_inputs(q, kv, packed, 4, seed=5, finish_heads=0)
-    assert folded.plan.fold_merge and folded.attend_ticket.numel() == 2  # B * Hkv groups
-    for step in (1, 2, 3):
-        folded.part_o.fill_(math.nan)
-        out, _ = santapp_decode(q, kv, packed, 4, workspace=folded)
-        assert int(folded.rng) == step and not folded.attend_ticket.any()
-    plain = SantaPPWorkspace.for_inputs(q, kv, packed, 4, seed=5, finish_heads=0,
-                                        fold_merge=False)
-    plain.reset_rng(2)
-    expected, _ = santapp_decode(q, kv, packed, 4, workspace=plain)  # the same Philox step
-    torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
-    # profiling: with the fold, "attend" includes the merge ("merge" names no kernel)
-    folded.reset_rng(2)
-    out = tsp._launch(q, kv, packed, 4, folded, 0.25, None, None, False, ("select", "attend"))
-    assert int(folded.rng) == 3 and not folded.attend_ticket.any()
-    torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
 
 
 def test_bf16_cache_matches_reference():
