@@ -68,13 +68,17 @@ from santa_kernels.validate import InputError, check_positive_int
 
 # Hopper (H200) defaults per head dim, (num_warps, num_stages) of each pass. The count
 # pass is the score pass's K stream (HOPPER_CONFIGS["stream"]); the gather pass streams
-# the counts and the sampled V rows, 2-4 tiles in flight through the pipeliner. Not yet
-# swept on the GPU: override per call (count_config=, gather_config=) to sweep.
+# the counts and the sampled V rows, 2-4 tiles in flight through the pipeliner. d=128's
+# gather swept on the H200 (results/h200/tune-2026-11-29-s5/2-flash2.csv, S=2048): 2 warps
+# and 4 stages over programs of <= GATHER_TILES tiles, 28.4 / 214 / 108 us at 32k B=1 /
+# 32k B=8 / 128k B=1 against 35.6 / 300 / 118 for (4, 3) over the count pass's splits;
+# d=64 and 256 not swept: override per call (count_config=, gather_config=).
 FLASH2_CONFIG = {
     64: {"count": (4, 4), "gather": (4, 4)},
-    128: {"count": (4, 3), "gather": (4, 3)},
+    128: {"count": (4, 3), "gather": (2, 4)},
     256: {"count": (8, 2), "gather": (8, 2)},
 }
+GATHER_TILES = 8  # tiles per gather program at most (default gather_splits)
 MAX_COUNT = (1 << 15) - 1  # counts are stored as int16: a row holds at most S_tile <= S
 # counts @ V on tensor cores: exact with the counts in V's 16-bit dtype up to this count
 _EXACT_COUNT = {torch.bfloat16: 256, torch.float16: 2048}
@@ -241,9 +245,9 @@ def santa_flash_two_pass(
     most 32767 (int16 counts). ``count_config`` / ``gather_config``: ``(num_warps,
     num_stages)`` of each pass (default :data:`FLASH2_CONFIG`). ``group_offsets``: as in
     :func:`santa_flash` (the same stream as ``santa_flash(..., group_offsets=True)``).
-    ``gather_splits``: programs per
-    (sequence, KV head) of pass 2 (at most the
-    workspace's ``num_splits``; default: pass 1's split). Profiling only: ``stages``
+    ``gather_splits``: programs per (sequence, KV head) of pass 2 (at most the
+    workspace's ``num_splits``; default: pass 1's split, cut to programs of at most
+    :data:`GATHER_TILES` tiles). Profiling only: ``stages``
     (the kernels to launch) and ``draw=False`` (pass 1 without its draw).
     """
     ws, scale = _prepare(q, kv, S, tile, scale, workspace, counts=True)
@@ -264,8 +268,9 @@ def santa_flash_two_pass(
     count_splits = min(ws.num_splits, num_splits_for(batch * hkv, n_tiles, _sm_count(q.device)))
     per_split = -(-n_tiles // count_splits)
     grid = (-(-n_tiles // per_split), batch * hkv)
-    if gather_splits is None:
-        gather_per_split = per_split
+    if gather_splits is None:  # the count pass's splits, cut to GATHER_TILES tiles each
+        # (as many as the workspace's partials hold)
+        gather_per_split = max(min(per_split, GATHER_TILES), -(-n_tiles // ws.num_splits))
     else:
         check_positive_int(gather_splits, "gather_splits")
         if gather_splits > ws.num_splits:
