@@ -69,16 +69,28 @@ from santa_kernels.validate import InputError, check_positive_int
 # Hopper (H200) defaults per head dim, (num_warps, num_stages) of each pass. The count
 # pass is the score pass's K stream (HOPPER_CONFIGS["stream"]); the gather pass streams
 # the counts and the sampled V rows, 2-4 tiles in flight through the pipeliner. d=128's
-# gather swept on the H200 (results/h200/tune-2026-11-29-s5/2-flash2.csv, S=2048): 2 warps
-# and 4 stages over programs of <= GATHER_TILES tiles, 28.4 / 214 / 108 us at 32k B=1 /
-# 32k B=8 / 128k B=1 against 35.6 / 300 / 118 for (4, 3) over the count pass's splits;
+# gather swept on the H200 (results/h200/tune-2026-11-29-s5/2-flash2.csv, S=2048, gather
+# alone): 2 warps and 4 stages, 28.4 / 238 / 92.6 us at 32k B=1 / 32k B=8 / 128k B=1
+# with programs of 8 / 28 / 32 tiles, against 35.6 / 300 / 118 for (4, 3) over the count
+# pass's splits (8 / 57 / 32 tiles); 8 tiles at 128k B=1: 108 us, at B=8: 214;
 # d=64 and 256 not swept: override per call (count_config=, gather_config=).
 FLASH2_CONFIG = {
     64: {"count": (4, 4), "gather": (4, 4)},
     128: {"count": (4, 3), "gather": (2, 4)},
     256: {"count": (8, 2), "gather": (8, 2)},
 }
-GATHER_TILES = 8  # tiles per gather program at most (default gather_splits)
+GATHER_TILES = 32  # tiles per gather program at most (default gather_splits)
+
+
+def two_pass_workspace(q: torch.Tensor, kv: KVCache, S: int, tile: int = 64,
+                       **kw) -> SantaWorkspace:
+    """A workspace for :func:`santa_flash_two_pass`: counts kept, and partials for the
+    gather pass's default split (programs of at most :data:`GATHER_TILES` tiles)."""
+    n_tiles = -(-_capacity(kv) // tile)
+    if kw.get("num_splits") is None:
+        kw["num_splits"] = max(num_splits_for(q.shape[0] * kv.num_kv_heads, n_tiles,
+                                              _sm_count(q.device)), -(-n_tiles // GATHER_TILES))
+    return SantaWorkspace.for_inputs(q, kv, S, tile, store_counts=True, **kw)
 MAX_COUNT = (1 << 15) - 1  # counts are stored as int16: a row holds at most S_tile <= S
 # counts @ V on tensor cores: exact with the counts in V's 16-bit dtype up to this count
 _EXACT_COUNT = {torch.bfloat16: 256, torch.float16: 2048}
@@ -250,6 +262,8 @@ def santa_flash_two_pass(
     :data:`GATHER_TILES` tiles). Profiling only: ``stages``
     (the kernels to launch) and ``draw=False`` (pass 1 without its draw).
     """
+    if workspace is None and isinstance(kv, KVCache) and isinstance(q, torch.Tensor):
+        workspace = two_pass_workspace(q, kv, S, tile) if q.dim() == 3 else None
     ws, scale = _prepare(q, kv, S, tile, scale, workspace, counts=True)
     if S > MAX_COUNT:
         raise InputError(f"S: at most {MAX_COUNT} (int16 counts), got {S}")

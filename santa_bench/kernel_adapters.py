@@ -62,12 +62,15 @@ def santa_prepare(function: str) -> PrepareFn:
         if stash is not None and stash not in STASH_DTYPES:
             raise InputError(f"stash: expected one of {sorted(STASH_DTYPES)}, got {stash!r}")
         stash_dtype = STASH_DTYPES[stash or "fp32"]
-        workspace = module.SantaWorkspace.for_inputs(q, kv, S, tile, seed=seed, store_counts=flash,
-                                                     stash_dtype=stash_dtype)
         kernel = getattr(module, function)
         if passes == 2:  # the same draw in two kernels (a counts pass, a gather pass)
             two_pass = importlib.import_module("santa_kernels.triton_santa_flash2")
             kernel = two_pass.santa_flash_two_pass
+            workspace = two_pass.two_pass_workspace(q, kv, S, tile, seed=seed)
+        else:
+            workspace = module.SantaWorkspace.for_inputs(q, kv, S, tile, seed=seed,
+                                                         store_counts=flash,
+                                                         stash_dtype=stash_dtype)
         kwargs: dict[str, Any] = {"tile": tile, "scale": scale, "workspace": workspace}
         if not flash:  # santa-flash keeps no stash
             kwargs["stash_dtype"] = stash_dtype

@@ -195,3 +195,14 @@ def test_input_errors():
         santa_flash_two_pass(q, kv, 8, tile=TILE, count_config=(4,))
     with pytest.raises(InputError, match="gather_config"):
         santa_flash_two_pass(q, kv, 8, tile=TILE, gather_config=(0, 2))
+
+
+def test_default_workspace_holds_the_gather_split(monkeypatch):
+    import santa_kernels.triton_santa_flash2 as tf2
+
+    n = TILE * (3 * tf2.GATHER_TILES + 1)
+    q, kv = make_cache(batch=1, hq=2, hkv=1, n=n, lengths=(n,))
+    monkeypatch.setattr(tf2, "num_splits_for", lambda *args: 1)  # one count program a head
+    ws = tf2.two_pass_workspace(q, kv, 8, TILE)
+    assert ws.num_splits == 4 and ws.counts is not None  # ceil(tiles / GATHER_TILES)
+    check_against_fused(q, kv, S=8)  # the default workspace: 1 count, 4 gather programs
