@@ -106,16 +106,20 @@ def _package_version(distributions: tuple[str, ...]) -> str | None:
 def _git_sha() -> str | None:
     """Return HEAD's SHA of the harness's checkout (else cwd's), with '-dirty' if modified.
 
-    A copy of the tree without ``.git`` (a lent GPU machine) reads ``$SANTA_BENCH_GIT_SHA``
-    instead, which ``scripts/h200_setup.sh`` sets from a ``.git_sha`` file written here.
+    ``$SANTA_BENCH_GIT_SHA``, when set, wins: ``scripts/h200_setup.sh`` sets it from a
+    ``.git_sha`` file written here, because a lent GPU machine's copy of the tree has no
+    ``.git`` or a stale one (session 5's rows said ``32e7760-dirty`` for later commits).
     """
+    pinned = os.environ.get("SANTA_BENCH_GIT_SHA")
+    if pinned:
+        return pinned
     for directory in (Path(__file__).resolve().parent, Path.cwd()):
         sha = _run(["git", "-C", str(directory), "rev-parse", "HEAD"])
         if sha:
             # Untracked files (fresh results, scratch) do not make the code dirty.
             changes = _run(["git", "-C", str(directory), "status", "--porcelain", "-uno"])
             return f"{sha}-dirty" if changes else sha
-    return os.environ.get("SANTA_BENCH_GIT_SHA") or None
+    return None
 
 
 def _command_line(command: list[str] | str | None) -> str:

@@ -35,8 +35,9 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   pass 2 alone over several split counts and launches, the merge alone.
 The sections ``evict``, ``tail`` and ``statsblk`` (results/h200/tune-2026-11-29, commits
 named there), ``wide`` (results/h200/tune-2026-11-29-s4, commit ``a05c5a2``) and
-``colmask`` (same folder, commit ``be5f18f``) went with the kernel knobs they measured; of
-those only the whole-tile stash stores ``colmask`` compared were kept (as the default).
+``colmask`` (same folder, commit ``be5f18f``) and ``fold`` (results/h200/tune-2026-11-29-s5,
+commit ``d6ed554``) went with the kernel knobs they measured; of those only the whole-tile
+stash stores ``colmask`` compared were kept (as the default).
 Rows go to OUT_DIR/tune.csv as they are measured (an interrupted run keeps them).
 """
 

@@ -253,6 +253,16 @@ def test_git_sha_falls_back_to_the_environment_outside_a_checkout(tmp_path, monk
     assert environment._git_sha() is None
 
 
+def test_git_sha_pinned_by_the_environment_beats_a_stale_checkout(monkeypatch):
+    from santa_bench import environment
+
+    monkeypatch.setattr(environment, "_run", lambda args: "0ld")  # a stale .git answers
+    monkeypatch.setenv("SANTA_BENCH_GIT_SHA", "abc123")
+    assert environment._git_sha() == "abc123"
+    monkeypatch.delenv("SANTA_BENCH_GIT_SHA")
+    assert environment._git_sha() == "0ld-dirty"  # _run answers the status query too
+
+
 def test_kernel_table_with_one_case_in_two_runs():
     """The same case stored by two runs (a re-timing) gives one line per run, not a crash."""
     import pandas as pd
