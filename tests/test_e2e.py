@@ -221,6 +221,7 @@ def test_cli_run_writes_rows_and_resumes(tmp_path):
                    "attention_ms_median", "speedup_vs_best_dense"):
         assert metric in set(ok.metric), metric
     assert set(frame.weights) == {"random"} and set(frame.prefill) == {"dense"}
+    assert set(frame.rest) == {"torch"}  # auto: the eager ops on a CPU
     assert set(frame.backend) == {"sdpa", "reference"}
     speedup = ok[ok.metric == "speedup_vs_best_dense"]
     assert len(speedup) == 2 and set(speedup.best_dense) == {"sdpa"}
@@ -295,6 +296,7 @@ def test_help_explains_every_option():
         (("--config", "tiny", "--model", "x"), "give one"),
         (("--model", "x", "--prefill", "random"), "real weights need the dense prefill"),
         (("--config", "tiny", "--steps", "1"), "at least 2 decode steps"),
+        (("--config", "tiny", "--rest", "fast"), "--rest: expected auto, fused or torch"),
     ],
 )
 def test_bad_input_is_a_clear_error(tmp_path, args, message):
