@@ -29,6 +29,8 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   score pass or not, S=128 and 256; first checks both draw the same samples.
 - ``pdlpp``: SANTA++ M=32 with its kernels launched as programmatic dependents or not;
   first checks both select the same teams and agree on the output.
+- ``warps``: prop's score pass with 1-2 warps a program against 4, stages 2-4, 4 or 8
+  programs per SM: the pass alone and the call at S=128 (same samples checked first).
 - ``reps``: the SANTA++ contiguous index build with the representatives by the torch loop
   or by ``_contiguous_reps_kernel``; first checks both pack the same index.
 - ``flash2``: the two-pass flash kernel stage by stage: pass 1 with and without its draw,
@@ -493,6 +495,42 @@ def reps_section(rows: Rows) -> None:
         torch.cuda.empty_cache()
 
 
+def warps_section(rows: Rows) -> None:
+    """prop's score pass with 1-2 warps a program (intra-warp reductions: fewer CTA
+    barriers per tile) against the default 4, stages 2-4, and 4 or 8 programs per SM
+    (``PROGRAMS_PER_SM``): the score pass alone and the whole call at S=128, first
+    checking each variant draws the default's samples."""
+    default, pps = copy.deepcopy(ts.HOPPER_CONFIGS), ts.PROGRAMS_PER_SM
+    variants = [(4, 3, 4), (2, 3, 4), (2, 4, 4), (1, 3, 4), (1, 4, 4), (2, 3, 8), (1, 3, 8),
+                (1, 4, 8)]
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
+        base = None
+        for warps, stages, per_sm in variants:
+            name = f"w{warps}s{stages} pps{per_sm}"
+            ts.HOPPER_CONFIGS[128] = {**default[128], "stream": (warps, stages)}
+            ts.PROGRAMS_PER_SM = per_sm
+            try:
+                got = prop_draw(*inputs[0], 128)
+                base = base or got
+                same = (torch.equal(got[0], base[0])
+                        and float((got[1] - base[1]).abs().max()) < 1e-2)
+                score, full = prop_calls(inputs, 128)
+                t_score = graph_call_us(score)
+                rows.add(section="warps", shape=tag, variant=name, what="score",
+                         us=f"{t_score:.2f}",
+                         note=f"{batch * ctx * 8 * 128 * 2 / t_score / 1e6:.2f} TB/s K")
+                rows.add(section="warps", shape=tag, variant=name, what="call S=128",
+                         us=f"{graph_call_us(full):.2f}", note=f"same={same}")
+            except Exception as exc:
+                rows.add(section="warps", shape=tag, variant=name, what="FAILED", us="",
+                         note=f"{type(exc).__name__}: {exc}"[:300])
+        ts.HOPPER_CONFIGS[128], ts.PROGRAMS_PER_SM = copy.deepcopy(default[128]), pps
+        del inputs
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "tune")
     out.mkdir(parents=True, exist_ok=True)
@@ -505,7 +543,8 @@ def main() -> None:
                             "flash": flash_section, "flash2": flash2_section,
                             "split": split_section, "sample": sample_section,
                             "pdl": pdl_section,
-                            "pdlpp": pdlpp_section, "reps": reps_section}
+                            "pdlpp": pdlpp_section, "reps": reps_section,
+                            "warps": warps_section}
         try:
             sections_by_name[name](rows)
         except Exception:  # report, go on with the next section
