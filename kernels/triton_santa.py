@@ -68,10 +68,15 @@ HOPPER_CONFIGS = {
     # pdl: the sample pass is launched as a programmatic dependent of the score pass (its
     # launch and prologue overlap the score pass's last wave; it waits for the score
     # pass's writes with griddepcontrol.wait)
+    # stream_large: (num_warps, num_stages, programs per SM) of the score pass where
+    # B * Hkv >= large_groups. H200, prop S=128 (results/h200/tune-2026-11-29-s5/6-warps.csv):
+    # (1, 4, 8) at 32k B=8 score 137.4 / call 148.0 us against 140.6 / 151.8 for (4, 3, 4);
+    # at B=1 it is slower (32k: 30.9 against 26.9, 128k: 85.1 against 77.6)
     64: {"stream": (4, 4), "sample": (8, 256), "subs": 1, "narrow": True,
          "sample_splits": None, "pdl": True},
     128: {"stream": (4, 3), "sample": (8, 256), "subs": 1, "narrow": True,
-          "sample_splits": None, "pdl": True, "sample_small_rows": 64, "sample_small_warps": 4},
+          "sample_splits": None, "pdl": True, "sample_small_rows": 64, "sample_small_warps": 4,
+          "stream_large": (1, 4, 8), "large_groups": 64},
     256: {"stream": (8, 2), "sample": (8, 128), "subs": 1, "narrow": True,
           "sample_splits": None, "pdl": True},
 }
@@ -107,9 +112,12 @@ def _sm_count(device: torch.device) -> int:
     return H200_SM_COUNT
 
 
-def num_splits_for(batch_kv: int, n_tiles: int, sm_count: int = H200_SM_COUNT) -> int:
-    """Returns the split count: ~PROGRAMS_PER_SM programs per SM, >= 4 tiles each."""
-    wanted = max(1, -(-PROGRAMS_PER_SM * sm_count // batch_kv))
+def num_splits_for(batch_kv: int, n_tiles: int, sm_count: int = H200_SM_COUNT,
+                   programs_per_sm: int | None = None) -> int:
+    """Returns the split count: ~``programs_per_sm`` (default PROGRAMS_PER_SM) programs
+    per SM, >= MIN_TILES_PER_SPLIT tiles each."""
+    per_sm = PROGRAMS_PER_SM if programs_per_sm is None else programs_per_sm
+    wanted = max(1, -(-per_sm * sm_count // batch_kv))
     most = max(1, -(-n_tiles // MIN_TILES_PER_SPLIT))
     splits = min(wanted, most)
     per_split = -(-n_tiles // splits)
@@ -1012,9 +1020,14 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
     subs = cfg.get("subs", 1)
     n_tiles = -(-_capacity(kv) // tile)
     n_blocks = -(-_capacity(kv) // (tile * subs))  # K loads of subs * tile rows
-    per_split = -(-n_blocks // ws.num_splits)
-    table, paged, page_size, stride_pt = _cache_args(kv)
     warps, stages = cfg["stream"]
+    splits = ws.num_splits
+    if "stream_large" in cfg and batch * hkv >= cfg["large_groups"]:
+        # the statistics are per tile, not per split: the split count is the pass's own
+        warps, stages, per_sm = cfg["stream_large"]
+        splits = num_splits_for(batch * hkv, n_blocks, _sm_count(q.device), per_sm)
+    per_split = -(-n_blocks // splits)
+    table, paged, page_size, stride_pt = _cache_args(kv)
     grid = (-(-n_blocks // per_split), batch * hkv)
     _score_pass_kernel[grid](
         q, kv.k, kv.lengths, table, ws.tile_max, ws.tile_mass, ws.stash, ws.rng,

@@ -75,6 +75,15 @@ def main() -> int:
         print(f"_score_pass_kernel G={group} G_ROWS={g_rows} SUBS={subs} STORES={stores}: "
               f"{err or 'ok'}")
         failures += err is not None
+    warps, stages, _ = ts.HOPPER_CONFIGS[128]["stream_large"]  # B * Hkv >= large_groups
+    consts = {"head_dim": 128, "PAGED": False, "TILE": 64, "SUBS": 1, "G_PAD": 16,
+              "D_PAD": 128, "DOT_PRECISION": "tf32", "G_ROWS": 4, "STORES": 2, "PDL": True}
+    err = compile_kernel(ts._score_pass_kernel, score_types, consts,
+                         {"num_warps": warps, "num_stages": stages}, pipelined=True,
+                         divisible=("stash_stride", "stats_stride", "stride_qb", "stride_qh",
+                                    "stride_kx", "stride_ky", "stride_kh"))
+    print(f"_score_pass_kernel stream_large ({warps} warps, {stages} stages): {err or 'ok'}")
+    failures += err is not None
     sample_types = ["*bf16", "*i32", "*i32", "*fp32", "*fp32", "*fp16", "*fp32", "*i32", "*bf16",
                     "*fp32", "*i64", "i32", "*fp32", "*i32", "i32"] + ["i32"] * 16
     for mode, splits in ((0, 1), (0, 8), (1, 4), (3, 2)):

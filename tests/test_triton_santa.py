@@ -348,3 +348,16 @@ def test_sample_splits_for():
     assert sample_splits_for(256, 128) == 1  # B=8: 256 heads, ~2 per SM already
     assert sample_splits_for(32, 16) == 1  # too few samples to share
     assert sample_splits_for(4096, 2048) == 1
+
+
+@pytest.mark.parametrize("method", ["prop", "largest-remainder"])
+def test_large_batch_score_pass_config_matches_float64(method, monkeypatch):
+    # B * Hkv >= large_groups: the score pass picks its own launch and split count
+    import santa_kernels.triton_santa as triton_santa
+
+    config = {**triton_santa.HOPPER_CONFIGS[64], "stream_large": (1, 4, 8), "large_groups": 2}
+    monkeypatch.setitem(triton_santa.HOPPER_CONFIGS, 64, config)
+    q, kv = make_cache(hq=6, hkv=2, n=200, lengths=(200, 41))  # 4 groups, 13 tiles
+    assert triton_santa.num_splits_for(4, 13, 132, 8) == 4  # the pass's own: 4 splits
+    workspace = SantaWorkspace.for_inputs(q, kv, 21, TILE, num_splits=1)  # not the pass's
+    check_exact(method, q, kv, S=21, workspace=workspace)
