@@ -80,6 +80,9 @@ FLASH2_CONFIG = {
     256: {"count": (8, 2), "gather": (8, 2)},
 }
 GATHER_TILES = 32  # tiles per gather program at most (default gather_splits)
+MAX_COUNT = (1 << 15) - 1  # counts are stored as int16: a row holds at most S_tile <= S
+# counts @ V on tensor cores: exact with the counts in V's 16-bit dtype up to this count
+_EXACT_COUNT = {torch.bfloat16: 256, torch.float16: 2048}
 
 
 def two_pass_workspace(q: torch.Tensor, kv: KVCache, S: int, tile: int = 64,
@@ -91,9 +94,6 @@ def two_pass_workspace(q: torch.Tensor, kv: KVCache, S: int, tile: int = 64,
         kw["num_splits"] = max(num_splits_for(q.shape[0] * kv.num_kv_heads, n_tiles,
                                               _sm_count(q.device)), -(-n_tiles // GATHER_TILES))
     return SantaWorkspace.for_inputs(q, kv, S, tile, store_counts=True, **kw)
-MAX_COUNT = (1 << 15) - 1  # counts are stored as int16: a row holds at most S_tile <= S
-# counts @ V on tensor cores: exact with the counts in V's 16-bit dtype up to this count
-_EXACT_COUNT = {torch.bfloat16: 256, torch.float16: 2048}
 
 
 def flash2_config(head_dim: int) -> dict:
@@ -262,8 +262,9 @@ def santa_flash_two_pass(
     :data:`GATHER_TILES` tiles). Profiling only: ``stages``
     (the kernels to launch) and ``draw=False`` (pass 1 without its draw).
     """
-    if workspace is None and isinstance(kv, KVCache) and isinstance(q, torch.Tensor):
-        workspace = two_pass_workspace(q, kv, S, tile) if q.dim() == 3 else None
+    if (workspace is None and isinstance(kv, KVCache) and isinstance(q, torch.Tensor)
+            and q.dim() == 3):  # (bad inputs: _prepare says what is wrong)
+        workspace = two_pass_workspace(q, kv, S, tile)
     ws, scale = _prepare(q, kv, S, tile, scale, workspace, counts=True)
     if S > MAX_COUNT:
         raise InputError(f"S: at most {MAX_COUNT} (int16 counts), got {S}")
