@@ -41,6 +41,7 @@ named there), ``wide`` (results/h200/tune-2026-11-29-s4, commit ``a05c5a2``) and
 commit ``d6ed554``) went with the kernel knobs they measured; of those only the whole-tile
 stash stores ``colmask`` compared were kept (as the default).
 Rows go to OUT_DIR/tune.csv as they are measured (an interrupted run keeps them).
+``TUNE_SHAPES=4x32768,...`` replaces the shapes (batch x context) every section sweeps.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from __future__ import annotations
 import copy
 import csv
 import math
+import os
 import sys
 import time
 import traceback
@@ -63,6 +65,9 @@ from santa_bench.timing import graph_call_us
 from santa_kernels.triton_splitkv import SplitKVWorkspace, splitkv_decode
 
 SHAPES = [(1, 32768), (8, 32768), (1, 131072)]
+if os.environ.get("TUNE_SHAPES"):  # e.g. TUNE_SHAPES=4x32768,16x8192 (batch x context)
+    SHAPES = [tuple(int(v) for v in shape.split("x"))
+              for shape in os.environ["TUNE_SHAPES"].split(",")]
 FINISH_VARIANTS = {  # measured 2026-11-29 (results/h200/tune-2026-11-29): head1-w8 best
     "group": {"finish_heads": 0},
     "head1-w8": {"finish_heads": 1, "finish_warps": 8},
@@ -379,7 +384,8 @@ def flash2_section(rows: Rows, S: int = 2048) -> None:
         timed("full")
         timed("count", stages=("count",))
         timed("count no draw", stages=("count",), draw=False)
-        for cfg in ((4, 3), (4, 4), (8, 3), (8, 4), (2, 4)):
+        # (4, 4), (8, 3), (8, 4): slower than (4, 3) everywhere (tune-2026-11-29-s5)
+        for cfg in ((4, 3), (2, 4), (2, 3), (2, 5), (1, 4), (1, 6)):
             for mult in (1, 2, 4, 8):
                 timed("gather", gather_config=cfg, gather_splits=mult * default,
                       stages=("gather",))
