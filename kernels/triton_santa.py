@@ -33,6 +33,7 @@ Byte model (bf16 K/V, ``E`` = element size, ``Hkv`` KV heads, ``G`` group size,
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -106,7 +107,9 @@ def _config(head_dim: int) -> dict:
     return HOPPER_CONFIGS[key]
 
 
+@functools.cache
 def _sm_count(device: torch.device) -> int:
+    """The device's SM count (cached: the launch planners call it on every call)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return H200_SM_COUNT

@@ -81,7 +81,7 @@ import triton.language as tl
 from santa_kernels.kv import KVCache
 from santa_kernels.reads import ReadCounts
 from santa_kernels.santapp import TeamIndex, _check_kv, build_team_index, team_end_of
-from santa_kernels.triton_santa import _pdl_enter, _row_offsets, pdl_available
+from santa_kernels.triton_santa import _pdl_enter, _row_offsets, _sm_count, pdl_available
 from santa_kernels.validate import InputError, check_positive_int, check_scale
 
 # -------------------------------------------------------------------- constants
@@ -152,12 +152,6 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return H200_SM_COUNT
 
 
 def _sync(device: torch.device) -> None:

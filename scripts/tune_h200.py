@@ -527,9 +527,13 @@ def warps_section(rows: Rows) -> None:
         for warps, stages, per_sm in variants:
             ts.HOPPER_CONFIGS[128] = {**fixed_stream(default[128]), "stream": (warps, stages)}
             ts.PROGRAMS_PER_SM = per_sm
-            got = prop_draw(*inputs[0], 128)
-            base = base or got
-            same = torch.equal(got[0], base[0]) and float((got[1] - base[1]).abs().max()) < 1e-2
+            try:
+                got = prop_draw(*inputs[0], 128)
+                base = base or got
+                same = (torch.equal(got[0], base[0])
+                        and float((got[1] - base[1]).abs().max()) < 1e-2)
+            except Exception as exc:  # score_and_call reports the failure
+                same = type(exc).__name__
             score_and_call(rows, "warps", tag, f"w{warps}s{stages} pps{per_sm}", inputs,
                            note=f"same={same}")
         ts.HOPPER_CONFIGS[128], ts.PROGRAMS_PER_SM = copy.deepcopy(default[128]), pps

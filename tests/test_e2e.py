@@ -15,6 +15,7 @@ import re
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -255,6 +256,12 @@ def test_speedups_recall_dense_runs_of_an_earlier_process_and_the_report(tmp_pat
     shutil.copytree(tmp_path / "x", tmp_path / "y")
     table = e2e_table(ResultStore(tmp_path).load())
     assert table.count("| 64 | 2 | santa-flash S=8 |") == 2
+    # rows stored before the ``rest`` column existed ran the eager rest: their own table
+    assert "rest: torch" in table and "rest: fused" not in table
+    old = frame.drop(columns=["rest"])
+    assert e2e_table(old) == e2e_table(frame)
+    mixed = pd.concat([frame.assign(rest="fused", run_id="new"), old])
+    assert e2e_table(mixed).count("**model: tiny") == 2  # one table per rest
 
 
 def test_real_weights_report_token_agreement(tmp_path, monkeypatch):

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from santa_bench.e2e import fused
 from santa_bench.e2e.attention import LayerRouting, dense_backend
 from santa_bench.e2e.configs import NAMED
-from santa_bench.e2e.loop import DecodeSession
+from santa_bench.e2e.loop import DecodeSession, resolve_rest
 from santa_bench.e2e.model import Decoder, _rotate_half, rms_norm
 from santa_kernels.validate import InputError
 
@@ -159,3 +159,7 @@ def test_fused_needs_a_gpu_or_the_interpreter(monkeypatch):
         session.decode(attend, rest="fused")
     with pytest.raises(InputError, match="rest"):
         session.decode(attend, rest="fast")
+    assert resolve_rest(None, torch.device("cpu")) == "torch"
+    assert resolve_rest("auto", torch.device("cuda")) == "fused"
+    with pytest.raises(InputError, match="--rest=fused: the fused step needs"):
+        resolve_rest("fused", torch.device("cpu"), "--rest")

@@ -65,6 +65,23 @@ class DecodeResult:
         return statistics.median(self.attention_ms)
 
 
+def resolve_rest(rest: str | None, device: torch.device, name: str = "rest") -> str:
+    """Returns the step outside attention a decode on ``device`` runs, ``fused`` or
+    ``torch`` (``None`` / ``auto``: fused on a GPU, torch on a CPU); InputError for an
+    unknown mode, or ``fused`` where its kernels cannot run (``name`` starts messages)."""
+    if rest in (None, "auto"):
+        return "fused" if device.type == "cuda" else "torch"
+    if rest not in REST_MODES:
+        raise InputError(f"{name}: expected auto, {' or '.join(REST_MODES)}, got {rest!r}")
+    if rest == "fused":
+        from santa_bench.e2e.fused import fused_available
+
+        ok, why = fused_available(device)
+        if not ok:
+            raise InputError(f"{name}=fused: {why}")
+    return rest
+
+
 def percentile(values: list[float], q: float) -> float:
     """Returns the ``q`` quantile (linear interpolation) of ``values``."""
     ordered = sorted(values)
@@ -220,7 +237,7 @@ class DecodeSession:
         consumes the prefill's greedy token, ``first_tokens``); ``keep_logits`` also logs
         every step's logits (tests). ``rest``: the step outside attention as three fused
         Triton kernels a layer (``fused``, :mod:`santa_bench.e2e.fused`) or as the eager ops
-        of ``model.py`` (``torch``); ``None``: fused on a GPU, torch on a CPU.
+        of ``model.py`` (``torch``); see :func:`resolve_rest`.
 
         ``attend`` must be prepared on this session (:meth:`prepare`).
         """
@@ -228,15 +245,7 @@ class DecodeSession:
             raise InputError("decode: prefill first")
         model, cache, c = self.model, self.cache, self.model.config
         cuda = model.device.type == "cuda"
-        rest = rest or ("fused" if cuda else "torch")
-        if rest not in REST_MODES:
-            raise InputError(f"rest: expected one of {REST_MODES}, got {rest!r}")
-        if rest == "fused":
-            from santa_bench.e2e.fused import fused_available
-
-            ok, why = fused_available(model.device)
-            if not ok:
-                raise InputError(f"rest=fused: {why}")
+        rest = resolve_rest(rest, model.device)
         use_graph = graph and cuda and attend.graph_safe
         cache.set_lengths(self.ctx)
         attend.reset()

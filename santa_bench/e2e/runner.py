@@ -34,6 +34,7 @@ from santa_bench.e2e.attention import (
     method_backend,
 )
 from santa_bench.e2e.configs import ModelConfig, from_hf_config, named_config
+from santa_bench.e2e.loop import resolve_rest
 from santa_bench.inputs import parse_dtype
 from santa_bench.methods import REGISTRY, Method, Registry
 from santa_kernels.validate import InputError
@@ -110,14 +111,7 @@ def check_grid(grid: E2EGrid, option=lambda name: "--" + name.replace("_", "-"))
         raise ValueError(f"{option('prefill')} random: real weights need the dense prefill "
                          "(random K/V is for speed-only runs with random weights)")
     parse_dtype(grid.dtype)
-    if grid.rest not in ("auto", "fused", "torch"):
-        raise ValueError(f"{option('rest')}: expected auto, fused or torch, got {grid.rest!r}")
-    if rest_label(grid.device, grid.rest) == "fused":
-        from santa_bench.e2e.fused import fused_available
-
-        ok, why = fused_available(torch.device(grid.device))
-        if not ok:
-            raise ValueError(f"{option('rest')} fused: {why}")
+    resolve_rest(grid.rest, torch.device(grid.device), option("rest"))
     layers = parse_layers(grid.dense_layers)
     for name in grid.dense_backends or []:
         if name not in DENSE_BACKENDS:
@@ -149,11 +143,6 @@ def timing_label(device: str, graph: bool) -> str:
     return "graph" if graph else "events"
 
 
-def rest_label(device: str, rest: str) -> str:
-    """The step outside attention a case runs: ``auto`` is fused on a GPU, torch on a CPU."""
-    return ("fused" if device == "cuda" else "torch") if rest == "auto" else rest
-
-
 def expand_cases(grid: E2EGrid) -> list[dict[str, Any]]:
     """Returns one case per (ctx, batch, method); ``dense`` gives one per dense backend.
 
@@ -175,7 +164,7 @@ def expand_cases(grid: E2EGrid) -> list[dict[str, Any]]:
                 "prefill": grid.prefill,
                 "prefill_chunk": grid.prefill_chunk if grid.prefill == "dense" else 0,
                 "dtype": grid.dtype, "seed": grid.seed, "device": grid.device,
-                "rest": rest_label(grid.device, grid.rest),
+                "rest": resolve_rest(grid.rest, torch.device(grid.device)),
                 "timing": timing_label(grid.device, grid.graph),
             }
             for method, overrides in ordered:
