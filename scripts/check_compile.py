@@ -115,7 +115,31 @@ def main() -> int:
         print(f"_contiguous_reps_kernel P={team_size} MEAN={mean}: {err or 'ok'}")
         failures += err is not None
     failures += check_flash_two_pass()
+    failures += check_decode_linear()
     return 1 if failures else 0
+
+
+def check_decode_linear() -> int:
+    """The e2e decode GEMM (santa_bench.e2e.gemm) in each of its uses: its weight loads
+    must be staged through shared memory (a weight stream with nothing in flight is slow)."""
+    from santa_bench.e2e import gemm
+
+    failures = 0
+    types = ["*bf16"] * 7 + ["i32", "i32", "i32", "fp32", "i32", "i32"]
+    for norm, delta, bias, silu in ((False, False, False, False), (True, True, False, False),
+                                    (True, False, True, False), (True, True, False, True)):
+        block_n, block_k, warps, stages = gemm.gemm_config(4096, 4096, silu)
+        consts = {"NORM": norm, "HAS_DELTA": delta, "HAS_BIAS": bias, "SILU": silu,
+                  "BLOCK_M": 16, "BLOCK_N": block_n, "BLOCK_K": block_k, "IEEE": False,
+                  "PDL": True}
+        err = compile_kernel(gemm._decode_linear_kernel, types, consts,
+                             {"num_warps": warps, "num_stages": stages},
+                             divisible=("K", "stride_xm", "stride_wn"), pipelined=True,
+                             staged=() if bias else ("bf16",))  # the bias: after the loop
+        print(f"_decode_linear_kernel norm={norm} delta={delta} bias={bias} silu={silu}: "
+              f"{err or 'ok'}")
+        failures += err is not None
+    return failures
 
 
 def check_flash_two_pass() -> int:

@@ -471,22 +471,25 @@ def pdl_section(rows: Rows) -> None:
 
 
 def pdlpp_section(rows: Rows) -> None:
+    max_groups = tsp.HOPPER["pdl_max_groups"]
     for shape, inputs, packs, gumbels in santapp_cases(rows, "pdlpp"):
         base = None
         for rep in range(2):
-            for pdl in (False, True):
-                tsp.HOPPER["pdl"] = pdl
+            for pdl in (False, True, "all"):  # "all": also where B * Hkv > pdl_max_groups
+                tsp.HOPPER["pdl"] = bool(pdl)
+                tsp.HOPPER["pdl_max_groups"] = 1 << 30 if pdl == "all" else max_groups
                 try:
                     wss, got = santapp_run(inputs, packs, gumbels)
                     base = base or got
-                    rows.add(section="pdlpp", shape=shape, variant=f"pdl={int(pdl)}",
+                    rows.add(section="pdlpp", shape=shape, variant=f"pdl={pdl}",
                              what="call M=32",
                              us=f"{graph_call_us(santapp_calls(inputs, packs, wss)):.2f}",
                              note=f"same={same_selection(got, base)} rep={rep}")
                 except Exception as exc:
-                    rows.add(section="pdlpp", shape=shape, variant=f"pdl={int(pdl)}",
+                    rows.add(section="pdlpp", shape=shape, variant=f"pdl={pdl}",
                              what="FAILED", us="", note=f"{type(exc).__name__}: {exc}"[:300])
         tsp.HOPPER["pdl"] = True
+        tsp.HOPPER["pdl_max_groups"] = max_groups
 
 
 def reps_section(rows: Rows) -> None:

@@ -133,7 +133,7 @@ def test_gpu_bf16_fused_decode_matches_the_eager_step(layout):
     session = DecodeSession(model, batch=2, ctx=300, steps=4, layout=layout, page_size=16)
     session.prefill("dense", chunk=128)
     logits = {}
-    for rest in ("torch", "fused"):
+    for rest in ("torch", "fused", "gemm"):
         for graph in (False, True):
             attend = LayerRouting(dense_backend("triton-splitkv", session.scale))
             session.prepare(attend)

@@ -109,7 +109,9 @@ def e2e_command(
         typer.Option(
             help="The step outside attention: fused (residual add + RMSNorm, RoPE + K/V "
             "write, SiLU*mul as three Triton kernels a layer, as serving engines fuse them; "
-            "a GPU, or TRITON_INTERPRET=1), torch (the ~39 eager ops a layer transformers "
+            "a GPU, or TRITON_INTERPRET=1), gemm (fused, with the norms and SiLU*mul inside "
+            "Triton decode GEMMs instead of cuBLAS: five kernels a layer; batch <= 32), "
+            "torch (the ~39 eager ops a layer transformers "
             "runs), or auto (fused on a GPU, torch on a CPU). Dense and sampled cases of a "
             "run share it, so speedups compare like with like."
         ),

@@ -34,7 +34,7 @@ from santa_bench.e2e.model import Decoder
 from santa_kernels.validate import InputError
 
 PREFILL_MODES = ("dense", "random")
-REST_MODES = ("fused", "torch")  # the step outside attention (see fused.py)
+REST_MODES = ("fused", "gemm", "torch")  # the step outside attention (fused.py, gemm.py)
 WARMUP_STEPS = 2  # eager steps before capture (compilation, allocator, cuBLAS)
 ATTENTION_REPS = 16  # timed replays of the attention-only pass
 CPU_ATTENTION_REPS = 2  # CPU runs are for testing: keep them short
@@ -66,20 +66,30 @@ class DecodeResult:
 
 
 def resolve_rest(rest: str | None, device: torch.device, name: str = "rest") -> str:
-    """Returns the step outside attention a decode on ``device`` runs, ``fused`` or
-    ``torch`` (``None`` / ``auto``: fused on a GPU, torch on a CPU); InputError for an
-    unknown mode, or ``fused`` where its kernels cannot run (``name`` starts messages)."""
+    """Returns the step outside attention a decode on ``device`` runs, ``fused``, ``gemm``
+    or ``torch`` (``None`` / ``auto``: fused on a GPU, torch on a CPU); InputError for an
+    unknown mode, or ``fused`` / ``gemm`` where their kernels cannot run (``name`` starts
+    messages)."""
     if rest in (None, "auto"):
         return "fused" if device.type == "cuda" else "torch"
     if rest not in REST_MODES:
         raise InputError(f"{name}: expected auto, {' or '.join(REST_MODES)}, got {rest!r}")
-    if rest == "fused":
+    if rest in ("fused", "gemm"):
         from santa_bench.e2e.fused import fused_available
 
         ok, why = fused_available(device)
         if not ok:
-            raise InputError(f"{name}=fused: {why}")
+            raise InputError(f"{name}={rest}: {why}")
     return rest
+
+
+def check_rest_batch(rest: str, batch: int, name: str = "rest") -> None:
+    """InputError where ``rest=gemm`` cannot hold the batch (one decode row a sequence)."""
+    from santa_bench.e2e.gemm import MAX_ROWS
+
+    if rest == "gemm" and batch > MAX_ROWS:
+        raise InputError(f"{name}=gemm: decode GEMMs hold at most {MAX_ROWS} rows, got batch "
+                         f"{batch} (use --rest fused)")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -246,6 +256,7 @@ class DecodeSession:
         model, cache, c = self.model, self.cache, self.model.config
         cuda = model.device.type == "cuda"
         rest = resolve_rest(rest, model.device)
+        check_rest_batch(rest, self.batch)
         use_graph = graph and cuda and attend.graph_safe
         cache.set_lengths(self.ctx)
         attend.reset()
@@ -275,7 +286,17 @@ class DecodeSession:
                 x, delta = model.fused_layer_output(layer, x, attend(layer, q))
             return model.fused_logits(x, delta)
 
-        layers = layers_fused if rest == "fused" else layers_torch
+        def layers_gemm(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            delta = None
+            for layer in range(c.num_layers):
+                x, q = model.gemm_attention_inputs(
+                    layer, x, delta, positions, cache.k[layer], cache.v[layer],
+                    cache.page_table, cache.page_size)
+                last_q[layer] = q
+                x, delta = model.gemm_layer_output(layer, x, attend(layer, q))
+            return model.gemm_logits(x, delta)
+
+        layers = {"fused": layers_fused, "gemm": layers_gemm, "torch": layers_torch}[rest]
 
         def step() -> None:
             positions = cache.lengths.long()  # where the new tokens go

@@ -34,7 +34,7 @@ from santa_bench.e2e.attention import (
     method_backend,
 )
 from santa_bench.e2e.configs import ModelConfig, from_hf_config, named_config
-from santa_bench.e2e.loop import resolve_rest
+from santa_bench.e2e.loop import check_rest_batch, resolve_rest
 from santa_bench.inputs import parse_dtype
 from santa_bench.methods import REGISTRY, Method, Registry
 from santa_kernels.validate import InputError
@@ -65,7 +65,7 @@ class E2EGrid:
     seed: int = 0
     device: str = "cpu"
     graph: bool = True
-    rest: str = "auto"  # the step outside attention: fused | torch | auto (fused on a GPU)
+    rest: str = "auto"  # the step outside attention: fused | gemm | torch | auto (fused on a GPU)
 
 
 def parse_layers(text: str | Iterable[int] | None) -> tuple[int, ...]:
@@ -111,7 +111,9 @@ def check_grid(grid: E2EGrid, option=lambda name: "--" + name.replace("_", "-"))
         raise ValueError(f"{option('prefill')} random: real weights need the dense prefill "
                          "(random K/V is for speed-only runs with random weights)")
     parse_dtype(grid.dtype)
-    resolve_rest(grid.rest, torch.device(grid.device), option("rest"))
+    rest = resolve_rest(grid.rest, torch.device(grid.device), option("rest"))
+    for batch in grid.batch:
+        check_rest_batch(rest, batch, option("rest"))
     layers = parse_layers(grid.dense_layers)
     for name in grid.dense_backends or []:
         if name not in DENSE_BACKENDS:
