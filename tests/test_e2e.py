@@ -303,7 +303,7 @@ def test_help_explains_every_option():
         (("--config", "tiny", "--model", "x"), "give one"),
         (("--model", "x", "--prefill", "random"), "real weights need the dense prefill"),
         (("--config", "tiny", "--steps", "1"), "at least 2 decode steps"),
-        (("--config", "tiny", "--rest", "fast"), "--rest: expected auto, fused or torch"),
+        (("--config", "tiny", "--rest", "fast"), "--rest: expected auto, fused or gemm or torch"),
     ],
 )
 def test_bad_input_is_a_clear_error(tmp_path, args, message):

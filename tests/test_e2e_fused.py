@@ -160,6 +160,8 @@ def test_fused_needs_a_gpu_or_the_interpreter(monkeypatch):
     with pytest.raises(InputError, match="rest"):
         session.decode(attend, rest="fast")
     assert resolve_rest(None, torch.device("cpu")) == "torch"
-    assert resolve_rest("auto", torch.device("cuda")) == "fused"
+    assert resolve_rest("auto", torch.device("cuda")) == "gemm"
+    assert resolve_rest("auto", torch.device("cuda"), batch=32) == "gemm"
+    assert resolve_rest("auto", torch.device("cuda"), batch=33) == "fused"
     with pytest.raises(InputError, match="--rest=fused: the fused step needs"):
         resolve_rest("fused", torch.device("cpu"), "--rest")

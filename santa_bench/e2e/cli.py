@@ -108,12 +108,12 @@ def e2e_command(
         str,
         typer.Option(
             help="The step outside attention: fused (residual add + RMSNorm, RoPE + K/V "
-            "write, SiLU*mul as three Triton kernels a layer, as serving engines fuse them; "
-            "a GPU, or TRITON_INTERPRET=1), gemm (fused, with the norms and SiLU*mul inside "
-            "Triton decode GEMMs instead of cuBLAS: five kernels a layer; batch <= 32), "
-            "torch (the ~39 eager ops a layer transformers "
-            "runs), or auto (fused on a GPU, torch on a CPU). Dense and sampled cases of a "
-            "run share it, so speedups compare like with like."
+            "write, SiLU*mul as three Triton kernels a layer around cuBLAS GEMMs, as serving "
+            "engines fuse them; a GPU, or TRITON_INTERPRET=1), gemm (the same with Triton "
+            "decode GEMMs, SiLU*mul inside gate/up, each kernel a programmatic dependent of "
+            "the one before; batch <= 32), torch (the ~39 eager ops a layer transformers "
+            "runs), or auto (gemm on a GPU up to batch 32, fused above, torch on a CPU). "
+            "Dense and sampled cases of a run share it, so speedups compare like with like."
         ),
     ] = "auto",
     dtype: Annotated[str, typer.Option(help="Weights and KV cache dtype: bf16, fp16, fp32.")] = (

@@ -74,6 +74,15 @@ def gemm_config(n_out: int, k: int, silu: bool = False) -> tuple[int, int, int, 
 
 
 PDL = True  # the gemm rest's kernels launch as programmatic dependents (where available)
+# K steps of weights a PDL-launched GEMM prefetches into L2 before it waits (at most the
+# pipeline's prologue, stages - 1)
+PREFETCH_STEPS = 2
+
+
+def prefetch_steps(block_k: int, stages: int, k: int) -> int:
+    """K steps a PDL-launched GEMM prefetches (a power of two, within K)."""
+    steps = min(PREFETCH_STEPS, stages - 1, k // block_k)
+    return 1 << (steps.bit_length() - 1) if steps > 0 else 0
 
 
 def use_pdl(device: torch.device) -> bool:
@@ -106,27 +115,45 @@ def _dot(a, w, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_l2(ptrs):
+    """``prefetch.global.L2`` of every address in ``ptrs`` (no value, no fault)."""
+    tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _decode_linear_kernel(
     x_ptr, delta_ptr, norm_ptr, x_out_ptr, w_ptr, bias_ptr, y_ptr,
     M, N, K, eps, stride_xm, stride_wn,
     NORM: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    IEEE: tl.constexpr, PDL: tl.constexpr = False,
+    IEEE: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
+    LINE: tl.constexpr = 64,
 ):
     """Program n: output columns ``[n*BLOCK_N, (n+1)*BLOCK_N)`` of every row (module
     docstring). ``K`` is a multiple of BLOCK_K; ``N`` is the output width (``I`` with
     SILU, whose up rows start at ``w_ptr + N * stride_wn``). PDL: launched as a
-    programmatic dependent (it waits for the previous kernel before any load or store)."""
-    _pdl_enter(PDL, True)
+    programmatic dependent (it waits for the previous kernel before any load or store).
+    PREFETCH: the first PREFETCH K steps of this program's weight rows are prefetched
+    into L2 (one ``prefetch.global.L2`` per LINE elements = 128 bytes) before that wait:
+    weights do not depend on the previous kernel, so their first DRAM round trip
+    overlaps its tail (GPU only: inline PTX)."""
     pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
+    if PREFETCH > 0:
+        rows = w_ptr + tl.minimum(offs_n, N - 1)[:, None].to(tl.int64) * stride_wn
+        lines = tl.arange(0, PREFETCH * BLOCK_K // LINE)[None, :] * LINE
+        _prefetch_l2(rows + lines)
+        if SILU:
+            _prefetch_l2(rows + N * stride_wn + lines)
+    _pdl_enter(PDL, True)
     dtype = y_ptr.dtype.element_ty
     offs_m = tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
-    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     sq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)  # sum(x'^2), reduced after the loop
@@ -228,6 +255,7 @@ def decode_linear(
         NORM=norm is not None, HAS_DELTA=delta is not None, HAS_BIAS=bias is not None,
         SILU=silu, BLOCK_M=max(16, 1 << (rows - 1).bit_length()), BLOCK_N=block_n,
         BLOCK_K=block_k, IEEE=_ieee(x.dtype), num_warps=warps, num_stages=stages,
-        **({"PDL": True, "launch_pdl": True} if pdl else {}),
+        **({"PDL": True, "launch_pdl": True, "PREFETCH": prefetch_steps(block_k, stages, k),
+            "LINE": 128 // weight.element_size()} if pdl else {}),
     )
     return y, x_out

@@ -65,13 +65,18 @@ class DecodeResult:
         return statistics.median(self.attention_ms)
 
 
-def resolve_rest(rest: str | None, device: torch.device, name: str = "rest") -> str:
+def resolve_rest(rest: str | None, device: torch.device, name: str = "rest",
+                 batch: int | None = None) -> str:
     """Returns the step outside attention a decode on ``device`` runs, ``fused``, ``gemm``
-    or ``torch`` (``None`` / ``auto``: fused on a GPU, torch on a CPU); InputError for an
-    unknown mode, or ``fused`` / ``gemm`` where their kernels cannot run (``name`` starts
-    messages)."""
+    or ``torch`` (``None`` / ``auto``: on a GPU gemm up to its rows, else fused; torch on a
+    CPU); InputError for an unknown mode, or ``fused`` / ``gemm`` where their kernels
+    cannot run (``name`` starts messages)."""
     if rest in (None, "auto"):
-        return "fused" if device.type == "cuda" else "torch"
+        if device.type != "cuda":
+            return "torch"
+        from santa_bench.e2e.gemm import MAX_ROWS
+
+        return "gemm" if batch is None or batch <= MAX_ROWS else "fused"
     if rest not in REST_MODES:
         raise InputError(f"{name}: expected auto, {' or '.join(REST_MODES)}, got {rest!r}")
     if rest in ("fused", "gemm"):
@@ -255,7 +260,7 @@ class DecodeSession:
             raise InputError("decode: prefill first")
         model, cache, c = self.model, self.cache, self.model.config
         cuda = model.device.type == "cuda"
-        rest = resolve_rest(rest, model.device)
+        rest = resolve_rest(rest, model.device, batch=self.batch)
         check_rest_batch(rest, self.batch)
         use_graph = graph and cuda and attend.graph_safe
         cache.set_lengths(self.ctx)

@@ -65,7 +65,7 @@ class E2EGrid:
     seed: int = 0
     device: str = "cpu"
     graph: bool = True
-    rest: str = "auto"  # the step outside attention: fused | gemm | torch | auto (fused on a GPU)
+    rest: str = "auto"  # the step outside attention: fused | gemm | torch | auto (gemm on a GPU)
 
 
 def parse_layers(text: str | Iterable[int] | None) -> tuple[int, ...]:
@@ -111,8 +111,8 @@ def check_grid(grid: E2EGrid, option=lambda name: "--" + name.replace("_", "-"))
         raise ValueError(f"{option('prefill')} random: real weights need the dense prefill "
                          "(random K/V is for speed-only runs with random weights)")
     parse_dtype(grid.dtype)
-    rest = resolve_rest(grid.rest, torch.device(grid.device), option("rest"))
     for batch in grid.batch:
+        rest = resolve_rest(grid.rest, torch.device(grid.device), option("rest"), batch=batch)
         check_rest_batch(rest, batch, option("rest"))
     layers = parse_layers(grid.dense_layers)
     for name in grid.dense_backends or []:
@@ -166,7 +166,7 @@ def expand_cases(grid: E2EGrid) -> list[dict[str, Any]]:
                 "prefill": grid.prefill,
                 "prefill_chunk": grid.prefill_chunk if grid.prefill == "dense" else 0,
                 "dtype": grid.dtype, "seed": grid.seed, "device": grid.device,
-                "rest": resolve_rest(grid.rest, torch.device(grid.device)),
+                "rest": resolve_rest(grid.rest, torch.device(grid.device), batch=batch),
                 "timing": timing_label(grid.device, grid.graph),
             }
             for method, overrides in ordered:
