@@ -158,10 +158,9 @@ def step_section(rows_out: Rows, best: dict) -> None:
     model.ensure_positions(2048)
     c = model.config
     weight_bytes = model.parameter_bytes() - model.embed_weight.numel() * 2
-    variants = {  # label: (FUSE_NORM, CUBLAS shapes, PDL, PREFETCH_STEPS)
-        "gemm": (False, set(), True, 2),
-        "gemm no-prefetch": (False, set(), True, 0),
-        "gemm no-pdl": (False, set(), False, 0),
+    variants = {  # label: (FUSE_NORM, CUBLAS shapes, PDL)
+        "gemm": (False, set(), True),
+        "gemm no-pdl": (False, set(), False),
     }
     for rows in ROWS:
         caches = [(torch.zeros(rows, 1024, c.num_kv_heads, c.head_dim, device="cuda",
@@ -188,9 +187,9 @@ def step_section(rows_out: Rows, best: dict) -> None:
             us = graph_call_us([fused_step], budget_ms=300.0)
             rows_out.add(section="step", shape="rest of step", rows=rows, variant="fused",
                          us=f"{us:.1f}", tbps=f"{weight_bytes / us / 1e6:.2f}", note=f"rep={rep}")
-            for label, (fuse_norm, cublas, pdl, prefetch) in variants.items():
+            for label, (fuse_norm, cublas, pdl) in variants.items():
                 note = _use(best, fuse_norm, cublas)
-                gemm.PDL, gemm.PREFETCH_STEPS = pdl, prefetch
+                gemm.PDL = pdl
                 same = bool(torch.equal(gemm_step(), want))
                 us = graph_call_us([gemm_step], budget_ms=300.0)
                 rows_out.add(section="step", shape="rest of step", rows=rows, variant=label,
@@ -199,7 +198,7 @@ def step_section(rows_out: Rows, best: dict) -> None:
         del caches
         torch.cuda.empty_cache()
     _use({}, False, set())
-    gemm.PDL, gemm.PREFETCH_STEPS = True, 2
+    gemm.PDL = True
 
 
 def main() -> None:

@@ -131,7 +131,7 @@ def check_decode_linear() -> int:
         block_n, block_k, warps, stages = gemm.gemm_config(4096, 4096, silu)
         consts = {"NORM": norm, "HAS_DELTA": delta, "HAS_BIAS": bias, "SILU": silu,
                   "BLOCK_M": 16, "BLOCK_N": block_n, "BLOCK_K": block_k, "IEEE": False,
-                  "PDL": True, "PREFETCH": 2, "LINE": 64}
+                  "PDL": True}
         err = compile_kernel(gemm._decode_linear_kernel, types, consts,
                              {"num_warps": warps, "num_stages": stages},
                              divisible=("K", "stride_xm", "stride_wn"), pipelined=True,

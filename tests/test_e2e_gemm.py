@@ -135,3 +135,26 @@ def test_gemm_decode_matches_the_eager_step(layout, fuse_norm, monkeypatch):
     torch.testing.assert_close(fast.logits, eager.logits, rtol=1e-5, atol=1e-5)
     for got, want in zip(fast_k, eager_k, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(INTERPRETED, reason="programmatic dependent launch: compiled, on a GPU")
+def test_gpu_pdl_launches_change_nothing(monkeypatch):
+    """Each kernel of the gemm rest waits for the one before it: with and without PDL
+    (graph replays, bf16) the same deterministic kernels give the same bits."""
+    from santa_bench.e2e.configs import ModelConfig
+
+    config = ModelConfig("gpu-small", "llama", 2, 512, 8, 2, 128, 1024, 512, 4096, 10000.0)
+    model = Decoder.random(config, device="cuda", dtype=torch.bfloat16, std=0.05)
+    session = DecodeSession(model, batch=4, ctx=300, steps=6)
+    session.prefill("dense", chunk=128)
+    runs = {}
+    for pdl in (True, False):
+        monkeypatch.setattr(gemm, "PDL", pdl)
+        assert gemm.use_pdl(torch.device("cuda")) == (pdl and gemm.pdl_available(
+            torch.device("cuda")))
+        attend = LayerRouting(dense_backend("triton-splitkv", session.scale))
+        session.prepare(attend)
+        runs[pdl] = session.decode(attend, keep_logits=True, rest="gemm", graph=True)
+    assert torch.equal(runs[True].tokens, runs[False].tokens)
+    assert torch.equal(runs[True].logits, runs[False].logits)

@@ -73,16 +73,11 @@ def gemm_config(n_out: int, k: int, silu: bool = False) -> tuple[int, int, int, 
     return block_n, block_k, warps, stages
 
 
-PDL = True  # the gemm rest's kernels launch as programmatic dependents (where available)
-# K steps of weights a PDL-launched GEMM prefetches into L2 before it waits (at most the
-# pipeline's prologue, stages - 1)
-PREFETCH_STEPS = 2
-
-
-def prefetch_steps(block_k: int, stages: int, k: int) -> int:
-    """K steps a PDL-launched GEMM prefetches (a power of two, within K)."""
-    steps = min(PREFETCH_STEPS, stages - 1, k // block_k)
-    return 1 << (steps.bit_length() - 1) if steps > 0 else 0
+# the gemm rest's kernels launch as programmatic dependents (where available). H200,
+# rest of the step (scripts/bench_rest.py step; results/h200/rest-2026-12-01): 4126.9
+# -> 4017.2 us at B=4, 4155.1 -> 4057.3 at B=8. Measured and removed (code at 6d3b0f6):
+# prefetching the first two K steps of weights into L2 before the wait, +20-26 us
+PDL = True
 
 
 def use_pdl(device: torch.device) -> bool:
@@ -115,39 +110,21 @@ def _dot(a, w, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """``prefetch.global.L2`` of every address in ``ptrs`` (no value, no fault)."""
-    tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _decode_linear_kernel(
     x_ptr, delta_ptr, norm_ptr, x_out_ptr, w_ptr, bias_ptr, y_ptr,
     M, N, K, eps, stride_xm, stride_wn,
     NORM: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    IEEE: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
-    LINE: tl.constexpr = 64,
+    IEEE: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program n: output columns ``[n*BLOCK_N, (n+1)*BLOCK_N)`` of every row (module
     docstring). ``K`` is a multiple of BLOCK_K; ``N`` is the output width (``I`` with
     SILU, whose up rows start at ``w_ptr + N * stride_wn``). PDL: launched as a
-    programmatic dependent (it waits for the previous kernel before any load or store).
-    PREFETCH: the first PREFETCH K steps of this program's weight rows are prefetched
-    into L2 (one ``prefetch.global.L2`` per LINE elements = 128 bytes) before that wait:
-    weights do not depend on the previous kernel, so their first DRAM round trip
-    overlaps its tail (GPU only: inline PTX)."""
+    programmatic dependent (it waits for the previous kernel before any load or store)."""
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-    if PREFETCH > 0:
-        rows = w_ptr + tl.minimum(offs_n, N - 1)[:, None].to(tl.int64) * stride_wn
-        lines = tl.arange(0, PREFETCH * BLOCK_K // LINE)[None, :] * LINE
-        _prefetch_l2(rows + lines)
-        if SILU:
-            _prefetch_l2(rows + N * stride_wn + lines)
     _pdl_enter(PDL, True)
     dtype = y_ptr.dtype.element_ty
     offs_m = tl.arange(0, BLOCK_M)
@@ -255,7 +232,6 @@ def decode_linear(
         NORM=norm is not None, HAS_DELTA=delta is not None, HAS_BIAS=bias is not None,
         SILU=silu, BLOCK_M=max(16, 1 << (rows - 1).bit_length()), BLOCK_N=block_n,
         BLOCK_K=block_k, IEEE=_ieee(x.dtype), num_warps=warps, num_stages=stages,
-        **({"PDL": True, "launch_pdl": True, "PREFETCH": prefetch_steps(block_k, stages, k),
-            "LINE": 128 // weight.element_size()} if pdl else {}),
+        **({"PDL": True, "launch_pdl": True} if pdl else {}),
     )
     return y, x_out
