@@ -20,6 +20,7 @@ Rows go to OUT_DIR/rest.csv as they are measured.
 from __future__ import annotations
 
 import csv
+import os
 import sys
 import time
 import traceback
@@ -45,10 +46,16 @@ SHAPES = {
 ROWS = (4, 8)
 CONFIGS = [(bn, bk, 4, st) for bn in (16, 32, 64) for bk in (256, 512) for st in (3, 4)]
 CONFIGS += [(32, 128, 4, 4), (16, 1024, 4, 3), (64, 256, 8, 4), (128, 128, 8, 3)]
+NORM_CONFIGS = [(64, 64, 4, 8), (64, 128, 4, 6), (128, 64, 4, 8), (128, 64, 8, 8),
+                (128, 128, 8, 4), (64, 128, 8, 6)]
+if os.environ.get("BENCH_SHAPES"):  # e.g. BENCH_SHAPES=qkv,gate_up BENCH_KINDS=fused,fused-s
+    SHAPES = {k: v for k, v in SHAPES.items() if k in os.environ["BENCH_SHAPES"].split(",")}
 # kernel variants: plain (no prologue), silu (epilogue only), fused (the shape's own:
 # residual add + RMSNorm for qkv and lm_head, and SiLU*mul for gate_up)
 KINDS = {"qkv": ("plain", "fused"), "o": ("plain",), "gate_up": ("plain", "silu", "fused"),
          "down": ("plain",), "lm_head": ("plain", "fused")}
+if os.environ.get("BENCH_KINDS"):  # fused-s: the norm statistic from its own loads
+    KINDS = {k: tuple(os.environ["BENCH_KINDS"].split(",")) for k in KINDS}
 FIELDS = ["section", "shape", "rows", "variant", "us", "tbps", "note"]
 
 
@@ -84,15 +91,15 @@ class Weights:
         if kind == "cublas":
             return [lambda w=w: F.linear(self.x, w) for w in self.weights]
         kw = {"config": config}
-        if kind == "silu" or (kind == "fused" and variant == "silu"):
+        if kind == "silu" or (kind.startswith("fused") and variant == "silu"):
             kw["silu"] = True
-        if kind == "fused":
-            kw.update(norm=self.norm, delta=self.delta, eps=1e-5)
+        if kind.startswith("fused"):
+            kw.update(norm=self.norm, delta=self.delta, eps=1e-5, stats_load=kind == "fused-s")
         return [lambda w=w: gemm.decode_linear(self.x, w, **kw) for w in self.weights]
 
 
 def _silu(kind: str, variant: str) -> bool:
-    return kind == "silu" or (kind == "fused" and variant == "silu")
+    return kind == "silu" or (kind.startswith("fused") and variant == "silu")
 
 
 def gemm_section(rows_out: Rows, best: dict) -> None:
@@ -105,7 +112,10 @@ def gemm_section(rows_out: Rows, best: dict) -> None:
         for kind in KINDS[name]:
             silu = _silu(kind, variant)
             results = []
-            for config in CONFIGS:
+            configs = CONFIGS + (NORM_CONFIGS if kind.startswith("fused") else [])
+            if os.environ.get("BENCH_CONFIGS") == "norm":  # the norm prologue's sweep only
+                configs = [*NORM_CONFIGS, (64, 512, 4, 3), (64, 256, 4, 4), (128, 128, 8, 3)]
+            for config in configs:
                 if k % config[1]:
                     continue
                 try:
@@ -120,7 +130,7 @@ def gemm_section(rows_out: Rows, best: dict) -> None:
             if not results:
                 continue
             us, config = min(results)
-            key = (n_out if silu else w_rows, k, silu, kind == "fused")
+            key = (n_out if silu else w_rows, k, silu, kind.startswith("fused"))
             best[key] = config
             rows_out.add(section="gemm", shape=name, rows=4, variant=f"best {kind} {config}",
                          us=f"{us:.2f}", tbps=f"{weights.nbytes / us / 1e6:.2f}", note="")
@@ -131,7 +141,7 @@ def gemm_section(rows_out: Rows, best: dict) -> None:
                      tbps=f"{weights.nbytes / us / 1e6:.2f}", note="F.linear")
         for kind in KINDS[name]:
             silu = _silu(kind, variant)
-            config = best.get((n_out if silu else w_rows, k, silu, kind == "fused"))
+            config = best.get((n_out if silu else w_rows, k, silu, kind.startswith("fused")))
             if config:
                 us = graph_call_us(weights.calls(kind, variant, config))
                 rows_out.add(section="gemm", shape=name, rows=8, variant=f"{kind} {config}",

@@ -115,7 +115,7 @@ def _decode_linear_kernel(
     M, N, K, eps, stride_xm, stride_wn,
     NORM: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    IEEE: tl.constexpr, PDL: tl.constexpr = False,
+    IEEE: tl.constexpr, PDL: tl.constexpr = False, STATS_LOAD: tl.constexpr = False,
 ):
     """Program n: output columns ``[n*BLOCK_N, (n+1)*BLOCK_N)`` of every row (module
     docstring). ``K`` is a multiple of BLOCK_K; ``N`` is the output width (``I`` with
@@ -146,7 +146,17 @@ def _decode_linear_kernel(
                      x, mask=mask_m[:, None] & ((kk - offs_k) == pid * BLOCK_K)[None, :])
         if NORM:
             xf = x.to(tl.float32)
-            sq += xf * xf
+            if STATS_LOAD:  # the statistic from its own loads (a compact layout), not A's
+                xs = tl.load(x_rows + kk[None, :], mask=mask_m[:, None], other=0.0,
+                             cache_modifier=".cg").to(tl.float32)
+                if HAS_DELTA:
+                    xs = (xs + tl.load(delta_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+                                       + kk[None, :], mask=mask_m[:, None], other=0.0,
+                                       cache_modifier=".cg").to(tl.float32)).to(dtype)
+                    xs = xs.to(tl.float32)
+                sq += xs * xs
+            else:
+                sq += xf * xf
             g = tl.load(norm_ptr + kk).to(tl.float32)
             a = (xf * g[None, :]).to(dtype)
         else:
@@ -184,6 +194,7 @@ def decode_linear(
     silu: bool = False,
     config: tuple[int, int, int, int] | None = None,
     pdl: bool = False,
+    stats_load: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(y, x')`` for ``x [M, K]`` (``M <= MAX_ROWS``) and ``weight [N, K]``.
 
@@ -231,7 +242,8 @@ def decode_linear(
         rows, n_out, k, float(eps), x.stride(0), weight.stride(0),
         NORM=norm is not None, HAS_DELTA=delta is not None, HAS_BIAS=bias is not None,
         SILU=silu, BLOCK_M=max(16, 1 << (rows - 1).bit_length()), BLOCK_N=block_n,
-        BLOCK_K=block_k, IEEE=_ieee(x.dtype), num_warps=warps, num_stages=stages,
+        BLOCK_K=block_k, IEEE=_ieee(x.dtype), STATS_LOAD=stats_load, num_warps=warps,
+        num_stages=stages,
         **({"PDL": True, "launch_pdl": True} if pdl else {}),
     )
     return y, x_out
