@@ -54,7 +54,7 @@ if os.environ.get("BENCH_SHAPES"):  # e.g. BENCH_SHAPES=qkv,gate_up BENCH_KINDS=
 # residual add + RMSNorm for qkv and lm_head, and SiLU*mul for gate_up)
 KINDS = {"qkv": ("plain", "fused"), "o": ("plain",), "gate_up": ("plain", "silu", "fused"),
          "down": ("plain",), "lm_head": ("plain", "fused")}
-if os.environ.get("BENCH_KINDS"):  # fused-s: the norm statistic from its own loads
+if os.environ.get("BENCH_KINDS"):  # fused-s (gone at db32fdc): the statistic's own loads
     KINDS = {k: tuple(os.environ["BENCH_KINDS"].split(",")) for k in KINDS}
 FIELDS = ["section", "shape", "rows", "variant", "us", "tbps", "note"]
 
@@ -94,7 +94,7 @@ class Weights:
         if kind == "silu" or (kind.startswith("fused") and variant == "silu"):
             kw["silu"] = True
         if kind.startswith("fused"):
-            kw.update(norm=self.norm, delta=self.delta, eps=1e-5, stats_load=kind == "fused-s")
+            kw.update(norm=self.norm, delta=self.delta, eps=1e-5)
         return [lambda w=w: gemm.decode_linear(self.x, w, **kw) for w in self.weights]
 
 

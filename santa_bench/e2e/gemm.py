@@ -51,8 +51,11 @@ NARROW_N = 4096  # outputs up to here: fewer, longer programs (O, down)
 CONFIG_OVERRIDES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {}
 # the residual add and RMSNorm inside the GEMM (True) or as fused.add_rms_norm before it.
 # H200 (same CSV): inside, the GEMMs ran 1.9-3.6x slower (QKV 54.9 us, gate/up 103.6,
-# LM head 708, each at its best launch; a cost per K step that did not depend on BLOCK_N
-# and was not profiled further), so the norm stays its own kernel
+# LM head 708, each at its best launch), so the norm stays its own kernel. The time
+# scaled with the bytes per program, not with BLOCK_K (QKV 52.5-57 us for BLOCK_K 64-512
+# at 64 columns, 90-100 us at 128): not the K steps; 255 registers a thread, no spills
+# (ptxas, sm_90a); the statistic from its own loads (code at db32fdc) was no faster. Not
+# profiled further (no hardware counters were read)
 FUSE_NORM = False
 CUBLAS: set[tuple[int, int]] = set()  # (N, K) weights a plain projection leaves to cuBLAS
 
@@ -115,7 +118,7 @@ def _decode_linear_kernel(
     M, N, K, eps, stride_xm, stride_wn,
     NORM: tl.constexpr, HAS_DELTA: tl.constexpr, HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    IEEE: tl.constexpr, PDL: tl.constexpr = False, STATS_LOAD: tl.constexpr = False,
+    IEEE: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program n: output columns ``[n*BLOCK_N, (n+1)*BLOCK_N)`` of every row (module
     docstring). ``K`` is a multiple of BLOCK_K; ``N`` is the output width (``I`` with
@@ -146,17 +149,7 @@ def _decode_linear_kernel(
                      x, mask=mask_m[:, None] & ((kk - offs_k) == pid * BLOCK_K)[None, :])
         if NORM:
             xf = x.to(tl.float32)
-            if STATS_LOAD:  # the statistic from its own loads (a compact layout), not A's
-                xs = tl.load(x_rows + kk[None, :], mask=mask_m[:, None], other=0.0,
-                             cache_modifier=".cg").to(tl.float32)
-                if HAS_DELTA:
-                    xs = (xs + tl.load(delta_ptr + offs_m[:, None].to(tl.int64) * stride_xm
-                                       + kk[None, :], mask=mask_m[:, None], other=0.0,
-                                       cache_modifier=".cg").to(tl.float32)).to(dtype)
-                    xs = xs.to(tl.float32)
-                sq += xs * xs
-            else:
-                sq += xf * xf
+            sq += xf * xf
             g = tl.load(norm_ptr + kk).to(tl.float32)
             a = (xf * g[None, :]).to(dtype)
         else:
@@ -194,7 +187,6 @@ def decode_linear(
     silu: bool = False,
     config: tuple[int, int, int, int] | None = None,
     pdl: bool = False,
-    stats_load: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(y, x')`` for ``x [M, K]`` (``M <= MAX_ROWS``) and ``weight [N, K]``.
 
@@ -242,8 +234,7 @@ def decode_linear(
         rows, n_out, k, float(eps), x.stride(0), weight.stride(0),
         NORM=norm is not None, HAS_DELTA=delta is not None, HAS_BIAS=bias is not None,
         SILU=silu, BLOCK_M=max(16, 1 << (rows - 1).bit_length()), BLOCK_N=block_n,
-        BLOCK_K=block_k, IEEE=_ieee(x.dtype), STATS_LOAD=stats_load, num_warps=warps,
-        num_stages=stages,
+        BLOCK_K=block_k, IEEE=_ieee(x.dtype), num_warps=warps, num_stages=stages,
         **({"PDL": True, "launch_pdl": True} if pdl else {}),
     )
     return y, x_out
