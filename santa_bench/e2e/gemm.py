@@ -53,8 +53,9 @@ CONFIG_OVERRIDES: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {}
 # H200 (same CSV): inside, the GEMMs ran 1.9-3.6x slower (QKV 54.9 us, gate/up 103.6,
 # LM head 708, each at its best launch), so the norm stays its own kernel. The time
 # scaled with the bytes per program, not with BLOCK_K (QKV 52.5-57 us for BLOCK_K 64-512
-# at 64 columns, 90-100 us at 128): not the K steps; 255 registers a thread, no spills
-# (ptxas, sm_90a); the statistic from its own loads (code at db32fdc) was no faster. Not
+# at 64 columns, 90-100 us at 128): not the K steps, and not registers (ptxas, sm_90a,
+# Triton 3.6: 255 a thread at BLOCK_K 256, 71 at 64, no spills at either; the plain
+# kernel 118); the statistic from its own loads (code at db32fdc) was no faster. Not
 # profiled further (no hardware counters were read)
 FUSE_NORM = False
 CUBLAS: set[tuple[int, int]] = set()  # (N, K) weights a plain projection leaves to cuBLAS
