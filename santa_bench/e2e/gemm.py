@@ -39,7 +39,7 @@ from santa_kernels.validate import InputError
 
 MAX_ROWS = 32  # decode rows one program holds (the dot's M); larger batches: cuBLAS
 # (BLOCK_N, BLOCK_K, num_warps, num_stages) by use. H200, M=4 (scripts/bench_rest.py,
-# results/h200/rest-2026-12-01/rest.csv; cuBLAS in brackets): QKV 6144x4096 (64, 256, 4, 4)
+# results/h200/rest-2026-12-01/2-sweep.csv; cuBLAS in brackets): QKV 6144x4096 (64, 256, 4, 4)
 # 15.3 us [15.4]; O 4096x4096 (32, 512, 4, 4) 11.5 [13.3]; gate/up 2x14336x4096 with
 # SiLU*mul (128, 128, 8, 3) 55.8 [55.1 without it]; down 4096x14336 (32, 512, 4, 4)
 # 30.0 [31.6]; LM head 128256x4096 (32, 256, 4, 4) 234.2 [239.9]
@@ -78,7 +78,7 @@ def gemm_config(n_out: int, k: int, silu: bool = False) -> tuple[int, int, int, 
 
 
 # the gemm rest's kernels launch as programmatic dependents (where available). H200,
-# rest of the step (scripts/bench_rest.py step; results/h200/rest-2026-12-01): 4126.9
+# rest of the step (scripts/bench_rest.py step; results/h200/rest-2026-12-01/3-step-pdl.csv): 4126.9
 # -> 4017.2 us at B=4, 4155.1 -> 4057.3 at B=8. Measured and removed (code at 6d3b0f6):
 # prefetching the first two K steps of weights into L2 before the wait, +20-26 us
 PDL = True
