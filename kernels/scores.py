@@ -36,6 +36,7 @@ def bernoulli_scores(
     draws: int,
     grouping: str,
     generator: torch.Generator,
+    uniforms: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unbiased sparse estimate of the scores (ALGORITHMS.md section 5).
 
@@ -50,6 +51,8 @@ def bernoulli_scores(
 
     Returns ``(scores [B, Hq, N], k_features [B, Hkv])`` where ``k_features`` counts K
     elements read: valid rows times the features selected by any head or draw.
+    ``uniforms`` (``[B, Hq, draws, d]`` per head, ``[B, Hkv, draws, d]`` per group)
+    replaces the generator's draws (the Triton stage is tested against it).
     """
     check_positive_int(draws, "draws")
     if grouping not in BERNOULLI_GROUPING:
@@ -60,7 +63,8 @@ def bernoulli_scores(
     if grouping == "per-head":
         alpha = q.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
         prob = q.abs() / alpha  # [B, Hq, d]
-        u = torch.rand((batch, hq, draws, d), generator=generator, dtype=torch.float64)
+        u = (torch.rand((batch, hq, draws, d), generator=generator, dtype=torch.float64)
+             if uniforms is None else uniforms.double())
         beta = (u.to(q.device) < prob[:, :, None, :].double()).to(q.dtype)
         ternary = torch.sign(q)[:, :, None, :] * beta  # [B, Hq, draws, d]
         weights = alpha * ternary.mean(dim=2)  # [B, Hq, d]
@@ -69,7 +73,8 @@ def bernoulli_scores(
         q_mean = q.reshape(batch, hkv, group, d).mean(dim=2)
         alpha = q_mean.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(q.dtype).tiny)
         inclusion = (q_mean.abs() / alpha).clamp_min(_MIN_INCLUSION)  # [B, Hkv, d]
-        u = torch.rand((batch, hkv, draws, d), generator=generator, dtype=torch.float64)
+        u = (torch.rand((batch, hkv, draws, d), generator=generator, dtype=torch.float64)
+             if uniforms is None else uniforms.double())
         beta = (u.to(q.device) < inclusion[:, :, None, :].double()).to(q.dtype)
         reweight = (beta / inclusion[:, :, None, :]).mean(dim=2)  # [B, Hkv, d]
         weights = q * reweight.repeat_interleave(group, dim=1)

@@ -19,6 +19,7 @@ import torch
 from santa_bench.baselines import BASELINES, Prepared, Unsupported
 from santa_bench.timing import nbytes_of
 from santa_kernels.kv import KVCache
+from santa_kernels.reads import ReadCounts
 from santa_kernels.validate import InputError
 
 PrepareFn = Callable[..., Prepared]
@@ -199,6 +200,79 @@ def santapp_prepare(
     prepared = Prepared(run, touched, notes)
     prepared.reads = reads  # type: ignore[attr-defined]
     prepared.reset_rng = workspace.reset_rng  # type: ignore[attr-defined]
+    prepared.metrics = metrics  # type: ignore[attr-defined]
+    return prepared
+
+
+def _triton_bernoulli():
+    return importlib.import_module("santa_kernels.triton_bernoulli")
+
+
+def bernoulli_kernel_available() -> tuple[bool, str]:
+    """Returns whether the Triton Bernoulli stage can run here, with the reason if not."""
+    try:
+        return _triton_bernoulli().bernoulli_triton_available()
+    except Exception as exc:  # triton missing or broken
+        return False, f"santa_kernels.triton_bernoulli not importable: {exc}"
+
+
+def bernoulli_prepare(
+    q: torch.Tensor,
+    kv: KVCache,
+    *,
+    seed: int = 0,
+    draws: int = 4,
+    grouping: str = "per-head",
+    value_stage: str = "dense",
+    S: int = 128,
+    tile: int = 64,
+    alloc: str = "systematic",
+    min_ctx: int = 0,
+    stash: str | None = None,
+    scale: float | None = None,
+) -> Prepared:
+    """Prepares the Triton Bernoulli stage composed with its value stage's kernel
+    (``triton_bernoulli.BernoulliDecode``). The read counts are what the kernels move
+    (every K feature: token-major rows); the estimator's K-feature fraction is the extra
+    metric ``bernoulli_k_feature_fraction``."""
+    if min_ctx:
+        raise Unsupported("the Triton kernels do not implement min_ctx; use the reference")
+    if stash is not None and stash not in STASH_DTYPES:
+        raise InputError(f"stash: expected one of {sorted(STASH_DTYPES)}, got {stash!r}")
+    module = _triton_bernoulli()
+    call = module.BernoulliDecode(q, kv, draws=draws, grouping=grouping,
+                                  value_stage=value_stage, S=S, tile=tile, alloc=alloc,
+                                  scale=scale, seed=seed,
+                                  stash_dtype=STASH_DTYPES[stash or "fp16"])
+    metrics: dict[str, tuple[float, str]] = {}
+
+    def run() -> torch.Tensor:
+        return call(q, kv)
+
+    def reads():
+        _, info, features = call(q, kv, info=True)
+        context = kv.lengths.long().cpu()
+        hkv = kv.num_kv_heads
+        if info is None:  # dense values: every V row
+            rows = context[:, None].expand(-1, hkv).contiguous()
+            counts = ReadCounts(k_rows=rows, k_features=rows * kv.head_dim, v_rows=rows,
+                                context=context, head_dim=kv.head_dim)
+        else:
+            counts = info.read_counts(kv.head_dim)
+        needed = (features.long().cpu() * context[:, None]).sum()
+        metrics["bernoulli_k_feature_fraction"] = (
+            float(needed) / float(context.sum() * hkv * kv.head_dim), "ratio")
+        return counts
+
+    try:
+        run()
+        if q.is_cuda:
+            torch.cuda.synchronize(q.device)
+    except Exception as exc:
+        raise Unsupported(f"bernoulli: {type(exc).__name__}: {exc}") from exc
+    prepared = Prepared(run, nbytes_of(q, kv), {"value_stage": value_stage})
+    prepared.reads = reads  # type: ignore[attr-defined]
+    prepared.reset_rng = call.reset_rng  # type: ignore[attr-defined]
     prepared.metrics = metrics  # type: ignore[attr-defined]
     return prepared
 

@@ -116,7 +116,24 @@ def main() -> int:
         failures += err is not None
     failures += check_flash_two_pass()
     failures += check_decode_linear()
+    failures += check_bernoulli()
     return 1 if failures else 0
+
+
+def check_bernoulli() -> int:
+    """The Bernoulli stage's effective-query kernel, both groupings, Philox and uniforms."""
+    import santa_kernels.triton_bernoulli as tb
+
+    failures = 0
+    types = ["*bf16", "*bf16", "*i32", "*fp32", "*i64", "i32"] + ["i32"] * 6
+    for mean_group, uniforms in ((False, False), (True, False), (False, True)):
+        consts = {"MEAN_GROUP": mean_group, "HAS_UNIFORMS": uniforms, "G_PAD": 4,
+                  "D_PAD": 128, "TINY": tb._TINY, "MIN_INCLUSION": tb._MIN_INCLUSION}
+        err = compile_kernel(tb._bernoulli_query_kernel, types, consts, {"num_warps": 4})
+        print(f"_bernoulli_query_kernel mean_group={mean_group} uniforms={uniforms}: "
+              f"{err or 'ok'}")
+        failures += err is not None
+    return failures
 
 
 def check_decode_linear() -> int:
