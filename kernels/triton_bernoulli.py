@@ -15,8 +15,8 @@ draw of the group selected), followed by the *exact* score pass of a value-stage
 run on ``w``: :func:`bernoulli_decode` with ``value_stage`` ``prop`` / ``sys`` /
 ``strat`` / ``iid`` / ``flash`` (``triton_santa``) or ``dense`` (``triton_splitkv``).
 Randomness: Philox keyed by ``(seed, step, sequence, head, draw, feature)``, the step a
-device counter the call advances (CUDA-graph replays draw fresh masks; ``uniforms``
-overrides it, for tests).
+device counter the kernel's last program advances (CUDA-graph replays draw fresh masks;
+``uniforms`` overrides it, for tests).
 
 Bytes: those score passes read every feature of K. K is stored token-major (``[token,
 head, d]``, 256-byte rows at d=128); HBM serves 32-byte sectors of 16 bf16 features, and
@@ -54,12 +54,14 @@ def bernoulli_triton_available() -> tuple[bool, str]:
 
 @triton.jit
 def _bernoulli_query_kernel(
-    q_ptr, w_ptr, feat_ptr, uniforms_ptr, rng_ptr, seed,
+    q_ptr, w_ptr, feat_ptr, uniforms_ptr, rng_ptr, ticket_ptr, seed,
     num_kv_heads, group, head_dim, draws, stride_qb, stride_qh,
     MEAN_GROUP: tl.constexpr, HAS_UNIFORMS: tl.constexpr, G_PAD: tl.constexpr,
     D_PAD: tl.constexpr, TINY: tl.constexpr, MIN_INCLUSION: tl.constexpr,
 ):
-    """Program (b, kvh): the G heads' effective queries and the group's feature count."""
+    """Program (b, kvh): the G heads' effective queries and the group's feature count.
+    The last program to finish (an acq_rel ticket, after every program read the step)
+    advances the step counter: no second launch."""
     pid = tl.program_id(0)
     b = pid // num_kv_heads
     kvh = pid % num_kv_heads
@@ -111,6 +113,11 @@ def _bernoulli_query_kernel(
     tl.store(w_ptr + head_rows[:, None] * head_dim + offs_d[None, :],
              w.to(w_ptr.dtype.element_ty), mask=mask)
     tl.store(feat_ptr + pid, features)
+    tl.debug_barrier()  # every thread's read of the step is ordered before the ticket
+    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+    if ticket == tl.num_programs(0) - 1:
+        tl.store(rng_ptr, step + 1)
+        tl.store(ticket_ptr, 0)  # ready for the next call (graph replay)
 
 
 class BernoulliWorkspace:
@@ -123,11 +130,13 @@ class BernoulliWorkspace:
         self.w = torch.empty(batch, hq, d, dtype=q.dtype, device=q.device)
         self.features = torch.zeros(batch, num_kv_heads, dtype=torch.int32, device=q.device)
         self.rng = torch.zeros(1, dtype=torch.int64, device=q.device)
+        self.ticket = torch.zeros(1, dtype=torch.int32, device=q.device)
         self.seed = int(seed)
 
     def reset_rng(self, step: int = 0, seed: int | None = None) -> None:
         """Sets the device step counter (and optionally the seed): replays a run exactly."""
         self.rng.fill_(step)
+        self.ticket.zero_()
         if seed is not None:
             self.seed = int(seed)
 
@@ -163,14 +172,14 @@ def bernoulli_queries(
         uniforms = uniforms.to(device=q.device, dtype=torch.float32).contiguous()
     group = hq // num_kv_heads
     _bernoulli_query_kernel[(batch * num_kv_heads,)](
-        q, ws.w, ws.features, uniforms if uniforms is not None else ws.w, ws.rng, ws.seed,
+        q, ws.w, ws.features, uniforms if uniforms is not None else ws.w, ws.rng, ws.ticket,
+        ws.seed,
         num_kv_heads, group, d, draws, q.stride(0), q.stride(1),
         MEAN_GROUP=mean_group, HAS_UNIFORMS=uniforms is not None,
         G_PAD=max(2, triton.next_power_of_2(group)), D_PAD=triton.next_power_of_2(d),
         TINY=_TINY, MIN_INCLUSION=_MIN_INCLUSION, num_warps=4,
     )
-    ws.rng.add_(1)  # the next call (or graph replay) draws fresh masks
-    return ws.w, ws.features
+    return ws.w, ws.features  # the kernel advanced the step: the next call draws afresh
 
 
 class BernoulliDecode:

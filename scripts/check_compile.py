@@ -125,7 +125,7 @@ def check_bernoulli() -> int:
     import santa_kernels.triton_bernoulli as tb
 
     failures = 0
-    types = ["*bf16", "*bf16", "*i32", "*fp32", "*i64", "i32"] + ["i32"] * 6
+    types = ["*bf16", "*bf16", "*i32", "*fp32", "*i64", "*i32", "i32"] + ["i32"] * 6
     for mean_group, uniforms in ((False, False), (True, False), (False, True)):
         consts = {"MEAN_GROUP": mean_group, "HAS_UNIFORMS": uniforms, "G_PAD": 4,
                   "D_PAD": 128, "TINY": tb._TINY, "MIN_INCLUSION": tb._MIN_INCLUSION}

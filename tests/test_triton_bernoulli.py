@@ -142,3 +142,25 @@ def test_harness_adapter_reports_the_bytes_moved_and_the_feature_fraction(value_
         assert reads.v_read_fraction == 1.0
     else:
         assert 0.0 < reads.v_read_fraction < 1.0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(INTERPRETED, reason="CUDA graphs: compiled, on a GPU")
+def test_gpu_graph_replays_draw_fresh_masks_and_reset_replays():
+    q, kv = _inputs(q_scale=2.0)
+    ws = BernoulliWorkspace(q, kv.num_kv_heads, seed=4)
+    bernoulli_queries(q, kv.num_kv_heads, workspace=ws)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w, _ = bernoulli_queries(q, kv.num_kv_heads, workspace=ws)
+    ws.reset_rng(0)
+    draws = []
+    for _ in range(3):
+        graph.replay()
+        draws.append(w.clone())
+    assert not torch.equal(draws[0], draws[1]) and not torch.equal(draws[1], draws[2])
+    ws.reset_rng(0)
+    graph.replay()
+    assert torch.equal(w, draws[0])
+    assert int(ws.ticket.item()) == 0 and int(ws.rng.item()) == 1
