@@ -18,11 +18,12 @@ import santa_kernels.triton_santa_flash2 as tf2
 import santa_kernels.triton_santapp as tsp
 
 TARGET = GPUTarget("cuda", 90, 32)
+H100_SHARED = 232448  # shared memory one program may use on sm_90 (227 KiB)
 
 
 def compile_kernel(fn, types: list[str], consts: dict, options: dict | None = None,
                    divisible: tuple[str, ...] = (), pipelined: bool = False,
-                   staged: tuple[str, ...] = ()) -> str | None:
+                   staged: tuple[str, ...] = (), max_shared: int | None = None) -> str | None:
     """Returns None when ``fn`` compiles, else the error. ``types``: the non-constexpr
     arguments in order; ``consts``: every constexpr argument by name; ``options``: launch
     options (num_warps, num_stages). ``divisible``: integer arguments to specialise as
@@ -31,7 +32,8 @@ def compile_kernel(fn, types: list[str], consts: dict, options: dict | None = No
     pipeliner skips them. ``pipelined``: also fail unless the pipeliner staged a load
     through shared memory (async copies); ``staged``: element types (``"i16"``,
     ``"bf16"``) every one of whose loads it must have staged (a synchronous load of that
-    type left in the loop exposes its latency every iteration)."""
+    type left in the loop exposes its latency every iteration); ``max_shared``: fail when
+    the kernel needs more shared memory a program than this (bytes)."""
     it = iter(types)
     sig = {name: "constexpr" if name in consts else next(it) for name in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
@@ -46,6 +48,8 @@ def compile_kernel(fn, types: list[str], consts: dict, options: dict | None = No
     except Exception as exc:  # report the frontend's message
         return f"{type(exc).__name__}: {exc}"
     ttgir = kernel.asm["ttgir"]
+    if max_shared is not None and kernel.metadata.shared > max_shared:
+        return f"needs {kernel.metadata.shared} bytes of shared memory (> {max_shared})"
     if pipelined and "async_copy_global_to_local" not in ttgir:
         return "not pipelined: no load staged through shared memory"
     for ty in staged:
@@ -142,19 +146,23 @@ def check_decode_linear() -> int:
     from santa_bench.e2e import gemm
 
     failures = 0
-    types = ["*bf16"] * 7 + ["i32", "i32", "i32", "fp32", "i32", "i32"]
-    for norm, delta, bias, silu in ((False, False, False, False), (True, True, False, False),
-                                    (True, False, True, False), (True, True, False, True)):
-        block_n, block_k, warps, stages = gemm.gemm_config(4096, 4096, silu)
+    for norm, delta, bias, silu, dtype in (
+            (False, False, False, False, "bf16"), (True, True, False, False, "bf16"),
+            (True, False, True, False, "bf16"), (True, True, False, True, "bf16"),
+            (False, False, False, False, "fp32"), (False, False, False, True, "fp32")):
+        types = [f"*{dtype}"] * 7 + ["i32", "i32", "i32", "fp32", "i32", "i32"]
+        size = 4 if dtype == "fp32" else 2
+        block_n, block_k, warps, stages = gemm.gemm_config(4096, 4096, silu, size)
         consts = {"NORM": norm, "HAS_DELTA": delta, "HAS_BIAS": bias, "SILU": silu,
-                  "BLOCK_M": 16, "BLOCK_N": block_n, "BLOCK_K": block_k, "IEEE": False,
-                  "PDL": True}
+                  "BLOCK_M": 16, "BLOCK_N": block_n, "BLOCK_K": block_k,
+                  "IEEE": dtype == "fp32", "PDL": True}
         err = compile_kernel(gemm._decode_linear_kernel, types, consts,
                              {"num_warps": warps, "num_stages": stages},
                              divisible=("K", "stride_xm", "stride_wn"), pipelined=True,
-                             staged=() if bias else ("bf16",))  # the bias: after the loop
-        print(f"_decode_linear_kernel norm={norm} delta={delta} bias={bias} silu={silu}: "
-              f"{err or 'ok'}")
+                             staged=() if bias else (dtype,),  # the bias: after the loop
+                             max_shared=H100_SHARED)
+        print(f"_decode_linear_kernel norm={norm} delta={delta} bias={bias} silu={silu} "
+              f"{dtype}: {err or 'ok'}")
         failures += err is not None
     return failures
 

@@ -61,15 +61,18 @@ FUSE_NORM = False
 CUBLAS: set[tuple[int, int]] = set()  # (N, K) weights a plain projection leaves to cuBLAS
 
 
-def gemm_config(n_out: int, k: int, silu: bool = False) -> tuple[int, int, int, int]:
+def gemm_config(n_out: int, k: int, silu: bool = False,
+                element_size: int = 2) -> tuple[int, int, int, int]:
     """Launch of one decode GEMM: ``(BLOCK_N, BLOCK_K, num_warps, num_stages)`` from
-    :data:`LAUNCHES` by use and output width, with BLOCK_K lowered until it divides ``k``
-    (the K loop has no mask)."""
+    :data:`LAUNCHES` by use and output width (tuned for 16-bit weights; 4-byte weights
+    take K steps of the same bytes, so the pipeline fits shared memory), with BLOCK_K
+    lowered until it divides ``k`` (the K loop has no mask)."""
     if (n_out, k, silu) in CONFIG_OVERRIDES:
         return CONFIG_OVERRIDES[n_out, k, silu]
     use = ("silu" if silu else "wide" if n_out >= WIDE_N else
            "narrow" if n_out <= NARROW_N else "mid")
     block_n, block_k, warps, stages = LAUNCHES[use]
+    block_k = max(16, block_k * 2 // max(2, element_size))
     block_k = next((b for b in (block_k, 256, 128, 64, 32, 16) if b <= block_k and k % b == 0),
                    0)
     if not block_k:
@@ -220,7 +223,8 @@ def decode_linear(
         raise InputError("decode_linear: silu needs a [2I, K] gate/up weight")
     if bias is not None and bias.shape != (n_out,):
         raise InputError(f"decode_linear: bias must be [{n_out}], got {tuple(bias.shape)}")
-    block_n, block_k, warps, stages = config or gemm_config(n_out, k, silu)
+    block_n, block_k, warps, stages = config or gemm_config(n_out, k, silu,
+                                                            weight.element_size())
     if k % block_k:
         raise InputError(f"decode_linear: BLOCK_K {block_k} does not divide K = {k}")
     grid = triton.cdiv(n_out, block_n)
