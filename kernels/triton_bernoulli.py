@@ -28,14 +28,13 @@ read accounting) as what the estimator needs, not as bytes saved.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from santa_kernels.kv import KVCache
 from santa_kernels.scores import BERNOULLI_GROUPING
+from santa_kernels.triton_santa import santa_triton_available
 from santa_kernels.validate import InputError, check_positive_int
 
 VALUE_STAGES = ("dense", "iid", "strat", "sys", "flash", "prop")
@@ -43,13 +42,8 @@ _TINY = float(torch.finfo(torch.float32).tiny)
 _MIN_INCLUSION = 1e-12
 
 
-def bernoulli_triton_available() -> tuple[bool, str]:
-    """Returns ``(available, reason)`` for the Triton Bernoulli stage on this machine."""
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return True, "interpreter"
-    if torch.cuda.is_available():
-        return True, f"cuda ({torch.cuda.get_device_name()})"
-    return False, "no CUDA device (set TRITON_INTERPRET=1 to run the kernels on the CPU)"
+# the same conditions as the SANTA kernels it composes with
+bernoulli_triton_available = santa_triton_available
 
 
 @triton.jit

@@ -104,22 +104,28 @@ def test_bad_inputs_are_clear_errors():
                          2, 1, 4)
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "paged"])
-def test_fused_decode_matches_the_eager_step(layout):
-    model = Decoder.random(NAMED["tiny"], dtype=torch.float32, std=0.1, device=DEVICE)
+def check_fast_step_matches_eager(rest: str, layout: str, config: str = "tiny") -> None:
+    """fp32: the ``rest`` decode step (fused or gemm) gives the eager step's tokens, logits
+    (to 1e-5) and K cache."""
+    model = Decoder.random(NAMED[config], dtype=torch.float32, std=0.1, device=DEVICE)
     session = DecodeSession(model, batch=2, ctx=40, steps=4, layout=layout, page_size=8)
     session.prefill("dense", None, chunk=16)
     runs = {}
-    for rest in ("torch", "fused"):
+    for mode in ("torch", rest):
         attend = LayerRouting(dense_backend("sdpa", session.scale))
         session.prepare(attend)
-        runs[rest] = (session.decode(attend, keep_logits=True, rest=rest, graph=False),
+        runs[mode] = (session.decode(attend, keep_logits=True, rest=mode, graph=False),
                       [k.clone() for k in session.cache.k])
-    (eager, eager_k), (fast, fast_k) = runs["torch"], runs["fused"]
+    (eager, eager_k), (fast, fast_k) = runs["torch"], runs[rest]
     assert torch.equal(fast.tokens, eager.tokens)
     torch.testing.assert_close(fast.logits, eager.logits, rtol=1e-5, atol=1e-5)
     for got, want in zip(fast_k, eager_k, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_fused_decode_matches_the_eager_step(layout):
+    check_fast_step_matches_eager("fused", layout)
 
 
 @pytest.mark.gpu

@@ -14,10 +14,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 import torch
 import torch.nn.functional as F
+from test_e2e_fused import check_fast_step_matches_eager
 
 from santa_bench.e2e import gemm
 from santa_bench.e2e.attention import LayerRouting, dense_backend
-from santa_bench.e2e.configs import NAMED
 from santa_bench.e2e.gemm import MAX_ROWS, decode_linear, gemm_config
 from santa_bench.e2e.loop import DecodeSession, check_rest_batch
 from santa_bench.e2e.model import Decoder
@@ -117,24 +117,12 @@ def test_bad_inputs_are_clear_errors():
     check_rest_batch("fused", MAX_ROWS + 1)
 
 
+@pytest.mark.parametrize("config", ["tiny", "tiny-qwen"])  # qwen: the QKV bias, tied head
 @pytest.mark.parametrize("fuse_norm", [True, False])
 @pytest.mark.parametrize("layout", ["contiguous", "paged"])
-def test_gemm_decode_matches_the_eager_step(layout, fuse_norm, monkeypatch):
+def test_gemm_decode_matches_the_eager_step(layout, fuse_norm, config, monkeypatch):
     monkeypatch.setattr(gemm, "FUSE_NORM", fuse_norm)
-    model = Decoder.random(NAMED["tiny"], dtype=torch.float32, std=0.1, device=DEVICE)
-    session = DecodeSession(model, batch=2, ctx=40, steps=4, layout=layout, page_size=8)
-    session.prefill("dense", None, chunk=16)
-    runs = {}
-    for rest in ("torch", "gemm"):
-        attend = LayerRouting(dense_backend("sdpa", session.scale))
-        session.prepare(attend)
-        runs[rest] = (session.decode(attend, keep_logits=True, rest=rest, graph=False),
-                      [k.clone() for k in session.cache.k])
-    (eager, eager_k), (fast, fast_k) = runs["torch"], runs["gemm"]
-    assert torch.equal(fast.tokens, eager.tokens)
-    torch.testing.assert_close(fast.logits, eager.logits, rtol=1e-5, atol=1e-5)
-    for got, want in zip(fast_k, eager_k, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    check_fast_step_matches_eager("gemm", layout, config)
 
 
 @pytest.mark.gpu

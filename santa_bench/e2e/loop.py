@@ -251,7 +251,8 @@ class DecodeSession:
         ``tokens[:, i]`` is the token chosen by decode step ``i`` (the first decode step
         consumes the prefill's greedy token, ``first_tokens``); ``keep_logits`` also logs
         every step's logits (tests). ``rest``: the step outside attention as three fused
-        Triton kernels a layer (``fused``, :mod:`santa_bench.e2e.fused`) or as the eager ops
+        Triton kernels a layer around cuBLAS GEMMs (``fused``, :mod:`santa_bench.e2e.fused`),
+        on Triton decode GEMMs (``gemm``, :mod:`santa_bench.e2e.gemm`) or as the eager ops
         of ``model.py`` (``torch``); see :func:`resolve_rest`.
 
         ``attend`` must be prepared on this session (:meth:`prepare`).
@@ -281,27 +282,19 @@ class DecodeSession:
                 x = model.layer_output(layer, x, attend(layer, q))
             return model.logits(x)
 
-        def layers_fused(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        def layers_fast(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+            # fused / gemm: the same layer loop over the model's fused_* or gemm_* pieces
+            inputs, output, logits = (getattr(model, f"{rest}_{piece}") for piece in
+                                      ("attention_inputs", "layer_output", "logits"))
             delta = None
             for layer in range(c.num_layers):
-                x, q = model.fused_attention_inputs(
-                    layer, x, delta, positions, cache.k[layer], cache.v[layer],
-                    cache.page_table, cache.page_size)
+                x, q = inputs(layer, x, delta, positions, cache.k[layer], cache.v[layer],
+                              cache.page_table, cache.page_size)
                 last_q[layer] = q
-                x, delta = model.fused_layer_output(layer, x, attend(layer, q))
-            return model.fused_logits(x, delta)
+                x, delta = output(layer, x, attend(layer, q))
+            return logits(x, delta)
 
-        def layers_gemm(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            delta = None
-            for layer in range(c.num_layers):
-                x, q = model.gemm_attention_inputs(
-                    layer, x, delta, positions, cache.k[layer], cache.v[layer],
-                    cache.page_table, cache.page_size)
-                last_q[layer] = q
-                x, delta = model.gemm_layer_output(layer, x, attend(layer, q))
-            return model.gemm_logits(x, delta)
-
-        layers = {"fused": layers_fused, "gemm": layers_gemm, "torch": layers_torch}[rest]
+        layers = layers_torch if rest == "torch" else layers_fast
 
         def step() -> None:
             positions = cache.lengths.long()  # where the new tokens go
