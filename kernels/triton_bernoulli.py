@@ -34,7 +34,6 @@ import triton.language as tl
 
 from santa_kernels.kv import KVCache
 from santa_kernels.scores import BERNOULLI_GROUPING
-from santa_kernels.triton_santa import santa_triton_available
 from santa_kernels.validate import InputError, check_positive_int
 
 VALUE_STAGES = ("dense", "iid", "strat", "sys", "flash", "prop")
@@ -42,8 +41,10 @@ _TINY = float(torch.finfo(torch.float32).tiny)
 _MIN_INCLUSION = 1e-12
 
 
-# the same conditions as the SANTA kernels it composes with
-bernoulli_triton_available = santa_triton_available
+def _check_draw(draws: int, grouping: str) -> None:
+    check_positive_int(draws, "draws")
+    if grouping not in BERNOULLI_GROUPING:
+        raise InputError(f"grouping: expected one of {BERNOULLI_GROUPING}, got {grouping!r}")
 
 
 @triton.jit
@@ -145,9 +146,7 @@ def bernoulli_queries(
     and the K features any head or draw of each group selected. ``uniforms``: ``[B, Hq,
     draws, d]`` (per-head) or ``[B, Hkv, draws, d]`` (mean-group-query) in [0, 1)
     instead of Philox."""
-    check_positive_int(draws, "draws")
-    if grouping not in BERNOULLI_GROUPING:
-        raise InputError(f"grouping: expected one of {BERNOULLI_GROUPING}, got {grouping!r}")
+    _check_draw(draws, grouping)
     if q.dim() != 3 or q.stride(2) != 1:
         raise InputError(f"q: expected [B, Hq, d] with unit-stride rows, got {tuple(q.shape)}")
     batch, hq, d = q.shape
@@ -187,27 +186,29 @@ class BernoulliDecode:
         if value_stage not in VALUE_STAGES:
             raise InputError(f"value_stage: expected one of {VALUE_STAGES}, got "
                              f"{value_stage!r}")
-        check_positive_int(draws, "draws")
-        if grouping not in BERNOULLI_GROUPING:
-            raise InputError(f"grouping: expected one of {BERNOULLI_GROUPING}, got "
-                             f"{grouping!r}")
+        _check_draw(draws, grouping)
         self.draws, self.grouping, self.value_stage = draws, grouping, value_stage
-        self.S, self.tile, self.alloc, self.scale = S, tile, alloc, scale
-        self.stash_dtype = stash_dtype
         self.bernoulli = BernoulliWorkspace(q, kv.num_kv_heads, seed=seed)
         if value_stage == "dense":
-            from santa_kernels.triton_splitkv import SplitKVWorkspace
+            from santa_kernels.triton_splitkv import SplitKVWorkspace, splitkv_decode
 
             self.value_ws = SplitKVWorkspace.for_inputs(q, kv)
-            self.out = torch.empty_like(q)
-        else:
-            from santa_kernels import triton_santa as ts
+            self._kernel = splitkv_decode
+            self._kw = {"scale": scale, "out": torch.empty_like(q), "workspace": self.value_ws}
+            return
+        from santa_kernels import triton_santa as ts
 
-            check_positive_int(S, "S")
-            flash = value_stage == "flash"
-            self.value_ws = ts.SantaWorkspace.for_inputs(
-                q, kv, S, tile, seed=seed + 1, store_counts=flash,
-                **({} if flash else {"stash_dtype": stash_dtype}))
+        check_positive_int(S, "S")
+        flash = value_stage == "flash"
+        stash = {} if flash else {"stash_dtype": stash_dtype}
+        self.value_ws = ts.SantaWorkspace.for_inputs(q, kv, S, tile, seed=seed + 1,
+                                                     store_counts=flash, **stash)
+        self._kernel = {"prop": ts.santa_prop, "sys": ts.santa_sys, "strat": ts.santa_strat,
+                        "iid": ts.santa_iid, "flash": ts.santa_flash}[value_stage]
+        self._kw = {"tile": tile, "scale": scale, "workspace": self.value_ws, **stash}
+        if value_stage == "prop":
+            self._kw["alloc"] = alloc
+        self._S = S
 
     def reset_rng(self, step: int = 0, seed: int | None = None) -> None:
         """Replays a run exactly: both the mask draws and the value stage's samples."""
@@ -217,29 +218,14 @@ class BernoulliDecode:
 
     def __call__(self, q: torch.Tensor, kv: KVCache, uniforms: torch.Tensor | None = None,
                  *, info: bool = False):
-        """Returns the output ``[B, Hq, d]`` (and, with ``info``, the value stage's info
-        and the feature counts)."""
+        """Returns the output ``[B, Hq, d]`` (and, with ``info``, the value stage's info,
+        None for dense values, and the feature counts)."""
         w, features = bernoulli_queries(q, kv.num_kv_heads, draws=self.draws,
                                         grouping=self.grouping, workspace=self.bernoulli,
                                         uniforms=uniforms)
         if self.value_stage == "dense":
-            from santa_kernels.triton_splitkv import splitkv_decode
-
-            out = splitkv_decode(w, kv, scale=self.scale, out=self.out,
-                                 workspace=self.value_ws)
-            return (out, None, features) if info else out
-        from santa_kernels import triton_santa as ts
-
-        kw = {"tile": self.tile, "scale": self.scale, "workspace": self.value_ws}
-        if self.value_stage != "flash":
-            kw["stash_dtype"] = self.stash_dtype
-        if self.value_stage in ("prop", "sys"):
-            kw["alloc"] = self.alloc if self.value_stage == "prop" else "systematic"
-            kernel = ts.santa_prop
+            out, value_info = self._kernel(w, kv, **self._kw), None
         else:
-            kernel = {"strat": ts.santa_strat, "iid": ts.santa_iid,
-                      "flash": ts.santa_flash}[self.value_stage]
-        if info and self.value_stage == "flash":
-            kw["return_counts"] = True
-        out, value_info = kernel(w, kv, self.S, **kw)
+            extra = {"return_counts": True} if info and self.value_stage == "flash" else {}
+            out, value_info = self._kernel(w, kv, self._S, **self._kw, **extra)
         return (out, value_info, features) if info else out

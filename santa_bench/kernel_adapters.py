@@ -38,6 +38,16 @@ def santa_kernel_available() -> tuple[bool, str]:
         return False, f"santa_kernels.triton_santa not importable: {exc}"
 
 
+def _trial_run(run: Callable[[], torch.Tensor], q: torch.Tensor, label: str) -> None:
+    """One untimed call (compiles the kernels); a failure makes the case Unsupported."""
+    try:
+        run()
+        if q.is_cuda:
+            torch.cuda.synchronize(q.device)
+    except Exception as exc:
+        raise Unsupported(f"{label}: {type(exc).__name__}: {exc}") from exc
+
+
 def santa_prepare(function: str) -> PrepareFn:
     """Returns the adapter of ``santa_kernels.triton_santa.<function>``."""
 
@@ -86,12 +96,7 @@ def santa_prepare(function: str) -> PrepareFn:
             _, info = kernel(q, kv, S, **kwargs, **extra)
             return info.read_counts(kv.head_dim)
 
-        try:
-            run()
-            if q.is_cuda:
-                torch.cuda.synchronize(q.device)
-        except Exception as exc:
-            raise Unsupported(f"{function}: {type(exc).__name__}: {exc}") from exc
+        _trial_run(run, q, function)
         prepared = Prepared(run, nbytes_of(q, kv), {"num_splits": workspace.num_splits})
         prepared.reads = reads  # type: ignore[attr-defined]
         prepared.reset_rng = workspace.reset_rng  # type: ignore[attr-defined]
@@ -204,18 +209,6 @@ def santapp_prepare(
     return prepared
 
 
-def _triton_bernoulli():
-    return importlib.import_module("santa_kernels.triton_bernoulli")
-
-
-def bernoulli_kernel_available() -> tuple[bool, str]:
-    """Returns whether the Triton Bernoulli stage can run here, with the reason if not."""
-    try:
-        return _triton_bernoulli().bernoulli_triton_available()
-    except Exception as exc:  # triton missing or broken
-        return False, f"santa_kernels.triton_bernoulli not importable: {exc}"
-
-
 def bernoulli_prepare(
     q: torch.Tensor,
     kv: KVCache,
@@ -239,7 +232,7 @@ def bernoulli_prepare(
         raise Unsupported("the Triton kernels do not implement min_ctx; use the reference")
     if stash is not None and stash not in STASH_DTYPES:
         raise InputError(f"stash: expected one of {sorted(STASH_DTYPES)}, got {stash!r}")
-    module = _triton_bernoulli()
+    module = importlib.import_module("santa_kernels.triton_bernoulli")
     call = module.BernoulliDecode(q, kv, draws=draws, grouping=grouping,
                                   value_stage=value_stage, S=S, tile=tile, alloc=alloc,
                                   scale=scale, seed=seed,
@@ -264,12 +257,7 @@ def bernoulli_prepare(
             float(needed) / float(context.sum() * hkv * kv.head_dim), "ratio")
         return counts
 
-    try:
-        run()
-        if q.is_cuda:
-            torch.cuda.synchronize(q.device)
-    except Exception as exc:
-        raise Unsupported(f"bernoulli: {type(exc).__name__}: {exc}") from exc
+    _trial_run(run, q, "bernoulli")
     prepared = Prepared(run, nbytes_of(q, kv), {"value_stage": value_stage})
     prepared.reads = reads  # type: ignore[attr-defined]
     prepared.reset_rng = call.reset_rng  # type: ignore[attr-defined]

@@ -310,7 +310,8 @@ def _builtin_methods() -> list[Method]:
             reference=_bernoulli_reference,
             prepare=kernel_adapters.bernoulli_prepare,
             kernel_kind="triton",
-            kernel_availability=kernel_adapters.bernoulli_kernel_available,
+            # its query kernel runs wherever the SANTA kernels it composes with do
+            kernel_availability=kernel_adapters.santa_kernel_available,
         ),
         Method(
             "santapp",

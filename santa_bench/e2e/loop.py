@@ -67,15 +67,16 @@ class DecodeResult:
 
 def resolve_rest(rest: str | None, device: torch.device, name: str = "rest",
                  batch: int | None = None) -> str:
-    """Returns the step outside attention a decode on ``device`` runs, ``fused``, ``gemm``
-    or ``torch`` (``None`` / ``auto``: on a GPU gemm up to its rows, else fused; torch on a
-    CPU); InputError for an unknown mode, or ``fused`` / ``gemm`` where their kernels
-    cannot run (``name`` starts messages)."""
+    """Returns the step outside attention a decode of ``batch`` sequences on ``device``
+    runs, ``fused``, ``gemm`` or ``torch`` (``None`` / ``auto``: on a GPU gemm up to its
+    rows, else fused; torch on a CPU); InputError for an unknown mode, ``fused`` /
+    ``gemm`` where their kernels cannot run, or ``gemm`` for more rows than its GEMMs hold
+    (``name`` starts messages)."""
+    from santa_bench.e2e.gemm import MAX_ROWS
+
     if rest in (None, "auto"):
         if device.type != "cuda":
             return "torch"
-        from santa_bench.e2e.gemm import MAX_ROWS
-
         return "gemm" if batch is None or batch <= MAX_ROWS else "fused"
     if rest not in REST_MODES:
         raise InputError(f"{name}: expected auto, {' or '.join(REST_MODES)}, got {rest!r}")
@@ -85,16 +86,10 @@ def resolve_rest(rest: str | None, device: torch.device, name: str = "rest",
         ok, why = fused_available(device)
         if not ok:
             raise InputError(f"{name}={rest}: {why}")
-    return rest
-
-
-def check_rest_batch(rest: str, batch: int, name: str = "rest") -> None:
-    """InputError where ``rest=gemm`` cannot hold the batch (one decode row a sequence)."""
-    from santa_bench.e2e.gemm import MAX_ROWS
-
-    if rest == "gemm" and batch > MAX_ROWS:
+    if rest == "gemm" and batch is not None and batch > MAX_ROWS:
         raise InputError(f"{name}=gemm: decode GEMMs hold at most {MAX_ROWS} rows, got batch "
                          f"{batch} (use --rest fused)")
+    return rest
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -262,7 +257,6 @@ class DecodeSession:
         model, cache, c = self.model, self.cache, self.model.config
         cuda = model.device.type == "cuda"
         rest = resolve_rest(rest, model.device, batch=self.batch)
-        check_rest_batch(rest, self.batch)
         use_graph = graph and cuda and attend.graph_safe
         cache.set_lengths(self.ctx)
         attend.reset()
@@ -282,17 +276,13 @@ class DecodeSession:
                 x = model.layer_output(layer, x, attend(layer, q))
             return model.logits(x)
 
+        def attend_and_keep(layer: int, q: torch.Tensor) -> torch.Tensor:
+            last_q[layer] = q
+            return attend(layer, q)
+
         def layers_fast(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            # fused / gemm: the same layer loop over the model's fused_* or gemm_* pieces
-            inputs, output, logits = (getattr(model, f"{rest}_{piece}") for piece in
-                                      ("attention_inputs", "layer_output", "logits"))
-            delta = None
-            for layer in range(c.num_layers):
-                x, q = inputs(layer, x, delta, positions, cache.k[layer], cache.v[layer],
-                              cache.page_table, cache.page_size)
-                last_q[layer] = q
-                x, delta = output(layer, x, attend(layer, q))
-            return logits(x, delta)
+            return model.decode_layers(rest, x, positions, cache.k, cache.v, attend_and_keep,
+                                       cache.page_table, cache.page_size)
 
         layers = layers_torch if rest == "torch" else layers_fast
 

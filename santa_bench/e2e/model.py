@@ -11,6 +11,7 @@ model dtype), so with the same weights the logits match ``LlamaForCausalLM`` /
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -268,58 +269,63 @@ class Decoder:
         return F.linear(fused.add_rms_norm(x, delta, self.norm, self.config.rms_eps)[1],
                         self.lm_head)
 
-    # ------------------------------- decode step with the GEMMs fused in (e2e/gemm.py)
+    # ------------------------------- decode step on Triton decode GEMMs (e2e/gemm.py)
     def gemm_attention_inputs(
         self, layer: int, x: torch.Tensor, delta: torch.Tensor | None,
         positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         page_table: torch.Tensor | None = None, page_size: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`fused_attention_inputs` with the Triton decode GEMM: the residual add and
-        RMSNorm inside it (``gemm.FUSE_NORM``) or before it, then RoPE + the K/V write."""
+        """:meth:`fused_attention_inputs` with the QKV GEMM in Triton, every kernel a
+        programmatic dependent of the one before (``gemm.use_pdl``)."""
         from santa_bench.e2e import fused, gemm
 
         c, w = self.config, self.layers[layer]
         pdl = gemm.use_pdl(x.device)
-        if gemm.FUSE_NORM:
-            qkv, x = gemm.decode_linear(x, w.w_qkv, bias=w.b_qkv, norm=w.ln_attn,
-                                        eps=c.rms_eps, delta=delta, pdl=pdl)
-        else:
-            x, h = fused.add_rms_norm(x, delta, w.ln_attn, c.rms_eps, pdl=pdl)
-            qkv = gemm.project(h, w.w_qkv, w.b_qkv, pdl=pdl)
-        q = fused.rope_write(qkv, self.cos, self.sin, positions, k_cache, v_cache,
-                             c.num_heads, c.num_kv_heads, c.head_dim, page_table, page_size,
-                             pdl=pdl)
+        x, h = fused.add_rms_norm(x, delta, w.ln_attn, c.rms_eps, pdl=pdl)
+        q = fused.rope_write(gemm.decode_linear(h, w.w_qkv, bias=w.b_qkv, pdl=pdl), self.cos,
+                             self.sin, positions, k_cache, v_cache, c.num_heads,
+                             c.num_kv_heads, c.head_dim, page_table, page_size, pdl=pdl)
         return x, q
 
     def gemm_layer_output(
         self, layer: int, x: torch.Tensor, attn: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`fused_layer_output` with the Triton decode GEMMs: O; gate/up with SiLU*mul
-        inside (and the residual add and RMSNorm, ``gemm.FUSE_NORM``); down."""
+        inside; down."""
         from santa_bench.e2e import fused, gemm
 
         c, w = self.config, self.layers[layer]
         pdl = gemm.use_pdl(x.device)
-        o = gemm.project(attn.reshape(x.shape[0], -1), w.w_o, pdl=pdl)
-        if gemm.FUSE_NORM:
-            act, x = gemm.decode_linear(x, w.w_gate_up, norm=w.ln_mlp, eps=c.rms_eps,
-                                        delta=o, silu=True, pdl=pdl)
-        else:
-            x, h = fused.add_rms_norm(x, o, w.ln_mlp, c.rms_eps, pdl=pdl)
-            act = gemm.decode_linear(h, w.w_gate_up, silu=True, pdl=pdl)[0]
-        return x, gemm.project(act, w.w_down, pdl=pdl)
+        o = gemm.decode_linear(attn.reshape(x.shape[0], -1), w.w_o, pdl=pdl)
+        x, h = fused.add_rms_norm(x, o, w.ln_mlp, c.rms_eps, pdl=pdl)
+        act = gemm.decode_linear(h, w.w_gate_up, silu=True, pdl=pdl)
+        return x, gemm.decode_linear(act, w.w_down, pdl=pdl)
 
     def gemm_logits(self, x: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
-        """:meth:`fused_logits` with the Triton decode GEMM (the last residual add and norm
-        inside it, ``gemm.FUSE_NORM``, or before it)."""
+        """:meth:`fused_logits` with the LM head on the Triton decode GEMM."""
         from santa_bench.e2e import fused, gemm
 
         pdl = gemm.use_pdl(x.device)
-        if gemm.FUSE_NORM:
-            return gemm.decode_linear(x, self.lm_head, norm=self.norm,
-                                      eps=self.config.rms_eps, delta=delta, pdl=pdl)[0]
         h = fused.add_rms_norm(x, delta, self.norm, self.config.rms_eps, pdl=pdl)[1]
-        return gemm.project(h, self.lm_head, pdl=pdl)
+        return gemm.decode_linear(h, self.lm_head, pdl=pdl)
+
+    def decode_layers(
+        self, rest: str, x: torch.Tensor, positions: torch.Tensor,
+        k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
+        attend: Callable[[int, torch.Tensor], torch.Tensor],
+        page_table: torch.Tensor | None = None, page_size: int = 0,
+    ) -> torch.Tensor:
+        """Returns the logits of one decode step of embeddings ``x [B, hidden]`` through
+        every layer with ``attend(layer, q)`` as attention, the rest of the step as the
+        ``fused_*`` or ``gemm_*`` pieces (``rest``); K/V written at ``positions``."""
+        inputs, output, logits = (getattr(self, f"{rest}_{piece}") for piece in
+                                  ("attention_inputs", "layer_output", "logits"))
+        delta = None
+        for layer in range(self.config.num_layers):
+            x, q = inputs(layer, x, delta, positions, k_caches[layer], v_caches[layer],
+                          page_table, page_size)
+            x, delta = output(layer, x, attend(layer, q))
+        return logits(x, delta)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Returns the next-token logits ``[M, vocab]`` of the last layer's output."""

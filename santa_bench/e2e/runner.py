@@ -34,7 +34,7 @@ from santa_bench.e2e.attention import (
     method_backend,
 )
 from santa_bench.e2e.configs import ModelConfig, from_hf_config, named_config
-from santa_bench.e2e.loop import check_rest_batch, resolve_rest
+from santa_bench.e2e.loop import resolve_rest
 from santa_bench.inputs import parse_dtype
 from santa_bench.methods import REGISTRY, Method, Registry
 from santa_kernels.validate import InputError
@@ -112,8 +112,7 @@ def check_grid(grid: E2EGrid, option=lambda name: "--" + name.replace("_", "-"))
                          "(random K/V is for speed-only runs with random weights)")
     parse_dtype(grid.dtype)
     for batch in grid.batch:
-        rest = resolve_rest(grid.rest, torch.device(grid.device), option("rest"), batch=batch)
-        check_rest_batch(rest, batch, option("rest"))
+        resolve_rest(grid.rest, torch.device(grid.device), option("rest"), batch=batch)
     layers = parse_layers(grid.dense_layers)
     for name in grid.dense_backends or []:
         if name not in DENSE_BACKENDS:
