@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from santa_bench.baselines import BASELINES, Prepared, Unsupported
+from santa_bench.baselines import BASELINES, Prepared, Unsupported, trial_run
 from santa_bench.timing import nbytes_of
 from santa_kernels.kv import KVCache
 from santa_kernels.reads import ReadCounts
@@ -36,16 +36,6 @@ def santa_kernel_available() -> tuple[bool, str]:
         return _triton_santa().santa_triton_available()
     except Exception as exc:  # triton missing or broken
         return False, f"santa_kernels.triton_santa not importable: {exc}"
-
-
-def _trial_run(run: Callable[[], torch.Tensor], q: torch.Tensor, label: str) -> None:
-    """One untimed call (compiles the kernels); a failure makes the case Unsupported."""
-    try:
-        run()
-        if q.is_cuda:
-            torch.cuda.synchronize(q.device)
-    except Exception as exc:
-        raise Unsupported(f"{label}: {type(exc).__name__}: {exc}") from exc
 
 
 def santa_prepare(function: str) -> PrepareFn:
@@ -96,7 +86,7 @@ def santa_prepare(function: str) -> PrepareFn:
             _, info = kernel(q, kv, S, **kwargs, **extra)
             return info.read_counts(kv.head_dim)
 
-        _trial_run(run, q, function)
+        trial_run(run, q, function)
         prepared = Prepared(run, nbytes_of(q, kv), {"num_splits": workspace.num_splits})
         prepared.reads = reads  # type: ignore[attr-defined]
         prepared.reset_rng = workspace.reset_rng  # type: ignore[attr-defined]
@@ -257,7 +247,7 @@ def bernoulli_prepare(
             float(needed) / float(context.sum() * hkv * kv.head_dim), "ratio")
         return counts
 
-    _trial_run(run, q, "bernoulli")
+    trial_run(run, q, "bernoulli")
     prepared = Prepared(run, nbytes_of(q, kv), {"value_stage": value_stage})
     prepared.reads = reads  # type: ignore[attr-defined]
     prepared.reset_rng = call.reset_rng  # type: ignore[attr-defined]

@@ -106,6 +106,16 @@ class Baseline:
         return make_copy
 
 
+def trial_run(run: Callable[[], Any], q: torch.Tensor, label: str) -> None:
+    """One untimed call (compiles the kernels); a failure makes the case Unsupported."""
+    try:
+        run()
+        if q.is_cuda:
+            torch.cuda.synchronize(q.device)
+    except Exception as exc:
+        raise Unsupported(f"{label}: {type(exc).__name__}: {exc}") from exc
+
+
 def clone_kv(kv: KVCache) -> KVCache:
     """Returns ``kv`` with its K and V storage copied (page table and lengths shared)."""
     return dataclasses.replace(kv, k=kv.k.clone(), v=kv.v.clone())
@@ -173,12 +183,7 @@ class _TritonSplitKV:
                 q, kv, scale=scale, num_splits=num_splits, out=out, workspace=workspace
             )
 
-        try:
-            run()
-            if q.is_cuda:
-                torch.cuda.synchronize(q.device)
-        except Exception as exc:
-            raise Unsupported(f"triton-splitkv: {type(exc).__name__}: {exc}") from exc
+        trial_run(run, q, "triton-splitkv")
         notes = {
             "num_splits": num_splits,
             "workspace_splits": workspace.num_splits,
