@@ -108,7 +108,10 @@ HOPPER = {
     # holds at most this many keys, else 4 (~6 steps): the compares cost per key
     "search_8way_keys_per_thread": 16,
     "attend_warps": 4,
-    "attend_rows": {64: 64, 128: 64, 256: 32},  # rows of K/V a team program loads per chunk
+    # rows of K/V a team program loads per chunk (lowered where there would be fewer
+    # programs than SMs). H200, M=32 P=16, 64 -> 128 rows at d=128 (results/h200/
+    # tune-2026-12-01-s7): 32k B=4 46.64 -> 45.43 us, B=8 74.97 -> 74.03
+    "attend_rows": {64: 64, 128: 128, 256: 32},
     "exact_rows": {64: 64, 128: 64, 256: 32},
     # heads per finishing program: 0 = one program per KV group finds every head's kappa
     # and writes the union; h > 0 = G/h programs per group, the last writes the union.

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# H200: the step outside attention with the Triton decode GEMMs (rest=gemm), session 6.
+# H200: the step outside attention with the Triton decode GEMMs (rest=gemm), sessions 6-7.
 # GPU tests of the decode GEMM path, the sm_90 compile check under the device's Triton,
 # scripts/bench_rest.py (step section; SECTIONS= to change), then the e2e table of issue
 # #9 with --rest gemm. Usage (device tool, carry .whl and .git_sha):
 #   bash scripts/h200_rest.sh RESULTS_DIR RUN_ID [batches=4,8]
-#   env: E2E=0 skips the e2e runs; VENDOR= the vendor dense backends (default flashinfer-tc)
+#   env: E2E=0 skips the e2e runs; VENDOR= the vendor dense backends (default flashinfer-tc);
+#   SECTIONS= the bench_rest.py sections (default step; none: skip it)
 set -u
 out=${1:?usage: bash scripts/h200_rest.sh RESULTS_DIR RUN_ID [batches]}
 run=${2:?run id}
@@ -12,8 +13,10 @@ batches=${3:-4,8}
 source scripts/h200_setup.sh
 python3 -m pytest -q -x tests/test_e2e_gemm.py tests/test_e2e_fused.py 2>&1 | tail -2
 python3 scripts/check_compile.py 2>&1 | grep -v ": ok$" | tail -5
-python3 scripts/bench_rest.py "${OUT:-/tmp}/rest" ${SECTIONS:-step} > "${OUT:-/tmp}/rest.log" 2>&1
-grep "^step" "${OUT:-/tmp}/rest.log" | cut -c1-110
+if [ "${SECTIONS:-step}" != none ]; then  # SECTIONS=none: no bench_rest.py
+  python3 scripts/bench_rest.py "${OUT:-/tmp}/rest" ${SECTIONS:-step} > "${OUT:-/tmp}/rest.log" 2>&1
+  grep "^step" "${OUT:-/tmp}/rest.log" | cut -c1-110
+fi
 [ "${E2E:-1}" = 0 ] && exit 0
 common=(--config llama-3.1-8b --ctx 32k --batch "$batches" --steps 32 --prefill random
         --rest gemm --results "$out" --run-id "$run" ${FORCE:+--force})
