@@ -1,6 +1,6 @@
 """The decode step outside attention on the GPU: cuBLAS against the Triton decode GEMMs.
 
-Run on the H200:  python3 scripts/bench_rest.py OUT_DIR [gemm] [epilogue] [step]
+Run on the H200:  python3 scripts/bench_rest.py OUT_DIR [gemm] [step]
 Llama-3.1-8B shapes (hidden 4096, 32/8 heads of 128, intermediate 14336, vocab 128256),
 bf16, rows M = 4 and 8 (the e2e batches).
 
@@ -9,8 +9,6 @@ bf16, rows M = 4 and 8 (the e2e batches).
   :func:`santa_bench.e2e.gemm.decode_linear` (gate/up also with SiLU*mul inside) over a
   sweep of launches at M=4, the best launch again at M=8; weight bytes / time is the
   stream rate.
-- ``epilogue``: each GEMM with its epilogue (norm, residual add, QKV + RoPE + cache
-  write) against the plain kernel, M=4; a launch sweep of the QKV + RoPE kernel.
 - ``step``: the whole step outside attention (32 layers, embedding to argmax; attention
   replaced by a copy of its query) as one CUDA graph, ``rest=fused`` (three Triton kernels
   and four cuBLAS GEMMs a layer) against ``rest=gemm`` with and without programmatic
@@ -120,61 +118,6 @@ def gemm_section(rows_out: Rows, best: dict) -> None:
             torch.cuda.empty_cache()
 
 
-ROPE_CONFIGS = [(32, 256, 4, 4), (32, 256, 4, 3), (16, 256, 4, 4), (16, 512, 4, 3),
-                (32, 128, 4, 4), (64, 128, 8, 3), (64, 256, 8, 3)]
-
-
-def epilogue_section(rows_out: Rows, best: dict) -> None:
-    """Each GEMM of the gemm rest with its epilogue (norm by a statistic, residual add,
-    QKV + RoPE + cache write) against the plain kernel at the same launch, M = 4; the
-    QKV + RoPE kernel over a sweep of its launches (the best goes to the step section)."""
-    for name in ("qkv", "o", "gate_up", "down", "lm_head"):
-        _epilogue_shape(rows_out, best, name)
-        torch.cuda.empty_cache()
-
-
-def _epilogue_shape(rows_out: Rows, best: dict, name: str) -> None:
-    """One shape of :func:`epilogue_section` (its closures bind this call's locals)."""
-    rows = ROWS[0]
-    weights = Weights(name, rows)
-    w_rows, k = SHAPES[name]
-    x = weights.x
-    stat = gemm.row_sumsq(x)
-    silu = name == "gate_up"
-    plain = [lambda w=w: gemm.decode_linear(x, w, silu=silu) for w in weights.weights]
-    rows_out.add("epilogue", name, rows, "plain", graph_call_us(plain), weights.nbytes)
-    if name in ("o", "down"):
-        res = torch.randn(rows, w_rows, device="cuda").bfloat16()
-        calls = [lambda w=w: gemm.decode_linear_add(x, w, res) for w in weights.weights]
-        rows_out.add("epilogue", name, rows, "residual", graph_call_us(calls),
-                     weights.nbytes)
-    else:
-        calls = [lambda w=w: gemm.decode_linear(x, w, silu=silu, norm_stat=stat)
-                 for w in weights.weights]
-        rows_out.add("epilogue", name, rows, "norm", graph_call_us(calls), weights.nbytes)
-    if name == "qkv":
-        cache = torch.zeros(rows, 1024, HKV, D, device="cuda", dtype=torch.bfloat16)
-        pos = torch.full((rows,), 500, device="cuda", dtype=torch.long)
-        table = torch.randn(2048, D, device="cuda").bfloat16()
-        results = []
-        for config in ROPE_CONFIGS:
-            calls = [lambda w=w, config=config: gemm.qkv_rope(
-                x, w, None, stat, 1e-5, table, table, pos, cache, cache, HQ, HKV, D,
-                config=config) for w in weights.weights]
-            try:
-                us = graph_call_us(calls)
-            except Exception as exc:
-                rows_out.add("epilogue", name, rows, f"rope {config}", None, 0,
-                             type(exc).__name__)
-                continue
-            results.append((us, config))
-            rows_out.add("epilogue", name, rows, f"rope {config}", us, weights.nbytes)
-        if results:
-            us, best[w_rows, k, "rope"] = min(results)
-            rows_out.add("epilogue", name, rows, f"best rope {best[w_rows, k, 'rope']}",
-                         us, weights.nbytes)
-
-
 def rest_step(model: Decoder, rest: str, ids: torch.Tensor, positions: torch.Tensor,
               caches: list[torch.Tensor]) -> torch.Tensor:
     """One decode step's greedy tokens, attention replaced by a copy of its query."""
@@ -220,8 +163,7 @@ def main() -> None:
     t0 = time.time()
     for name in sections:
         try:
-            {"gemm": gemm_section, "epilogue": epilogue_section,
-             "step": step_section}[name](rows, best)
+            {"gemm": gemm_section, "step": step_section}[name](rows, best)
         except Exception:
             traceback.print_exc()
         print(f"-- {name} done at {time.time() - t0:.0f} s", flush=True)

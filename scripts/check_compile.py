@@ -141,52 +141,27 @@ def check_bernoulli() -> int:
 
 
 def check_decode_linear() -> int:
-    """The e2e decode GEMMs (santa_bench.e2e.gemm) in each of their uses: the weight loads
-    must be staged through shared memory (a weight stream with nothing in flight is slow)
-    and the pipeline must fit sm_90's shared memory."""
+    """The e2e decode GEMM (santa_bench.e2e.gemm) in each of its uses: its weight loads
+    must be staged through shared memory (a weight stream with nothing in flight is slow)."""
     from santa_bench.e2e import gemm
 
     failures = 0
-    # (bias, silu, norm, residual, dtype, N out): QKV, gate/up, O / down, LM head; fp32
-    for bias, silu, norm, residual, dtype, n_out in (
-            (False, False, False, False, "bf16", 4096), (True, False, True, False, "bf16", 6144),
-            (False, True, True, False, "bf16", 14336), (False, False, False, True, "bf16", 4096),
-            (False, False, True, False, "bf16", 128256), (False, False, False, True, "fp32", 4096),
-            (False, True, True, False, "fp32", 14336)):
-        types = [f"*{dtype}"] * 5 + ["*fp32"] * 2 + ["i32"] * 6 + ["fp32"]
+    for bias, silu, dtype in ((False, False, "bf16"), (True, False, "bf16"),
+                              (False, True, "bf16"), (False, False, "fp32"),
+                              (False, True, "fp32")):
+        types = [f"*{dtype}"] * 4 + ["i32"] * 5
         size = 4 if dtype == "fp32" else 2
-        block_n, block_k, warps, stages = gemm.gemm_config(n_out, 4096, silu, size)
-        consts = {"HAS_BIAS": bias, "SILU": silu, "NORM": norm, "RESIDUAL": residual,
-                  "STAT_PAD": 128, "BLOCK_M": 16, "BLOCK_N": block_n, "BLOCK_K": block_k,
-                  "IEEE": dtype == "fp32", "PDL": True}
+        block_n, block_k, warps, stages = gemm.gemm_config(4096, 4096, silu, size)
+        consts = {"HAS_BIAS": bias, "SILU": silu, "BLOCK_M": 16, "BLOCK_N": block_n,
+                  "BLOCK_K": block_k, "IEEE": dtype == "fp32", "PDL": True}
         err = compile_kernel(gemm._decode_linear_kernel, types, consts,
                              {"num_warps": warps, "num_stages": stages},
                              divisible=("K", "stride_xm", "stride_wn"), pipelined=True,
-                             staged=() if bias or residual else (dtype,),  # after the loop
+                             staged=() if bias else (dtype,),  # the bias: after the loop
                              max_shared=H100_SHARED)
-        print(f"_decode_linear_kernel bias={bias} silu={silu} norm={norm} residual={residual} "
-              f"{dtype}: {err or 'ok'}")
+        print(f"_decode_linear_kernel bias={bias} silu={silu} {dtype}: {err or 'ok'}")
         failures += err is not None
-    for head_dim, bias, paged, dtype in ((128, False, False, "bf16"), (128, True, True, "bf16"),
-                                         (64, False, True, "fp32")):
-        types = ([f"*{dtype}"] * 3 + ["*fp32"] + [f"*{dtype}"] * 2 + ["*i64"]
-                 + [f"*{dtype}"] * 3 + ["*i32"] + ["i32"] * 5 + ["fp32"] + ["i32"] * 5)
-        pairs, block_k, warps, stages = gemm.gemm_config(48 * head_dim, 4096, rope=True,
-                                                         element_size=4 if dtype == "fp32" else 2)
-        consts = {"NUM_HEADS": 32, "NUM_KV_HEADS": 8, "HEAD_DIM": head_dim, "HAS_BIAS": bias,
-                  "NORM": True, "PAGED": paged, "STAT_PAD": 128, "BLOCK_M": 16,
-                  "PAIRS": gemm.rope_pairs(head_dim, pairs), "BLOCK_K": block_k,
-                  "IEEE": dtype == "fp32", "PDL": True}
-        err = compile_kernel(gemm._qkv_rope_kernel, types, consts,
-                             {"num_warps": warps, "num_stages": stages},
-                             divisible=("K", "stride_xm", "stride_wn"), pipelined=True,
-                             max_shared=H100_SHARED)  # cos/sin: 16-bit loads outside the loop
-        print(f"_qkv_rope_kernel d={head_dim} bias={bias} paged={paged} {dtype}: {err or 'ok'}")
-        failures += err is not None
-    err = compile_kernel(gemm._row_sumsq_kernel, ["*bf16", "*fp32", "i32", "i32"],
-                         {"BLOCK": 4096, "PDL": True}, {"num_warps": 4})
-    print(f"_row_sumsq_kernel: {err or 'ok'}")
-    return failures + (err is not None)
+    return failures
 
 
 def check_flash_two_pass() -> int:

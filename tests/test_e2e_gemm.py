@@ -15,18 +15,11 @@ import torch
 import torch.nn.functional as F
 from test_e2e_fused import check_fast_step_matches_eager
 
-from santa_bench.e2e import fused, gemm
+from santa_bench.e2e import gemm
 from santa_bench.e2e.attention import LayerRouting, dense_backend
-from santa_bench.e2e.gemm import (
-    MAX_ROWS,
-    decode_linear,
-    decode_linear_add,
-    gemm_config,
-    qkv_rope,
-    row_sumsq,
-)
+from santa_bench.e2e.gemm import MAX_ROWS, decode_linear, gemm_config
 from santa_bench.e2e.loop import DecodeSession, resolve_rest
-from santa_bench.e2e.model import Decoder, _fold_norm, rms_norm
+from santa_bench.e2e.model import Decoder
 from santa_kernels.validate import InputError
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -104,96 +97,10 @@ def test_bad_inputs_are_clear_errors():
     assert resolve_rest("fused", torch.device(DEVICE), batch=MAX_ROWS + 1) == "fused"
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_residual_add_inside_and_its_norm_statistic(dtype):
-    x, weight, _ = _inputs(3, 64, 40, dtype, 5)
-    residual = torch.randn(3, 40, generator=torch.Generator().manual_seed(6)).to(DEVICE, dtype)
-    y, stat = decode_linear_add(x, weight, residual, config=CONFIG)
-    assert y.shape == (3, 40) and y.dtype == dtype and stat.shape == (3, 3)  # 3 programs
-    assert _rel(y, residual.double() + x.double() @ weight.double().T) < TOL[dtype]
-    # the statistic is of the rounded sum, as the eager RMSNorm sees it
-    torch.testing.assert_close(stat.sum(0).double(), y.double().pow(2).sum(-1), rtol=1e-5,
-                               atol=0)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("silu", [False, True])
-def test_rms_norm_by_its_statistic_with_the_weight_folded_in(dtype, silu):
-    x, weight, _ = _inputs(2, 64, 48, dtype, 7)
-    g = (1 + 0.3 * torch.randn(64, generator=torch.Generator().manual_seed(8))).to(DEVICE, dtype)
-    want = rms_norm(x.double(), g.double(), 1e-5) @ weight.double().T
-    if silu:
-        gate, up = want.chunk(2, dim=-1)
-        want = F.silu(gate) * up
-    split = torch.stack([x[:, :40].double().pow(2).sum(-1), x[:, 40:].double().pow(2).sum(-1)])
-    for stat in (row_sumsq(x), split.float().contiguous()):  # one partial, or two
-        y = decode_linear(x, _fold_norm(weight, g), silu=silu, norm_stat=stat, eps=1e-5,
-                          config=CONFIG)
-        assert _rel(y, want) < 2 * TOL[dtype]
-
-
-@pytest.mark.parametrize("layout", ["contiguous", "paged"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("head_dim, bias", [(16, True), (64, False), (80, True)])
-def test_qkv_rope_is_the_projection_then_rope_write(head_dim, bias, dtype, layout):
-    """One kernel against its two (decode_linear with the norm, fused.rope_write): the
-    same q and cache rows, nothing else written. head_dim 16: half a program's pairs
-    masked; 64: two programs a head (pairs=16); 80: a masked second program."""
-    gen = torch.Generator().manual_seed(9)
-    hq, hkv, batch, k = 4, 2, 3, 64
-    width = (hq + 2 * hkv) * head_dim
-    x = torch.randn(batch, k, generator=gen).to(DEVICE, dtype)
-    weight = (torch.randn(width, k, generator=gen) / k**0.5).to(DEVICE, dtype)
-    b = torch.randn(width, generator=gen).to(DEVICE, dtype) if bias else None
-    cos, sin = (torch.randn(64, head_dim, generator=gen).to(DEVICE, dtype) for _ in range(2))
-    positions = torch.tensor([7, 37, 12], device=DEVICE)
-    page_size, table = 8, None
-    if layout == "paged":
-        table = torch.randperm(batch * 8, generator=gen).view(batch, 8).to(DEVICE, torch.int32)
-        shape = (batch * 8, page_size, hkv, head_dim)
-    else:
-        shape = (batch, 64, hkv, head_dim)
-    caches = {key: [torch.zeros(shape, dtype=dtype, device=DEVICE) for _ in range(2)]
-              for key in ("one", "two")}
-    stat = row_sumsq(x)
-    q = qkv_rope(x, weight, b, stat, 1e-5, cos, sin, positions, *caches["one"], hq, hkv,
-                 head_dim, table, page_size, config=(16, 32, 4, 2))
-    qkv = decode_linear(x, weight, bias=b, norm_stat=stat, eps=1e-5, config=CONFIG)
-    want = fused.rope_write(qkv, cos, sin, positions, *caches["two"], hq, hkv, head_dim,
-                            table, page_size)
-    step = 1e-6 if dtype == torch.float32 else 2**-6  # one rounding of the projection apart
-    torch.testing.assert_close(q.float(), want.float(), rtol=step,
-                               atol=step * float(want.abs().max()))
-    for got, ref in zip(caches["one"], caches["two"], strict=True):
-        torch.testing.assert_close(got.float(), ref.float(), rtol=step,
-                                   atol=step * float(ref.abs().max()))
-        assert torch.equal(got != 0, ref != 0)  # the same rows written, nothing else
-
-
-def test_qkv_rope_bad_inputs_are_clear_errors():
-    x, weight, _ = _inputs(2, 64, 8 * 16, torch.float32, 10)
-    cache = torch.zeros(2, 8, 2, 16, device=DEVICE)
-    pos = torch.tensor([1, 2], device=DEVICE)
-    args = (None, None, 1e-5, cache[0, :, 0], cache[0, :, 0], pos, cache, cache)
-    with pytest.raises(InputError, match="weight"):
-        qkv_rope(x, weight[:100], *args, 4, 2, 16)
-    with pytest.raises(InputError, match="positions"):
-        qkv_rope(x, weight, *args[:5], pos[:1], cache, cache, 4, 2, 16)
-    with pytest.raises(InputError, match="norm_stat"):
-        qkv_rope(x, weight, None, torch.ones(1, 3, device=DEVICE), *args[2:], 4, 2, 16)
-    with pytest.raises(InputError, match="residual"):
-        decode_linear_add(x, weight, torch.zeros(2, 5, device=DEVICE))
-
-
 @pytest.mark.parametrize("config", ["tiny", "tiny-qwen"])  # qwen: the QKV bias, tied head
 @pytest.mark.parametrize("layout", ["contiguous", "paged"])
 def test_gemm_decode_matches_the_eager_step(layout, config):
     check_fast_step_matches_eager("gemm", layout, config)
-
-
-@pytest.mark.parametrize("config", ["tiny", "tiny-qwen"])
-def test_gemm_decode_folds_real_norm_weights(config):
-    check_fast_step_matches_eager("gemm", "contiguous", config, norm_weights=True)
 
 
 @pytest.mark.gpu

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from santa_kernels.triton_santa import _pdl_enter
 from santa_kernels.validate import InputError
 
 
@@ -41,11 +42,19 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
 
 
+def _pdl_launch(pdl: bool) -> dict:
+    """Launch options of a kernel that may start as a programmatic dependent (its PDL
+    constexpr makes it wait for the previous kernel before it reads or writes)."""
+    return {"PDL": True, "launch_pdl": True} if pdl else {}
+
+
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, delta_ptr, w_ptr, x_out_ptr, h_ptr, hidden, eps,
-                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+                         HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """One row: ``x += delta`` (rounded to the model dtype, stored), then
-    ``h = w * (x * rsqrt(mean(x^2) + eps))`` with fp32 statistics, rounded as eager."""
+    ``h = w * (x * rsqrt(mean(x^2) + eps))`` with fp32 statistics, rounded as eager.
+    PDL: launched as a programmatic dependent (waits for the previous kernel first)."""
+    _pdl_enter(PDL, True)
     row = tl.program_id(0).to(tl.int64) * hidden
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
@@ -62,9 +71,10 @@ def _add_rms_norm_kernel(x_ptr, delta_ptr, w_ptr, x_out_ptr, h_ptr, hidden, eps,
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                 eps: float, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(x + delta, rms_norm(x + delta))`` for ``x [M, hidden]`` (``delta`` None:
-    ``(x, rms_norm(x))``), each in ``x``'s dtype."""
+    ``(x, rms_norm(x))``), each in ``x``'s dtype. ``pdl``: launch as a programmatic
+    dependent of the previous kernel (a GPU with :func:`pdl_available`)."""
     if x.dim() != 2 or not x.is_contiguous():
         raise InputError(f"add_rms_norm: expected a contiguous [M, hidden] x, got "
                          f"{tuple(x.shape)}")
@@ -78,6 +88,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     _add_rms_norm_kernel[(rows,)](
         x, delta.contiguous() if delta is not None else x, weight, x_out, h, hidden, float(eps),
         HAS_DELTA=delta is not None, BLOCK=block, num_warps=4 if block <= 4096 else 8,
+        **_pdl_launch(pdl),
     )
     return x_out, h
 
@@ -87,12 +98,13 @@ def _rope_write_kernel(
     qkv_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, k_ptr, v_ptr, table_ptr,
     stride_qkv, stride_kx, stride_ky, stride_kh, stride_table, page_size,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-    PAGED: tl.constexpr,
+    PAGED: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program (m, h): query head h (h < NUM_HEADS) rotated into ``q [M, Hq, d]``, or KV
     head ``h - NUM_HEADS``: k rotated and v copied into the cache row of sequence m at
     position ``pos[m]``. Rotation as eager: ``x*cos`` and ``rotate_half(x)*sin`` each
     rounded to the model dtype, then their sum."""
+    _pdl_enter(PDL, True)
     m = tl.program_id(0)
     h = tl.program_id(1)
     half: tl.constexpr = HEAD_DIM // 2
@@ -127,7 +139,8 @@ def _rope_write_kernel(
 def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                num_heads: int, num_kv_heads: int, head_dim: int,
-               page_table: torch.Tensor | None = None, page_size: int = 0) -> torch.Tensor:
+               page_table: torch.Tensor | None = None, page_size: int = 0,
+               pdl: bool = False) -> torch.Tensor:
     """Returns the rotated queries ``[B, Hq, d]`` of ``qkv [B, (Hq + 2 Hkv) d]`` (one token
     per sequence) and writes the rotated k and the v of sequence b at ``positions[b]`` into
     the cache: contiguous ``[B, N, Hkv, d]`` or paged ``[pages, page_size, Hkv, d]`` with
@@ -149,7 +162,7 @@ def rope_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         qkv.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         table.stride(0) if paged else 0, page_size if paged else 1,
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, D_PAD=_next_pow2(head_dim), PAGED=paged,
-        num_warps=1,
+        num_warps=1, **_pdl_launch(pdl),
     )
     return q
 

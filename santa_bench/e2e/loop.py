@@ -257,8 +257,6 @@ class DecodeSession:
         model, cache, c = self.model, self.cache, self.model.config
         cuda = model.device.type == "cuda"
         rest = resolve_rest(rest, model.device, batch=self.batch)
-        if rest == "gemm":
-            model.norm_folded()  # before any graph capture
         use_graph = graph and cuda and attend.graph_safe
         cache.set_lengths(self.ctx)
         attend.reset()

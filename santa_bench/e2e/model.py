@@ -68,25 +68,6 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-@dataclass
-class NormFolded:
-    """Per layer, the QKV and gate/up weights times their RMSNorm weight, and the LM head
-    times the final norm's (:meth:`Decoder.norm_folded`)."""
-
-    qkv: list[torch.Tensor]
-    gate_up: list[torch.Tensor]
-    lm_head: torch.Tensor
-
-
-def _fold_norm(weight: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
-    """Returns ``W diag(g)`` in ``W``'s dtype (``W`` itself, no copy, where ``g`` is all
-    ones). ``g * normed`` and ``normed @ W^T`` then become one product: the same in exact
-    arithmetic, one rounding of ``W g`` instead of one of ``g * normed``."""
-    if bool((norm == 1).all()):
-        return weight
-    return (weight.float() * norm.float()[None, :]).to(weight.dtype).contiguous()
-
-
 class Decoder:
     """The decoder's weights and its forward pieces (see the module docstring)."""
 
@@ -107,7 +88,6 @@ class Decoder:
         self.lm_head = lm_head
         self.weights = weights  # "random" | "real"
         self.cos = self.sin = embed.new_empty(0, config.head_dim)
-        self._norm_folded: NormFolded | None = None
 
     @property
     def device(self) -> torch.device:
@@ -290,64 +270,44 @@ class Decoder:
                         self.lm_head)
 
     # ------------------------------- decode step on Triton decode GEMMs (e2e/gemm.py)
-    def norm_folded(self) -> NormFolded:
-        """The projections after each RMSNorm with the norm weight folded in (``W diag(g)``,
-        so the gemm rest normalises with a per-row scalar after the product); built once,
-        outside any CUDA graph (``W`` itself where ``g`` is all ones: random models)."""
-        if self._norm_folded is None:
-            if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("norm_folded: build it before graph capture")
-            self._norm_folded = NormFolded(
-                [_fold_norm(w.w_qkv, w.ln_attn) for w in self.layers],
-                [_fold_norm(w.w_gate_up, w.ln_mlp) for w in self.layers],
-                _fold_norm(self.lm_head, self.norm))
-        return self._norm_folded
-
     def gemm_attention_inputs(
-        self, layer: int, x: torch.Tensor, stat: torch.Tensor | None,
+        self, layer: int, x: torch.Tensor, delta: torch.Tensor | None,
         positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         page_table: torch.Tensor | None = None, page_size: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decode on the Triton decode GEMMs: returns ``(x, q)`` and writes the layer's new
-        K/V at ``positions`` into the cache, in one kernel (RMSNorm by ``stat``, the partial
-        sums of squares of ``x``'s rows, QKV projection, RoPE, cache write;
-        ``gemm.qkv_rope``); every kernel a programmatic dependent of the one before
-        (``gemm.use_pdl``)."""
-        from santa_bench.e2e import gemm
+        """:meth:`fused_attention_inputs` with the QKV GEMM in Triton, every kernel a
+        programmatic dependent of the one before (``gemm.use_pdl``)."""
+        from santa_bench.e2e import fused, gemm
 
         c, w = self.config, self.layers[layer]
         pdl = gemm.use_pdl(x.device)
-        if stat is None:  # the first layer
-            stat = gemm.row_sumsq(x, pdl=pdl)
-        q = gemm.qkv_rope(x, self.norm_folded().qkv[layer], w.b_qkv, stat, c.rms_eps,
-                          self.cos, self.sin, positions, k_cache, v_cache, c.num_heads,
-                          c.num_kv_heads, c.head_dim, page_table, page_size, pdl=pdl)
+        x, h = fused.add_rms_norm(x, delta, w.ln_attn, c.rms_eps, pdl=pdl)
+        q = fused.rope_write(gemm.decode_linear(h, w.w_qkv, bias=w.b_qkv, pdl=pdl), self.cos,
+                             self.sin, positions, k_cache, v_cache, c.num_heads,
+                             c.num_kv_heads, c.head_dim, page_table, page_size, pdl=pdl)
         return x, q
 
     def gemm_layer_output(
         self, layer: int, x: torch.Tensor, attn: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns ``(layer_output, stat)`` on the Triton decode GEMMs: O with the residual
-        add inside; gate/up with the RMSNorm (by the O kernel's ``stat``) and SiLU*mul
-        inside; down with the residual add inside (its ``stat`` goes to the next layer)."""
-        from santa_bench.e2e import gemm
+        """:meth:`fused_layer_output` with the Triton decode GEMMs: O; gate/up with SiLU*mul
+        inside; down."""
+        from santa_bench.e2e import fused, gemm
 
         c, w = self.config, self.layers[layer]
         pdl = gemm.use_pdl(x.device)
-        x, stat = gemm.decode_linear_add(attn.reshape(x.shape[0], -1), w.w_o, x, pdl=pdl)
-        act = gemm.decode_linear(x, self.norm_folded().gate_up[layer], silu=True,
-                                 norm_stat=stat, eps=c.rms_eps, pdl=pdl)
-        return gemm.decode_linear_add(act, w.w_down, x, pdl=pdl)
+        o = gemm.decode_linear(attn.reshape(x.shape[0], -1), w.w_o, pdl=pdl)
+        x, h = fused.add_rms_norm(x, o, w.ln_mlp, c.rms_eps, pdl=pdl)
+        act = gemm.decode_linear(h, w.w_gate_up, silu=True, pdl=pdl)
+        return x, gemm.decode_linear(act, w.w_down, pdl=pdl)
 
-    def gemm_logits(self, x: torch.Tensor, stat: torch.Tensor | None) -> torch.Tensor:
-        """:meth:`logits` on the Triton decode GEMM (the final RMSNorm by ``stat``)."""
-        from santa_bench.e2e import gemm
+    def gemm_logits(self, x: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
+        """:meth:`fused_logits` with the LM head on the Triton decode GEMM."""
+        from santa_bench.e2e import fused, gemm
 
         pdl = gemm.use_pdl(x.device)
-        if stat is None:
-            stat = gemm.row_sumsq(x, pdl=pdl)
-        return gemm.decode_linear(x, self.norm_folded().lm_head, norm_stat=stat,
-                                  eps=self.config.rms_eps, pdl=pdl)
+        h = fused.add_rms_norm(x, delta, self.norm, self.config.rms_eps, pdl=pdl)[1]
+        return gemm.decode_linear(h, self.lm_head, pdl=pdl)
 
     def decode_layers(
         self, rest: str, x: torch.Tensor, positions: torch.Tensor,
@@ -357,19 +317,15 @@ class Decoder:
     ) -> torch.Tensor:
         """Returns the logits of one decode step of embeddings ``x [B, hidden]`` through
         every layer with ``attend(layer, q)`` as attention, the rest of the step as the
-        ``fused_*`` or ``gemm_*`` pieces (``rest``); K/V written at ``positions``. Each
-        layer hands the next a carry with its output: the pending residual delta (fused)
-        or the norm statistic of its output (gemm)."""
+        ``fused_*`` or ``gemm_*`` pieces (``rest``); K/V written at ``positions``."""
         inputs, output, logits = (getattr(self, f"{rest}_{piece}") for piece in
                                   ("attention_inputs", "layer_output", "logits"))
-        if rest == "gemm":
-            self.norm_folded()
-        carry = None
+        delta = None
         for layer in range(self.config.num_layers):
-            x, q = inputs(layer, x, carry, positions, k_caches[layer], v_caches[layer],
+            x, q = inputs(layer, x, delta, positions, k_caches[layer], v_caches[layer],
                           page_table, page_size)
-            x, carry = output(layer, x, attend(layer, q))
-        return logits(x, carry)
+            x, delta = output(layer, x, attend(layer, q))
+        return logits(x, delta)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Returns the next-token logits ``[M, vocab]`` of the last layer's output."""
