@@ -113,10 +113,6 @@ HOPPER = {
     # tune-2026-12-01-s7): 32k B=4 46.64 -> 45.43 us, B=8 74.97 -> 74.03
     "attend_rows": {64: 64, 128: 128, 256: 32},
     "exact_rows": {64: 64, 128: 64, 256: 32},
-    # None: one block of teams per attend program; k: about k programs per SM, each
-    # looping over blocks with ``attend_stages`` software-pipeline stages
-    "attend_programs_per_sm": None,
-    "attend_stages": 1,
     # heads per finishing program: 0 = one program per KV group finds every head's kappa
     # and writes the union; h > 0 = G/h programs per group, the last writes the union.
     # H200, select + finish at 32k B=1 / B=8 / 128k B=1 (P=64): 0 -> 22.9 / 40.4 / 23.0 us,
@@ -549,8 +545,7 @@ class SantaPPPlan:
     chunks: int  # chunks per team
     teams_per_block: int  # TPB teams per attend program
     union_cap: int
-    team_blocks: int  # blocks of TPB teams per (b, kv head) in the union list
-    team_programs: int  # attend programs per (b, kv head) over those blocks
+    team_programs: int  # attend programs per (b, kv head) over the union list
     exact_programs: int
     exact_rows: int  # BLOCK_E
     num_parts: int
@@ -579,7 +574,6 @@ def make_plan(
     teams_per_split: int | None = None,
     local: bool | None = None,
     teams_per_block: int | None = None,
-    team_programs: int | None = None,
     exact_programs: int | None = None,
     finish_heads: int | None = None,
     finish_warps: int | None = None,
@@ -631,13 +625,7 @@ def make_plan(
         raise InputError(
             f"teams_per_block: must be a power of two with teams_per_block * {slot} >= 16"
         )
-    team_blocks = -(-union_cap // teams_per_block)
-    if team_programs is None:
-        team_programs = team_blocks
-        if HOPPER["attend_programs_per_sm"]:  # fewer programs, each looping over blocks
-            team_programs = math.ceil(HOPPER["attend_programs_per_sm"] * sms / bkv)
-    team_programs = min(team_blocks, team_programs)
-    check_positive_int(team_programs, "team_programs")
+    team_programs = -(-union_cap // teams_per_block)
     exact_rows = HOPPER["exact_rows"][min(HOPPER["exact_rows"], key=lambda k: abs(k - head_dim))]
     exact_rows = max(16, exact_rows // shrink)
     if exact_programs is None:
@@ -686,7 +674,6 @@ def make_plan(
         chunks=chunks,
         teams_per_block=teams_per_block,
         union_cap=union_cap,
-        team_blocks=team_blocks,
         team_programs=team_programs,
         exact_programs=exact_programs,
         exact_rows=exact_rows,
@@ -1205,7 +1192,7 @@ def _attend_kernel(
     z_ptr, phi_ptr, kappa_ptr, union_ptr, count_ptr,
     part_m_ptr, part_l_ptr, part_o_ptr,
     scale, sink, team_size, t_cap, union_cap, packed_rows, num_parts, team_programs,
-    team_blocks, exact_programs,
+    exact_programs,
     stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_pt, page_size,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr, G_PAD: tl.constexpr, TPB: tl.constexpr, SLOT: tl.constexpr,
@@ -1236,52 +1223,49 @@ def _attend_kernel(
     count = tl.load(count_ptr + bkv)
     exact = c >= team_programs
     if c < team_programs:
-        # rows of TPB teams of the union list, SLOT rows each, blocks c, c + team_programs,
-        # ... (one block a program unless the plan loops: ``attend_programs_per_sm``). No
-        # branch on the device-side count: the union entries load with it (the list is
-        # zero-initialised, so entries past the count are valid team ids) and blocks past
-        # the count read nothing (a program with none writes an empty partial, m = -inf),
-        # so the merge never reads the count.
+        # rows of TPB teams of the union list, SLOT rows each. No branch on the device-side
+        # count: the union entries load with it (the list is zero-initialised, so entries
+        # past the count are valid team ids) and programs past the count read nothing
+        # and write an empty partial (m = -inf), so the merge never reads the count.
         offs_n = tl.arange(0, BLOCK_N)
-        for blk in range(c, team_blocks, team_programs):
-            member = blk * TPB + offs_n // SLOT
-            team = tl.load(union_ptr + bkv.to(tl.int64) * union_cap + member,
-                           mask=member < union_cap, other=0)
-            mask_u = member < count
-            if REGULAR:
-                start = sink + team * team_size
-                n_g = tl.minimum(team_size, team_end - start)
+        member = c * TPB + offs_n // SLOT
+        team = tl.load(union_ptr + bkv.to(tl.int64) * union_cap + member,
+                       mask=member < union_cap, other=0)
+        mask_u = member < count
+        if REGULAR:
+            start = sink + team * team_size
+            n_g = tl.minimum(team_size, team_end - start)
+        else:
+            table = bkv.to(tl.int64) * t_cap + team
+            start = tl.load(team_start_ptr + table, mask=mask_u, other=0)
+            n_g = tl.load(team_len_ptr + table, mask=mask_u, other=0)
+        cell = head_rows[:, None] * t_cap + team[None, :]
+        hw = mask_g[:, None] & mask_u[None, :]
+        for chunk in range(CHUNKS):  # a loop, not unrolled: one chunk of K/V live at a time
+            r = chunk * SLOT + offs_n % SLOT
+            ok = mask_u & (r < n_g)
+            pos = tl.where(ok, start + r, 0)
+            if PACKED:
+                rows = (bkv.to(tl.int64) * packed_rows + pos) * HEAD_DIM
+                k = tl.load(pk_ptr + rows[:, None] + offs_d[None, :],
+                            mask=ok[:, None] & mask_d[None, :], other=0.0)
+                v = tl.load(pv_ptr + rows[:, None] + offs_d[None, :],
+                            mask=ok[:, None] & mask_d[None, :], other=0.0)
             else:
-                table = bkv.to(tl.int64) * t_cap + team
-                start = tl.load(team_start_ptr + table, mask=mask_u, other=0)
-                n_g = tl.load(team_len_ptr + table, mask=mask_u, other=0)
-            cell = head_rows[:, None] * t_cap + team[None, :]
-            hw = mask_g[:, None] & mask_u[None, :]
-            for chunk in tl.static_range(CHUNKS):  # unrolled: the block loop is innermost
-                r = chunk * SLOT + offs_n % SLOT
-                ok = mask_u & (r < n_g)
-                pos = tl.where(ok, start + r, 0)
-                if PACKED:
-                    rows = (bkv.to(tl.int64) * packed_rows + pos) * HEAD_DIM
-                    k = tl.load(pk_ptr + rows[:, None] + offs_d[None, :],
-                                mask=ok[:, None] & mask_d[None, :], other=0.0)
-                    v = tl.load(pv_ptr + rows[:, None] + offs_d[None, :],
-                                mask=ok[:, None] & mask_d[None, :], other=0.0)
-                else:
-                    rows = _row_offsets(page_table_ptr, b, pos, stride_kx, stride_ky,
-                                        stride_pt, page_size, PAGED)
-                    k = tl.load(k_head + rows[:, None] + offs_d[None, :],
-                                mask=ok[:, None] & mask_d[None, :], other=0.0)
-                    v = tl.load(v_head + rows[:, None] + offs_d[None, :],
-                                mask=ok[:, None] & mask_d[None, :], other=0.0)
-                # w_{h,g} = 1/pi_{h,g} for the heads that selected g, 0 for the others;
-                # loaded after K/V are requested so both round trips overlap
-                z = tl.load(z_ptr + cell, mask=hw, other=float("-inf"))
-                phi = tl.load(phi_ptr + cell, mask=hw, other=float("-inf"))
-                kappa = tl.load(kappa_ptr + head_rows, mask=mask_g, other=0.0)
-                w = _inclusion_weight(z, phi, kappa[:, None])
-                m_i, l_i, acc = _online_update(q, k, v, w, ok[None, :], m_i, l_i, acc, scale,
-                                               DOT_PRECISION)
+                rows = _row_offsets(page_table_ptr, b, pos, stride_kx, stride_ky, stride_pt,
+                                   page_size, PAGED)
+                k = tl.load(k_head + rows[:, None] + offs_d[None, :],
+                            mask=ok[:, None] & mask_d[None, :], other=0.0)
+                v = tl.load(v_head + rows[:, None] + offs_d[None, :],
+                            mask=ok[:, None] & mask_d[None, :], other=0.0)
+            # w_{h,g} = 1/pi_{h,g} for the heads that selected g, 0 for the others; loaded
+            # after K/V are requested so both round trips overlap
+            z = tl.load(z_ptr + cell, mask=hw, other=float("-inf"))
+            phi = tl.load(phi_ptr + cell, mask=hw, other=float("-inf"))
+            kappa = tl.load(kappa_ptr + head_rows, mask=mask_g, other=0.0)
+            w = _inclusion_weight(z, phi, kappa[:, None])
+            m_i, l_i, acc = _online_update(q, k, v, w, ok[None, :], m_i, l_i, acc, scale,
+                                           DOT_PRECISION)
     if exact:
         # exact set E: [0, min(sink, team_end)) and [team_end, length), weight 1
         length = tl.load(lengths_ptr + b)
@@ -1557,14 +1541,14 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages) -> to
             ws.z, ws.phi, ws.kappa, ws.union, ws.count,
             ws.part_m, ws.part_l, ws.part_o,
             tau, packed.sink, packed.team_size, p.max_teams, p.union_cap, packed_rows,
-            p.num_parts, p.team_programs, p.team_blocks, p.exact_programs,
+            p.num_parts, p.team_programs, p.exact_programs,
             q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
             table.stride(0) if paged else 0, kv.page_size if paged else 1,
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad, G_PAD=p.g_pad,
             TPB=p.teams_per_block, SLOT=p.slot, CHUNKS=p.chunks, BLOCK_E=p.exact_rows,
             PACKED=packed.packed_k is not None, PAGED=paged, REGULAR=packed.regular,
-            DOT_PRECISION=precision, PDL=pdl, num_warps=HOPPER["attend_warps"],
-            num_stages=HOPPER["attend_stages"], **dep,
+            DOT_PRECISION=precision, PDL=pdl, num_warps=HOPPER["attend_warps"], num_stages=1,
+            **dep,
         )  # fmt: skip
     out = ws.out(q.dtype)
     if "merge" in stages:

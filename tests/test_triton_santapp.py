@@ -105,9 +105,6 @@ def _compare(q, kv, index, packed, M, *, atol=2e-5, seed=0, **kw):
                               "finish_heads": 0}),
         (8, 8, 64, 3, 5, 6, {"local": True, "teams_per_split": 16, "fuse": False,
                              "finish_heads": 2}),
-        # attend programs looping over blocks of teams: one program, or two, per KV head
-        (4, 4, 32, 0, 0, 7, {"fuse": False, "teams_per_block": 4, "team_programs": 1}),
-        (8, 8, 64, 3, 5, 6, {"fuse": False, "teams_per_block": 2, "team_programs": 2}),
     ],
 )
 def test_matches_reference_given_the_same_gumbels(team_size, heads, d, sink, window, M, plan):
@@ -121,8 +118,6 @@ def test_matches_reference_given_the_same_gumbels(team_size, heads, d, sink, win
     fuse = plan.pop("fuse", True)
     workspace = SantaPPWorkspace.for_inputs(q, kv, packed, M, **plan)
     assert workspace.plan.local == plan.get("local", False)
-    if "team_programs" in plan:  # the loop runs more than once a program
-        assert workspace.plan.team_blocks > 2 * workspace.plan.team_programs
     _compare(q, kv, index, packed, M, workspace=workspace, fuse_select=fuse)
 
 
