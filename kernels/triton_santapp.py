@@ -109,9 +109,11 @@ HOPPER = {
     "search_8way_keys_per_thread": 16,
     "attend_warps": 4,
     # rows of K/V a team program loads per chunk (lowered where there would be fewer
-    # programs than SMs). H200, M=32 P=16, 64 -> 128 rows at d=128 (results/h200/
-    # tune-2026-12-01-s7): 32k B=4 46.64 -> 45.43 us, B=8 74.97 -> 74.03
-    "attend_rows": {64: 64, 128: 128, 256: 32},
+    # programs than SMs). 128 at d=128, measured and not adopted (H200, M=32; results/h200/
+    # tune-2026-12-01-s7, e2e-llama8b-32k-s7b): faster in the harness (32k B=4 46.6 -> 45.5
+    # us, B=8 75.1 -> 74.0, 128k P=64 41.5 -> 38.4) but slower inside the e2e decode loop
+    # (attention a layer 43.8 -> 44.8 us at B=4, 70.9 -> 73.7 at B=8, two loans each)
+    "attend_rows": {64: 64, 128: 64, 256: 32},
     "exact_rows": {64: 64, 128: 64, 256: 32},
     # heads per finishing program: 0 = one program per KV group finds every head's kappa
     # and writes the union; h > 0 = G/h programs per group, the last writes the union.
