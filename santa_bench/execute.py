@@ -212,12 +212,15 @@ def run_one(runner: Any, case: dict[str, Any]) -> list[dict[str, Any]]:
 def write_case(
     store: results.ResultStore, run: results.Run, case: dict[str, Any], rows: list[dict]
 ) -> list[dict[str, Any]]:
-    """Replaces the stored rows of ``case`` by ``rows`` (with its reproducing command).
+    """Stores ``rows`` of ``case`` in ``run`` (with its reproducing command), replacing
+    that run's part of the case and the case's failed parts anywhere.
 
     Returns the rows, or ``failed`` rows (reported, not stored) if the store refuses them.
     """
     try:
-        store.forget(results.config_hash(case))  # a re-run replaces failed or forced rows
+        # a re-run drops the case's failed parts; the run's own part is replaced by the
+        # write, finished parts of other runs stay (a forced re-run adds a measurement)
+        store.forget_failed(results.config_hash(case))
         run.write_case(case, rows, command=case_command(case))
     except ValueError as exc:
         return failed_rows(f"rows not stored: {exc}")

@@ -180,30 +180,31 @@ class ResultStore:
     def completed(self, env_fingerprint: str) -> set[str]:
         """Return the case hashes finished under `env_fingerprint` (in any run).
 
-        A case with a ``failed`` row is not finished: a resumed run retries it.
+        A case is finished when some run holds a part of it without a ``failed`` row; a
+        case whose only parts failed is not, so a resumed run retries it.
         """
         done: set[str] = set()
-        failed: set[str] = set()
         for path in self._parts(None):
             table = _read_part(path, columns=["case_hash", "env_fingerprint", "status"])
-            if table is None:
+            if table is None or not table.num_rows:
                 continue
-            for case_hash, fingerprint, status in zip(
-                table["case_hash"].to_pylist(),
-                table["env_fingerprint"].to_pylist(),
-                table["status"].to_pylist(),
-                strict=True,
-            ):
-                if fingerprint == env_fingerprint:
-                    (failed if status == "failed" else done).add(case_hash)
-        return done - failed
+            statuses = table["status"].to_pylist()
+            fingerprints = set(table["env_fingerprint"].to_pylist())
+            if fingerprints == {env_fingerprint} and "failed" not in statuses:
+                done.update(table["case_hash"].to_pylist())
+        return done
 
-    def forget(self, case_hash: str) -> int:
-        """Delete every stored part of ``case_hash`` (before re-running it); returns how many."""
-        parts = list(self.root.glob(f"*/part-{case_hash}.parquet"))
-        for path in parts:
-            path.unlink()
-        return len(parts)
+    def forget_failed(self, case_hash: str) -> int:
+        """Delete the stored parts of ``case_hash`` that hold a ``failed`` row (before it is
+        re-run); finished parts stay, in whatever run holds them (a forced re-run into
+        another run adds a measurement, it does not erase one). Returns how many went."""
+        gone = 0
+        for path in self.root.glob(f"*/part-{case_hash}.parquet"):
+            table = _read_part(path, columns=["status"])
+            if table is not None and "failed" in table["status"].to_pylist():
+                path.unlink()
+                gone += 1
+        return gone
 
     def load(self, runs: list[str] | None = None) -> pd.DataFrame:
         """Return every row of the given runs (default: all), columns unioned (missing: NA)."""

@@ -230,17 +230,40 @@ def test_environment_without_gpu():
     assert environment_fingerprint({**env, "torch": "0.0"}) != environment_fingerprint(env)
 
 
-def test_failed_cases_are_retried_and_forget_removes_their_parts(tmp_path) -> None:
+def test_failed_cases_are_retried_and_forget_failed_removes_their_parts(tmp_path) -> None:
     store = ResultStore(tmp_path)
     run = store.start_run(collect_environment("santa-bench kernel"), run_id="r1")
     fingerprint = run.env_fingerprint
     run.write_case(CASE, [{"metric": "latency", "value": None, "unit": "us",
                            "status": "failed", "reason": "CUDA out of memory"}])
     assert config_hash(CASE) not in store.completed(fingerprint)
-    assert store.forget(config_hash(CASE)) == 1
+    assert store.forget_failed(config_hash(CASE)) == 1
     run.write_case(CASE, [{"metric": "latency", "value": 1.0, "unit": "us"}])
     assert config_hash(CASE) in store.completed(fingerprint)
+    assert store.forget_failed(config_hash(CASE)) == 0  # a finished part stays
     assert len(store.load()) == 1
+
+
+def test_a_forced_rerun_into_another_run_keeps_the_first_measurement(tmp_path,
+                                                                     monkeypatch) -> None:
+    """Repeated measurements of one case (an A/B on one loan, a second loan) each keep
+    their rows; a failed part elsewhere does not make the case unfinished."""
+    from santa_bench import execute
+    from santa_bench.execute import write_case
+
+    monkeypatch.setattr(execute, "case_command", lambda case: "santa-bench kernel ...")
+
+    store = ResultStore(tmp_path)
+    env = collect_environment("santa-bench kernel")
+    first, second, third = (store.start_run(env, run_id=r) for r in ("r1", "r2", "r3"))
+    write_case(store, first, CASE, [{"metric": "latency", "value": 1.0, "unit": "us"}])
+    write_case(store, second, CASE, [{"metric": "latency", "value": 2.0, "unit": "us"}])
+    assert sorted(store.load()["value"]) == [1.0, 2.0]
+    third.write_case(CASE, [{"metric": "latency", "value": None, "unit": "us",
+                             "status": "failed", "reason": "x"}])
+    assert config_hash(CASE) in store.completed(first.env_fingerprint)
+    write_case(store, third, CASE, [{"metric": "latency", "value": 3.0, "unit": "us"}])
+    assert sorted(store.load()["value"]) == [1.0, 2.0, 3.0]  # the failed part replaced
 
 
 def test_git_sha_falls_back_to_the_environment_outside_a_checkout(tmp_path, monkeypatch):
