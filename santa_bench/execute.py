@@ -146,6 +146,12 @@ class CaseWorker:
         self.recall = recall
         self.runners: dict[str, Any] = {}
 
+    def _stored(self) -> tuple[Any, str]:
+        """``(rows, fingerprint)`` for a runner's recall: every stored row, the newest
+        measurement of a case last (this run's own last of all)."""
+        return (self.store.load_latest_last(self.run_folder.run_id),
+                self.run_folder.env_fingerprint)
+
     def runner(self, kind: str) -> Any:
         """Returns the runner of a case kind (kernel, fidelity, accuracy), made on first use."""
         if kind not in self.runners:
@@ -158,7 +164,7 @@ class CaseWorker:
                     copy_bandwidth_gbps=self.copy_bandwidth_gbps,
                 )
                 if self.recall:  # vendor baselines timed earlier (a resumed run)
-                    runner.recall_baselines(self.store.load(), self.run_folder.env_fingerprint)
+                    runner.recall_baselines(*self._stored())
             elif kind == "fidelity":
                 from santa_bench.runners.fidelity import FidelityRunner
 
@@ -168,13 +174,13 @@ class CaseWorker:
 
                 runner = TaskRunner()
                 if self.recall:  # dense scores of a resumed run give retention
-                    runner.recall(self.store.load(), self.run_folder.env_fingerprint)
+                    runner.recall(*self._stored())
             elif kind == "e2e":
                 from santa_bench.e2e.runner import E2ERunner
 
                 runner = E2ERunner()
                 if self.recall:  # dense decode runs of a resumed run give speedups
-                    runner.recall(self.store.load(), self.run_folder.env_fingerprint)
+                    runner.recall(*self._stored())
             else:
                 raise ValueError(f"no runner for cases of kind {kind!r}")
             self.runners[kind] = runner

@@ -219,6 +219,20 @@ class ResultStore:
         params = [c for c in data.columns if c not in FIXED_COLUMNS]
         return data[params + list(FIXED_COLUMNS)]
 
+    def load_latest_last(self, current_run: str) -> pd.DataFrame:
+        """Every row, ordered so that a later measurement of a case comes after an earlier
+        one: other runs by their run.json date, then ``current_run``. The runners' recall
+        helpers let a case's last row win, so a resumed or repeated run compares against
+        its own (or the newest) stored baselines."""
+        frame = self.load()
+        if frame.empty:
+            return frame
+        dates = {record["run_id"]: str(record.get("date") or "") for record in self.runs()}
+        order = pd.DataFrame({"current": frame["run_id"] == current_run,
+                              "date": frame["run_id"].map(lambda run: dates.get(run, ""))})
+        index = order.sort_values(["current", "date"], kind="stable").index
+        return frame.loc[index].reset_index(drop=True)
+
     def _parts(self, runs: list[str] | None) -> list[Path]:
         """Return the part files of the given runs (default: all), in a stable order."""
         if runs is None:

@@ -318,3 +318,16 @@ def test_report_label_names_two_pass_flash_only():
     fused = pd.Series({"method": "santa-flash", "S": 2048.0, "passes": float("nan")})
     assert _label(fused) == "santa-flash S=2048"
     assert _label(pd.Series({"method": "santa-flash", "S": 128.0})) == "santa-flash S=128"
+
+
+def test_recall_order_puts_the_current_run_and_newer_runs_last(tmp_path) -> None:
+    """Two runs of one case: the rows the recall helpers see last (and keep) are the
+    current run's, else the newest run's by its run.json date."""
+    store = ResultStore(tmp_path)
+    env = collect_environment("santa-bench kernel")
+    for run_id, date, value in (("b-old", "2026-01-01", 1.0), ("a-new", "2026-02-01", 2.0)):
+        run = store.start_run({**env, "date": date}, run_id=run_id)
+        run.write_case(CASE, [{"metric": "latency", "value": value, "unit": "us"}])
+    assert list(store.load()["value"]) == [2.0, 1.0]  # by folder name
+    assert list(store.load_latest_last("other")["value"]) == [1.0, 2.0]  # newest last
+    assert list(store.load_latest_last("b-old")["value"]) == [2.0, 1.0]  # this run last
