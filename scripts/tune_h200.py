@@ -499,7 +499,7 @@ def pdlpp_section(rows: Rows) -> None:
 
 PP_KNOBS = {  # HOPPER overrides (or workspace keywords, "ws") of the SANTA++ launches
     "default": {},
-    "rows=64": {"attend_rows": {64: 64, 128: 64, 256: 32}},
+    "rows=64": {"attend_rows": {64: 64, 128: 64, 256: 32}},  # the default (again) since 1efdffc
     "rows=128 warps=8": {"attend_rows": {64: 64, 128: 128, 256: 32}, "attend_warps": 8},
     "rows=256 warps=8": {"attend_rows": {64: 64, 128: 256, 256: 32}, "attend_warps": 8},
     "rows=256 warps=4": {"attend_rows": {64: 64, 128: 256, 256: 32}},
