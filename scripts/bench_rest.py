@@ -13,9 +13,7 @@ bf16, rows M = 4 and 8 (the e2e batches).
   replaced by a copy of its query) as one CUDA graph, ``rest=fused`` (three Triton kernels
   and four cuBLAS GEMMs a layer) against ``rest=gemm`` with and without programmatic
   dependent launch, with the launches ``gemm`` found best (the table of gemm.py when
-  ``gemm`` did not run); also with the next kernel's launch let through only after the
-  weight stream (``gemm late``) and then L2 prefetch of 1-2 K steps of its weights
-  before its wait (``STEP_VARIANTS``; ``STEP_ROWS=4`` for one batch).
+  ``gemm`` did not run).
 Rows go to OUT_DIR/rest.csv as they are measured. The CSVs of
 results/h200/rest-2026-12-01 were made by this script at the commits its README names
 (the norm-prologue sweeps with the code of ``84dfe12``, which had that prologue).
@@ -24,7 +22,6 @@ results/h200/rest-2026-12-01 were made by this script at the commits its README 
 from __future__ import annotations
 
 import csv
-import os
 import sys
 import time
 import traceback
@@ -50,13 +47,6 @@ KINDS = {"gate_up": ("plain", "silu")}  # every other shape: plain only
 ROWS = (4, 8)
 CONFIGS = [(bn, bk, 4, st) for bn in (16, 32, 64) for bk in (256, 512) for st in (3, 4)]
 CONFIGS += [(32, 128, 4, 4), (16, 1024, 4, 3), (64, 256, 8, 4), (128, 128, 8, 3)]
-# the step section's variants: (label, rest, PDL, late trigger, L2 prefetch K steps)
-STEP_VARIANTS = [("fused", "fused", True, False, 0), ("gemm", "gemm", True, False, 0),
-                 ("gemm no-pdl", "gemm", False, False, 0),
-                 ("gemm late", "gemm", True, True, 0),
-                 ("gemm late prefetch1", "gemm", True, True, 1),
-                 ("gemm late prefetch2", "gemm", True, True, 2)]
-STEP_ROWS = tuple(int(r) for r in os.environ.get("STEP_ROWS", "4,8").split(","))
 FIELDS = ["section", "shape", "rows", "variant", "us", "tbps", "note"]
 
 
@@ -143,15 +133,16 @@ def step_section(rows_out: Rows, best: dict) -> None:
     gemm.CONFIG_OVERRIDES.clear()
     gemm.CONFIG_OVERRIDES.update(best)
     note = f"launches {gemm.CONFIG_OVERRIDES or 'of gemm.LAUNCHES'}"
-    for rows in STEP_ROWS:
+    for rows in ROWS:
         caches = [torch.zeros(rows, 1024, c.num_kv_heads, c.head_dim, device="cuda",
                               dtype=torch.bfloat16) for _ in range(c.num_layers)]
         args = (torch.randint(0, c.vocab, (rows,), device="cuda"),
                 torch.full((rows,), 500, device="cuda", dtype=torch.long), caches)
         want = rest_step(model, "fused", *args)
         for rep in range(2):
-            for label, rest, pdl, late, prefetch in STEP_VARIANTS:
-                gemm.PDL, gemm.LATE_TRIGGER, gemm.PREFETCH_STEPS = pdl, late, prefetch
+            for label, rest, pdl in (("fused", "fused", True), ("gemm", "gemm", True),
+                                     ("gemm no-pdl", "gemm", False)):
+                gemm.PDL = pdl
                 same = bool(torch.equal(rest_step(model, rest, *args), want))
                 us = graph_call_us([lambda rest=rest, args=args: rest_step(model, rest, *args)],
                                    budget_ms=300.0)
@@ -160,7 +151,7 @@ def step_section(rows_out: Rows, best: dict) -> None:
         del caches, args, want
         torch.cuda.empty_cache()
     gemm.CONFIG_OVERRIDES.clear()
-    gemm.PDL, gemm.LATE_TRIGGER, gemm.PREFETCH_STEPS = True, False, 0
+    gemm.PDL = True
 
 
 def main() -> None:

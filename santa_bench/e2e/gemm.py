@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from santa_kernels.triton_santa import gdc_launch_dependents, gdc_wait, pdl_available
+from santa_kernels.triton_santa import _pdl_enter, pdl_available
 from santa_kernels.validate import InputError
 
 MAX_ROWS = 32  # decode rows one program holds (the dot's M); larger batches: cuBLAS
@@ -70,19 +70,6 @@ def gemm_config(n_out: int, k: int, silu: bool = False,
 # -> 4017.2 us at B=4, 4155.1 -> 4057.3 at B=8. Measured and removed (code at 6d3b0f6):
 # prefetching the first two K steps of weights into L2 before the wait, +20-26 us
 PDL = True
-# experiment (session 7), off by default until timed: LATE_TRIGGER lets the next kernel
-# launch only once this one's programs are past their weight stream (not at their start),
-# so what it does before its wait overlaps this kernel's tail, not its stream;
-# PREFETCH_STEPS: K steps of weights it then prefetches into L2 before that wait
-LATE_TRIGGER = False
-PREFETCH_STEPS = 0
-
-
-def prefetch_steps(block_k: int, stages: int, k: int) -> int:
-    """K steps a PDL-launched GEMM prefetches into L2 (:data:`PREFETCH_STEPS`, at most the
-    pipeline's prologue and K, a power of two)."""
-    steps = min(PREFETCH_STEPS, stages - 1, k // block_k)
-    return 1 << (steps.bit_length() - 1) if steps > 0 else 0
 
 
 @functools.cache
@@ -111,19 +98,11 @@ def _dot(a, w, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """``prefetch.global.L2`` of every address in ``ptrs`` (no value, no fault; GPU only)."""
-    tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _decode_linear_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, stride_xm, stride_wn,
     HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
-    PDL: tl.constexpr = False, LATE: tl.constexpr = False, PREFETCH: tl.constexpr = 0,
-    LINE: tl.constexpr = 64,
+    PDL: tl.constexpr = False,
 ):
     """Program n: output columns ``[n*BLOCK_N, (n+1)*BLOCK_N)`` of every row (module
     docstring). ``K`` is a multiple of BLOCK_K; ``N`` is the output width (``I`` with
@@ -133,16 +112,7 @@ def _decode_linear_kernel(
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-    if PREFETCH > 0:  # weights do not depend on the previous kernel
-        rows = w_ptr + tl.minimum(offs_n, N - 1)[:, None].to(tl.int64) * stride_wn
-        lines = tl.arange(0, PREFETCH * BLOCK_K // LINE)[None, :] * LINE
-        _prefetch_l2(rows + lines)
-        if SILU:
-            _prefetch_l2(rows + N * stride_wn + lines)
-    if PDL:
-        gdc_wait()
-        if not LATE:
-            gdc_launch_dependents()
+    _pdl_enter(PDL, True)
     dtype = y_ptr.dtype.element_ty
     offs_m = tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
@@ -159,8 +129,6 @@ def _decode_linear_kernel(
             w_up = tl.load(w_rows + N * stride_wn + kk[None, :], mask=mask_n[:, None],
                            other=0.0)
             acc_up = _dot(x, w_up, acc_up, IEEE)
-    if PDL and LATE:
-        gdc_launch_dependents()
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     if SILU:
@@ -213,8 +181,6 @@ def decode_linear(
         weight.stride(0), HAS_BIAS=bias is not None, SILU=silu,
         BLOCK_M=max(16, 1 << (rows - 1).bit_length()), BLOCK_N=block_n, BLOCK_K=block_k,
         IEEE=_ieee(x.dtype), num_warps=warps, num_stages=stages,
-        **({"PDL": True, "launch_pdl": True, "LATE": LATE_TRIGGER,
-            "PREFETCH": prefetch_steps(block_k, stages, k),
-            "LINE": 128 // weight.element_size()} if pdl else {}),
+        **({"PDL": True, "launch_pdl": True} if pdl else {}),
     )
     return y
