@@ -10,18 +10,17 @@ source scripts/h200_setup.sh > /dev/null 2>&1
 python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/oldsite "$old" 2>&1 | grep -v -i warning
 out=${OUT:-/tmp/ab}
 mkdir -p "$out"
-site_old=/tmp/oldsite:/tmp/site
-PYTHONPATH=$site_old python3 -c "import santa_bench, santa_kernels; print('old tree:', santa_bench.__file__)"
+site() { [ "$1" = old ] && echo /tmp/oldsite:/tmp/site || echo /tmp/site; }  # PYTHONPATH
+root() { [ "$1" = old ] && echo "$old" || echo .; }  # the tree's scripts
+PYTHONPATH=$(site old) python3 -c "import santa_bench; print('old tree:', santa_bench.__file__)"
 for tree in old new; do
-  pp=$([ $tree = old ] && echo $site_old || echo /tmp/site)
-  script=$([ $tree = old ] && echo "$old/scripts/bench_rest.py" || echo scripts/bench_rest.py)
-  PYTHONPATH=$pp timeout 150 python3 "$script" "$out/rest-$tree" step > "$out/rest-$tree.log" 2>&1
+  PYTHONPATH=$(site $tree) timeout 150 python3 "$(root $tree)/scripts/bench_rest.py" \
+    "$out/rest-$tree" step > "$out/rest-$tree.log" 2>&1
   echo "== rest $tree"; grep "^step" "$out/rest-$tree.log" | cut -d'|' -f3-5
 done
 for rep in 1 2; do
   for tree in old new; do
-    pp=$([ $tree = old ] && echo $site_old || echo /tmp/site)
-    PYTHONPATH=$pp COLUMNS=160 timeout 100 python3 -m santa_bench e2e --config llama-3.1-8b \
+    PYTHONPATH=$(site $tree) COLUMNS=160 timeout 100 python3 -m santa_bench e2e --config llama-3.1-8b \
       --ctx 32k --batch 4 --steps 32 --prefill random --rest gemm \
       --methods dense,santapp:M=32 --dense-backends triton-splitkv \
       --results /tmp/ab-res --run-id "ab-$tree-$rep" --force 2>&1 | grep -E "^\s+4\s" | sed "s/^/$tree $rep /"

@@ -31,9 +31,9 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   first checks both select the same teams and agree on the output.
 - ``warps``: prop's score pass with 1-2 warps a program against 4, stages 2-4, 4 or 8
   programs per SM: the pass alone and the call at S=128 (same samples checked first).
-- ``ppknobs``: SANTA++ M=32 P=16 with one launch knob changed at a time (warps, rows a
-  chunk, merge block, search width, PDL groups): the call and its stage prefixes (same
-  teams checked).
+- ``ppknobs``: SANTA++ M=32 (teams of 16, and of 64 above 32k) with one launch knob
+  changed at a time (warps, rows a chunk, merge block, search width, PDL groups): the
+  call and its stage prefixes (same teams checked).
 - ``reps``: the SANTA++ contiguous index build with the representatives by the torch loop
   or by ``_contiguous_reps_kernel``; first checks both pack the same index.
 - ``flash2``: the two-pass flash kernel stage by stage: pass 1 with and without its draw,
@@ -497,17 +497,21 @@ def pdlpp_section(rows: Rows) -> None:
         tsp.HOPPER["pdl_max_groups"] = max_groups
 
 
+def _attend_rows(rows_d128: int) -> dict[int, int]:
+    """``HOPPER["attend_rows"]`` with ``rows_d128`` rows a team program at head dim 128."""
+    return {**tsp.HOPPER["attend_rows"], 128: rows_d128}
+
+
 PP_KNOBS = {  # HOPPER overrides (or workspace keywords, "ws") of the SANTA++ launches
-    "default": {},
-    "rows=64": {"attend_rows": {64: 64, 128: 64, 256: 32}},  # the default (again) since 1efdffc
-    "rows=128 warps=8": {"attend_rows": {64: 64, 128: 128, 256: 32}, "attend_warps": 8},
-    "rows=256 warps=8": {"attend_rows": {64: 64, 128: 256, 256: 32}, "attend_warps": 8},
-    "rows=256 warps=4": {"attend_rows": {64: 64, 128: 256, 256: 32}},
-    "rows=128 warps=2": {"attend_rows": {64: 64, 128: 128, 256: 32}, "attend_warps": 2},
+    "default": {},  # 64 rows a program at d=128 (the CSVs' "rows=64" rows at 7348d68)
+    "rows=128 warps=8": {"attend_rows": _attend_rows(128), "attend_warps": 8},
+    "rows=256 warps=8": {"attend_rows": _attend_rows(256), "attend_warps": 8},
+    "rows=256 warps=4": {"attend_rows": _attend_rows(256)},
+    "rows=128 warps=2": {"attend_rows": _attend_rows(128), "attend_warps": 2},
     "attend_warps=8": {"attend_warps": 8},
     "attend_warps=2": {"attend_warps": 2},
-    "attend_rows=32": {"attend_rows": {64: 64, 128: 32, 256: 32}},
-    "attend_rows=128": {"attend_rows": {64: 64, 128: 128, 256: 32}},
+    "attend_rows=32": {"attend_rows": _attend_rows(32)},
+    "attend_rows=128": {"attend_rows": _attend_rows(128)},
     "merge_block=32": {"merge_block": 32},
     "merge_block=128": {"merge_block": 128},
     "merge_warps=8": {"merge_warps": 8},
@@ -526,12 +530,12 @@ def ppknobs_section(rows: Rows) -> None:
     picks some): the whole call and its select / select+attend prefixes, each checked to
     select the default's teams (set TUNE_SHAPES, e.g. 4x32768,8x32768)."""
     default = copy.deepcopy(tsp.HOPPER)
+    wanted = os.environ.get("PP_KNOBS")  # e.g. "default,attend_rows=128"
+    knobs_run = {name: knobs for name, knobs in PP_KNOBS.items()
+                 if not wanted or name in wanted.split(",")}
     for shape, inputs, packs, gumbels in santapp_cases(rows, "ppknobs"):
         base = None
-        wanted = os.environ.get("PP_KNOBS")  # e.g. "default,attend_rows=128"
-        for name, knobs in PP_KNOBS.items():
-            if wanted and name not in wanted.split(","):
-                continue
+        for name, knobs in knobs_run.items():
             tsp.HOPPER.update({k: v for k, v in knobs.items() if k != "ws"})
             try:
                 wss, got = santapp_run(inputs, packs, gumbels, **knobs.get("ws", {}))
