@@ -300,6 +300,22 @@ def _pdl_enter(PDL: tl.constexpr, WAIT: tl.constexpr):
 
 
 @triton.jit
+def _pdl_wait(ON: tl.constexpr):
+    """With ON (a kernel launched with ``launch_pdl``): wait until the previous kernel has
+    finished and its writes are visible. Nothing without it."""
+    if ON:
+        gdc_wait()
+
+
+@triton.jit
+def _pdl_trigger(ON: tl.constexpr):
+    """With ON: let the next kernel (launched with ``launch_pdl``) launch once every
+    program of this one has started. Nothing without it."""
+    if ON:
+        gdc_launch_dependents()
+
+
+@triton.jit
 def _flash_program(lengths_ptr, S, num_kv_heads, tiles_per_split, TILE: tl.constexpr):
     """A flash program's tiles: ``(b, kvh, length, per_tile, t_begin, t_end)`` for the
     grid ``(splits, B * Hkv)``, tiles ``[t_begin, t_end)`` of sequence ``b``'s KV head

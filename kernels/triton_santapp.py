@@ -81,7 +81,14 @@ import triton.language as tl
 from santa_kernels.kv import KVCache
 from santa_kernels.reads import ReadCounts
 from santa_kernels.santapp import TeamIndex, _check_kv, build_team_index, team_end_of
-from santa_kernels.triton_santa import _pdl_enter, _row_offsets, _sm_count, pdl_available
+from santa_kernels.triton_santa import (
+    _pdl_enter,
+    _pdl_trigger,
+    _pdl_wait,
+    _row_offsets,
+    _sm_count,
+    pdl_available,
+)
 from santa_kernels.validate import InputError, check_positive_int, check_scale
 
 # -------------------------------------------------------------------- constants
@@ -1039,6 +1046,7 @@ def _select_kernel(
     C_PAD: tl.constexpr, M1_PAD: tl.constexpr, S_PAD: tl.constexpr,
     LOCAL: tl.constexpr, FUSED: tl.constexpr, HAS_GUMBELS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, WAYS: tl.constexpr, PDL: tl.constexpr = False,
+    ENTRY_PDL: tl.constexpr = False,
 ):
     _pdl_enter(PDL, False)  # the next kernel may launch as this grid's last wave starts
     split = tl.program_id(0)
@@ -1051,13 +1059,17 @@ def _select_kernel(
     mask_d = offs_d < HEAD_DIM
     offs_t = split * TB + tl.arange(0, TB)
     mask_t = offs_t < t_cap
-    # section 6: phi_g = tau q.r_g + log n_g for the G heads of the group, one dot
-    q = tl.load(q_ptr + b * stride_qb + (kvh * GROUP + offs_g)[:, None] * stride_qh
-                + offs_d[None, :], mask=(offs_g < GROUP)[:, None] & mask_d[None, :], other=0.0)
+    # the representatives and team sizes are fixed after the prefill: with ENTRY_PDL (the
+    # call launched as a programmatic dependent of the step's previous kernel) they load
+    # while that kernel finishes, and only the query waits for it
     team_rows = bkv * t_cap + offs_t
     reps = tl.load(reps_ptr + team_rows.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :],
                    mask=mask_t[:, None] & mask_d[None, :], other=0.0)
     log_n = tl.load(log_n_ptr + team_rows, mask=mask_t, other=float("-inf"))
+    _pdl_wait(ENTRY_PDL)
+    # section 6: phi_g = tau q.r_g + log n_g for the G heads of the group, one dot
+    q = tl.load(q_ptr + b * stride_qb + (kvh * GROUP + offs_g)[:, None] * stride_qh
+                + offs_d[None, :], mask=(offs_g < GROUP)[:, None] & mask_d[None, :], other=0.0)
     s = _scores(q, reps, DOT_PRECISION)  # [G_PAD, TB]; the padding rows of q are zero
     if G_PAD > G_ROWS:  # keep G_ROWS rows: adding the zero rows is exact
         s = tl.sum(tl.reshape(s, [G_PAD // G_ROWS, G_ROWS, TB]), axis=0)
@@ -1302,12 +1314,15 @@ def _merge_kernel(
     num_parts, stride_ob, stride_oh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
+    LET_NEXT: tl.constexpr = False,
 ):
     """Log-sum-exp merge of one head's partials, as triton_splitkv's stage 2: the max
     over every partial first, then one weighted sum (no running rescale). Every attend
     program wrote its partial (empty ones hold m = -inf: weight 0), so nothing here
-    waits on the device-side union count; ``BLOCK_S >= num_parts`` at B=1 (one step)."""
+    waits on the device-side union count; ``BLOCK_S >= num_parts`` at B=1 (one step).
+    LET_NEXT (without PDL): the kernel after the call may launch as this one starts."""
     _pdl_enter(PDL, True)  # launched early: wait for the previous kernel
+    _pdl_trigger(LET_NEXT)
     pid = tl.program_id(0)
     hq = NUM_KV_HEADS * GROUP
     b = pid // hq
@@ -1488,10 +1503,12 @@ def _check_call(q, kv, packed, M, workspace) -> None:
             raise InputError("workspace: planned for shorter teams (pack changed)")
 
 
-def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages) -> torch.Tensor:
+def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
+            pdl_chain: bool = False) -> torch.Tensor:
     """Launches the call's kernels (``stages``: a subset of :data:`STAGES`, for profiling;
     the output is only meaningful with all of them; ``("score",)`` runs the select kernel
-    without finishing the selection). Returns the output buffer."""
+    without finishing the selection; ``pdl_chain``: see :func:`santapp_decode`). Returns
+    the output buffer."""
     p = ws.plan
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
@@ -1500,6 +1517,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages) -> to
     pdl = (bool(HOPPER.get("pdl")) and batch * hkv <= HOPPER["pdl_max_groups"]
            and pdl_available(q.device))
     dep = {"launch_pdl": True} if pdl else {}  # kernels after the first
+    chain = pdl_chain and pdl_available(q.device)
     if "score" in stages:  # profiling: the select kernel alone, without its finisher
         fuse_select, stages = False, (*stages, "select")
     if "select" in stages:
@@ -1512,8 +1530,8 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages) -> to
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad, G_PAD=p.g_pad,
             G_ROWS=p.g_rows, TB=p.teams_per_split, C_PAD=p.c_pad, M1_PAD=p.m1_pad, S_PAD=p.s_pad,
             LOCAL=p.local, FUSED=fuse_select, HAS_GUMBELS=gumbels is not None,
-            DOT_PRECISION=precision, WAYS=p.search_ways, PDL=pdl, num_warps=p.select_warps,
-            num_stages=1,
+            DOT_PRECISION=precision, WAYS=p.search_ways, PDL=pdl, ENTRY_PDL=chain,
+            num_warps=p.select_warps, num_stages=1, **({"launch_pdl": True} if chain else {}),
         )  # fmt: skip
     if not fuse_select and "select" in stages and "score" not in stages and p.finish_heads:
         _finish_heads_kernel[(batch * hkv, p.finish_parts)](
@@ -1558,7 +1576,8 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages) -> to
             ws.part_m, ws.part_l, ws.part_o, out, ws.rng,
             p.num_parts, out.stride(0), out.stride(1),
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad,
-            BLOCK_S=p.merge_block, PDL=pdl, num_warps=p.merge_warps, **dep,
+            BLOCK_S=p.merge_block, PDL=pdl, LET_NEXT=chain and not pdl,
+            num_warps=p.merge_warps, **dep,
         )  # fmt: skip
     return out
 
@@ -1574,12 +1593,17 @@ def santapp_decode(
     gumbels: torch.Tensor | None = None,
     workspace: SantaPPWorkspace | None = None,
     fuse_select: bool = FUSE_SELECT,
+    pdl_chain: bool = False,
 ) -> tuple[torch.Tensor, SantaPPInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)``: one SANTA++ decode step (section 6,
     gumbel-topk, exact set = the pack's). ``gumbels [B, Hq, T]`` replaces the Philox
     Gumbel noise (tests); ``fuse_select=False`` finishes the selection in its own kernel
     instead of the last select program. With a ``workspace`` the call allocates nothing
-    and never synchronises (CUDA-graph capturable)."""
+    and never synchronises (CUDA-graph capturable). ``pdl_chain``: the call sits between
+    kernels that launch as programmatic dependents (the e2e step's gemm rest): where
+    :func:`pdl_available`, its first kernel launches as a dependent of the kernel before
+    and loads the representatives before waiting for it, and its last lets the next kernel
+    launch early (no effect elsewhere)."""
     _check_call(q, kv, packed, M, workspace)
     ws = workspace or SantaPPWorkspace.for_inputs(q, kv, packed, M)
     p = ws.plan
@@ -1592,7 +1616,7 @@ def santapp_decode(
                 f"gumbels: expected shape {(batch, hq, p.max_teams)}, got {tuple(gumbels.shape)}"
             )
         gumbels = gumbels.to(device=q.device, dtype=torch.float32).contiguous()
-    out = _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, STAGES)
+    out = _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, STAGES, pdl_chain)
     info = SantaPPInfo(
         M=M,
         packed=packed,

@@ -78,6 +78,7 @@ import triton
 import triton.language as tl
 
 from santa_kernels.kv import KVCache
+from santa_kernels.triton_santa import _pdl_trigger, _pdl_wait, pdl_available
 from santa_kernels.validate import InputError, check_positive_int, check_scale
 
 LOG2E = 1.4426950408889634  # scores are kept in base 2 so the kernel can use exp2
@@ -122,6 +123,9 @@ CONFIGS: dict[int, SplitKVConfig] = {
 STAGE2_NUM_WARPS = 4
 STAGE2_BLOCK_S = 16  # splits merged per step of the stage-2 loop
 MIN_BLOCK_H = 16  # tl.dot needs >= 16 rows; the GQA group is padded up to this
+# stage 2 launches as a programmatic dependent of stage 1 (its launch overlaps stage 1's
+# last wave) where pdl_available(); measured before it became the default: see BENCHMARKS
+MERGE_PDL = False
 MAX_SPLITS = 128
 MIN_TILES_PER_SPLIT = 2  # a split shorter than this mostly pays its own prologue
 TARGET_PROGRAMS_PER_SM = 2  # "waves": stage-1 programs per SM the split count aims for
@@ -333,7 +337,11 @@ def _splitkv_stage1(
     WRITE_OUT: tl.constexpr,  # num_splits == 1: normalise and write the output here
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 KV (no TF32); ignored for 16-bit
     WIDEN_BF16: tl.constexpr,  # interpreter + bf16 only, see _mma
+    ENTRY_PDL: tl.constexpr = False,  # launched as a programmatic dependent: wait first
+    LET_NEXT: tl.constexpr = False,  # the next kernel may launch as this one starts
 ):
+    _pdl_wait(ENTRY_PDL)
+    _pdl_trigger(LET_NEXT)
     split = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // NUM_KV_HEADS
@@ -423,7 +431,11 @@ def _splitkv_stage2(
     NUM_Q_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,  # splits merged per loop step
+    PDL: tl.constexpr = False,  # launched as a programmatic dependent of stage 1
+    LET_NEXT: tl.constexpr = False,  # the next kernel may launch as this one starts
 ):
+    _pdl_wait(PDL)
+    _pdl_trigger(LET_NEXT)
     pid = tl.program_id(0)  # b * Hq + head
     b = pid // NUM_Q_HEADS
     head = pid % NUM_Q_HEADS
@@ -590,6 +602,7 @@ def splitkv_decode(
     out: torch.Tensor | None = None,
     workspace: SplitKVWorkspace | None = None,
     config: SplitKVConfig | None = None,
+    pdl_chain: bool = False,
 ) -> torch.Tensor:
     """Returns exact decode attention ``softmax(scale · q Kᵀ) V`` as ``[B, Hq, d]``.
 
@@ -600,6 +613,10 @@ def splitkv_decode(
     of q's dtype. ``workspace`` supplies the partial buffers (see
     :class:`SplitKVWorkspace`), else they are allocated per call. ``config`` overrides
     the per-head-dim :data:`CONFIGS` entry (for tuning). Does no host-device sync.
+    ``pdl_chain``: the call sits between kernels that launch as programmatic dependents
+    (the e2e step's gemm rest): where :func:`pdl_available`, stage 1 launches as a
+    dependent of the kernel before, and the last kernel lets the next launch early.
+    Stage 2 is a programmatic dependent of stage 1 where :data:`MERGE_PDL` allows.
     """
     plan = _plan_for(q, kv, num_splits, config)
     batch, hq, d = q.shape
@@ -634,6 +651,9 @@ def splitkv_decode(
     paged = kv.layout == "paged"
     page_table = kv.page_table if paged else kv.lengths  # dummy pointer when contiguous
     q_strides, k_strides, out_strides = q.stride(), kv.k.stride(), out.stride()
+    pdl = pdl_available(q.device)
+    chain = pdl_chain and pdl
+    merge_pdl = MERGE_PDL and pdl and splits > 1
     _splitkv_stage1[plan.grid1](
         q, kv.k, kv.v, kv.lengths, page_table,
         out, part_o, part_m, part_l,
@@ -642,13 +662,15 @@ def splitkv_decode(
         k_strides[0], k_strides[1], k_strides[2],
         page_table.stride(0) if paged else 0,
         out_strides[0], out_strides[1],
-        **plan.stage1_meta,
+        **plan.stage1_meta, ENTRY_PDL=chain, LET_NEXT=merge_pdl or (chain and splits == 1),
+        **({"launch_pdl": True} if chain else {}),
     )  # fmt: skip
     if splits > 1:
         _splitkv_stage2[plan.grid2](
             part_o, part_m, part_l, out, splits,
             out_strides[0], out_strides[1],
-            **plan.stage2_meta,
+            **plan.stage2_meta, PDL=merge_pdl, LET_NEXT=chain,
+            **({"launch_pdl": True} if merge_pdl else {}),
         )  # fmt: skip
     return out
 

@@ -105,22 +105,36 @@ def test_gemm_decode_matches_the_eager_step(layout, config):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(INTERPRETED, reason="programmatic dependent launch: compiled, on a GPU")
-def test_gpu_pdl_launches_change_nothing(monkeypatch):
-    """Each kernel of the gemm rest waits for the one before it: with and without PDL
-    (graph replays, bf16) the same deterministic kernels give the same bits."""
+@pytest.mark.parametrize("backend", ["triton-splitkv", "triton-splitkv merge-pdl", "santapp",
+                                     "santapp batch 9"])
+def test_gpu_pdl_launches_change_nothing(monkeypatch, backend):
+    """Each kernel of the gemm rest waits for the one before it, and so does the attention
+    call inside that chain (its first kernel a programmatic dependent, its last letting the
+    O GEMM launch early): with and without PDL (graph replays, bf16) the same deterministic
+    kernels give the same bits. SANTA++ at batch 4 (8 KV groups) and 9 (18, above
+    ``HOPPER["pdl_max_groups"]``): its chain with and without PDL between its own kernels."""
+    import santa_kernels.triton_splitkv as tsk
+    from santa_bench.e2e.attention import TritonSantaPPDecode
     from santa_bench.e2e.configs import ModelConfig
+    from santa_bench.methods import REGISTRY
 
     config = ModelConfig("gpu-small", "llama", 2, 512, 8, 2, 128, 1024, 512, 4096, 10000.0)
     model = Decoder.random(config, device="cuda", dtype=torch.bfloat16, std=0.05)
-    session = DecodeSession(model, batch=4, ctx=300, steps=6)
+    batch = 9 if backend.endswith("batch 9") else 4
+    session = DecodeSession(model, batch=batch, ctx=300, steps=6)
     session.prefill("dense", chunk=128)
+    monkeypatch.setattr(tsk, "MERGE_PDL", backend.endswith("merge-pdl"))
+    params = {p.name: p.default for p in REGISTRY.get("santapp").params} | {"M": 4}
     runs = {}
     for pdl in (True, False):
         monkeypatch.setattr(gemm, "PDL", pdl)
         assert gemm.use_pdl(torch.device("cuda")) == (pdl and gemm.pdl_available(
             torch.device("cuda")))
-        attend = LayerRouting(dense_backend("triton-splitkv", session.scale))
+        main = (TritonSantaPPDecode(params, session.scale, seed=3) if backend.startswith(
+            "santapp") else dense_backend("triton-splitkv", session.scale))
+        attend = LayerRouting(main)
         session.prepare(attend)
         runs[pdl] = session.decode(attend, keep_logits=True, rest="gemm", graph=True)
+        assert main.pdl_chain == (pdl and gemm.pdl_available(torch.device("cuda")))
     assert torch.equal(runs[True].tokens, runs[False].tokens)
     assert torch.equal(runs[True].logits, runs[False].logits)

@@ -51,6 +51,14 @@ class DecodeAttention:
 
     name = "attention"
     graph_safe = True  # no host sync or host-side state in __call__
+    # the kernels around each call launch as programmatic dependents (the gemm rest on a
+    # GPU with PDL): a Triton backend may then launch its first kernel as one too and let
+    # the next launch early (set by the loop through :meth:`set_pdl_chain`)
+    pdl_chain = False
+
+    def set_pdl_chain(self, on: bool) -> None:
+        """Tells the backend whether the step's kernels around it form a PDL chain."""
+        self.pdl_chain = on
 
     def setup(self, cache: StaticKVCache, q: torch.Tensor) -> None:
         """Allocates and compiles for ``cache`` and queries shaped like ``q``."""
@@ -126,7 +134,7 @@ class TritonSplitKVDecode(DecodeAttention):
 
     def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         return self.decode(q, self.cache.layers[layer], scale=self.scale, out=self.out,
-                           workspace=self.workspace)
+                           workspace=self.workspace, pdl_chain=self.pdl_chain)
 
 
 class FlashInferDecode(DecodeAttention):
@@ -387,7 +395,7 @@ class TritonSantaPPDecode(DecodeAttention):
     def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         return self.module.santapp_decode(
             q, self.cache.layers[layer], self.packed[layer], self.params["M"],
-            scale=self.scale, workspace=self.workspaces[layer])[0]
+            scale=self.scale, workspace=self.workspaces[layer], pdl_chain=self.pdl_chain)[0]
 
 
 def method_backend(
@@ -440,6 +448,11 @@ class LayerRouting(DecodeAttention):
     def before_step(self, lengths: Sequence[int]) -> None:
         for backend in self.backends:
             backend.before_step(lengths)
+
+    def set_pdl_chain(self, on: bool) -> None:
+        super().set_pdl_chain(on)
+        for backend in self.backends:
+            backend.set_pdl_chain(on)
 
     def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         if layer in self.exempt_layers:

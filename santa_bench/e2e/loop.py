@@ -258,6 +258,7 @@ class DecodeSession:
         cuda = model.device.type == "cuda"
         rest = resolve_rest(rest, model.device, batch=self.batch)
         use_graph = graph and cuda and attend.graph_safe
+        attend.set_pdl_chain(rest == "gemm" and _gemm_pdl(model.device))
         cache.set_lengths(self.ctx)
         attend.reset()
         ids = self.first_tokens.clone()
@@ -344,6 +345,13 @@ class DecodeSession:
             timing = "cpu-wall"
         return DecodeResult(step_ms, attention_ms, tokens.cpu(), timing, warmup,
                             None if logits_log is None else logits_log.cpu())
+
+
+def _gemm_pdl(device: torch.device) -> bool:
+    """True where the gemm rest's kernels launch as programmatic dependents."""
+    from santa_bench.e2e.gemm import use_pdl
+
+    return use_pdl(device)
 
 
 def _time_cuda(reps: int, before, run) -> list[float]:
