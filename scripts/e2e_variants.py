@@ -9,13 +9,21 @@ prefill ``E2E_ROUNDS`` times (default 2), variants interleaved, so loan drift fa
 all of them alike. Rows (step median / p90 and the attention-only pass, ms; whether the
 greedy tokens equal the first variant of the same backend: the variants change launches,
 not arithmetic, so they must) go to OUT_DIR/variants.csv as they are measured.
+
+``E2E_PROFILE``: variants decoded once more under torch.profiler (CUPTI kernel records of
+the graph replays): per kernel its median duration, and per pair of kernels that follow
+each other on the stream the median gap from the first's end to the second's start
+(negative: the second started early, PDL), to OUT_DIR/profile.csv. Medians, so the two
+eager warm-up steps inside a decode do not count.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -34,6 +42,45 @@ from santa_bench.methods import REGISTRY
 
 FIELDS = ["shape", "variant", "round", "step_ms", "step_p90_ms", "attention_ms",
           "same_tokens", "seconds", "note"]
+PROFILE_FIELDS = ["shape", "variant", "what", "kernel", "count", "median_us"]
+
+
+def short_name(kernel: str) -> str:
+    """A Triton kernel's function name (CUPTI records carry its mangled launch name)."""
+    return kernel.split("(")[0].split("<")[0][:60]
+
+
+def kernel_profile(trace: Path) -> list[dict]:
+    """Per kernel and per consecutive pair of kernels: count and median (us) from a chrome
+    trace's kernel records, in start order."""
+    events = json.loads(trace.read_text())["traceEvents"]
+    kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    durations: dict[str, list[float]] = {}
+    gaps: dict[str, list[float]] = {}
+    for prev, cur in zip([None, *kernels], kernels, strict=False):
+        name = short_name(cur["name"])
+        durations.setdefault(name, []).append(cur["dur"])
+        if prev is not None:
+            pair = f"{short_name(prev['name'])} -> {name}"
+            gaps.setdefault(pair, []).append(cur["ts"] - prev["ts"] - prev["dur"])
+    rows = [{"what": "duration", "kernel": k, "count": len(v),
+             "median_us": round(statistics.median(v), 3)} for k, v in durations.items()]
+    rows += [{"what": "gap", "kernel": k, "count": len(v),
+              "median_us": round(statistics.median(v), 3)} for k, v in gaps.items()]
+    return rows
+
+
+def profiled(session, attend, out: Path, tag: str) -> list[dict]:
+    """Decodes once more under torch.profiler; returns :func:`kernel_profile` rows."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        session.decode(attend, graph=True, rest="gemm")
+    trace = out / f"trace-{tag}.json"
+    prof.export_chrome_trace(str(trace))
+    rows = kernel_profile(trace)
+    trace.unlink()  # tens of MB: the table is what comes back
+    return rows
 
 
 @contextlib.contextmanager
@@ -112,10 +159,15 @@ def main() -> int:
     shapes = [tuple(int(x) for x in s.split("x"))
               for s in os.environ.get("E2E_SHAPES", "4x32768,8x32768").split(",")]
     names = [n.strip() for n in os.environ.get("E2E_VARIANTS", ",".join(VARIANTS)).split(",")]
-    unknown = [n for n in names if n not in VARIANTS]
+    profile_names = [n.strip() for n in os.environ.get("E2E_PROFILE", "").split(",") if n.strip()]
+    unknown = [n for n in names + profile_names if n not in VARIANTS]
     if unknown:
         raise SystemExit(f"E2E_VARIANTS: unknown {unknown}; known: {list(VARIANTS)}")
     rounds = int(os.environ.get("E2E_ROUNDS", "2"))
+    prof_file = (out / "profile.csv").open("a", newline="") if profile_names else None
+    prof_writer = csv.DictWriter(prof_file, fieldnames=PROFILE_FIELDS) if prof_file else None
+    if prof_writer:
+        prof_writer.writeheader()
     steps = int(os.environ.get("E2E_STEPS", "32"))
     path = out / "variants.csv"
     new = not path.exists()
@@ -154,9 +206,23 @@ def main() -> int:
                 print(" | ".join(str(row.get(k, "")) for k in FIELDS), flush=True)
                 del attend
                 torch.cuda.empty_cache()
+        for name in profile_names:
+            attend, ctx_manager = VARIANTS[name][1](session.scale)
+            try:
+                with ctx_manager:
+                    session.prepare(attend)
+                    rows = profiled(session, attend, out, f"{batch}-{name.replace(' ', '_')}")
+                for r in rows:
+                    prof_writer.writerow({"shape": shape, "variant": name, **r})
+                prof_file.flush()
+                print(f"profiled {shape} {name}: {len(rows)} rows", flush=True)
+            except Exception:
+                traceback.print_exc()
         del session
         torch.cuda.empty_cache()
     f.close()
+    if prof_file:
+        prof_file.close()
     return 0
 
 
