@@ -128,16 +128,19 @@ def splitkv(chain: bool | None, merge_pdl: bool):
     return make
 
 
-def santapp(chain: bool | None, inner_pdl_groups: int | None = None, **plan_kw):
+def santapp(chain: bool | None, hopper: dict | None = None, **plan_kw):
+    """SANTA++ M=32 with ``HOPPER`` overrides and :func:`make_plan` keywords."""
     def make(scale: float):
         ctx = contextlib.ExitStack()
-        if inner_pdl_groups is not None:
-            ctx.enter_context(patched(tsp.HOPPER, pdl_max_groups=inner_pdl_groups))
+        if hopper:
+            ctx.enter_context(patched(tsp.HOPPER, **hopper))
         if plan_kw:
             ctx.enter_context(plan_overrides(**plan_kw))
         return forced_chain(TritonSantaPPDecode(santapp_params(), scale, seed=0), chain), ctx
     return make
 
+
+ROWS_128 = {**tsp.HOPPER["attend_rows"], 128: 128}  # 128 K/V rows a team program at d=128
 
 # name: (family, factory(scale) -> (backend, context active during prepare + decode))
 VARIANTS: dict[str, tuple[str, Callable]] = {
@@ -147,9 +150,20 @@ VARIANTS: dict[str, tuple[str, Callable]] = {
     "splitkv chain merge-pdl": ("dense", splitkv(True, True)),
     "santapp": ("santapp", santapp(False)),
     "santapp chain": ("santapp", santapp(True)),
-    "santapp inner-pdl": ("santapp", santapp(False, 64)),
-    "santapp chain inner-pdl": ("santapp", santapp(True, 64)),
+    "santapp inner-pdl": ("santapp", santapp(False, {"pdl_max_groups": 64})),
+    "santapp chain inner-pdl": ("santapp", santapp(True, {"pdl_max_groups": 64})),
     "santapp chain local": ("santapp", santapp(True, local=True)),
+    # representatives a select program scores (default at 32k B=4-8: 256)
+    "santapp chain tb=128": ("santapp", santapp(True, teams_per_split=128)),
+    "santapp chain tb=512": ("santapp", santapp(True, teams_per_split=512)),
+    # the select (score) kernel's warps apart from the finisher's (default: both 8)
+    "santapp chain score-warps=4": ("santapp", santapp(True, {"select_warps_large": 4},
+                                                       finish_warps=8)),
+    "santapp chain tb=128 score-warps=4": ("santapp", santapp(
+        True, {"select_warps_large": 4}, teams_per_split=128, finish_warps=8)),
+    "santapp chain finish-warps=4": ("santapp", santapp(True, finish_warps=4)),
+    "santapp chain attend-warps=2": ("santapp", santapp(True, {"attend_warps": 2})),
+    "santapp chain rows=128": ("santapp", santapp(True, {"attend_rows": ROWS_128})),
 }
 
 
