@@ -31,6 +31,7 @@ Decisions where section 6 is silent (see also the docstrings):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -588,6 +589,40 @@ def santapp_attention(
     )
 
 
+REPS_FORMATS = ("model", "int8")
+
+
+def quantize_reps(reps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row symmetric int8 of representatives ``[..., d]``: ``(codes int8 [..., d],
+    scale fp32 [...])`` with ``scale = max |r| / 127`` (1 for a zero row) and ``codes =
+    round(r / scale)``, all in fp32 (the kernel's index and the reference agree bit for
+    bit). The estimator stays unbiased with any representative: the selection and the
+    inclusion probabilities both use the same ``phi`` (ALGORITHMS.md section 6)."""
+    r = reps.float()
+    amax = r.abs().amax(dim=-1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    codes = torch.round(r / scale[..., None]).clamp(-127, 127).to(torch.int8)
+    return codes, scale
+
+
+def dequantize_reps(codes: torch.Tensor, scale: torch.Tensor,
+                    dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The representatives ``codes * scale`` that :func:`quantize_reps` stands for."""
+    return codes.to(dtype) * scale.to(dtype)[..., None]
+
+
+def with_reps_format(index: TeamIndex, reps: str, dtype: torch.dtype) -> TeamIndex:
+    """``index`` with its representatives as the kernel stores them: ``model`` (rounded to
+    the cache ``dtype``: unchanged here, the estimator rounds at use) or ``int8`` (rounded
+    to ``dtype``, then :func:`quantize_reps`)."""
+    if reps not in REPS_FORMATS:
+        raise InputError(f"reps: expected one of {REPS_FORMATS}, got {reps!r}")
+    if reps == "model":
+        return index
+    codes, scale = quantize_reps(index.rep_keys.to(dtype))
+    return dataclasses.replace(index, rep_keys=dequantize_reps(codes, scale, _INDEX_DTYPE))
+
+
 def santapp(
     q: torch.Tensor,
     kv: KVCache,
@@ -602,10 +637,12 @@ def santapp(
     sink: int = 0,
     window: int = 0,
     index_seed: int = 0,
+    reps: str = "model",
     **kw: object,
 ) -> SantaPPOutput:
     """Builds the index (``sink`` and ``window`` tokens left out of the teams) and decodes
-    one step (section 6); ``kw`` goes to :func:`santapp_attention` (seed, scale, ...)."""
+    one step (section 6); ``kw`` goes to :func:`santapp_attention` (seed, scale, ...).
+    ``reps``: the representatives as the kernel stores them (:func:`with_reps_format`)."""
     index = build_team_index(
         kv,
         policy=policy,
@@ -616,6 +653,7 @@ def santapp(
         exact_recent=window,
         sink=sink,
     )
+    index = with_reps_format(index, reps, kv.dtype)
     return santapp_attention(
         q,
         kv,
@@ -632,12 +670,16 @@ def santapp(
 __all__ = [
     "POLICIES",
     "REPRESENTATIVES",
+    "REPS_FORMATS",
     "SCHEMES",
     "SantaPPOutput",
     "TeamIndex",
     "build_team_index",
+    "dequantize_reps",
     "extend",
     "gumbel_topk_select",
+    "quantize_reps",
     "santapp",
     "santapp_attention",
+    "with_reps_format",
 ]

@@ -69,6 +69,7 @@ as K rows.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -80,7 +81,14 @@ import triton.language as tl
 
 from santa_kernels.kv import KVCache
 from santa_kernels.reads import ReadCounts
-from santa_kernels.santapp import TeamIndex, _check_kv, build_team_index, team_end_of
+from santa_kernels.santapp import (
+    REPS_FORMATS,
+    TeamIndex,
+    _check_kv,
+    build_team_index,
+    quantize_reps,
+    team_end_of,
+)
 from santa_kernels.triton_santa import (
     _pdl_enter,
     _pdl_trigger,
@@ -104,6 +112,7 @@ FUSE_SELECT = False
 H200_SM_COUNT = 132
 PROGRAMS_PER_SM = 2  # select/attend grids aim for about this many programs per SM
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_REPS_AS = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}  # int8 codes
 STAGES = ("select", "attend", "merge")
 # Hopper launch parameters. Every kernel here is latency bound at B=1 (a few KB per
 # program): 4 warps, one stage; the select program needs 8 warps when its finisher
@@ -184,6 +193,10 @@ class PackedTeams:
     computes them). ``team_end [B]`` (int32): the exact set is ``[0, min(sink, team_end))``
     and ``[team_end, length)``. Host values: ``num_teams [B, Hkv]``, ``lengths [B]`` at
     pack time, ``max_team_len``, ``exact_max`` (exact rows at pack time).
+
+    ``reps_scale [B, Hkv, T]`` (fp32): set when the representatives are stored as int8
+    codes (``reps`` int8, :func:`santa_kernels.santapp.quantize_reps`; half the select
+    kernel's bytes at 16-bit caches), ``kv_element_size`` then the cache's element size.
     """
 
     policy: str
@@ -202,6 +215,18 @@ class PackedTeams:
     exact_max: int
     num_teams: torch.Tensor
     lengths: torch.Tensor
+    reps_scale: torch.Tensor | None = None
+    kv_element_size: int = 0
+
+    @property
+    def reps_format(self) -> str:
+        """``model`` (the cache dtype) or ``int8`` (codes and a per-team scale)."""
+        return "model" if self.reps_scale is None else "int8"
+
+    @property
+    def kv_itemsize(self) -> int:
+        """Bytes of one K/V element of the cache the index was built on."""
+        return self.kv_element_size or self.reps.element_size()
 
     @property
     def batch(self) -> int:
@@ -232,7 +257,7 @@ class PackedTeams:
     def nbytes(self) -> int:
         """Bytes of the index the kernels read (tables, representatives, packed K/V)."""
         tensors = [self.reps, self.log_n, self.team_start, self.team_len, self.team_end]
-        tensors += [t for t in (self.packed_k, self.packed_v) if t is not None]
+        tensors += [t for t in (self.packed_k, self.packed_v, self.reps_scale) if t is not None]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def what_is_read(self) -> str:
@@ -255,6 +280,7 @@ def build_packed(
     copy: bool = False,
     index_dtype: torch.dtype | None = None,
     reps_kernel: bool | None = None,
+    reps: str = "model",
 ) -> PackedTeams:
     """Builds the team index of ``kv`` and packs it (prefill-time work).
 
@@ -264,9 +290,18 @@ def build_packed(
     :func:`pack_teams`. ``reps_kernel`` (``contiguous``): the representatives by one
     Triton kernel (one read of K) or by a torch loop over sequences; ``None``: the kernel
     on a GPU (H200, 32k B=1 P=16: 0.79 ms against 1.31 ms, the same index;
-    results/h200/tune-2026-11-29-s5), the loop on a CPU.
+    results/h200/tune-2026-11-29-s5), the loop on a CPU. ``reps``: the representatives
+    in the cache dtype (``model``) or as int8 codes with a per-team scale (``int8``,
+    :func:`quantize_packed`).
     """
     kv = _check_kv(kv)
+    if reps not in REPS_FORMATS:
+        raise InputError(f"reps: expected one of {REPS_FORMATS}, got {reps!r}")
+    if reps == "int8":
+        return quantize_packed(build_packed(
+            kv, policy=policy, team_size=team_size, leaders=leaders,
+            representative=representative, seed=seed, sink=sink, exact_recent=exact_recent,
+            copy=copy, index_dtype=index_dtype, reps_kernel=reps_kernel))
     if policy == "contiguous" and not copy:
         return _contiguous_packed(kv, team_size, representative, sink, exact_recent, index_dtype,
                                   reps_kernel)
@@ -281,6 +316,18 @@ def build_packed(
         sink=sink,
     )
     return pack_teams(kv, index, copy=copy)
+
+
+def quantize_packed(packed: PackedTeams) -> PackedTeams:
+    """``packed`` with its representatives as int8 codes and a per-team fp32 scale
+    (:func:`santa_kernels.santapp.quantize_reps`: the select kernel reads d + 4 bytes a
+    team instead of 2d at 16-bit caches; the estimator stays unbiased, its phi being that
+    of the rounded representatives)."""
+    if packed.reps_scale is not None:
+        return packed
+    codes, scale = quantize_reps(packed.reps)
+    return dataclasses.replace(packed, reps=codes.contiguous(), reps_scale=scale.contiguous(),
+                               kv_element_size=packed.reps.element_size())
 
 
 @triton.jit
@@ -1037,7 +1084,7 @@ def _finish_selection(
 # ---------------------------------------------------------------- kernel 1: select
 @triton.jit
 def _select_kernel(
-    q_ptr, reps_ptr, log_n_ptr, gumbel_ptr, rng_ptr, seed,
+    q_ptr, reps_ptr, log_n_ptr, reps_scale_ptr, gumbel_ptr, rng_ptr, seed,
     phi_ptr, z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, ticket_ptr,
     kappa_ptr, union_ptr, count_ptr,
     scale, M, num_splits, n_cand, t_cap, union_cap, stride_qb, stride_qh,
@@ -1046,7 +1093,7 @@ def _select_kernel(
     C_PAD: tl.constexpr, M1_PAD: tl.constexpr, S_PAD: tl.constexpr,
     LOCAL: tl.constexpr, FUSED: tl.constexpr, HAS_GUMBELS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, WAYS: tl.constexpr, PDL: tl.constexpr = False,
-    ENTRY_PDL: tl.constexpr = False,
+    ENTRY_PDL: tl.constexpr = False, REPS_AS: tl.constexpr = "",
 ):
     _pdl_enter(PDL, False)  # the next kernel may launch as this grid's last wave starts
     split = tl.program_id(0)
@@ -1066,6 +1113,13 @@ def _select_kernel(
     reps = tl.load(reps_ptr + team_rows.to(tl.int64)[:, None] * HEAD_DIM + offs_d[None, :],
                    mask=mask_t[:, None] & mask_d[None, :], other=0.0)
     log_n = tl.load(log_n_ptr + team_rows, mask=mask_t, other=float("-inf"))
+    if REPS_AS != "":  # int8 codes (exact in 16-bit floats) in the cache dtype; * scale below
+        rep_scale = tl.load(reps_scale_ptr + team_rows, mask=mask_t, other=0.0)
+        reps = reps.to(tl.float32)  # (int8 -> bf16 directly is wrong in the interpreter)
+        if REPS_AS == "bf16":
+            reps = reps.to(tl.bfloat16)
+        elif REPS_AS == "fp16":
+            reps = reps.to(tl.float16)
     _pdl_wait(ENTRY_PDL)
     # section 6: phi_g = tau q.r_g + log n_g for the G heads of the group, one dot
     q = tl.load(q_ptr + b * stride_qb + (kvh * GROUP + offs_g)[:, None] * stride_qh
@@ -1073,6 +1127,8 @@ def _select_kernel(
     s = _scores(q, reps, DOT_PRECISION)  # [G_PAD, TB]; the padding rows of q are zero
     if G_PAD > G_ROWS:  # keep G_ROWS rows: adding the zero rows is exact
         s = tl.sum(tl.reshape(s, [G_PAD // G_ROWS, G_ROWS, TB]), axis=0)
+    if REPS_AS != "":
+        s = s * rep_scale[None, :]
     offs_h = tl.arange(0, G_ROWS)
     mask_h = offs_h < GROUP
     head_rows = b * hq + kvh * GROUP + offs_h
@@ -1422,15 +1478,21 @@ class SantaPPInfo:
         workspace traffic is left out)."""
         packed = self.packed
         tables = packed.reps.numel() * packed.reps.element_size() + packed.log_n.numel() * 4
-        rows = self.read_counts().kv_bytes(packed.reps.element_size())
+        if packed.reps_scale is not None:
+            tables += packed.reps_scale.numel() * 4
+        rows = self.read_counts().kv_bytes(packed.kv_itemsize)
         return tables + rows + 2 * q.numel() * q.element_size()
 
     def read_equivalent(self) -> float:
-        """KV read fraction with every representative counted as one K row."""
+        """KV read fraction with every representative counted as one K row (int8 codes and
+        their scale: as the share of a K row's bytes they take)."""
         reads = self.read_counts()
         d = reads.head_dim
         read = float(reads.k_features.sum()) + float(reads.v_rows.sum()) * d
-        read += float(self.representatives_read.sum()) * d
+        share = 1.0
+        if self.packed.reps_scale is not None:
+            share = (d * self.packed.reps.element_size() + 4) / (d * self.packed.kv_itemsize)
+        read += float(self.representatives_read.sum()) * d * share
         return read / (2 * reads.dense_rows * d)
 
 
@@ -1479,7 +1541,8 @@ def _check_call(q, kv, packed, M, workspace) -> None:
             f"packed: built for B={packed.batch}, Hkv={packed.num_kv_heads}, "
             f"d={packed.head_dim}; the cache has B={kv.batch}, Hkv={kv.num_kv_heads}, d={d}"
         )
-    if packed.reps.device != kv.device or packed.reps.dtype != kv.dtype:
+    reps_dtype = kv.dtype if packed.reps_scale is None else torch.int8
+    if packed.reps.device != kv.device or packed.reps.dtype != reps_dtype:
         raise InputError("packed: not on the cache's device or in its dtype (pack it again)")
     check_positive_int(M, "M")
     if packed.min_teams < M:
@@ -1522,7 +1585,9 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
         fuse_select, stages = False, (*stages, "select")
     if "select" in stages:
         _select_kernel[(p.num_splits, batch * hkv)](
-            q, packed.reps, packed.log_n, gumbels if gumbels is not None else ws.phi, ws.rng,
+            q, packed.reps, packed.log_n,
+            packed.reps_scale if packed.reps_scale is not None else packed.log_n,
+            gumbels if gumbels is not None else ws.phi, ws.rng,
             (ws.seed if seed is None else int(seed)) & 0xFFFFFFFF,
             ws.phi, ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.ticket,
             ws.kappa, ws.union, ws.count,
@@ -1531,6 +1596,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             G_ROWS=p.g_rows, TB=p.teams_per_split, C_PAD=p.c_pad, M1_PAD=p.m1_pad, S_PAD=p.s_pad,
             LOCAL=p.local, FUSED=fuse_select, HAS_GUMBELS=gumbels is not None,
             DOT_PRECISION=precision, WAYS=p.search_ways, PDL=pdl, ENTRY_PDL=chain,
+            REPS_AS=_REPS_AS[kv.dtype] if packed.reps_scale is not None else "",
             num_warps=p.select_warps, num_stages=1, **({"launch_pdl": True} if chain else {}),
         )  # fmt: skip
     if not fuse_select and "select" in stages and "score" not in stages and p.finish_heads:

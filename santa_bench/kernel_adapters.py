@@ -118,6 +118,14 @@ def _santapp_packed(module, kv: KVCache, params: dict[str, Any]):
         return module.time_index_build(kv, **params)
     from santa_kernels.santapp import build_team_index
 
+    params = dict(params)
+    quantize = module.quantize_packed if params.pop("reps", "model") == "int8" else None
+    packed, build_ms = _kmeans_packed(module, kv, params, build_team_index)
+    return (quantize(packed) if quantize else packed), build_ms
+
+
+def _kmeans_packed(module, kv: KVCache, params: dict[str, Any], build_team_index):
+    """:func:`_santapp_packed` for the k-means policy (the index cached by content)."""
     fingerprint = (
         tuple(sorted(params.items())),
         tuple(kv.k.shape),
@@ -153,6 +161,7 @@ def santapp_prepare(
     mix: float = 0.0,
     sink: int = 0,
     window: int = 0,
+    reps: str = "model",
     scale: float | None = None,
 ) -> Prepared:
     """Prepares the Triton SANTA++ kernel: builds and packs the team index outside the timed
@@ -170,6 +179,7 @@ def santapp_prepare(
         "representative": representative,
         "sink": sink,
         "exact_recent": window,
+        "reps": reps,
     }
     try:
         packed, build_ms = _santapp_packed(module, kv, params)

@@ -333,6 +333,16 @@ def _builtin_methods() -> list[Method]:
                 Param("mix", 0.0, float, "defensive mixing with the uniform, in [0, 1)"),
                 Param("sink", 0, int, "first tokens attended exactly", minimum=0),
                 Param("window", 0, int, "recent tokens attended exactly", minimum=0),
+                Param(
+                    "reps",
+                    "model",
+                    str,
+                    "representatives stored in the cache dtype, or as int8 codes with a "
+                    "per-team scale (half the scoring bytes; phi from the rounded keys, "
+                    "still unbiased)",
+                    choices=("model", "int8"),
+                    omit_default=True,
+                ),
             ),
             reference=_santapp_reference,
             prepare=kernel_adapters.santapp_prepare,  # gumbel-topk, mix=0 (else skipped)

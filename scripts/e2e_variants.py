@@ -117,9 +117,9 @@ def forced_chain(backend: DecodeAttention, on: bool | None) -> DecodeAttention:
     return backend
 
 
-def santapp_params() -> dict:
+def santapp_params(**overrides) -> dict:
     method = REGISTRY.get("santapp")
-    return {**{p.name: p.default for p in method.params}, "M": 32}
+    return {**{p.name: p.default for p in method.params}, "M": 32, **overrides}
 
 
 def splitkv(chain: bool | None, merge_pdl: bool):
@@ -128,15 +128,17 @@ def splitkv(chain: bool | None, merge_pdl: bool):
     return make
 
 
-def santapp(chain: bool | None, hopper: dict | None = None, **plan_kw):
-    """SANTA++ M=32 with ``HOPPER`` overrides and :func:`make_plan` keywords."""
+def santapp(chain: bool | None, hopper: dict | None = None, reps: str = "model", **plan_kw):
+    """SANTA++ M=32 (representatives ``reps``) with ``HOPPER`` overrides and
+    :func:`make_plan` keywords."""
     def make(scale: float):
         ctx = contextlib.ExitStack()
         if hopper:
             ctx.enter_context(patched(tsp.HOPPER, **hopper))
         if plan_kw:
             ctx.enter_context(plan_overrides(**plan_kw))
-        return forced_chain(TritonSantaPPDecode(santapp_params(), scale, seed=0), chain), ctx
+        backend = TritonSantaPPDecode(santapp_params(reps=reps), scale, seed=0)
+        return forced_chain(backend, chain), ctx
     return make
 
 
@@ -164,6 +166,12 @@ VARIANTS: dict[str, tuple[str, Callable]] = {
     "santapp chain finish-warps=4": ("santapp", santapp(True, finish_warps=4)),
     "santapp chain attend-warps=2": ("santapp", santapp(True, {"attend_warps": 2})),
     "santapp chain rows=128": ("santapp", santapp(True, {"attend_rows": ROWS_128})),
+    # int8 representatives (half the select kernel's bytes); other teams, other tokens
+    "santapp chain int8": ("santapp-int8", santapp(True, reps="int8")),
+    "santapp chain int8 tb=128": ("santapp-int8", santapp(True, reps="int8",
+                                                          teams_per_split=128)),
+    "santapp chain int8 tb=128 score-warps=4": ("santapp-int8", santapp(
+        True, {"select_warps_large": 4}, reps="int8", teams_per_split=128, finish_warps=8)),
 }
 
 

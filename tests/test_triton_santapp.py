@@ -11,6 +11,7 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import dataclasses
 import math
 
 import pytest
@@ -20,7 +21,14 @@ import triton.language as tl
 
 import santa_kernels as sk
 from conftest import decode_problem
-from santa_kernels.santapp import build_team_index, extend, santapp_attention
+from santa_kernels.santapp import (
+    build_team_index,
+    dequantize_reps,
+    extend,
+    quantize_reps,
+    santapp_attention,
+    with_reps_format,
+)
 from santa_kernels.triton_santapp import (
     FINISH_CAP,
     KEY_NEG_INF,
@@ -31,6 +39,7 @@ from santa_kernels.triton_santapp import (
     check_scheme,
     make_plan,
     pack_teams,
+    quantize_packed,
     santapp_decode,
     santapp_triton_available,
 )
@@ -63,8 +72,10 @@ def _gumbels(batch: int, heads: int, teams: int, seed: int) -> torch.Tensor:
     return -torch.log(-torch.log(u))
 
 
-def _compare(q, kv, index, packed, M, *, atol=2e-5, seed=0, **kw):
-    """Runs kernel and reference on the same noise; checks everything they share."""
+def _compare(q, kv, index, packed, M, *, atol=2e-5, seed=0, rep_share=1.0, **kw):
+    """Runs kernel and reference on the same noise; checks everything they share
+    (``rep_share``: a representative's bytes as a share of a K row's, for the
+    read-equivalent: the reference counts whole rows)."""
     gumbels = _gumbels(q.shape[0], q.shape[1], packed.max_teams, seed)
     out, info = santapp_decode(q, kv, packed, M, gumbels=gumbels, **kw)
     ref = santapp_attention(
@@ -86,7 +97,8 @@ def _compare(q, kv, index, packed, M, *, atol=2e-5, seed=0, **kw):
     reads = info.read_counts()
     assert torch.equal(reads.v_rows, ref.reads.v_rows)
     assert reads.kv_read_fraction == pytest.approx(ref.kv_read_fraction)
-    assert info.read_equivalent() == pytest.approx(ref.read_equivalent)
+    reps_part = ref.read_equivalent - ref.kv_read_fraction
+    assert info.read_equivalent() == pytest.approx(ref.kv_read_fraction + rep_share * reps_part)
     return out, info
 
 
@@ -119,6 +131,46 @@ def test_matches_reference_given_the_same_gumbels(team_size, heads, d, sink, win
     workspace = SantaPPWorkspace.for_inputs(q, kv, packed, M, **plan)
     assert workspace.plan.local == plan.get("local", False)
     _compare(q, kv, index, packed, M, workspace=workspace, fuse_select=fuse)
+
+
+@pytest.mark.parametrize(("plan", "dtype"), [
+    ({}, torch.float32),
+    ({"local": True, "teams_per_split": 16, "fuse": False}, torch.float32),
+    ({"fuse": False}, torch.bfloat16),
+])
+def test_int8_reps_match_the_reference_on_the_rounded_keys(plan, dtype):
+    """int8 representatives: the kernel selects and weighs exactly as the reference does
+    with the keys the codes stand for (the same phi, hence the same unbiased estimator)."""
+    q, kv = _problem(heads=4, n=330, d=64, lengths=[330, 271], q_scale=2.0, dtype=dtype)
+    index = build_team_index(kv, team_size=8, sink=2, exact_recent=3)
+    packed = quantize_packed(pack_teams(kv, index))
+    assert packed.reps.dtype == torch.int8 and packed.reps_format == "int8"
+    assert packed.nbytes < pack_teams(kv, index).nbytes
+    plan = dict(plan)
+    fuse = plan.pop("fuse", True)
+    workspace = SantaPPWorkspace.for_inputs(q, kv, packed, 6, **plan)
+    share = (64 + 4) / (64 * kv.k.element_size())
+    _compare(q, kv, with_reps_format(index, "int8", kv.dtype), packed, 6,
+             atol=2e-5 if dtype == torch.float32 else 2e-2, rep_share=share,
+             workspace=workspace, fuse_select=fuse)
+
+
+def test_int8_quantization_bounds_and_errors():
+    gen = torch.Generator().manual_seed(5)
+    reps = torch.randn(3, 5, 32, generator=gen) * torch.tensor([0.01, 1.0, 40.0])[:, None, None]
+    reps[1, 2] = 0.0
+    codes, scale = quantize_reps(reps)
+    assert codes.dtype == torch.int8 and int(codes.abs().max()) <= 127
+    assert float(scale[1, 2]) == 1.0 and not codes[1, 2].any()
+    err = (dequantize_reps(codes, scale) - reps.double()).abs().amax(-1)
+    assert bool((err <= scale.double() / 2 + 1e-12).all())  # half a step per element
+    assert int(codes.abs().amax(-1)[0, 0]) == 127  # each row uses the whole range
+    _, kv = _problem(heads=4, n=96, d=16, dtype=torch.float32)
+    with pytest.raises(sk.InputError, match=r"^reps: expected one of"):
+        build_packed(kv, team_size=8, reps="fp4")
+    index = build_team_index(kv, team_size=8)
+    with pytest.raises(sk.InputError, match=r"^reps: expected one of"):
+        with_reps_format(index, "int4", kv.dtype)
 
 
 def test_kmeans_teams_are_packed_and_match_reference():
@@ -205,13 +257,14 @@ def test_calls_draw_fresh_teams_and_reset_reproduces():
     assert not torch.equal(other, draws[1][0])
 
 
-def test_estimator_agrees_with_the_reference_in_distribution():
+@pytest.mark.parametrize("reps", ["model", "int8"])
+def test_estimator_agrees_with_the_reference_in_distribution(reps):
     # flat-ish scores, 10 of 16 teams per head: the ratio estimator's bias is far below
     # the seed spread, so its mean must match dense within the CI of the draws
     q, kv = _problem(batch=1, heads=2, kv_heads=1, n=64, d=16, q_scale=0.7,
                            dtype=torch.float32, seed=8)
-    packed = build_packed(kv, team_size=4)
-    index = build_team_index(kv, team_size=4)
+    packed = build_packed(kv, team_size=4, reps=reps)
+    index = with_reps_format(build_team_index(kv, team_size=4), reps, kv.dtype)
     M, draws = 10, 40
     workspace = SantaPPWorkspace.for_inputs(q, kv, packed, M, seed=0)
     outs, weight_sums = [], []
@@ -399,6 +452,30 @@ def test_llama_shapes_match_reference_on_gpu(ctx, batch, M, team_size):
     agree = (outs[True][1] == (ref.team_weights > 0)).float().mean()
     assert agree > 0.999  # fp32 vs bf16-rounded representatives may flip near-ties
     error = (outs[True][0].float() - ref.out.float()).norm() / ref.out.float().norm()
+    assert error < 2e-2
+
+
+@pytest.mark.gpu
+@gpu
+def test_int8_reps_on_gpu_match_the_reference_on_the_rounded_keys():
+    """32k B=2, Llama shape: the int8 index from the GPU build selects as the reference
+    does on the keys its codes stand for, and its output error against that reference is
+    that of the model-dtype kernel against its own (bf16 rounding)."""
+    from santa_bench.inputs import DecodeShape, make_decode_inputs
+
+    q, kv = make_decode_inputs(DecodeShape(batch=2, ctx=32768), device="cuda")
+    fast = build_packed(kv, team_size=16, reps="int8")
+    assert fast.reps.dtype == torch.int8 and fast.reps_scale.shape == fast.log_n.shape
+    index = build_team_index(kv, team_size=16)
+    # the reference on the GPU build's own representatives, rounded as the kernel stores them
+    index = dataclasses.replace(index, rep_keys=dequantize_reps(
+        fast.reps.cpu(), fast.reps_scale.cpu()).to(index.rep_keys.device))
+    gumbels = _gumbels(2, q.shape[1], fast.max_teams, 1).cuda()
+    out, info = santapp_decode(q, kv, fast, 32, gumbels=gumbels, pdl_chain=True)
+    ref = santapp_attention(q, kv, index, 32, gumbels=gumbels)
+    agree = (info.selected() == (ref.team_weights > 0)).float().mean()
+    assert agree > 0.9999
+    error = (out.float() - ref.out.float()).norm() / ref.out.float().norm()
     assert error < 2e-2
 
 

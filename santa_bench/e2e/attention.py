@@ -378,7 +378,7 @@ class TritonSantaPPDecode(DecodeAttention):
                 packed = module.build_packed(
                     kv, policy=p["policy"], team_size=p["team_size"], leaders=p["leaders"],
                     representative=p["representative"], seed=self.seed, sink=p["sink"],
-                    exact_recent=p["window"])
+                    exact_recent=p["window"], reps=p.get("reps", "model"))
                 plan = module._plan_for(self.query, kv, packed, p["M"])
                 if plan not in by_plan:
                     by_plan[plan] = module.SantaPPWorkspace(
