@@ -120,6 +120,16 @@ STAGES = ("select", "attend", "merge")
 HOPPER = {
     "select_warps_small": 4,
     "select_warps_large": 8,
+    # from this many (sequence, KV head) groups, direct selection (not local) scores at
+    # most select_teams_many representatives a program with score_warps_many warps (the
+    # finisher keeps its own). H200, e2e loop at 32k (Llama-3.1-8B, M=32 P=16, PDL chain;
+    # results/h200/e2e-variants-2026-12-01-s8): 256 teams and 8 warps -> 128 and 4, the
+    # step with int8 representatives 5.378 -> 5.357 ms at B=4, 6.251 -> 6.214 at B=8 (two
+    # rounds each; the attention-only pass, calls back to back, moves the other way at B=4:
+    # 1.29 -> 1.35 ms). Fewer groups (B=1): not measured in the loop, kept
+    "many_groups": 32,
+    "select_teams_many": 128,
+    "score_warps_many": 4,
     # the finisher's kth search tests 8 thresholds a step (~4 steps) while each thread
     # holds at most this many keys, else 4 (~6 steps): the compares cost per key
     "search_8way_keys_per_thread": 16,
@@ -606,6 +616,7 @@ class SantaPPPlan:
     exact_rows: int  # BLOCK_E
     num_parts: int
     select_warps: int
+    score_warps: int  # the select kernel's warps when it does not finish the selection
     search_ways: int  # thresholds per step of the finisher's kth-largest search (4 or 8)
     finish_heads: int  # heads per finishing program (0: one program per KV group)
     h_rows: int  # rows of a per-head finishing program (next_pow2(finish_heads))
@@ -649,7 +660,8 @@ def make_plan(
     if teams_per_split is None:
         if not local:
             wanted = max(1, -(-target // bkv))
-            teams_per_split = min(256, max(16, _next_pow2(-(-max_teams // wanted))))
+            cap = HOPPER["select_teams_many"] if bkv >= HOPPER["many_groups"] else 256
+            teams_per_split = min(cap, max(16, _next_pow2(-(-max_teams // wanted))))
         else:
             teams_per_split = max(64, _next_pow2(2 * m1))
             while (
@@ -735,6 +747,8 @@ def make_plan(
         exact_rows=exact_rows,
         num_parts=num_parts,
         select_warps=select_warps,
+        score_warps=(HOPPER["score_warps_many"] if not local and bkv >= HOPPER["many_groups"]
+                     else select_warps),
         search_ways=search_ways,
         finish_heads=finish_heads,
         h_rows=h_rows,
@@ -1597,7 +1611,8 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             LOCAL=p.local, FUSED=fuse_select, HAS_GUMBELS=gumbels is not None,
             DOT_PRECISION=precision, WAYS=p.search_ways, PDL=pdl, ENTRY_PDL=chain,
             REPS_AS=_REPS_AS[kv.dtype] if packed.reps_scale is not None else "",
-            num_warps=p.select_warps, num_stages=1, **({"launch_pdl": True} if chain else {}),
+            num_warps=p.select_warps if fuse_select else p.score_warps, num_stages=1,
+            **({"launch_pdl": True} if chain else {}),
         )  # fmt: skip
     if not fuse_select and "select" in stages and "score" not in stages and p.finish_heads:
         _finish_heads_kernel[(batch * hkv, p.finish_parts)](

@@ -359,12 +359,17 @@ def _with_baselines(parsed: list, baselines: str, device: str) -> list:
 
 
 def _team_label(case: dict) -> str:
-    """``M=..,P=..`` (and the team policy when it is not contiguous) of a SANTA++ case."""
+    """``M=..,P=..`` (and the team policy when it is not contiguous, the representatives'
+    format when they are not in the cache dtype) of a SANTA++ case."""
     if "M" not in case:
         return "-"
     label = f"M={case['M']},P={case['team_size']}"
-    policy = case.get("policy", "contiguous")
-    return label if policy == "contiguous" else f"{label},{policy}"
+    if case.get("policy", "contiguous") != "contiguous":
+        label += f",{case['policy']}"
+    if case.get("reps", "model") != "model":
+        label += f",{case['reps']}"
+    return label
+
 
 def _print_summary(summary: list[tuple[dict, list[dict]]]) -> None:
     table = Table(title="kernel summary (sorted by latency)")

@@ -5,7 +5,8 @@
 # #9 with --rest gemm. Usage (device tool, carry .whl and .git_sha):
 #   bash scripts/h200_rest.sh RESULTS_DIR RUN_ID [batches=4,8]
 #   env: E2E=0 skips the e2e runs; VENDOR= the vendor dense backends (default flashinfer-tc);
-#   SECTIONS= the bench_rest.py sections (default step; none: skip it)
+#   SECTIONS= the bench_rest.py sections (default step; none: skip it); METHODS= the
+#   sampled methods (default santa-prop:S=128,santapp:M=32)
 set -u
 out=${1:?usage: bash scripts/h200_rest.sh RESULTS_DIR RUN_ID [batches]}
 run=${2:?run id}
@@ -28,7 +29,7 @@ COLUMNS=160 timeout 130 santa-bench e2e "${common[@]}" --methods dense \
 COLUMNS=160 timeout 110 santa-bench e2e "${common[@]}" --methods dense \
   --dense-backends "${VENDOR:-flashinfer-tc}" 2>&1 | tail -4
 COLUMNS=160 timeout 230 santa-bench e2e "${common[@]}" \
-  --methods santa-prop:S=128,santapp:M=32 2>&1 | tail -6
+  --methods "${METHODS:-santa-prop:S=128,santapp:M=32}" 2>&1 | tail -8
 python3 -m santa_bench.e2e.report "$out" "$run" 2>&1 | tail -12
 [ -n "${OUT:-}" ] && tar -cf "$OUT/e2e-results.tar" "$out/$run"
 true

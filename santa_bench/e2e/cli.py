@@ -221,7 +221,8 @@ def print_summary(summary: list[tuple[dict, list[dict]]], weights: str) -> None:
         latency = value("step_ms_median", ".2f")
         if step.get("status", "ok") != "ok":
             latency = f"{step['status']}: {step.get('reason', '')}"
-        params = "".join(f" {k}={case[k]}" for k in ("S", "M") if case.get(k) is not None)
+        params = "".join(f" {k}={case[k]}" for k in ("S", "M", "reps")
+                         if case.get(k) is not None and case.get(k) != "model")
         table.add_row(
             str(case["batch"]), format_size(int(case["ctx"])), case["method"] + params,
             case["backend"], escape(latency), value("step_ms_p90", ".2f"),

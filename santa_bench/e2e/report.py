@@ -26,6 +26,8 @@ def _label(row: pd.Series) -> str:
     for key in ("S", "M"):
         if key in row and not pd.isna(row.get(key)):
             label += f" {key}={int(row[key])}"
+    if isinstance(row.get("reps"), str) and row["reps"] != "model":
+        label += f" reps={row['reps']}"
     if isinstance(row.get("dense_layers"), str) and row["dense_layers"]:
         label += f" (exact layers {row['dense_layers']})"
     return label
