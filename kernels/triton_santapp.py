@@ -1218,12 +1218,13 @@ def _finish_heads_kernel(
     M, num_splits, n_cand, t_cap, union_cap, finish_parts,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr,
     H_ROWS: tl.constexpr, C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr,
-    WAYS: tl.constexpr, PDL: tl.constexpr = False,
+    WAYS: tl.constexpr, PDL: tl.constexpr = False, WRITE_UNION: tl.constexpr = True,
 ):
     """Grid ``(B * Hkv, finish_parts)``: each program finds kappa for ``H_ROWS`` heads of
     the group (the kth search spread over the group's heads instead of one program per
     group); the last of the group's programs to finish (an acq_rel ticket) writes the
-    union from the group's kappas."""
+    union from the group's kappas (not with WRITE_UNION False: profiling only, the call's
+    output is then wrong)."""
     _pdl_enter(PDL, True)  # launched early: wait for the previous kernel
     bkv = tl.program_id(0)
     part = tl.program_id(1)
@@ -1237,6 +1238,8 @@ def _finish_heads_kernel(
         z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, head_rows, mask_h, M, num_splits,
         n_cand, t_cap, C_PAD, S_PAD, LOCAL, WAYS)  # fmt: skip
     tl.store(kappa_ptr + head_rows, kappa, mask=mask_h)
+    if not WRITE_UNION:
+        return
     # every thread's kappa store is ordered before the ticket (barrier + acq_rel atomic)
     tl.debug_barrier()
     ticket = tl.atomic_add(ticket_ptr + bkv, 1, sem="acq_rel")
@@ -1584,8 +1587,9 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             pdl_chain: bool = False) -> torch.Tensor:
     """Launches the call's kernels (``stages``: a subset of :data:`STAGES`, for profiling;
     the output is only meaningful with all of them; ``("score",)`` runs the select kernel
-    without finishing the selection; ``pdl_chain``: see :func:`santapp_decode`). Returns
-    the output buffer."""
+    without finishing the selection; ``"no-union"`` added: the finisher does not write the
+    union (profiling the union step: the output is wrong); ``pdl_chain``: see
+    :func:`santapp_decode`). Returns the output buffer."""
     p = ws.plan
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
@@ -1620,7 +1624,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             M, p.num_splits, p.n_cand, p.max_teams, p.union_cap, p.finish_parts,
             NUM_KV_HEADS=hkv, GROUP=p.group, G_ROWS=p.g_rows, H_ROWS=p.h_rows, C_PAD=p.c_pad,
             S_PAD=p.s_pad, LOCAL=p.local, WAYS=p.finish_ways, PDL=pdl, num_warps=p.finish_warps,
-            num_stages=1, **dep,
+            num_stages=1, WRITE_UNION="no-union" not in stages, **dep,
         )  # fmt: skip
     elif not fuse_select and "select" in stages and "score" not in stages:
         _finish_kernel[(batch * hkv,)](

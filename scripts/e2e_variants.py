@@ -144,6 +144,17 @@ def santapp(chain: bool | None, hopper: dict | None = None, reps: str = "model",
 
 ROWS_128 = {**tsp.HOPPER["attend_rows"], 128: 128}  # 128 K/V rows a team program at d=128
 
+def santapp_no_union(make):
+    """A SANTA++ variant whose finisher skips the union step (wrong output: profiling)."""
+    def wrapped(scale: float):
+        backend, ctx = make(scale)
+        stack = contextlib.ExitStack()
+        stack.enter_context(ctx)
+        stack.enter_context(patched(tsp, STAGES=(*tsp.STAGES, "no-union")))
+        return backend, stack
+    return wrapped
+
+
 # name: (family, factory(scale) -> (backend, context active during prepare + decode))
 VARIANTS: dict[str, tuple[str, Callable]] = {
     "splitkv": ("dense", splitkv(False, False)),
@@ -172,6 +183,7 @@ VARIANTS: dict[str, tuple[str, Callable]] = {
                                                           teams_per_split=128)),
     "santapp chain int8 tb=128 score-warps=4": ("santapp-int8", santapp(
         True, {"select_warps_large": 4}, reps="int8", teams_per_split=128, finish_warps=8)),
+    "santapp chain int8 no-union": ("no-union", santapp_no_union(santapp(True, reps="int8"))),
 }
 
 
