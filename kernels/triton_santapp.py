@@ -157,6 +157,9 @@ HOPPER = {
     # SMs the previous kernel's last wave could use)
     "pdl": True,
     "pdl_max_groups": 16,
+    # above pdl_max_groups: select, finish and attend still programmatic dependents (only
+    # the merge launched after the attend grid has finished)
+    "pdl_before_merge": False,
 }
 
 
@@ -1598,6 +1601,9 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
     pdl = (bool(HOPPER.get("pdl")) and batch * hkv <= HOPPER["pdl_max_groups"]
            and pdl_available(q.device))
     dep = {"launch_pdl": True} if pdl else {}  # kernels after the first
+    # select -> finish -> attend as programmatic dependents even where the merge is not
+    early = pdl or (bool(HOPPER.get("pdl_before_merge")) and pdl_available(q.device))
+    dep_early = {"launch_pdl": True} if early else {}
     chain = pdl_chain and pdl_available(q.device)
     if "score" in stages:  # profiling: the select kernel alone, without its finisher
         fuse_select, stages = False, (*stages, "select")
@@ -1613,7 +1619,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad, G_PAD=p.g_pad,
             G_ROWS=p.g_rows, TB=p.teams_per_split, C_PAD=p.c_pad, M1_PAD=p.m1_pad, S_PAD=p.s_pad,
             LOCAL=p.local, FUSED=fuse_select, HAS_GUMBELS=gumbels is not None,
-            DOT_PRECISION=precision, WAYS=p.search_ways, PDL=pdl, ENTRY_PDL=chain,
+            DOT_PRECISION=precision, WAYS=p.search_ways, PDL=early, ENTRY_PDL=chain,
             REPS_AS=_REPS_AS[kv.dtype] if packed.reps_scale is not None else "",
             num_warps=p.select_warps if fuse_select else p.score_warps, num_stages=1,
             **({"launch_pdl": True} if chain else {}),
@@ -1623,16 +1629,17 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count, ws.ticket,
             M, p.num_splits, p.n_cand, p.max_teams, p.union_cap, p.finish_parts,
             NUM_KV_HEADS=hkv, GROUP=p.group, G_ROWS=p.g_rows, H_ROWS=p.h_rows, C_PAD=p.c_pad,
-            S_PAD=p.s_pad, LOCAL=p.local, WAYS=p.finish_ways, PDL=pdl, num_warps=p.finish_warps,
-            num_stages=1, WRITE_UNION="no-union" not in stages, **dep,
+            S_PAD=p.s_pad, LOCAL=p.local, WAYS=p.finish_ways, PDL=early,
+            num_warps=p.finish_warps, num_stages=1, WRITE_UNION="no-union" not in stages,
+            **dep_early,
         )  # fmt: skip
     elif not fuse_select and "select" in stages and "score" not in stages:
         _finish_kernel[(batch * hkv,)](
             ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count,
             M, p.num_splits, p.n_cand, p.max_teams, p.union_cap,
             NUM_KV_HEADS=hkv, GROUP=p.group, G_ROWS=p.g_rows, C_PAD=p.c_pad, S_PAD=p.s_pad,
-            LOCAL=p.local, WAYS=p.search_ways, PDL=pdl, num_warps=p.finish_warps, num_stages=1,
-            **dep,
+            LOCAL=p.local, WAYS=p.search_ways, PDL=early, num_warps=p.finish_warps, num_stages=1,
+            **dep_early,
         )  # fmt: skip
     paged = kv.layout == "paged"
     table = kv.page_table if paged else kv.lengths
@@ -1652,8 +1659,8 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad, G_PAD=p.g_pad,
             TPB=p.teams_per_block, SLOT=p.slot, CHUNKS=p.chunks, BLOCK_E=p.exact_rows,
             PACKED=packed.packed_k is not None, PAGED=paged, REGULAR=packed.regular,
-            DOT_PRECISION=precision, PDL=pdl, num_warps=HOPPER["attend_warps"], num_stages=1,
-            **dep,
+            DOT_PRECISION=precision, PDL=early, num_warps=HOPPER["attend_warps"], num_stages=1,
+            **dep_early,
         )  # fmt: skip
     out = ws.out(q.dtype)
     if "merge" in stages:

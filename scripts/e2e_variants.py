@@ -184,6 +184,9 @@ VARIANTS: dict[str, tuple[str, Callable]] = {
     "santapp chain int8 tb=128 score-warps=4": ("santapp-int8", santapp(
         True, {"select_warps_large": 4}, reps="int8", teams_per_split=128, finish_warps=8)),
     "santapp chain int8 no-union": ("no-union", santapp_no_union(santapp(True, reps="int8"))),
+    "santapp chain int8 pdl-before-merge": ("santapp-int8", santapp(
+        True, {"pdl_before_merge": True}, reps="int8")),
+    "santapp chain pdl-before-merge": ("santapp", santapp(True, {"pdl_before_merge": True})),
 }
 
 
