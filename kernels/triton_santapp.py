@@ -158,8 +158,13 @@ HOPPER = {
     "pdl": True,
     "pdl_max_groups": 16,
     # above pdl_max_groups: select, finish and attend still programmatic dependents (only
-    # the merge launched after the attend grid has finished)
-    "pdl_before_merge": False,
+    # the merge launched after the attend grid has finished): True, False, or "int8" (with
+    # int8 representatives only). H200, e2e loop at 32k, M=32 P=16 (results/h200/
+    # e2e-variants-2026-12-01-s8/6-variants-pbm.csv, two rounds): int8 representatives
+    # 5.363 -> 5.319 ms a step at B=4, 6.218 -> 6.210 at B=8; model-dtype ones 5.405 ->
+    # 5.651 at B=4 (their select programs hold twice the registers: the finisher's programs,
+    # launched early, keep them from being resident together; not profiled), 6.306 -> 6.334
+    "pdl_before_merge": "int8",
 }
 
 
@@ -1602,7 +1607,10 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
            and pdl_available(q.device))
     dep = {"launch_pdl": True} if pdl else {}  # kernels after the first
     # select -> finish -> attend as programmatic dependents even where the merge is not
-    early = pdl or (bool(HOPPER.get("pdl_before_merge")) and pdl_available(q.device))
+    before_merge = HOPPER.get("pdl_before_merge")
+    if before_merge == "int8":
+        before_merge = packed.reps_scale is not None
+    early = pdl or (bool(before_merge) and pdl_available(q.device))
     dep_early = {"launch_pdl": True} if early else {}
     chain = pdl_chain and pdl_available(q.device)
     if "score" in stages:  # profiling: the select kernel alone, without its finisher

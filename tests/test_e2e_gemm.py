@@ -106,7 +106,7 @@ def test_gemm_decode_matches_the_eager_step(layout, config):
 @pytest.mark.gpu
 @pytest.mark.skipif(INTERPRETED, reason="programmatic dependent launch: compiled, on a GPU")
 @pytest.mark.parametrize("backend", ["triton-splitkv", "triton-splitkv merge-pdl", "santapp",
-                                     "santapp batch 9"])
+                                     "santapp batch 9", "santapp int8 batch 9"])
 def test_gpu_pdl_launches_change_nothing(monkeypatch, backend):
     """Each kernel of the gemm rest waits for the one before it, and so does the attention
     call inside that chain (its first kernel a programmatic dependent, its last letting the
@@ -125,6 +125,8 @@ def test_gpu_pdl_launches_change_nothing(monkeypatch, backend):
     session.prefill("dense", chunk=128)
     monkeypatch.setattr(tsk, "MERGE_PDL", backend.endswith("merge-pdl"))
     params = {p.name: p.default for p in REGISTRY.get("santapp").params} | {"M": 4}
+    if "int8" in backend:  # int8 representatives: select -> finish -> attend as dependents
+        params["reps"] = "int8"
     runs = {}
     for pdl in (True, False):
         monkeypatch.setattr(gemm, "PDL", pdl)
