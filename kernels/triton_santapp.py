@@ -64,7 +64,8 @@ At Llama-3.1-8B shape (Hq=32, Hkv=8, d=128, bf16), 32k tokens, P=16, M=32, B=1: 
 representatives are 8 x 2048 x 256 B = 4.2 MB and the teams at most 8 x 128 x 16 rows x
 512 B = 8.4 MB, against 134 MB of dense K+V (<= 9.4%). The KV read fraction reported
 excludes the representatives (union rows + exact rows); the read-equivalent adds them
-as K rows.
+as K rows. With ``reps=int8`` (:func:`quantize_packed`) a representative is d int8 codes
+and one fp32 scale: 8 x 2048 x 132 B = 2.2 MB at that shape.
 """
 
 from __future__ import annotations

@@ -123,8 +123,9 @@ CONFIGS: dict[int, SplitKVConfig] = {
 STAGE2_NUM_WARPS = 4
 STAGE2_BLOCK_S = 16  # splits merged per step of the stage-2 loop
 MIN_BLOCK_H = 16  # tl.dot needs >= 16 rows; the GQA group is padded up to this
-# stage 2 launches as a programmatic dependent of stage 1 (its launch overlaps stage 1's
-# last wave) where pdl_available(); measured before it became the default: see BENCHMARKS
+# stage 2 as a programmatic dependent of stage 1 (its launch overlapping stage 1's last
+# wave) where pdl_available(). H200, e2e loop at 32k (results/h200/e2e-variants-2026-12-01-s8
+# /1-variants.csv): step 7.97-8.00 -> 7.99 ms at B=4, 11.81 -> 11.81 at B=8: off
 MERGE_PDL = False
 MAX_SPLITS = 128
 MIN_TILES_PER_SPLIT = 2  # a split shorter than this mostly pays its own prologue

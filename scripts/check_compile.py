@@ -64,7 +64,8 @@ def main() -> int:
     for local in (False, True):
         for h_rows in (1, 2, 4):
             consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "G_ROWS": 4, "H_ROWS": h_rows,
-                      "C_PAD": 2048, "S_PAD": 32, "LOCAL": local, "WAYS": 8, "PDL": local}
+                      "C_PAD": 2048, "S_PAD": 32, "LOCAL": local, "WAYS": 8, "PDL": local,
+                      "WRITE_UNION": h_rows != 2}
             err = compile_kernel(tsp._finish_heads_kernel, finish_types, consts)
             print(f"_finish_heads_kernel local={local} h_rows={h_rows}: {err or 'ok'}")
             failures += err is not None
@@ -118,10 +119,31 @@ def main() -> int:
         err = compile_kernel(tsp._contiguous_reps_kernel, reps_types, consts)
         print(f"_contiguous_reps_kernel P={team_size} MEAN={mean}: {err or 'ok'}")
         failures += err is not None
+    failures += check_select()
     failures += check_flash_two_pass()
     failures += check_decode_linear()
     failures += check_bernoulli()
     return 1 if failures else 0
+
+
+def check_select() -> int:
+    """The SANTA++ select kernel: bf16 or int8 representatives, direct or local selection,
+    launched as a programmatic dependent (ENTRY_PDL) or not."""
+    failures = 0
+    for reps, local, entry in (("bf16", False, False), ("i8", False, True),
+                               ("i8", True, True), ("bf16", True, False)):
+        types = ["*bf16", f"*{reps}", "*fp32", "*fp32", "*fp32", "*i64", "i32", "*fp32",
+                 "*fp32", "*fp32", "*i32", "*i32", "*i32", "*fp32", "*i32", "*i32", "fp32"]
+        types += ["i32"] * 7
+        consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "G_PAD": 16,
+                  "G_ROWS": 4, "TB": 128, "C_PAD": 2048, "M1_PAD": 64, "S_PAD": 16,
+                  "LOCAL": local, "FUSED": False, "HAS_GUMBELS": False,
+                  "DOT_PRECISION": "tf32", "WAYS": 8, "PDL": True, "ENTRY_PDL": entry,
+                  "REPS_AS": "bf16" if reps == "i8" else ""}
+        err = compile_kernel(tsp._select_kernel, types, consts, {"num_warps": 4})
+        print(f"_select_kernel reps={reps} local={local} entry_pdl={entry}: {err or 'ok'}")
+        failures += err is not None
+    return failures
 
 
 def check_bernoulli() -> int:
