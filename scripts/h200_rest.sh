@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# H200: the step outside attention with the Triton decode GEMMs (rest=gemm), sessions 6-7.
+# H200: the step outside attention with the Triton decode GEMMs (rest=gemm), sessions 6-8.
 # GPU tests of the decode GEMM path, the sm_90 compile check under the device's Triton,
 # scripts/bench_rest.py (step section; SECTIONS= to change), then the e2e table of issue
 # #9 with --rest gemm. Usage (device tool, carry .whl and .git_sha):
 #   bash scripts/h200_rest.sh RESULTS_DIR RUN_ID [batches=4,8]
+#   RESULTS_DIR: a fresh root on the device (e.g. /tmp/e2eroot): cases already stored under
+#   it (the carried results/h200, any run id) are skipped and their old dense steps would
+#   set the speedups; copy RESULTS_DIR/RUN_ID into results/h200 afterwards
 #   env: E2E=0 skips the e2e runs; VENDOR= the vendor dense backends (default flashinfer-tc);
 #   SECTIONS= the bench_rest.py sections (default step; none: skip it); METHODS= the
 #   sampled methods (default santa-prop:S=128,santapp:M=32)
