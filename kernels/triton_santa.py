@@ -1018,9 +1018,11 @@ def _check_uniforms(uniforms, shape, name="uniforms"):
     return uniforms.to(torch.float32).contiguous()
 
 
+@functools.cache
 def pdl_available(device: torch.device) -> bool:
     """True where programmatic dependent launch works: a CUDA device of compute
-    capability >= 9.0 (not the interpreter) and a Triton with grid dependency control."""
+    capability >= 9.0 (not the interpreter) and a Triton with grid dependency control.
+    Cached per device: the launchers ask on every call."""
     return (gdc_wait is not None and device.type == "cuda"
             and os.environ.get("TRITON_INTERPRET", "0") != "1"
             and torch.cuda.get_device_capability(device)[0] >= 9)

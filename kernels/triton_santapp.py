@@ -1604,16 +1604,16 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
     hkv = kv.num_kv_heads
     precision = _dot_precision(kv.dtype)
     d_pad = _next_pow2(d)
-    pdl = (bool(HOPPER.get("pdl")) and batch * hkv <= HOPPER["pdl_max_groups"]
-           and pdl_available(q.device))
+    can_pdl = pdl_available(q.device)
+    pdl = can_pdl and bool(HOPPER.get("pdl")) and batch * hkv <= HOPPER["pdl_max_groups"]
     dep = {"launch_pdl": True} if pdl else {}  # kernels after the first
     # select -> finish -> attend as programmatic dependents even where the merge is not
     before_merge = HOPPER.get("pdl_before_merge")
     if before_merge == "int8":
-        before_merge = packed.reps_scale is not None
-    early = pdl or (bool(before_merge) and pdl_available(q.device))
+        before_merge = packed.reps_format == "int8"
+    early = pdl or (can_pdl and bool(before_merge))
     dep_early = {"launch_pdl": True} if early else {}
-    chain = pdl_chain and pdl_available(q.device)
+    chain = pdl_chain and can_pdl
     if "score" in stages:  # profiling: the select kernel alone, without its finisher
         fuse_select, stages = False, (*stages, "select")
     if "select" in stages:

@@ -116,16 +116,16 @@ def _santapp_packed(module, kv: KVCache, params: dict[str, Any]):
     cache content, since the cold-L2 input copies are clones; each copy packs its own K/V."""
     if params["policy"] == "contiguous":
         return module.time_index_build(kv, **params)
+    params = dict(params)
+    int8 = params.pop("reps", "model") == "int8"
+    packed, build_ms = _kmeans_packed(module, kv, params)
+    return (module.quantize_packed(packed) if int8 else packed), build_ms
+
+
+def _kmeans_packed(module, kv: KVCache, params: dict[str, Any]):
+    """:func:`_santapp_packed` for the k-means policy (the index cached by content)."""
     from santa_kernels.santapp import build_team_index
 
-    params = dict(params)
-    quantize = module.quantize_packed if params.pop("reps", "model") == "int8" else None
-    packed, build_ms = _kmeans_packed(module, kv, params, build_team_index)
-    return (quantize(packed) if quantize else packed), build_ms
-
-
-def _kmeans_packed(module, kv: KVCache, params: dict[str, Any], build_team_index):
-    """:func:`_santapp_packed` for the k-means policy (the index cached by content)."""
     fingerprint = (
         tuple(sorted(params.items())),
         tuple(kv.k.shape),

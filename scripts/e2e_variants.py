@@ -29,6 +29,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -83,18 +84,11 @@ def profiled(session, attend, out: Path, tag: str) -> list[dict]:
     return rows
 
 
-@contextlib.contextmanager
-def patched(obj, **values) -> Iterator[None]:
-    """Sets attributes (or dict keys, for a dict) for the duration of the block."""
-    is_dict = isinstance(obj, dict)
-    old = {k: (obj[k] if is_dict else getattr(obj, k)) for k in values}
-    for k, v in values.items():
-        obj.__setitem__(k, v) if is_dict else setattr(obj, k, v)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            obj.__setitem__(k, v) if is_dict else setattr(obj, k, v)
+def patched(obj, **values):
+    """A context that sets attributes of ``obj`` (or keys, for a dict) and restores them."""
+    if isinstance(obj, dict):
+        return mock.patch.dict(obj, values)
+    return mock.patch.multiple(obj, **values)
 
 
 @contextlib.contextmanager

@@ -112,7 +112,10 @@ def test_gpu_pdl_launches_change_nothing(monkeypatch, backend):
     call inside that chain (its first kernel a programmatic dependent, its last letting the
     O GEMM launch early): with and without PDL (graph replays, bf16) the same deterministic
     kernels give the same bits. SANTA++ at batch 4 (8 KV groups) and 9 (18, above
-    ``HOPPER["pdl_max_groups"]``): its chain with and without PDL between its own kernels."""
+    ``HOPPER["pdl_max_groups"]``): its chain with and without PDL between its own kernels;
+    with int8 representatives the run without PDL also launches select, finish and attend
+    one after the other (``pdl_before_merge`` off)."""
+    import santa_kernels.triton_santapp as tsp
     import santa_kernels.triton_splitkv as tsk
     from santa_bench.e2e.attention import TritonSantaPPDecode
     from santa_bench.e2e.configs import ModelConfig
@@ -130,6 +133,7 @@ def test_gpu_pdl_launches_change_nothing(monkeypatch, backend):
     runs = {}
     for pdl in (True, False):
         monkeypatch.setattr(gemm, "PDL", pdl)
+        monkeypatch.setitem(tsp.HOPPER, "pdl_before_merge", "int8" if pdl else False)
         assert gemm.use_pdl(torch.device("cuda")) == (pdl and gemm.pdl_available(
             torch.device("cuda")))
         main = (TritonSantaPPDecode(params, session.scale, seed=3) if backend.startswith(

@@ -22,7 +22,6 @@ profiled further).
 
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
@@ -72,16 +71,11 @@ def gemm_config(n_out: int, k: int, silu: bool = False,
 PDL = True
 
 
-@functools.cache
-def _pdl_device(device: torch.device) -> bool:
-    return pdl_available(device)
-
-
 def use_pdl(device: torch.device) -> bool:
     """True where the gemm rest's kernels launch as programmatic dependents: :data:`PDL`
     and a GPU where it works (each kernel then overlaps its launch with the previous
     kernel's last wave and waits for it before touching memory)."""
-    return PDL and _pdl_device(device)
+    return PDL and pdl_available(device)
 
 
 def _ieee(dtype: torch.dtype) -> bool:
