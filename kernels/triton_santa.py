@@ -397,8 +397,11 @@ def _score_pass_kernel(
     stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_pt, page_size,
     PAGED: tl.constexpr, TILE: tl.constexpr, SUBS: tl.constexpr, G_PAD: tl.constexpr,
     D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, G_ROWS: tl.constexpr = 0,
-    STORES: tl.constexpr = 2, PDL: tl.constexpr = False,
+    STORES: tl.constexpr = 2, PDL: tl.constexpr = False, ENTRY_PDL: tl.constexpr = False,
 ):
+    # ENTRY_PDL: launched as a programmatic dependent of the kernel before the call (the
+    # e2e chain, which writes this step's K row): wait for it before any read
+    _pdl_wait(ENTRY_PDL)
     _pdl_enter(PDL, False)  # the sample pass may launch as this grid's last wave starts
     # STORES (profiling only): 2 = statistics and stash (the kernel), 1 = statistics only,
     # 0 = neither (the K stream and the scores alone)
@@ -1029,10 +1032,11 @@ def pdl_available(device: torch.device) -> bool:
 
 
 def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int = 2,
-                pdl: bool = False) -> int:
+                pdl: bool = False, entry_pdl: bool = False) -> int:
     """Runs pass 1; returns the call's tile count bound ``T``. ``stores`` < 2 skips the
     stash (1) or every store (0): profiling only. ``pdl``: let the next kernel (the sample
-    pass, launched as a programmatic dependent) start early."""
+    pass, launched as a programmatic dependent) start early. ``entry_pdl``: launch this
+    pass itself as a programmatic dependent of the kernel before it (it waits first)."""
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
     cfg = _config(d)
@@ -1057,7 +1061,8 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
         stride_pt, page_size,
         PAGED=paged, TILE=tile, SUBS=subs, G_PAD=g_pad, D_PAD=_next_pow2(d),
         DOT_PRECISION=_dot_precision(kv.k.dtype), G_ROWS=g_rows if g_rows < g_pad else 0,
-        STORES=stores, PDL=pdl, num_warps=warps, num_stages=stages,
+        STORES=stores, PDL=pdl, ENTRY_PDL=entry_pdl, num_warps=warps, num_stages=stages,
+        **({"launch_pdl": True} if entry_pdl else {}),
     )
     return n_tiles
 
@@ -1085,13 +1090,18 @@ def _largest_remainder_prefix(ws: SantaWorkspace, kv: KVCache, batch: int, hq: i
     ws.prefix[:rows, :n_tiles].copy_(torch.cumsum(budgets, dim=-1))
 
 
-def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dtype):
-    """Pass 1 + pass 2 for the global-CDF samplers (prop/sys/strat/iid)."""
+def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dtype,
+            pdl_chain=False):
+    """Pass 1 + pass 2 for the global-CDF samplers (prop/sys/strat/iid). ``pdl_chain``:
+    the call sits between kernels that launch as programmatic dependents (the e2e gemm
+    rest): the score pass launches as a dependent of the kernel before (and waits for
+    it), and the sample pass, which lets the next kernel launch once its programs run."""
     ws, scale = _prepare(q, kv, S, tile, scale, workspace, stash_dtype=stash_dtype)
     batch, hq, d = q.shape
     cfg = _config(d)
     pdl = bool(cfg.get("pdl")) and mode != _MODE_LR and pdl_available(q.device)
-    n_tiles = _score_pass(q, kv, ws, scale, tile, pdl=pdl)
+    chain = bool(pdl_chain) and pdl_available(q.device)
+    n_tiles = _score_pass(q, kv, ws, scale, tile, pdl=pdl, entry_pdl=chain)
     if mode == _MODE_LR:
         _largest_remainder_prefix(ws, kv, batch, hq, n_tiles, S, tile)
     expected = {_MODE_SYS: (batch, hq), _MODE_STRAT: (batch, hq, S), _MODE_IID: (batch, hq, S),
@@ -1136,18 +1146,20 @@ def santa_prop(
     q: torch.Tensor, kv: KVCache, S: int, *, tile: int = 64, alloc: str = "systematic",
     scale: float | None = None, seed: int | None = None, uniforms: torch.Tensor | None = None,
     workspace: SantaWorkspace | None = None, stash_dtype: torch.dtype = torch.float32,
+    pdl_chain: bool = False,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-prop (section 4).
 
     ``alloc="systematic"`` (default): global systematic sampling, one offset per
     (sequence, head) (``uniforms [B, Hq]`` overrides Philox). ``"largest-remainder"``:
     the released code's tile budgets, one offset per tile (``uniforms [B, Hq, T]``).
+    ``pdl_chain``: inside a chain of programmatic dependents (the e2e gemm rest).
     """
     if alloc not in ("systematic", "largest-remainder"):
         raise InputError(f"alloc: expected 'systematic' or 'largest-remainder', got {alloc!r}")
     mode = _MODE_SYS if alloc == "systematic" else _MODE_LR
     return _sample(q, kv, S, mode=mode, tile=tile, scale=scale, seed=seed, uniforms=uniforms,
-                   workspace=workspace, stash_dtype=stash_dtype)
+                   workspace=workspace, stash_dtype=stash_dtype, pdl_chain=pdl_chain)
 
 
 def santa_sys(q: torch.Tensor, kv: KVCache, S: int, **kw) -> tuple[torch.Tensor, SantaInfo]:
@@ -1159,20 +1171,24 @@ def santa_strat(
     q: torch.Tensor, kv: KVCache, S: int, *, tile: int = 64, scale: float | None = None,
     seed: int | None = None, uniforms: torch.Tensor | None = None,
     workspace: SantaWorkspace | None = None, stash_dtype: torch.dtype = torch.float32,
+    pdl_chain: bool = False,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns S²ANTA-strat (section 3): thresholds ``(j + U_j)/S`` (``uniforms [B, Hq, S]``)."""
     return _sample(q, kv, S, mode=_MODE_STRAT, tile=tile, scale=scale, seed=seed,
-                   uniforms=uniforms, workspace=workspace, stash_dtype=stash_dtype)
+                   uniforms=uniforms, workspace=workspace, stash_dtype=stash_dtype,
+                   pdl_chain=pdl_chain)
 
 
 def santa_iid(
     q: torch.Tensor, kv: KVCache, S: int, *, tile: int = 64, scale: float | None = None,
     seed: int | None = None, uniforms: torch.Tensor | None = None,
     workspace: SantaWorkspace | None = None, stash_dtype: torch.dtype = torch.float32,
+    pdl_chain: bool = False,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns SANTA (section 2): ``S`` i.i.d. samples from softmax (``uniforms [B, Hq, S]``)."""
     return _sample(q, kv, S, mode=_MODE_IID, tile=tile, scale=scale, seed=seed,
-                   uniforms=uniforms, workspace=workspace, stash_dtype=stash_dtype)
+                   uniforms=uniforms, workspace=workspace, stash_dtype=stash_dtype,
+                   pdl_chain=pdl_chain)
 
 
 def santa_flash(

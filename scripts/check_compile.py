@@ -82,7 +82,8 @@ def main() -> int:
         failures += err is not None
     warps, stages, _ = ts.HOPPER_CONFIGS[128]["stream_large"]  # B * Hkv >= large_groups
     consts = {"head_dim": 128, "PAGED": False, "TILE": 64, "SUBS": 1, "G_PAD": 16,
-              "D_PAD": 128, "DOT_PRECISION": "tf32", "G_ROWS": 4, "STORES": 2, "PDL": True}
+              "D_PAD": 128, "DOT_PRECISION": "tf32", "G_ROWS": 4, "STORES": 2, "PDL": True,
+              "ENTRY_PDL": True}  # as the e2e chain launches it
     err = compile_kernel(ts._score_pass_kernel, score_types, consts,
                          {"num_warps": warps, "num_stages": stages}, pipelined=True,
                          divisible=("stash_stride", "stats_stride", "stride_qb", "stride_qh",

@@ -33,9 +33,15 @@ from unittest import mock
 
 import torch
 
+import santa_kernels.triton_santa as ts
 import santa_kernels.triton_santapp as tsp
 import santa_kernels.triton_splitkv as tsk
-from santa_bench.e2e.attention import DecodeAttention, TritonSantaPPDecode, TritonSplitKVDecode
+from santa_bench.e2e.attention import (
+    DecodeAttention,
+    TritonSampledDecode,
+    TritonSantaPPDecode,
+    TritonSplitKVDecode,
+)
 from santa_bench.e2e.configs import named_config
 from santa_bench.e2e.loop import DecodeSession
 from santa_bench.e2e.model import Decoder
@@ -136,6 +142,21 @@ def santapp(chain: bool | None, hopper: dict | None = None, reps: str = "model",
     return make
 
 
+def prop(chain: bool | None, config: dict | None = None, **module):
+    """santa-prop S=128 with ``HOPPER_CONFIGS[128]`` overrides and module constants
+    (e.g. ``PROGRAMS_PER_SM``) patched."""
+    def make(scale: float):
+        ctx = contextlib.ExitStack()
+        if config:
+            ctx.enter_context(patched(ts.HOPPER_CONFIGS[128], **config))
+        if module:
+            ctx.enter_context(patched(ts, **module))
+        method = REGISTRY.get("santa-prop")
+        params = {**{p.name: p.default for p in method.params}, "S": 128}
+        return forced_chain(TritonSampledDecode(method, params, scale, seed=0), chain), ctx
+    return make
+
+
 ROWS_128 = {**tsp.HOPPER["attend_rows"], 128: 128}  # 128 K/V rows a team program at d=128
 
 def santapp_no_union(make):
@@ -155,6 +176,18 @@ VARIANTS: dict[str, tuple[str, Callable]] = {
     "splitkv chain": ("dense", splitkv(True, False)),
     "splitkv merge-pdl": ("dense", splitkv(False, True)),
     "splitkv chain merge-pdl": ("dense", splitkv(True, True)),
+    "prop": ("prop", prop(False)),
+    "prop chain": ("prop", prop(True)),
+    # the score pass's 1-warp stream (default from 64 groups) at 32 groups too
+    "prop chain large@32": ("prop", prop(True, {"large_groups": 32})),
+    "prop chain large@32 (2,3,6)": ("prop", prop(True, {"large_groups": 32,
+                                                        "stream_large": (2, 3, 6)})),
+    "prop chain stages=4": ("prop", prop(True, {"stream": (4, 4)})),
+    "prop chain ppsm=6": ("prop", prop(True, PROGRAMS_PER_SM=6)),
+    # sample-pass programs a head (default 1 from 128 heads) and warps (default 8)
+    "prop chain ssplits=2": ("prop", prop(True, {"sample_splits": 2})),
+    "prop chain ssplits=4": ("prop", prop(True, {"sample_splits": 4})),
+    "prop chain swarps=4": ("prop", prop(True, {"sample_small_rows": 256})),
     "santapp": ("santapp", santapp(False)),
     "santapp chain": ("santapp", santapp(True)),
     "santapp inner-pdl": ("santapp", santapp(False, {"pdl_max_groups": 64})),

@@ -106,7 +106,7 @@ def test_gemm_decode_matches_the_eager_step(layout, config):
 @pytest.mark.gpu
 @pytest.mark.skipif(INTERPRETED, reason="programmatic dependent launch: compiled, on a GPU")
 @pytest.mark.parametrize("backend", ["triton-splitkv", "triton-splitkv merge-pdl", "santapp",
-                                     "santapp batch 9", "santapp int8 batch 9"])
+                                     "santapp batch 9", "santapp int8 batch 9", "santa-prop"])
 def test_gpu_pdl_launches_change_nothing(monkeypatch, backend):
     """Each kernel of the gemm rest waits for the one before it, and so does the attention
     call inside that chain (its first kernel a programmatic dependent, its last letting the
@@ -114,10 +114,11 @@ def test_gpu_pdl_launches_change_nothing(monkeypatch, backend):
     kernels give the same bits. SANTA++ at batch 4 (8 KV groups) and 9 (18, above
     ``HOPPER["pdl_max_groups"]``): its chain with and without PDL between its own kernels;
     with int8 representatives the run without PDL also launches select, finish and attend
-    one after the other (``pdl_before_merge`` off)."""
+    one after the other (``pdl_before_merge`` off). santa-prop: its score pass a dependent
+    of the K/V write, its sample pass letting the O GEMM launch early."""
     import santa_kernels.triton_santapp as tsp
     import santa_kernels.triton_splitkv as tsk
-    from santa_bench.e2e.attention import TritonSantaPPDecode
+    from santa_bench.e2e.attention import TritonSampledDecode, TritonSantaPPDecode
     from santa_bench.e2e.configs import ModelConfig
     from santa_bench.methods import REGISTRY
 
@@ -136,8 +137,14 @@ def test_gpu_pdl_launches_change_nothing(monkeypatch, backend):
         monkeypatch.setitem(tsp.HOPPER, "pdl_before_merge", "int8" if pdl else False)
         assert gemm.use_pdl(torch.device("cuda")) == (pdl and gemm.pdl_available(
             torch.device("cuda")))
-        main = (TritonSantaPPDecode(params, session.scale, seed=3) if backend.startswith(
-            "santapp") else dense_backend("triton-splitkv", session.scale))
+        if backend.startswith("santapp"):
+            main = TritonSantaPPDecode(params, session.scale, seed=3)
+        elif backend == "santa-prop":
+            prop = REGISTRY.get("santa-prop")
+            main = TritonSampledDecode(prop, {p.name: p.default for p in prop.params}
+                                       | {"S": 16}, session.scale, seed=3)
+        else:
+            main = dense_backend("triton-splitkv", session.scale)
         attend = LayerRouting(main)
         session.prepare(attend)
         runs[pdl] = session.decode(attend, keep_logits=True, rest="gemm", graph=True)

@@ -291,7 +291,9 @@ class TritonSampledDecode(DecodeAttention):
         self.workspace.reset_rng(0)
 
     def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        return self.kernel(q, self.cache.layers[layer], self.S, **self.kwargs)[0]
+        # the global-CDF samplers join the loop's PDL chain (flash has no entry wait)
+        chain = {"pdl_chain": self.pdl_chain} if self.method.name != "santa-flash" else {}
+        return self.kernel(q, self.cache.layers[layer], self.S, **self.kwargs, **chain)[0]
 
 
 class ReferenceDecode(DecodeAttention):
