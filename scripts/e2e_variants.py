@@ -180,7 +180,7 @@ VARIANTS: dict[str, tuple[str, Callable]] = {
     "prop chain": ("prop", prop(True)),
     # the score pass's 1-warp stream (default from 64 groups) at 32 groups too
     "prop chain large@32": ("prop", prop(True, {"large_groups": 32})),
-    "prop chain large@32 (2,3,6)": ("prop", prop(True, {"large_groups": 32,
+    "prop chain large@32 w2": ("prop", prop(True, {"large_groups": 32,
                                                         "stream_large": (2, 3, 6)})),
     "prop chain stages=4": ("prop", prop(True, {"stream": (4, 4)})),
     "prop chain ppsm=6": ("prop", prop(True, PROGRAMS_PER_SM=6)),
