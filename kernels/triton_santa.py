@@ -398,11 +398,13 @@ def _score_pass_kernel(
     PAGED: tl.constexpr, TILE: tl.constexpr, SUBS: tl.constexpr, G_PAD: tl.constexpr,
     D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, G_ROWS: tl.constexpr = 0,
     STORES: tl.constexpr = 2, PDL: tl.constexpr = False, ENTRY_PDL: tl.constexpr = False,
+    LATE_TRIGGER: tl.constexpr = False,
 ):
     # ENTRY_PDL: launched as a programmatic dependent of the kernel before the call (the
     # e2e chain, which writes this step's K row): wait for it before any read
     _pdl_wait(ENTRY_PDL)
-    _pdl_enter(PDL, False)  # the sample pass may launch as this grid's last wave starts
+    if not LATE_TRIGGER:
+        _pdl_trigger(PDL)  # the sample pass may launch as this grid's last wave starts
     # STORES (profiling only): 2 = statistics and stash (the kernel), 1 = statistics only,
     # 0 = neither (the K stream and the scores alone)
     # K is loaded SUBS * TILE rows at a time (one load, one tl.dot); the statistics stay
@@ -467,6 +469,8 @@ def _score_pass_kernel(
             # without a column mask each thread's columns go out as one vector store
             tl.store(stash_ptr + head_rows[:, None] * stash_stride + offs_n[None, :],
                      local.to(stash_ptr.dtype.element_ty), mask=mask_g[:, None])
+    if LATE_TRIGGER:  # the sample pass launches once every program has streamed its tiles
+        _pdl_trigger(PDL)
 
 
 # ----------------------------------------------- prop pass 2: sample + gather
@@ -1061,7 +1065,8 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
         stride_pt, page_size,
         PAGED=paged, TILE=tile, SUBS=subs, G_PAD=g_pad, D_PAD=_next_pow2(d),
         DOT_PRECISION=_dot_precision(kv.k.dtype), G_ROWS=g_rows if g_rows < g_pad else 0,
-        STORES=stores, PDL=pdl, ENTRY_PDL=entry_pdl, num_warps=warps, num_stages=stages,
+        STORES=stores, PDL=pdl, ENTRY_PDL=entry_pdl, LATE_TRIGGER=cfg.get("late_trigger", False),
+        num_warps=warps, num_stages=stages,
         **({"launch_pdl": True} if entry_pdl else {}),
     )
     return n_tiles
