@@ -193,6 +193,10 @@ VARIANTS: dict[str, tuple[str, Callable]] = {
     "prop ppsm=8": ("prop", prop(False, PROGRAMS_PER_SM=8)),
     "prop ppsm=12": ("prop", prop(False, PROGRAMS_PER_SM=12)),
     "prop ppsm=16": ("prop", prop(False, PROGRAMS_PER_SM=16)),
+    # deeper score-pass pipelines (warps, stages): more K bytes in flight a program
+    **{f"prop chain large@32 w{w}s{st}": ("prop", prop(True, {
+        "large_groups": 32, "stream_large": (w, st, 8)})) for w, st in (
+            (1, 5), (1, 6), (1, 7), (2, 6), (2, 7), (4, 6), (4, 7))},
     # the score pass lets the sample pass launch after its loop, not at its entry
     "prop late": ("prop", prop(False, {"late_trigger": True})),
     "prop large@32 late": ("prop", prop(False, {"large_groups": 32, "late_trigger": True})),
