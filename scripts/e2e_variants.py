@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import json
 import os
 import statistics
@@ -157,6 +158,7 @@ def prop(chain: bool | None, config: dict | None = None, **module):
     return make
 
 
+SCORE_PASS = ts._score_pass
 ROWS_128 = {**tsp.HOPPER["attend_rows"], 128: 128}  # 128 K/V rows a team program at d=128
 
 def santapp_no_union(make):
@@ -197,6 +199,16 @@ VARIANTS: dict[str, tuple[str, Callable]] = {
     **{f"prop chain large@32 w{w}s{st}": ("prop", prop(True, {
         "large_groups": 32, "stream_large": (w, st, 8)})) for w, st in (
             (1, 5), (1, 6), (1, 7), (2, 6), (2, 7), (4, 6), (4, 7))},
+    # split counts of the 1-warp stream (programs a SM they aim for)
+    **{f"prop chain large@32 x{n}": ("prop", prop(True, {
+        "large_groups": 32, "stream_large": (1, 4, n)})) for n in (6, 7, 9, 10)},
+    # profiling only (wrong outputs): the score pass without the stash (1) or any store
+    # (0); the sample pass without its search (1), stash loads (2) or V gather (3)
+    **{f"prop chain large@32 stores={n}": ("prop-profile", prop(
+        True, {"large_groups": 32}, _score_pass=functools.partial(SCORE_PASS, stores=n)))
+       for n in (0, 1)},
+    **{f"prop chain large@32 sprof={n}": ("prop-profile", prop(
+        True, {"large_groups": 32, "sample_profile": n})) for n in (1, 2, 3)},
     # the score pass lets the sample pass launch after its loop, not at its entry
     "prop late": ("prop", prop(False, {"late_trigger": True})),
     "prop large@32 late": ("prop", prop(False, {"large_groups": 32, "late_trigger": True})),
