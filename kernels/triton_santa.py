@@ -5,7 +5,8 @@ Two families share one split-KV skeleton (the same as ``triton_splitkv``):
 * ``santa_prop`` / ``santa_sys`` / ``santa_strat`` / ``santa_iid``: two passes.
   Pass 1 ("score") reads every K row exactly once, one program per (split, sequence,
   KV head) serving all ``G`` query heads of the group through ``tl.dot``; it writes
-  per-tile ``(m_t, l_t)`` and a stash of local logits ``s_i - m_t``. Pass 2
+  per tile the log-mass ``m_t + log l_t`` of every head of the group (group-major: one
+  vector store a tile) and a stash of local logits ``s_i - m_t``. Pass 2
   ("sample + gather"), one program per (sequence, query head) or several sharing a
   head's samples at small batch (``sample_splits_for``), turns the tile statistics
   into the tile CDF, places the ``S`` thresholds by binary search over the tiles and
@@ -23,8 +24,8 @@ device (incremented by the call's kernels) so CUDA-graph replays draw fresh numb
 Byte model (bf16 K/V, ``E`` = element size, ``Hkv`` KV heads, ``G`` group size,
 ``N`` valid rows, ``T = ceil(N / tile)``, stash element size ``E_s``):
 
-* prop pass 1: reads ``B*Hkv*N*d*E`` (K once) + Q; writes ``B*Hq*(N*E_s + 8*T)``.
-* prop pass 2: reads ``B*Hq*8*T`` (twice, L2) + ``B*Hq*4*T`` (prefix, written and
+* prop pass 1: reads ``B*Hkv*N*d*E`` (K once) + Q; writes ``B*Hq*(N*E_s + 4*T)``.
+* prop pass 2: reads ``B*Hq*4*T`` (twice, L2) + ``B*Hq*4*T`` (prefix, written and
   searched) + at most ``B*Hq*S*tile*E_s`` stash + ``<= B*Hq*S*d*E`` V rows (HBM traffic
   is the unique rows of each group); writes ``B*Hq*(d*E + 4*S)``.
 * flash main: reads ``B*Hkv*N*d*E`` (K) + ``<= B*Hkv*(union of sampled rows)*d*E`` (V);
@@ -115,6 +116,13 @@ def _sm_count(device: torch.device) -> int:
     return H200_SM_COUNT
 
 
+def _stats_rows(group: int, head_dim: int) -> int:
+    """Rows the score pass's tail works on (and stats rows a tile): the G real heads
+    padded to a power of two >= 2 with ``narrow``, else the dot's G_PAD >= 16 rows."""
+    g_pad = max(16, _next_pow2(group))
+    return min(g_pad, max(2, _next_pow2(group))) if _config(head_dim).get("narrow") else g_pad
+
+
 def num_splits_for(batch_kv: int, n_tiles: int, sm_count: int = H200_SM_COUNT,
                    programs_per_sm: int | None = None) -> int:
     """Returns the split count: ~``programs_per_sm`` (default PROGRAMS_PER_SM) programs
@@ -183,8 +191,12 @@ class SantaWorkspace:
         self.num_splits = check_positive_int(num_splits, "num_splits")
         rows = batch * num_q_heads
         f32 = {"dtype": torch.float32, "device": device}
-        self.tile_max = torch.empty(rows, self.max_tiles, **f32)  # m_t
-        self.tile_mass = torch.empty(rows, self.max_tiles, **f32)  # l_t
+        self.tile_max = torch.empty(rows, self.max_tiles, **f32)  # m_t (flash two-pass)
+        self.tile_mass = torch.empty(rows, self.max_tiles, **f32)  # l_t (flash two-pass)
+        # prop's tile log-masses m_t + log l_t, group-major [B * Hkv, T, stats_rows]
+        self.stats_rows = _stats_rows(max(1, num_q_heads // num_kv_heads), head_dim)
+        self.tile_lse = torch.empty(batch * num_kv_heads * self.max_tiles * self.stats_rows,
+                                    **f32)
         self.prefix = torch.empty(rows, self.max_tiles, **f32)  # S * C_t
         # s_i - m_t; rows padded to whole 512-column blocks (+ one load of SUBS tiles) so
         # that the score pass stores whole tiles without a column mask (vector stores)
@@ -391,7 +403,7 @@ def _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale,
 @triton.jit
 def _score_pass_kernel(
     q_ptr, k_ptr, lengths_ptr, page_table_ptr,
-    tile_max_ptr, tile_mass_ptr, stash_ptr, rng_ptr,
+    tile_lse_ptr, stash_ptr, rng_ptr,
     scale, num_kv_heads, num_q_heads, group, head_dim: tl.constexpr, tiles_per_split,
     stash_stride, stats_stride,
     stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_pt, page_size,
@@ -433,24 +445,25 @@ def _score_pass_kernel(
         heads = kvh * group + tl.arange(0, ROWS)
         mask_g = tl.arange(0, ROWS) < group
     head_rows = (b * num_q_heads + heads).to(tl.int64)
+    # statistics group-major, [B * Hkv, T, ROWS]: a tile's log-masses of the group's heads
+    # are ROWS contiguous floats, one vector store (not G scattered ones a tile)
+    offs_r = tl.arange(0, ROWS)
+    stat_base = pid_bkv.to(tl.int64) * stats_stride * ROWS + offs_r
     for t in range(t_begin, t_end):
         s, offs_n, _ = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim,
                                          scale, stride_kx, stride_ky, stride_kh, stride_pt,
                                          page_size, PAGED, LOAD, D_PAD, DOT_PRECISION)
         if ROWS < G_PAD:  # the padding rows of q are zero (or -inf past the end): exact
             s = tl.sum(tl.reshape(s, [G_PAD // ROWS, ROWS, LOAD]), axis=0)
-        # section 4: local max m_t and local mass l_t of every head on each TILE rows
+        # section 4: local max m_t and local mass l_t of every head on each TILE rows,
+        # stored as one log-mass m_t + log l_t (pass 2 needs only the tiles' masses: the
+        # stash is relative to m_t and the local CDF is normalised in the tile)
         if SUBS == 1:
             m_t = tl.max(s, axis=1)
             local = s - m_t[:, None]
-            l_t = tl.sum(tl.exp(local), axis=1)
-            if STORES == 0:  # keep the statistics live without storing them
-                m_t = tl.where(m_t == 12345.0, l_t, m_t)
-                tl.store(tile_max_ptr + head_rows * stats_stride + t, m_t,
-                         mask=mask_g & (m_t == 12345.0))
-            else:
-                tl.store(tile_max_ptr + head_rows * stats_stride + t, m_t, mask=mask_g)
-                tl.store(tile_mass_ptr + head_rows * stats_stride + t, l_t, mask=mask_g)
+            lse = m_t + tl.log(tl.sum(tl.exp(local), axis=1))
+            keep = mask_g & (lse == 12345.0) if STORES == 0 else mask_g  # 0: kept live only
+            tl.store(tile_lse_ptr + stat_base + t * ROWS, lse, mask=keep)
         else:
             s3 = tl.reshape(s, [ROWS, SUBS, TILE])
             m3 = tl.max(s3, axis=2)
@@ -459,10 +472,9 @@ def _score_pass_kernel(
             l3 = tl.sum(tl.exp(local3), axis=2)
             local = tl.reshape(local3, [ROWS, LOAD])
             offs_sub = t * SUBS + tl.arange(0, SUBS)
-            stat = head_rows[:, None] * stats_stride + offs_sub[None, :]
             mask_sub = mask_g[:, None] & (offs_sub[None, :] < n_tiles)
-            tl.store(tile_max_ptr + stat, m3, mask=mask_sub)
-            tl.store(tile_mass_ptr + stat, l3, mask=mask_sub)
+            tl.store(tile_lse_ptr + stat_base[:, None] + offs_sub[None, :] * ROWS,
+                     m3 + tl.log(l3), mask=mask_sub)
         # stash local logits s_i - m_t (<= 0): pass 2 rebuilds the local CDF from them
         if STORES == 2:
             # whole tiles (columns past the length hold -inf; the stash rows are padded):
@@ -481,10 +493,10 @@ def _score_pass_kernel(
 @triton.jit
 def _sample_pass_kernel(
     v_ptr, lengths_ptr, page_table_ptr,
-    tile_max_ptr, tile_mass_ptr, stash_ptr, prefix_ptr, sample_index_ptr, out_ptr,
+    tile_lse_ptr, stash_ptr, prefix_ptr, sample_index_ptr, out_ptr,
     uniforms_ptr, rng_ptr, seed, part_ptr, ticket_ptr, samples_per_program,
     S, sample_stride, num_q_heads, group, head_dim: tl.constexpr, stash_stride, stats_stride,
-    search_iters,
+    stats_rows, search_iters,
     uniform_stride, rng_stride,
     stride_vx, stride_vy, stride_vh, stride_pt, page_size, stride_ob, stride_oh,
     MODE: tl.constexpr, HAS_UNIFORMS: tl.constexpr, PAGED: tl.constexpr,
@@ -508,6 +520,8 @@ def _sample_pass_kernel(
     length = tl.load(lengths_ptr + b)
     n_tiles = tl.cdiv(length, TILE).to(tl.int32)
     stats = head_row * stats_stride
+    # the head's tile log-masses in the score pass's group-major [B * Hkv, T, stats_rows]
+    lse_base = (head_row // group) * stats_stride * stats_rows + head_row % group
     _pdl_enter(PDL, True)  # launched early: the score pass's writes come next
     step = tl.load(rng_ptr + 1)
     rng_base = (step << 32) + head_row * rng_stride  # section 8: (step, b, head, sample)
@@ -518,35 +532,35 @@ def _sample_pass_kernel(
         offs_t = tl.arange(0, BLOCK_T)
         mask_t = offs_t < n_tiles
         if MODE != 3:
-            # section 4: W_t = e^{m_t - m*} l_t / Z; scaled tile CDF Q_t = S * C_t (no sort)
-            m_t = tl.load(tile_max_ptr + stats + offs_t, mask=mask_t, other=float("-inf"))
-            l_t = tl.load(tile_mass_ptr + stats + offs_t, mask=mask_t, other=0.0)
-            m_star = tl.max(m_t, axis=0)
-            mass = tl.exp(m_t - m_star) * l_t
+            # section 4: W_t = e^{m_t - m*} l_t / Z = e^{lse_t - max lse} / Z; scaled tile
+            # CDF Q_t = S * C_t (no sort)
+            lse = tl.load(tile_lse_ptr + lse_base + offs_t * stats_rows, mask=mask_t,
+                          other=float("-inf"))
+            mass = tl.exp(lse - tl.max(lse, axis=0))
             w_t = mass / tl.sum(mass, axis=0)
             prefix_regs = tl.where(mask_t, S * tl.cumsum(w_t, axis=0), float("inf"))
         else:  # largest-remainder budgets arrive precomputed in prefix_ptr
             prefix_regs = tl.load(prefix_ptr + stats + offs_t, mask=mask_t, other=float("inf"))
     elif MODE != 3:
-        # section 4: global max m* and normaliser Z = sum_t e^{m_t - m*} l_t (online)
+        # section 4: normaliser Z = sum_t e^{lse_t - max lse} (online)
         m_star = tl.full((), float("-inf"), tl.float32)
         z = tl.full((), 0.0, tl.float32)
         for t0 in range(0, n_tiles, BLOCK_T):
             offs_t = t0 + tl.arange(0, BLOCK_T)
             mask_t = offs_t < n_tiles
-            m_t = tl.load(tile_max_ptr + stats + offs_t, mask=mask_t, other=float("-inf"))
-            l_t = tl.load(tile_mass_ptr + stats + offs_t, mask=mask_t, other=0.0)
-            m_new = tl.maximum(m_star, tl.max(m_t, axis=0))
-            z = z * tl.exp(m_star - m_new) + tl.sum(tl.exp(m_t - m_new) * l_t, axis=0)
+            lse = tl.load(tile_lse_ptr + lse_base + offs_t * stats_rows, mask=mask_t,
+                          other=float("-inf"))
+            m_new = tl.maximum(m_star, tl.max(lse, axis=0))
+            z = z * tl.exp(m_star - m_new) + tl.sum(tl.exp(lse - m_new), axis=0)
             m_star = m_new
         # scaled tile CDF Q_t = S * C_t by tl.cumsum (no sort): tile t spans (Q_{t-1}, Q_t]
         carry = tl.full((), 0.0, tl.float32)
         for t0 in range(0, n_tiles, BLOCK_T):
             offs_t = t0 + tl.arange(0, BLOCK_T)
             mask_t = offs_t < n_tiles
-            m_t = tl.load(tile_max_ptr + stats + offs_t, mask=mask_t, other=float("-inf"))
-            l_t = tl.load(tile_mass_ptr + stats + offs_t, mask=mask_t, other=0.0)
-            w_t = tl.exp(m_t - m_star) * l_t / z
+            lse = tl.load(tile_lse_ptr + lse_base + offs_t * stats_rows, mask=mask_t,
+                          other=float("-inf"))
+            w_t = tl.exp(lse - m_star) / z
             tl.store(prefix_ptr + stats + offs_t, S * (carry + tl.cumsum(w_t, axis=0)),
                      mask=mask_t)
             carry += tl.sum(w_t, axis=0)
@@ -1045,7 +1059,7 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
     hkv = kv.num_kv_heads
     cfg = _config(d)
     g_pad = max(16, _next_pow2(hq // hkv))
-    g_rows = max(2, _next_pow2(hq // hkv)) if cfg.get("narrow", False) else 0
+    g_rows = _stats_rows(hq // hkv, d)
     subs = cfg.get("subs", 1)
     n_tiles = -(-_capacity(kv) // tile)
     n_blocks = -(-_capacity(kv) // (tile * subs))  # K loads of subs * tile rows
@@ -1059,7 +1073,7 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
     table, paged, page_size, stride_pt = _cache_args(kv)
     grid = (-(-n_blocks // per_split), batch * hkv)
     _score_pass_kernel[grid](
-        q, kv.k, kv.lengths, table, ws.tile_max, ws.tile_mass, ws.stash, ws.rng,
+        q, kv.k, kv.lengths, table, ws.tile_lse, ws.stash, ws.rng,
         scale, hkv, hq, hq // hkv, d, per_split, ws.stash.stride(0), ws.max_tiles,
         q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
         stride_pt, page_size,
@@ -1075,15 +1089,15 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
 def _largest_remainder_prefix(ws: SantaWorkspace, kv: KVCache, batch: int, hq: int,
                               n_tiles: int, S: int, tile: int) -> None:
     """Writes cumulative largest-remainder budgets into ``ws.prefix`` (torch ops, no sync)."""
-    rows = batch * hq
-    m_t = ws.tile_max[:rows, :n_tiles]
-    l_t = ws.tile_mass[:rows, :n_tiles]
+    rows, hkv = batch * hq, kv.num_kv_heads
+    lse = ws.tile_lse[: batch * hkv * ws.max_tiles * ws.stats_rows].view(
+        batch, hkv, ws.max_tiles, ws.stats_rows)[:, :, :n_tiles, : hq // hkv]
+    lse = lse.permute(0, 1, 3, 2).reshape(rows, n_tiles)
     tiles_per_seq = (kv.lengths + tile - 1) // tile
-    valid = (torch.arange(n_tiles, device=m_t.device)[None, :]
+    valid = (torch.arange(n_tiles, device=lse.device)[None, :]
              < tiles_per_seq.repeat_interleave(hq)[:, None])
-    m_t = torch.where(valid, m_t, float("-inf"))
-    l_t = torch.where(valid, l_t, 0.0)
-    mass = torch.exp(m_t - m_t.amax(-1, keepdim=True)) * l_t
+    lse = torch.where(valid, lse, float("-inf"))
+    mass = torch.exp(lse - lse.amax(-1, keepdim=True))
     mass = mass / mass.sum(-1, keepdim=True)
     raw = S * mass.double()
     floor = torch.floor(raw)
@@ -1123,11 +1137,11 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
     per_program = -(-S // splits)
     sample_block = min(sample_block, max(16, _next_pow2(per_program)))
     _sample_pass_kernel[(batch * hq, splits)](
-        kv.v, kv.lengths, table, ws.tile_max, ws.tile_mass, ws.stash, ws.prefix,
+        kv.v, kv.lengths, table, ws.tile_lse, ws.stash, ws.prefix,
         ws.sample_index, out, uniforms if uniforms is not None else ws.prefix, ws.rng,
         ws.seed if seed is None else int(seed), ws.sample_part, ws.sample_ticket, per_program,
         S, ws.S, hq, hq // kv.num_kv_heads, d, ws.stash.stride(0), ws.max_tiles,
-        max(0, math.ceil(math.log2(n_tiles))) if n_tiles > 1 else 0,
+        ws.stats_rows, max(0, math.ceil(math.log2(n_tiles))) if n_tiles > 1 else 0,
         expected[-1] if len(expected) == 3 else 1, max(S, ws.max_tiles),
         kv.v.stride(0), kv.v.stride(1), kv.v.stride(2), stride_pt, page_size,
         out.stride(0), out.stride(1),

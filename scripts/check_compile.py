@@ -69,7 +69,7 @@ def main() -> int:
             err = compile_kernel(tsp._finish_heads_kernel, finish_types, consts)
             print(f"_finish_heads_kernel local={local} h_rows={h_rows}: {err or 'ok'}")
             failures += err is not None
-    score_types = ["*bf16", "*bf16", "*i32", "*i32", "*fp32", "*fp32", "*fp16", "*i64", "fp32"]
+    score_types = ["*bf16", "*bf16", "*i32", "*i32", "*fp32", "*fp16", "*i64", "fp32"]
     score_types += ["i32"] * 14
     for group, g_rows, subs, stores in ((4, 4, 1, 2), (4, 4, 2, 2), (4, 0, 1, 2), (1, 2, 1, 2),
                                         (8, 8, 1, 2), (4, 4, 1, 0)):
@@ -90,8 +90,8 @@ def main() -> int:
                                     "stride_kx", "stride_ky", "stride_kh"))
     print(f"_score_pass_kernel stream_large ({warps} warps, {stages} stages): {err or 'ok'}")
     failures += err is not None
-    sample_types = ["*bf16", "*i32", "*i32", "*fp32", "*fp32", "*fp16", "*fp32", "*i32", "*bf16",
-                    "*fp32", "*i64", "i32", "*fp32", "*i32", "i32"] + ["i32"] * 16
+    sample_types = ["*bf16", "*i32", "*i32", "*fp32", "*fp16", "*fp32", "*i32", "*bf16",
+                    "*fp32", "*i64", "i32", "*fp32", "*i32", "i32"] + ["i32"] * 17
     for mode, splits in ((0, 1), (0, 8), (1, 4), (3, 2)):
         consts = {"head_dim": 128, "MODE": mode, "HAS_UNIFORMS": False, "PAGED": False,
                   "TILE": 64, "BLOCK_T": 512, "SAMPLE_BLOCK": 16, "PREFIX_IN_REGS": True,
