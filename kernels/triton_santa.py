@@ -410,13 +410,15 @@ def _score_pass_kernel(
     PAGED: tl.constexpr, TILE: tl.constexpr, SUBS: tl.constexpr, G_PAD: tl.constexpr,
     D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, G_ROWS: tl.constexpr = 0,
     STORES: tl.constexpr = 2, PDL: tl.constexpr = False, ENTRY_PDL: tl.constexpr = False,
-    LATE_TRIGGER: tl.constexpr = False,
+    LATE_TRIGGER: tl.constexpr = False, STASH_EVICT: tl.constexpr = "",
 ):
     # ENTRY_PDL: launched as a programmatic dependent of the kernel before the call (the
     # e2e chain, which writes this step's K row): wait for it before any read
     _pdl_wait(ENTRY_PDL)
     if not LATE_TRIGGER:
         _pdl_trigger(PDL)  # the sample pass may launch as this grid's last wave starts
+    # STASH_EVICT: the stash stores' L2 eviction policy ("evict_last": the stash, rewritten
+    # at the same addresses by every layer, may stay in L2 while K streams past it)
     # STORES (profiling only): 2 = statistics and stash (the kernel), 1 = statistics only,
     # 0 = neither (the K stream and the scores alone)
     # K is loaded SUBS * TILE rows at a time (one load, one tl.dot); the statistics stay
@@ -480,7 +482,8 @@ def _score_pass_kernel(
             # whole tiles (columns past the length hold -inf; the stash rows are padded):
             # without a column mask each thread's columns go out as one vector store
             tl.store(stash_ptr + head_rows[:, None] * stash_stride + offs_n[None, :],
-                     local.to(stash_ptr.dtype.element_ty), mask=mask_g[:, None])
+                     local.to(stash_ptr.dtype.element_ty), mask=mask_g[:, None],
+                     eviction_policy=STASH_EVICT)
     if LATE_TRIGGER:  # the sample pass launches once every program has streamed its tiles
         _pdl_trigger(PDL)
 
@@ -503,7 +506,7 @@ def _sample_pass_kernel(
     TILE: tl.constexpr, BLOCK_T: tl.constexpr, SAMPLE_BLOCK: tl.constexpr,
     PREFIX_IN_REGS: tl.constexpr,
     D_PAD: tl.constexpr, SAMPLE_SPLITS: tl.constexpr = 1, PROFILE: tl.constexpr = 0,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, STASH_EVICT: tl.constexpr = "",
 ):
     # PROFILE (timing only, wrong outputs): 1 skips the binary search, 2 the stash load,
     # 3 the V gather
@@ -637,7 +640,7 @@ def _sample_pass_kernel(
             local = tl.where(mask_rows, 0.0, float("-inf"))
         else:
             local = tl.load(stash_ptr + head_row * stash_stride + rows, mask=mask_rows,
-                            other=float("-inf")).to(tl.float32)
+                            other=float("-inf"), eviction_policy=STASH_EVICT).to(tl.float32)
         weight = tl.exp(local)
         cum = tl.cumsum(weight, axis=1)
         total = tl.sum(weight, axis=1)
@@ -1080,6 +1083,7 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
         PAGED=paged, TILE=tile, SUBS=subs, G_PAD=g_pad, D_PAD=_next_pow2(d),
         DOT_PRECISION=_dot_precision(kv.k.dtype), G_ROWS=g_rows if g_rows < g_pad else 0,
         STORES=stores, PDL=pdl, ENTRY_PDL=entry_pdl, LATE_TRIGGER=cfg.get("late_trigger", False),
+        STASH_EVICT=cfg.get("stash_evict", ""),
         num_warps=warps, num_stages=stages,
         **({"launch_pdl": True} if entry_pdl else {}),
     )
@@ -1148,7 +1152,7 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
         MODE=mode, HAS_UNIFORMS=uniforms is not None, PAGED=paged, TILE=tile,
         BLOCK_T=min(MAX_PREFIX_IN_REGS, _next_pow2(n_tiles)), SAMPLE_BLOCK=sample_block,
         PREFIX_IN_REGS=prefix_in_regs, SAMPLE_SPLITS=splits,
-        PROFILE=cfg.get("sample_profile", 0), PDL=pdl,
+        PROFILE=cfg.get("sample_profile", 0), PDL=pdl, STASH_EVICT=cfg.get("stash_evict", ""),
         D_PAD=_next_pow2(d), num_warps=warps, num_stages=1,
         **({"launch_pdl": True} if pdl else {}),
     )

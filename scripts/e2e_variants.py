@@ -209,6 +209,10 @@ VARIANTS: dict[str, tuple[str, Callable]] = {
        for n in (0, 1)},
     **{f"prop chain large@32 sprof={n}": ("prop-profile", prop(
         True, {"large_groups": 32, "sample_profile": n})) for n in (1, 2, 3)},
+    # the stash stored and loaded with an L2 evict_last policy
+    "prop chain stash-el": ("prop", prop(True, {"stash_evict": "evict_last"})),
+    "prop chain large@32 stash-el": ("prop", prop(True, {"large_groups": 32,
+                                                         "stash_evict": "evict_last"})),
     # the score pass lets the sample pass launch after its loop, not at its entry
     "prop late": ("prop", prop(False, {"late_trigger": True})),
     "prop large@32 late": ("prop", prop(False, {"large_groups": 32, "late_trigger": True})),
