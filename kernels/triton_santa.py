@@ -62,7 +62,8 @@ HOPPER_CONFIGS = {
     # subs: tiles per K load in the score pass (2 measured within 2% of 1 at d=128, 32k)
     # narrow: the score pass's tail (statistics, exp, stash stores) on the G real query
     # rows instead of the dot's 16 padded rows. Measured and not kept (BENCHMARKS.md,
-    # session 3): L2 eviction hints on the K loads and the stash stores (no effect), the
+    # session 3): L2 eviction hints on the K loads and a streaming hint on the stash
+    # stores (no effect; evict_last on the stash is stash_l2_bytes below), the
     # statistics of 64 tiles kept in registers and stored once (18% slower at 32k B=8)
     # sample_splits: programs per head in the sample pass (None: sample_splits_for);
     # sample_small_warps: the sample pass's warps when B * Hq <= sample_small_rows (H200,
@@ -73,12 +74,18 @@ HOPPER_CONFIGS = {
     # stream_large: (num_warps, num_stages, programs per SM) of the score pass where
     # B * Hkv >= large_groups. H200, prop S=128 (results/h200/tune-2026-11-29-s5/6-warps.csv):
     # (1, 4, 8) at 32k B=8 score 137.4 / call 148.0 us against 140.6 / 151.8 for (4, 3, 4);
-    # at B=1 it is slower (32k: 30.9 against 26.9, 128k: 85.1 against 77.6)
+    # at B=1 it is slower (32k: 30.9 against 26.9, 128k: 85.1 against 77.6). From 32 groups
+    # since session 9: inside the e2e loop at 32k B=4 (32 groups) the step is 6.58 ms
+    # against 6.79 with (4, 3, 4) (results/h200/e2e-variants-2026-12-01-s9)
+    # stash_l2_bytes: calls whose stash (B * Hq * rows * element size) is at most this
+    # store and load it with an L2 evict_last policy, so that the stash (rewritten at the
+    # same addresses by every call) stays in L2 while K streams past: in the e2e loop at
+    # 32k B=4 (8.4 MB) 6.58 -> 6.45 ms a step, at B=8 (16.8 MB) 8.97 -> 9.03 (s9)
     64: {"stream": (4, 4), "sample": (8, 256), "subs": 1, "narrow": True,
          "sample_splits": None, "pdl": True},
     128: {"stream": (4, 3), "sample": (8, 256), "subs": 1, "narrow": True,
           "sample_splits": None, "pdl": True, "sample_small_rows": 64, "sample_small_warps": 4,
-          "stream_large": (1, 4, 8), "large_groups": 64},
+          "stream_large": (1, 4, 8), "large_groups": 32, "stash_l2_bytes": 12 << 20},
     256: {"stream": (8, 2), "sample": (8, 128), "subs": 1, "narrow": True,
           "sample_splits": None, "pdl": True},
 }
@@ -121,6 +128,16 @@ def _stats_rows(group: int, head_dim: int) -> int:
     padded to a power of two >= 2 with ``narrow``, else the dot's G_PAD >= 16 rows."""
     g_pad = max(16, _next_pow2(group))
     return min(g_pad, max(2, _next_pow2(group))) if _config(head_dim).get("narrow") else g_pad
+
+
+def _stash_evict(cfg: dict, rows: int, capacity: int, stash: torch.Tensor) -> str:
+    """The stash's L2 eviction policy for a call of ``rows`` = B * Hq heads: the
+    config's ``stash_evict`` if set, else ``"evict_last"`` for a stash of at most
+    ``stash_l2_bytes``."""
+    if "stash_evict" in cfg:
+        return cfg["stash_evict"]
+    fits = rows * capacity * stash.element_size() <= cfg.get("stash_l2_bytes", 0)
+    return "evict_last" if fits else ""
 
 
 def num_splits_for(batch_kv: int, n_tiles: int, sm_count: int = H200_SM_COUNT,
@@ -1083,7 +1100,7 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
         PAGED=paged, TILE=tile, SUBS=subs, G_PAD=g_pad, D_PAD=_next_pow2(d),
         DOT_PRECISION=_dot_precision(kv.k.dtype), G_ROWS=g_rows if g_rows < g_pad else 0,
         STORES=stores, PDL=pdl, ENTRY_PDL=entry_pdl, LATE_TRIGGER=cfg.get("late_trigger", False),
-        STASH_EVICT=cfg.get("stash_evict", ""),
+        STASH_EVICT=_stash_evict(cfg, batch * hq, _capacity(kv), ws.stash),
         num_warps=warps, num_stages=stages,
         **({"launch_pdl": True} if entry_pdl else {}),
     )
@@ -1152,7 +1169,8 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
         MODE=mode, HAS_UNIFORMS=uniforms is not None, PAGED=paged, TILE=tile,
         BLOCK_T=min(MAX_PREFIX_IN_REGS, _next_pow2(n_tiles)), SAMPLE_BLOCK=sample_block,
         PREFIX_IN_REGS=prefix_in_regs, SAMPLE_SPLITS=splits,
-        PROFILE=cfg.get("sample_profile", 0), PDL=pdl, STASH_EVICT=cfg.get("stash_evict", ""),
+        PROFILE=cfg.get("sample_profile", 0), PDL=pdl,
+        STASH_EVICT=_stash_evict(cfg, batch * hq, _capacity(kv), ws.stash),
         D_PAD=_next_pow2(d), num_warps=warps, num_stages=1,
         **({"launch_pdl": True} if pdl else {}),
     )

@@ -180,6 +180,9 @@ VARIANTS: dict[str, tuple[str, Callable]] = {
     "splitkv chain merge-pdl": ("dense", splitkv(True, True)),
     "prop": ("prop", prop(False)),
     "prop chain": ("prop", prop(True)),
+    # the session-8 launch: the 4-warp stream below 64 groups, the stash without L2 policy
+    "prop chain s8": ("prop", prop(True, {"large_groups": 64, "stash_evict": ""})),
+    "prop chain no-stash-l2": ("prop", prop(True, {"stash_evict": ""})),
     # the score pass's 1-warp stream (default from 64 groups) at 32 groups too
     "prop chain large@32": ("prop", prop(True, {"large_groups": 32})),
     "prop chain large@32 w2": ("prop", prop(True, {"large_groups": 32,

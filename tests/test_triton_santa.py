@@ -361,3 +361,32 @@ def test_large_batch_score_pass_config_matches_float64(method, monkeypatch):
     assert triton_santa.num_splits_for(4, 13, 132, 8) == 4  # the pass's own: 4 splits
     workspace = SantaWorkspace.for_inputs(q, kv, 21, TILE, num_splits=1)  # not the pass's
     check_exact(method, q, kv, S=21, workspace=workspace)
+
+
+def test_stash_l2_policy_follows_the_stash_size():
+    """evict_last for a stash of at most ``stash_l2_bytes`` (B * Hq * rows * element
+    size), nothing above it or without the key; an explicit ``stash_evict`` wins."""
+    from santa_kernels.triton_santa import _stash_evict
+
+    stash = torch.empty(1, dtype=torch.float16)
+    cfg = {"stash_l2_bytes": 12 << 20}
+    assert _stash_evict(cfg, 4 * 32, 32768, stash) == "evict_last"  # 8 MiB
+    assert _stash_evict(cfg, 8 * 32, 32768, stash) == ""  # 16 MiB
+    assert _stash_evict({}, 1, 64, stash) == ""
+    assert _stash_evict({**cfg, "stash_evict": ""}, 1, 64, stash) == ""
+
+
+@pytest.mark.parametrize("policy", ["evict_last", "evict_first"])
+def test_stash_l2_policy_changes_no_sample(policy, monkeypatch):
+    """The stash's cache policy is a hint: the same uniforms give the same samples."""
+    import santa_kernels.triton_santa as triton_santa
+
+    q, kv = make_cache(hq=8, hkv=2, n=300, lengths=(300, 77))
+    uniforms = torch.rand(2, 8, generator=torch.Generator().manual_seed(5))
+    plain, info = triton_santa.santa_prop(q, kv, 24, uniforms=uniforms)
+    plain, index = plain.clone(), info.sample_index.clone()
+    config = {**triton_santa.HOPPER_CONFIGS[64], "stash_evict": policy}
+    monkeypatch.setitem(triton_santa.HOPPER_CONFIGS, 64, config)
+    hinted, info = triton_santa.santa_prop(q, kv, 24, uniforms=uniforms)
+    assert torch.equal(info.sample_index, index)
+    assert torch.equal(hinted, plain)
