@@ -130,6 +130,11 @@ def _stats_rows(group: int, head_dim: int) -> int:
     return min(g_pad, max(2, _next_pow2(group))) if _config(head_dim).get("narrow") else g_pad
 
 
+def _large_stream(cfg: dict, groups: int) -> bool:
+    """Whether the score pass over ``groups`` = B * Hkv uses ``stream_large``."""
+    return "stream_large" in cfg and groups >= cfg["large_groups"]
+
+
 def _stash_evict(cfg: dict, rows: int, capacity: int, stash: torch.Tensor) -> str:
     """The stash's L2 eviction policy for a call of ``rows`` = B * Hq heads: the
     config's ``stash_evict`` if set, else ``"evict_last"`` for a stash of at most
@@ -1085,7 +1090,7 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
     n_blocks = -(-_capacity(kv) // (tile * subs))  # K loads of subs * tile rows
     warps, stages = cfg["stream"]
     splits = ws.num_splits
-    if "stream_large" in cfg and batch * hkv >= cfg["large_groups"]:
+    if _large_stream(cfg, batch * hkv):
         # the statistics are per tile, not per split: the split count is the pass's own
         warps, stages, per_sm = cfg["stream_large"]
         splits = num_splits_for(batch * hkv, n_blocks, _sm_count(q.device), per_sm)
@@ -1140,7 +1145,11 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
     batch, hq, d = q.shape
     cfg = _config(d)
     pdl = bool(cfg.get("pdl")) and mode != _MODE_LR and pdl_available(q.device)
-    chain = bool(pdl_chain) and pdl_available(q.device)
+    # the chain only where the score pass streams in several waves of small programs:
+    # a one-wave grid launched early is placed unevenly over SMs the previous kernel
+    # still holds (e2e loop, 32k B=4 with the 4-warp stream: +2.8 us a layer, s9)
+    chain = (bool(pdl_chain) and pdl_available(q.device)
+             and _large_stream(cfg, batch * kv.num_kv_heads))
     n_tiles = _score_pass(q, kv, ws, scale, tile, pdl=pdl, entry_pdl=chain)
     if mode == _MODE_LR:
         _largest_remainder_prefix(ws, kv, batch, hq, n_tiles, S, tile)

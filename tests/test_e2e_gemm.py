@@ -106,7 +106,8 @@ def test_gemm_decode_matches_the_eager_step(layout, config):
 @pytest.mark.gpu
 @pytest.mark.skipif(INTERPRETED, reason="programmatic dependent launch: compiled, on a GPU")
 @pytest.mark.parametrize("backend", ["triton-splitkv", "triton-splitkv merge-pdl", "santapp",
-                                     "santapp batch 9", "santapp int8 batch 9", "santa-prop"])
+                                     "santapp batch 9", "santapp int8 batch 9",
+                                     "santa-prop batch 16"])
 def test_gpu_pdl_launches_change_nothing(monkeypatch, backend):
     """Each kernel of the gemm rest waits for the one before it, and so does the attention
     call inside that chain (its first kernel a programmatic dependent, its last letting the
@@ -115,7 +116,8 @@ def test_gpu_pdl_launches_change_nothing(monkeypatch, backend):
     ``HOPPER["pdl_max_groups"]``): its chain with and without PDL between its own kernels;
     with int8 representatives the run without PDL also launches select, finish and attend
     one after the other (``pdl_before_merge`` off). santa-prop: its score pass a dependent
-    of the K/V write, its sample pass letting the O GEMM launch early."""
+    of the K/V write, its sample pass letting the O GEMM launch early (from 32 KV groups,
+    where its score pass streams in several waves: 16 x 2 here)."""
     import santa_kernels.triton_santapp as tsp
     import santa_kernels.triton_splitkv as tsk
     from santa_bench.e2e.attention import TritonSampledDecode, TritonSantaPPDecode
@@ -124,7 +126,7 @@ def test_gpu_pdl_launches_change_nothing(monkeypatch, backend):
 
     config = ModelConfig("gpu-small", "llama", 2, 512, 8, 2, 128, 1024, 512, 4096, 10000.0)
     model = Decoder.random(config, device="cuda", dtype=torch.bfloat16, std=0.05)
-    batch = 9 if backend.endswith("batch 9") else 4
+    batch = int(backend.split("batch ")[1]) if "batch " in backend else 4
     session = DecodeSession(model, batch=batch, ctx=300, steps=6)
     session.prefill("dense", chunk=128)
     monkeypatch.setattr(tsk, "MERGE_PDL", backend.endswith("merge-pdl"))
@@ -139,7 +141,7 @@ def test_gpu_pdl_launches_change_nothing(monkeypatch, backend):
             torch.device("cuda")))
         if backend.startswith("santapp"):
             main = TritonSantaPPDecode(params, session.scale, seed=3)
-        elif backend == "santa-prop":
+        elif backend.startswith("santa-prop"):
             prop = REGISTRY.get("santa-prop")
             main = TritonSampledDecode(prop, {p.name: p.default for p in prop.params}
                                        | {"S": 16}, session.scale, seed=3)
