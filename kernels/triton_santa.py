@@ -1145,9 +1145,10 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
     batch, hq, d = q.shape
     cfg = _config(d)
     pdl = bool(cfg.get("pdl")) and mode != _MODE_LR and pdl_available(q.device)
-    # the chain only where the score pass streams in several waves of small programs:
-    # a one-wave grid launched early is placed unevenly over SMs the previous kernel
-    # still holds (e2e loop, 32k B=4 with the 4-warp stream: +2.8 us a layer, s9)
+    # the chain only where the score pass streams in several waves of small programs
+    # (measured in the e2e loop, 32k B=4, with the one-wave 4-warp stream: +2.8 us a
+    # layer, s9; not profiled: likely the early-launched grid placed unevenly over SMs
+    # the previous kernel still holds)
     chain = (bool(pdl_chain) and pdl_available(q.device)
              and _large_stream(cfg, batch * kv.num_kv_heads))
     n_tiles = _score_pass(q, kv, ws, scale, tile, pdl=pdl, entry_pdl=chain)
