@@ -1093,7 +1093,8 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
     if _large_stream(cfg, batch * hkv):
         # the statistics are per tile, not per split: the split count is the pass's own
         warps, stages, per_sm = cfg["stream_large"]
-        splits = num_splits_for(batch * hkv, n_blocks, _sm_count(q.device), per_sm)
+        splits = cfg.get("large_splits") or num_splits_for(batch * hkv, n_blocks,
+                                                           _sm_count(q.device), per_sm)
     per_split = -(-n_blocks // splits)
     table, paged, page_size, stride_pt = _cache_args(kv)
     grid = (-(-n_blocks // per_split), batch * hkv)

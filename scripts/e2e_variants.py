@@ -205,6 +205,9 @@ VARIANTS: dict[str, tuple[str, Callable]] = {
     # split counts of the 1-warp stream (programs a SM they aim for)
     **{f"prop chain large@32 x{n}": ("prop", prop(True, {
         "large_groups": 32, "stream_large": (1, 4, n)})) for n in (6, 7, 9, 10)},
+    # the 1-warp stream's split count forced (default at 32k: 33 at B=4, 17 at B=8)
+    **{f"prop chain splits={n}": ("prop", prop(True, {"large_splits": n}))
+       for n in (15, 16, 24, 31, 32, 48)},
     # profiling only (wrong outputs): the score pass without the stash (1) or any store
     # (0); the sample pass without its search (1), stash loads (2) or V gather (3)
     **{f"prop chain large@32 stores={n}": ("prop-profile", prop(
