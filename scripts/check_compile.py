@@ -179,8 +179,7 @@ def check_decode_linear() -> int:
         size = 4 if dtype == "fp32" else 2
         block_n, block_k, warps, stages = gemm.gemm_config(4096, 4096, silu, size)
         consts = {"HAS_BIAS": bias, "SILU": silu, "BLOCK_M": 16, "BLOCK_N": block_n,
-                  "BLOCK_K": block_k, "IEEE": dtype == "fp32", "PDL": True,
-                  "PREFETCH": not silu, "LINE": 128 // size}  # the O projection's prefetch
+                  "BLOCK_K": block_k, "IEEE": dtype == "fp32", "PDL": True}
         err = compile_kernel(gemm._decode_linear_kernel, types, consts,
                              {"num_warps": warps, "num_stages": stages},
                              divisible=("K", "stride_xm", "stride_wn"), pipelined=True,

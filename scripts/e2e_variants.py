@@ -172,19 +172,6 @@ def santapp_no_union(make):
     return wrapped
 
 
-def without_o_prefetch(make):
-    """A variant whose O projection does not prefetch its weight before its wait."""
-    from santa_bench.e2e import gemm
-
-    def wrapped(scale: float):
-        backend, ctx = make(scale)
-        stack = contextlib.ExitStack()
-        stack.enter_context(ctx)
-        stack.enter_context(patched(gemm, PREFETCH_AFTER_ATTENTION=False))
-        return backend, stack
-    return wrapped
-
-
 # name: (family, factory(scale) -> (backend, context active during prepare + decode))
 VARIANTS: dict[str, tuple[str, Callable]] = {
     "splitkv": ("dense", splitkv(False, False)),
@@ -267,11 +254,6 @@ VARIANTS: dict[str, tuple[str, Callable]] = {
     "santapp chain int8 pdl-before-merge": ("santapp-int8", santapp(
         True, {"pdl_before_merge": True}, reps="int8")),
     "santapp chain pdl-before-merge": ("santapp", santapp(True, {"pdl_before_merge": True})),
-    # the O projection without its L2 prefetch of the weight (default since session 9)
-    "splitkv chain no-o-prefetch": ("dense", without_o_prefetch(splitkv(True, False))),
-    "prop chain no-o-prefetch": ("prop", without_o_prefetch(prop(True))),
-    "santapp chain int8 no-o-prefetch": ("santapp-int8", without_o_prefetch(
-        santapp(True, reps="int8"))),
 }
 
 

@@ -69,10 +69,6 @@ def gemm_config(n_out: int, k: int, silu: bool = False,
 # -> 4017.2 us at B=4, 4155.1 -> 4057.3 at B=8. Measured and removed (code at 6d3b0f6):
 # prefetching the first two K steps of weights into L2 before the wait, +20-26 us
 PDL = True
-# the O projection (after attention, whose last kernel leaves HBM mostly idle: SANTA's
-# sample pass, SANTA++'s merge, split-KV's merge) prefetches its whole weight slice into
-# L2 before its PDL wait (session 9, measured in scripts/e2e_variants.py)
-PREFETCH_AFTER_ATTENTION = True
 
 
 def use_pdl(device: torch.device) -> bool:
@@ -96,34 +92,20 @@ def _dot(a, w, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """``prefetch.global.L2`` of every address in ``ptrs`` (no value, no fault)."""
-    tl.inline_asm_elementwise("mov.u32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptrs],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _decode_linear_kernel(
     x_ptr, w_ptr, bias_ptr, y_ptr, M, N, K, stride_xm, stride_wn,
     HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
-    PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False, LINE: tl.constexpr = 64,
+    PDL: tl.constexpr = False,
 ):
     """Program n: output columns ``[n*BLOCK_N, (n+1)*BLOCK_N)`` of every row (module
     docstring). ``K`` is a multiple of BLOCK_K; ``N`` is the output width (``I`` with
     SILU, whose up rows start at ``w_ptr + N * stride_wn``). PDL: launched as a
-    programmatic dependent (it waits for the previous kernel before any load or store).
-    PREFETCH (with PDL, not SILU): the program's whole weight slice is prefetched into L2
-    (one ``prefetch.global.L2`` per LINE elements = 128 bytes) before that wait: weights
-    do not depend on the previous kernel (GPU only: inline PTX)."""
+    programmatic dependent (it waits for the previous kernel before any load or store)."""
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
-    if PREFETCH:
-        rows = w_ptr + tl.minimum(offs_n, N - 1)[:, None].to(tl.int64) * stride_wn
-        for k0 in range(0, K, BLOCK_K):
-            _prefetch_l2(rows + k0 + tl.arange(0, BLOCK_K // LINE)[None, :] * LINE)
     _pdl_enter(PDL, True)
     dtype = y_ptr.dtype.element_ty
     offs_m = tl.arange(0, BLOCK_M)
@@ -161,14 +143,12 @@ def decode_linear(
     silu: bool = False,
     config: tuple[int, int, int, int] | None = None,
     pdl: bool = False,
-    prefetch: bool = False,
 ) -> torch.Tensor:
     """Returns ``y = x W^T (+ bias)`` for ``x [M, K]`` (``M <= MAX_ROWS``) and ``weight
     [N, K]``; with ``silu`` the weight is ``[gate | up]`` and ``y = silu(x Wg^T) * (x
     Wu^T)`` ``[M, N/2]``. ``config``: ``(BLOCK_N, BLOCK_K, num_warps, num_stages)``
     (default :func:`gemm_config`). ``pdl``: launch as a programmatic dependent of the
-    previous kernel (see :func:`use_pdl`); with it, ``prefetch`` streams the weight into
-    L2 before waiting for that kernel (not with ``silu``).
+    previous kernel (see :func:`use_pdl`).
     """
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise InputError(f"decode_linear: expected x [M, K] and weight [N, K], got "
@@ -195,7 +175,6 @@ def decode_linear(
         weight.stride(0), HAS_BIAS=bias is not None, SILU=silu,
         BLOCK_M=max(16, 1 << (rows - 1).bit_length()), BLOCK_N=block_n, BLOCK_K=block_k,
         IEEE=_ieee(x.dtype), num_warps=warps, num_stages=stages,
-        **({"PDL": True, "launch_pdl": True, "PREFETCH": prefetch and not silu,
-            "LINE": 128 // weight.element_size()} if pdl else {}),
+        **({"PDL": True, "launch_pdl": True} if pdl else {}),
     )
     return y

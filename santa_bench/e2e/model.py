@@ -296,8 +296,7 @@ class Decoder:
 
         c, w = self.config, self.layers[layer]
         pdl = gemm.use_pdl(x.device)
-        o = gemm.decode_linear(attn.reshape(x.shape[0], -1), w.w_o, pdl=pdl,
-                               prefetch=gemm.PREFETCH_AFTER_ATTENTION)
+        o = gemm.decode_linear(attn.reshape(x.shape[0], -1), w.w_o, pdl=pdl)
         x, h = fused.add_rms_norm(x, o, w.ln_mlp, c.rms_eps, pdl=pdl)
         act = gemm.decode_linear(h, w.w_gate_up, silu=True, pdl=pdl)
         return x, gemm.decode_linear(act, w.w_down, pdl=pdl)
