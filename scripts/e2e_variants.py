@@ -208,6 +208,9 @@ VARIANTS: dict[str, tuple[str, Callable]] = {
     # the 1-warp stream's split count forced (default at 32k: 33 at B=4, 17 at B=8)
     **{f"prop chain splits={n}": ("prop", prop(True, {"large_splits": n}))
        for n in (15, 16, 24, 31, 32, 48)},
+    # K loads of two tiles (subs=2: one 128-row load and dot, statistics per 64 rows)
+    **{f"prop chain subs=2 w{w}s{st}": ("prop", prop(True, {
+        "subs": 2, "stream_large": (w, st, 8)})) for w, st in ((1, 2), (1, 3), (2, 3), (4, 3))},
     # profiling only (wrong outputs): the score pass without the stash (1) or any store
     # (0); the sample pass without its search (1), stash loads (2) or V gather (3)
     **{f"prop chain large@32 stores={n}": ("prop-profile", prop(
