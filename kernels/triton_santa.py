@@ -432,13 +432,15 @@ def _score_pass_kernel(
     PAGED: tl.constexpr, TILE: tl.constexpr, SUBS: tl.constexpr, G_PAD: tl.constexpr,
     D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, G_ROWS: tl.constexpr = 0,
     STORES: tl.constexpr = 2, PDL: tl.constexpr = False, ENTRY_PDL: tl.constexpr = False,
-    LATE_TRIGGER: tl.constexpr = False, STASH_EVICT: tl.constexpr = "",
+    STASH_EVICT: tl.constexpr = "",
 ):
     # ENTRY_PDL: launched as a programmatic dependent of the kernel before the call (the
     # e2e chain, which writes this step's K row): wait for it before any read
     _pdl_wait(ENTRY_PDL)
-    if not LATE_TRIGGER:
-        _pdl_trigger(PDL)  # the sample pass may launch as this grid's last wave starts
+    # the sample pass may launch as this grid's last wave starts (letting it launch only
+    # after the loop instead: +0.4 to +1 us a layer in the e2e loop at 32k B=4, code at
+    # 37d7eed)
+    _pdl_trigger(PDL)
     # STASH_EVICT: the stash stores' L2 eviction policy ("evict_last": the stash, rewritten
     # at the same addresses by every layer, may stay in L2 while K streams past it)
     # STORES (profiling only): 2 = statistics and stash (the kernel), 1 = statistics only,
@@ -506,8 +508,6 @@ def _score_pass_kernel(
             tl.store(stash_ptr + head_rows[:, None] * stash_stride + offs_n[None, :],
                      local.to(stash_ptr.dtype.element_ty), mask=mask_g[:, None],
                      eviction_policy=STASH_EVICT)
-    if LATE_TRIGGER:  # the sample pass launches once every program has streamed its tiles
-        _pdl_trigger(PDL)
 
 
 # ----------------------------------------------- prop pass 2: sample + gather
@@ -1075,16 +1075,18 @@ def pdl_available(device: torch.device) -> bool:
 
 
 def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int = 2,
-                pdl: bool = False, entry_pdl: bool = False) -> int:
+                pdl: bool = False, entry_pdl: bool = False,
+                stash_evict: str | None = None) -> int:
     """Runs pass 1; returns the call's tile count bound ``T``. ``stores`` < 2 skips the
     stash (1) or every store (0): profiling only. ``pdl``: let the next kernel (the sample
     pass, launched as a programmatic dependent) start early. ``entry_pdl``: launch this
-    pass itself as a programmatic dependent of the kernel before it (it waits first)."""
+    pass itself as a programmatic dependent of the kernel before it (it waits first).
+    ``stash_evict``: the stash stores' L2 policy (None: :func:`_stash_evict`)."""
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
     cfg = _config(d)
-    g_pad = max(16, _next_pow2(hq // hkv))
-    g_rows = _stats_rows(hq // hkv, d)
+    if stash_evict is None:
+        stash_evict = _stash_evict(cfg, batch * hq, _capacity(kv), ws.stash)
     subs = cfg.get("subs", 1)
     n_tiles = -(-_capacity(kv) // tile)
     n_blocks = -(-_capacity(kv) // (tile * subs))  # K loads of subs * tile rows
@@ -1103,10 +1105,9 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
         scale, hkv, hq, hq // hkv, d, per_split, ws.stash.stride(0), ws.max_tiles,
         q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
         stride_pt, page_size,
-        PAGED=paged, TILE=tile, SUBS=subs, G_PAD=g_pad, D_PAD=_next_pow2(d),
-        DOT_PRECISION=_dot_precision(kv.k.dtype), G_ROWS=g_rows if g_rows < g_pad else 0,
-        STORES=stores, PDL=pdl, ENTRY_PDL=entry_pdl, LATE_TRIGGER=cfg.get("late_trigger", False),
-        STASH_EVICT=_stash_evict(cfg, batch * hq, _capacity(kv), ws.stash),
+        PAGED=paged, TILE=tile, SUBS=subs, G_PAD=max(16, _next_pow2(hq // hkv)),
+        D_PAD=_next_pow2(d), DOT_PRECISION=_dot_precision(kv.k.dtype), G_ROWS=ws.stats_rows,
+        STORES=stores, PDL=pdl, ENTRY_PDL=entry_pdl, STASH_EVICT=stash_evict,
         num_warps=warps, num_stages=stages,
         **({"launch_pdl": True} if entry_pdl else {}),
     )
@@ -1152,7 +1153,9 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
     # the previous kernel still holds)
     chain = (bool(pdl_chain) and pdl_available(q.device)
              and _large_stream(cfg, batch * kv.num_kv_heads))
-    n_tiles = _score_pass(q, kv, ws, scale, tile, pdl=pdl, entry_pdl=chain)
+    stash_evict = _stash_evict(cfg, batch * hq, _capacity(kv), ws.stash)
+    n_tiles = _score_pass(q, kv, ws, scale, tile, pdl=pdl, entry_pdl=chain,
+                          stash_evict=stash_evict)
     if mode == _MODE_LR:
         _largest_remainder_prefix(ws, kv, batch, hq, n_tiles, S, tile)
     expected = {_MODE_SYS: (batch, hq), _MODE_STRAT: (batch, hq, S), _MODE_IID: (batch, hq, S),
@@ -1180,8 +1183,7 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
         MODE=mode, HAS_UNIFORMS=uniforms is not None, PAGED=paged, TILE=tile,
         BLOCK_T=min(MAX_PREFIX_IN_REGS, _next_pow2(n_tiles)), SAMPLE_BLOCK=sample_block,
         PREFIX_IN_REGS=prefix_in_regs, SAMPLE_SPLITS=splits,
-        PROFILE=cfg.get("sample_profile", 0), PDL=pdl,
-        STASH_EVICT=_stash_evict(cfg, batch * hq, _capacity(kv), ws.stash),
+        PROFILE=cfg.get("sample_profile", 0), PDL=pdl, STASH_EVICT=stash_evict,
         D_PAD=_next_pow2(d), num_warps=warps, num_stages=1,
         **({"launch_pdl": True} if pdl else {}),
     )

@@ -75,7 +75,7 @@ def main() -> int:
                                         (8, 8, 1, 2), (4, 4, 1, 0)):
         consts = {"head_dim": 128, "PAGED": False, "TILE": 64, "SUBS": subs, "G_PAD": 16,
                   "D_PAD": 128, "DOT_PRECISION": "tf32", "G_ROWS": g_rows, "STORES": stores,
-                  "PDL": group in (4, 8), "ENTRY_PDL": False, "LATE_TRIGGER": group == 8,
+                  "PDL": group in (4, 8), "ENTRY_PDL": group == 8,
                   "STASH_EVICT": ""}
         err = compile_kernel(ts._score_pass_kernel, score_types, consts)
         print(f"_score_pass_kernel G={group} G_ROWS={g_rows} SUBS={subs} STORES={stores}: "
@@ -84,7 +84,7 @@ def main() -> int:
     warps, stages, _ = ts.HOPPER_CONFIGS[128]["stream_large"]  # B * Hkv >= large_groups
     consts = {"head_dim": 128, "PAGED": False, "TILE": 64, "SUBS": 1, "G_PAD": 16,
               "D_PAD": 128, "DOT_PRECISION": "tf32", "G_ROWS": 4, "STORES": 2, "PDL": True,
-              "ENTRY_PDL": True, "LATE_TRIGGER": False,  # as the e2e chain launches it
+              "ENTRY_PDL": True,  # as the e2e chain launches it
               "STASH_EVICT": "evict_last"}
     err = compile_kernel(ts._score_pass_kernel, score_types, consts,
                          {"num_warps": warps, "num_stages": stages}, pipelined=True,

@@ -222,11 +222,6 @@ VARIANTS: dict[str, tuple[str, Callable]] = {
     "prop chain stash-el": ("prop", prop(True, {"stash_evict": "evict_last"})),
     "prop chain large@32 stash-el": ("prop", prop(True, {"large_groups": 32,
                                                          "stash_evict": "evict_last"})),
-    # the score pass lets the sample pass launch after its loop, not at its entry
-    "prop late": ("prop", prop(False, {"late_trigger": True})),
-    "prop large@32 late": ("prop", prop(False, {"large_groups": 32, "late_trigger": True})),
-    "prop chain large@32 late": ("prop", prop(True, {"large_groups": 32,
-                                                     "late_trigger": True})),
     # sample-pass programs a head (default 1 from 128 heads) and warps (default 8)
     "prop chain ssplits=2": ("prop", prop(True, {"sample_splits": 2})),
     "prop chain ssplits=4": ("prop", prop(True, {"sample_splits": 4})),

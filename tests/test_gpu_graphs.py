@@ -42,3 +42,24 @@ def test_graph_replays_draw_fresh_samples_and_reset_reproduces(function):
     workspace.reset_rng(0)
     graph.replay()
     assert torch.equal(out, first)  # same seed and step: the same run
+
+
+def test_stash_l2_policy_changes_no_sample_on_the_gpu(monkeypatch):
+    """32k B=4, Llama shape: the 8.4 MB stash goes under evict_last by default; without
+    the hint the same uniforms give the same samples and the same output, bit for bit."""
+    import santa_kernels.triton_santa as ts
+    from santa_bench.inputs import DecodeShape, make_decode_inputs
+
+    q, kv = make_decode_inputs(DecodeShape(batch=4, ctx=32768), device="cuda")
+    uniforms = torch.rand(4, 32, device="cuda", generator=torch.Generator("cuda").manual_seed(2))
+    workspace = ts.SantaWorkspace.for_inputs(q, kv, 128, 64, stash_dtype=torch.float16)
+    cfg = ts._config(128)
+    assert ts._stash_evict(cfg, 4 * 32, 32768, workspace.stash) == "evict_last"
+    hinted, info = ts.santa_prop(q, kv, 128, uniforms=uniforms, workspace=workspace,
+                                 stash_dtype=torch.float16)
+    hinted, index = hinted.clone(), info.sample_index.clone()
+    monkeypatch.setitem(ts.HOPPER_CONFIGS, 128, {**cfg, "stash_evict": ""})
+    plain, info = ts.santa_prop(q, kv, 128, uniforms=uniforms, workspace=workspace,
+                                stash_dtype=torch.float16)
+    assert torch.equal(info.sample_index, index)
+    assert torch.equal(plain, hinted)

@@ -272,6 +272,8 @@ class TritonSampledDecode(DecodeAttention):
         self.S = int(self.params["S"])
         tile = int(self.params.get("tile", 64))
         self.kwargs: dict[str, Any] = {"tile": tile, "scale": self.scale}
+        # the global-CDF samplers join the loop's PDL chain (flash has no entry wait)
+        self.chains = self.method.name != "santa-flash"
         stash = STASH_DTYPES[self.params.get("stash", "fp32")]
         if self.method.name != "santa-flash":
             self.kwargs["stash_dtype"] = stash
@@ -291,8 +293,7 @@ class TritonSampledDecode(DecodeAttention):
         self.workspace.reset_rng(0)
 
     def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        # the global-CDF samplers join the loop's PDL chain (flash has no entry wait)
-        chain = {"pdl_chain": self.pdl_chain} if self.method.name != "santa-flash" else {}
+        chain = {"pdl_chain": self.pdl_chain} if self.chains else {}
         return self.kernel(q, self.cache.layers[layer], self.S, **self.kwargs, **chain)[0]
 
 
