@@ -1114,6 +1114,20 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
     return n_tiles
 
 
+def _sample_regs(cfg: dict, rows: int) -> dict:
+    """The sample pass's ``maxnreg`` launch option for ``rows`` = B * Hq heads: the
+    config's ``sample_maxnreg`` where ``rows`` >= ``sample_maxnreg_rows`` (none under the
+    interpreter)."""
+    regs = cfg.get("sample_maxnreg")
+    if not regs or rows < cfg.get("sample_maxnreg_rows", 0) or _interpreted():
+        return {}
+    return {"maxnreg": regs}
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def _largest_remainder_prefix(ws: SantaWorkspace, kv: KVCache, batch: int, hq: int,
                               n_tiles: int, S: int, tile: int) -> None:
     """Writes cumulative largest-remainder budgets into ``ws.prefix`` (torch ops, no sync)."""
@@ -1185,7 +1199,7 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
         PREFIX_IN_REGS=prefix_in_regs, SAMPLE_SPLITS=splits,
         PROFILE=cfg.get("sample_profile", 0), PDL=pdl, STASH_EVICT=stash_evict,
         D_PAD=_next_pow2(d), num_warps=warps, num_stages=1,
-        **({"launch_pdl": True} if pdl else {}),
+        **({"launch_pdl": True} if pdl else {}), **_sample_regs(cfg, batch * hq),
     )
     info = SantaInfo(method={_MODE_SYS: "prop", _MODE_STRAT: "strat", _MODE_IID: "iid",
                              _MODE_LR: "prop-largest-remainder"}[mode],

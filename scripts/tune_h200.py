@@ -25,6 +25,8 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   and 256: the whole call; first checks that every split draws the same samples.
 - ``sample``: prop S=128's sample pass with parts skipped (``sample_profile`` 1: the
   binary search, 2: the stash load, 3: the V gather; timing only) and other warp counts.
+- ``occupancy``: prop's sample pass launches (warps, samples an iteration, a register
+  cap ``sample_maxnreg``, programs a head), S=128 and 256, same samples checked.
 - ``pdl``: santa-prop with the sample pass launched as a programmatic dependent of the
   score pass or not, S=128 and 256; first checks both draw the same samples.
 - ``pdlpp``: SANTA++ M=32 with its kernels launched as programmatic dependents or not;
@@ -470,6 +472,28 @@ def sample_section(rows: Rows) -> None:
     prop_variants(rows, "sample", variants, same_samples=False, score=True)
 
 
+OCCUPANCY_VARIANTS = {  # the sample pass: (warps, samples an iteration), registers a thread
+    "default": {},
+    "w8 b128": {"sample": (8, 128)},
+    "w8 b64": {"sample": (8, 64)},
+    "w8 b64 r128": {"sample": (8, 64), "sample_maxnreg": 128},
+    "w8 b128 r128": {"sample": (8, 128), "sample_maxnreg": 128},
+    "w8 b64 r80": {"sample": (8, 64), "sample_maxnreg": 80},
+    "w4 b64 r128": {"sample": (4, 64), "sample_maxnreg": 128},
+    "w4 b32 r128": {"sample": (4, 32), "sample_maxnreg": 128},
+    "w8 b64 r128 x2": {"sample": (8, 64), "sample_maxnreg": 128, "sample_splits": 2},
+    "small w8": {"sample_small_warps": 8},
+    "splits 8": {"sample_splits": 8},
+}
+
+
+def occupancy_section(rows: Rows) -> None:
+    """prop's sample pass with fewer samples an iteration and a register cap (by the
+    offline sm_90 compile: 255 registers and 1 program of 8 warps an SM at 256 samples an
+    iteration, so the 256 heads of B=8 run in two waves), S=128 and 256, two rounds."""
+    prop_variants(rows, "occupancy", OCCUPANCY_VARIANTS, budgets=(128, 256), reps=2)
+
+
 def pdl_section(rows: Rows) -> None:
     prop_variants(rows, "pdl", {"pdl=0": {"pdl": False}, "pdl=1": {"pdl": True}},
                   budgets=(128, 256), reps=2)
@@ -522,6 +546,8 @@ PP_KNOBS = {  # HOPPER overrides (or workspace keywords, "ws") of the SANTA++ la
     "pdl_max_groups=64": {"pdl_max_groups": 64},
     "finish_warps=4": {"ws": {"finish_heads": 1, "finish_warps": 4}},
     "finish_warps=16": {"ws": {"finish_heads": 1, "finish_warps": 16}},
+    "local": {"ws": {"local": True}},
+    "local finish_warps=4": {"ws": {"local": True, "finish_warps": 4}},
 }
 
 
@@ -616,7 +642,7 @@ def main() -> None:
                             "prop": prop_section, "stores": stores_section, "e2e": e2e_section,
                             "flash": flash_section, "flash2": flash2_section,
                             "split": split_section, "sample": sample_section,
-                            "pdl": pdl_section,
+                            "pdl": pdl_section, "occupancy": occupancy_section,
                             "pdlpp": pdlpp_section, "reps": reps_section,
                             "warps": warps_section, "ppknobs": ppknobs_section}
         try:
