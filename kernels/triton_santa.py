@@ -43,6 +43,10 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # host-side tensor descriptors (Hopper's bulk tensor copies; Triton >= 3.4)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: K loads stay per-thread copies
+    TensorDescriptor = None
 try:  # programmatic dependent launch (Hopper+; Triton >= 3.4)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover - older Triton: launches stay serial
@@ -81,9 +85,13 @@ HOPPER_CONFIGS = {
     # store and load it with an L2 evict_last policy, so that the stash (rewritten at the
     # same addresses by every call) stays in L2 while K streams past: in the e2e loop at
     # 32k B=4 (8.4 MB) 6.58 -> 6.45 ms a step, at B=8 (16.8 MB) 8.97 -> 9.03 (s9)
+    # sample at d=128: 128 samples an iteration, not 256 (which spills: 328 bytes at 255
+    # registers, offline sm_90 compile). H200, prop S=256 at 32k B=8 165.1 -> 159.1 us;
+    # S=128 and B=1 unchanged; a register cap (sample_maxnreg 80-128, two or three
+    # programs an SM) is slower everywhere (results/h200/tune-2026-12-01-s10/1-occupancy.csv)
     64: {"stream": (4, 4), "sample": (8, 256), "subs": 1, "narrow": True,
          "sample_splits": None, "pdl": True},
-    128: {"stream": (4, 3), "sample": (8, 256), "subs": 1, "narrow": True,
+    128: {"stream": (4, 3), "sample": (8, 128), "subs": 1, "narrow": True,
           "sample_splits": None, "pdl": True, "sample_small_rows": 64, "sample_small_warps": 4,
           "stream_large": (1, 4, 8), "large_groups": 32, "stash_l2_bytes": 12 << 20},
     256: {"stream": (8, 2), "sample": (8, 128), "subs": 1, "narrow": True,
@@ -392,12 +400,18 @@ def _group_queries(q_ptr, b, kvh, group, head_dim, stride_qb, stride_qh,
 def _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale,
                  stride_kx, stride_ky, stride_kh, stride_pt, page_size,
                  PAGED: tl.constexpr, TILE: tl.constexpr, D_PAD: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr):
-    """Returns (s [G_PAD, TILE] with -inf on invalid rows, offs_n, mask_n) for tile ``t``."""
+                 DOT_PRECISION: tl.constexpr, k_desc=None, seq_rows=0,
+                 TMA: tl.constexpr = False):
+    """Returns (s [G_PAD, TILE] with -inf on invalid rows, offs_n, mask_n) for tile ``t``.
+    ``TMA``: K comes through ``k_desc``, a [X * seq_rows, Hkv * d] tensor descriptor of
+    the contiguous cache (Hopper's bulk tensor copies; rows past ``length`` are read and
+    masked, rows past the tensor's end arrive as zeros)."""
     offs_n = t * TILE + tl.arange(0, TILE)
     offs_d = tl.arange(0, D_PAD)
     mask_n = offs_n < length
-    if PAGED:
+    if TMA:
+        k = k_desc.load([b * seq_rows + t * TILE, kvh * D_PAD])
+    elif PAGED:
         rows = _row_offsets(page_table_ptr, b, tl.where(mask_n, offs_n, 0), stride_kx,
                             stride_ky, stride_pt, page_size, PAGED)
         k_tile = k_ptr + rows[:, None] + kvh * stride_kh
@@ -406,11 +420,12 @@ def _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale,
         base = (tl.cast(b, tl.int64) * stride_kx + tl.cast(t * TILE, tl.int64) * stride_ky
                 + kvh * stride_kh)
         k_tile = k_ptr + base + (tl.arange(0, TILE) * stride_ky)[:, None]
-    if head_dim == D_PAD:  # no head-dim mask: full-width vector loads
-        k = tl.load(k_tile + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-    else:
-        k = tl.load(k_tile + offs_d[None, :],
-                    mask=mask_n[:, None] & (offs_d[None, :] < head_dim), other=0.0)
+    if not TMA:
+        if head_dim == D_PAD:  # no head-dim mask: full-width vector loads
+            k = tl.load(k_tile + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+        else:
+            k = tl.load(k_tile + offs_d[None, :],
+                        mask=mask_n[:, None] & (offs_d[None, :] < head_dim), other=0.0)
     # all G heads of the group against one K tile: K is read once per group (section 4)
     if DOT_PRECISION == "ieee":  # fp32 inputs (and bf16 under the CPU interpreter)
         s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
@@ -432,8 +447,9 @@ def _score_pass_kernel(
     PAGED: tl.constexpr, TILE: tl.constexpr, SUBS: tl.constexpr, G_PAD: tl.constexpr,
     D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, G_ROWS: tl.constexpr = 0,
     STORES: tl.constexpr = 2, PDL: tl.constexpr = False, ENTRY_PDL: tl.constexpr = False,
-    STASH_EVICT: tl.constexpr = "",
+    STASH_EVICT: tl.constexpr = "", k_desc=None, seq_rows=0, TMA: tl.constexpr = False,
 ):
+    # TMA: K tiles through the tensor descriptor k_desc (see _tile_scores)
     # ENTRY_PDL: launched as a programmatic dependent of the kernel before the call (the
     # e2e chain, which writes this step's K row): wait for it before any read
     _pdl_wait(ENTRY_PDL)
@@ -478,7 +494,8 @@ def _score_pass_kernel(
     for t in range(t_begin, t_end):
         s, offs_n, _ = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim,
                                          scale, stride_kx, stride_ky, stride_kh, stride_pt,
-                                         page_size, PAGED, LOAD, D_PAD, DOT_PRECISION)
+                                         page_size, PAGED, LOAD, D_PAD, DOT_PRECISION,
+                                         k_desc, seq_rows, TMA)
         if ROWS < G_PAD:  # the padding rows of q are zero (or -inf past the end): exact
             s = tl.sum(tl.reshape(s, [G_PAD // ROWS, ROWS, LOAD]), axis=0)
         # section 4: local max m_t and local mass l_t of every head on each TILE rows,
@@ -1100,6 +1117,7 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
     per_split = -(-n_blocks // splits)
     table, paged, page_size, stride_pt = _cache_args(kv)
     grid = (-(-n_blocks // per_split), batch * hkv)
+    k_desc = _k_descriptor(kv, tile * subs) if cfg.get("tma") else None
     _score_pass_kernel[grid](
         q, kv.k, kv.lengths, table, ws.tile_lse, ws.stash, ws.rng,
         scale, hkv, hq, hq // hkv, d, per_split, ws.stash.stride(0), ws.max_tiles,
@@ -1108,10 +1126,28 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
         PAGED=paged, TILE=tile, SUBS=subs, G_PAD=max(16, _next_pow2(hq // hkv)),
         D_PAD=_next_pow2(d), DOT_PRECISION=_dot_precision(kv.k.dtype), G_ROWS=ws.stats_rows,
         STORES=stores, PDL=pdl, ENTRY_PDL=entry_pdl, STASH_EVICT=stash_evict,
+        k_desc=k_desc, seq_rows=kv.k.shape[1], TMA=k_desc is not None,
         num_warps=warps, num_stages=stages,
         **({"launch_pdl": True} if entry_pdl else {}),
     )
     return n_tiles
+
+
+def _k_descriptor(kv: KVCache, rows: int):
+    """A tensor descriptor of the contiguous cache's K as [X * Y, Hkv * d] with blocks of
+    ``rows`` x d (one KV head's tile), or None where the layout does not allow one (paged,
+    heads or sequences not packed, an unaligned base or a head dim that is not a power of
+    two) or Triton lacks descriptors."""
+    if TensorDescriptor is None or kv.layout == "paged":
+        return None
+    k = kv.k
+    x, y, hkv, d = k.shape
+    size = k.element_size()
+    if (k.stride(3) != 1 or k.stride(2) != d or k.stride(0) != y * k.stride(1)
+            or d != _next_pow2(d) or k.data_ptr() % 16 or (k.stride(1) * size) % 16):
+        return None
+    return TensorDescriptor(k, shape=[x * y, hkv * d], strides=[k.stride(1), 1],
+                            block_shape=[rows, d])
 
 
 def _sample_regs(cfg: dict, rows: int) -> dict:

@@ -27,6 +27,8 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   binary search, 2: the stash load, 3: the V gather; timing only) and other warp counts.
 - ``occupancy``: prop's sample pass launches (warps, samples an iteration, a register
   cap ``sample_maxnreg``, programs a head), S=128 and 256, same samples checked.
+- ``tma``: prop's score pass with K through tensor descriptors (bulk tensor copies) or
+  per-thread copies: the pass alone and the call at S=128 and 256 (same samples checked).
 - ``pdl``: santa-prop with the sample pass launched as a programmatic dependent of the
   score pass or not, S=128 and 256; first checks both draw the same samples.
 - ``pdlpp``: SANTA++ M=32 with its kernels launched as programmatic dependents or not;
@@ -494,6 +496,41 @@ def occupancy_section(rows: Rows) -> None:
     prop_variants(rows, "occupancy", OCCUPANCY_VARIANTS, budgets=(128, 256), reps=2)
 
 
+def tma_section(rows: Rows) -> None:
+    """prop with K through tensor descriptors (``tma``: bulk tensor copies) or per-thread
+    copies, two rounds: the score pass alone and the call at S=128 and 256, first
+    checking both draw the same samples."""
+    default = copy.deepcopy(ts.HOPPER_CONFIGS)
+    variants = {"copies": {}, "tma": {"tma": True}}
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
+        rows.add(section="tma", shape=tag, variant="splitkv", what="call",
+                 us=f"{dense_us(inputs):.2f}", note="")
+        base = None
+        for rep in range(2):
+            for name, overrides in variants.items():
+                ts.HOPPER_CONFIGS[128] = {**default[128], **overrides}
+                try:
+                    got = prop_draw(*inputs[0], 128)
+                    base = base or got
+                    same = (torch.equal(got[0], base[0])
+                            and float((got[1] - base[1]).abs().max()) < 1e-2)
+                except Exception as exc:  # score_and_call reports the failure
+                    same = type(exc).__name__
+                score_and_call(rows, "tma", tag, name, inputs, note=f"same={same} rep={rep}")
+                try:
+                    _, full = prop_calls(inputs, 256)
+                    rows.add(section="tma", shape=tag, variant=name, what="call S=256",
+                             us=f"{graph_call_us(full):.2f}", note=f"rep={rep}")
+                except Exception as exc:
+                    rows.add(section="tma", shape=tag, variant=name, what="FAILED", us="",
+                             note=f"{type(exc).__name__}: {exc}"[:300])
+        ts.HOPPER_CONFIGS[128] = copy.deepcopy(default[128])
+        del inputs
+        torch.cuda.empty_cache()
+
+
 def pdl_section(rows: Rows) -> None:
     prop_variants(rows, "pdl", {"pdl=0": {"pdl": False}, "pdl=1": {"pdl": True}},
                   budgets=(128, 256), reps=2)
@@ -643,6 +680,7 @@ def main() -> None:
                             "flash": flash_section, "flash2": flash2_section,
                             "split": split_section, "sample": sample_section,
                             "pdl": pdl_section, "occupancy": occupancy_section,
+                            "tma": tma_section,
                             "pdlpp": pdlpp_section, "reps": reps_section,
                             "warps": warps_section, "ppknobs": ppknobs_section}
         try:

@@ -391,3 +391,31 @@ def test_stash_l2_policy_changes_no_sample(policy, monkeypatch):
     hinted, info = triton_santa.santa_prop(q, kv, 24, uniforms=uniforms)
     assert torch.equal(info.sample_index, index)
     assert torch.equal(hinted, plain)
+
+
+@pytest.mark.parametrize("method", ["prop", "strat", "largest-remainder"])
+def test_score_pass_through_tensor_descriptors_matches_float64(method, monkeypatch):
+    """K through a tensor descriptor (``tma``: Hopper's bulk copies): the same counts as
+    float64; the last tile of the last sequence runs past the tensor (zero-filled rows,
+    masked), the other sequence's last tile reads its neighbour's rows (masked)."""
+    import santa_kernels.triton_santa as triton_santa
+
+    config = {**triton_santa.HOPPER_CONFIGS[64], "tma": True}
+    monkeypatch.setitem(triton_santa.HOPPER_CONFIGS, 64, config)
+    q, kv = make_cache(hq=6, hkv=2, n=75, lengths=(75, 41))  # 75 rows: no whole tiles
+    assert triton_santa._k_descriptor(kv, TILE) is not None
+    check_exact(method, q, kv, S=24)
+    paged = kv.to_paged(8, torch.Generator().manual_seed(2))  # no descriptor: plain loads
+    assert triton_santa._k_descriptor(paged, TILE) is None
+    check_exact(method, q, paged, S=9)
+
+
+def test_tensor_descriptor_only_for_packed_caches():
+    import santa_kernels.triton_santa as triton_santa
+
+    _, kv = make_cache(n=64, lengths=(64, 64))
+    assert triton_santa._k_descriptor(kv, TILE) is not None
+    k = torch.randn(2, 64, 2, 128)[..., :64]  # a head's row is not packed against the next
+    v = torch.randn(2, 64, 2, 64)
+    strided = KVCache.contiguous(k, v, torch.tensor([64, 64]))
+    assert triton_santa._k_descriptor(strided, TILE) is None
