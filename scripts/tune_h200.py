@@ -29,6 +29,8 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   cap ``sample_maxnreg``, programs a head), S=128 and 256, same samples checked.
 - ``tma``: prop's score pass with K through tensor descriptors (bulk tensor copies) or
   per-thread copies: the pass alone and the call at S=128 and 256 (same samples checked).
+- ``tmastream``: the score pass through tensor descriptors with one (warps, stages,
+  programs per SM, tiles a load) launch at every batch: the pass alone and the call.
 - ``pdl``: santa-prop with the sample pass launched as a programmatic dependent of the
   score pass or not, S=128 and 256; first checks both draw the same samples.
 - ``pdlpp``: SANTA++ M=32 with its kernels launched as programmatic dependents or not;
@@ -531,6 +533,38 @@ def tma_section(rows: Rows) -> None:
         torch.cuda.empty_cache()
 
 
+TMA_STREAMS = [(4, 3, 4, 1), (1, 4, 8, 1), (4, 4, 4, 1), (4, 2, 4, 1), (2, 4, 4, 1),
+               (2, 3, 8, 1), (1, 3, 8, 1), (2, 4, 8, 1), (4, 3, 4, 2), (4, 2, 8, 1),
+               (1, 2, 8, 2), (8, 3, 2, 2)]
+
+
+def tmastream_section(rows: Rows) -> None:
+    """prop's score pass with K through tensor descriptors, one launch at every batch:
+    (warps, stages, programs per SM, tiles a load) in ``TMA_STREAMS``: the pass alone and
+    the call at S=128, first checking each draws the first one's samples."""
+    default, pps = copy.deepcopy(ts.HOPPER_CONFIGS), ts.PROGRAMS_PER_SM
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
+        base = None
+        for warps, stages, per_sm, subs in TMA_STREAMS:
+            ts.HOPPER_CONFIGS[128] = {**fixed_stream(default[128]), "tma": True,
+                                      "stream": (warps, stages), "subs": subs}
+            ts.PROGRAMS_PER_SM = per_sm
+            try:
+                got = prop_draw(*inputs[0], 128)
+                base = base or got
+                same = (torch.equal(got[0], base[0])
+                        and float((got[1] - base[1]).abs().max()) < 1e-2)
+            except Exception as exc:  # score_and_call reports the failure
+                same = type(exc).__name__
+            score_and_call(rows, "tmastream", tag, f"w{warps}s{stages} pps{per_sm} x{subs}",
+                           inputs, note=f"same={same}")
+        ts.HOPPER_CONFIGS[128], ts.PROGRAMS_PER_SM = copy.deepcopy(default[128]), pps
+        del inputs
+        torch.cuda.empty_cache()
+
+
 def pdl_section(rows: Rows) -> None:
     prop_variants(rows, "pdl", {"pdl=0": {"pdl": False}, "pdl=1": {"pdl": True}},
                   budgets=(128, 256), reps=2)
@@ -680,7 +714,7 @@ def main() -> None:
                             "flash": flash_section, "flash2": flash2_section,
                             "split": split_section, "sample": sample_section,
                             "pdl": pdl_section, "occupancy": occupancy_section,
-                            "tma": tma_section,
+                            "tma": tma_section, "tmastream": tmastream_section,
                             "pdlpp": pdlpp_section, "reps": reps_section,
                             "warps": warps_section, "ppknobs": ppknobs_section}
         try:
