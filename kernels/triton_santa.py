@@ -85,6 +85,12 @@ HOPPER_CONFIGS = {
     # store and load it with an L2 evict_last policy, so that the stash (rewritten at the
     # same addresses by every call) stays in L2 while K streams past: in the e2e loop at
     # 32k B=4 (8.4 MB) 6.58 -> 6.45 ms a step, at B=8 (16.8 MB) 8.97 -> 9.03 (s9)
+    # tma: the score pass loads K tiles through a tensor descriptor (bulk tensor copies into
+    # shared memory, completing on an mbarrier) where the cache allows one (_k_descriptor);
+    # per-thread async copies otherwise. H200, prop S=128, two rounds (results/h200/
+    # tune-2026-12-01-s10/2-tma.csv): score pass 138.7 -> 134.9 us at 32k B=8 (3.87 -> 3.98
+    # TB/s of K), 71.4 -> 70.0 at B=4, 19.3-20.2 -> 19.0 at B=1, 69.8 -> 69.3 at 128k B=1;
+    # the launches stay those of the copies (3-tmastream.csv: no other launch was faster)
     # sample at d=128: 128 samples an iteration, not 256 (which spills: 328 bytes at 255
     # registers, offline sm_90 compile). H200, prop S=256 at 32k B=8 165.1 -> 159.1 us;
     # S=128 and B=1 unchanged; a register cap (sample_maxnreg 80-128, two or three
@@ -93,7 +99,8 @@ HOPPER_CONFIGS = {
          "sample_splits": None, "pdl": True},
     128: {"stream": (4, 3), "sample": (8, 128), "subs": 1, "narrow": True,
           "sample_splits": None, "pdl": True, "sample_small_rows": 64, "sample_small_warps": 4,
-          "stream_large": (1, 4, 8), "large_groups": 32, "stash_l2_bytes": 12 << 20},
+          "stream_large": (1, 4, 8), "large_groups": 32, "stash_l2_bytes": 12 << 20,
+          "tma": True},
     256: {"stream": (8, 2), "sample": (8, 128), "subs": 1, "narrow": True,
           "sample_splits": None, "pdl": True},
 }

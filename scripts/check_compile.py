@@ -23,7 +23,8 @@ H100_SHARED = 232448  # shared memory one program may use on sm_90 (227 KiB)
 
 def compile_kernel(fn, types: list[str], consts: dict, options: dict | None = None,
                    divisible: tuple[str, ...] = (), pipelined: bool = False,
-                   staged: tuple[str, ...] = (), max_shared: int | None = None) -> str | None:
+                   staged: tuple[str, ...] = (), max_shared: int | None = None,
+                   require: str | None = None) -> str | None:
     """Returns None when ``fn`` compiles, else the error. ``types``: the non-constexpr
     arguments in order; ``consts``: every constexpr argument by name; ``options``: launch
     options (num_warps, num_stages). ``divisible``: integer arguments to specialise as
@@ -33,7 +34,8 @@ def compile_kernel(fn, types: list[str], consts: dict, options: dict | None = No
     through shared memory (async copies); ``staged``: element types (``"i16"``,
     ``"bf16"``) every one of whose loads it must have staged (a synchronous load of that
     type left in the loop exposes its latency every iteration); ``max_shared``: fail when
-    the kernel needs more shared memory a program than this (bytes)."""
+    the kernel needs more shared memory a program than this (bytes); ``require``: fail
+    unless the TTGIR holds this text (e.g. an op name)."""
     it = iter(types)
     sig = {name: "constexpr" if name in consts else next(it) for name in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
@@ -50,6 +52,8 @@ def compile_kernel(fn, types: list[str], consts: dict, options: dict | None = No
     ttgir = kernel.asm["ttgir"]
     if max_shared is not None and kernel.metadata.shared > max_shared:
         return f"needs {kernel.metadata.shared} bytes of shared memory (> {max_shared})"
+    if require is not None and require not in ttgir:
+        return f"no {require} in the TTGIR"
     if pipelined and "async_copy_global_to_local" not in ttgir:
         return "not pipelined: no load staged through shared memory"
     for ty in staged:
@@ -70,13 +74,13 @@ def main() -> int:
             print(f"_finish_heads_kernel local={local} h_rows={h_rows}: {err or 'ok'}")
             failures += err is not None
     score_types = ["*bf16", "*bf16", "*i32", "*i32", "*fp32", "*fp16", "*i64", "fp32"]
-    score_types += ["i32"] * 14
+    score_types += ["i32"] * 13 + ["i32"]  # ..., page_size; seq_rows (k_desc: None)
     for group, g_rows, subs, stores in ((4, 4, 1, 2), (4, 4, 2, 2), (4, 0, 1, 2), (1, 2, 1, 2),
                                         (8, 8, 1, 2), (4, 4, 1, 0)):
         consts = {"head_dim": 128, "PAGED": False, "TILE": 64, "SUBS": subs, "G_PAD": 16,
                   "D_PAD": 128, "DOT_PRECISION": "tf32", "G_ROWS": g_rows, "STORES": stores,
                   "PDL": group in (4, 8), "ENTRY_PDL": group == 8,
-                  "STASH_EVICT": ""}
+                  "STASH_EVICT": "", "k_desc": None, "TMA": False}
         err = compile_kernel(ts._score_pass_kernel, score_types, consts)
         print(f"_score_pass_kernel G={group} G_ROWS={g_rows} SUBS={subs} STORES={stores}: "
               f"{err or 'ok'}")
@@ -85,13 +89,24 @@ def main() -> int:
     consts = {"head_dim": 128, "PAGED": False, "TILE": 64, "SUBS": 1, "G_PAD": 16,
               "D_PAD": 128, "DOT_PRECISION": "tf32", "G_ROWS": 4, "STORES": 2, "PDL": True,
               "ENTRY_PDL": True,  # as the e2e chain launches it
-              "STASH_EVICT": "evict_last"}
+              "STASH_EVICT": "evict_last", "k_desc": None, "TMA": False}
     err = compile_kernel(ts._score_pass_kernel, score_types, consts,
                          {"num_warps": warps, "num_stages": stages}, pipelined=True,
                          divisible=("stash_stride", "stats_stride", "stride_qb", "stride_qh",
                                     "stride_kx", "stride_ky", "stride_kh"))
     print(f"_score_pass_kernel stream_large ({warps} warps, {stages} stages): {err or 'ok'}")
     failures += err is not None
+    # K through a tensor descriptor (tma): bulk tensor copies, pipelined by Triton
+    tma_types = [*score_types[:21], "tensordesc<bf16[64, 128]>", "i32"]
+    for launch in (ts.HOPPER_CONFIGS[128]["stream"], (warps, stages)):
+        tma_consts = {k: v for k, v in consts.items() if k != "k_desc"}
+        err = compile_kernel(ts._score_pass_kernel, tma_types, {**tma_consts, "TMA": True},
+                             {"num_warps": launch[0], "num_stages": launch[1]},
+                             divisible=("stash_stride", "stats_stride", "stride_qb",
+                                        "stride_qh"),
+                             require="ttng.async_tma_copy_global_to_local")
+        print(f"_score_pass_kernel TMA ({launch[0]} warps, {launch[1]} stages): {err or 'ok'}")
+        failures += err is not None
     sample_types = ["*bf16", "*i32", "*i32", "*fp32", "*fp16", "*fp32", "*i32", "*bf16",
                     "*fp32", "*i64", "i32", "*fp32", "*i32", "i32"] + ["i32"] * 17
     for mode, splits in ((0, 1), (0, 8), (1, 4), (3, 2)):
