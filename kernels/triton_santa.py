@@ -534,6 +534,122 @@ def _score_pass_kernel(
                      eviction_policy=STASH_EVICT)
 
 
+@triton.jit
+def _block_tiles(s0, s_hi, S, seed, rng_base, uniforms_ptr, head_row, uniform_stride,
+                 prefix_ptr, stats, n_tiles, search_iters, prefix_regs, MODE: tl.constexpr,
+                 HAS_UNIFORMS: tl.constexpr, SAMPLE_BLOCK: tl.constexpr,
+                 PREFIX_IN_REGS: tl.constexpr, PROFILE: tl.constexpr):
+    """Samples ``[s0, s0 + SAMPLE_BLOCK)`` of a head (masked at ``s_hi``): their thresholds
+    ``x`` on the S*F scale, their tiles (binary search over the scaled tile CDF) and the
+    tiles' CDF bounds ``(Q_{t-1}, Q_t]``."""
+    offs_s = s0 + tl.arange(0, SAMPLE_BLOCK)
+    mask_s = offs_s < s_hi
+    j = offs_s.to(tl.float32)
+    # thresholds x_j on the S*F scale; sample j lands on the first row with S*F_i > x_j
+    if MODE == 0:  # sys (section 3): one offset a per (b, head): x_j = j + 1 - a
+        if HAS_UNIFORMS:
+            u = tl.load(uniforms_ptr + head_row + 0 * offs_s)
+        else:
+            u = tl.rand(seed, rng_base + 0 * offs_s)
+        x = j + 1.0 - u
+    elif MODE == 1:  # strat: x_j = j + U_j
+        if HAS_UNIFORMS:
+            u = tl.load(uniforms_ptr + head_row * uniform_stride + offs_s, mask=mask_s,
+                        other=0.0)
+        else:
+            u = tl.rand(seed, rng_base + offs_s)
+        x = j + u
+    elif MODE == 2:  # iid (section 2): x_j = S * U_j
+        if HAS_UNIFORMS:
+            u = tl.load(uniforms_ptr + head_row * uniform_stride + offs_s, mask=mask_s,
+                        other=0.0)
+        else:
+            u = tl.rand(seed, rng_base + offs_s)
+        x = S * u
+    else:  # largest-remainder: prefix holds integer budgets; find the tile of sample j
+        x = j + 0.5
+    # tile of each sample: binary search for the first t with Q_t > x (Q nondecreasing);
+    # with the prefix held in registers every step is a register gather, not a
+    # dependent round trip to L2
+    lo = tl.zeros([SAMPLE_BLOCK], dtype=tl.int32)
+    hi = lo + (n_tiles - 1).to(tl.int32)
+    if PROFILE == 1:
+        lo = (offs_s * n_tiles // S).to(tl.int32)
+        hi = lo
+    for _ in range(search_iters):
+        active = lo < hi
+        mid = (lo + hi) // 2
+        if PREFIX_IN_REGS:
+            q_mid = tl.gather(prefix_regs, mid, 0)
+        else:
+            q_mid = tl.load(prefix_ptr + stats + mid)
+        go_left = q_mid > x
+        hi = tl.where(active & go_left, mid, hi)
+        lo = tl.where(active & ~go_left, mid + 1, lo)
+    tile_idx = lo
+    if PREFIX_IN_REGS:
+        q_prev = tl.where(tile_idx > 0,
+                          tl.gather(prefix_regs, tl.maximum(tile_idx - 1, 0), 0), 0.0)
+        q_tile = tl.gather(prefix_regs, tile_idx, 0)
+    else:
+        q_prev = tl.load(prefix_ptr + stats + tile_idx - 1, mask=tile_idx > 0, other=0.0)
+        q_tile = tl.load(prefix_ptr + stats + tile_idx)
+    if MODE == 3:
+        # released-code allocation: each tile systematic with its own offset a_t
+        if HAS_UNIFORMS:
+            u = tl.load(uniforms_ptr + head_row * uniform_stride + tile_idx)
+        else:
+            u = tl.rand(seed, rng_base + tile_idx)
+        x = j + 1.0 - u
+    return offs_s, mask_s, x, tile_idx, q_prev, q_tile
+
+
+@triton.jit
+def _block_stash(stash_ptr, head_row, stash_stride, tile_idx, mask_s, length,
+                 TILE: tl.constexpr, PROFILE: tl.constexpr, STASH_EVICT: tl.constexpr):
+    """The stashed local logits ``[SAMPLE_BLOCK, TILE]`` of each sample's tile (-inf past
+    the length and on masked samples)."""
+    offs_n = tl.arange(0, TILE)
+    rows = tile_idx[:, None] * TILE + offs_n[None, :]
+    mask_rows = (rows < length) & mask_s[:, None]
+    if PROFILE == 2:
+        return tl.where(mask_rows, 0.0, float("-inf"))
+    return tl.load(stash_ptr + head_row * stash_stride + rows, mask=mask_rows,
+                   other=float("-inf"), eviction_policy=STASH_EVICT).to(tl.float32)
+
+
+@triton.jit
+def _block_index(local, x, tile_idx, q_prev, q_tile, mask_s, length, TILE: tl.constexpr):
+    """Each sample's row: the local CDF from the stashed logits, the tile spanning
+    ``(Q_{t-1}, Q_t]`` on the S*F scale."""
+    offs_n = tl.arange(0, TILE)
+    rows = tile_idx[:, None] * TILE + offs_n[None, :]
+    mask_rows = (rows < length) & mask_s[:, None]
+    weight = tl.exp(local)
+    cum = tl.cumsum(weight, axis=1)
+    total = tl.sum(weight, axis=1)
+    total = tl.where(total > 0, total, 1.0)
+    cdf = q_prev[:, None] + (q_tile - q_prev)[:, None] * (cum / total[:, None])
+    below = (cdf <= x[:, None]) & mask_rows
+    n_valid = tl.minimum(length - tile_idx * TILE, TILE).to(tl.int32)
+    row = tl.minimum(tl.sum(below.to(tl.int32), axis=1), n_valid - 1)
+    return tile_idx * TILE + row
+
+
+@triton.jit
+def _block_values(v_ptr, page_table_ptr, b, kvh, index, mask_s, offs_d, mask_d, stride_vx,
+                  stride_vy, stride_vh, stride_pt, page_size, PAGED: tl.constexpr,
+                  PROFILE: tl.constexpr):
+    """The sum of the sampled V rows ``[D_PAD]`` (fp32; each has weight 1/S, section 2)."""
+    v_rows = _row_offsets(page_table_ptr, b, index, stride_vx, stride_vy, stride_pt,
+                          page_size, PAGED)
+    if PROFILE == 3:
+        return tl.sum(v_rows.to(tl.float32), axis=0) + 0.0 * offs_d
+    v = tl.load(v_ptr + v_rows[:, None] + kvh * stride_vh + offs_d[None, :],
+                mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+    return tl.sum(v.to(tl.float32), axis=0)
+
+
 # ----------------------------------------------- prop pass 2: sample + gather
 # Grid (B * Hq), one program per query head: at B=1 the B*Hkv grid would leave 8 of
 # 132 SMs busy on a latency-bound pass (binary search, gathers); the group's heads run
@@ -552,8 +668,9 @@ def _sample_pass_kernel(
     TILE: tl.constexpr, BLOCK_T: tl.constexpr, SAMPLE_BLOCK: tl.constexpr,
     PREFIX_IN_REGS: tl.constexpr,
     D_PAD: tl.constexpr, SAMPLE_SPLITS: tl.constexpr = 1, PROFILE: tl.constexpr = 0,
-    PDL: tl.constexpr = False, STASH_EVICT: tl.constexpr = "",
+    PDL: tl.constexpr = False, STASH_EVICT: tl.constexpr = "", PIPE: tl.constexpr = False,
 ):
+    # PIPE: each block's stash is loaded during the previous block's V gather
     # PROFILE (timing only, wrong outputs): 1 skips the binary search, 2 the stash load,
     # 3 the V gather
     # SAMPLE_SPLITS programs share one head's samples (program_id(1) takes samples
@@ -575,6 +692,7 @@ def _sample_pass_kernel(
     step = tl.load(rng_ptr + 1)
     rng_base = (step << 32) + head_row * rng_stride  # section 8: (step, b, head, sample)
 
+    prefix_regs = tl.zeros([2], dtype=tl.float32)  # replaced below where it is used
     if PREFIX_IN_REGS:
         # every tile's statistics fit one block: a single load, the prefix stays in
         # registers and the binary search below gathers from it
@@ -618,94 +736,41 @@ def _sample_pass_kernel(
     offs_d = tl.arange(0, D_PAD)
     mask_d = offs_d < head_dim
     acc = tl.zeros([D_PAD], dtype=tl.float32)
-    for s0 in range(s_lo, s_hi, SAMPLE_BLOCK):
-        offs_s = s0 + tl.arange(0, SAMPLE_BLOCK)
-        mask_s = offs_s < s_hi
-        j = offs_s.to(tl.float32)
-        # thresholds x_j on the S*F scale; sample j lands on the first row with S*F_i > x_j
-        if MODE == 0:  # sys (section 3): one offset a per (b, head): x_j = j + 1 - a
-            if HAS_UNIFORMS:
-                u = tl.load(uniforms_ptr + head_row + 0 * offs_s)
-            else:
-                u = tl.rand(seed, rng_base + 0 * offs_s)
-            x = j + 1.0 - u
-        elif MODE == 1:  # strat: x_j = j + U_j
-            if HAS_UNIFORMS:
-                u = tl.load(uniforms_ptr + head_row * uniform_stride + offs_s, mask=mask_s,
-                            other=0.0)
-            else:
-                u = tl.rand(seed, rng_base + offs_s)
-            x = j + u
-        elif MODE == 2:  # iid (section 2): x_j = S * U_j
-            if HAS_UNIFORMS:
-                u = tl.load(uniforms_ptr + head_row * uniform_stride + offs_s, mask=mask_s,
-                            other=0.0)
-            else:
-                u = tl.rand(seed, rng_base + offs_s)
-            x = S * u
-        else:  # largest-remainder: prefix holds integer budgets; find the tile of sample j
-            x = j + 0.5
-        # tile of each sample: binary search for the first t with Q_t > x (Q nondecreasing);
-        # with the prefix held in registers every step is a register gather, not a
-        # dependent round trip to L2
-        lo = tl.zeros([SAMPLE_BLOCK], dtype=tl.int32)
-        hi = lo + (n_tiles - 1).to(tl.int32)
-        if PROFILE == 1:
-            lo = (offs_s * n_tiles // S).to(tl.int32)
-            hi = lo
-        for _ in range(search_iters):
-            active = lo < hi
-            mid = (lo + hi) // 2
-            if PREFIX_IN_REGS:
-                q_mid = tl.gather(prefix_regs, mid, 0)
-            else:
-                q_mid = tl.load(prefix_ptr + stats + mid)
-            go_left = q_mid > x
-            hi = tl.where(active & go_left, mid, hi)
-            lo = tl.where(active & ~go_left, mid + 1, lo)
-        tile_idx = lo
-        if PREFIX_IN_REGS:
-            q_prev = tl.where(tile_idx > 0,
-                              tl.gather(prefix_regs, tl.maximum(tile_idx - 1, 0), 0), 0.0)
-            q_tile = tl.gather(prefix_regs, tile_idx, 0)
-        else:
-            q_prev = tl.load(prefix_ptr + stats + tile_idx - 1, mask=tile_idx > 0, other=0.0)
-            q_tile = tl.load(prefix_ptr + stats + tile_idx)
-        if MODE == 3:
-            # released-code allocation: each tile systematic with its own offset a_t
-            if HAS_UNIFORMS:
-                u = tl.load(uniforms_ptr + head_row * uniform_stride + tile_idx)
-            else:
-                u = tl.rand(seed, rng_base + tile_idx)
-            x = j + 1.0 - u
-        # row inside the tile: local CDF from the stashed logits, tile spans (Q_{t-1}, Q_t]
-        offs_n = tl.arange(0, TILE)
-        rows = tile_idx[:, None] * TILE + offs_n[None, :]
-        mask_rows = (rows < length) & mask_s[:, None]
-        if PROFILE == 2:
-            local = tl.where(mask_rows, 0.0, float("-inf"))
-        else:
-            local = tl.load(stash_ptr + head_row * stash_stride + rows, mask=mask_rows,
-                            other=float("-inf"), eviction_policy=STASH_EVICT).to(tl.float32)
-        weight = tl.exp(local)
-        cum = tl.cumsum(weight, axis=1)
-        total = tl.sum(weight, axis=1)
-        total = tl.where(total > 0, total, 1.0)
-        cdf = q_prev[:, None] + (q_tile - q_prev)[:, None] * (cum / total[:, None])
-        below = (cdf <= x[:, None]) & mask_rows
-        n_valid = tl.minimum(length - tile_idx * TILE, TILE).to(tl.int32)
-        row = tl.minimum(tl.sum(below.to(tl.int32), axis=1), n_valid - 1)
-        index = tile_idx * TILE + row
-        tl.store(sample_index_ptr + head_row * sample_stride + offs_s, index, mask=mask_s)
-        # gather-and-add the sampled V rows (weight 1/S each; section 2)
-        v_rows = _row_offsets(page_table_ptr, b, index, stride_vx, stride_vy, stride_pt,
-                              page_size, PAGED)
-        if PROFILE == 3:
-            acc += tl.sum(v_rows.to(tl.float32), axis=0)
-        else:
-            v = tl.load(v_ptr + v_rows[:, None] + kvh * stride_vh + offs_d[None, :],
-                        mask=mask_s[:, None] & mask_d[None, :], other=0.0)
-            acc += tl.sum(v.to(tl.float32), axis=0)
+    if PIPE:
+        # the stash of block i+1 is loaded (and its tiles searched) while block i's V rows
+        # are in flight; the block after the last is masked off (no memory traffic)
+        offs_s, mask_s, x, tile_idx, q_prev, q_tile = _block_tiles(
+            s_lo, s_hi, S, seed, rng_base, uniforms_ptr, head_row, uniform_stride,
+            prefix_ptr, stats, n_tiles, search_iters, prefix_regs, MODE, HAS_UNIFORMS,
+            SAMPLE_BLOCK, PREFIX_IN_REGS, PROFILE)
+        local = _block_stash(stash_ptr, head_row, stash_stride, tile_idx, mask_s, length,
+                             TILE, PROFILE, STASH_EVICT)
+        for s0 in range(s_lo, s_hi, SAMPLE_BLOCK):
+            index = _block_index(local, x, tile_idx, q_prev, q_tile, mask_s, length, TILE)
+            tl.store(sample_index_ptr + head_row * sample_stride + offs_s, index, mask=mask_s)
+            v = _block_values(v_ptr, page_table_ptr, b, kvh, index, mask_s, offs_d, mask_d,
+                              stride_vx, stride_vy, stride_vh, stride_pt, page_size, PAGED,
+                              PROFILE)
+            offs_s, mask_s, x, tile_idx, q_prev, q_tile = _block_tiles(
+                s0 + SAMPLE_BLOCK, s_hi, S, seed, rng_base, uniforms_ptr, head_row,
+                uniform_stride, prefix_ptr, stats, n_tiles, search_iters, prefix_regs, MODE,
+                HAS_UNIFORMS, SAMPLE_BLOCK, PREFIX_IN_REGS, PROFILE)
+            local = _block_stash(stash_ptr, head_row, stash_stride, tile_idx, mask_s, length,
+                                 TILE, PROFILE, STASH_EVICT)
+            acc += v
+    else:
+        for s0 in range(s_lo, s_hi, SAMPLE_BLOCK):
+            offs_s, mask_s, x, tile_idx, q_prev, q_tile = _block_tiles(
+                s0, s_hi, S, seed, rng_base, uniforms_ptr, head_row, uniform_stride,
+                prefix_ptr, stats, n_tiles, search_iters, prefix_regs, MODE, HAS_UNIFORMS,
+                SAMPLE_BLOCK, PREFIX_IN_REGS, PROFILE)
+            local = _block_stash(stash_ptr, head_row, stash_stride, tile_idx, mask_s, length,
+                                 TILE, PROFILE, STASH_EVICT)
+            index = _block_index(local, x, tile_idx, q_prev, q_tile, mask_s, length, TILE)
+            tl.store(sample_index_ptr + head_row * sample_stride + offs_s, index, mask=mask_s)
+            acc += _block_values(v_ptr, page_table_ptr, b, kvh, index, mask_s, offs_d, mask_d,
+                                 stride_vx, stride_vy, stride_vh, stride_pt, page_size, PAGED,
+                                 PROFILE)
     if SAMPLE_SPLITS == 1:
         tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d,
                  (acc / S).to(out_ptr.dtype.element_ty), mask=mask_d)
@@ -1241,6 +1306,7 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
         BLOCK_T=min(MAX_PREFIX_IN_REGS, _next_pow2(n_tiles)), SAMPLE_BLOCK=sample_block,
         PREFIX_IN_REGS=prefix_in_regs, SAMPLE_SPLITS=splits,
         PROFILE=cfg.get("sample_profile", 0), PDL=pdl, STASH_EVICT=stash_evict,
+        PIPE=bool(cfg.get("sample_pipe")) and per_program > sample_block,
         D_PAD=_next_pow2(d), num_warps=warps, num_stages=1,
         **({"launch_pdl": True} if pdl else {}), **_sample_regs(cfg, batch * hq),
     )
