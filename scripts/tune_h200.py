@@ -27,6 +27,8 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   binary search, 2: the stash load, 3: the V gather; timing only) and other warp counts.
 - ``occupancy``: prop's sample pass launches (warps, samples an iteration, a register
   cap ``sample_maxnreg``, programs a head), S=128 and 256, same samples checked.
+- ``pipe``: prop's sample pass loading each block's stash during the previous block's V
+  gather (``sample_pipe``), against the plain loop, S=128 and 256 (same samples checked).
 - ``tma``: prop's score pass with K through tensor descriptors (bulk tensor copies) or
   per-thread copies: the pass alone and the call at S=128 and 256 (same samples checked).
 - ``tmastream``: the score pass through tensor descriptors with one (warps, stages,
@@ -491,6 +493,21 @@ OCCUPANCY_VARIANTS = {  # the sample pass: (warps, samples an iteration), regist
 }
 
 
+PIPE_VARIANTS = {  # the sample pass loading the next block's stash during a V gather
+    "default": {},
+    "pipe": {"sample_pipe": True},
+    "b64": {"sample": (8, 64)},
+    "pipe b64": {"sample": (8, 64), "sample_pipe": True},
+    "pipe b32": {"sample": (8, 32), "sample_pipe": True},
+}
+
+
+def pipe_section(rows: Rows) -> None:
+    """prop's sample pass with each block's stash loaded during the previous block's V
+    gather (``sample_pipe``), S=128 and 256, two rounds, same samples checked."""
+    prop_variants(rows, "pipe", PIPE_VARIANTS, budgets=(128, 256), reps=2)
+
+
 def occupancy_section(rows: Rows) -> None:
     """prop's sample pass with fewer samples an iteration and a register cap (by the
     offline sm_90 compile: 255 registers and 1 program of 8 warps an SM at 256 samples an
@@ -715,6 +732,7 @@ def main() -> None:
                             "split": split_section, "sample": sample_section,
                             "pdl": pdl_section, "occupancy": occupancy_section,
                             "tma": tma_section, "tmastream": tmastream_section,
+                            "pipe": pipe_section,
                             "pdlpp": pdlpp_section, "reps": reps_section,
                             "warps": warps_section, "ppknobs": ppknobs_section}
         try:
