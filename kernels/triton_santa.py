@@ -668,9 +668,8 @@ def _sample_pass_kernel(
     TILE: tl.constexpr, BLOCK_T: tl.constexpr, SAMPLE_BLOCK: tl.constexpr,
     PREFIX_IN_REGS: tl.constexpr,
     D_PAD: tl.constexpr, SAMPLE_SPLITS: tl.constexpr = 1, PROFILE: tl.constexpr = 0,
-    PDL: tl.constexpr = False, STASH_EVICT: tl.constexpr = "", PIPE: tl.constexpr = False,
+    PDL: tl.constexpr = False, STASH_EVICT: tl.constexpr = "",
 ):
-    # PIPE: each block's stash is loaded during the previous block's V gather
     # PROFILE (timing only, wrong outputs): 1 skips the binary search, 2 the stash load,
     # 3 the V gather
     # SAMPLE_SPLITS programs share one head's samples (program_id(1) takes samples
@@ -736,41 +735,18 @@ def _sample_pass_kernel(
     offs_d = tl.arange(0, D_PAD)
     mask_d = offs_d < head_dim
     acc = tl.zeros([D_PAD], dtype=tl.float32)
-    if PIPE:
-        # the stash of block i+1 is loaded (and its tiles searched) while block i's V rows
-        # are in flight; the block after the last is masked off (no memory traffic)
+    for s0 in range(s_lo, s_hi, SAMPLE_BLOCK):
         offs_s, mask_s, x, tile_idx, q_prev, q_tile = _block_tiles(
-            s_lo, s_hi, S, seed, rng_base, uniforms_ptr, head_row, uniform_stride,
+            s0, s_hi, S, seed, rng_base, uniforms_ptr, head_row, uniform_stride,
             prefix_ptr, stats, n_tiles, search_iters, prefix_regs, MODE, HAS_UNIFORMS,
             SAMPLE_BLOCK, PREFIX_IN_REGS, PROFILE)
         local = _block_stash(stash_ptr, head_row, stash_stride, tile_idx, mask_s, length,
                              TILE, PROFILE, STASH_EVICT)
-        for s0 in range(s_lo, s_hi, SAMPLE_BLOCK):
-            index = _block_index(local, x, tile_idx, q_prev, q_tile, mask_s, length, TILE)
-            tl.store(sample_index_ptr + head_row * sample_stride + offs_s, index, mask=mask_s)
-            v = _block_values(v_ptr, page_table_ptr, b, kvh, index, mask_s, offs_d, mask_d,
-                              stride_vx, stride_vy, stride_vh, stride_pt, page_size, PAGED,
-                              PROFILE)
-            offs_s, mask_s, x, tile_idx, q_prev, q_tile = _block_tiles(
-                s0 + SAMPLE_BLOCK, s_hi, S, seed, rng_base, uniforms_ptr, head_row,
-                uniform_stride, prefix_ptr, stats, n_tiles, search_iters, prefix_regs, MODE,
-                HAS_UNIFORMS, SAMPLE_BLOCK, PREFIX_IN_REGS, PROFILE)
-            local = _block_stash(stash_ptr, head_row, stash_stride, tile_idx, mask_s, length,
-                                 TILE, PROFILE, STASH_EVICT)
-            acc += v
-    else:
-        for s0 in range(s_lo, s_hi, SAMPLE_BLOCK):
-            offs_s, mask_s, x, tile_idx, q_prev, q_tile = _block_tiles(
-                s0, s_hi, S, seed, rng_base, uniforms_ptr, head_row, uniform_stride,
-                prefix_ptr, stats, n_tiles, search_iters, prefix_regs, MODE, HAS_UNIFORMS,
-                SAMPLE_BLOCK, PREFIX_IN_REGS, PROFILE)
-            local = _block_stash(stash_ptr, head_row, stash_stride, tile_idx, mask_s, length,
-                                 TILE, PROFILE, STASH_EVICT)
-            index = _block_index(local, x, tile_idx, q_prev, q_tile, mask_s, length, TILE)
-            tl.store(sample_index_ptr + head_row * sample_stride + offs_s, index, mask=mask_s)
-            acc += _block_values(v_ptr, page_table_ptr, b, kvh, index, mask_s, offs_d, mask_d,
-                                 stride_vx, stride_vy, stride_vh, stride_pt, page_size, PAGED,
-                                 PROFILE)
+        index = _block_index(local, x, tile_idx, q_prev, q_tile, mask_s, length, TILE)
+        tl.store(sample_index_ptr + head_row * sample_stride + offs_s, index, mask=mask_s)
+        acc += _block_values(v_ptr, page_table_ptr, b, kvh, index, mask_s, offs_d, mask_d,
+                             stride_vx, stride_vy, stride_vh, stride_pt, page_size, PAGED,
+                             PROFILE)
     if SAMPLE_SPLITS == 1:
         tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d,
                  (acc / S).to(out_ptr.dtype.element_ty), mask=mask_d)
@@ -1306,7 +1282,6 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
         BLOCK_T=min(MAX_PREFIX_IN_REGS, _next_pow2(n_tiles)), SAMPLE_BLOCK=sample_block,
         PREFIX_IN_REGS=prefix_in_regs, SAMPLE_SPLITS=splits,
         PROFILE=cfg.get("sample_profile", 0), PDL=pdl, STASH_EVICT=stash_evict,
-        PIPE=bool(cfg.get("sample_pipe")) and per_program > sample_block,
         D_PAD=_next_pow2(d), num_warps=warps, num_stages=1,
         **({"launch_pdl": True} if pdl else {}), **_sample_regs(cfg, batch * hq),
     )

@@ -27,8 +27,6 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   binary search, 2: the stash load, 3: the V gather; timing only) and other warp counts.
 - ``occupancy``: prop's sample pass launches (warps, samples an iteration, a register
   cap ``sample_maxnreg``, programs a head), S=128 and 256, same samples checked.
-- ``pipe``: prop's sample pass loading each block's stash during the previous block's V
-  gather (``sample_pipe``), against the plain loop, S=128 and 256 (same samples checked).
 - ``tma``: prop's score pass with K through tensor descriptors (bulk tensor copies) or
   per-thread copies: the pass alone and the call at S=128 and 256 (same samples checked).
 - ``tmastream``: the score pass through tensor descriptors with one (warps, stages,
@@ -48,8 +46,9 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   pass 2 alone over several split counts and launches, the merge alone.
 The sections ``evict``, ``tail`` and ``statsblk`` (results/h200/tune-2026-11-29, commits
 named there), ``wide`` (results/h200/tune-2026-11-29-s4, commit ``a05c5a2``) and
-``colmask`` (same folder, commit ``be5f18f``) and ``fold`` (results/h200/tune-2026-11-29-s5,
-commit ``d6ed554``) went with the kernel knobs they measured; of those only the whole-tile
+``colmask`` (same folder, commit ``be5f18f``), ``fold`` (results/h200/tune-2026-11-29-s5,
+commit ``d6ed554``) and ``pipe`` (results/h200/tune-2026-12-01-s10, commit ``964b965``)
+went with the kernel knobs they measured; of those only the whole-tile
 stash stores ``colmask`` compared were kept (as the default).
 Rows go to OUT_DIR/tune.csv as they are measured (an interrupted run keeps them).
 ``TUNE_SHAPES=4x32768,...`` replaces the shapes (batch x context) every section sweeps.
@@ -493,21 +492,6 @@ OCCUPANCY_VARIANTS = {  # the sample pass: (warps, samples an iteration), regist
 }
 
 
-PIPE_VARIANTS = {  # the sample pass loading the next block's stash during a V gather
-    "default": {},
-    "pipe": {"sample_pipe": True},
-    "b64": {"sample": (8, 64)},
-    "pipe b64": {"sample": (8, 64), "sample_pipe": True},
-    "pipe b32": {"sample": (8, 32), "sample_pipe": True},
-}
-
-
-def pipe_section(rows: Rows) -> None:
-    """prop's sample pass with each block's stash loaded during the previous block's V
-    gather (``sample_pipe``), S=128 and 256, two rounds, same samples checked."""
-    prop_variants(rows, "pipe", PIPE_VARIANTS, budgets=(128, 256), reps=2)
-
-
 def occupancy_section(rows: Rows) -> None:
     """prop's sample pass with fewer samples an iteration and a register cap (by the
     offline sm_90 compile: 255 registers and 1 program of 8 warps an SM at 256 samples an
@@ -732,7 +716,6 @@ def main() -> None:
                             "split": split_section, "sample": sample_section,
                             "pdl": pdl_section, "occupancy": occupancy_section,
                             "tma": tma_section, "tmastream": tmastream_section,
-                            "pipe": pipe_section,
                             "pdlpp": pdlpp_section, "reps": reps_section,
                             "warps": warps_section, "ppknobs": ppknobs_section}
         try:

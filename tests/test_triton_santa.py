@@ -420,19 +420,3 @@ def test_tensor_descriptor_only_for_packed_caches():
     strided = KVCache.contiguous(k, v, torch.tensor([64, 64]))
     assert triton_santa._k_descriptor(strided, TILE) is None
 
-
-@pytest.mark.parametrize("method", ["prop", "strat", "iid", "largest-remainder"])
-@pytest.mark.parametrize("splits", [1, 2])
-def test_sample_pass_prefetching_the_next_stash_matches_float64(method, splits, monkeypatch):
-    """``sample_pipe``: each block's stash is loaded while the previous block's V rows are
-    gathered (3 blocks of 16 samples a program here, the last one partial); the same
-    counts as float64, also with the long-prefix path."""
-    import santa_kernels.triton_santa as triton_santa
-
-    config = {**triton_santa.HOPPER_CONFIGS[64], "sample": (4, 16), "sample_pipe": True,
-              "sample_splits": splits}
-    monkeypatch.setitem(triton_santa.HOPPER_CONFIGS, 64, config)
-    q, kv = make_cache(hq=6, hkv=2, n=75, lengths=(75, 41))
-    check_exact(method, q, kv, S=40 * splits)
-    monkeypatch.setattr(triton_santa, "MAX_PREFIX_IN_REGS", 2)
-    check_exact(method, q, kv, S=37)
