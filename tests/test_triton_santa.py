@@ -420,3 +420,16 @@ def test_tensor_descriptor_only_for_packed_caches():
     strided = KVCache.contiguous(k, v, torch.tensor([64, 64]))
     assert triton_santa._k_descriptor(strided, TILE) is None
 
+
+
+def test_sample_register_cap_applies_from_its_row_count(monkeypatch):
+    """``sample_maxnreg`` becomes the launch's ``maxnreg`` from ``sample_maxnreg_rows``
+    heads on, never under the interpreter (which has no registers to cap)."""
+    import santa_kernels.triton_santa as triton_santa
+
+    cfg = {"sample_maxnreg": 128, "sample_maxnreg_rows": 64}
+    assert triton_santa._sample_regs(cfg, 256) == {}  # interpreted here
+    monkeypatch.setattr(triton_santa, "_interpreted", lambda: False)
+    assert triton_santa._sample_regs(cfg, 256) == {"maxnreg": 128}
+    assert triton_santa._sample_regs(cfg, 32) == {}
+    assert triton_santa._sample_regs({}, 256) == {}
