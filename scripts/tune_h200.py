@@ -426,6 +426,19 @@ def prop_draw(q, kv, S: int):
     return info.sample_index.clone(), out.float().clone()
 
 
+def checked_draw(inputs, base):
+    """``(base, same)``: one S=128 draw on the first input copy, against ``base`` (the first
+    draw of a sweep; this one where None); ``same`` is the exception's name where the
+    draw fails (the timing that follows reports the failure)."""
+    try:
+        got = prop_draw(*inputs[0], 128)
+    except Exception as exc:
+        return base, type(exc).__name__
+    base = base or got
+    return base, (torch.equal(got[0], base[0])
+                  and float((got[1] - base[1]).abs().max()) < 1e-2)
+
+
 def prop_variants(rows: Rows, section: str, variants: dict[str, dict], budgets=(128,),
                   reps: int = 1, same_samples: bool = True, score: bool = False) -> None:
     """santa-prop with ``HOPPER_CONFIGS[128]`` overridden by each variant, alternated
@@ -514,13 +527,7 @@ def tma_section(rows: Rows) -> None:
         for rep in range(2):
             for name, overrides in variants.items():
                 ts.HOPPER_CONFIGS[128] = {**default[128], **overrides}
-                try:
-                    got = prop_draw(*inputs[0], 128)
-                    base = base or got
-                    same = (torch.equal(got[0], base[0])
-                            and float((got[1] - base[1]).abs().max()) < 1e-2)
-                except Exception as exc:  # score_and_call reports the failure
-                    same = type(exc).__name__
+                base, same = checked_draw(inputs, base)
                 score_and_call(rows, "tma", tag, name, inputs, note=f"same={same} rep={rep}")
                 try:
                     _, full = prop_calls(inputs, 256)
@@ -552,13 +559,7 @@ def tmastream_section(rows: Rows) -> None:
             ts.HOPPER_CONFIGS[128] = {**fixed_stream(default[128]), "tma": True,
                                       "stream": (warps, stages), "subs": subs}
             ts.PROGRAMS_PER_SM = per_sm
-            try:
-                got = prop_draw(*inputs[0], 128)
-                base = base or got
-                same = (torch.equal(got[0], base[0])
-                        and float((got[1] - base[1]).abs().max()) < 1e-2)
-            except Exception as exc:  # score_and_call reports the failure
-                same = type(exc).__name__
+            base, same = checked_draw(inputs, base)
             score_and_call(rows, "tmastream", tag, f"w{warps}s{stages} pps{per_sm} x{subs}",
                            inputs, note=f"same={same}")
         ts.HOPPER_CONFIGS[128], ts.PROGRAMS_PER_SM = copy.deepcopy(default[128]), pps
@@ -689,13 +690,7 @@ def warps_section(rows: Rows) -> None:
         for warps, stages, per_sm in variants:
             ts.HOPPER_CONFIGS[128] = {**fixed_stream(default[128]), "stream": (warps, stages)}
             ts.PROGRAMS_PER_SM = per_sm
-            try:
-                got = prop_draw(*inputs[0], 128)
-                base = base or got
-                same = (torch.equal(got[0], base[0])
-                        and float((got[1] - base[1]).abs().max()) < 1e-2)
-            except Exception as exc:  # score_and_call reports the failure
-                same = type(exc).__name__
+            base, same = checked_draw(inputs, base)
             score_and_call(rows, "warps", tag, f"w{warps}s{stages} pps{per_sm}", inputs,
                            note=f"same={same}")
         ts.HOPPER_CONFIGS[128], ts.PROGRAMS_PER_SM = copy.deepcopy(default[128]), pps
