@@ -1036,13 +1036,15 @@ def _selection_keys(
 def _rows_kappa(
     z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, head_rows, mask_h, M, num_splits, n_cand,
     t_cap, C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr, WAYS: tl.constexpr,
+    SEARCH: tl.constexpr = True,
 ):
     """Per head row: its candidates (keys, team ids, real), the (M+1)-th largest key and
-    kappa (its value; -inf where the row has at most M candidates)."""
+    kappa (its value; -inf where the row has at most M candidates). Without ``SEARCH``
+    (profiling only: wrong kappas) the search is skipped and kth is the lower bound."""
     key, ids, real, lo = _selection_keys(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr,
                                          head_rows, mask_h, num_splits, n_cand, t_cap,
                                          C_PAD, S_PAD, LOCAL)
-    kth = _kth_largest(key, M + 1, lo, WAYS)
+    kth = _kth_largest(key, M + 1, lo, WAYS) if SEARCH else lo
     kappa = tl.where(kth > -2139095041, _unkey(kth), float("-inf"))
     return key, ids, real, kth, kappa
 
@@ -1228,12 +1230,13 @@ def _finish_heads_kernel(
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr,
     H_ROWS: tl.constexpr, C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr,
     WAYS: tl.constexpr, PDL: tl.constexpr = False, WRITE_UNION: tl.constexpr = True,
+    SEARCH: tl.constexpr = True,
 ):
     """Grid ``(B * Hkv, finish_parts)``: each program finds kappa for ``H_ROWS`` heads of
     the group (the kth search spread over the group's heads instead of one program per
     group); the last of the group's programs to finish (an acq_rel ticket) writes the
     union from the group's kappas (not with WRITE_UNION False: profiling only, the call's
-    output is then wrong)."""
+    output is then wrong; nor is it without SEARCH, which skips the kth search)."""
     _pdl_enter(PDL, True)  # launched early: wait for the previous kernel
     bkv = tl.program_id(0)
     part = tl.program_id(1)
@@ -1245,7 +1248,7 @@ def _finish_heads_kernel(
     head_rows = (b * hq + kvh * GROUP + offs_h).to(tl.int64)
     _keys, _ids, _real, _kth, kappa = _rows_kappa(
         z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, head_rows, mask_h, M, num_splits,
-        n_cand, t_cap, C_PAD, S_PAD, LOCAL, WAYS)  # fmt: skip
+        n_cand, t_cap, C_PAD, S_PAD, LOCAL, WAYS, SEARCH)  # fmt: skip
     tl.store(kappa_ptr + head_rows, kappa, mask=mask_h)
     if not WRITE_UNION:
         return
@@ -1597,7 +1600,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
     """Launches the call's kernels (``stages``: a subset of :data:`STAGES`, for profiling;
     the output is only meaningful with all of them; ``("score",)`` runs the select kernel
     without finishing the selection; ``"no-union"`` added: the finisher does not write the
-    union (profiling the union step: the output is wrong); ``pdl_chain``: see
+    union, ``"no-search"``: nor does it search kappa (profiling: wrong outputs); ``pdl_chain``: see
     :func:`santapp_decode`). Returns the output buffer."""
     p = ws.plan
     batch, hq, d = q.shape
@@ -1640,6 +1643,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             NUM_KV_HEADS=hkv, GROUP=p.group, G_ROWS=p.g_rows, H_ROWS=p.h_rows, C_PAD=p.c_pad,
             S_PAD=p.s_pad, LOCAL=p.local, WAYS=p.finish_ways, PDL=early,
             num_warps=p.finish_warps, num_stages=1, WRITE_UNION="no-union" not in stages,
+            SEARCH="no-search" not in stages,
             **dep_early,
         )  # fmt: skip
     elif not fuse_select and "select" in stages and "score" not in stages:

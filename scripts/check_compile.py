@@ -69,7 +69,7 @@ def main() -> int:
         for h_rows in (1, 2, 4):
             consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "G_ROWS": 4, "H_ROWS": h_rows,
                       "C_PAD": 2048, "S_PAD": 32, "LOCAL": local, "WAYS": 8, "PDL": local,
-                      "WRITE_UNION": h_rows != 2}
+                      "WRITE_UNION": h_rows != 2, "SEARCH": h_rows != 4}
             err = compile_kernel(tsp._finish_heads_kernel, finish_types, consts)
             print(f"_finish_heads_kernel local={local} h_rows={h_rows}: {err or 'ok'}")
             failures += err is not None

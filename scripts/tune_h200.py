@@ -40,6 +40,7 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
 - ``ppknobs``: SANTA++ M=32 (teams of 16, and of 64 above 32k) with one launch knob
   changed at a time (warps, rows a chunk, merge block, search width, PDL groups): the
   call and its stage prefixes (same teams checked).
+- ``finprof``: the SANTA++ finisher by parts (``"no-union"``, ``"no-search"`` stages).
 - ``reps``: the SANTA++ contiguous index build with the representatives by the torch loop
   or by ``_contiguous_reps_kernel``; first checks both pack the same index.
 - ``flash2``: the two-pass flash kernel stage by stage: pass 1 with and without its draw,
@@ -652,6 +653,29 @@ def ppknobs_section(rows: Rows) -> None:
             tsp.HOPPER.update(copy.deepcopy(default))
 
 
+FINISH_PROFILE = {  # stage sets of the SANTA++ call: what the finisher's parts cost
+    "score": ("score",),
+    "select": ("select",),
+    "select, no union": ("select", "no-union"),
+    "select, no search": ("select", "no-search"),
+    "select, neither": ("select", "no-search", "no-union"),
+    "call": tsp.STAGES,
+}
+
+
+def finprof_section(rows: Rows) -> None:
+    """SANTA++ M=32: the select kernel alone, then with the finisher in full, without its
+    union step, without its kth search (kappa = -inf: the z loads go with it), without
+    both (timing only: the outputs are wrong), and the whole call; two rounds."""
+    for shape, inputs, packs, gumbels in santapp_cases(rows, "finprof"):
+        wss, _ = santapp_run(inputs, packs, gumbels)
+        for rep in range(2):
+            for name, stages in FINISH_PROFILE.items():
+                us = graph_call_us(santapp_calls(inputs, packs, wss, stages))
+                rows.add(section="finprof", shape=shape, variant=name, what="stages",
+                         us=f"{us:.2f}", note=f"rep={rep}")
+
+
 def reps_section(rows: Rows) -> None:
     """SANTA++ contiguous index build: the representatives by the torch loop or by
     ``_contiguous_reps_kernel`` (``reps_kernel``), leader and mean, P=16 and 64; first
@@ -712,7 +736,8 @@ def main() -> None:
                             "pdl": pdl_section, "occupancy": occupancy_section,
                             "tma": tma_section, "tmastream": tmastream_section,
                             "pdlpp": pdlpp_section, "reps": reps_section,
-                            "warps": warps_section, "ppknobs": ppknobs_section}
+                            "warps": warps_section, "ppknobs": ppknobs_section,
+                            "finprof": finprof_section}
         try:
             sections_by_name[name](rows)
         except Exception:  # report, go on with the next section
