@@ -1236,7 +1236,8 @@ def _finish_heads_kernel(
     the group (the kth search spread over the group's heads instead of one program per
     group); the last of the group's programs to finish (an acq_rel ticket) writes the
     union from the group's kappas (not with WRITE_UNION False: profiling only, the call's
-    output is then wrong; nor is it without SEARCH, which skips the kth search)."""
+    output is then wrong; nor is it without SEARCH, which skips the kth search and the
+    union: kappa = -inf would select more teams than the union holds)."""
     _pdl_enter(PDL, True)  # launched early: wait for the previous kernel
     bkv = tl.program_id(0)
     part = tl.program_id(1)
@@ -1250,7 +1251,7 @@ def _finish_heads_kernel(
         z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, head_rows, mask_h, M, num_splits,
         n_cand, t_cap, C_PAD, S_PAD, LOCAL, WAYS, SEARCH)  # fmt: skip
     tl.store(kappa_ptr + head_rows, kappa, mask=mask_h)
-    if not WRITE_UNION:
+    if not WRITE_UNION or not SEARCH:  # without the search every team would be selected
         return
     # every thread's kappa store is ordered before the ticket (barrier + acq_rel atomic)
     tl.debug_barrier()
@@ -1600,7 +1601,8 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
     """Launches the call's kernels (``stages``: a subset of :data:`STAGES`, for profiling;
     the output is only meaningful with all of them; ``("score",)`` runs the select kernel
     without finishing the selection; ``"no-union"`` added: the finisher does not write the
-    union, ``"no-search"``: nor does it search kappa (profiling: wrong outputs); ``pdl_chain``: see
+    union, ``"no-search"``: nor does it search kappa or write the union (profiling: wrong
+    outputs); ``pdl_chain``: see
     :func:`santapp_decode`). Returns the output buffer."""
     p = ws.plan
     batch, hq, d = q.shape

@@ -657,16 +657,15 @@ FINISH_PROFILE = {  # stage sets of the SANTA++ call: what the finisher's parts 
     "score": ("score",),
     "select": ("select",),
     "select, no union": ("select", "no-union"),
-    "select, no search": ("select", "no-search"),
-    "select, neither": ("select", "no-search", "no-union"),
+    "select, neither": ("select", "no-search"),  # no search: no union either
     "call": tsp.STAGES,
 }
 
 
 def finprof_section(rows: Rows) -> None:
     """SANTA++ M=32: the select kernel alone, then with the finisher in full, without its
-    union step, without its kth search (kappa = -inf: the z loads go with it), without
-    both (timing only: the outputs are wrong), and the whole call; two rounds."""
+    union step, without both its kth search and the union (kappa = -inf: the z loads go
+    with the search; timing only: the outputs are wrong), and the whole call; two rounds."""
     for shape, inputs, packs, gumbels in santapp_cases(rows, "finprof"):
         wss, _ = santapp_run(inputs, packs, gumbels)
         for rep in range(2):
