@@ -535,13 +535,11 @@ def _score_pass_kernel(
 
 
 @triton.jit
-def _block_tiles(s0, s_hi, S, seed, rng_base, uniforms_ptr, head_row, uniform_stride,
-                 prefix_ptr, stats, n_tiles, search_iters, prefix_regs, MODE: tl.constexpr,
-                 HAS_UNIFORMS: tl.constexpr, SAMPLE_BLOCK: tl.constexpr,
-                 PREFIX_IN_REGS: tl.constexpr, PROFILE: tl.constexpr):
-    """Samples ``[s0, s0 + SAMPLE_BLOCK)`` of a head (masked at ``s_hi``): their thresholds
-    ``x`` on the S*F scale, their tiles (binary search over the scaled tile CDF) and the
-    tiles' CDF bounds ``(Q_{t-1}, Q_t]``."""
+def _block_x(s0, s_hi, S, seed, rng_base, uniforms_ptr, head_row, uniform_stride,
+             MODE: tl.constexpr, HAS_UNIFORMS: tl.constexpr, SAMPLE_BLOCK: tl.constexpr):
+    """Samples ``[s0, s0 + SAMPLE_BLOCK)`` of a head (masked at ``s_hi``): their offsets,
+    mask, index ``j`` and threshold ``x_j`` on the S*F scale (largest-remainder: the
+    tile's own offset comes with the tile, :func:`_tile_bounds`)."""
     offs_s = s0 + tl.arange(0, SAMPLE_BLOCK)
     mask_s = offs_s < s_hi
     j = offs_s.to(tl.float32)
@@ -568,9 +566,16 @@ def _block_tiles(s0, s_hi, S, seed, rng_base, uniforms_ptr, head_row, uniform_st
         x = S * u
     else:  # largest-remainder: prefix holds integer budgets; find the tile of sample j
         x = j + 0.5
-    # tile of each sample: binary search for the first t with Q_t > x (Q nondecreasing);
-    # with the prefix held in registers every step is a register gather, not a
-    # dependent round trip to L2
+    return offs_s, mask_s, j, x
+
+
+@triton.jit
+def _block_search(x, offs_s, S, prefix_ptr, stats, n_tiles, search_iters, prefix_regs,
+                  SAMPLE_BLOCK: tl.constexpr, PREFIX_IN_REGS: tl.constexpr,
+                  PROFILE: tl.constexpr):
+    """Each sample's tile: binary search for the first t with Q_t > x (Q nondecreasing);
+    with the prefix held in registers every step is a register gather, not a dependent
+    round trip to L2."""
     lo = tl.zeros([SAMPLE_BLOCK], dtype=tl.int32)
     hi = lo + (n_tiles - 1).to(tl.int32)
     if PROFILE == 1:
@@ -586,7 +591,15 @@ def _block_tiles(s0, s_hi, S, seed, rng_base, uniforms_ptr, head_row, uniform_st
         go_left = q_mid > x
         hi = tl.where(active & go_left, mid, hi)
         lo = tl.where(active & ~go_left, mid + 1, lo)
-    tile_idx = lo
+    return lo
+
+
+@triton.jit
+def _tile_bounds(tile_idx, x, j, seed, rng_base, uniforms_ptr, head_row, uniform_stride,
+                 prefix_ptr, stats, prefix_regs, MODE: tl.constexpr,
+                 HAS_UNIFORMS: tl.constexpr, PREFIX_IN_REGS: tl.constexpr):
+    """The tiles' CDF bounds ``(Q_{t-1}, Q_t]`` and the thresholds (largest-remainder:
+    each tile systematic with its own offset a_t, the released code's allocation)."""
     if PREFIX_IN_REGS:
         q_prev = tl.where(tile_idx > 0,
                           tl.gather(prefix_regs, tl.maximum(tile_idx - 1, 0), 0), 0.0)
@@ -595,12 +608,29 @@ def _block_tiles(s0, s_hi, S, seed, rng_base, uniforms_ptr, head_row, uniform_st
         q_prev = tl.load(prefix_ptr + stats + tile_idx - 1, mask=tile_idx > 0, other=0.0)
         q_tile = tl.load(prefix_ptr + stats + tile_idx)
     if MODE == 3:
-        # released-code allocation: each tile systematic with its own offset a_t
         if HAS_UNIFORMS:
             u = tl.load(uniforms_ptr + head_row * uniform_stride + tile_idx)
         else:
             u = tl.rand(seed, rng_base + tile_idx)
         x = j + 1.0 - u
+    return q_prev, q_tile, x
+
+
+@triton.jit
+def _block_tiles(s0, s_hi, S, seed, rng_base, uniforms_ptr, head_row, uniform_stride,
+                 prefix_ptr, stats, n_tiles, search_iters, prefix_regs, MODE: tl.constexpr,
+                 HAS_UNIFORMS: tl.constexpr, SAMPLE_BLOCK: tl.constexpr,
+                 PREFIX_IN_REGS: tl.constexpr, PROFILE: tl.constexpr):
+    """Samples ``[s0, s0 + SAMPLE_BLOCK)`` of a head (masked at ``s_hi``): their thresholds
+    ``x`` on the S*F scale, their tiles (binary search over the scaled tile CDF) and the
+    tiles' CDF bounds ``(Q_{t-1}, Q_t]``."""
+    offs_s, mask_s, j, x = _block_x(s0, s_hi, S, seed, rng_base, uniforms_ptr, head_row,
+                                    uniform_stride, MODE, HAS_UNIFORMS, SAMPLE_BLOCK)
+    tile_idx = _block_search(x, offs_s, S, prefix_ptr, stats, n_tiles, search_iters,
+                             prefix_regs, SAMPLE_BLOCK, PREFIX_IN_REGS, PROFILE)
+    q_prev, q_tile, x = _tile_bounds(tile_idx, x, j, seed, rng_base, uniforms_ptr, head_row,
+                                     uniform_stride, prefix_ptr, stats, prefix_regs, MODE,
+                                     HAS_UNIFORMS, PREFIX_IN_REGS)
     return offs_s, mask_s, x, tile_idx, q_prev, q_tile
 
 
@@ -637,16 +667,26 @@ def _block_index(local, x, tile_idx, q_prev, q_tile, mask_s, length, TILE: tl.co
 
 
 @triton.jit
+def _block_rows_v(v_ptr, page_table_ptr, b, kvh, index, mask_s, offs_d, mask_d, stride_vx,
+                  stride_vy, stride_vh, stride_pt, page_size, PAGED: tl.constexpr,
+                  PROFILE: tl.constexpr):
+    """The sampled V rows ``[SAMPLE_BLOCK, D_PAD]`` (zeros on masked samples; with PROFILE
+    3 their offsets instead, timing only)."""
+    v_rows = _row_offsets(page_table_ptr, b, index, stride_vx, stride_vy, stride_pt,
+                          page_size, PAGED)
+    if PROFILE == 3:
+        return v_rows.to(tl.float32)[:, None] + 0.0 * offs_d[None, :]
+    return tl.load(v_ptr + v_rows[:, None] + kvh * stride_vh + offs_d[None, :],
+                   mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+
+
+@triton.jit
 def _block_values(v_ptr, page_table_ptr, b, kvh, index, mask_s, offs_d, mask_d, stride_vx,
                   stride_vy, stride_vh, stride_pt, page_size, PAGED: tl.constexpr,
                   PROFILE: tl.constexpr):
     """The sum of the sampled V rows ``[D_PAD]`` (fp32; each has weight 1/S, section 2)."""
-    v_rows = _row_offsets(page_table_ptr, b, index, stride_vx, stride_vy, stride_pt,
-                          page_size, PAGED)
-    if PROFILE == 3:
-        return tl.sum(v_rows.to(tl.float32), axis=0) + 0.0 * offs_d
-    v = tl.load(v_ptr + v_rows[:, None] + kvh * stride_vh + offs_d[None, :],
-                mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+    v = _block_rows_v(v_ptr, page_table_ptr, b, kvh, index, mask_s, offs_d, mask_d,
+                      stride_vx, stride_vy, stride_vh, stride_pt, page_size, PAGED, PROFILE)
     return tl.sum(v.to(tl.float32), axis=0)
 
 
@@ -668,7 +708,7 @@ def _sample_pass_kernel(
     TILE: tl.constexpr, BLOCK_T: tl.constexpr, SAMPLE_BLOCK: tl.constexpr,
     PREFIX_IN_REGS: tl.constexpr,
     D_PAD: tl.constexpr, SAMPLE_SPLITS: tl.constexpr = 1, PROFILE: tl.constexpr = 0,
-    PDL: tl.constexpr = False, STASH_EVICT: tl.constexpr = "",
+    PDL: tl.constexpr = False, STASH_EVICT: tl.constexpr = "", PHASED: tl.constexpr = False,
 ):
     # PROFILE (timing only, wrong outputs): 1 skips the binary search, 2 the stash load,
     # 3 the V gather
@@ -735,18 +775,64 @@ def _sample_pass_kernel(
     offs_d = tl.arange(0, D_PAD)
     mask_d = offs_d < head_dim
     acc = tl.zeros([D_PAD], dtype=tl.float32)
-    for s0 in range(s_lo, s_hi, SAMPLE_BLOCK):
-        offs_s, mask_s, x, tile_idx, q_prev, q_tile = _block_tiles(
-            s0, s_hi, S, seed, rng_base, uniforms_ptr, head_row, uniform_stride,
-            prefix_ptr, stats, n_tiles, search_iters, prefix_regs, MODE, HAS_UNIFORMS,
-            SAMPLE_BLOCK, PREFIX_IN_REGS, PROFILE)
-        local = _block_stash(stash_ptr, head_row, stash_stride, tile_idx, mask_s, length,
-                             TILE, PROFILE, STASH_EVICT)
-        index = _block_index(local, x, tile_idx, q_prev, q_tile, mask_s, length, TILE)
-        tl.store(sample_index_ptr + head_row * sample_stride + offs_s, index, mask=mask_s)
-        acc += _block_values(v_ptr, page_table_ptr, b, kvh, index, mask_s, offs_d, mask_d,
-                             stride_vx, stride_vy, stride_vh, stride_pt, page_size, PAGED,
-                             PROFILE)
+    # PHASED: three loops over the head's samples instead of one. (1) the tile search, in
+    # registers, writing each sample's tile to sample_index; (2) the stash rows of those
+    # tiles and the row inside each, overwriting sample_index; (3) the V rows. Loops 2 and 3
+    # read their addresses back from memory, so Triton's pipeliner (num_stages >= 2) can
+    # keep several blocks of stash or V rows in flight through shared memory, where one
+    # loop holds one block's rows in registers.
+    if PHASED:
+        base_index = sample_index_ptr + head_row * sample_stride
+        for s0 in range(s_lo, s_hi, SAMPLE_BLOCK):
+            offs_s, mask_s, j, x = _block_x(s0, s_hi, S, seed, rng_base, uniforms_ptr,
+                                            head_row, uniform_stride, MODE, HAS_UNIFORMS,
+                                            SAMPLE_BLOCK)
+            tile_idx = _block_search(x, offs_s, S, prefix_ptr, stats, n_tiles, search_iters,
+                                     prefix_regs, SAMPLE_BLOCK, PREFIX_IN_REGS, PROFILE)
+            tl.store(base_index + offs_s, tile_idx, mask=mask_s)
+        tl.debug_barrier()  # every thread's tiles are stored before any is read back
+        for s0 in range(s_lo, s_hi, SAMPLE_BLOCK):
+            offs_s, mask_s, j, x = _block_x(s0, s_hi, S, seed, rng_base, uniforms_ptr,
+                                            head_row, uniform_stride, MODE, HAS_UNIFORMS,
+                                            SAMPLE_BLOCK)
+            tile_idx = tl.load(base_index + offs_s, mask=mask_s, other=0)
+            q_prev, q_tile, x = _tile_bounds(tile_idx, x, j, seed, rng_base, uniforms_ptr,
+                                             head_row, uniform_stride, prefix_ptr, stats,
+                                             prefix_regs, MODE, HAS_UNIFORMS, PREFIX_IN_REGS)
+            local = _block_stash(stash_ptr, head_row, stash_stride, tile_idx, mask_s, length,
+                                 TILE, PROFILE, STASH_EVICT)
+            index = _block_index(local, x, tile_idx, q_prev, q_tile, mask_s, length, TILE)
+            tl.store(base_index + offs_s, index, mask=mask_s)
+        tl.debug_barrier()  # every thread's rows are stored before any is read back
+        # the sum over samples as a tensor-core product with ones (exact: fp32 sums of
+        # the bf16 rows), which lets the pipeliner stage the index -> V row chain
+        ones = tl.full([16, SAMPLE_BLOCK], 1.0, dtype=v_ptr.dtype.element_ty)
+        acc16 = tl.zeros([16, D_PAD], dtype=tl.float32)
+        for s0 in range(s_lo, s_hi, SAMPLE_BLOCK):
+            offs_s = s0 + tl.arange(0, SAMPLE_BLOCK)
+            mask_s = offs_s < s_hi
+            index = tl.load(base_index + offs_s, mask=mask_s, other=0)
+            v = _block_rows_v(v_ptr, page_table_ptr, b, kvh, index, mask_s, offs_d, mask_d,
+                              stride_vx, stride_vy, stride_vh, stride_pt, page_size, PAGED,
+                              PROFILE)
+            if v_ptr.dtype.element_ty == tl.float32:  # fp32 rows: no tf32 rounding
+                acc16 = tl.dot(ones, v, acc16, input_precision="ieee")
+            else:
+                acc16 = tl.dot(ones, v.to(ones.dtype), acc16)
+        acc += tl.sum(tl.where(tl.arange(0, 16)[:, None] == 0, acc16, 0.0), axis=0)
+    else:
+        for s0 in range(s_lo, s_hi, SAMPLE_BLOCK):
+            offs_s, mask_s, x, tile_idx, q_prev, q_tile = _block_tiles(
+                s0, s_hi, S, seed, rng_base, uniforms_ptr, head_row, uniform_stride,
+                prefix_ptr, stats, n_tiles, search_iters, prefix_regs, MODE, HAS_UNIFORMS,
+                SAMPLE_BLOCK, PREFIX_IN_REGS, PROFILE)
+            local = _block_stash(stash_ptr, head_row, stash_stride, tile_idx, mask_s, length,
+                                 TILE, PROFILE, STASH_EVICT)
+            index = _block_index(local, x, tile_idx, q_prev, q_tile, mask_s, length, TILE)
+            tl.store(sample_index_ptr + head_row * sample_stride + offs_s, index, mask=mask_s)
+            acc += _block_values(v_ptr, page_table_ptr, b, kvh, index, mask_s, offs_d, mask_d,
+                                 stride_vx, stride_vy, stride_vh, stride_pt, page_size, PAGED,
+                                 PROFILE)
     if SAMPLE_SPLITS == 1:
         tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d,
                  (acc / S).to(out_ptr.dtype.element_ty), mask=mask_d)
@@ -1208,6 +1294,16 @@ def _sample_regs(cfg: dict, rows: int) -> dict:
     return {"maxnreg": regs}
 
 
+def _sample_phases(cfg: dict, rows: int) -> tuple[bool, int]:
+    """(PHASED, num_stages) of the sample pass for ``rows`` = B * Hq heads: the phased
+    loops, pipelined ``sample_phased`` stages deep, from ``sample_phased_rows`` heads on;
+    else one loop, one stage."""
+    stages = cfg.get("sample_phased")
+    if stages and rows >= cfg.get("sample_phased_rows", 0):
+        return True, int(stages)
+    return False, 1
+
+
 def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -1268,6 +1364,9 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
     splits = cfg.get("sample_splits") or sample_splits_for(batch * hq, S, _sm_count(q.device))
     splits = min(splits, MAX_SAMPLE_SPLITS) if prefix_in_regs else 1
     per_program = -(-S // splits)
+    phased, stages = _sample_phases(cfg, batch * hq)
+    if phased:
+        sample_block = cfg.get("sample_phased_block", sample_block)
     sample_block = min(sample_block, max(16, _next_pow2(per_program)))
     _sample_pass_kernel[(batch * hq, splits)](
         kv.v, kv.lengths, table, ws.tile_lse, ws.stash, ws.prefix,
@@ -1282,7 +1381,7 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
         BLOCK_T=min(MAX_PREFIX_IN_REGS, _next_pow2(n_tiles)), SAMPLE_BLOCK=sample_block,
         PREFIX_IN_REGS=prefix_in_regs, SAMPLE_SPLITS=splits,
         PROFILE=cfg.get("sample_profile", 0), PDL=pdl, STASH_EVICT=stash_evict,
-        D_PAD=_next_pow2(d), num_warps=warps, num_stages=1,
+        PHASED=phased, D_PAD=_next_pow2(d), num_warps=warps, num_stages=stages,
         **({"launch_pdl": True} if pdl else {}), **_sample_regs(cfg, batch * hq),
     )
     info = SantaInfo(method={_MODE_SYS: "prop", _MODE_STRAT: "strat", _MODE_IID: "iid",

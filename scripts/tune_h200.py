@@ -27,6 +27,8 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   binary search, 2: the stash load, 3: the V gather; timing only) and other warp counts.
 - ``occupancy``: prop's sample pass launches (warps, samples an iteration, a register
   cap ``sample_maxnreg``, programs a head), S=128 and 256, same samples checked.
+- ``phased``: prop's sample pass as three loops (tile search, stash rows, V rows staged
+  through shared memory) with 2-4 stages and 32-128 samples a block, S=128 and 256.
 - ``tma``: prop's score pass with K through tensor descriptors (bulk tensor copies) or
   per-thread copies: the pass alone and the call at S=128 and 256 (same samples checked).
 - ``tmastream``: the score pass through tensor descriptors with one (warps, stages,
@@ -506,6 +508,23 @@ OCCUPANCY_VARIANTS = {  # the sample pass: (warps, samples an iteration), regist
 }
 
 
+PHASED_VARIANTS = {  # the sample pass as three loops, the V gather pipelined
+    "default": {},
+    "ph2 b128": {"sample_phased": 2, "sample_phased_block": 128},
+    "ph3 b128": {"sample_phased": 3, "sample_phased_block": 128},
+    "ph3 b64": {"sample_phased": 3, "sample_phased_block": 64},
+    "ph4 b64": {"sample_phased": 4, "sample_phased_block": 64},
+    "ph3 b32": {"sample_phased": 3, "sample_phased_block": 32},
+}
+
+
+def phased_section(rows: Rows) -> None:
+    """prop's sample pass as three loops (tile search; stash rows; V rows pipelined through
+    shared memory by a product with ones) against the one loop, S=128 and 256, same
+    samples checked."""
+    prop_variants(rows, "phased", PHASED_VARIANTS, budgets=(128, 256))
+
+
 def occupancy_section(rows: Rows) -> None:
     """prop's sample pass with fewer samples an iteration and a register cap (by the
     offline sm_90 compile: 255 registers and 1 program of 8 warps an SM at 256 samples an
@@ -734,6 +753,7 @@ def main() -> None:
                             "split": split_section, "sample": sample_section,
                             "pdl": pdl_section, "occupancy": occupancy_section,
                             "tma": tma_section, "tmastream": tmastream_section,
+                            "phased": phased_section,
                             "pdlpp": pdlpp_section, "reps": reps_section,
                             "warps": warps_section, "ppknobs": ppknobs_section,
                             "finprof": finprof_section}

@@ -433,3 +433,33 @@ def test_sample_register_cap_applies_from_its_row_count(monkeypatch):
     assert triton_santa._sample_regs(cfg, 256) == {"maxnreg": 128}
     assert triton_santa._sample_regs(cfg, 32) == {}
     assert triton_santa._sample_regs({}, 256) == {}
+
+
+@pytest.mark.parametrize("method", ["prop", "strat", "iid", "largest-remainder"])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_phased_sample_pass_matches_float64(method, splits, monkeypatch):
+    """``sample_phased``: the tile search, the stash rows and the V rows in three loops
+    that hand their results over through ``sample_index`` (3 blocks of 16 samples a
+    program here, the last one partial); the same counts as float64, also with the
+    prefix searched in memory."""
+    import santa_kernels.triton_santa as triton_santa
+
+    config = {**triton_santa.HOPPER_CONFIGS[64], "sample_phased": 3, "sample_phased_block": 16,
+              "sample_splits": splits}
+    monkeypatch.setitem(triton_santa.HOPPER_CONFIGS, 64, config)
+    assert triton_santa._sample_phases(config, 12) == (True, 3)
+    q, kv = make_cache(hq=6, hkv=2, n=75, lengths=(75, 41))
+    check_exact(method, q, kv, S=40 * splits)
+    paged = kv.to_paged(8, torch.Generator().manual_seed(2))
+    check_exact(method, q, paged, S=37)
+    monkeypatch.setattr(triton_santa, "MAX_PREFIX_IN_REGS", 2)
+    check_exact(method, q, kv, S=37)
+
+
+def test_phased_sample_pass_from_its_row_count():
+    from santa_kernels.triton_santa import _sample_phases
+
+    cfg = {"sample_phased": 3, "sample_phased_rows": 128}
+    assert _sample_phases(cfg, 256) == (True, 3)
+    assert _sample_phases(cfg, 32) == (False, 1)
+    assert _sample_phases({}, 256) == (False, 1)
