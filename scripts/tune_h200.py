@@ -28,7 +28,8 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
 - ``occupancy``: prop's sample pass launches (warps, samples an iteration, a register
   cap ``sample_maxnreg``, programs a head), S=128 and 256, same samples checked.
 - ``phased``: prop's sample pass as three loops (tile search, stash rows, V rows staged
-  through shared memory) with 2-4 stages and 32-128 samples a block, S=128 and 256.
+  through shared memory) with 2-4 stages and 32-128 samples a block, S=128 and 256
+  (env PHASED_VARIANTS=a,b picks some, PHASED_ROUNDS the alternations).
 - ``tma``: prop's score pass with K through tensor descriptors (bulk tensor copies) or
   per-thread copies: the pass alone and the call at S=128 and 256 (same samples checked).
 - ``tmastream``: the score pass through tensor descriptors with one (warps, stages,
@@ -522,7 +523,11 @@ def phased_section(rows: Rows) -> None:
     """prop's sample pass as three loops (tile search; stash rows; V rows pipelined through
     shared memory by a product with ones) against the one loop, S=128 and 256, same
     samples checked."""
-    prop_variants(rows, "phased", PHASED_VARIANTS, budgets=(128, 256))
+    wanted = os.environ.get("PHASED_VARIANTS")  # e.g. "default,ph2 b128"
+    variants = {name: knobs for name, knobs in PHASED_VARIANTS.items()
+                if not wanted or name in wanted.split(",")}
+    prop_variants(rows, "phased", variants, budgets=(128, 256),
+                  reps=int(os.environ.get("PHASED_ROUNDS", "1")))
 
 
 def occupancy_section(rows: Rows) -> None:
