@@ -91,6 +91,13 @@ HOPPER_CONFIGS = {
     # tune-2026-12-01-s10/2-tma.csv): score pass 138.7 -> 134.9 us at 32k B=8 (3.87 -> 3.98
     # TB/s of K), 71.4 -> 70.0 at B=4, 19.3-20.2 -> 19.0 at B=1, 69.8 -> 69.3 at 128k B=1;
     # the launches stay those of the copies (3-tmastream.csv: no other launch was faster)
+    # sample_phased: the sample pass as three loops (tile search; stash rows; V rows
+    # pipelined through shared memory, summed by a product with ones: 48 registers a thread
+    # instead of 255), 2 stages, 128 samples a block, except for 64 < B * Hq < 256. H200,
+    # prop, call S=128 / S=256, three rounds (results/h200/tune-2026-12-01-s10/7-phased.csv):
+    # 32k B=8 148.5 -> 147.0 / 155.9 -> 153.7 us (256 programs: two an SM, one wave), 32k
+    # B=1 25.6 -> 25.45 / 26.73 -> 26.38, 128k B=1 78.6 -> 78.6 / 80.1 -> 79.7; at 32k B=4
+    # (128 programs of 8 warps) slower, 79.4 -> 80.0 / 84.5 -> 86.2 (6-phased.csv, one round)
     # sample at d=128: 128 samples an iteration, not 256 (which spills: 328 bytes at 255
     # registers, offline sm_90 compile). H200, prop S=256 at 32k B=8 165.1 -> 159.1 us;
     # S=128 and B=1 unchanged; a register cap (sample_maxnreg 80-128, two or three
@@ -100,7 +107,8 @@ HOPPER_CONFIGS = {
     128: {"stream": (4, 3), "sample": (8, 128), "subs": 1, "narrow": True,
           "sample_splits": None, "pdl": True, "sample_small_rows": 64, "sample_small_warps": 4,
           "stream_large": (1, 4, 8), "large_groups": 32, "stash_l2_bytes": 12 << 20,
-          "tma": True},
+          "tma": True, "sample_phased": 2, "sample_phased_block": 128,
+          "sample_phased_skip": (64, 256)},
     256: {"stream": (8, 2), "sample": (8, 128), "subs": 1, "narrow": True,
           "sample_splits": None, "pdl": True},
 }
@@ -1296,10 +1304,11 @@ def _sample_regs(cfg: dict, rows: int) -> dict:
 
 def _sample_phases(cfg: dict, rows: int) -> tuple[bool, int]:
     """(PHASED, num_stages) of the sample pass for ``rows`` = B * Hq heads: the phased
-    loops, pipelined ``sample_phased`` stages deep, from ``sample_phased_rows`` heads on;
-    else one loop, one stage."""
+    loops, pipelined ``sample_phased`` stages deep, from ``sample_phased_rows`` heads on
+    and outside the open interval ``sample_phased_skip``; else one loop, one stage."""
     stages = cfg.get("sample_phased")
-    if stages and rows >= cfg.get("sample_phased_rows", 0):
+    lo, hi = cfg.get("sample_phased_skip", (0, 0))
+    if stages and rows >= cfg.get("sample_phased_rows", 0) and not lo < rows < hi:
         return True, int(stages)
     return False, 1
 

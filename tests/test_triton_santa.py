@@ -463,3 +463,13 @@ def test_phased_sample_pass_from_its_row_count():
     assert _sample_phases(cfg, 256) == (True, 3)
     assert _sample_phases(cfg, 32) == (False, 1)
     assert _sample_phases({}, 256) == (False, 1)
+
+
+def test_phased_sample_pass_skips_its_row_band():
+    from santa_kernels.triton_santa import _sample_phases
+
+    cfg = {"sample_phased": 2, "sample_phased_skip": (64, 256)}
+    assert _sample_phases(cfg, 32) == (True, 2)  # B=1: 32 heads
+    assert _sample_phases(cfg, 64) == (True, 2)
+    assert _sample_phases(cfg, 128) == (False, 1)  # B=4
+    assert _sample_phases(cfg, 256) == (True, 2)  # B=8
