@@ -1368,6 +1368,14 @@ def plot_command(
         typer.Option(help="pandas query on the rows, e.g. \"batch == 1 and timing == 'graph'\"."),
     ] = None,
     out: Annotated[Path, typer.Option(help="Folder for PNG, PDF and CSV files.")] = Path("plots"),
+    all_runs: Annotated[
+        bool,
+        typer.Option(
+            "--all-runs",
+            help="Plot every run's rows of a case (median and spread over the runs); "
+            "default: of each case only the newest run's rows (after --run and --where).",
+        ),
+    ] = False,
 ) -> None:
     """Render paper-style figures (PNG, PDF, CSV of points) and anchor tables from a store.
 
@@ -1385,6 +1393,8 @@ def plot_command(
         frame = store.load(parse_list(run) or None)
         if where and not frame.empty:
             frame = frame.query(where)
+        if not all_runs:
+            frame = store.newest_per_case(frame)
     except Exception as exc:  # a bad --run or --where is the user's to fix
         typer.echo(f"error: {type(exc).__name__}: {exc}", err=True)
         raise typer.Exit(code=2) from exc

@@ -219,6 +219,18 @@ class ResultStore:
         params = [c for c in data.columns if c not in FIXED_COLUMNS]
         return data[params + list(FIXED_COLUMNS)]
 
+    def newest_per_case(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """The rows of ``frame`` (from this store) that belong, for their case
+        (``case_hash``), to the newest run holding the case in ``frame`` (by run.json date,
+        then run id): a case timed again after a code change shows its new figure, not a
+        blend with the old one."""
+        if frame.empty:
+            return frame
+        dates = {record["run_id"]: str(record.get("date") or "") for record in self.runs()}
+        when = frame["run_id"].map(lambda run: (dates.get(run, ""), str(run)))
+        newest = when.groupby(frame["case_hash"]).transform("max")
+        return frame[when == newest].reset_index(drop=True)
+
     def load_latest_last(self, current_run: str) -> pd.DataFrame:
         """Every row, ordered so that a later measurement of a case comes after an earlier
         one: other runs by their run.json date, then ``current_run``. The runners' recall

@@ -36,6 +36,11 @@ def compile_kernel(fn, types: list[str], consts: dict, options: dict | None = No
     type left in the loop exposes its latency every iteration); ``max_shared``: fail when
     the kernel needs more shared memory a program than this (bytes); ``require``: fail
     unless the TTGIR holds this text (e.g. an op name)."""
+    runtime = [name for name in fn.arg_names if name not in consts]
+    if len(runtime) != len(types):  # e.g. a new constexpr missing from consts
+        return (f"{len(types)} types for {len(runtime)} non-constexpr arguments "
+                f"({', '.join(runtime[len(types):] or runtime[-1:])} ...): list every "
+                f"constexpr in consts and one type per other argument")
     it = iter(types)
     sig = {name: "constexpr" if name in consts else next(it) for name in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)

@@ -253,3 +253,32 @@ def test_cli_rejects_unknown_preset_and_bad_query(store, tmp_path):
     assert bad.exit_code == 2 and "unknown preset" in bad.output
     query = CliRunner().invoke(app, ["plot", "--results", str(store.root), "--where", "(("])
     assert query.exit_code == 2
+
+
+def test_cli_plots_the_newest_run_of_each_case(tmp_path):
+    """A case timed again in a later run shows the later figure only (``--all-runs``: the
+    median over both), also when ``--where`` leaves out the later run."""
+    store = ResultStore(tmp_path / "store")
+    case = {"kind": "kernel", "method": "santa-prop", "family": "santa", "S": 64, "tile": 64,
+            "ctx": 8192, "batch": 1, "timing": "graph", **SHAPE}
+    dense = {**case, "method": "sdpa-cudnn", "family": "baseline"}
+    dense.pop("S"), dense.pop("tile")
+    for run_id, date, speedup in (("old", "2026-01-01T00:00:00+00:00", 1.0),
+                                  ("new", "2026-02-01T00:00:00+00:00", 2.0)):
+        run = store.start_run({**ENV, "date": date}, run_id=run_id)
+        run.write_case(dense, [{"metric": "latency", "value": 10.0, "unit": "us"}])
+        run.write_case(case, [
+            {"metric": "latency", "value": 10.0 / speedup, "unit": "us"},
+            {"metric": "speedup_vs_best_dense", "value": speedup, "unit": "x",
+             "ci_low": speedup, "ci_high": speedup, "best_dense": "sdpa-cudnn"}])
+
+    def plotted(*extra: str) -> list[float]:
+        out = tmp_path / f"plots{len(extra)}"
+        result = CliRunner().invoke(app, ["plot", "speedup-vs-S", "--results", str(store.root),
+                                          "--out", str(out), *extra], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return sorted(pd.read_csv(out / "speedup-vs-S.csv").speedup)
+
+    assert plotted() == [2.0]
+    assert plotted("--all-runs") == [1.5]  # the median over the two runs
+    assert plotted("--where", "run_id == 'old'") == [1.0]
