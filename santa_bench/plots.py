@@ -43,7 +43,8 @@ ANCHORS_SOURCE = "../shared/design/ANCHORS.md"
 BUDGET_COLUMNS = ("S", "M")  # S: samples per head (SANTA); M: teams (SANTA++)
 # Method parameters that split one method into several series when they vary. (Bernoulli's
 # value-stage parameter cannot be stored as "value", a fixed column, so it is not listed.)
-VARIANT_COLUMNS = ("tile", "alloc", "stash", "grouping", "draws")
+VARIANT_COLUMNS = ("tile", "alloc", "stash", "grouping", "draws", "team_size", "reps")
+SERIES_SHADES = (0.0, 0.45, -0.35, 0.7, -0.55)  # a method's variants, in label order
 DENSE_FAMILIES = ("dense", "baseline")
 ACCURACY_METRICS = ("score",)
 STAGE_METRIC = re.compile(r"^stage_(?P<stage>.+)_us$")
@@ -201,7 +202,8 @@ def _figure_legend(fig: Figure, axes: Iterable[Axes], title: str | None = None) 
             list(seen),
             loc="outside lower center",
             title=title,
-            ncols=min(len(seen), 5),
+            # long variant labels ("santapp team_size=64 reps=int8") in fewer columns
+            ncols=min(len(seen), 5 if max(map(len, seen)) <= 20 else 3),
             frameon=False,
         )
 
@@ -270,18 +272,51 @@ def _with_series(frame: pd.DataFrame) -> pd.DataFrame:
     data["budget"] = budget
     data["series"] = data.method.astype(str)
     for method, rows in data.groupby("method", sort=False):
+        # a parameter set on some rows and left at its default (NA) on others varies too
         varying = [
-            c for c in VARIANT_COLUMNS if c in rows.columns and rows[c].nunique(dropna=True) > 1
+            c for c in VARIANT_COLUMNS
+            if c in rows.columns and rows[c].notna().any() and rows[c].nunique(dropna=False) > 1
         ]
         if varying:
             labels = rows.apply(
                 lambda r, vs=varying, name=str(method): " ".join(
-                    [name] + [f"{c}={r[c]}" for c in vs if not pd.isna(r[c])]
+                    [name] + [f"{c}={_param_text(r[c])}" for c in vs if not pd.isna(r[c])]
                 ),
                 axis=1,
             )
             data.loc[rows.index, "series"] = labels
+    # one colour a series: the method's own for its first, lighter or darker shades of it
+    # for the other variants (in label order), so that variants stay apart in a legend
+    data["colour"] = ""
+    for (method, family), rows in data.groupby(["method", "family"], sort=False):
+        base = method_colour(str(method), str(family))
+        for k, series in enumerate(sorted(rows.series.unique())):
+            colour = _shade(base, SERIES_SHADES[k % len(SERIES_SHADES)])
+            data.loc[rows.index[rows.series == series], "colour"] = colour
     return data
+
+
+def _shade(colour: str, amount: float) -> str:
+    """``colour`` lighter (``amount`` > 0, towards white) or darker (< 0, towards black)."""
+    rgb = np.array(to_rgb(colour))
+    mixed = rgb + amount * (1.0 - rgb) if amount > 0 else rgb * (1.0 + amount)
+    return to_hex(np.clip(mixed, 0, 1))
+
+
+def _series_colour(frame: pd.DataFrame, series: str, method: str, family: str) -> str:
+    """The colour :func:`_with_series` gave ``series`` (the method's, without that column)."""
+    if "colour" in frame.columns:
+        picked = frame.loc[frame.series == series, "colour"]
+        if len(picked) and picked.iloc[0]:
+            return str(picked.iloc[0])
+    return method_colour(method, family)
+
+
+def _param_text(value: Any) -> str:
+    """A parameter value for a label: whole floats without their ``.0`` (team_size=16)."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def _budget_name(frame: pd.DataFrame) -> str:
@@ -407,7 +442,7 @@ def latency_vs_ctx(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> 
                     rows.value,
                     yerr=[low, high],
                     label=series,
-                    color=method_colour(method, family),
+                    color=_series_colour(panel, series, method, family),
                     **_line_style(family),
                 )
                 points.append(
@@ -476,7 +511,7 @@ def speedup_vs_S(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Re
                     width=width,
                     yerr=[low, high],
                     label=series,
-                    color=method_colour(method, family),
+                    color=_series_colour(panel, series, method, family),
                     error_kw={"elinewidth": 0.8},
                 )
                 points.append(
@@ -536,7 +571,7 @@ def error_vs_S(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rend
                     rows.budget,
                     rows.rel_l2,
                     label=series,
-                    color=method_colour(method, family),
+                    color=_series_colour(panel, series, method, family),
                     **_line_style(family),
                 )
                 points.append(
@@ -604,7 +639,7 @@ def ruler_vs_budget(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) ->
             panel = _select(data, ctx=ctx, task=task)
             for series, method, family in _ordered_series(panel):
                 rows = panel[panel.series == series]
-                colour = method_colour(method, family)
+                colour = _series_colour(panel, series, method, family)
                 if rows.budget.isna().all():
                     low, high, mean = rows.value.min(), rows.value.max(), rows.value.mean()
                     pad = max(high - low, 1e-3 * max(abs(mean), 1.0)) / 2 if high == low else 0
@@ -686,7 +721,7 @@ def pareto(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rendered
         for series, method, family in _ordered_series(panel):
             rows = panel[panel.series == series].sort_values("budget")
             sizes = 12 + 10 * np.log2(rows.budget.fillna(1).clip(lower=1)) / 4
-            colour = method_colour(method, family)
+            colour = _series_colour(panel, series, method, family)
             ax.plot(
                 rows.latency_us,
                 rows.score,
@@ -760,7 +795,7 @@ def reads(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rendered:
                     rows.budget,
                     rows.kv_read_fraction,
                     label=series,
-                    color=method_colour(method, family),
+                    color=_series_colour(panel, series, method, family),
                     **_line_style(family),
                 )
                 points.append(
