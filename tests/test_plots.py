@@ -282,3 +282,17 @@ def test_cli_plots_the_newest_run_of_each_case(tmp_path):
     assert plotted() == [2.0]
     assert plotted("--all-runs") == [1.5]  # the median over the two runs
     assert plotted("--where", "run_id == 'old'") == [1.0]
+
+
+def test_variants_split_into_series_with_their_own_shades():
+    """A parameter set on some rows and at its default (NA) on others splits a method into
+    series; each series gets its own shade of the method's colour."""
+    frame = pd.DataFrame({
+        "method": ["santapp"] * 4, "family": ["santapp"] * 4, "M": [32] * 4,
+        "team_size": [16.0, 16.0, 64.0, 64.0], "reps": [None, "int8", None, "int8"],
+    })
+    data = plots._with_series(frame)
+    assert sorted(data.series) == ["santapp team_size=16", "santapp team_size=16 reps=int8",
+                                   "santapp team_size=64", "santapp team_size=64 reps=int8"]
+    assert data.colour.nunique() == 4
+    assert plots.method_colour("santapp", "santapp") in set(data.colour)
