@@ -100,8 +100,9 @@ HOPPER_CONFIGS = {
     # (128 programs of 8 warps) slower, 79.4 -> 80.0 / 84.5 -> 86.2 (6-phased.csv, one round)
     # sample at d=128: 128 samples an iteration, not 256 (which spills: 328 bytes at 255
     # registers, offline sm_90 compile). H200, prop S=256 at 32k B=8 165.1 -> 159.1 us;
-    # S=128 and B=1 unchanged; a register cap (sample_maxnreg 80-128, two or three
-    # programs an SM) is slower everywhere (results/h200/tune-2026-12-01-s10/1-occupancy.csv)
+    # S=128 and B=1 unchanged; a register cap (maxnreg 80-128, two or three programs an
+    # SM; knob removed, code at 4f2d924) is slower everywhere
+    # (results/h200/tune-2026-12-01-s10/1-occupancy.csv)
     64: {"stream": (4, 4), "sample": (8, 256), "subs": 1, "narrow": True,
          "sample_splits": None, "pdl": True},
     128: {"stream": (4, 3), "sample": (8, 128), "subs": 1, "narrow": True,
@@ -117,6 +118,7 @@ MAX_PREFIX_IN_REGS = 2048  # tile prefixes up to this length stay in registers i
 PROGRAMS_PER_SM = 4  # target waves of split programs per SM for the streaming passes
 MIN_TILES_PER_SPLIT = 4  # fewer tiles per program leave the pipeline empty
 MAX_SAMPLE_SPLITS = 8  # programs per head in the sample pass, at most
+MAX_DESCRIPTORS = 64  # K tensor descriptors a workspace keeps (one per cache tensor)
 SAMPLE_PROGRAMS_PER_SM = 1  # target sample-pass programs per SM
 MIN_SAMPLES_PER_PROGRAM = 16
 MODES = {"sys": 0, "strat": 1, "iid": 2, "largest-remainder": 3}
@@ -261,6 +263,7 @@ class SantaWorkspace:
         self.sample_part = torch.empty(rows, MAX_SAMPLE_SPLITS, _next_pow2(head_dim), **f32)
         self.sample_ticket = torch.zeros(rows, dtype=torch.int32, device=device)
         self._out: dict[torch.dtype, torch.Tensor] = {}
+        self._k_descriptors: dict[tuple, object] = {}
 
     @classmethod
     def for_inputs(
@@ -275,6 +278,18 @@ class SantaWorkspace:
         self.rng.fill_(step)
         if seed is not None:
             self.seed = int(seed)
+
+    def k_descriptor(self, kv: KVCache, rows: int):
+        """:func:`_k_descriptor` of ``kv``, built once per cache tensor (about 6 us of host
+        time a call otherwise); the last MAX_DESCRIPTORS caches are kept (the e2e loop
+        has one a layer)."""
+        k = kv.k
+        key = (k.data_ptr(), tuple(k.shape), tuple(k.stride()), k.dtype, kv.layout, rows)
+        if key not in self._k_descriptors:
+            if len(self._k_descriptors) >= MAX_DESCRIPTORS:
+                self._k_descriptors.pop(next(iter(self._k_descriptors)))
+            self._k_descriptors[key] = _k_descriptor(kv, rows)
+        return self._k_descriptors[key]
 
     def out(self, dtype: torch.dtype) -> torch.Tensor:
         """Returns the ``[batch, Hq, d]`` output buffer for ``dtype`` (allocated on first use)."""
@@ -426,21 +441,20 @@ def _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale,
     mask_n = offs_n < length
     if TMA:
         k = k_desc.load([b * seq_rows + t * TILE, kvh * D_PAD])
-    elif PAGED:
-        rows = _row_offsets(page_table_ptr, b, tl.where(mask_n, offs_n, 0), stride_kx,
-                            stride_ky, stride_pt, page_size, PAGED)
-        k_tile = k_ptr + rows[:, None] + kvh * stride_kh
     else:
-        # one int64 tile base and int32 row offsets: cheaper address math on the hot path
-        base = (tl.cast(b, tl.int64) * stride_kx + tl.cast(t * TILE, tl.int64) * stride_ky
-                + kvh * stride_kh)
-        k_tile = k_ptr + base + (tl.arange(0, TILE) * stride_ky)[:, None]
-    if not TMA:
-        if head_dim == D_PAD:  # no head-dim mask: full-width vector loads
-            k = tl.load(k_tile + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+        if PAGED:
+            rows = _row_offsets(page_table_ptr, b, tl.where(mask_n, offs_n, 0), stride_kx,
+                                stride_ky, stride_pt, page_size, PAGED)
+            k_tile = k_ptr + rows[:, None] + kvh * stride_kh
         else:
-            k = tl.load(k_tile + offs_d[None, :],
-                        mask=mask_n[:, None] & (offs_d[None, :] < head_dim), other=0.0)
+            # one int64 tile base and int32 row offsets: cheaper address math on the hot path
+            base = (tl.cast(b, tl.int64) * stride_kx + tl.cast(t * TILE, tl.int64) * stride_ky
+                    + kvh * stride_kh)
+            k_tile = k_ptr + base + (tl.arange(0, TILE) * stride_ky)[:, None]
+        mask_k = mask_n[:, None]
+        if head_dim != D_PAD:  # else no head-dim mask: full-width vector loads
+            mask_k = mask_k & (offs_d[None, :] < head_dim)
+        k = tl.load(k_tile + offs_d[None, :], mask=mask_k, other=0.0)
     # all G heads of the group against one K tile: K is read once per group (section 4)
     if DOT_PRECISION == "ieee":  # fp32 inputs (and bf16 under the CPU interpreter)
         s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
@@ -1259,7 +1273,7 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
     per_split = -(-n_blocks // splits)
     table, paged, page_size, stride_pt = _cache_args(kv)
     grid = (-(-n_blocks // per_split), batch * hkv)
-    k_desc = _k_descriptor(kv, tile * subs) if cfg.get("tma") else None
+    k_desc = ws.k_descriptor(kv, tile * subs) if cfg.get("tma") else None
     _score_pass_kernel[grid](
         q, kv.k, kv.lengths, table, ws.tile_lse, ws.stash, ws.rng,
         scale, hkv, hq, hq // hkv, d, per_split, ws.stash.stride(0), ws.max_tiles,
@@ -1292,16 +1306,6 @@ def _k_descriptor(kv: KVCache, rows: int):
                             block_shape=[rows, d])
 
 
-def _sample_regs(cfg: dict, rows: int) -> dict:
-    """The sample pass's ``maxnreg`` launch option for ``rows`` = B * Hq heads: the
-    config's ``sample_maxnreg`` where ``rows`` >= ``sample_maxnreg_rows`` (none under the
-    interpreter)."""
-    regs = cfg.get("sample_maxnreg")
-    if not regs or rows < cfg.get("sample_maxnreg_rows", 0) or _interpreted():
-        return {}
-    return {"maxnreg": regs}
-
-
 def _sample_phases(cfg: dict, rows: int) -> tuple[bool, int]:
     """(PHASED, num_stages) of the sample pass for ``rows`` = B * Hq heads: the phased
     loops, pipelined ``sample_phased`` stages deep, from ``sample_phased_rows`` heads on
@@ -1311,10 +1315,6 @@ def _sample_phases(cfg: dict, rows: int) -> tuple[bool, int]:
     if stages and rows >= cfg.get("sample_phased_rows", 0) and not lo < rows < hi:
         return True, int(stages)
     return False, 1
-
-
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _largest_remainder_prefix(ws: SantaWorkspace, kv: KVCache, batch: int, hq: int,
@@ -1391,7 +1391,7 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
         PREFIX_IN_REGS=prefix_in_regs, SAMPLE_SPLITS=splits,
         PROFILE=cfg.get("sample_profile", 0), PDL=pdl, STASH_EVICT=stash_evict,
         PHASED=phased, D_PAD=_next_pow2(d), num_warps=warps, num_stages=stages,
-        **({"launch_pdl": True} if pdl else {}), **_sample_regs(cfg, batch * hq),
+        **({"launch_pdl": True} if pdl else {}),
     )
     info = SantaInfo(method={_MODE_SYS: "prop", _MODE_STRAT: "strat", _MODE_IID: "iid",
                              _MODE_LR: "prop-largest-remainder"}[mode],

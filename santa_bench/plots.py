@@ -133,10 +133,8 @@ def method_colour(method: str, family: str | None = None) -> str:
     """Return the fixed colour of `method`: its own, else a stable shade of its family's hue."""
     if method in METHOD_COLOURS:
         return METHOD_COLOURS[method]
-    base = np.array(to_rgb(FAMILY_COLOURS.get(family or "", "#7f7f7f")))
     shade = (zlib.crc32(method.encode()) % 5 - 2) / 6  # -1/3 .. 1/3: darker or lighter
-    mixed = base + shade * (1.0 - base) if shade > 0 else base * (1.0 + shade)
-    return to_hex(np.clip(mixed, 0, 1))
+    return _shade(FAMILY_COLOURS.get(family or "", "#7f7f7f"), shade)
 
 
 def _line_style(family: str) -> dict[str, Any]:

@@ -226,7 +226,7 @@ class ResultStore:
         blend with the old one."""
         if frame.empty:
             return frame
-        dates = {record["run_id"]: str(record.get("date") or "") for record in self.runs()}
+        dates = self._run_dates()
         when = frame["run_id"].map(lambda run: (dates.get(run, ""), str(run)))
         newest = when.groupby(frame["case_hash"]).transform("max")
         return frame[when == newest].reset_index(drop=True)
@@ -239,11 +239,15 @@ class ResultStore:
         frame = self.load()
         if frame.empty:
             return frame
-        dates = {record["run_id"]: str(record.get("date") or "") for record in self.runs()}
+        dates = self._run_dates()
         order = pd.DataFrame({"current": frame["run_id"] == current_run,
                               "date": frame["run_id"].map(lambda run: dates.get(run, ""))})
         index = order.sort_values(["current", "date"], kind="stable").index
         return frame.loc[index].reset_index(drop=True)
+
+    def _run_dates(self) -> dict[str, str]:
+        """Each run's run.json date ("" where it has none), by run id."""
+        return {record["run_id"]: str(record.get("date") or "") for record in self.runs()}
 
     def _parts(self, runs: list[str] | None) -> list[Path]:
         """Return the part files of the given runs (default: all), in a stable order."""

@@ -422,18 +422,6 @@ def test_tensor_descriptor_only_for_packed_caches():
 
 
 
-def test_sample_register_cap_applies_from_its_row_count(monkeypatch):
-    """``sample_maxnreg`` becomes the launch's ``maxnreg`` from ``sample_maxnreg_rows``
-    heads on, never under the interpreter (which has no registers to cap)."""
-    import santa_kernels.triton_santa as triton_santa
-
-    cfg = {"sample_maxnreg": 128, "sample_maxnreg_rows": 64}
-    assert triton_santa._sample_regs(cfg, 256) == {}  # interpreted here
-    monkeypatch.setattr(triton_santa, "_interpreted", lambda: False)
-    assert triton_santa._sample_regs(cfg, 256) == {"maxnreg": 128}
-    assert triton_santa._sample_regs(cfg, 32) == {}
-    assert triton_santa._sample_regs({}, 256) == {}
-
 
 @pytest.mark.parametrize("method", ["prop", "strat", "iid", "largest-remainder"])
 @pytest.mark.parametrize("splits", [1, 2])
@@ -456,16 +444,8 @@ def test_phased_sample_pass_matches_float64(method, splits, monkeypatch):
     check_exact(method, q, kv, S=37)
 
 
-def test_phased_sample_pass_from_its_row_count():
-    from santa_kernels.triton_santa import _sample_phases
 
-    cfg = {"sample_phased": 3, "sample_phased_rows": 128}
-    assert _sample_phases(cfg, 256) == (True, 3)
-    assert _sample_phases(cfg, 32) == (False, 1)
-    assert _sample_phases({}, 256) == (False, 1)
-
-
-def test_phased_sample_pass_skips_its_row_band():
+def test_phased_sample_pass_follows_its_row_rules():
     from santa_kernels.triton_santa import _sample_phases
 
     cfg = {"sample_phased": 2, "sample_phased_skip": (64, 256)}
@@ -473,3 +453,23 @@ def test_phased_sample_pass_skips_its_row_band():
     assert _sample_phases(cfg, 64) == (True, 2)
     assert _sample_phases(cfg, 128) == (False, 1)  # B=4
     assert _sample_phases(cfg, 256) == (True, 2)  # B=8
+    assert _sample_phases({"sample_phased": 3, "sample_phased_rows": 128}, 32) == (False, 1)
+    assert _sample_phases({}, 256) == (False, 1)
+
+
+def test_workspace_builds_a_k_descriptor_once_per_cache_tensor():
+    """The descriptor of a cache is reused by later calls; another cache tensor (another
+    layer) gets its own, and the oldest go past MAX_DESCRIPTORS."""
+    import santa_kernels.triton_santa as triton_santa
+
+    q, kv = make_cache(n=64, lengths=(64, 64))
+    _, other = make_cache(n=64, lengths=(64, 64), seed=1)
+    ws = SantaWorkspace.for_inputs(q, kv, 8, TILE)
+    first = ws.k_descriptor(kv, TILE)
+    assert first is not None and ws.k_descriptor(kv, TILE) is first
+    assert ws.k_descriptor(other, TILE) is not first
+    assert ws.k_descriptor(kv.to_paged(8, torch.Generator().manual_seed(2)), TILE) is None
+    for seed in range(triton_santa.MAX_DESCRIPTORS):
+        ws.k_descriptor(make_cache(n=64, lengths=(64, 64), seed=seed + 2)[1], TILE)
+    assert len(ws._k_descriptors) == triton_santa.MAX_DESCRIPTORS
+    assert ws.k_descriptor(kv, TILE) is not first  # evicted, built again
