@@ -148,6 +148,14 @@ HOPPER = {
     # 1 -> 14.7 / 32.2 / 13.3 us (8 warps), 2 with 4 warps -> 19.1 / 34.4 / 17.8
     # (results/h200/tune-2026-11-29)
     "finish_heads": 1,
+    # the finisher's search starts from a bracket the select programs leave (each split's
+    # j-th largest z, j = ceil((M+1) / splits) <= 3; direct selection) instead of the
+    # row's least finite and largest key: fewer steps and no opening reduction
+    "bracket": True,
+    # the per-head finishers write each head's selected teams to its own M slots of the
+    # list (no ticket, no union step over the group's z); a team selected by several heads
+    # is then loaded by several attend programs and counted in its first head's slot only
+    "head_lists": True,
     "merge_warps": 4,  # 8 when a merge step holds >= 4096 partial elements
     "merge_block": 64,  # partials merged per step (fewer when there are fewer)
     # every kernel after the first is launched as a programmatic dependent of the one
@@ -627,6 +635,8 @@ class SantaPPPlan:
     select_warps: int
     score_warps: int  # the select kernel's warps when it does not finish the selection
     search_ways: int  # thresholds per step of the finisher's kth-largest search (4 or 8)
+    bracket: int  # j > 0: select programs leave each split's j-th largest z (search bracket)
+    head_lists: bool  # the per-head finisher writes M slots a head, no union step
     finish_heads: int  # heads per finishing program (0: one program per KV group)
     h_rows: int  # rows of a per-head finishing program (next_pow2(finish_heads))
     finish_parts: int  # finishing programs per KV group (per-head finisher)
@@ -653,6 +663,8 @@ def make_plan(
     exact_programs: int | None = None,
     finish_heads: int | None = None,
     finish_warps: int | None = None,
+    bracket: bool | None = None,
+    head_lists: bool | None = None,
     kv_element_size: int = 2,
 ) -> SantaPPPlan:
     """Plans the grids (keyword overrides are for tests and tuning). K/V tiles keep their
@@ -727,6 +739,13 @@ def make_plan(
         8 if h_rows * c_pad // (32 * finish_warps) <= HOPPER["search_8way_keys_per_thread"]
         else 4
     )
+    if bracket is None:
+        bracket = HOPPER["bracket"]
+    rank = -(-m1 // splits)  # j * splits >= M+1 > (j - 1) * splits
+    bracket_rank = rank if bracket and not local and rank <= 3 and max_teams >= m1 else 0
+    if head_lists is None:
+        head_lists = HOPPER["head_lists"]
+    head_lists = bool(head_lists) and finish_heads > 0 and union_cap == group * M
     num_parts = team_programs + exact_programs
     merge_block = min(HOPPER["merge_block"], max(2, _next_pow2(num_parts)))
     merge_warps = HOPPER["merge_warps"] * (2 if merge_block * _next_pow2(head_dim) >= 4096 else 1)
@@ -759,6 +778,8 @@ def make_plan(
         score_warps=(HOPPER["score_warps_many"] if not local and bkv >= HOPPER["many_groups"]
                      else select_warps),
         search_ways=search_ways,
+        bracket=bracket_rank,
+        head_lists=head_lists,
         finish_heads=finish_heads,
         h_rows=h_rows,
         finish_parts=finish_parts,
@@ -793,7 +814,7 @@ class SantaPPWorkspace:
         cand = rows * p.n_cand if p.local else 1
         self.cand_z = torch.empty(cand, **f32)
         self.cand_id = torch.empty(cand, **i32)
-        self.split_kth = torch.empty(rows * p.num_splits if p.local else 1, **i32)
+        self.split_kth = torch.empty(rows * p.num_splits if p.local or p.bracket else 1, **i32)
         self.ticket = torch.zeros(bkv, **i32)
         self.kappa = torch.empty(rows, **f32)
         self.union = torch.zeros(bkv, p.union_cap, **i32)  # entries always team ids
@@ -875,7 +896,7 @@ def _count_min_max(n0, lo0, hi0, n1, lo1, hi1):
 
 
 @triton.jit
-def _count_min(n0, lo0, n1, lo1):
+def _add_min(n0, lo0, n1, lo1):
     return n0 + n1, tl.minimum(lo0, lo1)
 
 
@@ -913,34 +934,61 @@ def _narrow(K, lo, hi, t, c):
 @triton.jit
 def _narrow4(K, lo, hi, t0, t1, t2, t3, s01, s23):
     """Folds four thresholds (counts packed in ``s01``, ``s23``) into the bracket; also
-    returns whether one has exactly ``K`` keys at or above it."""
+    returns the four counts."""
     c0, c1, c2, c3 = s01 & 0xFFFF, s01 >> 16, s23 & 0xFFFF, s23 >> 16
     lo, hi = _narrow(K, lo, hi, t0, c0)
     lo, hi = _narrow(K, lo, hi, t1, c1)
     lo, hi = _narrow(K, lo, hi, t2, c2)
     lo, hi = _narrow(K, lo, hi, t3, c3)
-    return lo, hi, (c0 == K) | (c1 == K) | (c2 == K) | (c3 == K)
+    return lo, hi, c0, c1, c2, c3
 
 
 @triton.jit
-def _kth_largest(key, K, lo, WAYS: tl.constexpr):
+def _least_above(key, t):
+    """Per key, itself where it is at or above ``t [R]``, else the largest int32."""
+    return tl.where(key >= t[:, None], key, 2147483647)
+
+
+@triton.jit
+def _add2_min4(a0, a1, m0, m1, m2, m3, b0, b1, n0, n1, n2, n3):
+    return (a0 + b0, a1 + b1, tl.minimum(m0, n0), tl.minimum(m1, n1), tl.minimum(m2, n2),
+            tl.minimum(m3, n3))
+
+
+@triton.jit
+def _add4_min8(a0, a1, a2, a3, m0, m1, m2, m3, m4, m5, m6, m7,
+               b0, b1, b2, b3, n0, n1, n2, n3, n4, n5, n6, n7):
+    return (a0 + b0, a1 + b1, a2 + b2, a3 + b3, tl.minimum(m0, n0), tl.minimum(m1, n1),
+            tl.minimum(m2, n2), tl.minimum(m3, n3), tl.minimum(m4, n4), tl.minimum(m5, n5),
+            tl.minimum(m6, n6), tl.minimum(m7, n7))
+
+
+@triton.jit
+def _hit4(K, hit, c0, c1, c2, c3, m0, m1, m2, m3):
+    """Where one of four thresholds has exactly ``K`` keys at or above it, its least such
+    key (the K-th largest), else ``hit``."""
+    hit = tl.where(c0 == K, m0, hit)
+    hit = tl.where(c1 == K, m1, hit)
+    hit = tl.where(c2 == K, m2, hit)
+    return tl.where(c3 == K, m3, hit)
+
+
+@triton.jit
+def _kth_search(key, K, lo, hi, WAYS: tl.constexpr):
     """Per row of ``key [R, C]`` (int32; KEY_PAD: no entry), the ``K``-th largest key, or
-    KEY_NEG_INF where the row has fewer than ``K`` entries. ``lo [R]``: a key with at least
-    ``K`` entries at or above it (or KEY_NEG_INF).
+    KEY_NEG_INF where the row has fewer than ``K`` entries, inside a bracket: ``lo [R]``
+    has at least ``K`` keys at or above it (or is KEY_NEG_INF), ``hi [R]`` fewer than ``K``.
 
     ``WAYS``-ary search (4 or 8): each step counts the keys at or above ``WAYS`` thresholds
-    inside the bracket ``[lo, hi)`` (``count(lo) >= K > count(hi)``) with one packed
-    reduction and keeps the tightest bracket; a row is done when some threshold has
-    exactly ``K`` keys at or above it, or ``hi = lo + 1``. Seeded with the row's smallest
-    finite key (when >= K are finite) and its largest key, value-space thresholds finish
+    inside ``[lo, hi)`` with one packed reduction, which also finds each threshold's least
+    key at or above it, and keeps the tightest bracket. A row is done when a threshold has
+    exactly ``K`` keys at or above it (the K-th largest is that least key: no closing
+    reduction) or at ``hi = lo + 1`` (it is ``lo``). Value-space thresholds finish
     Gumbel-perturbed scores in ~3-5 steps (bisection: ~10-12); the key-space midpoint
     bounds any input (ties, infinities) by 33 steps."""
-    finite = key > -2139095041
-    n_fin, least, top = tl.reduce(
-        (finite.to(tl.int32), tl.where(finite, key, 2147483647), key), 1, _count_min_max
-    )
-    lo = tl.where((n_fin >= K) & (least > lo), least, lo).to(tl.int64)
-    hi = top.to(tl.int64) + 1  # nothing at or above hi
+    lo = lo.to(tl.int64)
+    hi = hi.to(tl.int64)
+    found = tl.full(lo.shape, -2147483648, tl.int32)  # KEY_PAD: no hit yet
     active = hi - lo > 1
     steps = 0
     while (tl.max(active.to(tl.int32), axis=0) > 0) & (steps < 40):
@@ -950,31 +998,69 @@ def _kth_largest(key, K, lo, WAYS: tl.constexpr):
         t1 = _threshold(lo, hi, lo_v, hi_v, 1, WAYS)
         t2 = _threshold(lo, hi, lo_v, hi_v, 2, WAYS)
         t3 = _threshold(lo, hi, lo_v, hi_v, 3, WAYS)
+        hit = tl.full(lo.shape, -2147483648, tl.int32)
         if WAYS == 8:
             t4 = _threshold(lo, hi, lo_v, hi_v, 4, WAYS)
             t5 = _threshold(lo, hi, lo_v, hi_v, 5, WAYS)
             t6 = _threshold(lo, hi, lo_v, hi_v, 6, WAYS)
             t7 = _threshold(lo, hi, lo_v, hi_v, 7, WAYS)
-            s01, s23, s45, s67 = tl.reduce(
+            s01, s23, s45, s67, m0, m1, m2, m3, m4, m5, m6, m7 = tl.reduce(
                 (_pair(key, t0, t1), _pair(key, t2, t3), _pair(key, t4, t5),
-                 _pair(key, t6, t7)), 1, _add4)  # fmt: skip
-            new_lo, new_hi, hit = _narrow4(K, lo, hi, t0, t1, t2, t3, s01, s23)
-            new_lo, new_hi, hit2 = _narrow4(K, new_lo, new_hi, t4, t5, t6, t7, s45, s67)
-            hit = hit | hit2
+                 _pair(key, t6, t7), _least_above(key, t0), _least_above(key, t1),
+                 _least_above(key, t2), _least_above(key, t3), _least_above(key, t4),
+                 _least_above(key, t5), _least_above(key, t6), _least_above(key, t7)),
+                1, _add4_min8)  # fmt: skip
+            new_lo, new_hi, c0, c1, c2, c3 = _narrow4(K, lo, hi, t0, t1, t2, t3, s01, s23)
+            new_lo, new_hi, c4, c5, c6, c7 = _narrow4(K, new_lo, new_hi, t4, t5, t6, t7,
+                                                      s45, s67)
+            hit = _hit4(K, hit, c0, c1, c2, c3, m0, m1, m2, m3)
+            hit = _hit4(K, hit, c4, c5, c6, c7, m4, m5, m6, m7)
         else:
-            s01, s23 = tl.reduce((_pair(key, t0, t1), _pair(key, t2, t3)), 1, _add2)
-            new_lo, new_hi, hit = _narrow4(K, lo, hi, t0, t1, t2, t3, s01, s23)
-        # a threshold with exactly K keys above it makes the largest such the new lo
-        lo = new_lo
-        hi = new_hi
-        active = active & ~hit & (hi - lo > 1)
+            s01, s23, m0, m1, m2, m3 = tl.reduce(
+                (_pair(key, t0, t1), _pair(key, t2, t3), _least_above(key, t0),
+                 _least_above(key, t1), _least_above(key, t2), _least_above(key, t3)),
+                1, _add2_min4)  # fmt: skip
+            new_lo, new_hi, c0, c1, c2, c3 = _narrow4(K, lo, hi, t0, t1, t2, t3, s01, s23)
+            hit = _hit4(K, hit, c0, c1, c2, c3, m0, m1, m2, m3)
+        done = active & (hit != -2147483648)
+        found = tl.where(done, hit, found)
+        lo = tl.where(active, new_lo, lo)
+        hi = tl.where(active, new_hi, hi)
+        active = active & ~done & (hi - lo > 1)
         steps += 1
-    lo32 = lo.to(tl.int32)
-    above = key >= lo32[:, None]
-    count, kth = tl.reduce(
-        (above.to(tl.int32), tl.where(above, key, 2147483647)), 1, _count_min
+    return tl.where(found != -2147483648, found, lo.to(tl.int32))
+
+
+@triton.jit
+def _kth_largest(key, K, lo, WAYS: tl.constexpr):
+    """:func:`_kth_search` without a bracket: ``lo [R]`` is a key with at least ``K``
+    entries at or above it (or KEY_NEG_INF); one reduction first finds the row's largest
+    key and, where at least ``K`` are finite, its smallest finite key (a tighter lo)."""
+    finite = key > -2139095041
+    n_fin, least, top = tl.reduce(
+        (finite.to(tl.int32), tl.where(finite, key, 2147483647), key), 1, _count_min_max
     )
-    return tl.where(count >= K, kth, -2139095041)
+    lo = tl.where((n_fin >= K) & (least > lo), least, lo)
+    return _kth_search(key, K, lo, top.to(tl.int64) + 1, WAYS)  # nothing at or above hi
+
+
+@triton.jit
+def _top_kth(a1, a2, a3, b1, b2, b3):
+    """Merges two descending triples (the three largest of two sets)."""
+    return (tl.maximum(a1, b1), tl.maximum(tl.minimum(a1, b1), tl.maximum(a2, b2)),
+            tl.maximum(tl.maximum(a3, b3), tl.maximum(tl.minimum(a1, b2), tl.minimum(a2, b1))))
+
+
+@triton.jit
+def _jth_largest(z, J: tl.constexpr):
+    """Per row of ``z [R, C]`` (fp32), its ``J``-th largest entry (J <= 3; a multiset)."""
+    ninf = tl.full(z.shape, float("-inf"), tl.float32)
+    v1, v2, v3 = tl.reduce((z, ninf, ninf), 1, _top_kth)
+    if J == 2:
+        v1 = v2
+    elif J == 3:
+        v1 = v3
+    return v1
 
 
 @triton.jit
@@ -1033,18 +1119,53 @@ def _selection_keys(
 
 
 @triton.jit
+def _split_bracket(key, split_kth_ptr, head_rows, mask_h, K, num_splits, S_PAD: tl.constexpr,
+                   BRACKET: tl.constexpr):
+    """A search bracket per head row from the select programs' ``BRACKET``-th largest key
+    of each split (direct selection; the plan makes ``BRACKET * splits >= K >
+    (BRACKET - 1) * splits``): at least ``K`` keys lie at or above the least of them
+    (``BRACKET`` in each split), fewer than ``K`` above the largest (only the ``BRACKET -
+    1`` above it in each split). Rows where some split holds fewer than ``BRACKET``
+    finite keys take the least finite key of the row instead (one reduction)."""
+    offs_s = tl.arange(0, S_PAD)
+    sk = tl.load(split_kth_ptr + head_rows[:, None] * num_splits + offs_s[None, :],
+                 mask=mask_h[:, None] & (offs_s < num_splits)[None, :], other=-2147483648,
+                 cache_modifier=".cg")
+    finite = sk > -2139095041
+    n_ok, least, top = tl.reduce(
+        (finite.to(tl.int32), tl.where(finite, sk, 2147483647), sk), 1, _count_min_max
+    )
+    hi = top.to(tl.int64) + 1
+    enough = n_ok * BRACKET >= K
+    lo = tl.where(enough, least, -2139095041)
+    if tl.max((mask_h & ~enough).to(tl.int32), axis=0) > 0:  # short rows: the old bracket
+        fin = key > -2139095041
+        n_fin, least_key = tl.reduce(
+            (fin.to(tl.int32), tl.where(fin, key, 2147483647)), 1, _add_min
+        )
+        lo = tl.where(enough | (n_fin < K), lo, least_key)
+    return lo, hi
+
+
+@triton.jit
 def _rows_kappa(
     z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, head_rows, mask_h, M, num_splits, n_cand,
     t_cap, C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr, WAYS: tl.constexpr,
-    SEARCH: tl.constexpr = True,
+    SEARCH: tl.constexpr = True, BRACKET: tl.constexpr = 0,
 ):
     """Per head row: its candidates (keys, team ids, real), the (M+1)-th largest key and
     kappa (its value; -inf where the row has at most M candidates). Without ``SEARCH``
-    (profiling only: wrong kappas) the search is skipped and kth is the lower bound."""
+    (profiling only: wrong kappas) the search is skipped and kth is the lower bound.
+    ``BRACKET`` (direct selection only): the select programs left a bracket per split."""
     key, ids, real, lo = _selection_keys(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr,
                                          head_rows, mask_h, num_splits, n_cand, t_cap,
                                          C_PAD, S_PAD, LOCAL)
-    kth = _kth_largest(key, M + 1, lo, WAYS) if SEARCH else lo
+    if BRACKET > 0:
+        lo, hi = _split_bracket(key, split_kth_ptr, head_rows, mask_h, M + 1, num_splits,
+                                S_PAD, BRACKET)
+        kth = _kth_search(key, M + 1, lo, hi, WAYS) if SEARCH else lo
+    else:
+        kth = _kth_largest(key, M + 1, lo, WAYS) if SEARCH else lo
     kappa = tl.where(kth > -2139095041, _unkey(kth), float("-inf"))
     return key, ids, real, kth, kappa
 
@@ -1092,6 +1213,7 @@ def _finish_selection(
     b, kvh, bkv, M, num_splits, n_cand, t_cap, union_cap,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr,
     C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr, WAYS: tl.constexpr,
+    BRACKET: tl.constexpr,
 ):
     """kappa per head of the group and the compact union of the selected teams."""
     hq = NUM_KV_HEADS * GROUP
@@ -1100,7 +1222,7 @@ def _finish_selection(
     head_rows = (b * hq + kvh * GROUP + offs_h).to(tl.int64)
     key, ids, real, kth, kappa = _rows_kappa(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr,
                                              head_rows, mask_h, M, num_splits, n_cand, t_cap,
-                                             C_PAD, S_PAD, LOCAL, WAYS)
+                                             C_PAD, S_PAD, LOCAL, WAYS, True, BRACKET)
     _write_union(z_ptr, union_ptr, count_ptr, key, ids, real, kth, b, kvh, bkv, t_cap,
                  union_cap, NUM_KV_HEADS, GROUP, G_ROWS, C_PAD, LOCAL)
     tl.store(kappa_ptr + head_rows, kappa, mask=mask_h)
@@ -1118,7 +1240,7 @@ def _select_kernel(
     C_PAD: tl.constexpr, M1_PAD: tl.constexpr, S_PAD: tl.constexpr,
     LOCAL: tl.constexpr, FUSED: tl.constexpr, HAS_GUMBELS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, WAYS: tl.constexpr, PDL: tl.constexpr = False,
-    ENTRY_PDL: tl.constexpr = False, REPS_AS: tl.constexpr = "",
+    ENTRY_PDL: tl.constexpr = False, REPS_AS: tl.constexpr = "", BRACKET: tl.constexpr = 0,
 ):
     _pdl_enter(PDL, False)  # the next kernel may launch as this grid's last wave starts
     split = tl.program_id(0)
@@ -1194,6 +1316,9 @@ def _select_kernel(
         empty = mask_h[:, None] & (offs_m[None, :] >= kept[:, None]) & (offs_m < M + 1)[None, :]
         tl.store(cand_id_ptr + base + offs_m[None, :], -1 + 0 * offs_m[None, :], mask=empty)
         tl.store(split_kth_ptr + head_rows * num_splits + split, kth, mask=mask_h)
+    elif BRACKET > 0:  # the finisher's search bracket: this block's BRACKET-th largest z
+        kth = _key(_jth_largest(z, BRACKET))
+        tl.store(split_kth_ptr + head_rows * num_splits + split, kth, mask=mask_h)
     if FUSED:
         # the last program of this (b, kv head) finishes the selection: every thread's
         # stores above are ordered before the ticket (barrier + acq_rel atomic)
@@ -1203,7 +1328,7 @@ def _select_kernel(
             _finish_selection(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, kappa_ptr,
                               union_ptr, count_ptr, b, kvh, bkv, M, num_splits, n_cand,
                               t_cap, union_cap, NUM_KV_HEADS, GROUP, G_ROWS, C_PAD, S_PAD,
-                              LOCAL, WAYS)
+                              LOCAL, WAYS, BRACKET)
             tl.store(ticket_ptr + bkv, 0)  # ready for the next call (graph replay)
 
 
@@ -1213,14 +1338,14 @@ def _finish_kernel(
     M, num_splits, n_cand, t_cap, union_cap,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr,
     C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr, WAYS: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, BRACKET: tl.constexpr = 0,
 ):
     _pdl_enter(PDL, True)  # launched early: wait for the previous kernel
     bkv = tl.program_id(0)
     _finish_selection(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, kappa_ptr, union_ptr,
                       count_ptr, bkv // NUM_KV_HEADS, bkv % NUM_KV_HEADS, bkv, M, num_splits,
                       n_cand, t_cap, union_cap, NUM_KV_HEADS, GROUP, G_ROWS, C_PAD, S_PAD,
-                      LOCAL, WAYS)
+                      LOCAL, WAYS, BRACKET)
 
 
 @triton.jit
@@ -1230,14 +1355,18 @@ def _finish_heads_kernel(
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr,
     H_ROWS: tl.constexpr, C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr,
     WAYS: tl.constexpr, PDL: tl.constexpr = False, WRITE_UNION: tl.constexpr = True,
-    SEARCH: tl.constexpr = True,
+    SEARCH: tl.constexpr = True, BRACKET: tl.constexpr = 0, HEAD_LISTS: tl.constexpr = False,
+    M_PAD: tl.constexpr = 2,
 ):
     """Grid ``(B * Hkv, finish_parts)``: each program finds kappa for ``H_ROWS`` heads of
     the group (the kth search spread over the group's heads instead of one program per
     group); the last of the group's programs to finish (an acq_rel ticket) writes the
     union from the group's kappas (not with WRITE_UNION False: profiling only, the call's
     output is then wrong; nor is it without SEARCH, which skips the kth search and the
-    union: kappa = -inf would select more teams than the union holds)."""
+    union: kappa = -inf would select more teams than the union holds). With HEAD_LISTS
+    there is no union step: each program writes its heads' selected teams, in team order,
+    to their own ``M`` slots of the list (-1 past them) and the attend programs skip a
+    team in every slot but its first selecting head's."""
     _pdl_enter(PDL, True)  # launched early: wait for the previous kernel
     bkv = tl.program_id(0)
     part = tl.program_id(1)
@@ -1247,11 +1376,21 @@ def _finish_heads_kernel(
     offs_h = part * H_ROWS + tl.arange(0, H_ROWS)
     mask_h = offs_h < GROUP
     head_rows = (b * hq + kvh * GROUP + offs_h).to(tl.int64)
-    _keys, _ids, _real, _kth, kappa = _rows_kappa(
+    keys, ids, real, kth, kappa = _rows_kappa(
         z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, head_rows, mask_h, M, num_splits,
-        n_cand, t_cap, C_PAD, S_PAD, LOCAL, WAYS, SEARCH)  # fmt: skip
+        n_cand, t_cap, C_PAD, S_PAD, LOCAL, WAYS, SEARCH, BRACKET)  # fmt: skip
     tl.store(kappa_ptr + head_rows, kappa, mask=mask_h)
     if not WRITE_UNION or not SEARCH:  # without the search every team would be selected
+        return
+    if HEAD_LISTS:  # at most M keys lie above the (M+1)-th largest
+        chosen = real & (keys > kth[:, None]) & mask_h[:, None]
+        slot = tl.cumsum(chosen.to(tl.int32), axis=1) - 1
+        lists = union_ptr + bkv.to(tl.int64) * union_cap + offs_h[:, None] * M
+        tl.store(lists + slot, ids, mask=chosen)
+        offs_m = tl.arange(0, M_PAD)[None, :]
+        n_chosen = tl.sum(chosen.to(tl.int32), axis=1)
+        tl.store(lists + offs_m, -1 + 0 * offs_m,
+                 mask=mask_h[:, None] & (offs_m >= n_chosen[:, None]) & (offs_m < M))
         return
     # every thread's kappa store is ordered before the ticket (barrier + acq_rel atomic)
     tl.debug_barrier()
@@ -1292,13 +1431,13 @@ def _attend_kernel(
     z_ptr, phi_ptr, kappa_ptr, union_ptr, count_ptr,
     part_m_ptr, part_l_ptr, part_o_ptr,
     scale, sink, team_size, t_cap, union_cap, packed_rows, num_parts, team_programs,
-    exact_programs,
+    exact_programs, list_len,
     stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_pt, page_size,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr, G_PAD: tl.constexpr, TPB: tl.constexpr, SLOT: tl.constexpr,
     CHUNKS: tl.constexpr, BLOCK_E: tl.constexpr,
     PACKED: tl.constexpr, PAGED: tl.constexpr, REGULAR: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False,
+    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False, HEAD_LISTS: tl.constexpr = False,
 ):
     _pdl_enter(PDL, True)  # launched early: wait for the previous kernel
     BLOCK_N: tl.constexpr = TPB * SLOT
@@ -1320,7 +1459,6 @@ def _attend_kernel(
     team_end = tl.load(team_end_ptr + b)
     k_head = k_ptr + kvh * stride_kh
     v_head = v_ptr + kvh * stride_kh
-    count = tl.load(count_ptr + bkv)
     exact = c >= team_programs
     if c < team_programs:
         # rows of TPB teams of the union list, SLOT rows each. No branch on the device-side
@@ -1329,9 +1467,15 @@ def _attend_kernel(
         # and write an empty partial (m = -inf), so the merge never reads the count.
         offs_n = tl.arange(0, BLOCK_N)
         member = c * TPB + offs_n // SLOT
-        team = tl.load(union_ptr + bkv.to(tl.int64) * union_cap + member,
-                       mask=member < union_cap, other=0)
-        mask_u = member < count
+        if HEAD_LISTS:  # head member // list_len's list: -1 marks no team
+            team = tl.load(union_ptr + bkv.to(tl.int64) * union_cap + member,
+                           mask=member < union_cap, other=-1)
+            mask_u = team >= 0
+            team = tl.maximum(team, 0)
+        else:
+            team = tl.load(union_ptr + bkv.to(tl.int64) * union_cap + member,
+                           mask=member < union_cap, other=0)
+            mask_u = member < tl.load(count_ptr + bkv)
         if REGULAR:
             start = sink + team * team_size
             n_g = tl.minimum(team_size, team_end - start)
@@ -1364,6 +1508,9 @@ def _attend_kernel(
             phi = tl.load(phi_ptr + cell, mask=hw, other=float("-inf"))
             kappa = tl.load(kappa_ptr + head_rows, mask=mask_g, other=0.0)
             w = _inclusion_weight(z, phi, kappa[:, None])
+            if HEAD_LISTS:  # a team counts once: in its first selecting head's list
+                first = tl.min(tl.where(w > 0, offs_g[:, None], G_PAD), axis=0)
+                w = tl.where((first == member // list_len)[None, :], w, 0.0)
             m_i, l_i, acc = _online_update(q, k, v, w, ok[None, :], m_i, l_i, acc, scale,
                                            DOT_PRECISION)
     if exact:
@@ -1449,7 +1596,9 @@ class SantaPPInfo:
     """What one call selected (views into the workspace; read off the hot path).
 
     ``z``/``phi [B, Hq, T]``, ``kappa [B, Hq]``, ``union [B, Hkv, U]`` with ``count [B, Hkv]``
-    valid entries (team ids).
+    valid entries (team ids); with ``head_lists`` the union holds ``U / M`` lists of ``M``
+    slots, one per head of the group (team ids, -1: none; a team may sit in several) and
+    ``count`` is not written.
     """
 
     M: int
@@ -1460,6 +1609,7 @@ class SantaPPInfo:
     union: torch.Tensor
     count: torch.Tensor
     lengths: torch.Tensor
+    head_lists: bool = False
 
     def selected(self) -> torch.Tensor:
         """``[B, Hq, T]`` bool: the teams each head selected (``z > kappa``)."""
@@ -1472,27 +1622,34 @@ class SantaPPInfo:
         chosen = z > kappa
         return torch.where(chosen, 1 / torch.where(chosen, pi, 1), 0)
 
+    def members(self) -> torch.Tensor:
+        """``[B, Hkv, T]`` bool: the teams the attend programs read (the group's union)."""
+        union = self.union.long().cpu()
+        slots = torch.arange(union.shape[-1])
+        if self.head_lists:
+            used = union >= 0
+        else:
+            used = slots[None, None, :] < self.count.long().cpu()[..., None]
+        members = torch.zeros(*union.shape[:2], self.z.shape[-1] + 1, dtype=torch.bool)
+        members.scatter_(2, torch.where(used, union, members.shape[-1] - 1), True)
+        return members[..., :-1]
+
     def union_sets(self) -> list[list[set[int]]]:
-        """The union list of every (sequence, KV head) as Python sets."""
-        union, count = self.union.cpu(), self.count.cpu()
-        return [
-            [set(union[b, h, : int(count[b, h])].tolist()) for h in range(union.shape[1])]
-            for b in range(union.shape[0])
-        ]
+        """The union of every (sequence, KV head) as Python sets."""
+        members = self.members()
+        return [[set(torch.nonzero(row).flatten().tolist()) for row in seq] for seq in members]
 
     def read_counts(self) -> ReadCounts:
         """K/V rows read per (sequence, KV head): the union's members plus the exact set."""
         packed = self.packed
-        union, count = self.union.long().cpu(), self.count.long().cpu()
+        members = self.members()
         team_len = packed.team_len.long().cpu()
         lengths = self.lengths.long().cpu()
         team_end = packed.team_end.long().cpu()
         n_exact = torch.minimum(torch.full_like(team_end, packed.sink), team_end)
         n_exact = n_exact + (lengths - team_end).clamp_min(0)
-        slots = torch.arange(union.shape[-1])
-        used = slots[None, None, :] < count[..., None]
-        members = torch.gather(team_len, 2, torch.where(used, union, 0))
-        rows = torch.where(used, members, 0).sum(-1) + n_exact[:, None]
+        rows = torch.where(members, team_len[..., : members.shape[-1]], 0).sum(-1)
+        rows = rows + n_exact[:, None]
         d = packed.head_dim
         return ReadCounts(
             k_rows=rows, k_features=rows * d, v_rows=rows.clone(), context=lengths, head_dim=d
@@ -1635,9 +1792,11 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             LOCAL=p.local, FUSED=fuse_select, HAS_GUMBELS=gumbels is not None,
             DOT_PRECISION=precision, WAYS=p.search_ways, PDL=early, ENTRY_PDL=chain,
             REPS_AS=_REPS_AS[kv.dtype] if packed.reps_scale is not None else "",
-            num_warps=p.select_warps if fuse_select else p.score_warps, num_stages=1,
+            BRACKET=p.bracket, num_stages=1,
+            num_warps=p.select_warps if fuse_select else p.score_warps,
             **({"launch_pdl": True} if chain else {}),
         )  # fmt: skip
+    lists = p.head_lists and not fuse_select and "score" not in stages
     if not fuse_select and "select" in stages and "score" not in stages and p.finish_heads:
         _finish_heads_kernel[(batch * hkv, p.finish_parts)](
             ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count, ws.ticket,
@@ -1645,16 +1804,16 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             NUM_KV_HEADS=hkv, GROUP=p.group, G_ROWS=p.g_rows, H_ROWS=p.h_rows, C_PAD=p.c_pad,
             S_PAD=p.s_pad, LOCAL=p.local, WAYS=p.finish_ways, PDL=early,
             num_warps=p.finish_warps, num_stages=1, WRITE_UNION="no-union" not in stages,
-            SEARCH="no-search" not in stages,
-            **dep_early,
+            SEARCH="no-search" not in stages, BRACKET=p.bracket, HEAD_LISTS=lists,
+            M_PAD=p.m1_pad, **dep_early,
         )  # fmt: skip
     elif not fuse_select and "select" in stages and "score" not in stages:
         _finish_kernel[(batch * hkv,)](
             ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count,
             M, p.num_splits, p.n_cand, p.max_teams, p.union_cap,
             NUM_KV_HEADS=hkv, GROUP=p.group, G_ROWS=p.g_rows, C_PAD=p.c_pad, S_PAD=p.s_pad,
-            LOCAL=p.local, WAYS=p.search_ways, PDL=early, num_warps=p.finish_warps, num_stages=1,
-            **dep_early,
+            LOCAL=p.local, WAYS=p.search_ways, PDL=early, BRACKET=p.bracket,
+            num_warps=p.finish_warps, num_stages=1, **dep_early,
         )  # fmt: skip
     paged = kv.layout == "paged"
     table = kv.page_table if paged else kv.lengths
@@ -1668,13 +1827,14 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             ws.z, ws.phi, ws.kappa, ws.union, ws.count,
             ws.part_m, ws.part_l, ws.part_o,
             tau, packed.sink, packed.team_size, p.max_teams, p.union_cap, packed_rows,
-            p.num_parts, p.team_programs, p.exact_programs,
+            p.num_parts, p.team_programs, p.exact_programs, M,
             q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
             table.stride(0) if paged else 0, kv.page_size if paged else 1,
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad, G_PAD=p.g_pad,
             TPB=p.teams_per_block, SLOT=p.slot, CHUNKS=p.chunks, BLOCK_E=p.exact_rows,
             PACKED=packed.packed_k is not None, PAGED=paged, REGULAR=packed.regular,
-            DOT_PRECISION=precision, PDL=early, num_warps=HOPPER["attend_warps"], num_stages=1,
+            DOT_PRECISION=precision, PDL=early, HEAD_LISTS=lists,
+            num_warps=HOPPER["attend_warps"], num_stages=1,
             **dep_early,
         )  # fmt: skip
     out = ws.out(q.dtype)
@@ -1733,6 +1893,7 @@ def santapp_decode(
         union=ws.union.view(batch, hkv, p.union_cap),
         count=ws.count.view(batch, hkv),
         lengths=kv.lengths,
+        head_lists=p.head_lists and not fuse_select,
     )
     return out, info
 

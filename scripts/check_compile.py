@@ -74,10 +74,14 @@ def main() -> int:
         for h_rows in (1, 2, 4):
             consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "G_ROWS": 4, "H_ROWS": h_rows,
                       "C_PAD": 2048, "S_PAD": 32, "LOCAL": local, "WAYS": 8, "PDL": local,
-                      "WRITE_UNION": h_rows != 2, "SEARCH": h_rows != 4}
+                      "WRITE_UNION": h_rows != 2, "SEARCH": h_rows != 4,
+                      "BRACKET": 0 if local else h_rows % 3 + 1,
+                      "HEAD_LISTS": h_rows == 1, "M_PAD": 64}
             err = compile_kernel(tsp._finish_heads_kernel, finish_types, consts)
-            print(f"_finish_heads_kernel local={local} h_rows={h_rows}: {err or 'ok'}")
+            print(f"_finish_heads_kernel local={local} h_rows={h_rows} "
+                  f"bracket={consts['BRACKET']}: {err or 'ok'}")
             failures += err is not None
+    failures += check_attend()
     score_types = ["*bf16", "*bf16", "*i32", "*i32", "*fp32", "*fp16", "*i64", "fp32"]
     score_types += ["i32"] * 13 + ["i32"]  # ..., page_size; seq_rows (k_desc: None)
     for group, g_rows, subs, stores in ((4, 4, 1, 2), (4, 4, 2, 2), (4, 0, 1, 2), (1, 2, 1, 2),
@@ -158,6 +162,24 @@ def main() -> int:
     return 1 if failures else 0
 
 
+def check_attend() -> int:
+    """The SANTA++ attend kernel over the union list or the per-head lists, contiguous or
+    paged."""
+    failures = 0
+    types = ["*bf16"] * 5 + ["*i32", "*i32", "*i32", "*i32", "*i32", "*fp32", "*fp32",
+                             "*fp32", "*i32", "*i32", "*fp32", "*fp32", "*fp32", "fp32"]
+    types += ["i32"] * 16
+    for lists, paged in ((False, False), (True, False), (True, True)):
+        consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "G_PAD": 16,
+                  "TPB": 4, "SLOT": 16, "CHUNKS": 1, "BLOCK_E": 64, "PACKED": False,
+                  "PAGED": paged, "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True,
+                  "HEAD_LISTS": lists}
+        err = compile_kernel(tsp._attend_kernel, types, consts, {"num_warps": 4})
+        print(f"_attend_kernel head_lists={lists} paged={paged}: {err or 'ok'}")
+        failures += err is not None
+    return failures
+
+
 def check_select() -> int:
     """The SANTA++ select kernel: bf16 or int8 representatives, direct or local selection,
     launched as a programmatic dependent (ENTRY_PDL) or not."""
@@ -171,9 +193,11 @@ def check_select() -> int:
                   "G_ROWS": 4, "TB": 128, "C_PAD": 2048, "M1_PAD": 64, "S_PAD": 16,
                   "LOCAL": local, "FUSED": False, "HAS_GUMBELS": False,
                   "DOT_PRECISION": "tf32", "WAYS": 8, "PDL": True, "ENTRY_PDL": entry,
-                  "REPS_AS": "bf16" if reps == "i8" else ""}
+                  "REPS_AS": "bf16" if reps == "i8" else "",
+                  "BRACKET": 0 if local else (2 if reps == "bf16" else 3)}
         err = compile_kernel(tsp._select_kernel, types, consts, {"num_warps": 4})
-        print(f"_select_kernel reps={reps} local={local} entry_pdl={entry}: {err or 'ok'}")
+        print(f"_select_kernel reps={reps} local={local} entry_pdl={entry} "
+              f"bracket={consts['BRACKET']}: {err or 'ok'}")
         failures += err is not None
     return failures
 

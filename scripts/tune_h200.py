@@ -642,6 +642,12 @@ PP_KNOBS = {  # HOPPER overrides (or workspace keywords, "ws") of the SANTA++ la
     "finish_warps=16": {"ws": {"finish_heads": 1, "finish_warps": 16}},
     "local": {"ws": {"local": True}},
     "local finish_warps=4": {"ws": {"local": True, "finish_warps": 4}},
+    "bracket off": {"ws": {"bracket": False}},  # the finisher's search from [least, top]
+    "lists off": {"ws": {"head_lists": False}},  # the union step (ticket) instead
+    "both off": {"ws": {"bracket": False, "head_lists": False}},  # session 10's finisher
+    "both off finish_warps=4": {"ws": {"bracket": False, "head_lists": False,
+                                       "finish_warps": 4}},
+    "finish_warps=4 lists": {"ws": {"finish_heads": 1, "finish_warps": 4}},
 }
 
 

@@ -35,6 +35,7 @@ from santa_kernels.triton_santapp import (
     KEY_PAD,
     SantaPPWorkspace,
     _kth_largest,
+    _kth_search,
     build_packed,
     check_scheme,
     make_plan,
@@ -131,6 +132,32 @@ def test_matches_reference_given_the_same_gumbels(team_size, heads, d, sink, win
     workspace = SantaPPWorkspace.for_inputs(q, kv, packed, M, **plan)
     assert workspace.plan.local == plan.get("local", False)
     _compare(q, kv, index, packed, M, workspace=workspace, fuse_select=fuse)
+
+
+@pytest.mark.parametrize(
+    ("M", "lengths", "rank"),
+    [
+        (3, [330, 271], 1),  # 6 splits >= M+1: each split's largest
+        (7, [330, 271], 2),
+        (13, [330, 271], 3),
+        (7, [330, 90], 2),  # the short sequence's splits hold too few: its row falls back
+    ],
+)
+def test_search_bracket_of_the_select_programs(M, lengths, rank):
+    q, kv = _problem(heads=4, n=330, d=32, lengths=lengths, q_scale=2.0, dtype=torch.float32)
+    index = build_team_index(kv, team_size=4)
+    packed = pack_teams(kv, index)
+    outs = []
+    for fast in (True, False):  # also: per-head lists, or the union step
+        workspace = SantaPPWorkspace.for_inputs(q, kv, packed, M, teams_per_split=16,
+                                                bracket=fast, head_lists=fast, local=False)
+        assert workspace.plan.bracket == (rank if fast else 0)
+        assert workspace.plan.head_lists == fast
+        out, info = _compare(q, kv, index, packed, M, workspace=workspace, fuse_select=False)
+        assert info.head_lists == fast
+        outs.append((out.clone(), info.kappa.clone()))
+    assert torch.equal(outs[0][1], outs[1][1])  # the same kappas with and without
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(("plan", "dtype"), [
@@ -489,6 +516,16 @@ def _kth_kernel(key_ptr, lo_ptr, out_ptr, K, R: tl.constexpr, C: tl.constexpr,
     tl.store(out_ptr + offs_r, _kth_largest(keys, K, lo, WAYS))
 
 
+@triton.jit
+def _kth_bracket_kernel(key_ptr, lo_ptr, hi_ptr, out_ptr, K, R: tl.constexpr,
+                        C: tl.constexpr, WAYS: tl.constexpr):
+    offs_r = tl.arange(0, R)
+    keys = tl.load(key_ptr + offs_r[:, None] * C + tl.arange(0, C)[None, :])
+    lo = tl.load(lo_ptr + offs_r)
+    hi = tl.load(hi_ptr + offs_r)
+    tl.store(out_ptr + offs_r, _kth_search(keys, K, lo, hi, WAYS))
+
+
 def _keys(z: torch.Tensor) -> torch.Tensor:
     bits = z.float().contiguous().view(torch.int32)
     return torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
@@ -541,6 +578,14 @@ def test_kth_largest_search_on_adversarial_rows(ways):
             out = torch.empty(R, dtype=torch.int32, device=DEVICE)
             _kth_kernel[(1,)](batch.to(DEVICE), lo.to(DEVICE), out, K, R=R, C=C, WAYS=ways)
             assert torch.equal(out.cpu(), expected), (seeded, out, expected)
+        # given a bracket: loose (nothing at or above the top + 1), tight (kth + 1), closed
+        top = batch.max(dim=1).values.long() + 1
+        lo = torch.full((R,), KEY_NEG_INF, dtype=torch.int32)
+        for lo_b, hi_b in ((lo, top), (lo, expected.long() + 1), (expected, expected.long() + 1)):
+            out = torch.empty(R, dtype=torch.int32, device=DEVICE)
+            _kth_bracket_kernel[(1,)](batch.to(DEVICE), lo_b.to(DEVICE), hi_b.to(DEVICE), out,
+                                      K, R=R, C=C, WAYS=ways)
+            assert torch.equal(out.cpu(), expected), (lo_b, hi_b, out, expected)
 
 
 @pytest.mark.parametrize("representative", ["leader", "mean"])
