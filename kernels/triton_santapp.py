@@ -152,6 +152,9 @@ HOPPER = {
     # j-th largest z, j = ceil((M+1) / splits) <= 3; direct selection) instead of the
     # row's least finite and largest key: fewer steps and no opening reduction
     "bracket": True,
+    # each search step also reduces every threshold's least key at or above it (no
+    # closing reduction; the per-head finisher only)
+    "search_track": False,
     # the per-head finishers write each head's selected teams to its own M slots of the
     # list (no ticket, no union step over the group's z); a team selected by several heads
     # is then loaded by several attend programs and counted in its first head's slot only
@@ -974,21 +977,27 @@ def _hit4(K, hit, c0, c1, c2, c3, m0, m1, m2, m3):
 
 
 @triton.jit
-def _kth_search(key, K, lo, hi, WAYS: tl.constexpr):
+def _any_hit4(K, hit, c0, c1, c2, c3):
+    return hit | (c0 == K) | (c1 == K) | (c2 == K) | (c3 == K)
+
+
+@triton.jit
+def _kth_search(key, K, lo, hi, WAYS: tl.constexpr, TRACK: tl.constexpr = False):
     """Per row of ``key [R, C]`` (int32; KEY_PAD: no entry), the ``K``-th largest key, or
     KEY_NEG_INF where the row has fewer than ``K`` entries, inside a bracket: ``lo [R]``
     has at least ``K`` keys at or above it (or is KEY_NEG_INF), ``hi [R]`` fewer than ``K``.
 
     ``WAYS``-ary search (4 or 8): each step counts the keys at or above ``WAYS`` thresholds
-    inside ``[lo, hi)`` with one packed reduction, which also finds each threshold's least
-    key at or above it, and keeps the tightest bracket. A row is done when a threshold has
-    exactly ``K`` keys at or above it (the K-th largest is that least key: no closing
-    reduction) or at ``hi = lo + 1`` (it is ``lo``). Value-space thresholds finish
-    Gumbel-perturbed scores in ~3-5 steps (bisection: ~10-12); the key-space midpoint
-    bounds any input (ties, infinities) by 33 steps."""
+    inside ``[lo, hi)`` with one packed reduction and keeps the tightest bracket. A row is
+    done when a threshold has exactly ``K`` keys at or above it (it becomes ``lo``) or at
+    ``hi = lo + 1``; a closing reduction then finds the least key at or above ``lo``.
+    ``TRACK``: each step's reduction also finds each threshold's least key at or above it,
+    so no closing reduction (12 reduced values a step instead of 4 at 8 ways).
+    Value-space thresholds finish Gumbel-perturbed scores in ~3-5 steps (bisection:
+    ~10-12); the key-space midpoint bounds any input (ties, infinities) by 33 steps."""
     lo = lo.to(tl.int64)
     hi = hi.to(tl.int64)
-    found = tl.full(lo.shape, -2147483648, tl.int32)  # KEY_PAD: no hit yet
+    found = tl.full(lo.shape, -2147483648, tl.int32)  # KEY_PAD: no hit yet (TRACK)
     active = hi - lo > 1
     steps = 0
     while (tl.max(active.to(tl.int32), axis=0) > 0) & (steps < 40):
@@ -999,36 +1008,59 @@ def _kth_search(key, K, lo, hi, WAYS: tl.constexpr):
         t2 = _threshold(lo, hi, lo_v, hi_v, 2, WAYS)
         t3 = _threshold(lo, hi, lo_v, hi_v, 3, WAYS)
         hit = tl.full(lo.shape, -2147483648, tl.int32)
+        any_hit = lo < lo
         if WAYS == 8:
             t4 = _threshold(lo, hi, lo_v, hi_v, 4, WAYS)
             t5 = _threshold(lo, hi, lo_v, hi_v, 5, WAYS)
             t6 = _threshold(lo, hi, lo_v, hi_v, 6, WAYS)
             t7 = _threshold(lo, hi, lo_v, hi_v, 7, WAYS)
-            s01, s23, s45, s67, m0, m1, m2, m3, m4, m5, m6, m7 = tl.reduce(
-                (_pair(key, t0, t1), _pair(key, t2, t3), _pair(key, t4, t5),
-                 _pair(key, t6, t7), _least_above(key, t0), _least_above(key, t1),
-                 _least_above(key, t2), _least_above(key, t3), _least_above(key, t4),
-                 _least_above(key, t5), _least_above(key, t6), _least_above(key, t7)),
-                1, _add4_min8)  # fmt: skip
+            if TRACK:
+                s01, s23, s45, s67, m0, m1, m2, m3, m4, m5, m6, m7 = tl.reduce(
+                    (_pair(key, t0, t1), _pair(key, t2, t3), _pair(key, t4, t5),
+                     _pair(key, t6, t7), _least_above(key, t0), _least_above(key, t1),
+                     _least_above(key, t2), _least_above(key, t3), _least_above(key, t4),
+                     _least_above(key, t5), _least_above(key, t6), _least_above(key, t7)),
+                    1, _add4_min8)  # fmt: skip
+            else:
+                s01, s23, s45, s67 = tl.reduce(
+                    (_pair(key, t0, t1), _pair(key, t2, t3), _pair(key, t4, t5),
+                     _pair(key, t6, t7)), 1, _add4)  # fmt: skip
             new_lo, new_hi, c0, c1, c2, c3 = _narrow4(K, lo, hi, t0, t1, t2, t3, s01, s23)
             new_lo, new_hi, c4, c5, c6, c7 = _narrow4(K, new_lo, new_hi, t4, t5, t6, t7,
                                                       s45, s67)
-            hit = _hit4(K, hit, c0, c1, c2, c3, m0, m1, m2, m3)
-            hit = _hit4(K, hit, c4, c5, c6, c7, m4, m5, m6, m7)
+            if TRACK:
+                hit = _hit4(K, hit, c0, c1, c2, c3, m0, m1, m2, m3)
+                hit = _hit4(K, hit, c4, c5, c6, c7, m4, m5, m6, m7)
+            any_hit = _any_hit4(K, _any_hit4(K, any_hit, c0, c1, c2, c3), c4, c5, c6, c7)
         else:
-            s01, s23, m0, m1, m2, m3 = tl.reduce(
-                (_pair(key, t0, t1), _pair(key, t2, t3), _least_above(key, t0),
-                 _least_above(key, t1), _least_above(key, t2), _least_above(key, t3)),
-                1, _add2_min4)  # fmt: skip
+            if TRACK:
+                s01, s23, m0, m1, m2, m3 = tl.reduce(
+                    (_pair(key, t0, t1), _pair(key, t2, t3), _least_above(key, t0),
+                     _least_above(key, t1), _least_above(key, t2), _least_above(key, t3)),
+                    1, _add2_min4)  # fmt: skip
+            else:
+                s01, s23 = tl.reduce((_pair(key, t0, t1), _pair(key, t2, t3)), 1, _add2)
             new_lo, new_hi, c0, c1, c2, c3 = _narrow4(K, lo, hi, t0, t1, t2, t3, s01, s23)
-            hit = _hit4(K, hit, c0, c1, c2, c3, m0, m1, m2, m3)
-        done = active & (hit != -2147483648)
+            if TRACK:
+                hit = _hit4(K, hit, c0, c1, c2, c3, m0, m1, m2, m3)
+            any_hit = _any_hit4(K, any_hit, c0, c1, c2, c3)
+        done = active & any_hit
         found = tl.where(done, hit, found)
+        # a threshold with exactly K keys at or above it is the largest such: the new lo
         lo = tl.where(active, new_lo, lo)
         hi = tl.where(active, new_hi, hi)
         active = active & ~done & (hi - lo > 1)
         steps += 1
-    return tl.where(found != -2147483648, found, lo.to(tl.int32))
+    if TRACK:
+        kth = tl.where(found != -2147483648, found, lo.to(tl.int32))
+    else:
+        lo32 = lo.to(tl.int32)
+        above = key >= lo32[:, None]
+        count, least = tl.reduce(
+            (above.to(tl.int32), tl.where(above, key, 2147483647)), 1, _add_min
+        )
+        kth = tl.where(count >= K, least, -2139095041)
+    return kth
 
 
 @triton.jit
@@ -1151,7 +1183,7 @@ def _split_bracket(key, split_kth_ptr, head_rows, mask_h, K, num_splits, S_PAD: 
 def _rows_kappa(
     z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, head_rows, mask_h, M, num_splits, n_cand,
     t_cap, C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr, WAYS: tl.constexpr,
-    SEARCH: tl.constexpr = True, BRACKET: tl.constexpr = 0,
+    SEARCH: tl.constexpr = True, BRACKET: tl.constexpr = 0, TRACK: tl.constexpr = False,
 ):
     """Per head row: its candidates (keys, team ids, real), the (M+1)-th largest key and
     kappa (its value; -inf where the row has at most M candidates). Without ``SEARCH``
@@ -1163,7 +1195,7 @@ def _rows_kappa(
     if BRACKET > 0:
         lo, hi = _split_bracket(key, split_kth_ptr, head_rows, mask_h, M + 1, num_splits,
                                 S_PAD, BRACKET)
-        kth = _kth_search(key, M + 1, lo, hi, WAYS) if SEARCH else lo
+        kth = _kth_search(key, M + 1, lo, hi, WAYS, TRACK) if SEARCH else lo
     else:
         kth = _kth_largest(key, M + 1, lo, WAYS) if SEARCH else lo
     kappa = tl.where(kth > -2139095041, _unkey(kth), float("-inf"))
@@ -1241,6 +1273,7 @@ def _select_kernel(
     LOCAL: tl.constexpr, FUSED: tl.constexpr, HAS_GUMBELS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, WAYS: tl.constexpr, PDL: tl.constexpr = False,
     ENTRY_PDL: tl.constexpr = False, REPS_AS: tl.constexpr = "", BRACKET: tl.constexpr = 0,
+    HEAD_LISTS: tl.constexpr = False,
 ):
     _pdl_enter(PDL, False)  # the next kernel may launch as this grid's last wave starts
     split = tl.program_id(0)
@@ -1319,6 +1352,11 @@ def _select_kernel(
     elif BRACKET > 0:  # the finisher's search bracket: this block's BRACKET-th largest z
         kth = _key(_jth_largest(z, BRACKET))
         tl.store(split_kth_ptr + head_rows * num_splits + split, kth, mask=mask_h)
+    if HEAD_LISTS:  # noqa: SIM102 (constexpr)  the finishers write only their chosen slots
+        if split == 0:
+            offs_m = tl.arange(0, M1_PAD)[None, :]
+            tl.store(union_ptr + bkv.to(tl.int64) * union_cap + offs_h[:, None] * M + offs_m,
+                     -1 + 0 * offs_m, mask=mask_h[:, None] & (offs_m < M))
     if FUSED:
         # the last program of this (b, kv head) finishes the selection: every thread's
         # stores above are ordered before the ticket (barrier + acq_rel atomic)
@@ -1356,7 +1394,7 @@ def _finish_heads_kernel(
     H_ROWS: tl.constexpr, C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr,
     WAYS: tl.constexpr, PDL: tl.constexpr = False, WRITE_UNION: tl.constexpr = True,
     SEARCH: tl.constexpr = True, BRACKET: tl.constexpr = 0, HEAD_LISTS: tl.constexpr = False,
-    M_PAD: tl.constexpr = 2,
+    TRACK: tl.constexpr = False,
 ):
     """Grid ``(B * Hkv, finish_parts)``: each program finds kappa for ``H_ROWS`` heads of
     the group (the kth search spread over the group's heads instead of one program per
@@ -1378,19 +1416,16 @@ def _finish_heads_kernel(
     head_rows = (b * hq + kvh * GROUP + offs_h).to(tl.int64)
     keys, ids, real, kth, kappa = _rows_kappa(
         z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, head_rows, mask_h, M, num_splits,
-        n_cand, t_cap, C_PAD, S_PAD, LOCAL, WAYS, SEARCH, BRACKET)  # fmt: skip
+        n_cand, t_cap, C_PAD, S_PAD, LOCAL, WAYS, SEARCH, BRACKET, TRACK)  # fmt: skip
     tl.store(kappa_ptr + head_rows, kappa, mask=mask_h)
     if not WRITE_UNION or not SEARCH:  # without the search every team would be selected
         return
     if HEAD_LISTS:  # at most M keys lie above the (M+1)-th largest
+        # (the select kernel set every slot to -1: slots past the chosen stay so)
         chosen = real & (keys > kth[:, None]) & mask_h[:, None]
         slot = tl.cumsum(chosen.to(tl.int32), axis=1) - 1
         lists = union_ptr + bkv.to(tl.int64) * union_cap + offs_h[:, None] * M
         tl.store(lists + slot, ids, mask=chosen)
-        offs_m = tl.arange(0, M_PAD)[None, :]
-        n_chosen = tl.sum(chosen.to(tl.int32), axis=1)
-        tl.store(lists + offs_m, -1 + 0 * offs_m,
-                 mask=mask_h[:, None] & (offs_m >= n_chosen[:, None]) & (offs_m < M))
         return
     # every thread's kappa store is ordered before the ticket (barrier + acq_rel atomic)
     tl.debug_barrier()
@@ -1776,6 +1811,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
     early = pdl or (can_pdl and bool(before_merge))
     dep_early = {"launch_pdl": True} if early else {}
     chain = pdl_chain and can_pdl
+    lists = p.head_lists and not fuse_select and "score" not in stages
     if "score" in stages:  # profiling: the select kernel alone, without its finisher
         fuse_select, stages = False, (*stages, "select")
     if "select" in stages:
@@ -1792,11 +1828,10 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             LOCAL=p.local, FUSED=fuse_select, HAS_GUMBELS=gumbels is not None,
             DOT_PRECISION=precision, WAYS=p.search_ways, PDL=early, ENTRY_PDL=chain,
             REPS_AS=_REPS_AS[kv.dtype] if packed.reps_scale is not None else "",
-            BRACKET=p.bracket, num_stages=1,
+            BRACKET=p.bracket, HEAD_LISTS=lists, num_stages=1,
             num_warps=p.select_warps if fuse_select else p.score_warps,
             **({"launch_pdl": True} if chain else {}),
         )  # fmt: skip
-    lists = p.head_lists and not fuse_select and "score" not in stages
     if not fuse_select and "select" in stages and "score" not in stages and p.finish_heads:
         _finish_heads_kernel[(batch * hkv, p.finish_parts)](
             ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count, ws.ticket,
@@ -1805,7 +1840,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             S_PAD=p.s_pad, LOCAL=p.local, WAYS=p.finish_ways, PDL=early,
             num_warps=p.finish_warps, num_stages=1, WRITE_UNION="no-union" not in stages,
             SEARCH="no-search" not in stages, BRACKET=p.bracket, HEAD_LISTS=lists,
-            M_PAD=p.m1_pad, **dep_early,
+            TRACK=bool(HOPPER["search_track"]), **dep_early,
         )  # fmt: skip
     elif not fuse_select and "select" in stages and "score" not in stages:
         _finish_kernel[(batch * hkv,)](

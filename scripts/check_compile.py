@@ -76,7 +76,7 @@ def main() -> int:
                       "C_PAD": 2048, "S_PAD": 32, "LOCAL": local, "WAYS": 8, "PDL": local,
                       "WRITE_UNION": h_rows != 2, "SEARCH": h_rows != 4,
                       "BRACKET": 0 if local else h_rows % 3 + 1,
-                      "HEAD_LISTS": h_rows == 1, "M_PAD": 64}
+                      "HEAD_LISTS": h_rows == 1, "TRACK": h_rows == 2}
             err = compile_kernel(tsp._finish_heads_kernel, finish_types, consts)
             print(f"_finish_heads_kernel local={local} h_rows={h_rows} "
                   f"bracket={consts['BRACKET']}: {err or 'ok'}")
@@ -194,7 +194,8 @@ def check_select() -> int:
                   "LOCAL": local, "FUSED": False, "HAS_GUMBELS": False,
                   "DOT_PRECISION": "tf32", "WAYS": 8, "PDL": True, "ENTRY_PDL": entry,
                   "REPS_AS": "bf16" if reps == "i8" else "",
-                  "BRACKET": 0 if local else (2 if reps == "bf16" else 3)}
+                  "BRACKET": 0 if local else (2 if reps == "bf16" else 3),
+                  "HEAD_LISTS": not local}
         err = compile_kernel(tsp._select_kernel, types, consts, {"num_warps": 4})
         print(f"_select_kernel reps={reps} local={local} entry_pdl={entry} "
               f"bracket={consts['BRACKET']}: {err or 'ok'}")
