@@ -161,6 +161,8 @@ HOPPER = {
     "head_lists": True,
     "merge_warps": 4,  # 8 when a merge step holds >= 4096 partial elements
     "merge_block": 64,  # partials merged per step (fewer when there are fewer)
+    # where every partial fits one step: m, l and o loaded together (one round trip)
+    "merge_one_pass": True,
     # every kernel after the first is launched as a programmatic dependent of the one
     # before (its launch overlaps the previous kernel's last wave; griddepcontrol.wait
     # before it reads anything): where pdl_available() and B * Hkv <= pdl_max_groups.
@@ -1354,9 +1356,9 @@ def _select_kernel(
         tl.store(split_kth_ptr + head_rows * num_splits + split, kth, mask=mask_h)
     if HEAD_LISTS:  # noqa: SIM102 (constexpr)  the finishers write only their chosen slots
         if split == 0:
-            offs_m = tl.arange(0, M1_PAD)[None, :]
-            tl.store(union_ptr + bkv.to(tl.int64) * union_cap + offs_h[:, None] * M + offs_m,
-                     -1 + 0 * offs_m, mask=mask_h[:, None] & (offs_m < M))
+            offs_l = tl.arange(0, M1_PAD)[None, :]
+            tl.store(union_ptr + bkv.to(tl.int64) * union_cap + offs_h[:, None] * M + offs_l,
+                     -1 + 0 * offs_l, mask=mask_h[:, None] & (offs_l < M))
     if FUSED:
         # the last program of this (b, kv head) finishes the selection: every thread's
         # stores above are ordered before the ticket (barrier + acq_rel atomic)
@@ -1582,7 +1584,7 @@ def _merge_kernel(
     num_parts, stride_ob, stride_oh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
-    LET_NEXT: tl.constexpr = False,
+    LET_NEXT: tl.constexpr = False, ONE_BLOCK: tl.constexpr = False,
 ):
     """Log-sum-exp merge of one head's partials, as triton_splitkv's stage 2: the max
     over every partial first, then one weighted sum (no running rescale). Every attend
@@ -1599,6 +1601,21 @@ def _merge_kernel(
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, D_PAD)
     mask_d = offs_d < HEAD_DIM
+    if ONE_BLOCK:  # every partial in one block: m, l and o in one round trip
+        mask_s = offs_s < num_parts
+        rows = base + offs_s
+        m = tl.load(part_m_ptr + rows, mask=mask_s, other=float("-inf"))
+        l_s = tl.load(part_l_ptr + rows, mask=mask_s, other=0.0)
+        o = tl.load(part_o_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=mask_s[:, None] & mask_d[None, :], other=0.0)
+        m_max = tl.max(m, axis=0)
+        w = tl.exp(m - tl.where(m_max > float("-inf"), m_max, 0.0))  # empty partials: 0
+        out = tl.sum(w[:, None] * o, axis=0) / tl.sum(w * l_s, axis=0)
+        tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d,
+                 out.to(out_ptr.dtype.element_ty), mask=mask_d)
+        if pid == 0:  # the call's last kernel advances the step counter (section 8)
+            tl.store(rng_ptr, tl.load(rng_ptr) + 1)
+        return
     m_lanes = tl.full([BLOCK_S], float("-inf"), tl.float32)
     for s0 in range(0, num_parts, BLOCK_S):
         m = tl.load(part_m_ptr + base + s0 + offs_s, mask=s0 + offs_s < num_parts,
@@ -1879,6 +1896,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             p.num_parts, out.stride(0), out.stride(1),
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad,
             BLOCK_S=p.merge_block, PDL=pdl, LET_NEXT=chain and not pdl,
+            ONE_BLOCK=bool(HOPPER["merge_one_pass"]) and p.num_parts <= p.merge_block,
             num_warps=p.merge_warps, **dep,
         )  # fmt: skip
     return out

@@ -164,7 +164,7 @@ def main() -> int:
 
 def check_attend() -> int:
     """The SANTA++ attend kernel over the union list or the per-head lists, contiguous or
-    paged."""
+    paged; the merge kernel in one pass or in steps."""
     failures = 0
     types = ["*bf16"] * 5 + ["*i32", "*i32", "*i32", "*i32", "*i32", "*fp32", "*fp32",
                              "*fp32", "*i32", "*i32", "*fp32", "*fp32", "*fp32", "fp32"]
@@ -176,6 +176,13 @@ def check_attend() -> int:
                   "HEAD_LISTS": lists}
         err = compile_kernel(tsp._attend_kernel, types, consts, {"num_warps": 4})
         print(f"_attend_kernel head_lists={lists} paged={paged}: {err or 'ok'}")
+        failures += err is not None
+    for one in (False, True):
+        consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "BLOCK_S": 64,
+                  "PDL": True, "LET_NEXT": False, "ONE_BLOCK": one}
+        err = compile_kernel(tsp._merge_kernel, ["*fp32"] * 3 + ["*bf16", "*i64"] + ["i32"] * 3,
+                             consts, {"num_warps": 8})
+        print(f"_merge_kernel one_block={one}: {err or 'ok'}")
         failures += err is not None
     return failures
 
@@ -195,7 +202,7 @@ def check_select() -> int:
                   "DOT_PRECISION": "tf32", "WAYS": 8, "PDL": True, "ENTRY_PDL": entry,
                   "REPS_AS": "bf16" if reps == "i8" else "",
                   "BRACKET": 0 if local else (2 if reps == "bf16" else 3),
-                  "HEAD_LISTS": not local}
+                  "HEAD_LISTS": reps == "i8"}
         err = compile_kernel(tsp._select_kernel, types, consts, {"num_warps": 4})
         print(f"_select_kernel reps={reps} local={local} entry_pdl={entry} "
               f"bracket={consts['BRACKET']}: {err or 'ok'}")
