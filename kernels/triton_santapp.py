@@ -127,10 +127,16 @@ HOPPER = {
     # results/h200/e2e-variants-2026-12-01-s8): 256 teams and 8 warps -> 128 and 4, the
     # step with int8 representatives 5.378 -> 5.357 ms at B=4, 6.251 -> 6.214 at B=8 (two
     # rounds each; the attention-only pass, calls back to back, moves the other way at B=4:
-    # 1.29 -> 1.35 ms). Fewer groups (B=1): not measured in the loop, kept
+    # 1.29 -> 1.35 ms)
     "many_groups": 32,
     "select_teams_many": 128,
     "score_warps_many": 4,
+    # the select kernel's warps where it does not finish the selection and there are
+    # fewer groups (the finisher keeps select_warps). H200, M=32, select prefix / call
+    # (results/h200/tune-2026-12-01-s11/4-knobs.csv): 32k B=1 12.17 -> 11.45 / 22.14 ->
+    # 22.32 us, 128k B=1 P=16 (local) 35.6 -> 30.5 / 48.2 -> 40.5, P=64 11.1 -> 10.6 /
+    # 35.4 -> 34.9, from 8 warps
+    "score_warps_few": 4,
     # the finisher's kth search tests 8 thresholds a step (~4 steps) while each thread
     # holds at most this many keys, else 4 (~6 steps): the compares cost per key
     "search_8way_keys_per_thread": 16,
@@ -161,8 +167,6 @@ HOPPER = {
     "head_lists": True,
     "merge_warps": 4,  # 8 when a merge step holds >= 4096 partial elements
     "merge_block": 64,  # partials merged per step (fewer when there are fewer)
-    # where every partial fits one step: m, l and o loaded together (one round trip)
-    "merge_one_pass": True,
     # every kernel after the first is launched as a programmatic dependent of the one
     # before (its launch overlaps the previous kernel's last wave; griddepcontrol.wait
     # before it reads anything): where pdl_available() and B * Hkv <= pdl_max_groups.
@@ -781,7 +785,7 @@ def make_plan(
         num_parts=num_parts,
         select_warps=select_warps,
         score_warps=(HOPPER["score_warps_many"] if not local and bkv >= HOPPER["many_groups"]
-                     else select_warps),
+                     else HOPPER["score_warps_few"]),
         search_ways=search_ways,
         bracket=bracket_rank,
         head_lists=head_lists,
@@ -1584,7 +1588,7 @@ def _merge_kernel(
     num_parts, stride_ob, stride_oh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
-    LET_NEXT: tl.constexpr = False, ONE_BLOCK: tl.constexpr = False,
+    LET_NEXT: tl.constexpr = False,
 ):
     """Log-sum-exp merge of one head's partials, as triton_splitkv's stage 2: the max
     over every partial first, then one weighted sum (no running rescale). Every attend
@@ -1601,21 +1605,6 @@ def _merge_kernel(
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, D_PAD)
     mask_d = offs_d < HEAD_DIM
-    if ONE_BLOCK:  # every partial in one block: m, l and o in one round trip
-        mask_s = offs_s < num_parts
-        rows = base + offs_s
-        m = tl.load(part_m_ptr + rows, mask=mask_s, other=float("-inf"))
-        l_s = tl.load(part_l_ptr + rows, mask=mask_s, other=0.0)
-        o = tl.load(part_o_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :],
-                    mask=mask_s[:, None] & mask_d[None, :], other=0.0)
-        m_max = tl.max(m, axis=0)
-        w = tl.exp(m - tl.where(m_max > float("-inf"), m_max, 0.0))  # empty partials: 0
-        out = tl.sum(w[:, None] * o, axis=0) / tl.sum(w * l_s, axis=0)
-        tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d,
-                 out.to(out_ptr.dtype.element_ty), mask=mask_d)
-        if pid == 0:  # the call's last kernel advances the step counter (section 8)
-            tl.store(rng_ptr, tl.load(rng_ptr) + 1)
-        return
     m_lanes = tl.full([BLOCK_S], float("-inf"), tl.float32)
     for s0 in range(0, num_parts, BLOCK_S):
         m = tl.load(part_m_ptr + base + s0 + offs_s, mask=s0 + offs_s < num_parts,
@@ -1896,7 +1885,6 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             p.num_parts, out.stride(0), out.stride(1),
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad,
             BLOCK_S=p.merge_block, PDL=pdl, LET_NEXT=chain and not pdl,
-            ONE_BLOCK=bool(HOPPER["merge_one_pass"]) and p.num_parts <= p.merge_block,
             num_warps=p.merge_warps, **dep,
         )  # fmt: skip
     return out

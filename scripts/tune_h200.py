@@ -642,8 +642,7 @@ PP_KNOBS = {  # HOPPER overrides (or workspace keywords, "ws") of the SANTA++ la
     "finish_warps=16": {"ws": {"finish_heads": 1, "finish_warps": 16}},
     "local": {"ws": {"local": True}},
     "local finish_warps=4": {"ws": {"local": True, "finish_warps": 4}},
-    "merge steps": {"merge_one_pass": False},  # m first, then l and o (two round trips)
-    "score_warps=4": {"select_warps_large": 4, "ws": {"finish_heads": 1, "finish_warps": 8}},
+    "score_warps=8": {"score_warps_few": 8},  # the select kernel's warps before session 11
     "track": {"search_track": True},  # each step also reduces the thresholds' least keys
     "bracket off": {"ws": {"bracket": False}},  # the finisher's search from [least, top]
     "lists off": {"ws": {"head_lists": False}},  # the union step (ticket) instead

@@ -568,7 +568,8 @@ def test_kth_largest_search_on_adversarial_rows(ways):
     keys_few[:, K - 3:] = KEY_PAD  # fewer than K entries in every row
     R = 16
     for batch in (keys, keys_padded, keys_few):
-        batch = torch.cat([batch, torch.full((R - batch.shape[0], C), KEY_PAD)])
+        batch = torch.cat([batch, torch.full((R - batch.shape[0], C), KEY_PAD,
+                                             dtype=torch.int32)])
         expected = _expected_kth(batch, K)
         for seeded in (False, True):
             lo = torch.full((R,), KEY_NEG_INF, dtype=torch.int32)
