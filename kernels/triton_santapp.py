@@ -460,8 +460,8 @@ def _contiguous_packed(
     reps = torch.zeros(batch, hkv, t_cap, d, dtype=kv.dtype, device=device)
     slots = torch.arange(team_size, device=device)
     starts = sink + torch.arange(t_cap, device=device) * team_size  # [T]
-    if reps_kernel is None:
-        reps_kernel = device.type == "cuda"
+    if reps_kernel is None:  # the kernel computes in fp32: an fp64 index takes the loop
+        reps_kernel = device.type == "cuda" and dtype == torch.float32
     on_device = reps_kernel and _contiguous_reps_on_device(
         kv, reps, team_end, t_cap, team_size, sink, representative == "mean")
     for b in range(0 if on_device else batch):
