@@ -11,19 +11,25 @@ replay draws fresh Gumbel noise.
    counter ``(b, block of 4 heads, team)``, ``rand4x``; ``gumbels=`` overrides it) and
    writes ``phi`` and ``z = phi + Gumbel``. In *local* mode (many teams: ``G * T``
    above :data:`FINISH_CAP`) it also keeps its block's top ``M+1`` per head as
-   candidates (threshold found by the search below).
+   candidates (threshold found by the search below); in direct selection it stores
+   each head's ``j``-th largest ``z`` of its block (``bracket``, ``j = ceil((M+1) /
+   splits) <= 3``): the finisher's search bracket.
    **finish** (default: its own kernel, grid ``(B*Hkv, G)``, one program per query head;
    ``finish_heads=0``: one program per KV group; ``fuse_select``: the last select
    program of the group) finds ``kappa`` = the ``(M+1)``-th largest ``z`` by a k-ary
-   search on order-preserving integer keys (:func:`_kth_largest`: 4 or 8 thresholds a
-   step, one packed reduction each, ~4-6 dependent steps instead of ~11 for bisection);
-   the group's last finishing program (an acq_rel ticket) writes the compact union over
-   the group of the selected teams (``z > kappa`` for some head; team order, or in local
-   mode a team belongs to the first head that selected it) and its count. Per head:
-   14.7 vs 22.9 us for select + finish at 32k B=1 (BENCHMARKS.md, session 3).
+   search on order-preserving integer keys (:func:`_kth_search`: 4 or 8 thresholds a
+   step, one packed reduction each, ~3-5 dependent steps instead of ~11 for bisection;
+   from the select programs' bracket, or from the row's least finite and largest key).
+   With ``head_lists`` (the per-head finisher's default) each program writes its head's
+   selected teams (``z > kappa``, team order) to that head's ``M`` slots of the list;
+   otherwise the group's last finishing program (an acq_rel ticket) writes the compact
+   union over the group (team order, or in local mode a team belongs to the first head
+   that selected it) and its count. 21.6 vs 23.8 us for the call at 32k B=1 with lists
+   and bracket (BENCHMARKS.md, session 11).
 2. **attend** ``(B*Hkv, chunks + exact programs)``: a team program loads ``TPB`` teams of
-   the union list (``SLOT`` rows each; programs past the device-side count read nothing
-   and write an empty partial, so the merge needs no count),
+   the list (``SLOT`` rows each; with head lists a slot counts only in the list of the
+   first head that selected its team; otherwise programs past the device-side union
+   count read nothing; empty programs write an empty partial, so the merge needs no count),
    K once for the whole group (``tl.dot`` with ``[G_PAD, d]`` queries), the weight
    ``w_{h,g} = 1/pi_{h,g}`` (``pi = 1 - exp(-exp(phi - kappa))``; 0 where head ``h`` did
    not select ``g``), and V; it keeps the weighted online softmax
@@ -1163,8 +1169,9 @@ def _split_bracket(key, split_kth_ptr, head_rows, mask_h, K, num_splits, S_PAD: 
     of each split (direct selection; the plan makes ``BRACKET * splits >= K >
     (BRACKET - 1) * splits``): at least ``K`` keys lie at or above the least of them
     (``BRACKET`` in each split), fewer than ``K`` above the largest (only the ``BRACKET -
-    1`` above it in each split). Rows where some split holds fewer than ``BRACKET``
-    finite keys take the least finite key of the row instead (one reduction)."""
+    1`` above it in each split). Where the splits whose key is finite cannot account
+    for ``K`` keys (short sequences: splits past their teams hold ``-inf``), the row
+    takes its least finite key instead (one reduction, only when some row needs it)."""
     offs_s = tl.arange(0, S_PAD)
     sk = tl.load(split_kth_ptr + head_rows[:, None] * num_splits + offs_s[None, :],
                  mask=mask_h[:, None] & (offs_s < num_splits)[None, :], other=-2147483648,
