@@ -171,13 +171,6 @@ HOPPER = {
     # list (no ticket, no union step over the group's z); a team selected by several heads
     # is then loaded by several attend programs and counted in its first head's slot only
     "head_lists": True,
-    # at few groups (B * Hkv <= fused_max_groups), contiguous teams in one chunk: one kernel
-    # finishes the selection and attends, fused_parts programs a head (each repeats its
-    # head's search, then attends its share of the head's teams): no lists, no attend
-    # launch; at most fused_max_parts programs a head
-    "fused_attend": True,
-    "fused_max_groups": 16,
-    "fused_max_parts": 8,
     "merge_warps": 4,  # 8 when a merge step holds >= 4096 partial elements
     "merge_block": 64,  # partials merged per step (fewer when there are fewer)
     # every kernel after the first is launched as a programmatic dependent of the one
@@ -659,8 +652,6 @@ class SantaPPPlan:
     search_ways: int  # thresholds per step of the finisher's kth-largest search (4 or 8)
     bracket: int  # j > 0: select programs leave each split's j-th largest z (search bracket)
     head_lists: bool  # the per-head finisher writes M slots a head, no union step
-    fused_parts: int  # > 0: finish + attend per head in one kernel, this many programs a head
-    teams_per_part: int  # teams one such program attends (TPP)
     finish_heads: int  # heads per finishing program (0: one program per KV group)
     h_rows: int  # rows of a per-head finishing program (next_pow2(finish_heads))
     finish_parts: int  # finishing programs per KV group (per-head finisher)
@@ -689,8 +680,6 @@ def make_plan(
     finish_warps: int | None = None,
     bracket: bool | None = None,
     head_lists: bool | None = None,
-    fused_attend: bool | None = None,
-    teams_per_part: int | None = None,
     kv_element_size: int = 2,
 ) -> SantaPPPlan:
     """Plans the grids (keyword overrides are for tests and tuning). K/V tiles keep their
@@ -772,15 +761,6 @@ def make_plan(
     if head_lists is None:
         head_lists = HOPPER["head_lists"]
     head_lists = bool(head_lists) and finish_heads > 0 and union_cap == group * M
-    tpp = teams_per_part or max(1, block_rows // slot)
-    check_positive_int(tpp, "teams_per_part")
-    if tpp & (tpp - 1):
-        raise InputError(f"teams_per_part: must be a power of two, got {tpp}")
-    fused_parts = -(-M // tpp)
-    if fused_attend is None:
-        fused_attend = HOPPER["fused_attend"] and bkv <= HOPPER["fused_max_groups"]
-    if not fused_attend or local or chunks > 1 or fused_parts > HOPPER["fused_max_parts"]:
-        fused_parts = 0
     num_parts = team_programs + exact_programs
     merge_block = min(HOPPER["merge_block"], max(2, _next_pow2(num_parts)))
     merge_warps = HOPPER["merge_warps"] * (2 if merge_block * _next_pow2(head_dim) >= 4096 else 1)
@@ -815,8 +795,6 @@ def make_plan(
         search_ways=search_ways,
         bracket=bracket_rank,
         head_lists=head_lists,
-        fused_parts=fused_parts,
-        teams_per_part=tpp,
         finish_heads=finish_heads,
         h_rows=h_rows,
         finish_parts=finish_parts,
@@ -856,10 +834,9 @@ class SantaPPWorkspace:
         self.kappa = torch.empty(rows, **f32)
         self.union = torch.zeros(bkv, p.union_cap, **i32)  # entries always team ids
         self.count = torch.zeros(bkv, **i32)
-        parts = max(p.num_parts, p.fused_parts + p.exact_programs)
-        self.part_m = torch.empty(rows * parts, **f32)
-        self.part_l = torch.empty(rows * parts, **f32)
-        self.part_o = torch.empty(rows * parts * p.head_dim, **f32)
+        self.part_m = torch.empty(rows * p.num_parts, **f32)
+        self.part_l = torch.empty(rows * p.num_parts, **f32)
+        self.part_o = torch.empty(rows * p.num_parts * p.head_dim, **f32)
         self.rng = torch.zeros(1, dtype=torch.int64, device=self.device)
         self._out: dict[torch.dtype, torch.Tensor] = {}
 
@@ -1482,36 +1459,6 @@ def _finish_heads_kernel(
 
 # ---------------------------------------------------------------- kernel 2: attend
 @triton.jit
-def _exact_partials(q, k_head, v_head, lengths_ptr, page_table_ptr, b, e, exact_programs,
-                    team_end, sink, scale, stride_kx, stride_ky, stride_pt, page_size,
-                    offs_d, mask_d, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
-                    BLOCK_E: tl.constexpr, PAGED: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Exact program ``e``'s share of the exact set E (weight 1) for the group's heads:
-    ``[0, min(sink, team_end))`` and ``[team_end, length)``; returns ``(m, l, acc)``."""
-    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([G_PAD], dtype=tl.float32)
-    acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
-    length = tl.load(lengths_ptr + b)
-    n_head = tl.minimum(sink, team_end)
-    n_exact = n_head + tl.maximum(length - team_end, 0)
-    offs_e = tl.arange(0, BLOCK_E)
-    ones = tl.full([G_PAD, BLOCK_E], 1.0, tl.float32)
-    for r0 in range(e * BLOCK_E, n_exact, exact_programs * BLOCK_E):
-        r = r0 + offs_e
-        ok = r < n_exact
-        pos = tl.where(ok, tl.where(r < n_head, r, team_end + r - n_head), 0)
-        rows = _row_offsets(page_table_ptr, b, pos, stride_kx, stride_ky, stride_pt,
-                           page_size, PAGED)
-        k = tl.load(k_head + rows[:, None] + offs_d[None, :],
-                    mask=ok[:, None] & mask_d[None, :], other=0.0)
-        v = tl.load(v_head + rows[:, None] + offs_d[None, :],
-                    mask=ok[:, None] & mask_d[None, :], other=0.0)
-        m_i, l_i, acc = _online_update(q, k, v, ones, ok[None, :], m_i, l_i, acc, scale,
-                                       DOT_PRECISION)
-    return m_i, l_i, acc
-
-
-@triton.jit
 def _online_update(q, k, v, w, s_ok, m_i, l_i, acc, scale, DOT_PRECISION: tl.constexpr):
     """Folds rows with weights ``w [G_PAD, N]`` (0: not read) into the running (m, l, acc)."""
     s = _scores(q, k, DOT_PRECISION) * scale
@@ -1614,116 +1561,31 @@ def _attend_kernel(
                 w = tl.where((first == member // list_len)[None, :], w, 0.0)
             m_i, l_i, acc = _online_update(q, k, v, w, ok[None, :], m_i, l_i, acc, scale,
                                            DOT_PRECISION)
-    if exact:  # exact set E: [0, min(sink, team_end)) and [team_end, length), weight 1
-        m_i, l_i, acc = _exact_partials(q, k_head, v_head, lengths_ptr, page_table_ptr, b,
-                                        c - team_programs, exact_programs, team_end, sink,
-                                        scale, stride_kx, stride_ky, stride_pt, page_size,
-                                        offs_d, mask_d, G_PAD, D_PAD, BLOCK_E, PAGED,
-                                        DOT_PRECISION)
+    if exact:
+        # exact set E: [0, min(sink, team_end)) and [team_end, length), weight 1
+        length = tl.load(lengths_ptr + b)
+        n_head = tl.minimum(sink, team_end)
+        n_exact = n_head + tl.maximum(length - team_end, 0)
+        e = c - team_programs
+        offs_e = tl.arange(0, BLOCK_E)
+        ones = tl.full([G_PAD, BLOCK_E], 1.0, tl.float32)
+        for r0 in range(e * BLOCK_E, n_exact, exact_programs * BLOCK_E):
+            r = r0 + offs_e
+            ok = r < n_exact
+            pos = tl.where(ok, tl.where(r < n_head, r, team_end + r - n_head), 0)
+            rows = _row_offsets(page_table_ptr, b, pos, stride_kx, stride_ky, stride_pt,
+                               page_size, PAGED)
+            k = tl.load(k_head + rows[:, None] + offs_d[None, :],
+                        mask=ok[:, None] & mask_d[None, :], other=0.0)
+            v = tl.load(v_head + rows[:, None] + offs_d[None, :],
+                        mask=ok[:, None] & mask_d[None, :], other=0.0)
+            m_i, l_i, acc = _online_update(q, k, v, ones, ok[None, :], m_i, l_i, acc, scale,
+                                           DOT_PRECISION)
     part = head_rows * num_parts + c  # every program writes a (possibly empty) partial
     tl.store(part_m_ptr + part, m_i, mask=mask_g)
     tl.store(part_l_ptr + part, l_i, mask=mask_g)
     tl.store(part_o_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
              mask=mask_g[:, None] & mask_d[None, :])
-
-
-# ------------------------------------------------- kernel 2': finish + attend per head
-@triton.jit
-def _finish_attend_kernel(
-    q_ptr, k_ptr, v_ptr, lengths_ptr, page_table_ptr, team_end_ptr,
-    z_ptr, phi_ptr, split_kth_ptr, kappa_ptr, part_m_ptr, part_l_ptr, part_o_ptr,
-    scale, sink, team_size, M, num_splits, t_cap, num_parts, parts, exact_programs,
-    stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_pt, page_size,
-    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    D_PAD: tl.constexpr, G_PAD: tl.constexpr, C_PAD: tl.constexpr, S_PAD: tl.constexpr,
-    WAYS: tl.constexpr, BRACKET: tl.constexpr, TPP: tl.constexpr, SLOT: tl.constexpr,
-    BLOCK_E: tl.constexpr, PAGED: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr = False,
-):
-    """Grid ``(B * Hkv, G * parts + exact programs)`` (direct selection, contiguous teams
-    of at most ``SLOT`` rows): program ``(g, part)`` finds head ``g``'s kappa itself (the
-    finisher's search; the ``parts`` programs of a head repeat it) and attends the teams
-    of ranks ``[part * TPP, (part + 1) * TPP)`` among those the head selected (team
-    order), weighted ``1/pi``, for that head alone; exact programs attend the exact set
-    for the group. No lists, no union, no second launch: each head reads its own teams
-    (a team selected by several heads is read by several programs, from L2 after the
-    first), which is the same estimator per head as the union's."""
-    _pdl_enter(PDL, True)  # launched early: wait for the select kernel
-    bkv = tl.program_id(0)
-    c = tl.program_id(1)
-    b = bkv // NUM_KV_HEADS
-    kvh = bkv % NUM_KV_HEADS
-    hq = NUM_KV_HEADS * GROUP
-    offs_d = tl.arange(0, D_PAD)
-    mask_d = offs_d < HEAD_DIM
-    team_end = tl.load(team_end_ptr + b)
-    k_head = k_ptr + kvh * stride_kh
-    v_head = v_ptr + kvh * stride_kh
-    if c < GROUP * parts:
-        g = c // parts
-        part = c % parts
-        head_rows = (b * hq + kvh * GROUP + g + tl.arange(0, 1)).to(tl.int64)  # [1]
-        mask_h = head_rows >= 0
-        keys, ids, real, kth, kappa = _rows_kappa(
-            z_ptr, z_ptr, split_kth_ptr, split_kth_ptr, head_rows, mask_h, M, num_splits,
-            t_cap, t_cap, C_PAD, S_PAD, False, WAYS, True, BRACKET)  # fmt: skip
-        if part == 0:
-            tl.store(kappa_ptr + head_rows, kappa)
-        chosen = real & (keys > kth[:, None])
-        rank = tl.sum(tl.cumsum(chosen.to(tl.int32), axis=1) - 1, axis=0)  # [C_PAD]
-        chosen1 = tl.sum(chosen.to(tl.int32), axis=0) > 0
-        ids1 = tl.sum(ids, axis=0)
-        want = part * TPP + tl.arange(0, TPP)
-        teams = tl.max(tl.where(chosen1[None, :] & (rank[None, :] == want[:, None]),
-                                ids1[None, :], -1), axis=1)  # [TPP], -1: none
-        valid = teams >= 0
-        team = tl.maximum(teams, 0)
-        phi = tl.load(phi_ptr + head_rows * t_cap + team, mask=valid, other=float("-inf"))
-        kappa_1 = tl.sum(kappa, axis=0)
-        w = _inclusion_weight(tl.where(valid, float("inf"), float("-inf")), phi, kappa_1)
-        start = sink + team * team_size
-        n_g = tl.minimum(team_size, team_end - start)
-        offs_r = tl.arange(0, SLOT)
-        ok = valid[:, None] & (offs_r[None, :] < n_g[:, None])  # [TPP, SLOT]
-        pos = tl.reshape(tl.where(ok, start[:, None] + offs_r[None, :], 0), [TPP * SLOT])
-        ok = tl.reshape(ok, [TPP * SLOT])
-        w_n = tl.reshape(w[:, None] + 0.0 * offs_r[None, :], [TPP * SLOT])
-        rows = _row_offsets(page_table_ptr, b, pos, stride_kx, stride_ky, stride_pt,
-                           page_size, PAGED)
-        k = tl.load(k_head + rows[:, None] + offs_d[None, :],
-                    mask=ok[:, None] & mask_d[None, :], other=0.0)
-        v = tl.load(v_head + rows[:, None] + offs_d[None, :],
-                    mask=ok[:, None] & mask_d[None, :], other=0.0)
-        q = tl.load(q_ptr + b * stride_qb + (kvh * GROUP + g) * stride_qh + offs_d,
-                    mask=mask_d, other=0.0).to(tl.float32)
-        s = tl.sum(k.to(tl.float32) * q[None, :], axis=1) * scale  # [N]
-        s = tl.where(ok & (w_n > 0), s, float("-inf"))
-        m = tl.max(s, axis=0)
-        m_ref = tl.where(m > float("-inf"), m, 0.0)
-        p = w_n * tl.exp(s - m_ref)
-        l_s = tl.sum(p, axis=0)
-        acc = tl.sum(p[:, None] * v.to(tl.float32), axis=0)  # [D_PAD]
-        part_row = head_rows * num_parts + part  # [1]
-        tl.store(part_m_ptr + part_row, m + tl.zeros_like(kappa))
-        tl.store(part_l_ptr + part_row, l_s + tl.zeros_like(kappa))
-        tl.store(part_o_ptr + part_row[:, None] * HEAD_DIM + offs_d[None, :], acc[None, :],
-                 mask=mask_d[None, :])
-    else:  # (names of their own: the branches' values differ in shape)
-        offs_g = tl.arange(0, G_PAD)
-        mask_g = offs_g < GROUP
-        group_rows = (b * hq + kvh * GROUP + offs_g).to(tl.int64)
-        q_g = tl.load(q_ptr + b * stride_qb + (kvh * GROUP + offs_g)[:, None] * stride_qh
-                      + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)
-        m_g, l_g, acc_g = _exact_partials(q_g, k_head, v_head, lengths_ptr, page_table_ptr, b,
-                                          c - GROUP * parts, exact_programs, team_end, sink,
-                                          scale, stride_kx, stride_ky, stride_pt, page_size,
-                                          offs_d, mask_d, G_PAD, D_PAD, BLOCK_E, PAGED,
-                                          DOT_PRECISION)
-        part_g = group_rows * num_parts + parts + c - GROUP * parts
-        tl.store(part_m_ptr + part_g, m_g, mask=mask_g)
-        tl.store(part_l_ptr + part_g, l_g, mask=mask_g)
-        tl.store(part_o_ptr + part_g[:, None] * HEAD_DIM + offs_d[None, :], acc_g,
-                 mask=mask_g[:, None] & mask_d[None, :])
 
 
 # ----------------------------------------------------------------- kernel 3: merge
@@ -1796,7 +1658,6 @@ class SantaPPInfo:
     count: torch.Tensor
     lengths: torch.Tensor
     head_lists: bool = False
-    from_selection: bool = False  # no union written: members are the heads' selections
 
     def selected(self) -> torch.Tensor:
         """``[B, Hq, T]`` bool: the teams each head selected (``z > kappa``)."""
@@ -1811,11 +1672,6 @@ class SantaPPInfo:
 
     def members(self) -> torch.Tensor:
         """``[B, Hkv, T]`` bool: the teams the attend programs read (the group's union)."""
-        if self.from_selection:
-            chosen = self.selected().cpu()
-            batch, hq, teams = chosen.shape
-            hkv = self.union.shape[1]
-            return chosen.reshape(batch, hkv, hq // hkv, teams).any(dim=2)
         union = self.union.long().cpu()
         slots = torch.arange(union.shape[-1])
         if self.head_lists:
@@ -1945,13 +1801,6 @@ def _check_call(q, kv, packed, M, workspace) -> None:
             raise InputError("workspace: planned for shorter teams (pack changed)")
 
 
-def _fused_attend(plan: SantaPPPlan, packed: PackedTeams, fuse_select: bool) -> bool:
-    """Whether the call finishes and attends in one kernel (:func:`_finish_attend_kernel`):
-    planned, contiguous teams read from the cache, the selection not fused in select."""
-    return (plan.fused_parts > 0 and not fuse_select and packed.regular
-            and packed.packed_k is None and plan.slot >= packed.max_team_len)
-
-
 def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             pdl_chain: bool = False) -> torch.Tensor:
     """Launches the call's kernels (``stages``: a subset of :data:`STAGES`, for profiling;
@@ -1975,8 +1824,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
     early = pdl or (can_pdl and bool(before_merge))
     dep_early = {"launch_pdl": True} if early else {}
     chain = pdl_chain and can_pdl
-    fused = _fused_attend(p, packed, fuse_select) and "score" not in stages
-    lists = p.head_lists and not fuse_select and "score" not in stages and not fused
+    lists = p.head_lists and not fuse_select and "score" not in stages
     if "score" in stages:  # profiling: the select kernel alone, without its finisher
         fuse_select, stages = False, (*stages, "select")
     if "select" in stages:
@@ -1997,9 +1845,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             num_warps=p.select_warps if fuse_select else p.score_warps,
             **({"launch_pdl": True} if chain else {}),
         )  # fmt: skip
-    if fused:
-        pass  # the finisher runs inside the attend kernel
-    elif not fuse_select and "select" in stages and "score" not in stages and p.finish_heads:
+    if not fuse_select and "select" in stages and "score" not in stages and p.finish_heads:
         _finish_heads_kernel[(batch * hkv, p.finish_parts)](
             ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count, ws.ticket,
             M, p.num_splits, p.n_cand, p.max_teams, p.union_cap, p.finish_parts,
@@ -2022,22 +1868,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
     packed_k = packed.packed_k if packed.packed_k is not None else kv.k
     packed_v = packed.packed_v if packed.packed_v is not None else kv.v
     packed_rows = int(packed.packed_k.shape[2]) if packed.packed_k is not None else 0
-    num_parts = p.fused_parts + p.exact_programs if fused else p.num_parts
-    if "attend" in stages and fused:
-        _finish_attend_kernel[(batch * hkv, p.group * p.fused_parts + p.exact_programs)](
-            q, kv.k, kv.v, kv.lengths, table, packed.team_end,
-            ws.z, ws.phi, ws.split_kth, ws.kappa, ws.part_m, ws.part_l, ws.part_o,
-            tau, packed.sink, packed.team_size, M, p.num_splits, p.max_teams, num_parts,
-            p.fused_parts, p.exact_programs,
-            q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
-            table.stride(0) if paged else 0, kv.page_size if paged else 1,
-            NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad, G_PAD=p.g_pad,
-            C_PAD=p.c_pad, S_PAD=p.s_pad, WAYS=p.finish_ways, BRACKET=p.bracket,
-            TPP=p.teams_per_part, SLOT=p.slot, BLOCK_E=p.exact_rows, PAGED=paged,
-            DOT_PRECISION=precision, PDL=early, num_warps=p.finish_warps, num_stages=1,
-            **dep_early,
-        )  # fmt: skip
-    elif "attend" in stages:
+    if "attend" in stages:
         _attend_kernel[(batch * hkv, p.num_parts)](
             q, kv.k, kv.v, packed_k, packed_v, kv.lengths, table,
             packed.team_start, packed.team_len, packed.team_end,
@@ -2058,7 +1889,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
     if "merge" in stages:
         _merge_kernel[(batch * hq,)](
             ws.part_m, ws.part_l, ws.part_o, out, ws.rng,
-            num_parts, out.stride(0), out.stride(1),
+            p.num_parts, out.stride(0), out.stride(1),
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad,
             BLOCK_S=p.merge_block, PDL=pdl, LET_NEXT=chain and not pdl,
             num_warps=p.merge_warps, **dep,
@@ -2111,7 +1942,6 @@ def santapp_decode(
         count=ws.count.view(batch, hkv),
         lengths=kv.lengths,
         head_lists=p.head_lists and not fuse_select,
-        from_selection=_fused_attend(p, packed, fuse_select),
     )
     return out, info
 

@@ -161,30 +161,6 @@ def test_search_bracket_of_the_select_programs(M, lengths, rank):
     torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize(("paged", "sink", "window", "tpp"), [
-    (False, 0, 0, 2), (False, 3, 5, 1), (True, 2, 4, 4), (False, 0, 9, 8)])
-def test_fused_finish_and_attend_match_the_reference(paged, sink, window, tpp):
-    """One kernel finishes the selection and attends, M / tpp programs a head (each its
-    share of the head's teams): the reference's selection, weights and output, and the
-    two-kernel path's output."""
-    q, kv = _problem(heads=4, n=330, d=32, lengths=[330, 271], q_scale=2.0,
-                     dtype=torch.float32)
-    if paged:
-        kv = kv.to_paged(16, generator=torch.Generator().manual_seed(1))
-    index = build_team_index(kv, team_size=8, sink=sink, exact_recent=window)
-    packed = pack_teams(kv, index)
-    M = 7
-    fused = SantaPPWorkspace.for_inputs(q, kv, packed, M, teams_per_part=tpp, local=False)
-    assert fused.plan.fused_parts == -(-M // tpp)
-    out, info = _compare(q, kv, index, packed, M, workspace=fused, fuse_select=False)
-    assert info.from_selection
-    split = SantaPPWorkspace.for_inputs(q, kv, packed, M, fused_attend=False, local=False)
-    assert split.plan.fused_parts == 0
-    gumbels = _gumbels(q.shape[0], q.shape[1], packed.max_teams, 0)
-    two, _ = santapp_decode(q, kv, packed, M, gumbels=gumbels, workspace=split)
-    torch.testing.assert_close(out, two, rtol=1e-5, atol=1e-6)
-
-
 @pytest.mark.parametrize(("plan", "dtype"), [
     ({}, torch.float32),
     ({"local": True, "teams_per_split": 16, "fuse": False}, torch.float32),
