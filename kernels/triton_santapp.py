@@ -1806,7 +1806,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
     """Launches the call's kernels (``stages``: a subset of :data:`STAGES`, for profiling;
     the output is only meaningful with all of them; ``("score",)`` runs the select kernel
     without finishing the selection; ``"no-union"`` added: the finisher does not write the
-    union, ``"no-search"``: nor does it search kappa or write the union (profiling: wrong
+    union (or the head lists), ``"no-search"``: nor does it search kappa (profiling: wrong
     outputs); ``pdl_chain``: see
     :func:`santapp_decode`). Returns the output buffer."""
     p = ws.plan
