@@ -693,8 +693,8 @@ FINISH_PROFILE = {  # stage sets of the SANTA++ call: what the finisher's parts 
 def finprof_section(rows: Rows) -> None:
     """SANTA++ M=32: the select kernel alone, then with the finisher in full, without its
     union step (or head lists), without both its kth search and the union (kappa = -inf:
-    the z loads go
-    with the search; timing only: the outputs are wrong), and the whole call; two rounds."""
+    the z loads go with the search; timing only: the outputs are wrong), and the whole
+    call; two rounds."""
     for shape, inputs, packs, gumbels in santapp_cases(rows, "finprof"):
         wss, _ = santapp_run(inputs, packs, gumbels)
         for rep in range(2):
