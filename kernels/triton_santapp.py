@@ -164,9 +164,6 @@ HOPPER = {
     # j-th largest z, j = ceil((M+1) / splits) <= 3; direct selection) instead of the
     # row's least finite and largest key: fewer steps and no opening reduction
     "bracket": True,
-    # each search step also reduces every threshold's least key at or above it (no
-    # closing reduction; the per-head finisher only)
-    "search_track": False,
     # the per-head finishers write each head's selected teams to its own M slots of the
     # list (no ticket, no union step over the group's z); a team selected by several heads
     # is then loaded by several attend programs and counted in its first head's slot only
@@ -911,7 +908,7 @@ def _count_min_max(n0, lo0, hi0, n1, lo1, hi1):
 
 
 @triton.jit
-def _add_min(n0, lo0, n1, lo1):
+def _count_min(n0, lo0, n1, lo1):
     return n0 + n1, tl.minimum(lo0, lo1)
 
 
@@ -949,52 +946,17 @@ def _narrow(K, lo, hi, t, c):
 @triton.jit
 def _narrow4(K, lo, hi, t0, t1, t2, t3, s01, s23):
     """Folds four thresholds (counts packed in ``s01``, ``s23``) into the bracket; also
-    returns the four counts."""
+    returns whether one has exactly ``K`` keys at or above it."""
     c0, c1, c2, c3 = s01 & 0xFFFF, s01 >> 16, s23 & 0xFFFF, s23 >> 16
     lo, hi = _narrow(K, lo, hi, t0, c0)
     lo, hi = _narrow(K, lo, hi, t1, c1)
     lo, hi = _narrow(K, lo, hi, t2, c2)
     lo, hi = _narrow(K, lo, hi, t3, c3)
-    return lo, hi, c0, c1, c2, c3
+    return lo, hi, (c0 == K) | (c1 == K) | (c2 == K) | (c3 == K)
 
 
 @triton.jit
-def _least_above(key, t):
-    """Per key, itself where it is at or above ``t [R]``, else the largest int32."""
-    return tl.where(key >= t[:, None], key, 2147483647)
-
-
-@triton.jit
-def _add2_min4(a0, a1, m0, m1, m2, m3, b0, b1, n0, n1, n2, n3):
-    return (a0 + b0, a1 + b1, tl.minimum(m0, n0), tl.minimum(m1, n1), tl.minimum(m2, n2),
-            tl.minimum(m3, n3))
-
-
-@triton.jit
-def _add4_min8(a0, a1, a2, a3, m0, m1, m2, m3, m4, m5, m6, m7,
-               b0, b1, b2, b3, n0, n1, n2, n3, n4, n5, n6, n7):
-    return (a0 + b0, a1 + b1, a2 + b2, a3 + b3, tl.minimum(m0, n0), tl.minimum(m1, n1),
-            tl.minimum(m2, n2), tl.minimum(m3, n3), tl.minimum(m4, n4), tl.minimum(m5, n5),
-            tl.minimum(m6, n6), tl.minimum(m7, n7))
-
-
-@triton.jit
-def _hit4(K, hit, c0, c1, c2, c3, m0, m1, m2, m3):
-    """Where one of four thresholds has exactly ``K`` keys at or above it, its least such
-    key (the K-th largest), else ``hit``."""
-    hit = tl.where(c0 == K, m0, hit)
-    hit = tl.where(c1 == K, m1, hit)
-    hit = tl.where(c2 == K, m2, hit)
-    return tl.where(c3 == K, m3, hit)
-
-
-@triton.jit
-def _any_hit4(K, hit, c0, c1, c2, c3):
-    return hit | (c0 == K) | (c1 == K) | (c2 == K) | (c3 == K)
-
-
-@triton.jit
-def _kth_search(key, K, lo, hi, WAYS: tl.constexpr, TRACK: tl.constexpr = False):
+def _kth_search(key, K, lo, hi, WAYS: tl.constexpr):
     """Per row of ``key [R, C]`` (int32; KEY_PAD: no entry), the ``K``-th largest key, or
     KEY_NEG_INF where the row has fewer than ``K`` entries, inside a bracket: ``lo [R]``
     has at least ``K`` keys at or above it (or is KEY_NEG_INF), ``hi [R]`` fewer than ``K``.
@@ -1003,13 +965,12 @@ def _kth_search(key, K, lo, hi, WAYS: tl.constexpr, TRACK: tl.constexpr = False)
     inside ``[lo, hi)`` with one packed reduction and keeps the tightest bracket. A row is
     done when a threshold has exactly ``K`` keys at or above it (it becomes ``lo``) or at
     ``hi = lo + 1``; a closing reduction then finds the least key at or above ``lo``.
-    ``TRACK``: each step's reduction also finds each threshold's least key at or above it,
-    so no closing reduction (12 reduced values a step instead of 4 at 8 ways).
     Value-space thresholds finish Gumbel-perturbed scores in ~3-5 steps (bisection:
-    ~10-12); the key-space midpoint bounds any input (ties, infinities) by 33 steps."""
+    ~10-12); the key-space midpoint bounds any input (ties, infinities) by 33 steps.
+    (Finding each threshold's least key inside the steps instead, with no closing
+    reduction, measured 3.4 us slower at 32k B=1: BENCHMARKS.md, session 11.)"""
     lo = lo.to(tl.int64)
     hi = hi.to(tl.int64)
-    found = tl.full(lo.shape, -2147483648, tl.int32)  # KEY_PAD: no hit yet (TRACK)
     active = hi - lo > 1
     steps = 0
     while (tl.max(active.to(tl.int32), axis=0) > 0) & (steps < 40):
@@ -1019,60 +980,31 @@ def _kth_search(key, K, lo, hi, WAYS: tl.constexpr, TRACK: tl.constexpr = False)
         t1 = _threshold(lo, hi, lo_v, hi_v, 1, WAYS)
         t2 = _threshold(lo, hi, lo_v, hi_v, 2, WAYS)
         t3 = _threshold(lo, hi, lo_v, hi_v, 3, WAYS)
-        hit = tl.full(lo.shape, -2147483648, tl.int32)
-        any_hit = lo < lo
         if WAYS == 8:
             t4 = _threshold(lo, hi, lo_v, hi_v, 4, WAYS)
             t5 = _threshold(lo, hi, lo_v, hi_v, 5, WAYS)
             t6 = _threshold(lo, hi, lo_v, hi_v, 6, WAYS)
             t7 = _threshold(lo, hi, lo_v, hi_v, 7, WAYS)
-            if TRACK:
-                s01, s23, s45, s67, m0, m1, m2, m3, m4, m5, m6, m7 = tl.reduce(
-                    (_pair(key, t0, t1), _pair(key, t2, t3), _pair(key, t4, t5),
-                     _pair(key, t6, t7), _least_above(key, t0), _least_above(key, t1),
-                     _least_above(key, t2), _least_above(key, t3), _least_above(key, t4),
-                     _least_above(key, t5), _least_above(key, t6), _least_above(key, t7)),
-                    1, _add4_min8)  # fmt: skip
-            else:
-                s01, s23, s45, s67 = tl.reduce(
-                    (_pair(key, t0, t1), _pair(key, t2, t3), _pair(key, t4, t5),
-                     _pair(key, t6, t7)), 1, _add4)  # fmt: skip
-            new_lo, new_hi, c0, c1, c2, c3 = _narrow4(K, lo, hi, t0, t1, t2, t3, s01, s23)
-            new_lo, new_hi, c4, c5, c6, c7 = _narrow4(K, new_lo, new_hi, t4, t5, t6, t7,
-                                                      s45, s67)
-            if TRACK:
-                hit = _hit4(K, hit, c0, c1, c2, c3, m0, m1, m2, m3)
-                hit = _hit4(K, hit, c4, c5, c6, c7, m4, m5, m6, m7)
-            any_hit = _any_hit4(K, _any_hit4(K, any_hit, c0, c1, c2, c3), c4, c5, c6, c7)
+            s01, s23, s45, s67 = tl.reduce(
+                (_pair(key, t0, t1), _pair(key, t2, t3), _pair(key, t4, t5),
+                 _pair(key, t6, t7)), 1, _add4)  # fmt: skip
+            new_lo, new_hi, hit = _narrow4(K, lo, hi, t0, t1, t2, t3, s01, s23)
+            new_lo, new_hi, hit2 = _narrow4(K, new_lo, new_hi, t4, t5, t6, t7, s45, s67)
+            hit = hit | hit2
         else:
-            if TRACK:
-                s01, s23, m0, m1, m2, m3 = tl.reduce(
-                    (_pair(key, t0, t1), _pair(key, t2, t3), _least_above(key, t0),
-                     _least_above(key, t1), _least_above(key, t2), _least_above(key, t3)),
-                    1, _add2_min4)  # fmt: skip
-            else:
-                s01, s23 = tl.reduce((_pair(key, t0, t1), _pair(key, t2, t3)), 1, _add2)
-            new_lo, new_hi, c0, c1, c2, c3 = _narrow4(K, lo, hi, t0, t1, t2, t3, s01, s23)
-            if TRACK:
-                hit = _hit4(K, hit, c0, c1, c2, c3, m0, m1, m2, m3)
-            any_hit = _any_hit4(K, any_hit, c0, c1, c2, c3)
-        done = active & any_hit
-        found = tl.where(done, hit, found)
-        # a threshold with exactly K keys at or above it is the largest such: the new lo
-        lo = tl.where(active, new_lo, lo)
-        hi = tl.where(active, new_hi, hi)
-        active = active & ~done & (hi - lo > 1)
+            s01, s23 = tl.reduce((_pair(key, t0, t1), _pair(key, t2, t3)), 1, _add2)
+            new_lo, new_hi, hit = _narrow4(K, lo, hi, t0, t1, t2, t3, s01, s23)
+        # a threshold with exactly K keys above it makes the largest such the new lo
+        lo = new_lo
+        hi = new_hi
+        active = active & ~hit & (hi - lo > 1)
         steps += 1
-    if TRACK:
-        kth = tl.where(found != -2147483648, found, lo.to(tl.int32))
-    else:
-        lo32 = lo.to(tl.int32)
-        above = key >= lo32[:, None]
-        count, least = tl.reduce(
-            (above.to(tl.int32), tl.where(above, key, 2147483647)), 1, _add_min
-        )
-        kth = tl.where(count >= K, least, -2139095041)
-    return kth
+    lo32 = lo.to(tl.int32)
+    above = key >= lo32[:, None]
+    count, kth = tl.reduce(
+        (above.to(tl.int32), tl.where(above, key, 2147483647)), 1, _count_min
+    )
+    return tl.where(count >= K, kth, -2139095041)
 
 
 @triton.jit
@@ -1186,7 +1118,7 @@ def _split_bracket(key, split_kth_ptr, head_rows, mask_h, K, num_splits, S_PAD: 
     if tl.max((mask_h & ~enough).to(tl.int32), axis=0) > 0:  # short rows: the old bracket
         fin = key > -2139095041
         n_fin, least_key = tl.reduce(
-            (fin.to(tl.int32), tl.where(fin, key, 2147483647)), 1, _add_min
+            (fin.to(tl.int32), tl.where(fin, key, 2147483647)), 1, _count_min
         )
         lo = tl.where(enough | (n_fin < K), lo, least_key)
     return lo, hi
@@ -1196,7 +1128,7 @@ def _split_bracket(key, split_kth_ptr, head_rows, mask_h, K, num_splits, S_PAD: 
 def _rows_kappa(
     z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, head_rows, mask_h, M, num_splits, n_cand,
     t_cap, C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr, WAYS: tl.constexpr,
-    SEARCH: tl.constexpr = True, BRACKET: tl.constexpr = 0, TRACK: tl.constexpr = False,
+    SEARCH: tl.constexpr = True, BRACKET: tl.constexpr = 0,
 ):
     """Per head row: its candidates (keys, team ids, real), the (M+1)-th largest key and
     kappa (its value; -inf where the row has at most M candidates). Without ``SEARCH``
@@ -1208,7 +1140,7 @@ def _rows_kappa(
     if BRACKET > 0:
         lo, hi = _split_bracket(key, split_kth_ptr, head_rows, mask_h, M + 1, num_splits,
                                 S_PAD, BRACKET)
-        kth = _kth_search(key, M + 1, lo, hi, WAYS, TRACK) if SEARCH else lo
+        kth = _kth_search(key, M + 1, lo, hi, WAYS) if SEARCH else lo
     else:
         kth = _kth_largest(key, M + 1, lo, WAYS) if SEARCH else lo
     kappa = tl.where(kth > -2139095041, _unkey(kth), float("-inf"))
@@ -1407,7 +1339,6 @@ def _finish_heads_kernel(
     H_ROWS: tl.constexpr, C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr,
     WAYS: tl.constexpr, PDL: tl.constexpr = False, WRITE_UNION: tl.constexpr = True,
     SEARCH: tl.constexpr = True, BRACKET: tl.constexpr = 0, HEAD_LISTS: tl.constexpr = False,
-    TRACK: tl.constexpr = False,
 ):
     """Grid ``(B * Hkv, finish_parts)``: each program finds kappa for ``H_ROWS`` heads of
     the group (the kth search spread over the group's heads instead of one program per
@@ -1429,7 +1360,7 @@ def _finish_heads_kernel(
     head_rows = (b * hq + kvh * GROUP + offs_h).to(tl.int64)
     keys, ids, real, kth, kappa = _rows_kappa(
         z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, head_rows, mask_h, M, num_splits,
-        n_cand, t_cap, C_PAD, S_PAD, LOCAL, WAYS, SEARCH, BRACKET, TRACK)  # fmt: skip
+        n_cand, t_cap, C_PAD, S_PAD, LOCAL, WAYS, SEARCH, BRACKET)  # fmt: skip
     tl.store(kappa_ptr + head_rows, kappa, mask=mask_h)
     if not WRITE_UNION or not SEARCH:  # without the search every team would be selected
         return
@@ -1801,6 +1732,11 @@ def _check_call(q, kv, packed, M, workspace) -> None:
             raise InputError("workspace: planned for shorter teams (pack changed)")
 
 
+def _head_lists(plan: SantaPPPlan, fuse_select: bool) -> bool:
+    """Whether the finishers write per-head lists (the fused selection writes the union)."""
+    return plan.head_lists and not fuse_select
+
+
 def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             pdl_chain: bool = False) -> torch.Tensor:
     """Launches the call's kernels (``stages``: a subset of :data:`STAGES`, for profiling;
@@ -1824,7 +1760,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
     early = pdl or (can_pdl and bool(before_merge))
     dep_early = {"launch_pdl": True} if early else {}
     chain = pdl_chain and can_pdl
-    lists = p.head_lists and not fuse_select and "score" not in stages
+    lists = _head_lists(p, fuse_select) and "score" not in stages
     if "score" in stages:  # profiling: the select kernel alone, without its finisher
         fuse_select, stages = False, (*stages, "select")
     if "select" in stages:
@@ -1853,7 +1789,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             S_PAD=p.s_pad, LOCAL=p.local, WAYS=p.finish_ways, PDL=early,
             num_warps=p.finish_warps, num_stages=1, WRITE_UNION="no-union" not in stages,
             SEARCH="no-search" not in stages, BRACKET=p.bracket, HEAD_LISTS=lists,
-            TRACK=bool(HOPPER["search_track"]), **dep_early,
+            **dep_early,
         )  # fmt: skip
     elif not fuse_select and "select" in stages and "score" not in stages:
         _finish_kernel[(batch * hkv,)](
@@ -1941,7 +1877,7 @@ def santapp_decode(
         union=ws.union.view(batch, hkv, p.union_cap),
         count=ws.count.view(batch, hkv),
         lengths=kv.lengths,
-        head_lists=p.head_lists and not fuse_select,
+        head_lists=_head_lists(p, fuse_select),
     )
     return out, info
 

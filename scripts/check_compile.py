@@ -76,7 +76,7 @@ def main() -> int:
                       "C_PAD": 2048, "S_PAD": 32, "LOCAL": local, "WAYS": 8, "PDL": local,
                       "WRITE_UNION": h_rows != 2, "SEARCH": h_rows != 4,
                       "BRACKET": 0 if local else h_rows % 3 + 1,
-                      "HEAD_LISTS": h_rows == 1, "TRACK": h_rows == 2}
+                      "HEAD_LISTS": h_rows == 1}
             err = compile_kernel(tsp._finish_heads_kernel, finish_types, consts)
             print(f"_finish_heads_kernel local={local} h_rows={h_rows} "
                   f"bracket={consts['BRACKET']}: {err or 'ok'}")

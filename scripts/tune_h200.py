@@ -643,7 +643,6 @@ PP_KNOBS = {  # HOPPER overrides (or workspace keywords, "ws") of the SANTA++ la
     "local": {"ws": {"local": True}},
     "local finish_warps=4": {"ws": {"local": True, "finish_warps": 4}},
     "score_warps=8": {"score_warps_few": 8},  # the select kernel's warps before session 11
-    "track": {"search_track": True},  # each step also reduces the thresholds' least keys
     "bracket off": {"ws": {"bracket": False}},  # the finisher's search from [least, top]
     "lists off": {"ws": {"head_lists": False}},  # the union step (ticket) instead
     "both off": {"ws": {"bracket": False, "head_lists": False}},  # session 10's finisher
