@@ -170,7 +170,7 @@ HOPPER = {
     "head_lists": True,
     # the merge folded into the attend grid: the last attend program of a group (an acq_rel
     # ticket) merges its heads' partials and writes the output (no merge launch)
-    "fold_merge": 0,  # 1: a loop over heads, 2: unrolled, 3: ticket only (profiling)
+    "fold_merge": True,
     "merge_warps": 4,  # 8 when a merge step holds >= 4096 partial elements
     "merge_block": 64,  # partials merged per step (fewer when there are fewer)
     # every kernel after the first is launched as a programmatic dependent of the one
@@ -659,7 +659,7 @@ class SantaPPPlan:
     finish_ways: int
     merge_block: int  # partials per merge step
     merge_warps: int
-    fold_merge: int  # the last attend program of a group merges (no merge kernel)
+    fold_merge: bool  # the last attend program of a group merges (no merge kernel)
 
 
 def make_plan(
@@ -681,7 +681,7 @@ def make_plan(
     finish_warps: int | None = None,
     bracket: bool | None = None,
     head_lists: bool | None = None,
-    fold_merge: int | None = None,
+    fold_merge: bool | None = None,
     merge_block: int | None = None,
     kv_element_size: int = 2,
 ) -> SantaPPPlan:
@@ -810,7 +810,7 @@ def make_plan(
         finish_ways=finish_ways,
         merge_block=merge_block,
         merge_warps=merge_warps,
-        fold_merge=int(fold_merge),
+        fold_merge=bool(fold_merge),
     )
 
 
@@ -1463,7 +1463,7 @@ def _attend_kernel(
     CHUNKS: tl.constexpr, BLOCK_E: tl.constexpr,
     PACKED: tl.constexpr, PAGED: tl.constexpr, REGULAR: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False, HEAD_LISTS: tl.constexpr = False,
-    FOLD_MERGE: tl.constexpr = 0, MERGE_S: tl.constexpr = 64,
+    FOLD_MERGE: tl.constexpr = False, MERGE_S: tl.constexpr = 64,
     LET_NEXT: tl.constexpr = False,
 ):
     """Grid ``(B * Hkv, num_parts)``: team programs, then exact-set programs; each writes
@@ -1571,42 +1571,16 @@ def _attend_kernel(
     tl.store(part_l_ptr + part, l_i, mask=mask_g)
     tl.store(part_o_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
              mask=mask_g[:, None] & mask_d[None, :])
-    if FOLD_MERGE == 4:
-        # the group's last min(G, parts) programs to arrive each merge some of its heads
-        # once every partial is written: a monotonic ticket (never reset: call n waits for
-        # (n+1) * parts arrivals), spun on with acquire loads. Only where every spinning
-        # program fits on the GPU with the rest of the grid (the plan's rule).
-        tl.debug_barrier()
-        ticket = tl.atomic_add(merge_ticket_ptr + bkv, 1, sem="acq_rel")
-        pos = ticket % num_parts
-        mergers = tl.minimum(num_parts, GROUP)
-        if pos >= num_parts - mergers:
-            target = ticket - pos + num_parts
-            seen = ticket + 1
-            while seen < target:
-                seen = tl.atomic_add(merge_ticket_ptr + bkv, 0, sem="acquire")
-            out_b = out_ptr + b * stride_ob + kvh * GROUP * stride_oh
-            row0 = (b * hq + kvh * GROUP).to(tl.int64)
-            for g in range(pos - (num_parts - mergers), GROUP, mergers):
-                _merge_head(part_m_ptr, part_l_ptr, part_o_ptr, out_b + g * stride_oh,
-                            row0 + g, num_parts, MERGE_S, D_PAD, HEAD_DIM)
-            if bkv == 0 and pos == num_parts - 1:  # the step counter (section 8)
-                tl.store(rng_ptr, tl.load(rng_ptr) + 1)
-    elif FOLD_MERGE:
+    if FOLD_MERGE:
         # every thread's partial stores are ordered before the ticket (barrier + acq_rel)
         tl.debug_barrier()
         ticket = tl.atomic_add(merge_ticket_ptr + bkv, 1, sem="acq_rel")
         if ticket == num_parts - 1:
             out_b = out_ptr + b * stride_ob + kvh * GROUP * stride_oh
             row0 = (b * hq + kvh * GROUP).to(tl.int64)
-            if FOLD_MERGE == 1:
-                for g in range(GROUP):
-                    _merge_head(part_m_ptr, part_l_ptr, part_o_ptr, out_b + g * stride_oh,
-                                row0 + g, num_parts, MERGE_S, D_PAD, HEAD_DIM)
-            elif FOLD_MERGE == 2:
-                for g in tl.static_range(GROUP):
-                    _merge_head(part_m_ptr, part_l_ptr, part_o_ptr, out_b + g * stride_oh,
-                                row0 + g, num_parts, MERGE_S, D_PAD, HEAD_DIM)
+            for g in range(GROUP):
+                _merge_head(part_m_ptr, part_l_ptr, part_o_ptr, out_b + g * stride_oh,
+                            row0 + g, num_parts, MERGE_S, D_PAD, HEAD_DIM)
             tl.store(merge_ticket_ptr + bkv, 0)  # ready for the next call (graph replay)
             if bkv == 0:  # the call's last work advances the step counter (section 8)
                 tl.store(rng_ptr, tl.load(rng_ptr) + 1)
@@ -1898,7 +1872,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
     packed_v = packed.packed_v if packed.packed_v is not None else kv.v
     packed_rows = int(packed.packed_k.shape[2]) if packed.packed_k is not None else 0
     out = ws.out(q.dtype)
-    fold = p.fold_merge if "merge" in stages else 0  # profiling prefixes: partials only
+    fold = p.fold_merge and "merge" in stages  # profiling prefixes keep the partials only
     if "attend" in stages:
         _attend_kernel[(batch * hkv, p.num_parts)](
             q, kv.k, kv.v, packed_k, packed_v, kv.lengths, table,
@@ -1914,7 +1888,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             TPB=p.teams_per_block, SLOT=p.slot, CHUNKS=p.chunks, BLOCK_E=p.exact_rows,
             PACKED=packed.packed_k is not None, PAGED=paged, REGULAR=packed.regular,
             DOT_PRECISION=precision, PDL=early, HEAD_LISTS=lists,
-            FOLD_MERGE=fold, MERGE_S=p.merge_block, LET_NEXT=bool(fold) and chain and not early,
+            FOLD_MERGE=fold, MERGE_S=p.merge_block, LET_NEXT=fold and chain and not early,
             num_warps=HOPPER["attend_warps"], num_stages=1,
             **dep_early,
         )  # fmt: skip

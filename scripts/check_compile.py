@@ -170,8 +170,8 @@ def check_attend() -> int:
                              "*fp32", "*i32", "*i32", "*fp32", "*fp32", "*fp32", "*i32",
                              "*bf16", "*i64", "fp32"]
     types += ["i32"] * 18
-    for lists, paged, fold in ((False, False, 0), (True, False, 1), (True, True, 2),
-                               (True, False, 0), (True, False, 4)):
+    for lists, paged, fold in ((False, False, False), (True, False, True), (True, True, True),
+                               (True, False, False)):
         consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "G_PAD": 16,
                   "TPB": 4, "SLOT": 16, "CHUNKS": 1, "BLOCK_E": 64, "PACKED": False,
                   "PAGED": paged, "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True,

@@ -649,10 +649,8 @@ PP_KNOBS = {  # HOPPER overrides (or workspace keywords, "ws") of the SANTA++ la
     "both off finish_warps=4": {"ws": {"bracket": False, "head_lists": False,
                                        "finish_warps": 4}},
     "finish_warps=4 lists": {"ws": {"finish_heads": 1, "finish_warps": 4}},
-    "fold loop": {"ws": {"fold_merge": 1}},  # the last attend program of a group merges
-    "fold unrolled": {"ws": {"fold_merge": 2}},
-    "fold ticket only": {"ws": {"fold_merge": 3}},  # profiling: no merge, wrong output
-    "fold spin": {"ws": {"fold_merge": 4}},  # the last G arrivals merge a head each
+    "fold off": {"ws": {"fold_merge": False}},  # the merge kernel (session 11)
+    "fold off rows=32": {"ws": {"fold_merge": False}, "attend_rows": _attend_rows(32)},
 }
 
 
