@@ -168,9 +168,6 @@ HOPPER = {
     # list (no ticket, no union step over the group's z); a team selected by several heads
     # is then loaded by several attend programs and counted in its first head's slot only
     "head_lists": True,
-    # the merge folded into the attend grid: the last attend program of a group (an acq_rel
-    # ticket) merges its heads' partials and writes the output (no merge launch)
-    "fold_merge": True,
     "merge_warps": 4,  # 8 when a merge step holds >= 4096 partial elements
     "merge_block": 64,  # partials merged per step (fewer when there are fewer)
     # every kernel after the first is launched as a programmatic dependent of the one
@@ -659,7 +656,6 @@ class SantaPPPlan:
     finish_ways: int
     merge_block: int  # partials per merge step
     merge_warps: int
-    fold_merge: bool  # the last attend program of a group merges (no merge kernel)
 
 
 def make_plan(
@@ -681,8 +677,6 @@ def make_plan(
     finish_warps: int | None = None,
     bracket: bool | None = None,
     head_lists: bool | None = None,
-    fold_merge: bool | None = None,
-    merge_block: int | None = None,
     kv_element_size: int = 2,
 ) -> SantaPPPlan:
     """Plans the grids (keyword overrides are for tests and tuning). K/V tiles keep their
@@ -765,13 +759,8 @@ def make_plan(
         head_lists = HOPPER["head_lists"]
     head_lists = bool(head_lists) and finish_heads > 0 and union_cap == group * M
     num_parts = team_programs + exact_programs
-    if merge_block is None:
-        merge_block = min(HOPPER["merge_block"], max(2, _next_pow2(num_parts)))
-    if merge_block < 2 or merge_block & (merge_block - 1):
-        raise InputError(f"merge_block: must be a power of two >= 2, got {merge_block}")
+    merge_block = min(HOPPER["merge_block"], max(2, _next_pow2(num_parts)))
     merge_warps = HOPPER["merge_warps"] * (2 if merge_block * _next_pow2(head_dim) >= 4096 else 1)
-    if fold_merge is None:
-        fold_merge = HOPPER["fold_merge"]
     return SantaPPPlan(
         batch=batch,
         num_q_heads=num_q_heads,
@@ -810,7 +799,6 @@ def make_plan(
         finish_ways=finish_ways,
         merge_block=merge_block,
         merge_warps=merge_warps,
-        fold_merge=bool(fold_merge),
     )
 
 
@@ -840,7 +828,6 @@ class SantaPPWorkspace:
         self.cand_id = torch.empty(cand, **i32)
         self.split_kth = torch.empty(rows * p.num_splits if p.local or p.bracket else 1, **i32)
         self.ticket = torch.zeros(bkv, **i32)
-        self.merge_ticket = torch.zeros(bkv, **i32)  # attend programs done (fold_merge)
         self.kappa = torch.empty(rows, **f32)
         self.union = torch.zeros(bkv, p.union_cap, **i32)  # entries always team ids
         self.count = torch.zeros(bkv, **i32)
@@ -862,7 +849,6 @@ class SantaPPWorkspace:
         """Sets the device step counter (and optionally the seed): replays a run exactly."""
         self.rng.fill_(step)
         self.ticket.zero_()
-        self.merge_ticket.zero_()
         if seed is not None:
             self.seed = int(seed)
 
@@ -1418,61 +1404,21 @@ def _online_update(q, k, v, w, s_ok, m_i, l_i, acc, scale, DOT_PRECISION: tl.con
 
 
 @triton.jit
-def _merge_head(part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, row, num_parts,
-                BLOCK_S: tl.constexpr, D_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Log-sum-exp merge of head ``row``'s partials into ``out_ptr [HEAD_DIM]`` (an online
-    rescale over steps of ``BLOCK_S`` partials: one L2 round trip a step). Loads bypass L1:
-    other SMs wrote the partials."""
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, D_PAD)
-    mask_d = offs_d < HEAD_DIM
-    base = row * num_parts
-    m_run = tl.full([1], float("-inf"), tl.float32)
-    l_run = tl.zeros([1], dtype=tl.float32)
-    acc = tl.zeros([D_PAD], dtype=tl.float32)
-    for s0 in range(0, num_parts, BLOCK_S):
-        mask_s = s0 + offs_s < num_parts
-        rows = base + s0 + offs_s
-        m = tl.load(part_m_ptr + rows, mask=mask_s, other=float("-inf"), cache_modifier=".cg")
-        l_s = tl.load(part_l_ptr + rows, mask=mask_s, other=0.0, cache_modifier=".cg")
-        o = tl.load(part_o_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :],
-                    mask=mask_s[:, None] & mask_d[None, :], other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m_run, tl.max(m, axis=0))
-        m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
-        alpha = tl.exp(m_run - m_ref)
-        w = tl.exp(m - m_ref)  # empty partials: 0
-        l_run = l_run * alpha + tl.sum(w * l_s, axis=0)
-        acc = acc * alpha + tl.sum(w[:, None] * o, axis=0)
-        m_run = m_new
-    out = acc / l_run
-    tl.store(out_ptr + offs_d, out.to(out_ptr.dtype.element_ty), mask=mask_d)
-
-
-@triton.jit
 def _attend_kernel(
     q_ptr, k_ptr, v_ptr, pk_ptr, pv_ptr, lengths_ptr, page_table_ptr,
     team_start_ptr, team_len_ptr, team_end_ptr,
     z_ptr, phi_ptr, kappa_ptr, union_ptr, count_ptr,
-    part_m_ptr, part_l_ptr, part_o_ptr, merge_ticket_ptr, out_ptr, rng_ptr,
+    part_m_ptr, part_l_ptr, part_o_ptr,
     scale, sink, team_size, t_cap, union_cap, packed_rows, num_parts, team_programs,
     exact_programs, list_len,
     stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_pt, page_size,
-    stride_ob, stride_oh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr, G_PAD: tl.constexpr, TPB: tl.constexpr, SLOT: tl.constexpr,
     CHUNKS: tl.constexpr, BLOCK_E: tl.constexpr,
     PACKED: tl.constexpr, PAGED: tl.constexpr, REGULAR: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False, HEAD_LISTS: tl.constexpr = False,
-    FOLD_MERGE: tl.constexpr = False, MERGE_S: tl.constexpr = 64,
-    LET_NEXT: tl.constexpr = False,
 ):
-    """Grid ``(B * Hkv, num_parts)``: team programs, then exact-set programs; each writes
-    a partial ``(m, l, acc)`` per head of its group. With FOLD_MERGE the group's last
-    program to finish (an acq_rel ticket) merges the group's partials into the output and
-    advances ``rng`` (group 0): the call has no merge kernel. LET_NEXT (without PDL): the
-    kernel after the call may launch as this one starts."""
     _pdl_enter(PDL, True)  # launched early: wait for the previous kernel
-    _pdl_trigger(LET_NEXT)
     BLOCK_N: tl.constexpr = TPB * SLOT
     bkv = tl.program_id(0)
     c = tl.program_id(1)
@@ -1571,19 +1517,6 @@ def _attend_kernel(
     tl.store(part_l_ptr + part, l_i, mask=mask_g)
     tl.store(part_o_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
              mask=mask_g[:, None] & mask_d[None, :])
-    if FOLD_MERGE:
-        # every thread's partial stores are ordered before the ticket (barrier + acq_rel)
-        tl.debug_barrier()
-        ticket = tl.atomic_add(merge_ticket_ptr + bkv, 1, sem="acq_rel")
-        if ticket == num_parts - 1:
-            out_b = out_ptr + b * stride_ob + kvh * GROUP * stride_oh
-            row0 = (b * hq + kvh * GROUP).to(tl.int64)
-            for g in range(GROUP):
-                _merge_head(part_m_ptr, part_l_ptr, part_o_ptr, out_b + g * stride_oh,
-                            row0 + g, num_parts, MERGE_S, D_PAD, HEAD_DIM)
-            tl.store(merge_ticket_ptr + bkv, 0)  # ready for the next call (graph replay)
-            if bkv == 0:  # the call's last work advances the step counter (section 8)
-                tl.store(rng_ptr, tl.load(rng_ptr) + 1)
 
 
 # ----------------------------------------------------------------- kernel 3: merge
@@ -1871,28 +1804,25 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
     packed_k = packed.packed_k if packed.packed_k is not None else kv.k
     packed_v = packed.packed_v if packed.packed_v is not None else kv.v
     packed_rows = int(packed.packed_k.shape[2]) if packed.packed_k is not None else 0
-    out = ws.out(q.dtype)
-    fold = p.fold_merge and "merge" in stages  # profiling prefixes keep the partials only
     if "attend" in stages:
         _attend_kernel[(batch * hkv, p.num_parts)](
             q, kv.k, kv.v, packed_k, packed_v, kv.lengths, table,
             packed.team_start, packed.team_len, packed.team_end,
             ws.z, ws.phi, ws.kappa, ws.union, ws.count,
-            ws.part_m, ws.part_l, ws.part_o, ws.merge_ticket, out, ws.rng,
+            ws.part_m, ws.part_l, ws.part_o,
             tau, packed.sink, packed.team_size, p.max_teams, p.union_cap, packed_rows,
             p.num_parts, p.team_programs, p.exact_programs, M,
             q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
             table.stride(0) if paged else 0, kv.page_size if paged else 1,
-            out.stride(0), out.stride(1),
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad, G_PAD=p.g_pad,
             TPB=p.teams_per_block, SLOT=p.slot, CHUNKS=p.chunks, BLOCK_E=p.exact_rows,
             PACKED=packed.packed_k is not None, PAGED=paged, REGULAR=packed.regular,
             DOT_PRECISION=precision, PDL=early, HEAD_LISTS=lists,
-            FOLD_MERGE=fold, MERGE_S=p.merge_block, LET_NEXT=fold and chain and not early,
             num_warps=HOPPER["attend_warps"], num_stages=1,
             **dep_early,
         )  # fmt: skip
-    if "merge" in stages and not fold:
+    out = ws.out(q.dtype)
+    if "merge" in stages:
         _merge_kernel[(batch * hq,)](
             ws.part_m, ws.part_l, ws.part_o, out, ws.rng,
             p.num_parts, out.stride(0), out.stride(1),

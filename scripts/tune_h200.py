@@ -649,8 +649,6 @@ PP_KNOBS = {  # HOPPER overrides (or workspace keywords, "ws") of the SANTA++ la
     "both off finish_warps=4": {"ws": {"bracket": False, "head_lists": False,
                                        "finish_warps": 4}},
     "finish_warps=4 lists": {"ws": {"finish_heads": 1, "finish_warps": 4}},
-    "fold off": {"ws": {"fold_merge": False}},  # the merge kernel (session 11)
-    "fold off rows=32": {"ws": {"fold_merge": False}, "attend_rows": _attend_rows(32)},
 }
 
 

@@ -118,7 +118,6 @@ def _compare(q, kv, index, packed, M, *, atol=2e-5, seed=0, rep_share=1.0, **kw)
                               "finish_heads": 0}),
         (8, 8, 64, 3, 5, 6, {"local": True, "teams_per_split": 16, "fuse": False,
                              "finish_heads": 2}),
-        (8, 4, 64, 2, 3, 9, {"fuse": False, "fold_merge": False}),  # the merge kernel
     ],
 )
 def test_matches_reference_given_the_same_gumbels(team_size, heads, d, sink, window, M, plan):
@@ -159,28 +158,6 @@ def test_search_bracket_of_the_select_programs(M, lengths, rank):
         outs.append((out.clone(), info.kappa.clone()))
     assert torch.equal(outs[0][1], outs[1][1])  # the same kappas with and without
     torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("exact", [0, 5])
-def test_merge_folded_into_attend_matches_the_merge_kernel(exact):
-    """The last attend program of each group merges (fold_merge) exactly as the merge
-    kernel does, and its ticket resets: repeated calls give the same output."""
-    q, kv = _problem(heads=8, n=330, d=32, lengths=[330, 271], q_scale=2.0,
-                     dtype=torch.float32)
-    index = build_team_index(kv, team_size=8, sink=exact, exact_recent=exact)
-    packed = pack_teams(kv, index)
-    gumbels = _gumbels(q.shape[0], q.shape[1], packed.max_teams, 3)
-    outs = {}
-    for fold in (False, True):
-        workspace = SantaPPWorkspace.for_inputs(q, kv, packed, 6, fold_merge=fold,
-                                                merge_block=8)
-        assert workspace.plan.fold_merge == fold and workspace.plan.num_parts > 8
-        outs[fold] = [santapp_decode(q, kv, packed, 6, gumbels=gumbels, workspace=workspace,
-                                     fuse_select=False)[0].clone() for _ in range(3)]
-        assert int(workspace.rng) == 3
-        assert not workspace.merge_ticket.any()
-    torch.testing.assert_close(outs[True][0], outs[False][0], rtol=1e-5, atol=1e-6)
-    assert all(torch.equal(out, outs[True][0]) for out in outs[True])
 
 
 @pytest.mark.parametrize(("plan", "dtype"), [
