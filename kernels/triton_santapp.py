@@ -168,6 +168,14 @@ HOPPER = {
     # list (no ticket, no union step over the group's z); a team selected by several heads
     # is then loaded by several attend programs and counted in its first head's slot only
     "head_lists": True,
+    # the per-head finisher finds kappa without the search where it can: the select
+    # programs leave each split's top BRACKET z (not only the BRACKET-th); the (M+1)-th
+    # largest of those bounds kappa from below, the finisher compacts the few keys at or
+    # above that bound (~M+5 of 2048 on Gumbel-perturbed rows) and ranks them by one
+    # [CAP, CAP] comparison (CAP = next_pow2(compact_slack * (M+1))); rows with more keys
+    # above the bound take the search
+    "compact": True,
+    "compact_slack": 1.5,
     "merge_warps": 4,  # 8 when a merge step holds >= 4096 partial elements
     "merge_block": 64,  # partials merged per step (fewer when there are fewer)
     # every kernel after the first is launched as a programmatic dependent of the one
@@ -649,6 +657,8 @@ class SantaPPPlan:
     search_ways: int  # thresholds per step of the finisher's kth-largest search (4 or 8)
     bracket: int  # j > 0: select programs leave each split's j-th largest z (search bracket)
     head_lists: bool  # the per-head finisher writes M slots a head, no union step
+    compact: int  # CAP > 0: the finisher ranks <= CAP compacted keys instead of searching
+    tops_pad: int  # next_pow2(bracket * splits): the split tops the compact finisher reads
     finish_heads: int  # heads per finishing program (0: one program per KV group)
     h_rows: int  # rows of a per-head finishing program (next_pow2(finish_heads))
     finish_parts: int  # finishing programs per KV group (per-head finisher)
@@ -677,6 +687,7 @@ def make_plan(
     finish_warps: int | None = None,
     bracket: bool | None = None,
     head_lists: bool | None = None,
+    compact: bool | None = None,
     kv_element_size: int = 2,
 ) -> SantaPPPlan:
     """Plans the grids (keyword overrides are for tests and tuning). K/V tiles keep their
@@ -758,6 +769,11 @@ def make_plan(
     if head_lists is None:
         head_lists = HOPPER["head_lists"]
     head_lists = bool(head_lists) and finish_heads > 0 and union_cap == group * M
+    if compact is None:
+        compact = HOPPER["compact"]
+    compact_cap = 0
+    if compact and bracket_rank and head_lists and h_rows == 1:
+        compact_cap = max(16, _next_pow2(math.ceil(HOPPER["compact_slack"] * m1)))
     num_parts = team_programs + exact_programs
     merge_block = min(HOPPER["merge_block"], max(2, _next_pow2(num_parts)))
     merge_warps = HOPPER["merge_warps"] * (2 if merge_block * _next_pow2(head_dim) >= 4096 else 1)
@@ -792,6 +808,8 @@ def make_plan(
         search_ways=search_ways,
         bracket=bracket_rank,
         head_lists=head_lists,
+        compact=compact_cap,
+        tops_pad=max(2, _next_pow2(bracket_rank * splits)),
         finish_heads=finish_heads,
         h_rows=h_rows,
         finish_parts=finish_parts,
@@ -826,7 +844,13 @@ class SantaPPWorkspace:
         cand = rows * p.n_cand if p.local else 1
         self.cand_z = torch.empty(cand, **f32)
         self.cand_id = torch.empty(cand, **i32)
-        self.split_kth = torch.empty(rows * p.num_splits if p.local or p.bracket else 1, **i32)
+        # the splits' BRACKET-th largest z (plane 0); with compact also their larger ones
+        planes = p.bracket if p.compact else 1
+        self.split_kth = torch.empty(
+            rows * p.num_splits * planes if p.local or p.bracket else 1, **i32
+        )
+        self.scratch_key = torch.empty(max(1, rows * p.compact), **i32)  # compacted keys
+        self.scratch_id = torch.empty(max(1, rows * p.compact), **i32)
         self.ticket = torch.zeros(bkv, **i32)
         self.kappa = torch.empty(rows, **f32)
         self.union = torch.zeros(bkv, p.union_cap, **i32)  # entries always team ids
@@ -1218,7 +1242,7 @@ def _select_kernel(
     LOCAL: tl.constexpr, FUSED: tl.constexpr, HAS_GUMBELS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, WAYS: tl.constexpr, PDL: tl.constexpr = False,
     ENTRY_PDL: tl.constexpr = False, REPS_AS: tl.constexpr = "", BRACKET: tl.constexpr = 0,
-    HEAD_LISTS: tl.constexpr = False,
+    HEAD_LISTS: tl.constexpr = False, TOPS: tl.constexpr = False,
 ):
     _pdl_enter(PDL, False)  # the next kernel may launch as this grid's last wave starts
     split = tl.program_id(0)
@@ -1294,6 +1318,20 @@ def _select_kernel(
         empty = mask_h[:, None] & (offs_m[None, :] >= kept[:, None]) & (offs_m < M + 1)[None, :]
         tl.store(cand_id_ptr + base + offs_m[None, :], -1 + 0 * offs_m[None, :], mask=empty)
         tl.store(split_kth_ptr + head_rows * num_splits + split, kth, mask=mask_h)
+    elif TOPS:  # this block's top BRACKET z: the BRACKET-th in plane 0, the larger after
+        ninf = tl.full(z.shape, float("-inf"), tl.float32)
+        v1, v2, v3 = tl.reduce((z, ninf, ninf), 1, _top_kth)
+        plane = (tl.num_programs(1) // NUM_KV_HEADS) * hq * num_splits  # B * Hq * splits
+        at = split_kth_ptr + head_rows * num_splits + split
+        if BRACKET == 1:
+            tl.store(at, _key(v1), mask=mask_h)
+        elif BRACKET == 2:
+            tl.store(at, _key(v2), mask=mask_h)
+            tl.store(at + plane, _key(v1), mask=mask_h)
+        else:
+            tl.store(at, _key(v3), mask=mask_h)
+            tl.store(at + plane, _key(v2), mask=mask_h)
+            tl.store(at + 2 * plane, _key(v1), mask=mask_h)
     elif BRACKET > 0:  # the finisher's search bracket: this block's BRACKET-th largest z
         kth = _key(_jth_largest(z, BRACKET))
         tl.store(split_kth_ptr + head_rows * num_splits + split, kth, mask=mask_h)
@@ -1332,13 +1370,76 @@ def _finish_kernel(
 
 
 @triton.jit
+def _at_least(c, keys):
+    """Per entry of ``c [N]``, how many of ``keys [P]`` are at or above it (one [N, P]
+    comparison)."""
+    return tl.sum((keys[None, :] >= c[:, None]).to(tl.int32), axis=1)
+
+
+@triton.jit
+def _compact_finish(
+    z_ptr, split_kth_ptr, scratch_key_ptr, scratch_id_ptr, kappa_ptr, list_ptr, head_rows,
+    mask_h, M, num_splits, t_cap, tops_plane,
+    C_PAD: tl.constexpr, S_PAD: tl.constexpr, TOPS_PAD: tl.constexpr, CAP: tl.constexpr,
+    WAYS: tl.constexpr, BRACKET: tl.constexpr,
+):
+    """kappa and the head list of one head row (``head_rows [1]``) without the search where
+    the keys allow. The splits' top ``BRACKET`` keys (plane ``i`` of ``split_kth``, planes
+    ``tops_plane`` apart: each split's ``(BRACKET - i)``-th largest) hold at least M+1 keys
+    at or above their own (M+1)-th largest ``lo``, so kappa >= lo; the keys at or above
+    ``lo`` (~M+5 of 2048 on Gumbel-perturbed rows) are compacted in team order through
+    ``scratch`` and, where at most CAP, kappa is the largest of them with at least M+1 at
+    or above it (one [CAP, CAP] comparison; a multiset rank, so ties and -inf go as in the
+    search). Rows with more keys above ``lo`` take the bracketed search over all keys.
+    Writes the row's kappa and its selected teams, in team order, to ``list_ptr`` (M
+    slots)."""
+    K = M + 1
+    key, ids, real, _lo = _selection_keys(z_ptr, z_ptr, z_ptr, split_kth_ptr, head_rows, mask_h,
+                                          num_splits, t_cap, t_cap, C_PAD, S_PAD, False)
+    row = tl.max(head_rows, axis=0)
+    offs_p = tl.arange(0, TOPS_PAD)
+    tops = tl.load(split_kth_ptr + (offs_p // num_splits) * tops_plane + row * num_splits
+                   + offs_p % num_splits, mask=offs_p < BRACKET * num_splits,
+                   other=-2147483648, cache_modifier=".cg")
+    finite = tops > -2139095041
+    lo = tl.max(tl.where(finite & (_at_least(tops, tops) >= K), tops, -2139095041), axis=0)
+    key1 = tl.max(key, axis=0)  # the one row as [C_PAD]
+    cand = (tl.max(real.to(tl.int32), axis=0) > 0) & (key1 >= lo)
+    pos = tl.cumsum(cand.to(tl.int32), axis=0) - 1
+    n = tl.sum(cand.to(tl.int32), axis=0)
+    keep = cand & (pos < CAP)
+    tl.store(scratch_key_ptr + row * CAP + pos, key1, mask=keep)
+    tl.store(scratch_id_ptr + row * CAP + pos, tl.max(ids, axis=0), mask=keep)
+    if n <= CAP:
+        tl.debug_barrier()  # the compacted keys, stored by every thread, visible to all
+        offs_k = tl.arange(0, CAP)
+        inside = offs_k < n
+        ck = tl.load(scratch_key_ptr + row * CAP + offs_k, mask=inside, other=-2147483648)
+        cid = tl.load(scratch_id_ptr + row * CAP + offs_k, mask=inside, other=0)
+        kth = tl.max(tl.where(inside & (_at_least(ck, ck) >= K), ck, -2139095041), axis=0)
+        ranked = inside & (ck > kth)  # (names differ by branch: their shapes do)
+        tl.store(list_ptr + tl.cumsum(ranked.to(tl.int32), axis=0) - 1, cid, mask=ranked)
+    else:
+        lo_b, hi_b = _split_bracket(key, split_kth_ptr, head_rows, mask_h, K, num_splits,
+                                    S_PAD, BRACKET)
+        kth = tl.max(_kth_search(key, K, tl.maximum(lo_b, lo), hi_b, WAYS), axis=0)
+        searched = cand & (key1 > kth)  # kth >= lo: every chosen key is a candidate
+        tl.store(list_ptr + tl.cumsum(searched.to(tl.int32), axis=0) - 1, tl.max(ids, axis=0),
+                 mask=searched)
+    kappa = tl.where(kth > -2139095041, _unkey(kth), float("-inf"))
+    tl.store(kappa_ptr + row, kappa)
+
+
+@triton.jit
 def _finish_heads_kernel(
     z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, kappa_ptr, union_ptr, count_ptr, ticket_ptr,
-    M, num_splits, n_cand, t_cap, union_cap, finish_parts,
+    scratch_key_ptr, scratch_id_ptr,
+    M, num_splits, n_cand, t_cap, union_cap, finish_parts, tops_plane,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr,
     H_ROWS: tl.constexpr, C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr,
     WAYS: tl.constexpr, PDL: tl.constexpr = False, WRITE_UNION: tl.constexpr = True,
     SEARCH: tl.constexpr = True, BRACKET: tl.constexpr = 0, HEAD_LISTS: tl.constexpr = False,
+    COMPACT: tl.constexpr = 0, TOPS_PAD: tl.constexpr = 2,
 ):
     """Grid ``(B * Hkv, finish_parts)``: each program finds kappa for ``H_ROWS`` heads of
     the group (the kth search spread over the group's heads instead of one program per
@@ -1358,6 +1459,12 @@ def _finish_heads_kernel(
     offs_h = part * H_ROWS + tl.arange(0, H_ROWS)
     mask_h = offs_h < GROUP
     head_rows = (b * hq + kvh * GROUP + offs_h).to(tl.int64)
+    if COMPACT > 0:  # one head a program (H_ROWS = 1), head lists, a bracket
+        _compact_finish(z_ptr, split_kth_ptr, scratch_key_ptr, scratch_id_ptr, kappa_ptr,
+                        union_ptr + bkv.to(tl.int64) * union_cap + part * M, head_rows, mask_h,
+                        M, num_splits, t_cap, tops_plane, C_PAD, S_PAD, TOPS_PAD, COMPACT,
+                        WAYS, BRACKET)
+        return
     keys, ids, real, kth, kappa = _rows_kappa(
         z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, head_rows, mask_h, M, num_splits,
         n_cand, t_cap, C_PAD, S_PAD, LOCAL, WAYS, SEARCH, BRACKET)  # fmt: skip
@@ -1761,6 +1868,8 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
     dep_early = {"launch_pdl": True} if early else {}
     chain = pdl_chain and can_pdl
     lists = _head_lists(p, fuse_select) and "score" not in stages
+    # the profiling stages "no-union" / "no-search" time the search's parts
+    stages_full = "no-union" not in stages and "no-search" not in stages
     if "score" in stages:  # profiling: the select kernel alone, without its finisher
         fuse_select, stages = False, (*stages, "select")
     if "select" in stages:
@@ -1777,18 +1886,21 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             LOCAL=p.local, FUSED=fuse_select, HAS_GUMBELS=gumbels is not None,
             DOT_PRECISION=precision, WAYS=p.search_ways, PDL=early, ENTRY_PDL=chain,
             REPS_AS=_REPS_AS[kv.dtype] if packed.reps_scale is not None else "",
-            BRACKET=p.bracket, HEAD_LISTS=lists, num_stages=1,
+            BRACKET=p.bracket, HEAD_LISTS=lists, TOPS=lists and p.compact > 0, num_stages=1,
             num_warps=p.select_warps if fuse_select else p.score_warps,
             **({"launch_pdl": True} if chain else {}),
         )  # fmt: skip
     if not fuse_select and "select" in stages and "score" not in stages and p.finish_heads:
         _finish_heads_kernel[(batch * hkv, p.finish_parts)](
             ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count, ws.ticket,
+            ws.scratch_key, ws.scratch_id,
             M, p.num_splits, p.n_cand, p.max_teams, p.union_cap, p.finish_parts,
+            batch * hq * p.num_splits,
             NUM_KV_HEADS=hkv, GROUP=p.group, G_ROWS=p.g_rows, H_ROWS=p.h_rows, C_PAD=p.c_pad,
             S_PAD=p.s_pad, LOCAL=p.local, WAYS=p.finish_ways, PDL=early,
             num_warps=p.finish_warps, num_stages=1, WRITE_UNION="no-union" not in stages,
             SEARCH="no-search" not in stages, BRACKET=p.bracket, HEAD_LISTS=lists,
+            COMPACT=p.compact if lists and stages_full else 0, TOPS_PAD=p.tops_pad,
             **dep_early,
         )  # fmt: skip
     elif not fuse_select and "select" in stages and "score" not in stages:

@@ -69,18 +69,21 @@ def compile_kernel(fn, types: list[str], consts: dict, options: dict | None = No
 
 def main() -> int:
     failures = 0
-    finish_types = ["*fp32", "*fp32", "*i32", "*i32", "*fp32", "*i32", "*i32", "*i32"] + ["i32"] * 6
-    for local in (False, True):
-        for h_rows in (1, 2, 4):
-            consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "G_ROWS": 4, "H_ROWS": h_rows,
-                      "C_PAD": 2048, "S_PAD": 32, "LOCAL": local, "WAYS": 8, "PDL": local,
-                      "WRITE_UNION": h_rows != 2, "SEARCH": h_rows != 4,
-                      "BRACKET": 0 if local else h_rows % 3 + 1,
-                      "HEAD_LISTS": h_rows == 1}
-            err = compile_kernel(tsp._finish_heads_kernel, finish_types, consts)
-            print(f"_finish_heads_kernel local={local} h_rows={h_rows} "
-                  f"bracket={consts['BRACKET']}: {err or 'ok'}")
-            failures += err is not None
+    finish_types = ["*fp32", "*fp32", "*i32", "*i32", "*fp32", "*i32", "*i32", "*i32", "*i32",
+                    "*i32"] + ["i32"] * 7
+    for local, h_rows, compact in ((False, 1, 0), (False, 2, 0), (False, 4, 0), (True, 1, 0),
+                                   (True, 2, 0), (True, 4, 0), (False, 1, 64),
+                                   (False, 1, 128)):
+        consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "G_ROWS": 4, "H_ROWS": h_rows,
+                  "C_PAD": 2048, "S_PAD": 32, "LOCAL": local, "WAYS": 8, "PDL": local,
+                  "WRITE_UNION": h_rows != 2, "SEARCH": h_rows != 4,
+                  "BRACKET": 0 if local else (h_rows % 3 + 1 if not compact else 2),
+                  "HEAD_LISTS": h_rows == 1, "COMPACT": compact, "TOPS_PAD": 64}
+        err = compile_kernel(tsp._finish_heads_kernel, finish_types, consts,
+                             {"num_warps": 8})
+        print(f"_finish_heads_kernel local={local} h_rows={h_rows} "
+              f"bracket={consts['BRACKET']} compact={compact}: {err or 'ok'}")
+        failures += err is not None
     failures += check_attend()
     score_types = ["*bf16", "*bf16", "*i32", "*i32", "*fp32", "*fp16", "*i64", "fp32"]
     score_types += ["i32"] * 13 + ["i32"]  # ..., page_size; seq_rows (k_desc: None)
@@ -201,7 +204,7 @@ def check_select() -> int:
                   "DOT_PRECISION": "tf32", "WAYS": 8, "PDL": True, "ENTRY_PDL": entry,
                   "REPS_AS": "bf16" if reps == "i8" else "",
                   "BRACKET": 0 if local else (2 if reps == "bf16" else 3),
-                  "HEAD_LISTS": reps == "i8"}
+                  "HEAD_LISTS": reps == "i8", "TOPS": reps == "i8" and not local}
         err = compile_kernel(tsp._select_kernel, types, consts, {"num_warps": 4})
         print(f"_select_kernel reps={reps} local={local} entry_pdl={entry} "
               f"bracket={consts['BRACKET']}: {err or 'ok'}")

@@ -160,6 +160,46 @@ def test_search_bracket_of_the_select_programs(M, lengths, rank):
     torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize(("case", "lengths"), [
+    ("random", [330, 271]),
+    ("short", [330, 90]),  # the short row's late splits hold -inf only
+    ("ties", [330, 271]),  # q = 0 and integer noise: z ties everywhere
+    ("flat", [330, 271]),  # every z equal: every key above the bound, the search's path
+])
+def test_compact_finisher_matches_the_search(case, lengths):
+    """The finisher's compaction (kappa ranked among the keys above the split tops' bound)
+    selects and weighs exactly as the bracketed search, on ties and -inf included."""
+    flat = case in ("ties", "flat")
+    q, kv = _problem(heads=4, n=330, d=32, lengths=lengths, q_scale=0.0 if flat else 2.0,
+                     dtype=torch.float32)
+    packed = pack_teams(kv, build_team_index(kv, team_size=4))
+    gumbels = _gumbels(q.shape[0], q.shape[1], packed.max_teams, 5)
+    if case == "ties":
+        gumbels = gumbels.round()
+    elif case == "flat":
+        gumbels = torch.zeros_like(gumbels)
+    got = {}
+    for compact in (True, False):
+        workspace = SantaPPWorkspace.for_inputs(q, kv, packed, 7, teams_per_split=16,
+                                                compact=compact, local=False)
+        assert (workspace.plan.compact > 0) == compact and workspace.plan.bracket == 2
+        out, info = santapp_decode(q, kv, packed, 7, gumbels=gumbels, workspace=workspace,
+                                   fuse_select=False)
+        lists = info.union.view(*info.union.shape[:2], -1, 7)
+        got[compact] = (out.clone(), info.kappa.clone(), lists.clone(), info.union_sets())
+    assert torch.equal(got[True][1], got[False][1])
+    assert torch.equal(got[True][2], got[False][2])  # the same slots, in team order
+    assert got[True][3] == got[False][3]
+    torch.testing.assert_close(got[True][0], got[False][0], rtol=1e-6, atol=1e-6,
+                               equal_nan=True)
+    if case == "random":  # and each head's list is its M chosen teams, in team order
+        chosen = got[True][1][..., None] < info.z
+        for b in range(q.shape[0]):
+            for h in range(q.shape[1]):
+                teams = torch.nonzero(chosen[b, h]).flatten().tolist()
+                assert got[True][2][b, h // 2, h % 2].tolist() == teams
+
+
 @pytest.mark.parametrize(("plan", "dtype"), [
     ({}, torch.float32),
     ({"local": True, "teams_per_split": 16, "fuse": False}, torch.float32),
