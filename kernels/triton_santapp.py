@@ -20,12 +20,17 @@ replay draws fresh Gumbel noise.
    search on order-preserving integer keys (:func:`_kth_search`: 4 or 8 thresholds a
    step, one packed reduction each, ~3-5 dependent steps instead of ~11 for bisection;
    from the select programs' bracket, or from the row's least finite and largest key).
-   With ``head_lists`` (the per-head finisher's default) each program writes its head's
-   selected teams (``z > kappa``, team order) to that head's ``M`` slots of the list;
-   otherwise the group's last finishing program (an acq_rel ticket) writes the compact
-   union over the group (team order, or in local mode a team belongs to the first head
-   that selected it) and its count. 21.6 vs 23.8 us for the call at 32k B=1 with lists
-   and bracket (BENCHMARKS.md, session 11).
+   With ``compact`` (the per-head finisher's default in direct selection) the select
+   programs leave their split's top ``j`` z: the (M+1)-th largest of those bounds kappa
+   from below, and the ~M+5 keys at or above the bound are compacted and ranked by one
+   comparison instead (:func:`_compact_finish`; the search where more than ``CAP`` lie
+   there). With ``head_lists`` (the per-head finisher's default) each program writes
+   its head's selected teams (``z > kappa``, team order) to that head's ``M`` slots of
+   the list; otherwise the group's last finishing program (an acq_rel ticket) writes the
+   compact union over the group (team order, or in local mode a team belongs to the
+   first head that selected it) and its count. The call at 32k B=1: 23.8 us with
+   session 10's finisher, 21.6 with lists and bracket (session 11), 20.7 with the
+   compaction (session 12; BENCHMARKS.md).
 2. **attend** ``(B*Hkv, chunks + exact programs)``: a team program loads ``TPB`` teams of
    the list (``SLOT`` rows each; with head lists a slot counts only in the list of the
    first head that selected its team; otherwise programs past the device-side union
