@@ -179,8 +179,13 @@ HOPPER = {
     # above that bound (~M+5 of 2048 on Gumbel-perturbed rows) and ranks them by one
     # [CAP, CAP] comparison (CAP = next_pow2(compact_slack * (M+1))); rows with more keys
     # above the bound take the search
+    # (H200, M=32, results/h200/tune-2026-12-01-s12/5-compact.csv: the call 21.92 -> 20.73
+    # us at 32k B=1, 68.0 -> 64.9 at B=8, 34.95 -> 33.0 at 128k P=64); only up to
+    # compact_max_cap: at M=64 (CAP 128, two [128, 128] comparisons) the harness measured
+    # 27.0 -> 28.8 us at 32k B=1 and 49.4 -> 51.2 at 128k P=64 (kernels-2026-12-01-s12)
     "compact": True,
     "compact_slack": 1.5,
+    "compact_max_cap": 64,
     "merge_warps": 4,  # 8 when a merge step holds >= 4096 partial elements
     "merge_block": 64,  # partials merged per step (fewer when there are fewer)
     # every kernel after the first is launched as a programmatic dependent of the one
@@ -779,6 +784,7 @@ def make_plan(
     compact_cap = 0
     if compact and bracket_rank and head_lists and h_rows == 1:
         compact_cap = max(16, _next_pow2(math.ceil(HOPPER["compact_slack"] * m1)))
+        compact_cap = compact_cap if compact_cap <= HOPPER["compact_max_cap"] else 0
     num_parts = team_programs + exact_programs
     merge_block = min(HOPPER["merge_block"], max(2, _next_pow2(num_parts)))
     merge_warps = HOPPER["merge_warps"] * (2 if merge_block * _next_pow2(head_dim) >= 4096 else 1)
