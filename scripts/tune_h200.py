@@ -512,6 +512,8 @@ PHASED_VARIANTS = {  # the sample pass as three loops, the V gather pipelined
     "ph3 b64": {"sample_phased": 3, "sample_phased_block": 64},
     "ph4 b64": {"sample_phased": 4, "sample_phased_block": 64},
     "ph3 b32": {"sample_phased": 3, "sample_phased_block": 32},
+    "ph2 b256": {"sample_phased": 2, "sample_phased_block": 256},  # S=256: one block
+    "ph1 b256": {"sample_phased": 1, "sample_phased_block": 256},
 }
 
 
