@@ -160,13 +160,15 @@ def test_search_bracket_of_the_select_programs(M, lengths, rank):
     torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize(("case", "lengths"), [
-    ("random", [330, 271]),
-    ("short", [330, 90]),  # the short row's late splits hold -inf only
-    ("ties", [330, 271]),  # q = 0 and integer noise: z ties everywhere
-    ("flat", [330, 271]),  # every z equal: every key above the bound, the search's path
+@pytest.mark.parametrize(("case", "lengths", "M", "rank"), [
+    ("random", [330, 271], 7, 2),
+    ("random", [330, 271], 3, 1),  # each split's largest alone
+    ("random", [330, 271], 13, 3),
+    ("short", [330, 90], 7, 2),  # the short row's late splits hold -inf only
+    ("ties", [330, 271], 7, 2),  # q = 0 and integer noise: z ties everywhere
+    ("flat", [330, 271], 7, 2),  # every z equal: every key above the bound, the search's
 ])
-def test_compact_finisher_matches_the_search(case, lengths):
+def test_compact_finisher_matches_the_search(case, lengths, M, rank):
     """The finisher's compaction (kappa ranked among the keys above the split tops' bound)
     selects and weighs exactly as the bracketed search, on ties and -inf included."""
     flat = case in ("ties", "flat")
@@ -180,12 +182,12 @@ def test_compact_finisher_matches_the_search(case, lengths):
         gumbels = torch.zeros_like(gumbels)
     got = {}
     for compact in (True, False):
-        workspace = SantaPPWorkspace.for_inputs(q, kv, packed, 7, teams_per_split=16,
+        workspace = SantaPPWorkspace.for_inputs(q, kv, packed, M, teams_per_split=16,
                                                 compact=compact, local=False)
-        assert (workspace.plan.compact > 0) == compact and workspace.plan.bracket == 2
-        out, info = santapp_decode(q, kv, packed, 7, gumbels=gumbels, workspace=workspace,
+        assert (workspace.plan.compact > 0) == compact and workspace.plan.bracket == rank
+        out, info = santapp_decode(q, kv, packed, M, gumbels=gumbels, workspace=workspace,
                                    fuse_select=False)
-        lists = info.union.view(*info.union.shape[:2], -1, 7)
+        lists = info.union.view(*info.union.shape[:2], -1, M)
         got[compact] = (out.clone(), info.kappa.clone(), lists.clone(), info.union_sets())
     assert torch.equal(got[True][1], got[False][1])
     assert torch.equal(got[True][2], got[False][2])  # the same slots, in team order
