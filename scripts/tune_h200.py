@@ -54,7 +54,8 @@ named there), ``wide`` (results/h200/tune-2026-11-29-s4, commit ``a05c5a2``) and
 commit ``d6ed554``) and ``pipe`` (results/h200/tune-2026-12-01-s10, commit ``964b965``)
 went with the kernel knobs they measured; of those only the whole-tile
 stash stores ``colmask`` compared were kept (as the default).
-Rows go to OUT_DIR/tune.csv as they are measured (an interrupted run keeps them).
+Rows go to OUT_DIR/tune.csv as they are measured (an interrupted run keeps them; a second
+run into the same OUT_DIR appends).
 ``TUNE_SHAPES=4x32768,...`` replaces the shapes (batch x context) every section sweeps.
 """
 
@@ -94,10 +95,15 @@ FIELDS = ["section", "shape", "variant", "what", "us", "note"]
 
 
 class Rows:
+    """The sweep's CSV: appended to when it exists (two sections run into one OUT keep
+    both), with its header once."""
+
     def __init__(self, path: Path) -> None:
-        self.f = open(path, "w", newline="")  # noqa: SIM115 (kept open for the run)
+        fresh = not path.exists() or path.stat().st_size == 0
+        self.f = open(path, "a", newline="")  # noqa: SIM115 (kept open for the run)
         self.w = csv.DictWriter(self.f, fieldnames=FIELDS)
-        self.w.writeheader()
+        if fresh:
+            self.w.writeheader()
 
     def add(self, **row) -> None:
         self.w.writerow(row)
