@@ -1063,15 +1063,16 @@ def _top_kth(a1, a2, a3, b1, b2, b3):
 
 
 @triton.jit
-def _jth_largest(z, J: tl.constexpr):
-    """Per row of ``z [R, C]`` (fp32), its ``J``-th largest entry (J <= 3; a multiset)."""
+def _top3(z):
+    """Per row of ``z [R, C]`` (fp32), its three largest entries, descending (a multiset)."""
     ninf = tl.full(z.shape, float("-inf"), tl.float32)
-    v1, v2, v3 = tl.reduce((z, ninf, ninf), 1, _top_kth)
-    if J == 2:
-        v1 = v2
-    elif J == 3:
-        v1 = v3
-    return v1
+    return tl.reduce((z, ninf, ninf), 1, _top_kth)
+
+
+@triton.jit
+def _tops_plane(groups, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, num_splits):
+    """Entries a plane of ``split_kth`` holds: B * Hq * splits (``groups`` = B * Hkv)."""
+    return (groups // NUM_KV_HEADS) * NUM_KV_HEADS * GROUP * num_splits
 
 
 @triton.jit
@@ -1329,23 +1330,23 @@ def _select_kernel(
         empty = mask_h[:, None] & (offs_m[None, :] >= kept[:, None]) & (offs_m < M + 1)[None, :]
         tl.store(cand_id_ptr + base + offs_m[None, :], -1 + 0 * offs_m[None, :], mask=empty)
         tl.store(split_kth_ptr + head_rows * num_splits + split, kth, mask=mask_h)
-    elif TOPS:  # this block's top BRACKET z: the BRACKET-th in plane 0, the larger after
-        ninf = tl.full(z.shape, float("-inf"), tl.float32)
-        v1, v2, v3 = tl.reduce((z, ninf, ninf), 1, _top_kth)
-        plane = (tl.num_programs(1) // NUM_KV_HEADS) * hq * num_splits  # B * Hq * splits
+    elif BRACKET > 0:
+        # the finisher's search bracket: this block's BRACKET-th largest z in plane 0;
+        # with TOPS (the compact finisher) the larger ones in the planes after it
+        v1, v2, v3 = _top3(z)
+        plane = _tops_plane(tl.num_programs(1), NUM_KV_HEADS, GROUP, num_splits)
         at = split_kth_ptr + head_rows * num_splits + split
         if BRACKET == 1:
             tl.store(at, _key(v1), mask=mask_h)
         elif BRACKET == 2:
             tl.store(at, _key(v2), mask=mask_h)
-            tl.store(at + plane, _key(v1), mask=mask_h)
+            if TOPS:
+                tl.store(at + plane, _key(v1), mask=mask_h)
         else:
             tl.store(at, _key(v3), mask=mask_h)
-            tl.store(at + plane, _key(v2), mask=mask_h)
-            tl.store(at + 2 * plane, _key(v1), mask=mask_h)
-    elif BRACKET > 0:  # the finisher's search bracket: this block's BRACKET-th largest z
-        kth = _key(_jth_largest(z, BRACKET))
-        tl.store(split_kth_ptr + head_rows * num_splits + split, kth, mask=mask_h)
+            if TOPS:
+                tl.store(at + plane, _key(v2), mask=mask_h)
+                tl.store(at + 2 * plane, _key(v1), mask=mask_h)
     if HEAD_LISTS:  # noqa: SIM102 (constexpr)  the finishers write only their chosen slots
         if split == 0:
             offs_l = tl.arange(0, M1_PAD)[None, :]
@@ -1390,18 +1391,19 @@ def _at_least(c, keys):
 @triton.jit
 def _compact_finish(
     z_ptr, split_kth_ptr, scratch_key_ptr, scratch_id_ptr, kappa_ptr, list_ptr, head_rows,
-    mask_h, M, num_splits, t_cap, tops_plane,
+    mask_h, M, num_splits, t_cap,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
     C_PAD: tl.constexpr, S_PAD: tl.constexpr, TOPS_PAD: tl.constexpr, CAP: tl.constexpr,
     WAYS: tl.constexpr, BRACKET: tl.constexpr,
 ):
     """kappa and the head list of one head row (``head_rows [1]``) without the search where
-    the keys allow. The splits' top ``BRACKET`` keys (plane ``i`` of ``split_kth``, planes
-    ``tops_plane`` apart: each split's ``(BRACKET - i)``-th largest) hold at least M+1 keys
-    at or above their own (M+1)-th largest ``lo``, so kappa >= lo; the keys at or above
-    ``lo`` (~M+5 of 2048 on Gumbel-perturbed rows) are compacted in team order through
-    ``scratch`` and, where at most CAP, kappa is the largest of them with at least M+1 at
-    or above it (one [CAP, CAP] comparison; a multiset rank, so ties and -inf go as in the
-    search). Rows with more keys above ``lo`` take the bracketed search over all keys.
+    the keys allow. The splits' top ``BRACKET`` keys (plane ``i`` of ``split_kth``: each
+    split's ``(BRACKET - i)``-th largest, :func:`_tops_plane` entries a plane) hold at
+    least M+1 keys at or above their own (M+1)-th largest ``lo``, so kappa >= lo; the keys
+    at or above ``lo`` (~M+5 of 2048 on Gumbel-perturbed rows) are compacted in team
+    order through ``scratch`` and, where at most CAP, kappa is the largest of them with at
+    least M+1 at or above it (one [CAP, CAP] comparison; a multiset rank, so ties and -inf
+    go as in the search). Rows with more keys above ``lo`` take the bracketed search over all keys.
     Writes the row's kappa and its selected teams, in team order, to ``list_ptr`` (M
     slots)."""
     K = M + 1
@@ -1409,18 +1411,20 @@ def _compact_finish(
                                           num_splits, t_cap, t_cap, C_PAD, S_PAD, False)
     row = tl.max(head_rows, axis=0)
     offs_p = tl.arange(0, TOPS_PAD)
-    tops = tl.load(split_kth_ptr + (offs_p // num_splits) * tops_plane + row * num_splits
+    plane = _tops_plane(tl.num_programs(0), NUM_KV_HEADS, GROUP, num_splits)
+    tops = tl.load(split_kth_ptr + (offs_p // num_splits) * plane + row * num_splits
                    + offs_p % num_splits, mask=offs_p < BRACKET * num_splits,
                    other=-2147483648, cache_modifier=".cg")
     finite = tops > -2139095041
     lo = tl.max(tl.where(finite & (_at_least(tops, tops) >= K), tops, -2139095041), axis=0)
     key1 = tl.max(key, axis=0)  # the one row as [C_PAD]
+    ids1 = tl.max(ids, axis=0)
     cand = (tl.max(real.to(tl.int32), axis=0) > 0) & (key1 >= lo)
     pos = tl.cumsum(cand.to(tl.int32), axis=0) - 1
     n = tl.sum(cand.to(tl.int32), axis=0)
     keep = cand & (pos < CAP)
     tl.store(scratch_key_ptr + row * CAP + pos, key1, mask=keep)
-    tl.store(scratch_id_ptr + row * CAP + pos, tl.max(ids, axis=0), mask=keep)
+    tl.store(scratch_id_ptr + row * CAP + pos, ids1, mask=keep)
     if n <= CAP:
         tl.debug_barrier()  # the compacted keys, stored by every thread, visible to all
         offs_k = tl.arange(0, CAP)
@@ -1435,8 +1439,7 @@ def _compact_finish(
                                     S_PAD, BRACKET)
         kth = tl.max(_kth_search(key, K, tl.maximum(lo_b, lo), hi_b, WAYS), axis=0)
         searched = cand & (key1 > kth)  # kth >= lo: every chosen key is a candidate
-        tl.store(list_ptr + tl.cumsum(searched.to(tl.int32), axis=0) - 1, tl.max(ids, axis=0),
-                 mask=searched)
+        tl.store(list_ptr + tl.cumsum(searched.to(tl.int32), axis=0) - 1, ids1, mask=searched)
     kappa = tl.where(kth > -2139095041, _unkey(kth), float("-inf"))
     tl.store(kappa_ptr + row, kappa)
 
@@ -1445,7 +1448,7 @@ def _compact_finish(
 def _finish_heads_kernel(
     z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, kappa_ptr, union_ptr, count_ptr, ticket_ptr,
     scratch_key_ptr, scratch_id_ptr,
-    M, num_splits, n_cand, t_cap, union_cap, finish_parts, tops_plane,
+    M, num_splits, n_cand, t_cap, union_cap, finish_parts,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr,
     H_ROWS: tl.constexpr, C_PAD: tl.constexpr, S_PAD: tl.constexpr, LOCAL: tl.constexpr,
     WAYS: tl.constexpr, PDL: tl.constexpr = False, WRITE_UNION: tl.constexpr = True,
@@ -1473,8 +1476,8 @@ def _finish_heads_kernel(
     if COMPACT > 0:  # one head a program (H_ROWS = 1), head lists, a bracket
         _compact_finish(z_ptr, split_kth_ptr, scratch_key_ptr, scratch_id_ptr, kappa_ptr,
                         union_ptr + bkv.to(tl.int64) * union_cap + part * M, head_rows, mask_h,
-                        M, num_splits, t_cap, tops_plane, C_PAD, S_PAD, TOPS_PAD, COMPACT,
-                        WAYS, BRACKET)
+                        M, num_splits, t_cap, NUM_KV_HEADS, GROUP, C_PAD, S_PAD, TOPS_PAD,
+                        COMPACT, WAYS, BRACKET)
         return
     keys, ids, real, kth, kappa = _rows_kappa(
         z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, head_rows, mask_h, M, num_splits,
@@ -1906,7 +1909,6 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count, ws.ticket,
             ws.scratch_key, ws.scratch_id,
             M, p.num_splits, p.n_cand, p.max_teams, p.union_cap, p.finish_parts,
-            batch * hq * p.num_splits,
             NUM_KV_HEADS=hkv, GROUP=p.group, G_ROWS=p.g_rows, H_ROWS=p.h_rows, C_PAD=p.c_pad,
             S_PAD=p.s_pad, LOCAL=p.local, WAYS=p.finish_ways, PDL=early,
             num_warps=p.finish_warps, num_stages=1, WRITE_UNION="no-union" not in stages,

@@ -70,7 +70,7 @@ def compile_kernel(fn, types: list[str], consts: dict, options: dict | None = No
 def main() -> int:
     failures = 0
     finish_types = ["*fp32", "*fp32", "*i32", "*i32", "*fp32", "*i32", "*i32", "*i32", "*i32",
-                    "*i32"] + ["i32"] * 7
+                    "*i32"] + ["i32"] * 6
     for local, h_rows, compact in ((False, 1, 0), (False, 2, 0), (False, 4, 0), (True, 1, 0),
                                    (True, 2, 0), (True, 4, 0), (False, 1, 64),
                                    (False, 1, 128)):

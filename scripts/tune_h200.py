@@ -656,9 +656,7 @@ PP_KNOBS = {  # HOPPER overrides (or workspace keywords, "ws") of the SANTA++ la
     "both off": {"ws": {"bracket": False, "head_lists": False}},  # session 10's finisher
     "both off finish_warps=4": {"ws": {"bracket": False, "head_lists": False,
                                        "finish_warps": 4}},
-    "finish_warps=4 lists": {"ws": {"finish_heads": 1, "finish_warps": 4}},
     "compact off": {"ws": {"compact": False}},  # the finisher's bracketed search (s11)
-    "compact finish_warps=4": {"ws": {"finish_warps": 4}},
 }
 
 
