@@ -186,6 +186,13 @@ HOPPER = {
     "compact": True,
     "compact_slack": 1.5,
     "compact_max_cap": 64,
+    # the attend programs add their partials, scaled to the head's kappa (a reference
+    # every program knows, near the selected teams' log-masses: w e^{s - kappa} ~ e^{s -
+    # phi}), into per-head fp32 sums with atomics; the group's last program (an acq_rel
+    # ticket) divides, so no merge kernel runs. Where a head's sum leaves [2^-64, 2^64]
+    # (a log-mass 44 above kappa) that program merges the head's partials by their
+    # maxima instead. Not bitwise reproducible: the sums' order is the arrival order.
+    "merge_atomic": True,
     "merge_warps": 4,  # 8 when a merge step holds >= 4096 partial elements
     "merge_block": 64,  # partials merged per step (fewer when there are fewer)
     # every kernel after the first is launched as a programmatic dependent of the one
@@ -676,6 +683,7 @@ class SantaPPPlan:
     finish_ways: int
     merge_block: int  # partials per merge step
     merge_warps: int
+    merge_atomic: bool = False  # the attend programs merge (atomic sums + ticket)
 
 
 def make_plan(
@@ -698,6 +706,7 @@ def make_plan(
     bracket: bool | None = None,
     head_lists: bool | None = None,
     compact: bool | None = None,
+    merge_atomic: bool | None = None,
     kv_element_size: int = 2,
 ) -> SantaPPPlan:
     """Plans the grids (keyword overrides are for tests and tuning). K/V tiles keep their
@@ -828,6 +837,7 @@ def make_plan(
         finish_ways=finish_ways,
         merge_block=merge_block,
         merge_warps=merge_warps,
+        merge_atomic=bool(HOPPER["merge_atomic"] if merge_atomic is None else merge_atomic),
     )
 
 
@@ -835,8 +845,8 @@ def make_plan(
 class SantaPPWorkspace:
     """Every buffer one SANTA++ call needs, allocated once for a :class:`SantaPPPlan`.
 
-    Holds the Philox ``seed`` and the device step counter ``rng`` (advanced by the merge
-    kernel). Outputs are views of the workspace: the next call overwrites them.
+    Holds the Philox ``seed`` and the device step counter ``rng`` (advanced by the call's
+    last kernel). Outputs are views of the workspace: the next call overwrites them.
     """
 
     def __init__(
@@ -863,6 +873,11 @@ class SantaPPWorkspace:
         self.scratch_key = torch.empty(max(1, rows * p.compact), **i32)  # compacted keys
         self.scratch_id = torch.empty(max(1, rows * p.compact), **i32)
         self.ticket = torch.zeros(bkv, **i32)
+        # the atomic merge's per-head sums and per-group tickets (zeroed by each group's
+        # last attend program for the next call)
+        self.sum_l = torch.zeros(rows if p.merge_atomic else 1, **f32)
+        self.sum_o = torch.zeros(rows * p.head_dim if p.merge_atomic else 1, **f32)
+        self.attend_ticket = torch.zeros(bkv, **i32)
         self.kappa = torch.empty(rows, **f32)
         self.union = torch.zeros(bkv, p.union_cap, **i32)  # entries always team ids
         self.count = torch.zeros(bkv, **i32)
@@ -884,6 +899,9 @@ class SantaPPWorkspace:
         """Sets the device step counter (and optionally the seed): replays a run exactly."""
         self.rng.fill_(step)
         self.ticket.zero_()
+        self.attend_ticket.zero_()
+        self.sum_l.zero_()
+        self.sum_o.zero_()
         if seed is not None:
             self.seed = int(seed)
 
@@ -1529,17 +1547,26 @@ def _attend_kernel(
     q_ptr, k_ptr, v_ptr, pk_ptr, pv_ptr, lengths_ptr, page_table_ptr,
     team_start_ptr, team_len_ptr, team_end_ptr,
     z_ptr, phi_ptr, kappa_ptr, union_ptr, count_ptr,
-    part_m_ptr, part_l_ptr, part_o_ptr,
+    part_m_ptr, part_l_ptr, part_o_ptr, sum_l_ptr, sum_o_ptr, ticket_ptr, out_ptr, rng_ptr,
     scale, sink, team_size, t_cap, union_cap, packed_rows, num_parts, team_programs,
     exact_programs, list_len,
     stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_pt, page_size,
+    stride_ob, stride_oh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr, G_PAD: tl.constexpr, TPB: tl.constexpr, SLOT: tl.constexpr,
     CHUNKS: tl.constexpr, BLOCK_E: tl.constexpr,
     PACKED: tl.constexpr, PAGED: tl.constexpr, REGULAR: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False, HEAD_LISTS: tl.constexpr = False,
+    MERGE_ATOMIC: tl.constexpr = False, BLOCK_S: tl.constexpr = 64,
+    LET_NEXT: tl.constexpr = False,
 ):
+    """Grid ``(B * Hkv, num_parts)``: team programs (TPB teams of the list each) and
+    exact-set programs; each writes its heads' partial (m, l, o). With MERGE_ATOMIC the
+    programs also add it, scaled to kappa, into the heads' sums, and the group's last
+    program writes the output (and advances the step counter): no merge kernel.
+    LET_NEXT (without PDL): the kernel after the call may launch as this one starts."""
     _pdl_enter(PDL, True)  # launched early: wait for the previous kernel
+    _pdl_trigger(LET_NEXT)
     BLOCK_N: tl.constexpr = TPB * SLOT
     bkv = tl.program_id(0)
     c = tl.program_id(1)
@@ -1638,9 +1665,89 @@ def _attend_kernel(
     tl.store(part_l_ptr + part, l_i, mask=mask_g)
     tl.store(part_o_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
              mask=mask_g[:, None] & mask_d[None, :])
+    if MERGE_ATOMIC:
+        _merge_atomic(part_m_ptr, part_l_ptr, part_o_ptr, sum_l_ptr, sum_o_ptr, ticket_ptr,
+                      out_ptr, rng_ptr, kappa_ptr, m_i, l_i, acc, head_rows, offs_g, offs_d,
+                      mask_g, mask_d, b, kvh, bkv, num_parts, stride_ob, stride_oh, GROUP,
+                      HEAD_DIM, D_PAD, BLOCK_S)
+
+
+@triton.jit
+def _merge_atomic(part_m_ptr, part_l_ptr, part_o_ptr, sum_l_ptr, sum_o_ptr, ticket_ptr,
+                  out_ptr, rng_ptr, kappa_ptr, m_i, l_i, acc, head_rows, offs_g, offs_d,
+                  mask_g, mask_d, b, kvh, bkv, num_parts, stride_ob, stride_oh,
+                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                  BLOCK_S: tl.constexpr):
+    """Adds an attend program's partial, scaled by ``e^{m - kappa}``, to its heads' sums;
+    the group's last program to arrive (an acq_rel ticket) stores ``sum_o / sum_l``, or
+    merges the partials by their maxima for a group where a sum left [2^-64, 2^64], and
+    zeroes the sums and the ticket for the next call. Partials scaled to one reference
+    per head are additive: the self-normalised estimate is their sum's ratio."""
+    ref = tl.load(kappa_ptr + head_rows, mask=mask_g, other=0.0)
+    ref = tl.where(ref > float("-inf"), ref, 0.0)  # kappa = -inf: every team selected
+    live = mask_g & (m_i > float("-inf"))  # empty partials add nothing
+    factor = tl.exp(tl.where(live, m_i - ref, float("-inf")))
+    cells = head_rows[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.atomic_add(sum_l_ptr + head_rows, l_i * factor, mask=live, sem="relaxed")
+    tl.atomic_add(sum_o_ptr + cells, acc * factor[:, None],
+                  mask=live[:, None] & mask_d[None, :], sem="relaxed")
+    # every thread's adds are ordered before the ticket (barrier + acq_rel atomic)
+    tl.debug_barrier()
+    ticket = tl.atomic_add(ticket_ptr + bkv, 1, sem="acq_rel")
+    if ticket == num_parts - 1:
+        mask_o = mask_g[:, None] & mask_d[None, :]
+        den = tl.load(sum_l_ptr + head_rows, mask=mask_g, other=1.0, cache_modifier=".cg")
+        num = tl.load(sum_o_ptr + cells, mask=mask_o, other=0.0, cache_modifier=".cg")
+        heads = kvh * GROUP + offs_g
+        out_rows = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        ok = (den > 5.421010862427522e-20) & (den < 1.8446744073709552e19)
+        if tl.sum((mask_g & ~ok).to(tl.int32), axis=0) == 0:
+            tl.store(out_rows, (num / den[:, None]).to(out_ptr.dtype.element_ty), mask=mask_o)
+        else:  # a sum under- or overflowed its range: the partials, by their maxima
+            row0 = tl.min(head_rows, axis=0)  # the group's first head
+            for g in range(GROUP):
+                out = _merge_head(part_m_ptr, part_l_ptr, part_o_ptr, row0 + g, num_parts,
+                                  offs_d, mask_d, HEAD_DIM, D_PAD, BLOCK_S, ".cg")
+                tl.store(out_ptr + b * stride_ob + (kvh * GROUP + g) * stride_oh + offs_d,
+                         out.to(out_ptr.dtype.element_ty), mask=mask_d)
+        tl.store(sum_l_ptr + head_rows, tl.zeros_like(den), mask=mask_g)
+        tl.store(sum_o_ptr + cells, tl.zeros_like(num), mask=mask_o)
+        tl.store(ticket_ptr + bkv, 0)  # ready for the next call (graph replay)
+        if bkv == 0:  # the call's last kernel advances the step counter (section 8)
+            tl.store(rng_ptr, tl.load(rng_ptr) + 1)
 
 
 # ----------------------------------------------------------------- kernel 3: merge
+@triton.jit
+def _merge_head(part_m_ptr, part_l_ptr, part_o_ptr, row, num_parts, offs_d, mask_d,
+                HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, BLOCK_S: tl.constexpr,
+                CACHE: tl.constexpr):
+    """Head ``row``'s output ``[D_PAD]`` (fp32) from its ``num_parts`` partials (m, l, o):
+    the max over every partial first, then one weighted sum (no running rescale)."""
+    base = row * num_parts
+    offs_s = tl.arange(0, BLOCK_S)
+    m_lanes = tl.full([BLOCK_S], float("-inf"), tl.float32)
+    for s0 in range(0, num_parts, BLOCK_S):
+        m = tl.load(part_m_ptr + base + s0 + offs_s, mask=s0 + offs_s < num_parts,
+                    other=float("-inf"), cache_modifier=CACHE)
+        m_lanes = tl.maximum(m_lanes, m)
+    m_max = tl.max(m_lanes, axis=0)
+    m_ref = tl.where(m_max > float("-inf"), m_max, 0.0)
+    l_lanes = tl.zeros([BLOCK_S], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_S, D_PAD], dtype=tl.float32)
+    for s0 in range(0, num_parts, BLOCK_S):
+        mask_s = s0 + offs_s < num_parts
+        rows = base + s0 + offs_s
+        m = tl.load(part_m_ptr + rows, mask=mask_s, other=float("-inf"), cache_modifier=CACHE)
+        l_s = tl.load(part_l_ptr + rows, mask=mask_s, other=0.0, cache_modifier=CACHE)
+        o = tl.load(part_o_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=mask_s[:, None] & mask_d[None, :], other=0.0, cache_modifier=CACHE)
+        w = tl.exp(m - m_ref)  # empty partials: 0
+        l_lanes += w * l_s
+        acc += w[:, None] * o
+    return tl.sum(acc, axis=0) / tl.sum(l_lanes, axis=0)
+
+
 @triton.jit
 def _merge_kernel(
     part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, rng_ptr,
@@ -1658,33 +1765,11 @@ def _merge_kernel(
     _pdl_trigger(LET_NEXT)
     pid = tl.program_id(0)
     hq = NUM_KV_HEADS * GROUP
-    b = pid // hq
-    h = pid % hq
-    base = pid.to(tl.int64) * num_parts
-    offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, D_PAD)
     mask_d = offs_d < HEAD_DIM
-    m_lanes = tl.full([BLOCK_S], float("-inf"), tl.float32)
-    for s0 in range(0, num_parts, BLOCK_S):
-        m = tl.load(part_m_ptr + base + s0 + offs_s, mask=s0 + offs_s < num_parts,
-                    other=float("-inf"))
-        m_lanes = tl.maximum(m_lanes, m)
-    m_max = tl.max(m_lanes, axis=0)
-    m_ref = tl.where(m_max > float("-inf"), m_max, 0.0)
-    l_lanes = tl.zeros([BLOCK_S], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_S, D_PAD], dtype=tl.float32)
-    for s0 in range(0, num_parts, BLOCK_S):
-        mask_s = s0 + offs_s < num_parts
-        rows = base + s0 + offs_s
-        m = tl.load(part_m_ptr + rows, mask=mask_s, other=float("-inf"))
-        l_s = tl.load(part_l_ptr + rows, mask=mask_s, other=0.0)
-        o = tl.load(part_o_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :],
-                    mask=mask_s[:, None] & mask_d[None, :], other=0.0)
-        w = tl.exp(m - m_ref)  # empty partials: 0
-        l_lanes += w * l_s
-        acc += w[:, None] * o
-    out = tl.sum(acc, axis=0) / tl.sum(l_lanes, axis=0)
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d,
+    out = _merge_head(part_m_ptr, part_l_ptr, part_o_ptr, pid.to(tl.int64), num_parts,
+                      offs_d, mask_d, HEAD_DIM, D_PAD, BLOCK_S, "")
+    tl.store(out_ptr + (pid // hq) * stride_ob + (pid % hq) * stride_oh + offs_d,
              out.to(out_ptr.dtype.element_ty), mask=mask_d)
     if pid == 0:  # the call's last kernel advances the step counter (section 8)
         tl.store(rng_ptr, tl.load(rng_ptr) + 1)
@@ -1929,25 +2014,28 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
     packed_k = packed.packed_k if packed.packed_k is not None else kv.k
     packed_v = packed.packed_v if packed.packed_v is not None else kv.v
     packed_rows = int(packed.packed_k.shape[2]) if packed.packed_k is not None else 0
+    out = ws.out(q.dtype)
+    atomic = p.merge_atomic and "merge" in stages  # the attend programs merge
     if "attend" in stages:
         _attend_kernel[(batch * hkv, p.num_parts)](
             q, kv.k, kv.v, packed_k, packed_v, kv.lengths, table,
             packed.team_start, packed.team_len, packed.team_end,
             ws.z, ws.phi, ws.kappa, ws.union, ws.count,
-            ws.part_m, ws.part_l, ws.part_o,
+            ws.part_m, ws.part_l, ws.part_o, ws.sum_l, ws.sum_o, ws.attend_ticket, out, ws.rng,
             tau, packed.sink, packed.team_size, p.max_teams, p.union_cap, packed_rows,
             p.num_parts, p.team_programs, p.exact_programs, M,
             q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
             table.stride(0) if paged else 0, kv.page_size if paged else 1,
+            out.stride(0), out.stride(1),
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad, G_PAD=p.g_pad,
             TPB=p.teams_per_block, SLOT=p.slot, CHUNKS=p.chunks, BLOCK_E=p.exact_rows,
             PACKED=packed.packed_k is not None, PAGED=paged, REGULAR=packed.regular,
             DOT_PRECISION=precision, PDL=early, HEAD_LISTS=lists,
+            MERGE_ATOMIC=atomic, BLOCK_S=p.merge_block, LET_NEXT=atomic and chain and not early,
             num_warps=HOPPER["attend_warps"], num_stages=1,
             **dep_early,
         )  # fmt: skip
-    out = ws.out(q.dtype)
-    if "merge" in stages:
+    if "merge" in stages and not atomic:
         _merge_kernel[(batch * hq,)](
             ws.part_m, ws.part_l, ws.part_o, out, ws.rng,
             p.num_parts, out.stride(0), out.stride(1),

@@ -170,15 +170,19 @@ def check_attend() -> int:
     paged; the merge kernel."""
     failures = 0
     types = ["*bf16"] * 5 + ["*i32", "*i32", "*i32", "*i32", "*i32", "*fp32", "*fp32",
-                             "*fp32", "*i32", "*i32", "*fp32", "*fp32", "*fp32", "fp32"]
-    types += ["i32"] * 16
-    for lists, paged in ((False, False), (True, False), (True, True)):
+                             "*fp32", "*i32", "*i32", "*fp32", "*fp32", "*fp32",
+                             "*fp32", "*fp32", "*i32", "*bf16", "*i64", "fp32"]
+    types += ["i32"] * 18
+    for lists, paged, atomic in ((False, False, False), (True, False, False),
+                                 (True, True, False), (True, False, True), (True, True, True)):
         consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "G_PAD": 16,
                   "TPB": 4, "SLOT": 16, "CHUNKS": 1, "BLOCK_E": 64, "PACKED": False,
                   "PAGED": paged, "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True,
-                  "HEAD_LISTS": lists}
+                  "HEAD_LISTS": lists, "MERGE_ATOMIC": atomic, "BLOCK_S": 64,
+                  "LET_NEXT": False}
         err = compile_kernel(tsp._attend_kernel, types, consts, {"num_warps": 4})
-        print(f"_attend_kernel head_lists={lists} paged={paged}: {err or 'ok'}")
+        print(f"_attend_kernel head_lists={lists} paged={paged} atomic={atomic}: "
+              f"{err or 'ok'}")
         failures += err is not None
     consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "BLOCK_S": 64,
               "PDL": True, "LET_NEXT": False}

@@ -657,6 +657,7 @@ PP_KNOBS = {  # HOPPER overrides (or workspace keywords, "ws") of the SANTA++ la
     "both off finish_warps=4": {"ws": {"bracket": False, "head_lists": False,
                                        "finish_warps": 4}},
     "compact off": {"ws": {"compact": False}},  # the finisher's bracketed search (s11)
+    "merge kernel": {"ws": {"merge_atomic": False}},  # partials merged by their own kernel
 }
 
 

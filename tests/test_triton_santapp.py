@@ -202,6 +202,41 @@ def test_compact_finisher_matches_the_search(case, lengths, M, rank):
                 assert got[True][2][b, h // 2, h % 2].tolist() == teams
 
 
+@pytest.mark.parametrize(("q_scale", "sums_in_range"), [
+    (2.0, True),
+    # scores of spread 80: the top team's log-mass lies ~100 above kappa, past fp32's
+    # range, so the group's last program merges the partials instead
+    (80.0, False),
+])
+def test_atomic_merge_matches_the_merge_kernel(q_scale, sums_in_range):
+    """The attend programs' atomic sums (scaled to kappa) and the group's last program
+    give the merge kernel's output and the reference's, exact rows (sink, window)
+    included; where a sum leaves its range the fallback merges the partials. The sums
+    are left zeroed and the tickets at 0 for the next call."""
+    q, kv = _problem(heads=4, n=330, d=32, lengths=[330, 271], q_scale=q_scale,
+                     dtype=torch.float32)
+    index = build_team_index(kv, team_size=4, sink=3, exact_recent=5)
+    packed = pack_teams(kv, index)
+    M = 7
+    got = {}
+    for atomic in (True, False):
+        workspace = SantaPPWorkspace.for_inputs(q, kv, packed, M, merge_atomic=atomic)
+        assert workspace.plan.merge_atomic == atomic
+        out, info = _compare(q, kv, index, packed, M, workspace=workspace, fuse_select=False,
+                             atol=2e-5 * (1 if sums_in_range else 4))
+        got[atomic] = out.clone()
+        assert int(workspace.rng) == 1  # advanced once, by the call's last kernel
+        if atomic:
+            assert not workspace.sum_l.any() and not workspace.sum_o.any()
+            assert not workspace.attend_ticket.any()
+            kappa = info.kappa.double()
+            keys = kv.k.double().repeat_interleave(2, dim=2)  # [B, N, Hq, d]
+            scores = torch.einsum("bhd,bnhd->bhn", q.double(), keys) / math.sqrt(32)
+            top = torch.logsumexp(scores, dim=-1) - kappa  # log of a head's sum, roughly
+            assert bool((top.max() < 44.0) == sums_in_range), top.max()
+    torch.testing.assert_close(got[True], got[False], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize(("plan", "dtype"), [
     ({}, torch.float32),
     ({"local": True, "teams_per_split": 16, "fuse": False}, torch.float32),
