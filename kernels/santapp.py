@@ -638,11 +638,14 @@ def santapp(
     window: int = 0,
     index_seed: int = 0,
     reps: str = "model",
+    merge: str = "atomic",
     **kw: object,
 ) -> SantaPPOutput:
     """Builds the index (``sink`` and ``window`` tokens left out of the teams) and decodes
     one step (section 6); ``kw`` goes to :func:`santapp_attention` (seed, scale, ...).
-    ``reps``: the representatives as the kernel stores them (:func:`with_reps_format`)."""
+    ``reps``: the representatives as the kernel stores them (:func:`with_reps_format`);
+    ``merge``: the kernel's (how its partials combine), nothing here."""
+    del merge
     index = build_team_index(
         kv,
         policy=policy,

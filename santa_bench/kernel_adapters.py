@@ -162,6 +162,7 @@ def santapp_prepare(
     sink: int = 0,
     window: int = 0,
     reps: str = "model",
+    merge: str = "atomic",
     scale: float | None = None,
 ) -> Prepared:
     """Prepares the Triton SANTA++ kernel: builds and packs the team index outside the timed
@@ -183,7 +184,8 @@ def santapp_prepare(
     }
     try:
         packed, build_ms = _santapp_packed(module, kv, params)
-        workspace = module.SantaPPWorkspace.for_inputs(q, kv, packed, M, seed=seed)
+        workspace = module.SantaPPWorkspace.for_inputs(q, kv, packed, M, seed=seed,
+                                                       merge_atomic=merge == "atomic")
 
         def run() -> torch.Tensor:
             return module.santapp_decode(q, kv, packed, M, scale=scale, workspace=workspace)[0]

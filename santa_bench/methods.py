@@ -343,6 +343,17 @@ def _builtin_methods() -> list[Method]:
                     choices=("model", "int8"),
                     omit_default=True,
                 ),
+                Param(
+                    "merge",
+                    "atomic",
+                    str,
+                    "kernel only: the attend programs add their partials into per-head "
+                    "sums and the group's last one divides (fastest; the sums' order, so "
+                    "the output's last bits, vary between GPU runs), or a merge kernel "
+                    "(bitwise reproducible)",
+                    choices=("atomic", "kernel"),
+                    omit_default=True,
+                ),
             ),
             reference=_santapp_reference,
             prepare=kernel_adapters.santapp_prepare,  # gumbel-topk, mix=0 (else skipped)

@@ -382,7 +382,8 @@ class TritonSantaPPDecode(DecodeAttention):
                     kv, policy=p["policy"], team_size=p["team_size"], leaders=p["leaders"],
                     representative=p["representative"], seed=self.seed, sink=p["sink"],
                     exact_recent=p["window"], reps=p.get("reps", "model"))
-                plan = module._plan_for(self.query, kv, packed, p["M"])
+                plan = module._plan_for(self.query, kv, packed, p["M"],
+                                        merge_atomic=p.get("merge", "atomic") == "atomic")
                 if plan not in by_plan:
                     by_plan[plan] = module.SantaPPWorkspace(
                         plan, device=self.query.device, seed=self.seed + len(by_plan))
