@@ -1564,9 +1564,11 @@ def _attend_kernel(
     exact-set programs; each writes its heads' partial (m, l, o). With MERGE_ATOMIC the
     programs also add it, scaled to kappa, into the heads' sums, and the group's last
     program writes the output (and advances the step counter): no merge kernel.
-    LET_NEXT (without PDL): the kernel after the call may launch as this one starts."""
-    _pdl_enter(PDL, True)  # launched early: wait for the previous kernel
-    _pdl_trigger(LET_NEXT)
+    LET_NEXT (MERGE_ATOMIC): the kernel after the call may launch once every program has
+    added its partial (not as they start: its programs would wait on SMs this grid needs)."""
+    _pdl_wait(PDL)  # launched early: wait for the previous kernel
+    if not MERGE_ATOMIC:
+        _pdl_trigger(PDL)  # the merge kernel may launch as this grid's last wave starts
     BLOCK_N: tl.constexpr = TPB * SLOT
     bkv = tl.program_id(0)
     c = tl.program_id(1)
@@ -1669,7 +1671,7 @@ def _attend_kernel(
         _merge_atomic(part_m_ptr, part_l_ptr, part_o_ptr, sum_l_ptr, sum_o_ptr, ticket_ptr,
                       out_ptr, rng_ptr, kappa_ptr, m_i, l_i, acc, head_rows, offs_g, offs_d,
                       mask_g, mask_d, b, kvh, bkv, num_parts, stride_ob, stride_oh, GROUP,
-                      HEAD_DIM, D_PAD, BLOCK_S)
+                      HEAD_DIM, D_PAD, BLOCK_S, LET_NEXT)
 
 
 @triton.jit
@@ -1677,7 +1679,7 @@ def _merge_atomic(part_m_ptr, part_l_ptr, part_o_ptr, sum_l_ptr, sum_o_ptr, tick
                   out_ptr, rng_ptr, kappa_ptr, m_i, l_i, acc, head_rows, offs_g, offs_d,
                   mask_g, mask_d, b, kvh, bkv, num_parts, stride_ob, stride_oh,
                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                  BLOCK_S: tl.constexpr):
+                  BLOCK_S: tl.constexpr, LET_NEXT: tl.constexpr):
     """Adds an attend program's partial, scaled by ``e^{m - kappa}``, to its heads' sums;
     the group's last program to arrive (an acq_rel ticket) stores ``sum_o / sum_l``, or
     merges the partials by their maxima for a group where a sum left [2^-64, 2^64], and
@@ -1691,6 +1693,7 @@ def _merge_atomic(part_m_ptr, part_l_ptr, part_o_ptr, sum_l_ptr, sum_o_ptr, tick
     tl.atomic_add(sum_l_ptr + head_rows, l_i * factor, mask=live, sem="relaxed")
     tl.atomic_add(sum_o_ptr + cells, acc * factor[:, None],
                   mask=live[:, None] & mask_d[None, :], sem="relaxed")
+    _pdl_trigger(LET_NEXT)  # the kernel after the call waits for this grid's end anyway
     # every thread's adds are ordered before the ticket (barrier + acq_rel atomic)
     tl.debug_barrier()
     ticket = tl.atomic_add(ticket_ptr + bkv, 1, sem="acq_rel")
@@ -2031,7 +2034,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             TPB=p.teams_per_block, SLOT=p.slot, CHUNKS=p.chunks, BLOCK_E=p.exact_rows,
             PACKED=packed.packed_k is not None, PAGED=paged, REGULAR=packed.regular,
             DOT_PRECISION=precision, PDL=early, HEAD_LISTS=lists,
-            MERGE_ATOMIC=atomic, BLOCK_S=p.merge_block, LET_NEXT=atomic and chain and not early,
+            MERGE_ATOMIC=atomic, BLOCK_S=p.merge_block, LET_NEXT=atomic and chain,
             num_warps=HOPPER["attend_warps"], num_stages=1,
             **dep_early,
         )  # fmt: skip

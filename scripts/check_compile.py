@@ -179,7 +179,7 @@ def check_attend() -> int:
                   "TPB": 4, "SLOT": 16, "CHUNKS": 1, "BLOCK_E": 64, "PACKED": False,
                   "PAGED": paged, "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True,
                   "HEAD_LISTS": lists, "MERGE_ATOMIC": atomic, "BLOCK_S": 64,
-                  "LET_NEXT": False}
+                  "LET_NEXT": atomic}
         err = compile_kernel(tsp._attend_kernel, types, consts, {"num_warps": 4})
         print(f"_attend_kernel head_lists={lists} paged={paged} atomic={atomic}: "
               f"{err or 'ok'}")
