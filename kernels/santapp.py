@@ -638,7 +638,7 @@ def santapp(
     window: int = 0,
     index_seed: int = 0,
     reps: str = "model",
-    merge: str = "atomic",
+    merge: str = "auto",
     **kw: object,
 ) -> SantaPPOutput:
     """Builds the index (``sink`` and ``window`` tokens left out of the teams) and decodes

@@ -192,7 +192,13 @@ HOPPER = {
     # ticket) divides, so no merge kernel runs. Where a head's sum leaves [2^-64, 2^64]
     # (a log-mass 44 above kappa) that program merges the head's partials by their
     # maxima instead. Not bitwise reproducible: the sums' order is the arrival order.
+    # Up to merge_atomic_max_groups (sequence, KV head) groups. H200, M=32 P=16, the call
+    # against the merge kernel (results/h200/tune-2026-12-01-s13): 32k B=1 20.72 -> 18.15
+    # us, 128k B=1 P=64 33.07 -> 30.79, 32k B=8 65.07 -> 64.89; but inside the e2e decode
+    # loop at 32k (int8 representatives, results/h200/e2e-llama8b-32k-s13b) attention a
+    # step 1.79 -> 1.93 ms at B=8 (64 groups) and 1.12 -> 1.19 at B=4 (not profiled)
     "merge_atomic": True,
+    "merge_atomic_max_groups": 16,
     "merge_warps": 4,  # 8 when a merge step holds >= 4096 partial elements
     "merge_block": 64,  # partials merged per step (fewer when there are fewer)
     # every kernel after the first is launched as a programmatic dependent of the one
@@ -837,7 +843,10 @@ def make_plan(
         finish_ways=finish_ways,
         merge_block=merge_block,
         merge_warps=merge_warps,
-        merge_atomic=bool(HOPPER["merge_atomic"] if merge_atomic is None else merge_atomic),
+        merge_atomic=bool(
+            HOPPER["merge_atomic"] and bkv <= HOPPER["merge_atomic_max_groups"]
+            if merge_atomic is None else merge_atomic
+        ),
     )
 
 

@@ -147,6 +147,11 @@ def _kmeans_packed(module, kv: KVCache, params: dict[str, Any]):
     return module.pack_teams(kv, index), build_ms
 
 
+def merge_atomic_of(merge: str) -> bool | None:
+    """The kernel's ``merge_atomic`` for the method's ``merge`` (None: its own choice)."""
+    return {"auto": None, "atomic": True, "kernel": False}[merge]
+
+
 def santapp_prepare(
     q: torch.Tensor,
     kv: KVCache,
@@ -162,7 +167,7 @@ def santapp_prepare(
     sink: int = 0,
     window: int = 0,
     reps: str = "model",
-    merge: str = "atomic",
+    merge: str = "auto",
     scale: float | None = None,
 ) -> Prepared:
     """Prepares the Triton SANTA++ kernel: builds and packs the team index outside the timed
@@ -185,7 +190,7 @@ def santapp_prepare(
     try:
         packed, build_ms = _santapp_packed(module, kv, params)
         workspace = module.SantaPPWorkspace.for_inputs(q, kv, packed, M, seed=seed,
-                                                       merge_atomic=merge == "atomic")
+                                                       merge_atomic=merge_atomic_of(merge))
 
         def run() -> torch.Tensor:
             return module.santapp_decode(q, kv, packed, M, scale=scale, workspace=workspace)[0]

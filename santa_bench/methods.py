@@ -345,13 +345,14 @@ def _builtin_methods() -> list[Method]:
                 ),
                 Param(
                     "merge",
-                    "atomic",
+                    "auto",
                     str,
-                    "kernel only: the attend programs add their partials into per-head "
-                    "sums and the group's last one divides (fastest; the sums' order, so "
-                    "the output's last bits, vary between GPU runs), or a merge kernel "
-                    "(bitwise reproducible)",
-                    choices=("atomic", "kernel"),
+                    "kernel only: atomic = the attend programs add their partials into "
+                    "per-head sums and the group's last one divides (the sums' order, so "
+                    "the output's last bits, vary between GPU runs); kernel = a merge "
+                    "kernel (bitwise reproducible); auto = atomic up to 16 (sequence, KV "
+                    "head) groups, where it measured faster",
+                    choices=("auto", "atomic", "kernel"),
                     omit_default=True,
                 ),
             ),

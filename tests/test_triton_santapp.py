@@ -424,6 +424,10 @@ def test_plans_fit_llama_shapes(d, team_size):
             assert plan.g_rows * plan.c_pad <= FINISH_CAP
     assert make_plan(1, 32, 8, 128, 2048, 32, 16, 0).local is False  # 32k / 16: direct
     assert make_plan(1, 32, 8, 128, 8192, 32, 16, 0).local is True  # 128k / 16: local
+    # the atomic merge up to 16 (sequence, KV head) groups, the merge kernel above
+    assert make_plan(2, 32, 8, 128, 2048, 32, 16, 0).merge_atomic is True
+    assert make_plan(4, 32, 8, 128, 2048, 32, 16, 0).merge_atomic is False
+    assert make_plan(4, 32, 8, 128, 2048, 32, 16, 0, merge_atomic=True).merge_atomic is True
 
 
 def _pow2(x: int) -> int:

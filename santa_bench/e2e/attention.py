@@ -373,6 +373,8 @@ class TritonSantaPPDecode(DecodeAttention):
         self.workspaces: list[Any] = []
 
     def after_prefill(self, cache: StaticKVCache) -> None:
+        from santa_bench.kernel_adapters import merge_atomic_of
+
         p, module = self.params, self.module
         by_plan: dict[Any, Any] = {}
         self.packed, self.workspaces = [], []
@@ -383,7 +385,7 @@ class TritonSantaPPDecode(DecodeAttention):
                     representative=p["representative"], seed=self.seed, sink=p["sink"],
                     exact_recent=p["window"], reps=p.get("reps", "model"))
                 plan = module._plan_for(self.query, kv, packed, p["M"],
-                                        merge_atomic=p.get("merge", "atomic") == "atomic")
+                                        merge_atomic=merge_atomic_of(p.get("merge", "auto")))
                 if plan not in by_plan:
                     by_plan[plan] = module.SantaPPWorkspace(
                         plan, device=self.query.device, seed=self.seed + len(by_plan))
