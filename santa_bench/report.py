@@ -43,11 +43,19 @@ def speedup_cell(case: pd.DataFrame, bold: bool = False) -> str:
     return f"{ratio} [{ci.ci_low:.2f}-{ci.ci_high:.2f}] vs {ci.best_dense}"
 
 
+# string parameters stored only away from their defaults (merge: relabelled where its
+# default changed): named in the label so that variants of one method stay apart
+_LABEL_TEXT_PARAMS = ("reps", "merge")
+
+
 def _label(row: pd.Series) -> str:
     label = str(row["method"])
     for key, short in (("S", "S"), ("M", "M"), ("team_size", "P"), ("passes", "passes")):
         if key in row and not pd.isna(row.get(key)):  # passes: stored only when not 1
             label += f" {short}={int(row[key])}"
+    for key in _LABEL_TEXT_PARAMS:
+        if key in row and isinstance(row.get(key), str) and row[key]:
+            label += f" {key}={row[key]}"
     return label
 
 

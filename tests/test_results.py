@@ -320,6 +320,19 @@ def test_report_label_names_two_pass_flash_only():
     assert _label(pd.Series({"method": "santa-flash", "S": 128.0})) == "santa-flash S=128"
 
 
+def test_report_label_names_santapp_variants():
+    import pandas as pd
+
+    from santa_bench.report import _label
+
+    row = {"method": "santapp", "M": 32.0, "team_size": 16.0}
+    assert _label(pd.Series(row)) == "santapp M=32 P=16"
+    assert _label(pd.Series({**row, "reps": float("nan"), "merge": "kernel"})) == (
+        "santapp M=32 P=16 merge=kernel")
+    assert _label(pd.Series({**row, "reps": "int8", "merge": "atomic"})) == (
+        "santapp M=32 P=16 reps=int8 merge=atomic")
+
+
 def test_recall_order_puts_the_current_run_and_newer_runs_last(tmp_path) -> None:
     """Two runs of one case: the rows the recall helpers see last (and keep) are the
     current run's, else the newest run's by its run.json date."""
