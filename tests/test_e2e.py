@@ -237,6 +237,15 @@ def test_cli_run_writes_rows_and_resumes(tmp_path):
     assert "4 of 4 cases already in" in _text(rerun)
 
 
+def test_e2e_report_labels_name_santapp_variants():
+    from santa_bench.e2e.report import _label
+
+    row = {"method": "santapp", "M": 32.0, "reps": "int8"}
+    assert _label(pd.Series(row)) == "santapp M=32 reps=int8"
+    assert _label(pd.Series({**row, "merge": "kernel"})) == "santapp M=32 reps=int8 merge=kernel"
+    assert _label(pd.Series({**row, "merge": float("nan")})) == "santapp M=32 reps=int8"
+
+
 def test_speedups_recall_dense_runs_of_an_earlier_process_and_the_report(tmp_path):
     common = ("e2e", "--config", "tiny", "--ctx", "64", "--batch", "2", "--steps", "3",
               "--results", tmp_path, "--run-id", "x")

@@ -28,6 +28,8 @@ def _label(row: pd.Series) -> str:
             label += f" {key}={int(row[key])}"
     if isinstance(row.get("reps"), str) and row["reps"] != "model":
         label += f" reps={row['reps']}"
+    if isinstance(row.get("merge"), str) and row["merge"] != "auto":
+        label += f" merge={row['merge']}"
     if isinstance(row.get("dense_layers"), str) and row["dense_layers"]:
         label += f" (exact layers {row['dense_layers']})"
     return label
