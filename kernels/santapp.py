@@ -600,7 +600,9 @@ def quantize_reps(reps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     inclusion probabilities both use the same ``phi`` (ALGORITHMS.md section 6)."""
     r = reps.float()
     amax = r.abs().amax(dim=-1)
-    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    # a tensor divisor: CUDA divides by a Python scalar as a product with its reciprocal,
+    # which rounds differently from the CPU's division (then a code can flip at .5)
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, 127.0), torch.ones_like(amax))
     codes = torch.round(r / scale[..., None]).clamp(-127, 127).to(torch.int8)
     return codes, scale
 

@@ -259,6 +259,19 @@ def test_int8_reps_match_the_reference_on_the_rounded_keys(plan, dtype):
              workspace=workspace, fuse_select=fuse)
 
 
+def test_int8_quantization_is_the_same_on_every_device():
+    """The kernel's index quantises on the cache's device, the reference's rounded keys on
+    the CPU: the scales must be the correctly rounded amax / 127 and the codes the same
+    there (on a GPU a division by a Python scalar is a product with its reciprocal)."""
+    gen = torch.Generator().manual_seed(11)
+    reps = (torch.randn(64, 41, 64, generator=gen) * 2).to(torch.bfloat16)
+    codes, scale = quantize_reps(reps.to(DEVICE))
+    cpu_codes, cpu_scale = quantize_reps(reps)
+    amax = reps.double().abs().amax(-1)
+    assert torch.equal(scale.cpu(), (amax / 127).float())
+    assert torch.equal(scale.cpu(), cpu_scale) and torch.equal(codes.cpu(), cpu_codes)
+
+
 def test_int8_quantization_bounds_and_errors():
     gen = torch.Generator().manual_seed(5)
     reps = torch.randn(3, 5, 32, generator=gen) * torch.tensor([0.01, 1.0, 40.0])[:, None, None]
