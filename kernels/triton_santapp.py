@@ -76,8 +76,9 @@ group, ``n_u`` their members, ``X`` exact rows):
   the finishers re-read ``z`` (or the candidates) from L2.
 * attend: reads ``Σ (n_u + X) * 2 * d * E`` (K and V rows, union per group) + ``U*G*8``
   (``z``, ``phi``); writes ``B*Hq*(chunks used + exact programs)*(d + 2)*4``.
-* merge: reads those partials, writes ``B*Hq*d*E`` (atomic merge: the adds move
-  ``B*Hq*(d + 1)*4`` per program a head, the last program reads them once).
+* merge: reads those partials, writes ``B*Hq*d*E`` (atomic merge: each attend program
+  adds ``(d + 1)`` fp32 a head of its group; the group's last program reads the sums
+  once).
 
 At Llama-3.1-8B shape (Hq=32, Hkv=8, d=128, bf16), 32k tokens, P=16, M=32, B=1: the
 representatives are 8 x 2048 x 256 B = 4.2 MB and the teams at most 8 x 128 x 16 rows x
@@ -894,7 +895,7 @@ class SantaPPWorkspace:
         # last attend program for the next call)
         self.sum_l = torch.zeros(rows if p.merge_atomic else 1, **f32)
         self.sum_o = torch.zeros(rows * p.head_dim if p.merge_atomic else 1, **f32)
-        self.attend_ticket = torch.zeros(bkv, **i32)
+        self.attend_ticket = torch.zeros(bkv if p.merge_atomic else 1, **i32)
         self.kappa = torch.empty(rows, **f32)
         self.union = torch.zeros(bkv, p.union_cap, **i32)  # entries always team ids
         self.count = torch.zeros(bkv, **i32)

@@ -138,6 +138,7 @@ class Method:
 # --------------------------------------------------------------- parameters
 _S = Param("S", 128, int, "samples per (sequence, query head)", minimum=1)
 _TILE = Param("tile", 64, int, "split-KV tile size BN (tokens)", minimum=1)
+DEFAULT_TILE = _TILE.default
 _MIN_CTX = Param("min_ctx", 0, int, "contexts shorter than this run dense", minimum=0)
 _ALLOC = Param(
     "alloc",

@@ -6,6 +6,7 @@ import math
 
 import pandas as pd
 
+from santa_bench.methods import DEFAULT_TILE
 from santa_bench.units import format_size
 
 KERNEL_METRICS = (
@@ -48,15 +49,20 @@ def speedup_cell(case: pd.DataFrame, bold: bool = False) -> str:
 _LABEL_TEXT_PARAMS = ("reps", "merge")
 
 
+def variant_text(row: pd.Series) -> str:
+    """`` reps=int8 merge=kernel``: the row's stored string variant parameters, or ``""``."""
+    return "".join(f" {key}={row[key]}" for key in _LABEL_TEXT_PARAMS
+                   if isinstance(row.get(key), str) and row[key])
+
+
 def _label(row: pd.Series) -> str:
     label = str(row["method"])
     for key, short in (("S", "S"), ("M", "M"), ("team_size", "P"), ("passes", "passes")):
         if key in row and not pd.isna(row.get(key)):  # passes: stored only when not 1
             label += f" {short}={int(row[key])}"
-    for key in _LABEL_TEXT_PARAMS:
-        if key in row and isinstance(row.get(key), str) and row[key]:
-            label += f" {key}={row[key]}"
-    return label
+    if not pd.isna(row.get("tile", float("nan"))) and int(row["tile"]) != DEFAULT_TILE:
+        label += f" tile={int(row['tile'])}"  # always stored: named away from the default
+    return label + variant_text(row)
 
 
 def kernel_table(frame: pd.DataFrame) -> str:

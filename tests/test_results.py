@@ -331,6 +331,9 @@ def test_report_label_names_santapp_variants():
         "santapp M=32 P=16 merge=kernel")
     assert _label(pd.Series({**row, "reps": "int8", "merge": "atomic"})) == (
         "santapp M=32 P=16 reps=int8 merge=atomic")
+    prop = {"method": "santa-prop", "S": 128.0}
+    assert _label(pd.Series({**prop, "tile": 64.0})) == "santa-prop S=128"
+    assert _label(pd.Series({**prop, "tile": 128.0})) == "santa-prop S=128 tile=128"
 
 
 def test_recall_order_puts_the_current_run_and_newer_runs_last(tmp_path) -> None:

@@ -15,7 +15,7 @@ import sys
 
 import pandas as pd
 
-from santa_bench.report import case_metrics, metric_value, speedup_cell
+from santa_bench.report import case_metrics, metric_value, speedup_cell, variant_text
 from santa_bench.units import format_size
 
 TABLE_KEYS = ("model", "weights", "prefill", "layout", "rest", "timing")
@@ -26,10 +26,7 @@ def _label(row: pd.Series) -> str:
     for key in ("S", "M"):
         if key in row and not pd.isna(row.get(key)):
             label += f" {key}={int(row[key])}"
-    if isinstance(row.get("reps"), str) and row["reps"] != "model":
-        label += f" reps={row['reps']}"
-    if isinstance(row.get("merge"), str) and row["merge"] != "auto":
-        label += f" merge={row['merge']}"
+    label += variant_text(row)
     if isinstance(row.get("dense_layers"), str) and row["dense_layers"]:
         label += f" (exact layers {row['dense_layers']})"
     return label
