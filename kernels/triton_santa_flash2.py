@@ -80,6 +80,7 @@ FLASH2_CONFIG = {
     256: {"count": (8, 2), "gather": (8, 2)},
 }
 GATHER_TILES = 32  # tiles per gather program at most (default gather_splits)
+GATHERS = ("masked", "compact", "inline")  # pass 2's V reads (santa_flash_two_pass)
 MAX_COUNT = (1 << 15) - 1  # counts are stored as int16: a row holds at most S_tile <= S
 # counts @ V on tensor cores: exact with the counts in V's 16-bit dtype up to this count
 _EXACT_COUNT = {torch.bfloat16: 256, torch.float16: 2048}
@@ -93,7 +94,9 @@ def two_pass_workspace(q: torch.Tensor, kv: KVCache, S: int, tile: int = 64,
     if kw.get("num_splits") is None:
         kw["num_splits"] = max(num_splits_for(q.shape[0] * kv.num_kv_heads, n_tiles,
                                               _sm_count(q.device)), -(-n_tiles // GATHER_TILES))
-    return SantaWorkspace.for_inputs(q, kv, S, tile, store_counts=True, **kw)
+    ws = SantaWorkspace.for_inputs(q, kv, S, tile, store_counts=True, **kw)
+    _entry_buffers(ws)  # the compact gathers' row lists
+    return ws
 
 
 def flash2_config(head_dim: int) -> dict:
@@ -113,11 +116,21 @@ def _flash_count_kernel(
     PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr,
     D_PAD: tl.constexpr, HAS_UNIFORMS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     W_BITS: tl.constexpr, GROUP_RNG: tl.constexpr = False, DRAW: tl.constexpr = True,
+    entry_rows_ptr=None, entry_count_ptr=None, entry_stride=0, num_splits=1,
+    part_m_ptr=None, part_l_ptr=None, part_o_ptr=None, v_ptr=None,
+    stride_vx=0, stride_vy=0, stride_vh=0,
+    COMPACT: tl.constexpr = False, INLINE: tl.constexpr = False, BLOCK: tl.constexpr = 64,
+    GATHER_G_PAD: tl.constexpr = 16, W_MODE: tl.constexpr = 0,
 ):
     # DRAW (profiling only): False stores the integer weights instead of the draw's
     # counts (no scan, no Philox, no floors): what the draw costs
     # One program: tiles [t_begin, t_end) of one (sequence, KV head), all G query heads.
     # The dot runs on G_PAD >= 16 rows; everything after it on ROWS >= G real rows.
+    # COMPACT: instead of dense counts rows, the union of the group's sampled rows of the
+    # program's tiles as a list (``entry_rows``, from ``t_begin * TILE``; its length in
+    # ``entry_count``) with the group's counts at the same list positions, and the
+    # program's running (max, mass) over its tiles as its partial's (m, l).
+    # INLINE (with COMPACT): then the same program gathers its own list (_compact_gather).
     W_SCALE: tl.constexpr = (1 << W_BITS) // TILE
     b, kvh, length, per_tile, t_begin, t_end = _flash_program(lengths_ptr, S, num_kv_heads,
                                                               tiles_per_split, TILE)
@@ -129,6 +142,10 @@ def _flash_count_kernel(
         mask_g = tl.arange(0, ROWS) < group
     head_rows = (b * num_q_heads + heads).to(tl.int64)
     rng_base = _flash_rng_base(step, head_rows, b, kvh, num_kv_heads, rng_stride, GROUP_RNG)
+    kv_row = (b * num_kv_heads + kvh).to(tl.int64)
+    cursor = t_begin * TILE  # the next list position (COMPACT)
+    m_run = tl.full([ROWS], float("-inf"), tl.float32)
+    l_run = tl.zeros([ROWS], dtype=tl.float32)
     for t in range(t_begin, t_end):
         s, offs_n, mask_n = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim,
                                          scale, stride_kx, stride_ky, stride_kh, stride_pt,
@@ -147,11 +164,42 @@ def _flash_count_kernel(
         else:
             counts = w >> 27
         ok = mask_g[:, None] & mask_n[None, :]
-        tl.store(counts_ptr + head_rows[:, None] * counts_stride + offs_n[None, :],
-                 counts.to(tl.int16), mask=ok)
+        mass_f = mass.to(tl.float32) / W_SCALE
+        if COMPACT:
+            counts = tl.where(ok, counts, 0.0)
+            needed = tl.max(counts, axis=0) > 0  # rows some head of the group sampled
+            taken = needed.to(tl.int32)
+            pos = cursor + tl.cumsum(taken, axis=0) - taken  # their list positions, in order
+            tl.store(entry_rows_ptr + kv_row * entry_stride + pos, offs_n, mask=needed)
+            tl.store(counts_ptr + head_rows[:, None] * counts_stride + pos[None, :],
+                     counts.to(tl.int16), mask=mask_g[:, None] & needed[None, :])
+            cursor += tl.sum(taken, axis=0)
+            # the program's partial (m, l): FlashDecoding's running merge of the tiles
+            m_new = tl.maximum(m_run, m_t)
+            m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
+            l_run = (l_run * tl.exp(m_run - m_ref)
+                     + tl.where(m_t > float("-inf"), tl.exp(m_t - m_ref) * mass_f, 0.0))
+            m_run = m_new
+        else:
+            tl.store(counts_ptr + head_rows[:, None] * counts_stride + offs_n[None, :],
+                     counts.to(tl.int16), mask=ok)
         tl.store(tile_max_ptr + head_rows * stats_stride + t, m_t, mask=mask_g)
-        tl.store(tile_mass_ptr + head_rows * stats_stride + t, mass.to(tl.float32) / W_SCALE,
-                 mask=mask_g)
+        tl.store(tile_mass_ptr + head_rows * stats_stride + t, mass_f, mask=mask_g)
+    if COMPACT:
+        split = tl.program_id(0)
+        tl.store(entry_count_ptr + kv_row * num_splits + split, cursor - t_begin * TILE)
+        part = head_rows * num_splits + split
+        tl.store(part_m_ptr + part, m_run, mask=mask_g)
+        tl.store(part_l_ptr + part, l_run, mask=mask_g)
+        if INLINE:
+            tl.debug_barrier()  # the program's list, counts and stats: visible to every thread
+            _compact_gather(v_ptr, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr,
+                            entry_rows_ptr, part_m_ptr, part_o_ptr, b, kvh, split,
+                            t_begin * TILE, cursor - t_begin * TILE, per_tile, num_kv_heads,
+                            num_q_heads, group, head_dim, num_splits, counts_stride,
+                            stats_stride, entry_stride, stride_vx, stride_vy, stride_vh,
+                            stride_pt, page_size, PAGED, TILE, GATHER_G_PAD, D_PAD, BLOCK,
+                            W_MODE)
 
 
 # ------------------------------------------------------------- pass 2: gather
@@ -231,7 +279,116 @@ def _flash_gather_kernel(
              mask=mask_g[:, None] & mask_d[None, :])
 
 
+# ------------------------------------------------------------- pass 2: compact lists
+@triton.jit
+def _weights_dot(w, v, W_MODE: tl.constexpr):
+    """``w @ v`` (fp32) for fp32 weights ``w``. W_MODE 0: an fp32 dot (fp32 V,
+    interpreter); 1: ``w`` split into two 16-bit parts ``hi + lo`` in V's dtype, two
+    tensor-core dots (a 2^-16 relative rounding of each weight)."""
+    if W_MODE == 0:
+        o = tl.dot(w, v.to(tl.float32), input_precision="ieee")
+    else:
+        hi = w.to(v.dtype)
+        lo = (w - hi.to(tl.float32)).to(v.dtype)
+        o = tl.dot(hi, v) + tl.dot(lo, v)
+    return o
+
+
+@triton.jit
+def _compact_gather(v_ptr, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr,
+                    entry_rows_ptr, part_m_ptr, part_o_ptr, b, kvh, split, e_begin, n_entries,
+                    per_tile, num_kv_heads, num_q_heads, group, head_dim, num_splits,
+                    counts_stride, stats_stride, entry_stride, stride_vx, stride_vy,
+                    stride_vh, stride_pt, page_size,
+                    PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr,
+                    D_PAD: tl.constexpr, BLOCK: tl.constexpr, W_MODE: tl.constexpr):
+    """One program's list (entries ``[e_begin, e_begin + n_entries)`` of (sequence, KV
+    head)): ``sum_e c_ge * l_t(e) * exp(m_t(e) - m_g) / S_tile * V[row_e]`` for each head
+    ``g`` of the group, ``m_g`` the program's partial max (stored by pass 1), into the
+    partial's ``o``. Every loaded V row is one some head sampled, BLOCK rows a dot."""
+    offs_g = tl.arange(0, G_PAD)
+    mask_g = offs_g < group
+    head_rows = (b * num_q_heads + kvh * group + offs_g).to(tl.int64)
+    offs_d = tl.arange(0, D_PAD)
+    mask_d = offs_d < head_dim
+    part = head_rows * num_splits + split
+    m_p = tl.load(part_m_ptr + part, mask=mask_g, other=float("-inf"))
+    m_ref = tl.where(m_p > float("-inf"), m_p, 0.0)
+    kv_row = (b * num_kv_heads + kvh).to(tl.int64)
+    v_base = v_ptr + kvh * stride_vh
+    acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+    for e0 in range(0, n_entries, BLOCK):
+        offs_e = e0 + tl.arange(0, BLOCK)
+        ok = offs_e < n_entries
+        n = tl.load(entry_rows_ptr + kv_row * entry_stride + e_begin + offs_e, mask=ok, other=0)
+        c = tl.load(counts_ptr + head_rows[:, None] * counts_stride + e_begin + offs_e[None, :],
+                    mask=mask_g[:, None] & ok[None, :], other=0).to(tl.float32)
+        drawn = c > 0
+        stats = head_rows[:, None] * stats_stride + (n // TILE)[None, :]
+        m_e = tl.load(tile_max_ptr + stats, mask=drawn, other=0.0)
+        mass_e = tl.load(tile_mass_ptr + stats, mask=drawn, other=0.0)
+        w = tl.where(drawn, c * mass_e * tl.exp(m_e - m_ref[:, None]), 0.0)
+        rows = _row_offsets(page_table_ptr, b, n, stride_vx, stride_vy, stride_pt, page_size,
+                            PAGED)
+        v = tl.load(v_base + rows[:, None] + offs_d[None, :], mask=ok[:, None] & mask_d[None, :],
+                    other=0.0)
+        acc += _weights_dot(w, v, W_MODE)
+    tl.store(part_o_ptr + part[:, None] * head_dim + offs_d[None, :], acc / per_tile,
+             mask=mask_g[:, None] & mask_d[None, :])
+
+
+@triton.jit
+def _compact_gather_kernel(
+    v_ptr, lengths_ptr, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr,
+    entry_rows_ptr, entry_count_ptr, part_m_ptr, part_o_ptr,
+    S, num_kv_heads, num_q_heads, group, head_dim: tl.constexpr, tiles_per_split, num_splits,
+    counts_stride, stats_stride, entry_stride,
+    stride_vx, stride_vy, stride_vh, stride_pt, page_size,
+    PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
+    BLOCK: tl.constexpr, W_MODE: tl.constexpr,
+):
+    # grid (splits, B * Hkv): the list of the count program with the same index
+    split = tl.program_id(0)
+    b, kvh, _, per_tile, t_begin, _ = _flash_program(lengths_ptr, S, num_kv_heads,
+                                                     tiles_per_split, TILE)
+    n_entries = tl.load(entry_count_ptr + (b * num_kv_heads + kvh).to(tl.int64) * num_splits
+                        + split)
+    _compact_gather(v_ptr, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr,
+                    entry_rows_ptr, part_m_ptr, part_o_ptr, b, kvh, split, t_begin * TILE,
+                    n_entries, per_tile, num_kv_heads, num_q_heads, group, head_dim, num_splits,
+                    counts_stride, stats_stride, entry_stride, stride_vx, stride_vy,
+                    stride_vh, stride_pt, page_size, PAGED, TILE, G_PAD, D_PAD, BLOCK, W_MODE)
+
+
 # ------------------------------------------------------------------ host side
+def _entry_buffers(ws: SantaWorkspace) -> tuple[torch.Tensor, torch.Tensor]:
+    """The workspace's row lists ``[B * Hkv, counts width]`` (int32) and their lengths
+    ``[B * Hkv, num_splits]``, allocated on first use (:func:`two_pass_workspace` does it
+    up front, outside any graph capture)."""
+    if getattr(ws, "entry_rows", None) is None:
+        rows = ws.batch * ws.num_kv_heads
+        ws.entry_rows = torch.zeros(rows, ws.counts.shape[1], dtype=torch.int32,
+                                    device=ws.device)
+        ws.entry_count = torch.zeros(rows, ws.num_splits, dtype=torch.int32, device=ws.device)
+    return ws.entry_rows, ws.entry_count
+
+
+def _dense_counts(ws: SantaWorkspace, listed: torch.Tensor, batch: int, hkv: int, group: int,
+                  region: int, splits: int) -> torch.Tensor:
+    """The ``[B, Hq, N]`` counts of the compact lists (``return_counts``; not on the hot
+    path): list entry ``j`` of split ``p`` holds row ``entry_rows[p * region + j]``."""
+    capacity = listed.shape[-1]  # list positions never pass their rows: < capacity
+    pos = torch.arange(capacity, device=listed.device)
+    split = (pos // region).clamp_max(splits - 1)
+    valid = (pos % region) < ws.entry_count[: batch * hkv, split]  # [B * Hkv, capacity]
+    rows = ws.entry_rows[: batch * hkv, :capacity].long().where(valid, 0)
+    per_head = valid.repeat_interleave(group, dim=0).view(listed.shape)
+    src = torch.where(per_head, listed, torch.zeros_like(listed))
+    index = rows.repeat_interleave(group, dim=0).view(listed.shape)
+    dense = torch.zeros_like(listed)
+    return dense.scatter_add_(-1, index, src)
+
+
 def _launch_config(value, default: tuple[int, int], name: str) -> tuple[int, int]:
     if value is None:
         return default
@@ -246,7 +403,8 @@ def santa_flash_two_pass(
     seed: int | None = None, uniforms: torch.Tensor | None = None,
     workspace: SantaWorkspace | None = None, return_counts: bool = False,
     count_config: tuple[int, int] | None = None, gather_config: tuple[int, int] | None = None,
-    group_offsets: bool = False, gather_splits: int | None = None,
+    group_offsets: bool = False, gather_splits: int | None = None, gather: str = "masked",
+    block: int = 64, count_splits: int | None = None,
     stages: tuple[str, ...] = ("count", "gather", "merge"), draw: bool = True,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash in two passes.
@@ -259,9 +417,19 @@ def santa_flash_two_pass(
     :func:`santa_flash` (the same stream as ``santa_flash(..., group_offsets=True)``).
     ``gather_splits``: programs per (sequence, KV head) of pass 2 (at most the
     workspace's ``num_splits``; default: pass 1's split, cut to programs of at most
-    :data:`GATHER_TILES` tiles). Profiling only: ``stages``
-    (the kernels to launch) and ``draw=False`` (pass 1 without its draw).
+    :data:`GATHER_TILES` tiles). ``gather`` (:data:`GATHERS`): ``"masked"`` reads a tile's
+    V block with the unsampled rows masked off; ``"compact"``: pass 1 lists the rows its
+    tiles sampled and pass 2 reads only those, ``block`` rows a dot (pass 2 on pass 1's
+    split: ``gather_splits`` and ``gather_config`` do not apply); ``"inline"``: the same
+    lists, gathered by the count program itself after its K tiles (no second kernel).
+    Profiling only: ``stages`` (the kernels to launch) and ``draw=False`` (pass 1 without
+    its draw). ``count_splits``: programs per (sequence, KV head) of pass 1 (at most the
+    workspace's ``num_splits``; default :func:`num_splits_for`).
     """
+    if gather not in GATHERS:
+        raise InputError(f"gather: expected one of {GATHERS}, got {gather!r}")
+    if block < 16 or block & (block - 1):
+        raise InputError(f"block: a power of two >= 16, got {block!r}")
     if (workspace is None and isinstance(kv, KVCache) and isinstance(q, torch.Tensor)
             and q.dim() == 3):  # (bad inputs: _prepare says what is wrong)
         workspace = two_pass_workspace(q, kv, S, tile)
@@ -280,7 +448,14 @@ def santa_flash_two_pass(
     g_pad = max(16, _next_pow2(group))
     rows = max(2, _next_pow2(group))
     d_pad = _next_pow2(d)
-    count_splits = min(ws.num_splits, num_splits_for(batch * hkv, n_tiles, _sm_count(q.device)))
+    if count_splits is None:
+        count_splits = min(ws.num_splits,
+                           num_splits_for(batch * hkv, n_tiles, _sm_count(q.device)))
+    else:
+        check_positive_int(count_splits, "count_splits")
+        if count_splits > ws.num_splits:
+            raise InputError(f"count_splits: at most the workspace's num_splits "
+                             f"{ws.num_splits}, got {count_splits}")
     per_split = -(-n_tiles // count_splits)
     grid = (-(-n_tiles // per_split), batch * hkv)
     if gather_splits is None:  # the count pass's splits, cut to GATHER_TILES tiles each
@@ -294,6 +469,19 @@ def santa_flash_two_pass(
         gather_per_split = -(-n_tiles // gather_splits)
     splits = -(-n_tiles // gather_per_split)
     table, paged, page_size, stride_pt = _cache_args(kv)
+    v_dtype = kv.v.dtype
+    compact = gather != "masked"
+    lists: dict = {}
+    if compact:
+        splits = grid[0]  # pass 2 gathers pass 1's lists, program for program
+        entry_rows, entry_count = _entry_buffers(ws)
+        lists = dict(
+            entry_rows_ptr=entry_rows, entry_count_ptr=entry_count,
+            entry_stride=entry_rows.stride(0), num_splits=ws.num_splits,
+            part_m_ptr=ws.part_m, part_l_ptr=ws.part_l, part_o_ptr=ws.part_o, v_ptr=kv.v,
+            stride_vx=kv.v.stride(0), stride_vy=kv.v.stride(1), stride_vh=kv.v.stride(2),
+            COMPACT=True, INLINE=gather == "inline", BLOCK=block, GATHER_G_PAD=g_pad,
+            W_MODE=0 if _dot_precision(v_dtype) == "ieee" else 1)
     if "count" in stages:
         _flash_count_kernel[grid](
             q, kv.k, kv.lengths, table, ws.tile_max, ws.tile_mass, ws.counts,
@@ -306,16 +494,25 @@ def santa_flash_two_pass(
             PAGED=paged, TILE=tile, G_PAD=g_pad, ROWS=rows, D_PAD=d_pad,
             HAS_UNIFORMS=uniforms is not None, DOT_PRECISION=_dot_precision(kv.k.dtype),
             W_BITS=FLASH_W_BITS, GROUP_RNG=group_offsets, DRAW=draw, num_warps=count_warps,
-            num_stages=count_stages,
+            num_stages=count_stages, **lists,
         )
-    v_dtype = kv.v.dtype
     if _dot_precision(v_dtype) == "ieee":
         cnt_mode = 0  # fp32 counts @ V
     elif _EXACT_COUNT.get(v_dtype, 0) >= S:
         cnt_mode = 1  # every count <= S_tile <= S is exact in V's 16-bit dtype
     else:
         cnt_mode = 2  # 256 * hi + lo: two dots (the fused kernel picks per call; not here)
-    if "gather" in stages:
+    if "gather" in stages and gather == "compact":
+        _compact_gather_kernel[grid](
+            kv.v, kv.lengths, table, ws.tile_max, ws.tile_mass, ws.counts,
+            lists["entry_rows_ptr"], lists["entry_count_ptr"], ws.part_m, ws.part_o,
+            S, hkv, hq, group, d, per_split, ws.num_splits, ws.counts.stride(0),
+            ws.max_tiles, lists["entry_stride"],
+            kv.v.stride(0), kv.v.stride(1), kv.v.stride(2), stride_pt, page_size,
+            PAGED=paged, TILE=tile, G_PAD=g_pad, D_PAD=d_pad, BLOCK=block,
+            W_MODE=lists["W_MODE"], num_warps=gather_warps, num_stages=gather_stages,
+        )
+    elif "gather" in stages and not compact:
         _flash_gather_kernel[(splits, batch * hkv)](
             kv.v, kv.lengths, table, ws.tile_max, ws.tile_mass, ws.counts,
             ws.part_m, ws.part_l, ws.part_o,
@@ -332,11 +529,14 @@ def santa_flash_two_pass(
             out.stride(0), out.stride(1),
             SPLIT_PAD=max(2, _next_pow2(splits)), D_PAD=d_pad, num_warps=4,
         )
-    counts = (ws.counts[: batch * hq, : _capacity(kv)].view(batch, hq, -1)
-              if return_counts else None)
+    counts = None
+    if return_counts:
+        counts = ws.counts[: batch * hq, : _capacity(kv)].view(batch, hq, -1)
+        if compact:
+            counts = _dense_counts(ws, counts, batch, hkv, group, per_split * tile, splits)
     info = SantaInfo(method="flash", S=S, tile=tile, lengths=kv.lengths, num_kv_heads=hkv,
                      max_len=_capacity(kv), counts=counts)
     return out[:batch], info
 
 
-__all__ = ["FLASH2_CONFIG", "flash2_config", "santa_flash_two_pass"]
+__all__ = ["FLASH2_CONFIG", "GATHERS", "flash2_config", "santa_flash_two_pass"]

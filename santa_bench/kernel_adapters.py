@@ -53,6 +53,7 @@ def santa_prepare(function: str) -> PrepareFn:
         stash: str | None = None,
         scale: float | None = None,
         passes: int | None = None,
+        gather: str | None = None,
     ) -> Prepared:
         if min_ctx:
             raise Unsupported("the Triton kernels do not implement min_ctx; use the reference")
@@ -60,6 +61,8 @@ def santa_prepare(function: str) -> PrepareFn:
         flash = function == "santa_flash"
         if passes not in (None, 1, 2) or (passes == 2 and not flash):
             raise InputError(f"passes: 1 or 2, and 2 only for santa-flash; got {passes!r}")
+        if gather not in (None, "masked") and passes != 2:
+            raise InputError(f"gather={gather}: a pass-2 option of santa-flash (passes=2)")
         if stash is not None and stash not in STASH_DTYPES:
             raise InputError(f"stash: expected one of {sorted(STASH_DTYPES)}, got {stash!r}")
         stash_dtype = STASH_DTYPES[stash or "fp32"]
@@ -73,6 +76,8 @@ def santa_prepare(function: str) -> PrepareFn:
                                                          store_counts=flash,
                                                          stash_dtype=stash_dtype)
         kwargs: dict[str, Any] = {"tile": tile, "scale": scale, "workspace": workspace}
+        if passes == 2 and gather is not None:
+            kwargs["gather"] = gather
         if not flash:  # santa-flash keeps no stash
             kwargs["stash_dtype"] = stash_dtype
         if alloc is not None:

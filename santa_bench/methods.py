@@ -169,6 +169,16 @@ _PASSES = Param(
     choices=(1, 2),
     omit_default=True,
 )
+_GATHER = Param(
+    "gather",
+    "masked",
+    str,
+    "santa-flash two-pass kernel (passes=2): how pass 2 reads V. masked = each tile's V "
+    "block with the unsampled rows masked off; compact = pass 1 lists the sampled rows, "
+    "pass 2 reads only those; inline = the same lists, gathered by the count program",
+    choices=("masked", "compact", "inline"),
+    omit_default=True,
+)
 _DRAWS = Param("draws", 4, int, "ternary query draws B averaged per head", minimum=1)
 _GROUPING = Param(
     "grouping",
@@ -187,7 +197,7 @@ _VALUE = Param(
 
 
 # knobs of the fast kernels that the reference does not have
-KERNEL_ONLY_PARAMS = ("stash", "passes")
+KERNEL_ONLY_PARAMS = ("stash", "passes", "gather")
 
 
 def _reference(value: str) -> Callable[..., sk.AttentionOutput]:
@@ -291,7 +301,7 @@ def _builtin_methods() -> list[Method]:
         _santa(
             "santa-flash",
             "S2ANTA-flash: equal tile budgets, mass-weighted merge",
-            (_S, _TILE, _PASSES, _MIN_CTX),
+            (_S, _TILE, _PASSES, _GATHER, _MIN_CTX),
             "flash",
             "santa_flash",
         ),

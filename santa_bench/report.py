@@ -46,7 +46,7 @@ def speedup_cell(case: pd.DataFrame, bold: bool = False) -> str:
 
 # string parameters stored only away from their defaults (merge: relabelled where its
 # default changed): named in the label so that variants of one method stay apart
-_LABEL_TEXT_PARAMS = ("reps", "merge")
+_LABEL_TEXT_PARAMS = ("reps", "merge", "gather")
 
 
 def variant_text(row: pd.Series) -> str:

@@ -273,11 +273,29 @@ def check_flash_two_pass() -> int:
                   "ROWS": max(2, ts._next_pow2(group)), "D_PAD": d, "HAS_UNIFORMS": uniforms,
                   "DOT_PRECISION": "tf32", "W_BITS": ts.FLASH_W_BITS, "GROUP_RNG": uniforms,
                   "DRAW": True}
+        # the compact lists' arguments (unused unless COMPACT)
+        types += ["*i32", "*i32", "i32", "i32", "*fp32", "*fp32", "*fp32", "*bf16", "i32",
+                  "i32", "i32"]
         warps, stages = cfg["count"]
-        err = compile_kernel(tf2._flash_count_kernel, types, consts,
-                             {"num_warps": warps, "num_stages": stages}, divisible, stages > 1)
-        print(f"_flash_count_kernel d={d} G={group} paged={paged} uniforms={uniforms}: "
-              f"{err or 'ok'}")
+        for gather in tf2.GATHERS:
+            lists = {"COMPACT": gather != "masked", "INLINE": gather == "inline",
+                     "BLOCK": 64, "GATHER_G_PAD": g_pad, "W_MODE": 1}
+            err = compile_kernel(tf2._flash_count_kernel, types, {**consts, **lists},
+                                 {"num_warps": warps, "num_stages": stages},
+                                 (*divisible, "entry_stride"), stages > 1)
+            print(f"_flash_count_kernel d={d} G={group} paged={paged} uniforms={uniforms} "
+                  f"gather={gather}: {err or 'ok'}")
+            failures += err is not None
+        gather_types = ["*bf16", "*i64", table, "*fp32", "*fp32", "*i16", "*i32", "*i32",
+                        "*fp32", "*fp32"] + ["i32"] * 14
+        warps, stages = cfg["gather"]
+        err = compile_kernel(tf2._compact_gather_kernel, gather_types,
+                             {"head_dim": d, "PAGED": paged, "TILE": 64, "G_PAD": g_pad,
+                              "D_PAD": d, "BLOCK": 64, "W_MODE": 1},
+                             {"num_warps": warps, "num_stages": stages},
+                             (*divisible, "entry_stride"), stages > 1,
+                             staged=("bf16",) if stages > 1 else ())
+        print(f"_compact_gather_kernel d={d} G={group} paged={paged}: {err or 'ok'}")
         failures += err is not None
         for dtype, cnt_mode in (("bf16", 1), ("bf16", 2), ("fp16", 2)):
             types = [f"*{dtype}", "*i64", table, "*fp32", "*fp32", "*i16", "*fp32", "*fp32",

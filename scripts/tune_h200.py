@@ -48,6 +48,8 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   or by ``_contiguous_reps_kernel``; first checks both pack the same index.
 - ``flash2``: the two-pass flash kernel stage by stage: pass 1 with and without its draw,
   pass 2 alone over several split counts and launches, the merge alone.
+- ``compact``: the two-pass flash kernel's masked pass 2 against its compact row lists
+  (a second kernel, or gathered inline by the count program), by block, launch and split.
 The sections ``evict``, ``tail`` and ``statsblk`` (results/h200/tune-2026-11-29, commits
 named there), ``wide`` (results/h200/tune-2026-11-29-s4, commit ``a05c5a2``) and
 ``colmask`` (same folder, commit ``be5f18f``), ``fold`` (results/h200/tune-2026-11-29-s5,
@@ -429,6 +431,65 @@ def flash2_section(rows: Rows, S: int = 2048) -> None:
         torch.cuda.empty_cache()
 
 
+def compact_section(rows: Rows, S: int = 2048) -> None:
+    """santa-flash two-pass at S=2048: the masked pass 2 against the compact lists (a
+    second kernel, or inline in the count program), by launch, block and split; the same
+    counts checked first."""
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
+        default = ts.num_splits_for(batch * 8, ctx // 64)
+        wss = [tf2.two_pass_workspace(q, kv, S, 64, num_splits=4 * default)
+               for q, kv in inputs]
+        q0, kv0 = inputs[0]
+        base_out, base = tf2.santa_flash_two_pass(q0, kv0, S, workspace=wss[0], seed=1,
+                                                  return_counts=True)
+        base_counts, base_out = base.row_counts().clone(), base_out.float().clone()
+        v_frac = float((base_counts.view(batch, 8, -1, ctx).amax(2) > 0).float().mean())
+
+        def timed(what, wss=wss, inputs=inputs, tag=tag, base=(base_counts, base_out, v_frac),
+                  **kw):
+            base_counts, base_out, v_frac = base
+            q0, kv0 = inputs[0]
+            try:
+                wss[0].reset_rng(0)
+                out, info = tf2.santa_flash_two_pass(q0, kv0, S, workspace=wss[0], seed=1,
+                                                     return_counts=True,
+                                                     **{k: v for k, v in kw.items()
+                                                        if k != "stages"})
+                same = torch.equal(info.row_counts(), base_counts)
+                err = float((out.float() - base_out).abs().max())
+                calls = [lambda q=q, kv=kv, w=w: tf2.santa_flash_two_pass(q, kv, S, workspace=w,
+                                                                          **kw)
+                         for (q, kv), w in zip(inputs, wss, strict=True)]
+                rows.add(section="compact", shape=tag, variant=what, what=str(kw)[:80],
+                         us=f"{graph_call_us(calls):.2f}",
+                         note=f"same={same} maxdiff={err:.2e} V rows {100 * v_frac:.1f}%")
+            except Exception as exc:
+                rows.add(section="compact", shape=tag, variant=what, what="FAILED", us="",
+                         note=f"{type(exc).__name__}: {exc}"[:300])
+
+        timed("masked")
+        timed("masked count", stages=("count",))
+        timed("masked gather", stages=("gather",))
+        for splits in (1, 2):
+            cs = {"count_splits": splits * default} if splits > 1 else {}
+            timed("compact", gather="compact", **cs)
+            timed("compact count", gather="compact", stages=("count",), **cs)
+            timed("compact gather", gather="compact", stages=("gather",), **cs)
+            for block in (32, 128):
+                timed("compact", gather="compact", block=block, **cs)
+            for cfg in ((4, 3), (4, 4), (2, 3), (8, 3)):
+                timed("compact", gather="compact", gather_config=cfg, **cs)
+            for block in (32, 64, 128):
+                timed("inline", gather="inline", block=block, **cs)
+            for cfg in ((4, 4), (8, 3), (8, 2)):
+                timed("inline", gather="inline", count_config=cfg, **cs)
+        timed("inline", gather="inline", count_splits=4 * default)
+        del inputs, wss
+        torch.cuda.empty_cache()
+
+
 def prop_draw(q, kv, S: int):
     """(sample indices, output) of one santa-prop call on a fresh workspace (seed 3)."""
     ws = ts.SantaWorkspace.for_inputs(q, kv, S, 64, seed=3, stash_dtype=torch.float16)
@@ -768,6 +829,7 @@ def main() -> None:
         sections_by_name = {"santapp": santapp_section, "flat": flat_section,
                             "prop": prop_section, "stores": stores_section, "e2e": e2e_section,
                             "flash": flash_section, "flash2": flash2_section,
+                            "compact": compact_section,
                             "split": split_section, "sample": sample_section,
                             "pdl": pdl_section, "occupancy": occupancy_section,
                             "tma": tma_section, "tmastream": tmastream_section,

@@ -120,7 +120,7 @@ def test_flash_adapter_two_passes_routes_to_the_two_pass_kernel(monkeypatch):
 
     def spy(name):
         def kernel(q, kv, S, **kw):
-            calls.append((name, kw["workspace"].counts is not None))
+            calls.append((name, kw["workspace"].counts is not None, kw.get("gather")))
             return torch.zeros_like(q), None
         return kernel
 
@@ -131,12 +131,20 @@ def test_flash_adapter_two_passes_routes_to_the_two_pass_kernel(monkeypatch):
     kv = sk.KVCache.contiguous(k, v)
     santa_prepare("santa_flash")(q, kv, S=8, tile=16, passes=2).run()
     santa_prepare("santa_flash")(q, kv, S=8, tile=16).run()
-    assert calls == [("two-pass", True)] * 2 + [("fused", True)] * 2  # prepare runs once
+    santa_prepare("santa_flash")(q, kv, S=8, tile=16, passes=2, gather="inline").run()
+    assert calls == ([("two-pass", True, None)] * 2 + [("fused", True, None)] * 2
+                     + [("two-pass", True, "inline")] * 2)  # prepare runs once
     with pytest.raises(InputError, match="passes"):
         santa_prepare("santa_prop")(q, kv, S=8, tile=16, passes=2)
+    with pytest.raises(InputError, match="gather"):  # a pass-2 option
+        santa_prepare("santa_flash")(q, kv, S=8, tile=16, gather="compact")
     flash = REGISTRY.get("santa-flash")
     assert flash.resolve_params({"passes": 2, "S": 8})["passes"] == 2
     assert "passes" not in flash.resolve_params({})  # the default stays out of the case hash
+    assert "gather" not in flash.resolve_params({"passes": 2})
+    assert flash.resolve_params({"passes": 2, "gather": "compact"})["gather"] == "compact"
+    with pytest.raises(MethodError, match="gather"):
+        flash.resolve_params({"passes": 2, "gather": "dense"})
     with pytest.raises(MethodError, match="passes"):
         flash.resolve_params({"passes": 3})
     # the reference has no kernel passes: the same estimator either way

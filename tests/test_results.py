@@ -318,6 +318,8 @@ def test_report_label_names_two_pass_flash_only():
     fused = pd.Series({"method": "santa-flash", "S": 2048.0, "passes": float("nan")})
     assert _label(fused) == "santa-flash S=2048"
     assert _label(pd.Series({"method": "santa-flash", "S": 128.0})) == "santa-flash S=128"
+    assert _label(pd.Series({**row, "gather": "inline"})) == (
+        "santa-flash S=2048 passes=2 gather=inline")
 
 
 def test_report_label_names_santapp_variants():

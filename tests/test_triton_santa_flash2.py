@@ -25,7 +25,7 @@ from test_triton_santa import (
 
 from santa_kernels import InputError, KVCache, attention
 from santa_kernels.triton_santa import SantaWorkspace, santa_flash
-from santa_kernels.triton_santa_flash2 import santa_flash_two_pass
+from santa_kernels.triton_santa_flash2 import GATHERS, santa_flash_two_pass
 
 
 def check_against_fused(q, kv, S, *, out_tol=1e-5, num_splits=None, **gather):
@@ -67,12 +67,28 @@ CASES = [  # (batch, hq, hkv, d, n, lengths)
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}-Hq{c[1]}-Hkv{c[2]}-d{c[3]}")
 @pytest.mark.parametrize("layout", ["contiguous", "paged"])
-def test_matches_fused_flash_given_same_uniforms(case, layout):
+@pytest.mark.parametrize("gather", GATHERS)
+def test_matches_fused_flash_given_same_uniforms(case, layout, gather):
     batch, hq, hkv, d, n, lengths = case
     q, kv = make_cache(batch=batch, hq=hq, hkv=hkv, d=d, n=n, lengths=lengths)
     if layout == "paged":
         kv = kv.to_paged(8, torch.Generator().manual_seed(1))
-    check_against_fused(q, kv, S=24)
+    check_against_fused(q, kv, S=24, gather=gather)
+
+
+@pytest.mark.parametrize("gather", ["compact", "inline"])
+def test_compact_lists_over_splits_blocks_and_dense_tiles(gather):
+    """The row lists: several count programs (lists of several lengths, some empty: the
+    short sequence), blocks shorter than a list, S >= N (every row listed, several samples
+    a row), and 16-bit V (the weights' two-part dots)."""
+    q, kv = make_cache(batch=2, hq=4, hkv=2, n=100, lengths=(100, 7))
+    for count_splits in (1, 2, 6):
+        check_against_fused(q, kv, S=16, num_splits=6, gather=gather, count_splits=count_splits)
+    check_against_fused(q, kv, S=200, num_splits=3, gather=gather, block=16)
+    q, kv = make_cache(dtype=torch.bfloat16)
+    check_against_fused(q, kv, S=16, out_tol=2e-2, gather=gather)
+    q, kv = make_cache(batch=2, hq=2, hkv=1, d=64, n=20, lengths=(20, 1), dtype=torch.float16)
+    check_against_fused(q, kv, S=4096, out_tol=2e-2, gather=gather)
 
 
 def test_multiple_splits_and_budget_above_context():
@@ -109,7 +125,8 @@ def test_single_token_and_one_hot():
 
 
 # ------------------------------------------------------------ randomness (section 8)
-def test_same_philox_stream_as_fused_and_step_advances_once():
+@pytest.mark.parametrize("gather", ["masked", "inline"])
+def test_same_philox_stream_as_fused_and_step_advances_once(gather):
     q, kv = make_cache(hq=6, hkv=2, n=75, lengths=(75, 41))
     ws_fused = SantaWorkspace.for_inputs(q, kv, 16, TILE, store_counts=True)
     ws_two = SantaWorkspace.for_inputs(q, kv, 16, TILE, store_counts=True)
@@ -118,20 +135,21 @@ def test_same_philox_stream_as_fused_and_step_advances_once():
         fused = santa_flash(q, kv, 16, tile=TILE, seed=5, workspace=ws_fused,
                             return_counts=True)[1].row_counts().clone()
         out, info = santa_flash_two_pass(q, kv, 16, tile=TILE, seed=5, workspace=ws_two,
-                                         return_counts=True)
+                                         gather=gather, return_counts=True)
         assert torch.equal(info.row_counts(), fused)
         assert int(ws_two.rng[0]) == call + 1  # one step per call
         draws.append((out.clone(), fused))
     assert not torch.equal(draws[0][1], draws[1][1])  # the step changed the stream
     ws_two.reset_rng(0)  # replays the first call exactly
     out, info = santa_flash_two_pass(q, kv, 16, tile=TILE, seed=5, workspace=ws_two,
-                                     return_counts=True)
+                                     gather=gather, return_counts=True)
     assert torch.equal(info.row_counts(), draws[0][1])
     torch.testing.assert_close(out, draws[0][0], rtol=0, atol=0)
     # the workspace's seed is the default
     ws_two.reset_rng(0, seed=5)
-    assert torch.equal(santa_flash_two_pass(q, kv, 16, tile=TILE, workspace=ws_two,
-                                            return_counts=True)[1].row_counts(), draws[0][1])
+    replay = santa_flash_two_pass(q, kv, 16, tile=TILE, workspace=ws_two, gather=gather,
+                                  return_counts=True)[1]
+    assert torch.equal(replay.row_counts(), draws[0][1])
 
 
 def test_group_offsets_same_stream_as_fused():
@@ -146,11 +164,13 @@ def test_group_offsets_same_stream_as_fused():
 
 
 # ------------------------------------------------------------ in distribution
-def test_unbiased_and_reference_mse():
+@pytest.mark.parametrize("gather", GATHERS)
+def test_unbiased_and_reference_mse(gather):
     q, kv = replicated_cache(kind="gaussian")  # independent streams: the batch elements
     S, calls = 16, 2
     ws = SantaWorkspace.for_inputs(q, kv, S, TILE, num_splits=2, store_counts=True)
-    draws = torch.cat([santa_flash_two_pass(q, kv, S, tile=TILE, workspace=ws, seed=11)[0]
+    draws = torch.cat([santa_flash_two_pass(q, kv, S, tile=TILE, workspace=ws, seed=11,
+                                            gather=gather)[0]
                        .double() for _ in range(calls)])  # [R, Hq, d]
     dense = attention(q[:1], KVCache.contiguous(kv.k[:1], kv.v[:1]),
                       compute_dtype=torch.float64).out[0]
@@ -195,6 +215,14 @@ def test_input_errors():
         santa_flash_two_pass(q, kv, 8, tile=TILE, count_config=(4,))
     with pytest.raises(InputError, match="gather_config"):
         santa_flash_two_pass(q, kv, 8, tile=TILE, gather_config=(0, 2))
+    with pytest.raises(InputError, match="gather"):
+        santa_flash_two_pass(q, kv, 8, tile=TILE, gather="dense")
+    with pytest.raises(InputError, match="block"):
+        santa_flash_two_pass(q, kv, 8, tile=TILE, gather="compact", block=48)
+    with pytest.raises(InputError, match="count_splits"):
+        santa_flash_two_pass(q, kv, 8, tile=TILE, count_splits=0)
+    with pytest.raises(InputError, match="count_splits"):
+        santa_flash_two_pass(q, kv, 8, tile=TILE, count_splits=10**6)
 
 
 def test_default_workspace_holds_the_gather_split(monkeypatch):
