@@ -471,21 +471,23 @@ def compact_section(rows: Rows, S: int = 2048) -> None:
 
         timed("masked")
         timed("masked count", stages=("count",))
-        timed("masked gather", stages=("gather",))
-        for splits in (1, 2):
-            cs = {"count_splits": splits * default} if splits > 1 else {}
-            timed("compact", gather="compact", **cs)
-            timed("compact count", gather="compact", stages=("count",), **cs)
-            timed("compact gather", gather="compact", stages=("gather",), **cs)
-            for block in (32, 128):
-                timed("compact", gather="compact", block=block, **cs)
-            for cfg in ((4, 3), (4, 4), (2, 3), (8, 3)):
-                timed("compact", gather="compact", gather_config=cfg, **cs)
-            for block in (32, 64, 128):
-                timed("inline", gather="inline", block=block, **cs)
-            for cfg in ((4, 4), (8, 3), (8, 2)):
-                timed("inline", gather="inline", count_config=cfg, **cs)
-        timed("inline", gather="inline", count_splits=4 * default)
+        timed("compact", gather="compact")
+        timed("compact count", gather="compact", stages=("count",))
+        timed("compact gather", gather="compact", stages=("gather",))
+        timed("compact", gather="compact", pdl=False)
+        for reg in (None, 88, 80):
+            timed("compact", gather="compact", count_maxnreg=reg)
+        timed("compact count", gather="compact", stages=("count",), count_maxnreg=80)
+        timed("compact", gather="compact", block=32)
+        timed("compact", gather="compact", gather_config=(2, 3))
+        for mult in (2, 4):
+            timed("compact", gather="compact", count_splits=mult * default)
+            timed("compact count", gather="compact", stages=("count",),
+                  count_splits=mult * default)
+            timed("compact", gather="compact", count_splits=mult * default, count_maxnreg=80)
+        timed("inline", gather="inline", block=32)
+        timed("inline", gather="inline", block=32, count_maxnreg=128)
+        timed("inline", gather="inline", block=32, count_splits=2 * default)
         del inputs, wss
         torch.cuda.empty_cache()
 
