@@ -125,13 +125,11 @@ def _flash_count_kernel(
     PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr,
     D_PAD: tl.constexpr, HAS_UNIFORMS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     W_BITS: tl.constexpr, GROUP_RNG: tl.constexpr = False, DRAW: tl.constexpr = True,
-    entry_rows_ptr=None, entry_count_ptr=None, entry_counts_ptr=None, entry_stride=0,
-    num_splits=1,
+    entry_rows_ptr=None, entry_count_ptr=None, entry_stride=0, num_splits=1,
     part_m_ptr=None, part_l_ptr=None, part_o_ptr=None, v_ptr=None,
     stride_vx=0, stride_vy=0, stride_vh=0,
     COMPACT: tl.constexpr = False, INLINE: tl.constexpr = False, BLOCK: tl.constexpr = 64,
-    GATHER_G_PAD: tl.constexpr = 16, W_MODE: tl.constexpr = 0, PACKED: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    GATHER_G_PAD: tl.constexpr = 16, W_MODE: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):
     # DRAW (profiling only): False stores the integer weights instead of the draw's
     # counts (no scan, no Philox, no floors): what the draw costs
@@ -141,8 +139,6 @@ def _flash_count_kernel(
     # program's tiles as a list (``entry_rows``, from ``t_begin * TILE``; its length in
     # ``entry_count``) with the group's counts at the same list positions, and the
     # program's running (max, mass) over its tiles as its partial's (m, l).
-    # PACKED (ROWS <= 4): the group's counts of a listed row in one int64 (16 bits a head,
-    # ``entry_counts``): a 1-D store in the rows' layout, not a 2-D scatter.
     # INLINE (with COMPACT): then the same program gathers its own list (_compact_gather).
     # PDL: let pass 2 (launched as a programmatic dependent) start once every program of
     # this one has; it waits for this kernel's writes before it reads.
@@ -187,13 +183,8 @@ def _flash_count_kernel(
             taken = needed.to(tl.int32)
             pos = cursor + tl.cumsum(taken, axis=0) - taken  # their list positions, in order
             tl.store(entry_rows_ptr + kv_row * entry_stride + pos, offs_n, mask=needed)
-            if PACKED:
-                shift = (tl.arange(0, ROWS) * 16).to(tl.int64)
-                packed = tl.sum(counts.to(tl.int64) << shift[:, None], axis=0)
-                tl.store(entry_counts_ptr + kv_row * entry_stride + pos, packed, mask=needed)
-            else:
-                tl.store(counts_ptr + head_rows[:, None] * counts_stride + pos[None, :],
-                         counts.to(tl.int16), mask=mask_g[:, None] & needed[None, :])
+            tl.store(counts_ptr + head_rows[:, None] * counts_stride + pos[None, :],
+                     counts.to(tl.int16), mask=mask_g[:, None] & needed[None, :])
             cursor += tl.sum(taken, axis=0)
             # the program's partial (m, l): FlashDecoding's running merge of the tiles
             m_new = tl.maximum(m_run, m_t)
@@ -215,13 +206,12 @@ def _flash_count_kernel(
         if INLINE:
             tl.debug_barrier()  # the program's list, counts and stats: visible to every thread
             _compact_gather(v_ptr, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr,
-                            entry_rows_ptr, entry_counts_ptr, part_m_ptr, part_o_ptr, b, kvh,
-                            split,
+                            entry_rows_ptr, part_m_ptr, part_o_ptr, b, kvh, split,
                             t_begin * TILE, cursor - t_begin * TILE, per_tile, num_kv_heads,
                             num_q_heads, group, head_dim, num_splits, counts_stride,
                             stats_stride, entry_stride, stride_vx, stride_vy, stride_vh,
                             stride_pt, page_size, PAGED, TILE, GATHER_G_PAD, D_PAD, BLOCK,
-                            W_MODE, PACKED)
+                            W_MODE)
 
 
 # ------------------------------------------------------------- pass 2: gather
@@ -318,14 +308,12 @@ def _weights_dot(w, v, W_MODE: tl.constexpr):
 
 @triton.jit
 def _compact_gather(v_ptr, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr,
-                    entry_rows_ptr, entry_counts_ptr, part_m_ptr, part_o_ptr, b, kvh, split,
-                    e_begin, n_entries,
+                    entry_rows_ptr, part_m_ptr, part_o_ptr, b, kvh, split, e_begin, n_entries,
                     per_tile, num_kv_heads, num_q_heads, group, head_dim, num_splits,
                     counts_stride, stats_stride, entry_stride, stride_vx, stride_vy,
                     stride_vh, stride_pt, page_size,
                     PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr,
-                    D_PAD: tl.constexpr, BLOCK: tl.constexpr, W_MODE: tl.constexpr,
-                    PACKED: tl.constexpr):
+                    D_PAD: tl.constexpr, BLOCK: tl.constexpr, W_MODE: tl.constexpr):
     """One program's list (entries ``[e_begin, e_begin + n_entries)`` of (sequence, KV
     head)): ``sum_e c_ge * l_t(e) * exp(m_t(e) - m_g) / S_tile * V[row_e]`` for each head
     ``g`` of the group, ``m_g`` the program's partial max (stored by pass 1), into the
@@ -345,16 +333,8 @@ def _compact_gather(v_ptr, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_p
         offs_e = e0 + tl.arange(0, BLOCK)
         ok = offs_e < n_entries
         n = tl.load(entry_rows_ptr + kv_row * entry_stride + e_begin + offs_e, mask=ok, other=0)
-        if PACKED:  # 16 bits a head (group <= 4)
-            packed = tl.load(entry_counts_ptr + kv_row * entry_stride + e_begin + offs_e,
-                             mask=ok, other=0)
-            shift = tl.where(mask_g, offs_g * 16, 0).to(tl.int64)
-            c = ((packed[None, :] >> shift[:, None]) & 0xFFFF).to(tl.float32)
-            c = tl.where(mask_g[:, None], c, 0.0)
-        else:
-            c = tl.load(counts_ptr + head_rows[:, None] * counts_stride + e_begin
-                        + offs_e[None, :], mask=mask_g[:, None] & ok[None, :],
-                        other=0).to(tl.float32)
+        c = tl.load(counts_ptr + head_rows[:, None] * counts_stride + e_begin + offs_e[None, :],
+                    mask=mask_g[:, None] & ok[None, :], other=0).to(tl.float32)
         drawn = c > 0
         stats = head_rows[:, None] * stats_stride + (n // TILE)[None, :]
         m_e = tl.load(tile_max_ptr + stats, mask=drawn, other=0.0)
@@ -372,12 +352,12 @@ def _compact_gather(v_ptr, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_p
 @triton.jit
 def _compact_gather_kernel(
     v_ptr, lengths_ptr, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr,
-    entry_rows_ptr, entry_count_ptr, entry_counts_ptr, part_m_ptr, part_o_ptr,
+    entry_rows_ptr, entry_count_ptr, part_m_ptr, part_o_ptr,
     S, num_kv_heads, num_q_heads, group, head_dim: tl.constexpr, tiles_per_split, num_splits,
     counts_stride, stats_stride, entry_stride,
     stride_vx, stride_vy, stride_vh, stride_pt, page_size,
     PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
-    BLOCK: tl.constexpr, W_MODE: tl.constexpr, PACKED: tl.constexpr, PDL: tl.constexpr,
+    BLOCK: tl.constexpr, W_MODE: tl.constexpr, PDL: tl.constexpr,
 ):
     # grid (splits, B * Hkv): the list of the count program with the same index
     _pdl_wait(PDL)  # (launched as a dependent of pass 1: its lists are complete)
@@ -387,29 +367,23 @@ def _compact_gather_kernel(
     n_entries = tl.load(entry_count_ptr + (b * num_kv_heads + kvh).to(tl.int64) * num_splits
                         + split)
     _compact_gather(v_ptr, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr,
-                    entry_rows_ptr, entry_counts_ptr, part_m_ptr, part_o_ptr, b, kvh, split,
-                    t_begin * TILE,
+                    entry_rows_ptr, part_m_ptr, part_o_ptr, b, kvh, split, t_begin * TILE,
                     n_entries, per_tile, num_kv_heads, num_q_heads, group, head_dim, num_splits,
                     counts_stride, stats_stride, entry_stride, stride_vx, stride_vy,
-                    stride_vh, stride_pt, page_size, PAGED, TILE, G_PAD, D_PAD, BLOCK, W_MODE,
-                    PACKED)
+                    stride_vh, stride_pt, page_size, PAGED, TILE, G_PAD, D_PAD, BLOCK, W_MODE)
 
 
 # ------------------------------------------------------------------ host side
-def _entry_buffers(ws: SantaWorkspace) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The workspace's row lists ``[B * Hkv, counts width]`` (int32), their lengths
-    ``[B * Hkv, num_splits]`` and their packed counts (int64, groups of <= 4 heads),
-    allocated on first use (:func:`two_pass_workspace` does it up front, outside any graph
-    capture)."""
+def _entry_buffers(ws: SantaWorkspace) -> tuple[torch.Tensor, torch.Tensor]:
+    """The workspace's row lists ``[B * Hkv, counts width]`` (int32) and their lengths
+    ``[B * Hkv, num_splits]``, allocated on first use (:func:`two_pass_workspace` does it
+    up front, outside any graph capture)."""
     if getattr(ws, "entry_rows", None) is None:
         rows = ws.batch * ws.num_kv_heads
         width = ws.counts.shape[1]
         ws.entry_rows = torch.zeros(rows, width, dtype=torch.int32, device=ws.device)
         ws.entry_count = torch.zeros(rows, ws.num_splits, dtype=torch.int32, device=ws.device)
-        packed = ws.num_q_heads // ws.num_kv_heads <= 4
-        ws.entry_counts = torch.zeros(rows, width if packed else 1, dtype=torch.int64,
-                                      device=ws.device)
-    return ws.entry_rows, ws.entry_count, ws.entry_counts
+    return ws.entry_rows, ws.entry_count
 
 
 def _dense_counts(ws: SantaWorkspace, listed: torch.Tensor, batch: int, hkv: int, group: int,
@@ -492,8 +466,12 @@ def santa_flash_two_pass(
     rows = max(2, _next_pow2(group))
     d_pad = _next_pow2(d)
     if count_splits is None:
-        count_splits = min(ws.num_splits,
-                           num_splits_for(batch * hkv, n_tiles, _sm_count(q.device)))
+        count_splits = num_splits_for(batch * hkv, n_tiles, _sm_count(q.device))
+        if gather != "masked":  # the lists' pass 2 runs on this split: programs of at most
+            # GATHER_TILES tiles (at 32k B=8 the default's 57 tiles a program gave 320 us,
+            # 29 tiles 268 us; tune-2026-12-02-s14)
+            count_splits = max(count_splits, -(-n_tiles // GATHER_TILES))
+        count_splits = min(ws.num_splits, count_splits)
     else:
         check_positive_int(count_splits, "count_splits")
         if count_splits > ws.num_splits:
@@ -517,14 +495,14 @@ def santa_flash_two_pass(
     lists: dict = {}
     if compact:
         splits = grid[0]  # pass 2 gathers pass 1's lists, program for program
-        entry_rows, entry_count, entry_counts = _entry_buffers(ws)
+        entry_rows, entry_count = _entry_buffers(ws)
         lists = dict(
-            entry_rows_ptr=entry_rows, entry_count_ptr=entry_count, entry_counts_ptr=entry_counts,
+            entry_rows_ptr=entry_rows, entry_count_ptr=entry_count,
             entry_stride=entry_rows.stride(0), num_splits=ws.num_splits,
             part_m_ptr=ws.part_m, part_l_ptr=ws.part_l, part_o_ptr=ws.part_o, v_ptr=kv.v,
             stride_vx=kv.v.stride(0), stride_vy=kv.v.stride(1), stride_vh=kv.v.stride(2),
             COMPACT=True, INLINE=gather == "inline", BLOCK=block, GATHER_G_PAD=g_pad,
-            W_MODE=0 if _dot_precision(v_dtype) == "ieee" else 1, PACKED=rows <= 4)
+            W_MODE=0 if _dot_precision(v_dtype) == "ieee" else 1)
         if pdl is None:
             pdl = gather == "compact" and pdl_available(q.device)
         lists["PDL"] = bool(pdl) and gather == "compact"
@@ -555,13 +533,12 @@ def santa_flash_two_pass(
     if "gather" in stages and gather == "compact":
         _compact_gather_kernel[grid](
             kv.v, kv.lengths, table, ws.tile_max, ws.tile_mass, ws.counts,
-            lists["entry_rows_ptr"], lists["entry_count_ptr"], lists["entry_counts_ptr"],
-            ws.part_m, ws.part_o,
+            lists["entry_rows_ptr"], lists["entry_count_ptr"], ws.part_m, ws.part_o,
             S, hkv, hq, group, d, per_split, ws.num_splits, ws.counts.stride(0),
             ws.max_tiles, lists["entry_stride"],
             kv.v.stride(0), kv.v.stride(1), kv.v.stride(2), stride_pt, page_size,
             PAGED=paged, TILE=tile, G_PAD=g_pad, D_PAD=d_pad, BLOCK=block,
-            W_MODE=lists["W_MODE"], PACKED=lists["PACKED"], PDL=lists["PDL"],
+            W_MODE=lists["W_MODE"], PDL=lists["PDL"],
             num_warps=gather_warps, num_stages=gather_stages,
             **({"launch_pdl": True} if lists["PDL"] else {}),
         )
@@ -586,10 +563,6 @@ def santa_flash_two_pass(
     if return_counts:
         counts = ws.counts[: batch * hq, : _capacity(kv)].view(batch, hq, -1)
         if compact:
-            if lists["PACKED"]:  # unpack the 16-bit fields into list positions
-                shift = 16 * torch.arange(group, device=q.device).view(1, group, 1)
-                packed = ws.entry_counts[: batch * hkv, : counts.shape[-1]].unsqueeze(1)
-                counts = ((packed >> shift) & 0xFFFF).to(torch.int16).view(counts.shape)
             counts = _dense_counts(ws, counts, batch, hkv, group, per_split * tile, splits)
     info = SantaInfo(method="flash", S=S, tile=tile, lengths=kv.lengths, num_kv_heads=hkv,
                      max_len=_capacity(kv), counts=counts)

@@ -274,13 +274,13 @@ def check_flash_two_pass() -> int:
                   "DOT_PRECISION": "tf32", "W_BITS": ts.FLASH_W_BITS, "GROUP_RNG": uniforms,
                   "DRAW": True}
         # the compact lists' arguments (unused unless COMPACT)
-        types += ["*i32", "*i32", "*i64", "i32", "i32", "*fp32", "*fp32", "*fp32", "*bf16",
-                  "i32", "i32", "i32"]
+        types += ["*i32", "*i32", "i32", "i32", "*fp32", "*fp32", "*fp32", "*bf16", "i32",
+                  "i32", "i32"]
         warps, stages = cfg["count"]
         for gather in tf2.GATHERS:
             lists = {"COMPACT": gather != "masked", "INLINE": gather == "inline",
                      "BLOCK": 64, "GATHER_G_PAD": g_pad, "W_MODE": 1,
-                     "PACKED": group <= 4, "PDL": gather == "compact"}
+                     "PDL": gather == "compact"}
             options = {"num_warps": warps, "num_stages": stages}
             if gather == "compact" and cfg["compact_maxnreg"]:
                 options["maxnreg"] = cfg["compact_maxnreg"]
@@ -290,12 +290,11 @@ def check_flash_two_pass() -> int:
                   f"gather={gather}: {err or 'ok'}")
             failures += err is not None
         gather_types = ["*bf16", "*i64", table, "*fp32", "*fp32", "*i16", "*i32", "*i32",
-                        "*i64", "*fp32", "*fp32"] + ["i32"] * 14
+                        "*fp32", "*fp32"] + ["i32"] * 14
         warps, stages = cfg["gather"]
         err = compile_kernel(tf2._compact_gather_kernel, gather_types,
                              {"head_dim": d, "PAGED": paged, "TILE": 64, "G_PAD": g_pad,
-                              "D_PAD": d, "BLOCK": 64, "W_MODE": 1, "PACKED": group <= 4,
-                              "PDL": True},
+                              "D_PAD": d, "BLOCK": 64, "W_MODE": 1, "PDL": True},
                              {"num_warps": warps, "num_stages": stages},
                              (*divisible, "entry_stride"), stages > 1,
                              staged=("bf16",) if stages > 1 else ())

@@ -471,23 +471,17 @@ def compact_section(rows: Rows, S: int = 2048) -> None:
 
         timed("masked")
         timed("masked count", stages=("count",))
+        timed("masked gather", stages=("gather",))
         timed("compact", gather="compact")
         timed("compact count", gather="compact", stages=("count",))
         timed("compact gather", gather="compact", stages=("gather",))
+        timed("compact", gather="compact", count_maxnreg=None)
         timed("compact", gather="compact", pdl=False)
-        for reg in (None, 88, 80):
-            timed("compact", gather="compact", count_maxnreg=reg)
-        timed("compact count", gather="compact", stages=("count",), count_maxnreg=80)
-        timed("compact", gather="compact", block=32)
-        timed("compact", gather="compact", gather_config=(2, 3))
-        for mult in (2, 4):
-            timed("compact", gather="compact", count_splits=mult * default)
-            timed("compact count", gather="compact", stages=("count",),
-                  count_splits=mult * default)
-            timed("compact", gather="compact", count_splits=mult * default, count_maxnreg=80)
+        timed("compact", gather="compact", count_splits=2 * default)
+        timed("compact", gather="compact", gather_config=(4, 4))
         timed("inline", gather="inline", block=32)
-        timed("inline", gather="inline", block=32, count_maxnreg=128)
-        timed("inline", gather="inline", block=32, count_splits=2 * default)
+        # (the lists and launches swept before, at commits 5d88fae and bc0b39b: in
+        # results/h200/tune-2026-12-02-s14)
         del inputs, wss
         torch.cuda.empty_cache()
 
