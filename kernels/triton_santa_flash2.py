@@ -81,15 +81,20 @@ from santa_kernels.validate import InputError, check_positive_int
 # d=64 and 256 not swept: override per call (count_config=, gather_config=).
 FLASH2_CONFIG = {
     64: {"count": (4, 4), "gather": (4, 4), "compact_maxnreg": None},
-    128: {"count": (4, 3), "gather": (2, 4), "compact_maxnreg": 96},
+    128: {"count": (4, 3), "gather": (2, 4), "compact_maxnreg": None},
     256: {"count": (8, 2), "gather": (8, 2), "compact_maxnreg": None},
 }
-# compact_maxnreg: the register cap of the count pass with row lists (gather="compact"). At
-# d=128 ptxas gives the masked count pass 93 registers (5 programs an SM) and the listing
-# one 111 (4 an SM: +20% at 32k B=1 and 128k B=1 on the H200, tune-2026-12-02-s14); 96
-# fits it without spills (ptxas -v, triton 3.6).
+# compact_maxnreg: a register cap for the count pass with row lists (gather="compact";
+# None: ptxas' choice). At d=128 ptxas gives the listing pass 128 registers (4 programs an
+# SM; the masked one 93, 5 an SM); a cap of 96 (5 an SM, a 4-byte spill) was slower at
+# every shape on the H200: 43.0 / 236.5 / 110.6 us against 41.0 / 227.4 / 103.0 (S=2048,
+# 32k B=1 / 32k B=8 / 128k B=1; results/h200/tune-2026-12-02-s14/3-compact-bc8101d.csv).
 GATHER_TILES = 32  # tiles per gather program at most (default gather_splits)
 GATHERS = ("masked", "compact", "inline")  # pass 2's V reads (santa_flash_two_pass)
+# rows a dot of the list gathers (results/h200/tune-2026-12-02-s14/1-compact-5d88fae.csv:
+# compact 41.8 / 42.7 / 47.8 us at 64 / 32 / 128 rows, 32k B=1; inline 40.1 / 55.3 / 55.5
+# at 32 / 64 / 128, and at 128k B=1 105.4 / 150.2 / 145.5)
+COMPACT_BLOCK, INLINE_BLOCK = 64, 32
 MAX_COUNT = (1 << 15) - 1  # counts are stored as int16: a row holds at most S_tile <= S
 # counts @ V on tensor cores: exact with the counts in V's 16-bit dtype up to this count
 _EXACT_COUNT = {torch.bfloat16: 256, torch.float16: 2048}
@@ -361,6 +366,7 @@ def _compact_gather_kernel(
 ):
     # grid (splits, B * Hkv): the list of the count program with the same index
     _pdl_wait(PDL)  # (launched as a dependent of pass 1: its lists are complete)
+    _pdl_trigger(PDL)  # the merge, a dependent of this kernel, may launch
     split = tl.program_id(0)
     b, kvh, _, per_tile, t_begin, _ = _flash_program(lengths_ptr, S, num_kv_heads,
                                                      tiles_per_split, TILE)
@@ -417,7 +423,7 @@ def santa_flash_two_pass(
     workspace: SantaWorkspace | None = None, return_counts: bool = False,
     count_config: tuple[int, int] | None = None, gather_config: tuple[int, int] | None = None,
     group_offsets: bool = False, gather_splits: int | None = None, gather: str = "masked",
-    block: int = 64, count_splits: int | None = None, count_maxnreg: int | None = 0,
+    block: int | None = None, count_splits: int | None = None, count_maxnreg: int | None = 0,
     pdl: bool | None = None, stages: tuple[str, ...] = ("count", "gather", "merge"),
     draw: bool = True,
 ) -> tuple[torch.Tensor, SantaInfo]:
@@ -433,7 +439,8 @@ def santa_flash_two_pass(
     workspace's ``num_splits``; default: pass 1's split, cut to programs of at most
     :data:`GATHER_TILES` tiles). ``gather`` (:data:`GATHERS`): ``"masked"`` reads a tile's
     V block with the unsampled rows masked off; ``"compact"``: pass 1 lists the rows its
-    tiles sampled and pass 2 reads only those, ``block`` rows a dot (pass 2 on pass 1's
+    tiles sampled and pass 2 reads only those, ``block`` rows a dot (default
+    :data:`COMPACT_BLOCK` / :data:`INLINE_BLOCK`; pass 2 on pass 1's
     split: ``gather_splits`` and ``gather_config`` do not apply); ``"inline"``: the same
     lists, gathered by the count program itself after its K tiles (no second kernel).
     Profiling only: ``stages`` (the kernels to launch) and ``draw=False`` (pass 1 without
@@ -445,7 +452,9 @@ def santa_flash_two_pass(
     """
     if gather not in GATHERS:
         raise InputError(f"gather: expected one of {GATHERS}, got {gather!r}")
-    if block < 16 or block & (block - 1):
+    if block is None:  # H200, S=2048: inline 39.9 us at 32k B=1 with 32, 55.3 with 64
+        block = INLINE_BLOCK if gather == "inline" else COMPACT_BLOCK
+    if not isinstance(block, int) or block < 16 or block & (block - 1):
         raise InputError(f"block: a power of two >= 16, got {block!r}")
     if (workspace is None and isinstance(kv, KVCache) and isinstance(q, torch.Tensor)
             and q.dim() == 3):  # (bad inputs: _prepare says what is wrong)
@@ -553,11 +562,14 @@ def santa_flash_two_pass(
             num_warps=gather_warps, num_stages=gather_stages,
         )
     out = ws.out(q.dtype)
+    # the merge as a dependent of a PDL gather pass (one that ran in this call)
+    merge_pdl = bool(lists.get("PDL")) and gather == "compact" and "gather" in stages
     if "merge" in stages:
         _merge_kernel[(batch * hq,)](
             ws.part_m, ws.part_l, ws.part_o, out, ws.rng, hq, splits, ws.num_splits, d,
             out.stride(0), out.stride(1),
             SPLIT_PAD=max(2, _next_pow2(splits)), D_PAD=d_pad, num_warps=4,
+            PDL=merge_pdl, **({"launch_pdl": True} if merge_pdl else {}),
         )
     counts = None
     if return_counts:

@@ -480,7 +480,7 @@ def compact_section(rows: Rows, S: int = 2048) -> None:
         timed("compact", gather="compact", count_splits=2 * default)
         timed("compact", gather="compact", gather_config=(4, 4))
         timed("inline", gather="inline", block=32)
-        # (the lists and launches swept before, at commits 5d88fae and bc0b39b: in
+        # (the lists and launches swept before, at commits 5d88fae and 921ffd7: in
         # results/h200/tune-2026-12-02-s14)
         del inputs, wss
         torch.cuda.empty_cache()
