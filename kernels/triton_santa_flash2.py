@@ -16,23 +16,31 @@ scores, so the gather latency is exposed once per tile. Here:
   counts load, so Triton's software pipeliner prefetches the next tiles.
 * the existing ``_merge_kernel`` combines the splits and advances the step counter.
 
-Measured on the H200 at S=2048 (results/h200/tune-2026-11-29-s4, BENCHMARKS.md): pass 1
-streams K like prop's score pass (22.5 vs 21.0 us at 32k B=1, 152.6 vs 143.4 at B=8; its
-draw costs 1.5 / 9 us), but pass 2 moves its ~14 MB (B=1) / ~112 MB (B=8) at only
-0.4 TB/s (36 / 256 us), more splits do not help, and a batched loop over 2-4 tiles per
-iteration was 1.4-4x slower still (removed). The whole call (61 / 452 / 198 us at 32k
-B=1 / B=8 / 128k B=1) beats the fused kernel at B=8 only; ``santa_flash`` stays fused.
-Why (found after the device time was spent, from the compiled TTGIR): the counts block
-was loaded with a column mask, 2-byte elements the pipeliner cannot stage, so each
-iteration waited on a synchronous counts load before it could issue its V copy — about
-one HBM round trip per 64-row tile. The counts rows are now padded and loaded without a
-column mask: the pipeliner stages counts and V two tiles ahead
-(``scripts/check_compile.py`` fails if an i16 or V load is left synchronous). Not yet
-timed on the GPU.
+Pass 2 has three forms (``gather=``):
 
-Byte model (``E`` element size, ``T_b = ceil(N_b / tile)``): pass 1 reads ``B*Hkv*N*d*E``
-(K) and writes ``B*Hq*(2*N + 8*T)``; pass 2 reads ``B*Hq*(2*N + 8*T)`` and the union of
-the group's sampled V rows ``<= B*Hkv*N*d*E``, writes ``B*Hq*splits*(d+2)*4``.
+* ``"masked"`` (the above): each tile's [TILE, d] V block, unsampled rows masked off.
+  Measured (S=2048, H200): 28 us at 32k B=1 for ~12 MB of V rows (0.4-0.5 TB/s): each
+  iteration holds a whole tile's staging buffer and registers for the ~18% of its rows
+  that were sampled, so few useful bytes are in flight.
+* ``"compact"``: pass 1 (``COMPACT``) lists, per program, the rows its tiles sampled
+  (union over the group; a ``tl.cumsum`` of the row mask gives each its list position)
+  with the group's counts at the same positions, and keeps its partial's running (max,
+  mass); ``_compact_gather_kernel`` (launched as a programmatic dependent) reads only
+  listed rows, ``BLOCK`` rows a dot, weights ``c * l_t * exp(m_t - m_p) / S_tile`` split
+  in two 16-bit parts. Pass 2 alone: 11.2 / 51.9 / 12.6 us at 32k B=1 / 32k B=8 / 128k
+  B=1 (masked: 28.1 / 183.7 / 93.4); pass 1 pays for the listing, 26.7 / 172 / 88.7 us
+  (masked counts: 22.3 / 152 / 73.9), in a scan and layout conversions that add 7 of its
+  21 barriers a tile (PTX), not in registers (a cap of 96, 5 programs an SM instead of
+  4, was slower). Whole call 42.3 / 234.6 / 104.9 us (masked 52.9 / 337.6 / 170.5).
+* ``"inline"``: the same lists, gathered by the count program after its K tiles (one
+  kernel fewer; 168 registers): 40.1 / 240.2 / 105.6 us.
+
+(results/h200/tune-2026-12-02-s14, BENCHMARKS.md.)
+
+Byte model (``E`` element size, ``T_b = ceil(N_b / tile)``, ``U`` the union of the
+group's sampled rows, ``<= B*Hkv*N``): pass 1 reads ``B*Hkv*N*d*E`` (K) and writes
+``B*Hq*(2*N + 8*T)`` (masked) or ``B*Hq*8*T + U*(4 + 2*G)`` (lists); pass 2 reads those
+and ``U*d*E`` of V, writes ``B*Hq*splits*(d+2)*4``.
 """
 
 from __future__ import annotations
@@ -366,7 +374,6 @@ def _compact_gather_kernel(
 ):
     # grid (splits, B * Hkv): the list of the count program with the same index
     _pdl_wait(PDL)  # (launched as a dependent of pass 1: its lists are complete)
-    _pdl_trigger(PDL)  # the merge, a dependent of this kernel, may launch
     split = tl.program_id(0)
     b, kvh, _, per_tile, t_begin, _ = _flash_program(lengths_ptr, S, num_kv_heads,
                                                      tiles_per_split, TILE)
@@ -562,14 +569,14 @@ def santa_flash_two_pass(
             num_warps=gather_warps, num_stages=gather_stages,
         )
     out = ws.out(q.dtype)
-    # the merge as a dependent of a PDL gather pass (one that ran in this call)
-    merge_pdl = bool(lists.get("PDL")) and gather == "compact" and "gather" in stages
+    # (a merge launched as a programmatic dependent of the list gather was slower: 42.3 /
+    # 234.6 / 104.9 us against 41.8 / 229.5 / 104.6 without PDL, where PDL for the gather
+    # alone had gained ~1 us; tune-2026-12-02-s14/3- and 4-compact-*.csv)
     if "merge" in stages:
         _merge_kernel[(batch * hq,)](
             ws.part_m, ws.part_l, ws.part_o, out, ws.rng, hq, splits, ws.num_splits, d,
             out.stride(0), out.stride(1),
             SPLIT_PAD=max(2, _next_pow2(splits)), D_PAD=d_pad, num_warps=4,
-            PDL=merge_pdl, **({"launch_pdl": True} if merge_pdl else {}),
         )
     counts = None
     if return_counts:
