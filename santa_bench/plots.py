@@ -43,7 +43,8 @@ ANCHORS_SOURCE = "../shared/design/ANCHORS.md"
 BUDGET_COLUMNS = ("S", "M")  # S: samples per head (SANTA); M: teams (SANTA++)
 # Method parameters that split one method into several series when they vary. (Bernoulli's
 # value-stage parameter cannot be stored as "value", a fixed column, so it is not listed.)
-VARIANT_COLUMNS = ("tile", "alloc", "stash", "grouping", "draws", "team_size", "reps", "merge")
+VARIANT_COLUMNS = ("tile", "alloc", "stash", "grouping", "draws", "team_size", "reps", "merge",
+                   "passes", "gather")
 SERIES_SHADES = (0.0, 0.45, -0.35, 0.7, -0.55)  # a method's variants, in label order
 DENSE_FAMILIES = ("dense", "baseline")
 ACCURACY_METRICS = ("score",)
