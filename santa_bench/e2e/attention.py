@@ -272,6 +272,7 @@ class TritonSampledDecode(DecodeAttention):
         self.S = int(self.params["S"])
         tile = int(self.params.get("tile", 64))
         self.kwargs: dict[str, Any] = {"tile": tile, "scale": self.scale}
+        two_pass = self.method.name == "santa-flash" and self.params.get("passes", 1) == 2
         # the global-CDF samplers join the loop's PDL chain (flash has no entry wait)
         self.chains = self.method.name != "santa-flash"
         stash = STASH_DTYPES[self.params.get("stash", "fp32")]
@@ -281,10 +282,17 @@ class TritonSampledDecode(DecodeAttention):
             self.kwargs["alloc"] = self.params["alloc"]
         batch, hq, d = q.shape
         try:
-            self.workspace = module.SantaWorkspace(
-                batch, hq, cache.num_kv_heads, cache.capacity, d, self.S, tile,
-                device=q.device, stash_dtype=stash, seed=self.seed,
-            )
+            if two_pass:  # santa-flash:passes=2[,gather=...]: triton_santa_flash2
+                flash2 = importlib.import_module("santa_kernels.triton_santa_flash2")
+                self.kernel = flash2.santa_flash_two_pass
+                self.kwargs["gather"] = self.params.get("gather", "masked")
+                self.workspace = flash2.two_pass_workspace(q, cache.layers[0], self.S, tile,
+                                                           seed=self.seed)
+            else:
+                self.workspace = module.SantaWorkspace(
+                    batch, hq, cache.num_kv_heads, cache.capacity, d, self.S, tile,
+                    device=q.device, stash_dtype=stash, seed=self.seed,
+                )
         except ValueError as exc:
             raise Unsupported(f"{self.method.name}: {exc}") from exc
         self.kwargs["workspace"] = self.workspace
