@@ -129,6 +129,39 @@ def flash2_config(head_dim: int) -> dict:
 
 # ------------------------------------------------------------- pass 1: counts
 @triton.jit
+def _or(a, b):
+    return a | b
+
+
+@triton.jit
+def _popcount64(x):
+    """Set bits of each int64 (SWAR; every mask clears the bits an arithmetic shift fills,
+    so signed shifts give the logical result)."""
+    x = x - ((x >> 1) & 0x5555555555555555)
+    x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
+    return (x * 0x0101010101010101) >> 56
+
+
+@triton.jit
+def _list_positions(needed, TILE: tl.constexpr, BITS: tl.constexpr):
+    """``(rank, total)``: each needed row's rank among the tile's needed rows (row order)
+    and their count. BITS (TILE <= 64): the rows as one 64-bit word, ranks by popcount
+    of the bits below (one reduction); else an exclusive scan."""
+    taken = needed.to(tl.int32)
+    if BITS:
+        lane = tl.arange(0, TILE).to(tl.int64)
+        word = tl.reduce(taken.to(tl.int64) << lane, 0, _or)
+        below = word & ((tl.full([TILE], 1, tl.int64) << lane) - 1)
+        rank = _popcount64(below).to(tl.int32)
+        total = _popcount64(word).to(tl.int32)
+    else:
+        rank = tl.cumsum(taken, axis=0) - taken
+        total = tl.sum(taken, axis=0)
+    return rank, total
+
+
+@triton.jit
 def _flash_count_kernel(
     q_ptr, k_ptr, lengths_ptr, page_table_ptr,
     tile_max_ptr, tile_mass_ptr, counts_ptr, uniforms_ptr, rng_ptr, seed,
@@ -143,6 +176,7 @@ def _flash_count_kernel(
     stride_vx=0, stride_vy=0, stride_vh=0,
     COMPACT: tl.constexpr = False, INLINE: tl.constexpr = False, BLOCK: tl.constexpr = 64,
     GATHER_G_PAD: tl.constexpr = 16, W_MODE: tl.constexpr = 0, PDL: tl.constexpr = False,
+    LIST_BITS: tl.constexpr = True,
 ):
     # DRAW (profiling only): False stores the integer weights instead of the draw's
     # counts (no scan, no Philox, no floors): what the draw costs
@@ -193,12 +227,12 @@ def _flash_count_kernel(
         if COMPACT:
             counts = tl.where(ok, counts, 0.0)
             needed = tl.max(counts, axis=0) > 0  # rows some head of the group sampled
-            taken = needed.to(tl.int32)
-            pos = cursor + tl.cumsum(taken, axis=0) - taken  # their list positions, in order
+            rank, listed = _list_positions(needed, TILE, LIST_BITS)
+            pos = cursor + rank  # their list positions, in row order
             tl.store(entry_rows_ptr + kv_row * entry_stride + pos, offs_n, mask=needed)
             tl.store(counts_ptr + head_rows[:, None] * counts_stride + pos[None, :],
                      counts.to(tl.int16), mask=mask_g[:, None] & needed[None, :])
-            cursor += tl.sum(taken, axis=0)
+            cursor += listed
             # the program's partial (m, l): FlashDecoding's running merge of the tiles
             m_new = tl.maximum(m_run, m_t)
             m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
@@ -431,8 +465,8 @@ def santa_flash_two_pass(
     count_config: tuple[int, int] | None = None, gather_config: tuple[int, int] | None = None,
     group_offsets: bool = False, gather_splits: int | None = None, gather: str = "masked",
     block: int | None = None, count_splits: int | None = None, count_maxnreg: int | None = 0,
-    pdl: bool | None = None, stages: tuple[str, ...] = ("count", "gather", "merge"),
-    draw: bool = True,
+    pdl: bool | None = None, list_bits: bool | None = None,
+    stages: tuple[str, ...] = ("count", "gather", "merge"), draw: bool = True,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash in two passes.
 
@@ -455,10 +489,13 @@ def santa_flash_two_pass(
     workspace's ``num_splits``; default :func:`num_splits_for`). ``count_maxnreg``: the
     count pass's register cap with lists (0: ``FLASH2_CONFIG``'s ``compact_maxnreg``;
     None: none). ``pdl`` (compact): launch pass 2 as a programmatic dependent of pass 1
-    (None: where the device has it).
+    (None: where the device has it). ``list_bits``: list positions by a 64-bit row mask
+    and popcounts (None: for tiles <= 64 rows; False: a scan, any tile).
     """
     if gather not in GATHERS:
         raise InputError(f"gather: expected one of {GATHERS}, got {gather!r}")
+    if list_bits and tile > 64:
+        raise InputError(f"list_bits: a 64-bit row mask holds tiles of <= 64 rows, got {tile}")
     if block is None:  # H200, S=2048: inline 39.9 us at 32k B=1 with 32, 55.3 with 64
         block = INLINE_BLOCK if gather == "inline" else COMPACT_BLOCK
     if not isinstance(block, int) or block < 16 or block & (block - 1):
@@ -518,6 +555,7 @@ def santa_flash_two_pass(
             part_m_ptr=ws.part_m, part_l_ptr=ws.part_l, part_o_ptr=ws.part_o, v_ptr=kv.v,
             stride_vx=kv.v.stride(0), stride_vy=kv.v.stride(1), stride_vh=kv.v.stride(2),
             COMPACT=True, INLINE=gather == "inline", BLOCK=block, GATHER_G_PAD=g_pad,
+            LIST_BITS=list_bits if list_bits is not None else tile <= 64,
             W_MODE=0 if _dot_precision(v_dtype) == "ieee" else 1)
         if pdl is None:
             pdl = gather == "compact" and pdl_available(q.device)
