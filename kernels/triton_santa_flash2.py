@@ -89,14 +89,17 @@ from santa_kernels.validate import InputError, check_positive_int
 # d=64 and 256 not swept: override per call (count_config=, gather_config=).
 FLASH2_CONFIG = {
     64: {"count": (4, 4), "gather": (4, 4), "compact_maxnreg": None},
-    128: {"count": (4, 3), "gather": (2, 4), "compact_maxnreg": None},
+    128: {"count": (4, 3), "gather": (2, 4), "compact_maxnreg": 128},
     256: {"count": (8, 2), "gather": (8, 2), "compact_maxnreg": None},
 }
 # compact_maxnreg: a register cap for the count pass with row lists (gather="compact";
-# None: ptxas' choice). At d=128 ptxas gives the listing pass 128 registers (4 programs an
-# SM; the masked one 93, 5 an SM); a cap of 96 (5 an SM, a 4-byte spill) was slower at
-# every shape on the H200: 43.0 / 236.5 / 110.6 us against 41.0 / 227.4 / 103.0 (S=2048,
-# 32k B=1 / 32k B=8 / 128k B=1; results/h200/tune-2026-12-02-s14/3-compact-bc8101d.csv).
+# None: ptxas' choice). 128 registers a thread is the cliff at 4 warps: 4 programs an SM
+# at <= 128, 3 above. At d=128 ptxas gave the listing pass 128 registers at c5b4c84 and
+# 134-137 after the next change to it (list_bits): its count pass went 26.7 -> 38.0 us at
+# 32k B=1 and 88.7 -> 130.8 at 128k B=1 (tune-2026-12-02-s14/5-compact-*.csv); capped at
+# 128 it needs 123-124, no spills (ptxas -v). A cap of 96 (5 programs an SM, a 4-byte
+# spill) was slower at every shape: 43.0 / 236.5 / 110.6 us against 41.0 / 227.4 / 103.0
+# uncapped (S=2048, 32k B=1 / 32k B=8 / 128k B=1; 3-compact-bc8101d.csv).
 GATHER_TILES = 32  # tiles per gather program at most (default gather_splits)
 GATHERS = ("masked", "compact", "inline")  # pass 2's V reads (santa_flash_two_pass)
 # rows a dot of the list gathers (results/h200/tune-2026-12-02-s14/1-compact-5d88fae.csv:
@@ -490,7 +493,7 @@ def santa_flash_two_pass(
     count pass's register cap with lists (0: ``FLASH2_CONFIG``'s ``compact_maxnreg``;
     None: none). ``pdl`` (compact): launch pass 2 as a programmatic dependent of pass 1
     (None: where the device has it). ``list_bits``: list positions by a 64-bit row mask
-    and popcounts (None: for tiles <= 64 rows; False: a scan, any tile).
+    and popcounts (None: for compact lists of tiles <= 64 rows; False: a scan, any tile).
     """
     if gather not in GATHERS:
         raise InputError(f"gather: expected one of {GATHERS}, got {gather!r}")
@@ -555,7 +558,8 @@ def santa_flash_two_pass(
             part_m_ptr=ws.part_m, part_l_ptr=ws.part_l, part_o_ptr=ws.part_o, v_ptr=kv.v,
             stride_vx=kv.v.stride(0), stride_vy=kv.v.stride(1), stride_vh=kv.v.stride(2),
             COMPACT=True, INLINE=gather == "inline", BLOCK=block, GATHER_G_PAD=g_pad,
-            LIST_BITS=list_bits if list_bits is not None else tile <= 64,
+            LIST_BITS=(list_bits if list_bits is not None
+                       else tile <= 64 and gather == "compact"),
             W_MODE=0 if _dot_precision(v_dtype) == "ieee" else 1)
         if pdl is None:
             pdl = gather == "compact" and pdl_available(q.device)

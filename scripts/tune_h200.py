@@ -475,11 +475,11 @@ def compact_section(rows: Rows, S: int = 2048) -> None:
         timed("compact", gather="compact")
         timed("compact count", gather="compact", stages=("count",))
         timed("compact gather", gather="compact", stages=("gather",))
-        timed("compact", gather="compact", pdl=False)
-        timed("inline", gather="inline", block=32)
+        timed("inline", gather="inline")
         timed("compact scan", gather="compact", list_bits=False)
         timed("compact count scan", gather="compact", stages=("count",), list_bits=False)
-        timed("inline scan", gather="inline", list_bits=False)
+        timed("compact uncapped", gather="compact", count_maxnreg=None)
+        timed("inline bits", gather="inline", list_bits=True)
         # (the lists and launches swept before, at commits 5d88fae and 921ffd7: in
         # results/h200/tune-2026-12-02-s14)
         del inputs, wss
