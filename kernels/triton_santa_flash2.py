@@ -28,12 +28,13 @@ Pass 2 has three forms (``gather=``):
   mass); ``_compact_gather_kernel`` (launched as a programmatic dependent) reads only
   listed rows, ``BLOCK`` rows a dot, weights ``c * l_t * exp(m_t - m_p) / S_tile`` split
   in two 16-bit parts. Pass 2 alone: 11.2 / 51.9 / 12.6 us at 32k B=1 / 32k B=8 / 128k
-  B=1 (masked: 28.1 / 183.7 / 93.4); pass 1 pays for the listing, 26.7 / 172 / 88.7 us
-  (masked counts: 22.3 / 152 / 73.9), in a scan and layout conversions that add 7 of its
-  21 barriers a tile (PTX), not in registers (a cap of 96, 5 programs an SM instead of
-  4, was slower). Whole call 42.3 / 234.6 / 104.9 us (masked 52.9 / 337.6 / 170.5).
+  B=1 (masked: 28.1 / 183.7 / 93.4); pass 1 pays for the listing, 26.7-27.1 / 172-176
+  / 88.7-89.6 us (masked counts: 22.3 / 152 / 73.9), in a scan and layout conversions
+  that add 7 of its 21 barriers a tile (PTX). It is held at 128 registers, the 4-programs-
+  an-SM cliff (134-137: 38 us at 32k B=1); a cap of 96 (5 an SM) was slower. Whole call
+  41.5-42.3 / 229.5-234.6 / 104.6-105.0 us (masked 52.9 / 337.6 / 170.5).
 * ``"inline"``: the same lists, gathered by the count program after its K tiles (one
-  kernel fewer; 168 registers): 40.1 / 240.2 / 105.6 us.
+  kernel fewer; 162 registers, 3 programs an SM): 39.5-40.1 / 235-240 / 104.2-105.6 us.
 
 (results/h200/tune-2026-12-02-s14, BENCHMARKS.md.)
 
@@ -97,7 +98,8 @@ FLASH2_CONFIG = {
 # at <= 128, 3 above. At d=128 ptxas gave the listing pass 128 registers at c5b4c84 and
 # 134-137 after the next change to it (list_bits): its count pass went 26.7 -> 38.0 us at
 # 32k B=1 and 88.7 -> 130.8 at 128k B=1 (tune-2026-12-02-s14/5-compact-*.csv); capped at
-# 128 it needs 123-124, no spills (ptxas -v). A cap of 96 (5 programs an SM, a 4-byte
+# 128 it needs 123-124, no spills (ptxas -v), and runs as before (27.1 / 175.7 / 89.6 us,
+# 6-compact-020e3d8.csv). A cap of 96 (5 programs an SM, a 4-byte
 # spill) was slower at every shape: 43.0 / 236.5 / 110.6 us against 41.0 / 227.4 / 103.0
 # uncapped (S=2048, 32k B=1 / 32k B=8 / 128k B=1; 3-compact-bc8101d.csv).
 GATHER_TILES = 32  # tiles per gather program at most (default gather_splits)
@@ -106,6 +108,10 @@ GATHERS = ("masked", "compact", "inline")  # pass 2's V reads (santa_flash_two_p
 # compact 41.8 / 42.7 / 47.8 us at 64 / 32 / 128 rows, 32k B=1; inline 40.1 / 55.3 / 55.5
 # at 32 / 64 / 128, and at 128k B=1 105.4 / 150.2 / 145.5)
 COMPACT_BLOCK, INLINE_BLOCK = 64, 32
+# list_bits=True against the scan, both capped at 128 registers (S=2048, 32k B=1 / 32k
+# B=8 / 128k B=1, us; tune-2026-12-02-s14/6-compact-020e3d8.csv): compact 42.1 / 235.9 /
+# 108.7 against 41.5 / 230.9 / 105.0; inline 54.8 / 285.4 / 154.3 against 39.5 / 237.1 /
+# 104.2. The int64 popcounts cost more than the barriers they save.
 MAX_COUNT = (1 << 15) - 1  # counts are stored as int16: a row holds at most S_tile <= S
 # counts @ V on tensor cores: exact with the counts in V's 16-bit dtype up to this count
 _EXACT_COUNT = {torch.bfloat16: 256, torch.float16: 2048}
@@ -149,8 +155,8 @@ def _popcount64(x):
 @triton.jit
 def _list_positions(needed, TILE: tl.constexpr, BITS: tl.constexpr):
     """``(rank, total)``: each needed row's rank among the tile's needed rows (row order)
-    and their count. BITS (TILE <= 64): the rows as one 64-bit word, ranks by popcount
-    of the bits below (one reduction); else an exclusive scan."""
+    and their count: an exclusive scan, or with BITS (TILE <= 64) popcounts of the bits
+    below each row in the tile's 64-bit row mask (one reduction; slower on the H200)."""
     taken = needed.to(tl.int32)
     if BITS:
         lane = tl.arange(0, TILE).to(tl.int64)
@@ -468,7 +474,7 @@ def santa_flash_two_pass(
     count_config: tuple[int, int] | None = None, gather_config: tuple[int, int] | None = None,
     group_offsets: bool = False, gather_splits: int | None = None, gather: str = "masked",
     block: int | None = None, count_splits: int | None = None, count_maxnreg: int | None = 0,
-    pdl: bool | None = None, list_bits: bool | None = None,
+    pdl: bool | None = None, list_bits: bool = False,
     stages: tuple[str, ...] = ("count", "gather", "merge"), draw: bool = True,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash in two passes.
@@ -492,8 +498,10 @@ def santa_flash_two_pass(
     workspace's ``num_splits``; default :func:`num_splits_for`). ``count_maxnreg``: the
     count pass's register cap with lists (0: ``FLASH2_CONFIG``'s ``compact_maxnreg``;
     None: none). ``pdl`` (compact): launch pass 2 as a programmatic dependent of pass 1
-    (None: where the device has it). ``list_bits``: list positions by a 64-bit row mask
-    and popcounts (None: for compact lists of tiles <= 64 rows; False: a scan, any tile).
+    (None: where the device has it). ``list_bits``: list positions by popcounts of a
+    64-bit row mask (tiles <= 64 rows) instead of a scan: fewer barriers a tile (17 against
+    21 in the PTX) but slower on the H200 at equal registers (the note at
+    :data:`COMPACT_BLOCK`).
     """
     if gather not in GATHERS:
         raise InputError(f"gather: expected one of {GATHERS}, got {gather!r}")
@@ -558,8 +566,7 @@ def santa_flash_two_pass(
             part_m_ptr=ws.part_m, part_l_ptr=ws.part_l, part_o_ptr=ws.part_o, v_ptr=kv.v,
             stride_vx=kv.v.stride(0), stride_vy=kv.v.stride(1), stride_vh=kv.v.stride(2),
             COMPACT=True, INLINE=gather == "inline", BLOCK=block, GATHER_G_PAD=g_pad,
-            LIST_BITS=(list_bits if list_bits is not None
-                       else tile <= 64 and gather == "compact"),
+            LIST_BITS=bool(list_bits),
             W_MODE=0 if _dot_precision(v_dtype) == "ieee" else 1)
         if pdl is None:
             pdl = gather == "compact" and pdl_available(q.device)

@@ -476,8 +476,8 @@ def compact_section(rows: Rows, S: int = 2048) -> None:
         timed("compact count", gather="compact", stages=("count",))
         timed("compact gather", gather="compact", stages=("gather",))
         timed("inline", gather="inline")
-        timed("compact scan", gather="compact", list_bits=False)
-        timed("compact count scan", gather="compact", stages=("count",), list_bits=False)
+        timed("compact bits", gather="compact", list_bits=True)
+        timed("compact count bits", gather="compact", stages=("count",), list_bits=True)
         timed("compact uncapped", gather="compact", count_maxnreg=None)
         timed("inline bits", gather="inline", list_bits=True)
         # (the lists and launches swept before, at commits 5d88fae and 921ffd7: in
