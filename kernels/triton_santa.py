@@ -258,6 +258,9 @@ class SantaWorkspace:
         counts_width = -(-max_len // 512) * 512 + 2048
         self.counts = (torch.zeros(rows, counts_width, dtype=torch.int16, device=device)
                        if store_counts else None)
+        # the two-pass flash kernel's row lists (triton_santa_flash2._entry_buffers)
+        self.entry_rows: torch.Tensor | None = None
+        self.entry_count: torch.Tensor | None = None
         self.rng = torch.zeros(2, dtype=torch.int64, device=device)
         # the sample pass's per-program partial sums and per-head tickets (zero between calls)
         self.sample_part = torch.empty(rows, MAX_SAMPLE_SPLITS, _next_pow2(head_dim), **f32)
@@ -1015,6 +1018,19 @@ def _flash_local_weights(s, W_SCALE: tl.constexpr):
 
 
 @triton.jit
+def _tile_merge(m_run, l_run, m_t, mass):
+    """FlashDecoding's running merge of one tile into per-row ``(m_run, l_run)``: the
+    tile's max ``m_t`` and mass ``sum e^{s - m_t}``. Returns ``(m_new, l_new, alpha,
+    w_t)``: the running state, the factor rescaling what was accumulated so far, and the
+    tile's weight ``e^{m_t - m_new} * mass`` (0 where ``m_t = -inf``: no valid column)."""
+    m_new = tl.maximum(m_run, m_t)
+    m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
+    alpha = tl.exp(m_run - m_ref)
+    w_t = tl.where(m_t > float("-inf"), tl.exp(m_t - m_ref) * mass, 0.0)
+    return m_new, l_run * alpha + w_t, alpha, w_t
+
+
+@triton.jit
 def _flash_counts(w, mass, a, per_tile):
     """Systematic counts ``c_i = floor(a + S_tile F_i) - floor(a + S_tile F_{i-1})`` of the
     local CDF of integer weights ``w``. Integer partial sums are exact and order-free, so
@@ -1122,13 +1138,9 @@ def _flash_kernel(
         # fold in the previous block (PREFETCH), then this block's tile weights e^{m_t} l_t
         if PREFETCH:
             acc += p_coef[:, None] * o
-        m_new = tl.maximum(m_run, m_t)
-        m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
-        alpha = tl.exp(m_run - m_ref)
-        w_t = tl.where(row_ok, tl.exp(m_t - m_ref) * (mass.to(tl.float32) / W_SCALE), 0.0)
+        m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_t,
+                                               mass.to(tl.float32) / W_SCALE)
         acc = acc * alpha[:, None]
-        l_run = l_run * alpha + w_t
-        m_run = m_new
         p_needed = needed
         p_rows = rows
         p_coef = w_t / per_tile

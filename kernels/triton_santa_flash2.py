@@ -34,7 +34,8 @@ Pass 2 has three forms (``gather=``):
   an-SM cliff (134-137: 38 us at 32k B=1); a cap of 96 (5 an SM) was slower. Whole call
   41.5-42.3 / 229.5-234.6 / 104.6-105.0 us (masked 52.9 / 337.6 / 170.5).
 * ``"inline"``: the same lists, gathered by the count program after its K tiles (one
-  kernel fewer; 162 registers, 3 programs an SM): 39.5-40.1 / 235-240 / 104.2-105.6 us.
+  kernel fewer; ptxas: 128 registers at 32 rows a dot, 4 programs an SM, 162 at 64, 3
+  an SM): 39.5-40.1 / 235-240 / 104.2-105.6 us.
 
 (results/h200/tune-2026-12-02-s14, BENCHMARKS.md.)
 
@@ -74,6 +75,7 @@ from santa_kernels.triton_santa import (
     _prepare,
     _row_offsets,
     _sm_count,
+    _tile_merge,
     _tile_scores,
     num_splits_for,
     pdl_available,
@@ -96,22 +98,24 @@ FLASH2_CONFIG = {
 # compact_maxnreg: a register cap for the count pass with row lists (gather="compact";
 # None: ptxas' choice). 128 registers a thread is the cliff at 4 warps: 4 programs an SM
 # at <= 128, 3 above. At d=128 ptxas gave the listing pass 128 registers at c5b4c84 and
-# 134-137 after the next change to it (list_bits): its count pass went 26.7 -> 38.0 us at
-# 32k B=1 and 88.7 -> 130.8 at 128k B=1 (tune-2026-12-02-s14/5-compact-*.csv); capped at
-# 128 it needs 123-124, no spills (ptxas -v), and runs as before (27.1 / 175.7 / 89.6 us,
-# 6-compact-020e3d8.csv). A cap of 96 (5 programs an SM, a 4-byte
-# spill) was slower at every shape: 43.0 / 236.5 / 110.6 us against 41.0 / 227.4 / 103.0
-# uncapped (S=2048, 32k B=1 / 32k B=8 / 128k B=1; 3-compact-bc8101d.csv).
+# 134-137 after a later change (popcount list positions, since removed): its count pass
+# went 26.7 -> 38.0 us at 32k B=1 and 88.7 -> 130.8 at 128k B=1
+# (tune-2026-12-02-s14/5-compact-5819eb9.csv); capped at 128, no spills (ptxas -v), it
+# runs as before (27.1 / 175.7 / 89.6 us, 6-compact-020e3d8.csv). A cap of 96 (5
+# programs an SM, a 4-byte spill) was slower at every shape: 43.0 / 236.5 / 110.6 us
+# against 41.0 / 227.4 / 103.0 uncapped (S=2048, 32k B=1 / 32k B=8 / 128k B=1;
+# 3-compact-bc8101d.csv).
 GATHER_TILES = 32  # tiles per gather program at most (default gather_splits)
 GATHERS = ("masked", "compact", "inline")  # pass 2's V reads (santa_flash_two_pass)
 # rows a dot of the list gathers (results/h200/tune-2026-12-02-s14/1-compact-5d88fae.csv:
 # compact 41.8 / 42.7 / 47.8 us at 64 / 32 / 128 rows, 32k B=1; inline 40.1 / 55.3 / 55.5
 # at 32 / 64 / 128, and at 128k B=1 105.4 / 150.2 / 145.5)
 COMPACT_BLOCK, INLINE_BLOCK = 64, 32
-# list_bits=True against the scan, both capped at 128 registers (S=2048, 32k B=1 / 32k
-# B=8 / 128k B=1, us; tune-2026-12-02-s14/6-compact-020e3d8.csv): compact 42.1 / 235.9 /
-# 108.7 against 41.5 / 230.9 / 105.0; inline 54.8 / 285.4 / 154.3 against 39.5 / 237.1 /
-# 104.2. The int64 popcounts cost more than the barriers they save.
+# List positions by popcounts of a 64-bit row mask instead of the scan (17 barriers a
+# tile instead of 21; code at 8aa9064, removed) were slower, both capped at 128 registers
+# (S=2048, 32k B=1 / 32k B=8 / 128k B=1, us; tune-2026-12-02-s14/6-compact-020e3d8.csv):
+# compact 42.1 / 235.9 / 108.7 against 41.5 / 230.9 / 105.0 with the scan; inline 54.8 /
+# 285.4 / 154.3 against 39.5 / 237.1 / 104.2.
 MAX_COUNT = (1 << 15) - 1  # counts are stored as int16: a row holds at most S_tile <= S
 # counts @ V on tensor cores: exact with the counts in V's 16-bit dtype up to this count
 _EXACT_COUNT = {torch.bfloat16: 256, torch.float16: 2048}
@@ -138,39 +142,6 @@ def flash2_config(head_dim: int) -> dict:
 
 # ------------------------------------------------------------- pass 1: counts
 @triton.jit
-def _or(a, b):
-    return a | b
-
-
-@triton.jit
-def _popcount64(x):
-    """Set bits of each int64 (SWAR; every mask clears the bits an arithmetic shift fills,
-    so signed shifts give the logical result)."""
-    x = x - ((x >> 1) & 0x5555555555555555)
-    x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
-    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
-    return (x * 0x0101010101010101) >> 56
-
-
-@triton.jit
-def _list_positions(needed, TILE: tl.constexpr, BITS: tl.constexpr):
-    """``(rank, total)``: each needed row's rank among the tile's needed rows (row order)
-    and their count: an exclusive scan, or with BITS (TILE <= 64) popcounts of the bits
-    below each row in the tile's 64-bit row mask (one reduction; slower on the H200)."""
-    taken = needed.to(tl.int32)
-    if BITS:
-        lane = tl.arange(0, TILE).to(tl.int64)
-        word = tl.reduce(taken.to(tl.int64) << lane, 0, _or)
-        below = word & ((tl.full([TILE], 1, tl.int64) << lane) - 1)
-        rank = _popcount64(below).to(tl.int32)
-        total = _popcount64(word).to(tl.int32)
-    else:
-        rank = tl.cumsum(taken, axis=0) - taken
-        total = tl.sum(taken, axis=0)
-    return rank, total
-
-
-@triton.jit
 def _flash_count_kernel(
     q_ptr, k_ptr, lengths_ptr, page_table_ptr,
     tile_max_ptr, tile_mass_ptr, counts_ptr, uniforms_ptr, rng_ptr, seed,
@@ -185,7 +156,6 @@ def _flash_count_kernel(
     stride_vx=0, stride_vy=0, stride_vh=0,
     COMPACT: tl.constexpr = False, INLINE: tl.constexpr = False, BLOCK: tl.constexpr = 64,
     GATHER_G_PAD: tl.constexpr = 16, W_MODE: tl.constexpr = 0, PDL: tl.constexpr = False,
-    LIST_BITS: tl.constexpr = True,
 ):
     # DRAW (profiling only): False stores the integer weights instead of the draw's
     # counts (no scan, no Philox, no floors): what the draw costs
@@ -236,18 +206,15 @@ def _flash_count_kernel(
         if COMPACT:
             counts = tl.where(ok, counts, 0.0)
             needed = tl.max(counts, axis=0) > 0  # rows some head of the group sampled
-            rank, listed = _list_positions(needed, TILE, LIST_BITS)
+            taken = needed.to(tl.int32)
+            rank = tl.cumsum(taken, axis=0) - taken  # among the tile's needed rows
             pos = cursor + rank  # their list positions, in row order
             tl.store(entry_rows_ptr + kv_row * entry_stride + pos, offs_n, mask=needed)
             tl.store(counts_ptr + head_rows[:, None] * counts_stride + pos[None, :],
                      counts.to(tl.int16), mask=mask_g[:, None] & needed[None, :])
-            cursor += listed
+            cursor += tl.sum(taken, axis=0)
             # the program's partial (m, l): FlashDecoding's running merge of the tiles
-            m_new = tl.maximum(m_run, m_t)
-            m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
-            l_run = (l_run * tl.exp(m_run - m_ref)
-                     + tl.where(m_t > float("-inf"), tl.exp(m_t - m_ref) * mass_f, 0.0))
-            m_run = m_new
+            m_run, l_run, _, _ = _tile_merge(m_run, l_run, m_t, mass_f)
         else:
             tl.store(counts_ptr + head_rows[:, None] * counts_stride + offs_n[None, :],
                      counts.to(tl.int16), mask=ok)
@@ -305,14 +272,8 @@ def _gather_tiles(v_base, page_table_ptr, tile_max_ptr, tile_mass_ptr, counts_pt
         o = _counts_dot(counts, v, CNT_MODE)
         # FlashDecoding merge of the tile estimate (W_t / S_tile) * counts @ V, as
         # _flash_kernel does; padding rows hold m_t = -inf and weight 0
-        row_ok = m_t > float("-inf")
-        m_new = tl.maximum(m_run, m_t)
-        m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
-        alpha = tl.exp(m_run - m_ref)
-        w_t = tl.where(row_ok, tl.exp(m_t - m_ref) * mass, 0.0)
+        m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_t, mass)
         acc = acc * alpha[:, None]
-        l_run = l_run * alpha + w_t
-        m_run = m_new
         acc += (w_t / per_tile)[:, None] * o
     return m_run, l_run, acc
 
@@ -434,7 +395,7 @@ def _entry_buffers(ws: SantaWorkspace) -> tuple[torch.Tensor, torch.Tensor]:
     """The workspace's row lists ``[B * Hkv, counts width]`` (int32) and their lengths
     ``[B * Hkv, num_splits]``, allocated on first use (:func:`two_pass_workspace` does it
     up front, outside any graph capture)."""
-    if getattr(ws, "entry_rows", None) is None:
+    if ws.entry_rows is None:
         rows = ws.batch * ws.num_kv_heads
         width = ws.counts.shape[1]
         ws.entry_rows = torch.zeros(rows, width, dtype=torch.int32, device=ws.device)
@@ -474,7 +435,7 @@ def santa_flash_two_pass(
     count_config: tuple[int, int] | None = None, gather_config: tuple[int, int] | None = None,
     group_offsets: bool = False, gather_splits: int | None = None, gather: str = "masked",
     block: int | None = None, count_splits: int | None = None, count_maxnreg: int | None = 0,
-    pdl: bool | None = None, list_bits: bool = False,
+    pdl: bool | None = None,
     stages: tuple[str, ...] = ("count", "gather", "merge"), draw: bool = True,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash in two passes.
@@ -490,23 +451,21 @@ def santa_flash_two_pass(
     :data:`GATHER_TILES` tiles). ``gather`` (:data:`GATHERS`): ``"masked"`` reads a tile's
     V block with the unsampled rows masked off; ``"compact"``: pass 1 lists the rows its
     tiles sampled and pass 2 reads only those, ``block`` rows a dot (default
-    :data:`COMPACT_BLOCK` / :data:`INLINE_BLOCK`; pass 2 on pass 1's
-    split: ``gather_splits`` and ``gather_config`` do not apply); ``"inline"``: the same
-    lists, gathered by the count program itself after its K tiles (no second kernel).
+    :data:`COMPACT_BLOCK` / :data:`INLINE_BLOCK`), on pass 1's split (``gather_splits``
+    is refused); ``"inline"``: the same lists, gathered by the count program itself after
+    its K tiles (no second kernel: ``gather_config`` does not apply).
     Profiling only: ``stages`` (the kernels to launch) and ``draw=False`` (pass 1 without
     its draw). ``count_splits``: programs per (sequence, KV head) of pass 1 (at most the
     workspace's ``num_splits``; default :func:`num_splits_for`). ``count_maxnreg``: the
     count pass's register cap with lists (0: ``FLASH2_CONFIG``'s ``compact_maxnreg``;
     None: none). ``pdl`` (compact): launch pass 2 as a programmatic dependent of pass 1
-    (None: where the device has it). ``list_bits``: list positions by popcounts of a
-    64-bit row mask (tiles <= 64 rows) instead of a scan: fewer barriers a tile (17 against
-    21 in the PTX) but slower on the H200 at equal registers (the note at
-    :data:`COMPACT_BLOCK`).
+    (None: where the device has it).
     """
     if gather not in GATHERS:
         raise InputError(f"gather: expected one of {GATHERS}, got {gather!r}")
-    if list_bits and tile > 64:
-        raise InputError(f"list_bits: a 64-bit row mask holds tiles of <= 64 rows, got {tile}")
+    if gather != "masked" and gather_splits is not None:
+        raise InputError(f"gather_splits: the lists' pass 2 runs on pass 1's split "
+                         f"(count_splits), not with gather={gather!r}")
     if block is None:  # H200, S=2048: inline 39.9 us at 32k B=1 with 32, 55.3 with 64
         block = INLINE_BLOCK if gather == "inline" else COMPACT_BLOCK
     if not isinstance(block, int) or block < 16 or block & (block - 1):
@@ -566,7 +525,6 @@ def santa_flash_two_pass(
             part_m_ptr=ws.part_m, part_l_ptr=ws.part_l, part_o_ptr=ws.part_o, v_ptr=kv.v,
             stride_vx=kv.v.stride(0), stride_vy=kv.v.stride(1), stride_vh=kv.v.stride(2),
             COMPACT=True, INLINE=gather == "inline", BLOCK=block, GATHER_G_PAD=g_pad,
-            LIST_BITS=bool(list_bits),
             W_MODE=0 if _dot_precision(v_dtype) == "ieee" else 1)
         if pdl is None:
             pdl = gather == "compact" and pdl_available(q.device)
@@ -589,12 +547,6 @@ def santa_flash_two_pass(
             W_BITS=FLASH_W_BITS, GROUP_RNG=group_offsets, DRAW=draw, num_warps=count_warps,
             num_stages=count_stages, **lists,
         )
-    if _dot_precision(v_dtype) == "ieee":
-        cnt_mode = 0  # fp32 counts @ V
-    elif _EXACT_COUNT.get(v_dtype, 0) >= S:
-        cnt_mode = 1  # every count <= S_tile <= S is exact in V's 16-bit dtype
-    else:
-        cnt_mode = 2  # 256 * hi + lo: two dots (the fused kernel picks per call; not here)
     if "gather" in stages and gather == "compact":
         _compact_gather_kernel[grid](
             kv.v, kv.lengths, table, ws.tile_max, ws.tile_mass, ws.counts,
@@ -608,6 +560,12 @@ def santa_flash_two_pass(
             **({"launch_pdl": True} if lists["PDL"] else {}),
         )
     elif "gather" in stages and not compact:
+        if _dot_precision(v_dtype) == "ieee":
+            cnt_mode = 0  # fp32 counts @ V
+        elif _EXACT_COUNT.get(v_dtype, 0) >= S:
+            cnt_mode = 1  # every count <= S_tile <= S is exact in V's 16-bit dtype
+        else:
+            cnt_mode = 2  # 256 * hi + lo: two dots (the fused kernel picks per call)
         _flash_gather_kernel[(splits, batch * hkv)](
             kv.v, kv.lengths, table, ws.tile_max, ws.tile_mass, ws.counts,
             ws.part_m, ws.part_l, ws.part_o,

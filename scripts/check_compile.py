@@ -280,7 +280,7 @@ def check_flash_two_pass() -> int:
         for gather in tf2.GATHERS:
             lists = {"COMPACT": gather != "masked", "INLINE": gather == "inline",
                      "BLOCK": 64, "GATHER_G_PAD": g_pad, "W_MODE": 1,
-                     "PDL": gather == "compact", "LIST_BITS": False}
+                     "PDL": gather == "compact"}
             options = {"num_warps": warps, "num_stages": stages}
             if gather == "compact" and cfg["compact_maxnreg"]:
                 options["maxnreg"] = cfg["compact_maxnreg"]

@@ -49,7 +49,8 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
 - ``flash2``: the two-pass flash kernel stage by stage: pass 1 with and without its draw,
   pass 2 alone over several split counts and launches, the merge alone.
 - ``compact``: the two-pass flash kernel's masked pass 2 against its compact row lists
-  (a second kernel, or gathered inline by the count program), by block, launch and split.
+  (a second kernel, or gathered inline by the count program), by launch and register cap
+  (earlier sweeps of blocks, splits and list forms: results/h200/tune-2026-12-02-s14).
 The sections ``evict``, ``tail`` and ``statsblk`` (results/h200/tune-2026-11-29, commits
 named there), ``wide`` (results/h200/tune-2026-11-29-s4, commit ``a05c5a2``) and
 ``colmask`` (same folder, commit ``be5f18f``), ``fold`` (results/h200/tune-2026-11-29-s5,
@@ -392,6 +393,37 @@ def flash_section(rows: Rows, S: int = 2048) -> None:
         torch.cuda.empty_cache()
 
 
+def flash2_timer(rows: Rows, section: str, tag: str, inputs, wss, S: int, base=None):
+    """Returns ``timed(what, note="", **kw)``: one row, the graph time of
+    ``santa_flash_two_pass(**kw)`` over the input copies. A full call with the same options
+    first writes each copy's counts / lists in place (a stage-only timing reads them).
+    With ``base = (counts, out)`` of the first copy (seed 1, step 0), the note says whether
+    the variant drew those counts and how far its output is from ``out``."""
+
+    def timed(what: str, note: str = "", **kw) -> None:
+        full = {k: v for k, v in kw.items() if k != "stages"}
+        try:
+            for i, ((q, kv), w) in enumerate(zip(inputs, wss, strict=True)):
+                w.reset_rng(0)
+                check = i == 0 and base is not None
+                out, info = tf2.santa_flash_two_pass(q, kv, S, workspace=w, seed=1,
+                                                     return_counts=check, **full)
+                if check:
+                    same = torch.equal(info.row_counts(), base[0])
+                    diff = float((out.float() - base[1]).abs().max())
+                    note = f"same={same} maxdiff={diff:.2e} {note}".strip()
+            calls = [lambda q=q, kv=kv, w=w: tf2.santa_flash_two_pass(q, kv, S, workspace=w,
+                                                                      **kw)
+                     for (q, kv), w in zip(inputs, wss, strict=True)]
+            rows.add(section=section, shape=tag, variant=what, what=str(kw)[:80],
+                     us=f"{graph_call_us(calls):.2f}", note=note)
+        except Exception as exc:  # report and go on
+            rows.add(section=section, shape=tag, variant=what, what="FAILED", us="",
+                     note=f"{type(exc).__name__}: {exc}"[:300])
+
+    return timed
+
+
 def flash2_section(rows: Rows, S: int = 2048) -> None:
     for batch, ctx in SHAPES:
         tag = f"B={batch} {ctx // 1024}k"
@@ -399,20 +431,7 @@ def flash2_section(rows: Rows, S: int = 2048) -> None:
         default = ts.num_splits_for(batch * 8, ctx // 64)
         wss = [ts.SantaWorkspace.for_inputs(q, kv, S, 64, store_counts=True,
                                             num_splits=8 * default) for q, kv in inputs]
-
-        def timed(what, note="", wss=wss, inputs=inputs, tag=tag, **kw):
-            try:
-                for (q, kv), w in zip(inputs, wss, strict=True):  # counts in place first
-                    tf2.santa_flash_two_pass(q, kv, S, workspace=w)
-                calls = [lambda q=q, kv=kv, w=w: tf2.santa_flash_two_pass(q, kv, S, workspace=w,
-                                                                          **kw)
-                         for (q, kv), w in zip(inputs, wss, strict=True)]
-                rows.add(section="flash2", shape=tag, variant=what, what=str(kw)[:80],
-                         us=f"{graph_call_us(calls):.2f}", note=note)
-            except Exception as exc:
-                rows.add(section="flash2", shape=tag, variant=what, what="FAILED", us="",
-                         note=f"{type(exc).__name__}: {exc}"[:300])
-
+        timed = flash2_timer(rows, "flash2", tag, inputs, wss, S)
         score, _ = prop_calls(inputs, 128)
         rows.add(section="flash2", shape=tag, variant="prop score pass", what="",
                  us=f"{graph_call_us(score):.2f}", note="")
@@ -433,55 +452,34 @@ def flash2_section(rows: Rows, S: int = 2048) -> None:
 
 def compact_section(rows: Rows, S: int = 2048) -> None:
     """santa-flash two-pass at S=2048: the masked pass 2 against the compact lists (a
-    second kernel, or inline in the count program), by launch, block and split; the same
-    counts checked first."""
+    second kernel, or inline in the count program), by launch and register cap; each
+    variant checked to draw the masked kernel's counts."""
     for batch, ctx in SHAPES:
         tag = f"B={batch} {ctx // 1024}k"
         inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
         default = ts.num_splits_for(batch * 8, ctx // 64)
         wss = [tf2.two_pass_workspace(q, kv, S, 64, num_splits=4 * default)
                for q, kv in inputs]
-        q0, kv0 = inputs[0]
-        base_out, base = tf2.santa_flash_two_pass(q0, kv0, S, workspace=wss[0], seed=1,
-                                                  return_counts=True)
-        base_counts, base_out = base.row_counts().clone(), base_out.float().clone()
-        v_frac = float((base_counts.view(batch, 8, -1, ctx).amax(2) > 0).float().mean())
-
-        def timed(what, wss=wss, inputs=inputs, tag=tag, base=(base_counts, base_out, v_frac),
-                  **kw):
-            base_counts, base_out, v_frac = base
-            q0, kv0 = inputs[0]
-            try:
-                wss[0].reset_rng(0)
-                out, info = tf2.santa_flash_two_pass(q0, kv0, S, workspace=wss[0], seed=1,
-                                                     return_counts=True,
-                                                     **{k: v for k, v in kw.items()
-                                                        if k != "stages"})
-                same = torch.equal(info.row_counts(), base_counts)
-                err = float((out.float() - base_out).abs().max())
-                calls = [lambda q=q, kv=kv, w=w: tf2.santa_flash_two_pass(q, kv, S, workspace=w,
-                                                                          **kw)
-                         for (q, kv), w in zip(inputs, wss, strict=True)]
-                rows.add(section="compact", shape=tag, variant=what, what=str(kw)[:80],
-                         us=f"{graph_call_us(calls):.2f}",
-                         note=f"same={same} maxdiff={err:.2e} V rows {100 * v_frac:.1f}%")
-            except Exception as exc:
-                rows.add(section="compact", shape=tag, variant=what, what="FAILED", us="",
-                         note=f"{type(exc).__name__}: {exc}"[:300])
-
-        timed("masked")
-        timed("masked count", stages=("count",))
-        timed("masked gather", stages=("gather",))
-        timed("compact", gather="compact")
-        timed("compact count", gather="compact", stages=("count",))
-        timed("compact gather", gather="compact", stages=("gather",))
-        timed("inline", gather="inline")
-        timed("compact bits", gather="compact", list_bits=True)
-        timed("compact count bits", gather="compact", stages=("count",), list_bits=True)
-        timed("compact uncapped", gather="compact", count_maxnreg=None)
-        timed("inline bits", gather="inline", list_bits=True)
-        # (the lists and launches swept before, at commits 5d88fae and 921ffd7: in
-        # results/h200/tune-2026-12-02-s14)
+        (q0, kv0), ws0 = inputs[0], wss[0]
+        ws0.reset_rng(0)
+        out, info = tf2.santa_flash_two_pass(q0, kv0, S, workspace=ws0, seed=1,
+                                             return_counts=True)
+        counts = info.row_counts().clone()
+        v_frac = float((counts.view(batch, 8, -1, ctx).amax(2) > 0).float().mean())
+        timed = flash2_timer(rows, "compact", tag, inputs, wss, S,
+                             base=(counts, out.float().clone()))
+        note = f"V rows {100 * v_frac:.1f}%"
+        timed("masked", note)
+        timed("masked count", note, stages=("count",))
+        timed("masked gather", note, stages=("gather",))
+        timed("compact", note, gather="compact")
+        timed("compact count", note, gather="compact", stages=("count",))
+        timed("compact gather", note, gather="compact", stages=("gather",))
+        timed("compact uncapped", note, gather="compact", count_maxnreg=None)
+        timed("compact no PDL", note, gather="compact", pdl=False)
+        timed("inline", note, gather="inline")
+        # (the lists and launches swept before, at the commits named in
+        # results/h200/tune-2026-12-02-s14/README.md)
         del inputs, wss
         torch.cuda.empty_cache()
 

@@ -85,8 +85,6 @@ def test_compact_lists_over_splits_blocks_and_dense_tiles(gather):
     for count_splits in (1, 2, 6):
         check_against_fused(q, kv, S=16, num_splits=6, gather=gather, count_splits=count_splits)
     check_against_fused(q, kv, S=200, num_splits=3, gather=gather, block=16)
-    for list_bits in (True, False):  # list positions: popcounts of a row mask, or a scan
-        check_against_fused(q, kv, S=40, num_splits=3, gather=gather, list_bits=list_bits)
     q, kv = make_cache(dtype=torch.bfloat16)
     check_against_fused(q, kv, S=16, out_tol=2e-2, gather=gather)
     q, kv = make_cache(batch=2, hq=2, hkv=1, d=64, n=20, lengths=(20, 1), dtype=torch.float16)
@@ -223,8 +221,8 @@ def test_input_errors():
         santa_flash_two_pass(q, kv, 8, tile=TILE, gather="compact", block=48)
     with pytest.raises(InputError, match="count_splits"):
         santa_flash_two_pass(q, kv, 8, tile=TILE, count_splits=0)
-    with pytest.raises(InputError, match="list_bits"):  # one 64-bit word a tile
-        santa_flash_two_pass(q, kv, 8, tile=128, gather="compact", list_bits=True)
+    with pytest.raises(InputError, match="gather_splits"):  # lists: pass 1's split
+        santa_flash_two_pass(q, kv, 8, tile=TILE, gather="compact", gather_splits=2)
     with pytest.raises(InputError, match="count_splits"):
         santa_flash_two_pass(q, kv, 8, tile=TILE, count_splits=10**6)
 
