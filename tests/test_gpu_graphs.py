@@ -63,3 +63,48 @@ def test_stash_l2_policy_changes_no_sample_on_the_gpu(monkeypatch):
                                 stash_dtype=torch.float16)
     assert torch.equal(info.sample_index, index)
     assert torch.equal(plain, hinted)
+
+
+@pytest.mark.parametrize("knobs", [{"overlap": True},
+                                   {"overlap": True, "persistent": 3, "persistent_large": 3},
+                                   {"persistent": 4, "persistent_large": 4}],
+                         ids=["overlap", "overlap-persistent", "persistent"])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_overlapped_passes_draw_the_plain_samples_on_the_gpu(knobs, batch, monkeypatch):
+    """The sample pass started per KV head on the score pass's counts (``overlap``) and the
+    persistent score grid draw exactly the plain passes' samples and outputs, call after
+    call (Philox, one workspace each) and in CUDA-graph replays: a head sampled before its
+    statistics and stash were visible would draw other rows."""
+    import santa_kernels.triton_santa as ts
+    from santa_bench.inputs import DecodeShape, make_decode_inputs
+
+    q, kv = make_decode_inputs(DecodeShape(batch=batch, ctx=32768), device="cuda")
+    cfg = ts._config(128)
+
+    def calls(workspace, n=12):
+        draws = []
+        for _ in range(n):
+            out, info = ts.santa_prop(q, kv, 256, workspace=workspace,
+                                      stash_dtype=torch.float16)
+            draws.append((info.sample_index.clone(), out.clone()))
+        return draws
+
+    def workspace():
+        return ts.SantaWorkspace.for_inputs(q, kv, 256, 64, seed=7,
+                                            stash_dtype=torch.float16)
+
+    plain = calls(workspace())
+    monkeypatch.setitem(ts.HOPPER_CONFIGS, 128, {**cfg, **knobs})
+    ws = workspace()
+    for (index, out), (want_index, want_out) in zip(calls(ws), plain, strict=True):
+        assert torch.equal(index, want_index)
+        assert torch.equal(out, want_out)
+    assert int(ws.score_done.abs().sum()) == 0 and int(ws.call_ticket) == 0
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, info = ts.santa_prop(q, kv, 256, workspace=ws, stash_dtype=torch.float16)
+    ws.reset_rng(0)
+    for want_index, want_out in plain:
+        graph.replay()
+        assert torch.equal(info.sample_index, want_index)
+        assert torch.equal(out, want_out)
