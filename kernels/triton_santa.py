@@ -794,7 +794,7 @@ def _sample_pass_kernel(
     D_PAD: tl.constexpr, SAMPLE_SPLITS: tl.constexpr = 1, PROFILE: tl.constexpr = 0,
     PDL: tl.constexpr = False, STASH_EVICT: tl.constexpr = "", PHASED: tl.constexpr = False,
     done_ptr=None, call_ticket_ptr=None, score_splits=1, batch_kv=1,
-    OVERLAP: tl.constexpr = False,
+    OVERLAP: tl.constexpr = False, SPIN_SLEEP: tl.constexpr = 0,
 ):
     # PROFILE (timing only, wrong outputs): 1 skips the binary search, 2 the stash load,
     # 3 the V gather
@@ -817,7 +817,7 @@ def _sample_pass_kernel(
         # the score pass counts its programs done per KV head (_score_done): wait for this
         # head's count alone, not for the whole grid; the step is read here and advanced
         # by the call's last program (below)
-        _overlap_wait(done_ptr + head_row // group, score_splits)
+        _overlap_wait(done_ptr + head_row // group, score_splits, SPIN_SLEEP)
         _pdl_trigger(PDL)
         step = tl.load(rng_ptr)
     else:
@@ -948,13 +948,18 @@ def _sample_pass_kernel(
 
 
 @triton.jit
-def _overlap_wait(count_ptr, target):
+def _overlap_wait(count_ptr, target, SPIN_SLEEP: tl.constexpr):
     """Spins until ``*count_ptr >= target`` (one thread's acquire, its value shared with
-    the program's other threads through a barrier, which orders their later loads).
-    Cannot hang under PDL: the score pass's programs have all started when this grid
-    launches; without PDL the score pass has finished."""
+    the program's other threads through a barrier, which orders their later loads),
+    sleeping about SPIN_SLEEP ns between polls (GPU only; 0: no sleep). Cannot hang under
+    PDL: the score pass's programs have all started when this grid launches; without PDL
+    the score pass has finished."""
     count = tl.atomic_add(count_ptr, 0, sem="acquire")
     while count < target:
+        if SPIN_SLEEP > 0:
+            count = tl.inline_asm_elementwise(
+                "nanosleep.u32 $2; mov.b32 $0, $1;", "=r,r,r", [count, count * 0 + SPIN_SLEEP],
+                dtype=tl.int32, is_pure=False, pack=1)
         count = tl.atomic_add(count_ptr, 0, sem="acquire")
 
 
@@ -1387,8 +1392,10 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
     splits = -(-n_blocks // per_split)
     grid = (splits, batch * hkv)
     per_sm = _persistent_programs(cfg, batch * hkv)
-    if per_sm:  # resident programs walking the items head-major
-        grid = (min(splits * batch * hkv, per_sm * _sm_count(q.device)),)
+    if per_sm:  # resident programs walking the items head-major, in rounds of equal size
+        items = splits * batch * hkv
+        rounds = -(-items // (per_sm * _sm_count(q.device)))
+        grid = (-(-items // rounds),)
     k_desc = ws.k_descriptor(kv, tile * subs) if cfg.get("tma") else None
     _score_pass_kernel[grid](
         q, kv.k, kv.lengths, table, ws.tile_lse, ws.stash, ws.rng,
@@ -1522,7 +1529,9 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
         PROFILE=cfg.get("sample_profile", 0), PDL=pdl, STASH_EVICT=stash_evict,
         PHASED=phased, D_PAD=_next_pow2(d), done_ptr=ws.score_done,
         call_ticket_ptr=ws.call_ticket, score_splits=score_splits,
-        batch_kv=batch * kv.num_kv_heads, OVERLAP=overlap, num_warps=warps,
+        batch_kv=batch * kv.num_kv_heads, OVERLAP=overlap,
+        SPIN_SLEEP=0 if os.environ.get("TRITON_INTERPRET", "0") == "1" else cfg.get(
+            "spin_sleep", 0), num_warps=warps,
         num_stages=stages, **({"launch_pdl": True} if pdl else {}),
     )
     info = SantaInfo(method={_MODE_SYS: "prop", _MODE_STRAT: "strat", _MODE_IID: "iid",

@@ -135,7 +135,8 @@ def main() -> int:
                   "TILE": 64, "BLOCK_T": 512, "SAMPLE_BLOCK": 16, "PREFIX_IN_REGS": True,
                   "D_PAD": 128, "SAMPLE_SPLITS": splits, "PROFILE": 0, "PDL": splits > 1,
                   "STASH_EVICT": "evict_last" if splits == 8 else "", "PHASED": False,
-                  "OVERLAP": mode in (0, 1) and splits > 1}
+                  "OVERLAP": mode in (0, 1) and splits > 1,
+                  "SPIN_SLEEP": 500 if mode == 0 and splits > 1 else 0}
         err = compile_kernel(ts._sample_pass_kernel, sample_types, consts,
                              {"num_warps": 8, "num_stages": 1})
         print(f"_sample_pass_kernel MODE={mode} SAMPLE_SPLITS={splits} "

@@ -593,11 +593,19 @@ def phased_section(rows: Rows) -> None:
 
 
 OVERLAP_VARIANTS = {  # the sample pass per KV head on the score pass's done counts
+    # (1-overlap.csv, code d29d896: the first seven, persistent rounds not balanced)
     "default": {},
     "overlap": {"overlap": True},
+    "overlap z200": {"overlap": True, "spin_sleep": 200},
+    "overlap z1000": {"overlap": True, "spin_sleep": 1000},
+    "p4": {"persistent_large": 4},
+    "p4 s16": {"persistent_large": 4, "stream_large": (1, 4, 16)},
+    "overlap p4 z200": {"overlap": True, "persistent_large": 4, "spin_sleep": 200},
+    "overlap p3 z200": {"overlap": True, "persistent_large": 3, "spin_sleep": 200},
+    "overlap p3 s16 z200": {"overlap": True, "persistent_large": 3,
+                            "stream_large": (1, 4, 16), "spin_sleep": 200},
     "overlap p3": {"overlap": True, "persistent_large": 3},
     "overlap p2": {"overlap": True, "persistent_large": 2},
-    "p4": {"persistent_large": 4},
     "overlap p3 s16": {"overlap": True, "persistent_large": 3, "stream_large": (1, 4, 16)},
     "overlap p4 st3": {"overlap": True, "persistent_large": 4, "stream_large": (1, 3, 8)},
 }
