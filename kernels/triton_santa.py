@@ -265,9 +265,6 @@ class SantaWorkspace:
         # the sample pass's per-program partial sums and per-head tickets (zero between calls)
         self.sample_part = torch.empty(rows, MAX_SAMPLE_SPLITS, _next_pow2(head_dim), **f32)
         self.sample_ticket = torch.zeros(rows, dtype=torch.int32, device=device)
-        # the overlapped passes' per-KV-head done counts and call ticket (zero between calls)
-        self.score_done = torch.zeros(batch * num_kv_heads, dtype=torch.int32, device=device)
-        self.call_ticket = torch.zeros(1, dtype=torch.int32, device=device)
         self._out: dict[torch.dtype, torch.Tensor] = {}
         self._k_descriptors: dict[tuple, object] = {}
 
@@ -483,8 +480,6 @@ def _score_pass_kernel(
     D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr, G_ROWS: tl.constexpr = 0,
     STORES: tl.constexpr = 2, PDL: tl.constexpr = False, ENTRY_PDL: tl.constexpr = False,
     STASH_EVICT: tl.constexpr = "", k_desc=None, seq_rows=0, TMA: tl.constexpr = False,
-    done_ptr=None, num_splits=1, batch_kv=1, OVERLAP: tl.constexpr = False,
-    PERSISTENT: tl.constexpr = False,
 ):
     # TMA: K tiles through the tensor descriptor k_desc (see _tile_scores)
     # ENTRY_PDL: launched as a programmatic dependent of the kernel before the call (the
@@ -500,69 +495,15 @@ def _score_pass_kernel(
     # 0 = neither (the K stream and the scores alone)
     # K is loaded SUBS * TILE rows at a time (one load, one tl.dot); the statistics stay
     # per TILE rows, the granularity pass 2 samples at
-    # OVERLAP: every program (every item with PERSISTENT) counts itself done on its KV
-    # head's counter (done_ptr, a release after a barrier: its statistics and stash are
-    # visible to whoever acquires the count); the sample pass then starts on a head as soon
-    # as its count is complete, while the other heads stream, and advances the step itself
-    # PERSISTENT: a grid of resident programs walks the items (split, B * Hkv) head-major,
-    # so that heads complete one after another through the pass (with OVERLAP, a head's
-    # samples are drawn while later heads stream)
-    if PERSISTENT:
-        if (not OVERLAP) and tl.program_id(0) == 0:
-            _score_step(rng_ptr)
-        for item in range(tl.program_id(0), num_splits * batch_kv, tl.num_programs(0)):
-            _score_item(q_ptr, k_ptr, lengths_ptr, page_table_ptr, tile_lse_ptr, stash_ptr,
-                        item % num_splits, item // num_splits, scale, num_kv_heads,
-                        num_q_heads, group, head_dim, tiles_per_split, stash_stride,
-                        stats_stride, stride_qb, stride_qh, stride_kx, stride_ky, stride_kh,
-                        stride_pt, page_size, PAGED, TILE, SUBS, G_PAD, D_PAD, DOT_PRECISION,
-                        G_ROWS, STORES, STASH_EVICT, k_desc, seq_rows, TMA)
-            if OVERLAP:
-                _score_done(done_ptr, item // num_splits)
-    else:
-        split = tl.program_id(0)
-        pid_bkv = tl.program_id(1)
-        if (not OVERLAP) and (split == 0) & (pid_bkv == 0):
-            _score_step(rng_ptr)
-        _score_item(q_ptr, k_ptr, lengths_ptr, page_table_ptr, tile_lse_ptr, stash_ptr,
-                    split, pid_bkv, scale, num_kv_heads, num_q_heads, group, head_dim,
-                    tiles_per_split, stash_stride, stats_stride, stride_qb, stride_qh,
-                    stride_kx, stride_ky, stride_kh, stride_pt, page_size, PAGED, TILE, SUBS,
-                    G_PAD, D_PAD, DOT_PRECISION, G_ROWS, STORES, STASH_EVICT, k_desc,
-                    seq_rows, TMA)
-        if OVERLAP:
-            _score_done(done_ptr, pid_bkv)
-
-
-@triton.jit
-def _score_step(rng_ptr):
-    """Section 8: snapshot the call's step for pass 2 (rng[1]), then advance the counter."""
-    step = tl.load(rng_ptr)
-    tl.store(rng_ptr + 1, step)
-    tl.store(rng_ptr, step + 1)
-
-
-@triton.jit
-def _score_done(done_ptr, pid_bkv):
-    """Counts one score program (or item) of KV head ``pid_bkv`` done: a barrier orders
-    every thread's stores before the release (one thread's atomic)."""
-    tl.debug_barrier()
-    tl.atomic_add(done_ptr + pid_bkv, 1, sem="release")
-
-
-@triton.jit
-def _score_item(q_ptr, k_ptr, lengths_ptr, page_table_ptr, tile_lse_ptr, stash_ptr,
-                split, pid_bkv, scale, num_kv_heads, num_q_heads, group, head_dim: tl.constexpr,
-                tiles_per_split,
-                stash_stride, stats_stride, stride_qb, stride_qh, stride_kx, stride_ky,
-                stride_kh, stride_pt, page_size, PAGED: tl.constexpr, TILE: tl.constexpr,
-                SUBS: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr,
-                DOT_PRECISION: tl.constexpr, G_ROWS: tl.constexpr, STORES: tl.constexpr,
-                STASH_EVICT: tl.constexpr, k_desc, seq_rows, TMA: tl.constexpr):
-    """Split ``split`` of KV head ``pid_bkv`` (= b * Hkv + kvh): its tiles' statistics and
-    stash."""
+    split = tl.program_id(0)
+    pid_bkv = tl.program_id(1)
     b = pid_bkv // num_kv_heads
     kvh = pid_bkv % num_kv_heads
+    if (split == 0) & (pid_bkv == 0):
+        # section 8: snapshot the call's step for pass 2, then advance the counter
+        step = tl.load(rng_ptr)
+        tl.store(rng_ptr + 1, step)
+        tl.store(rng_ptr, step + 1)
     LOAD: tl.constexpr = TILE * SUBS
     length = tl.load(lengths_ptr + b)
     n_blocks = tl.cdiv(length, LOAD).to(tl.int32)
@@ -793,8 +734,6 @@ def _sample_pass_kernel(
     PREFIX_IN_REGS: tl.constexpr,
     D_PAD: tl.constexpr, SAMPLE_SPLITS: tl.constexpr = 1, PROFILE: tl.constexpr = 0,
     PDL: tl.constexpr = False, STASH_EVICT: tl.constexpr = "", PHASED: tl.constexpr = False,
-    done_ptr=None, call_ticket_ptr=None, score_splits=1, batch_kv=1,
-    OVERLAP: tl.constexpr = False, SPIN_SLEEP: tl.constexpr = 0,
 ):
     # PROFILE (timing only, wrong outputs): 1 skips the binary search, 2 the stash load,
     # 3 the V gather
@@ -813,16 +752,8 @@ def _sample_pass_kernel(
     stats = head_row * stats_stride
     # the head's tile log-masses in the score pass's group-major [B * Hkv, T, stats_rows]
     lse_base = (head_row // group) * stats_stride * stats_rows + head_row % group
-    if OVERLAP:
-        # the score pass counts its programs done per KV head (_score_done): wait for this
-        # head's count alone, not for the whole grid; the step is read here and advanced
-        # by the call's last program (below)
-        _overlap_wait(done_ptr + head_row // group, score_splits, SPIN_SLEEP)
-        _pdl_trigger(PDL)
-        step = tl.load(rng_ptr)
-    else:
-        _pdl_enter(PDL, True)  # launched early: the score pass's writes come next
-        step = tl.load(rng_ptr + 1)
+    _pdl_enter(PDL, True)  # launched early: the score pass's writes come next
+    step = tl.load(rng_ptr + 1)
     rng_base = (step << 32) + head_row * rng_stride  # section 8: (step, b, head, sample)
 
     prefix_regs = tl.zeros([2], dtype=tl.float32)  # replaced below where it is used
@@ -943,39 +874,6 @@ def _sample_pass_kernel(
             tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d,
                      (tl.sum(parts, axis=0) / S).to(out_ptr.dtype.element_ty), mask=mask_d)
             tl.store(ticket_ptr + head_row, 0)  # ready for the next call (graph replay)
-    if OVERLAP:
-        _overlap_finish(done_ptr, call_ticket_ptr, rng_ptr, step, batch_kv)
-
-
-@triton.jit
-def _overlap_wait(count_ptr, target, SPIN_SLEEP: tl.constexpr):
-    """Spins until ``*count_ptr >= target`` (one thread's acquire, its value shared with
-    the program's other threads through a barrier, which orders their later loads),
-    sleeping about SPIN_SLEEP ns between polls (GPU only; 0: no sleep). Cannot hang under
-    PDL: the score pass's programs have all started when this grid launches; without PDL
-    the score pass has finished."""
-    count = tl.atomic_add(count_ptr, 0, sem="acquire")
-    while count < target:
-        if SPIN_SLEEP > 0:
-            count = tl.inline_asm_elementwise(
-                "nanosleep.u32 $2; mov.b32 $0, $1;", "=r,r,r", [count, count * 0 + SPIN_SLEEP],
-                dtype=tl.int32, is_pure=False, pack=1)
-        count = tl.atomic_add(count_ptr, 0, sem="acquire")
-
-
-@triton.jit
-def _overlap_finish(done_ptr, call_ticket_ptr, rng_ptr, step, batch_kv):
-    """The call's last sample program (an acq_rel ticket over the grid) zeroes the score
-    pass's counters and the ticket for the next call and advances the step (section 8)."""
-    tl.debug_barrier()
-    programs = tl.num_programs(0) * tl.num_programs(1)
-    if tl.atomic_add(call_ticket_ptr, 1, sem="acq_rel") == programs - 1:
-        for i0 in range(0, batch_kv, 256):
-            offs = i0 + tl.arange(0, 256)
-            tl.store(done_ptr + offs, tl.zeros([256], dtype=tl.int32), mask=offs < batch_kv)
-        tl.store(rng_ptr + 1, step)
-        tl.store(rng_ptr, step + 1)
-        tl.store(call_ticket_ptr, 0)
 
 
 # ------------------------------------------------------ flash: fused pass
@@ -1363,15 +1261,12 @@ def pdl_available(device: torch.device) -> bool:
 
 def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int = 2,
                 pdl: bool = False, entry_pdl: bool = False,
-                stash_evict: str | None = None, overlap: bool = False) -> tuple[int, int]:
-    """Runs pass 1; returns ``(T, splits)``: the call's tile count bound and the programs
-    (items) a KV head. ``stores`` < 2 skips the stash (1) or every store (0): profiling
-    only. ``pdl``: let the next kernel (the sample pass, launched as a programmatic
-    dependent) start early. ``entry_pdl``: launch this pass itself as a programmatic
-    dependent of the kernel before it (it waits first). ``stash_evict``: the stash
-    stores' L2 policy (None: :func:`_stash_evict`). ``overlap``: count the programs done
-    per KV head in ``ws.score_done`` for a sample pass that starts on each head as soon
-    as it is complete (which then advances the step; only :func:`_sample` passes it)."""
+                stash_evict: str | None = None) -> int:
+    """Runs pass 1; returns the call's tile count bound ``T``. ``stores`` < 2 skips the
+    stash (1) or every store (0): profiling only. ``pdl``: let the next kernel (the sample
+    pass, launched as a programmatic dependent) start early. ``entry_pdl``: launch this
+    pass itself as a programmatic dependent of the kernel before it (it waits first).
+    ``stash_evict``: the stash stores' L2 policy (None: :func:`_stash_evict`)."""
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
     cfg = _config(d)
@@ -1389,13 +1284,7 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
                                                            _sm_count(q.device), per_sm)
     per_split = -(-n_blocks // splits)
     table, paged, page_size, stride_pt = _cache_args(kv)
-    splits = -(-n_blocks // per_split)
-    grid = (splits, batch * hkv)
-    per_sm = _persistent_programs(cfg, batch * hkv)
-    if per_sm:  # resident programs walking the items head-major, in rounds of equal size
-        items = splits * batch * hkv
-        rounds = -(-items // (per_sm * _sm_count(q.device)))
-        grid = (-(-items // rounds),)
+    grid = (-(-n_blocks // per_split), batch * hkv)
     k_desc = ws.k_descriptor(kv, tile * subs) if cfg.get("tma") else None
     _score_pass_kernel[grid](
         q, kv.k, kv.lengths, table, ws.tile_lse, ws.stash, ws.rng,
@@ -1406,18 +1295,10 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
         D_PAD=_next_pow2(d), DOT_PRECISION=_dot_precision(kv.k.dtype), G_ROWS=ws.stats_rows,
         STORES=stores, PDL=pdl, ENTRY_PDL=entry_pdl, STASH_EVICT=stash_evict,
         k_desc=k_desc, seq_rows=kv.k.shape[1], TMA=k_desc is not None,
-        done_ptr=ws.score_done, num_splits=splits, batch_kv=batch * hkv, OVERLAP=overlap,
-        PERSISTENT=bool(per_sm), num_warps=warps, num_stages=stages,
+        num_warps=warps, num_stages=stages,
         **({"launch_pdl": True} if entry_pdl else {}),
     )
-    return n_tiles, splits
-
-
-def _persistent_programs(cfg: dict, groups: int) -> int:
-    """Score-pass programs an SM of the persistent grid for ``groups`` = B * Hkv (0: one
-    program an item): the config's ``persistent`` (``persistent_large`` with
-    ``stream_large``)."""
-    return int(cfg.get("persistent_large" if _large_stream(cfg, groups) else "persistent", 0))
+    return n_tiles
 
 
 def _k_descriptor(kv: KVCache, rows: int):
@@ -1487,18 +1368,12 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
     # the previous kernel still holds)
     chain = (bool(pdl_chain) and pdl_available(q.device)
              and _large_stream(cfg, batch * kv.num_kv_heads))
-    # overlap: the sample pass starts on each KV head once its score programs are done
-    # (their count in ws.score_done), not after the whole score pass; with PDL only (else
-    # the passes run one after the other and the counts are complete anyway, but the
-    # launch order is all the overlap needs: it stays correct without PDL)
-    overlap = bool(cfg.get("overlap")) and mode != _MODE_LR
     stash_evict = _stash_evict(cfg, batch * hq, _capacity(kv), ws.stash)
     n_tiles = -(-_capacity(kv) // tile)
     expected = {_MODE_SYS: (batch, hq), _MODE_STRAT: (batch, hq, S), _MODE_IID: (batch, hq, S),
                 _MODE_LR: (batch, hq, n_tiles)}[mode]
-    uniforms = _check_uniforms(uniforms, expected)  # before any launch: the counts need both
-    n_tiles, score_splits = _score_pass(q, kv, ws, scale, tile, pdl=pdl, entry_pdl=chain,
-                                        stash_evict=stash_evict, overlap=overlap)
+    uniforms = _check_uniforms(uniforms, expected)  # before any launch
+    _score_pass(q, kv, ws, scale, tile, pdl=pdl, entry_pdl=chain, stash_evict=stash_evict)
     if mode == _MODE_LR:
         _largest_remainder_prefix(ws, kv, batch, hq, n_tiles, S, tile)
     table, paged, page_size, stride_pt = _cache_args(kv)
@@ -1527,12 +1402,8 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
         BLOCK_T=min(MAX_PREFIX_IN_REGS, _next_pow2(n_tiles)), SAMPLE_BLOCK=sample_block,
         PREFIX_IN_REGS=prefix_in_regs, SAMPLE_SPLITS=splits,
         PROFILE=cfg.get("sample_profile", 0), PDL=pdl, STASH_EVICT=stash_evict,
-        PHASED=phased, D_PAD=_next_pow2(d), done_ptr=ws.score_done,
-        call_ticket_ptr=ws.call_ticket, score_splits=score_splits,
-        batch_kv=batch * kv.num_kv_heads, OVERLAP=overlap,
-        SPIN_SLEEP=0 if os.environ.get("TRITON_INTERPRET", "0") == "1" else cfg.get(
-            "spin_sleep", 0), num_warps=warps,
-        num_stages=stages, **({"launch_pdl": True} if pdl else {}),
+        PHASED=phased, D_PAD=_next_pow2(d), num_warps=warps, num_stages=stages,
+        **({"launch_pdl": True} if pdl else {}),
     )
     info = SantaInfo(method={_MODE_SYS: "prop", _MODE_STRAT: "strat", _MODE_IID: "iid",
                              _MODE_LR: "prop-largest-remainder"}[mode],

@@ -87,60 +87,48 @@ def main() -> int:
     failures += check_attend()
     score_types = ["*bf16", "*bf16", "*i32", "*i32", "*fp32", "*fp16", "*i64", "fp32"]
     score_types += ["i32"] * 13 + ["i32"]  # ..., page_size; seq_rows (k_desc: None)
-    counts_types = ["*i32", "i32", "i32"]  # done_ptr, num_splits, batch_kv
     for group, g_rows, subs, stores in ((4, 4, 1, 2), (4, 4, 2, 2), (4, 0, 1, 2), (1, 2, 1, 2),
                                         (8, 8, 1, 2), (4, 4, 1, 0)):
         consts = {"head_dim": 128, "PAGED": False, "TILE": 64, "SUBS": subs, "G_PAD": 16,
                   "D_PAD": 128, "DOT_PRECISION": "tf32", "G_ROWS": g_rows, "STORES": stores,
                   "PDL": group in (4, 8), "ENTRY_PDL": group == 8,
-                  "STASH_EVICT": "", "k_desc": None, "TMA": False,
-                  "OVERLAP": subs == 2 or group == 8, "PERSISTENT": subs == 2}
-        err = compile_kernel(ts._score_pass_kernel, score_types + counts_types, consts)
-        print(f"_score_pass_kernel G={group} G_ROWS={g_rows} SUBS={subs} STORES={stores} "
-              f"OVERLAP={consts['OVERLAP']} PERSISTENT={consts['PERSISTENT']}: {err or 'ok'}")
+                  "STASH_EVICT": "", "k_desc": None, "TMA": False}
+        err = compile_kernel(ts._score_pass_kernel, score_types, consts)
+        print(f"_score_pass_kernel G={group} G_ROWS={g_rows} SUBS={subs} STORES={stores}: "
+              f"{err or 'ok'}")
         failures += err is not None
     warps, stages, _ = ts.HOPPER_CONFIGS[128]["stream_large"]  # B * Hkv >= large_groups
     consts = {"head_dim": 128, "PAGED": False, "TILE": 64, "SUBS": 1, "G_PAD": 16,
               "D_PAD": 128, "DOT_PRECISION": "tf32", "G_ROWS": 4, "STORES": 2, "PDL": True,
               "ENTRY_PDL": True,  # as the e2e chain launches it
-              "STASH_EVICT": "evict_last", "k_desc": None, "TMA": False, "OVERLAP": False,
-              "PERSISTENT": False}
-    err = compile_kernel(ts._score_pass_kernel, score_types + counts_types, consts,
+              "STASH_EVICT": "evict_last", "k_desc": None, "TMA": False}
+    err = compile_kernel(ts._score_pass_kernel, score_types, consts,
                          {"num_warps": warps, "num_stages": stages}, pipelined=True,
                          divisible=("stash_stride", "stats_stride", "stride_qb", "stride_qh",
                                     "stride_kx", "stride_ky", "stride_kh"))
     print(f"_score_pass_kernel stream_large ({warps} warps, {stages} stages): {err or 'ok'}")
     failures += err is not None
     # K through a tensor descriptor (tma): bulk tensor copies, pipelined by Triton
-    tma_types = [*score_types[:21], "tensordesc<bf16[64, 128]>", "i32", *counts_types]
-    for launch, overlap in ((ts.HOPPER_CONFIGS[128]["stream"], False), ((warps, stages), False),
-                            ((warps, stages), True)):
+    tma_types = [*score_types[:21], "tensordesc<bf16[64, 128]>", "i32"]
+    for launch in (ts.HOPPER_CONFIGS[128]["stream"], (warps, stages)):
         tma_consts = {k: v for k, v in consts.items() if k != "k_desc"}
-        # the persistent grid's walk over the items keeps the tile loop's bulk copies
-        err = compile_kernel(ts._score_pass_kernel, tma_types,
-                             {**tma_consts, "TMA": True, "OVERLAP": overlap,
-                              "PERSISTENT": overlap},
+        err = compile_kernel(ts._score_pass_kernel, tma_types, {**tma_consts, "TMA": True},
                              {"num_warps": launch[0], "num_stages": launch[1]},
                              divisible=("stash_stride", "stats_stride", "stride_qb",
                                         "stride_qh"),
                              require="ttng.async_tma_copy_global_to_local")
-        print(f"_score_pass_kernel TMA ({launch[0]} warps, {launch[1]} stages"
-              f"{', overlap, persistent' if overlap else ''}): {err or 'ok'}")
+        print(f"_score_pass_kernel TMA ({launch[0]} warps, {launch[1]} stages): {err or 'ok'}")
         failures += err is not None
     sample_types = ["*bf16", "*i32", "*i32", "*fp32", "*fp16", "*fp32", "*i32", "*bf16",
                     "*fp32", "*i64", "i32", "*fp32", "*i32", "i32"] + ["i32"] * 17
-    sample_types += ["*i32", "*i32", "i32", "i32"]  # done_ptr, call_ticket_ptr, ...
     for mode, splits in ((0, 1), (0, 8), (1, 4), (3, 2)):
         consts = {"head_dim": 128, "MODE": mode, "HAS_UNIFORMS": False, "PAGED": False,
                   "TILE": 64, "BLOCK_T": 512, "SAMPLE_BLOCK": 16, "PREFIX_IN_REGS": True,
                   "D_PAD": 128, "SAMPLE_SPLITS": splits, "PROFILE": 0, "PDL": splits > 1,
-                  "STASH_EVICT": "evict_last" if splits == 8 else "", "PHASED": False,
-                  "OVERLAP": mode in (0, 1) and splits > 1,
-                  "SPIN_SLEEP": 500 if mode == 0 and splits > 1 else 0}
+                  "STASH_EVICT": "evict_last" if splits == 8 else "", "PHASED": False}
         err = compile_kernel(ts._sample_pass_kernel, sample_types, consts,
                              {"num_warps": 8, "num_stages": 1})
-        print(f"_sample_pass_kernel MODE={mode} SAMPLE_SPLITS={splits} "
-              f"OVERLAP={consts['OVERLAP']}: {err or 'ok'}")
+        print(f"_sample_pass_kernel MODE={mode} SAMPLE_SPLITS={splits}: {err or 'ok'}")
         failures += err is not None
         # the phased loops: the V rows (and their indices) staged through shared memory
         err = compile_kernel(ts._sample_pass_kernel, sample_types,

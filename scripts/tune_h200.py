@@ -30,9 +30,6 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
 - ``phased``: prop's sample pass as three loops (tile search, stash rows, V rows staged
   through shared memory) with 2-4 stages and 32-128 samples a block, S=128 and 256
   (env PHASED_VARIANTS=a,b picks some, PHASED_ROUNDS the alternations).
-- ``overlap``: prop's sample pass waiting per KV head on the score pass's done counts
-  instead of the whole grid, with and without a persistent score grid (programs an SM,
-  items of 16 or 31 tiles), S=128 and 256, same samples checked.
 - ``tma``: prop's score pass with K through tensor descriptors (bulk tensor copies) or
   per-thread copies: the pass alone and the call at S=128 and 256 (same samples checked).
 - ``tmastream``: the score pass through tensor descriptors with one (warps, stages,
@@ -592,42 +589,6 @@ def phased_section(rows: Rows) -> None:
                   reps=int(os.environ.get("PHASED_ROUNDS", "1")))
 
 
-OVERLAP_VARIANTS = {  # the sample pass per KV head on the score pass's done counts
-    # (1-overlap.csv, code d29d896: the first seven, persistent rounds not balanced)
-    "default": {},
-    "overlap": {"overlap": True},
-    "overlap z200": {"overlap": True, "spin_sleep": 200},
-    "overlap z1000": {"overlap": True, "spin_sleep": 1000},
-    "p4": {"persistent_large": 4},
-    "p4 s16": {"persistent_large": 4, "stream_large": (1, 4, 16)},
-    "overlap p4 z200": {"overlap": True, "persistent_large": 4, "spin_sleep": 200},
-    "overlap p3 z200": {"overlap": True, "persistent_large": 3, "spin_sleep": 200},
-    "overlap p3 s16 z200": {"overlap": True, "persistent_large": 3,
-                            "stream_large": (1, 4, 16), "spin_sleep": 200},
-    "p3 s16": {"persistent_large": 3, "stream_large": (1, 4, 16)},
-    "p2 s16": {"persistent_large": 2, "stream_large": (1, 4, 16)},
-    "overlap p2 s16 z200": {"overlap": True, "persistent_large": 2,
-                            "stream_large": (1, 4, 16), "spin_sleep": 200},
-    "overlap p3": {"overlap": True, "persistent_large": 3},
-    "overlap p2": {"overlap": True, "persistent_large": 2},
-    "overlap p3 s16": {"overlap": True, "persistent_large": 3, "stream_large": (1, 4, 16)},
-    "overlap p4 st3": {"overlap": True, "persistent_large": 4, "stream_large": (1, 3, 8)},
-}
-
-
-def overlap_section(rows: Rows) -> None:
-    """prop with the sample pass waiting per KV head on the score pass's done counts
-    (``overlap``) instead of the whole grid, with and without a persistent score grid
-    walking the items head-major (``persistent_large`` programs an SM), S=128 and 256,
-    same samples checked (env OVERLAP_VARIANTS=a,b picks some, OVERLAP_ROUNDS the
-    alternations)."""
-    wanted = os.environ.get("OVERLAP_VARIANTS")
-    variants = {name: knobs for name, knobs in OVERLAP_VARIANTS.items()
-                if not wanted or name in wanted.split(",")}
-    prop_variants(rows, "overlap", variants, budgets=(128, 256),
-                  reps=int(os.environ.get("OVERLAP_ROUNDS", "1")))
-
-
 def occupancy_section(rows: Rows) -> None:
     """prop's sample pass with other block sizes, warps and programs a head (by the
     offline sm_90 compile: 255 registers and 1 program of 8 warps an SM, with a spill at
@@ -866,7 +827,7 @@ def main() -> None:
                             "split": split_section, "sample": sample_section,
                             "pdl": pdl_section, "occupancy": occupancy_section,
                             "tma": tma_section, "tmastream": tmastream_section,
-                            "phased": phased_section, "overlap": overlap_section,
+                            "phased": phased_section,
                             "pdlpp": pdlpp_section, "reps": reps_section,
                             "warps": warps_section, "ppknobs": ppknobs_section,
                             "finprof": finprof_section}
