@@ -23,8 +23,9 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   variant draws the default's counts given the same uniforms.
 - ``split``: santa-prop's sample pass over 1-8 programs per head (``sample_splits``), S=128
   and 256: the whole call; first checks that every split draws the same samples.
-- ``sample``: prop S=128's sample pass with parts skipped (``sample_profile`` 1: the
-  binary search, 2: the stash load, 3: the V gather; timing only) and other warp counts.
+- ``sample``: prop's sample pass with parts skipped (``sample_profile`` 1: the binary
+  search, 2: the stash load, 3: the V gather; timing only), other warp counts, the one
+  loop (env SAMPLE_BUDGETS=128,256 picks the budgets).
 - ``occupancy``: prop's sample pass launches (warps, samples an iteration, programs a
   head), S=128 and 256, same samples checked.
 - ``phased``: prop's sample pass as three loops (tile search, stash rows, V rows staged
@@ -548,11 +549,15 @@ def split_section(rows: Rows) -> None:
 
 
 def sample_section(rows: Rows) -> None:
+    """prop's sample pass with parts skipped (timing only), other warp counts and the one
+    loop instead of the phased loops; env SAMPLE_BUDGETS=128,256 (default 128)."""
     variants = {"default": {}, "no search": {"sample_profile": 1},
                 "no stash": {"sample_profile": 2}, "no V": {"sample_profile": 3},
-                "warps 4": {"sample": (4, 256)}, "warps 16": {"sample": (16, 256)},
-                "block 64": {"sample": (8, 64)}}
-    prop_variants(rows, "sample", variants, same_samples=False, score=True)
+                "warps 4": {"sample": (4, 128)}, "warps 16": {"sample": (16, 128)},
+                "phased block 64": {"sample_phased_block": 64},
+                "one loop": {"sample_phased": 0}}
+    budgets = tuple(int(v) for v in os.environ.get("SAMPLE_BUDGETS", "128").split(","))
+    prop_variants(rows, "sample", variants, budgets=budgets, same_samples=False, score=True)
 
 
 OCCUPANCY_VARIANTS = {  # the sample pass: (warps, samples an iteration), programs a head
