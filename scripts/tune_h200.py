@@ -41,6 +41,8 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   first checks both select the same teams and agree on the output.
 - ``warps``: prop's score pass with 1-2 warps a program against 4, stages 2-4, 4 or 8
   programs per SM: the pass alone and the call at S=128 (same samples checked first).
+- ``pps``: prop's 4-warp score pass with 2-4 stages and 4-10 programs an SM as the split
+  target: the pass alone and the call at S=128 and 256 (same samples checked first).
 - ``ppknobs``: SANTA++ M=32 (teams of 16, and of 64 above 32k) with one launch knob
   changed at a time (warps, rows a chunk, merge block, search width, PDL groups): the
   call and its stage prefixes (same teams checked).
@@ -818,6 +820,36 @@ def warps_section(rows: Rows) -> None:
         torch.cuda.empty_cache()
 
 
+def pps_section(rows: Rows) -> None:
+    """prop's score pass at 4 warps (the small-batch launch) with 2-4 stages and 4-10
+    programs an SM as the split target (``PROGRAMS_PER_SM``; by the offline sm_90 compile
+    45 registers a thread and 21 / 37 / 54 KB of shared memory a program at 2 / 3 / 4
+    stages, so 10 / 6 / 4 programs fit an SM): the pass alone and the call at S=128 and
+    256, first checking each variant draws the default's samples."""
+    default, pps = copy.deepcopy(ts.HOPPER_CONFIGS), ts.PROGRAMS_PER_SM
+    variants = [(3, 4), (3, 5), (3, 6), (4, 4), (2, 6), (2, 8), (2, 10)]
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
+        base = None
+        for stages, per_sm in variants:
+            ts.HOPPER_CONFIGS[128] = {**fixed_stream(default[128]), "stream": (4, stages)}
+            ts.PROGRAMS_PER_SM = per_sm
+            base, same = checked_draw(inputs, base)
+            name = f"w4s{stages} pps{per_sm}"
+            score_and_call(rows, "pps", tag, name, inputs, note=f"same={same}")
+            try:
+                _, full = prop_calls(inputs, 256)
+                rows.add(section="pps", shape=tag, variant=name, what="call S=256",
+                         us=f"{graph_call_us(full):.2f}", note=f"same={same}")
+            except Exception as exc:
+                rows.add(section="pps", shape=tag, variant=name, what="FAILED", us="",
+                         note=f"{type(exc).__name__}: {exc}"[:300])
+        ts.HOPPER_CONFIGS[128], ts.PROGRAMS_PER_SM = copy.deepcopy(default[128]), pps
+        del inputs
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "tune")
     out.mkdir(parents=True, exist_ok=True)
@@ -835,6 +867,7 @@ def main() -> None:
                             "phased": phased_section,
                             "pdlpp": pdlpp_section, "reps": reps_section,
                             "warps": warps_section, "ppknobs": ppknobs_section,
+                            "pps": pps_section,
                             "finprof": finprof_section}
         try:
             sections_by_name[name](rows)
