@@ -33,7 +33,7 @@ def inputs_for(batch: int, ctx: int, seed: int):
 
 
 def main() -> None:
-    out = open(sys.argv[1] if len(sys.argv) > 1 else "prop_kernels.csv", "w", newline="")
+    out = open(sys.argv[1] if len(sys.argv) > 1 else "prop_kernels.csv", "w", newline="")  # noqa: SIM115
     w = csv.writer(out)
     w.writerow(["shape", "S", "pdl", "kernel", "mean_us", "calls"])
     default = copy.deepcopy(ts.HOPPER_CONFIGS)
