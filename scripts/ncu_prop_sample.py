@@ -1,0 +1,34 @@
+"""Runs santa-prop a few times for Nsight Compute (GPU; sample pass launched plainly).
+
+Run on the H200:
+  ncu --kernel-name regex:_sample_pass_kernel --launch-skip 3 --launch-count 1 \\
+      --section SpeedOfLight --section WarpStateStats --section SourceCounters \\
+      python3 scripts/ncu_prop_sample.py BATCH CTX S
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import santa_kernels.triton_santa as ts
+from santa_kernels import KVCache
+
+
+def main() -> None:
+    batch, ctx, S = (int(v) for v in sys.argv[1:4])
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = (torch.randn(batch, 32, 128, device="cuda", generator=gen) * 3.0).bfloat16()
+    k = torch.randn(batch, ctx, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(batch, ctx, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
+    kv = KVCache.contiguous(k, v, torch.full((batch,), ctx, dtype=torch.int32, device="cuda"))
+    ts.HOPPER_CONFIGS[128] = {**ts.HOPPER_CONFIGS[128], "pdl": False}
+    ws = ts.SantaWorkspace.for_inputs(q, kv, S, 64, stash_dtype=torch.float16)
+    for _ in range(5):
+        ts.santa_prop(q, kv, S, workspace=ws, stash_dtype=torch.float16)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
