@@ -674,18 +674,27 @@ def _block_stash(stash_ptr, head_row, stash_stride, tile_idx, mask_s, length,
 
 
 @triton.jit
-def _block_index(local, x, tile_idx, q_prev, q_tile, mask_s, length, TILE: tl.constexpr):
+def _block_index(local, x, tile_idx, q_prev, q_tile, mask_s, length, TILE: tl.constexpr,
+                 SCALED: tl.constexpr = False):
     """Each sample's row: the local CDF from the stashed logits, the tile spanning
     ``(Q_{t-1}, Q_t]`` on the S*F scale."""
-    offs_n = tl.arange(0, TILE)
-    rows = tile_idx[:, None] * TILE + offs_n[None, :]
-    mask_rows = (rows < length) & mask_s[:, None]
     weight = tl.exp(local)
     cum = tl.cumsum(weight, axis=1)
     total = tl.sum(weight, axis=1)
-    total = tl.where(total > 0, total, 1.0)
-    cdf = q_prev[:, None] + (q_tile - q_prev)[:, None] * (cum / total[:, None])
-    below = (cdf <= x[:, None]) & mask_rows
+    if SCALED:
+        # Q_{t-1} + span * cum_i / total <= x  <=>  cum_i <= (x - Q_{t-1}) / span * total:
+        # one threshold a sample instead of a CDF entry a row. No row mask: the stash holds
+        # -inf past the length, so cum stays flat there and the count is clamped below
+        span = q_tile - q_prev
+        thr = tl.where(span > 0, (x - q_prev) / span, 0.0) * total
+        below = cum <= thr[:, None]
+    else:
+        offs_n = tl.arange(0, TILE)
+        rows = tile_idx[:, None] * TILE + offs_n[None, :]
+        mask_rows = (rows < length) & mask_s[:, None]
+        total = tl.where(total > 0, total, 1.0)
+        cdf = q_prev[:, None] + (q_tile - q_prev)[:, None] * (cum / total[:, None])
+        below = (cdf <= x[:, None]) & mask_rows
     n_valid = tl.minimum(length - tile_idx * TILE, TILE).to(tl.int32)
     row = tl.minimum(tl.sum(below.to(tl.int32), axis=1), n_valid - 1)
     return tile_idx * TILE + row
@@ -734,6 +743,7 @@ def _sample_pass_kernel(
     PREFIX_IN_REGS: tl.constexpr,
     D_PAD: tl.constexpr, SAMPLE_SPLITS: tl.constexpr = 1, PROFILE: tl.constexpr = 0,
     PDL: tl.constexpr = False, STASH_EVICT: tl.constexpr = "", PHASED: tl.constexpr = False,
+    SCALED: tl.constexpr = False,
 ):
     # PROFILE (timing only, wrong outputs): 1 skips the binary search, 2 the stash load,
     # 3 the V gather
@@ -826,7 +836,8 @@ def _sample_pass_kernel(
                                              prefix_regs, MODE, HAS_UNIFORMS, PREFIX_IN_REGS)
             local = _block_stash(stash_ptr, head_row, stash_stride, tile_idx, mask_s, length,
                                  TILE, PROFILE, STASH_EVICT)
-            index = _block_index(local, x, tile_idx, q_prev, q_tile, mask_s, length, TILE)
+            index = _block_index(local, x, tile_idx, q_prev, q_tile, mask_s, length, TILE,
+                                 SCALED)
             tl.store(base_index + offs_s, index, mask=mask_s)
         tl.debug_barrier()  # every thread's rows are stored before any is read back
         # the sum over samples as a tensor-core product with ones (exact: fp32 sums of
@@ -853,7 +864,8 @@ def _sample_pass_kernel(
                 SAMPLE_BLOCK, PREFIX_IN_REGS, PROFILE)
             local = _block_stash(stash_ptr, head_row, stash_stride, tile_idx, mask_s, length,
                                  TILE, PROFILE, STASH_EVICT)
-            index = _block_index(local, x, tile_idx, q_prev, q_tile, mask_s, length, TILE)
+            index = _block_index(local, x, tile_idx, q_prev, q_tile, mask_s, length, TILE,
+                                 SCALED)
             tl.store(sample_index_ptr + head_row * sample_stride + offs_s, index, mask=mask_s)
             acc += _block_values(v_ptr, page_table_ptr, b, kvh, index, mask_s, offs_d, mask_d,
                                  stride_vx, stride_vy, stride_vh, stride_pt, page_size, PAGED,
@@ -1402,7 +1414,8 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
         BLOCK_T=min(MAX_PREFIX_IN_REGS, _next_pow2(n_tiles)), SAMPLE_BLOCK=sample_block,
         PREFIX_IN_REGS=prefix_in_regs, SAMPLE_SPLITS=splits,
         PROFILE=cfg.get("sample_profile", 0), PDL=pdl, STASH_EVICT=stash_evict,
-        PHASED=phased, D_PAD=_next_pow2(d), num_warps=warps, num_stages=stages,
+        PHASED=phased, SCALED=bool(cfg.get("index_scaled")), D_PAD=_next_pow2(d),
+        num_warps=warps, num_stages=stages,
         **({"launch_pdl": True} if pdl else {}),
     )
     info = SantaInfo(method={_MODE_SYS: "prop", _MODE_STRAT: "strat", _MODE_IID: "iid",

@@ -596,6 +596,14 @@ def phased_section(rows: Rows) -> None:
                   reps=int(os.environ.get("PHASED_ROUNDS", "1")))
 
 
+def index_section(rows: Rows) -> None:
+    """prop's row search inside each sampled tile: the CDF entry of every row against the
+    threshold, or one rescaled threshold a sample against the running sums
+    (``index_scaled``), S=128 and 256, three alternated rounds, same samples checked."""
+    prop_variants(rows, "index", {"default": {}, "scaled": {"index_scaled": True}},
+                  budgets=(128, 256), reps=3)
+
+
 def occupancy_section(rows: Rows) -> None:
     """prop's sample pass with other block sizes, warps and programs a head (by the
     offline sm_90 compile: 255 registers and 1 program of 8 warps an SM, with a spill at
@@ -867,7 +875,7 @@ def main() -> None:
                             "phased": phased_section,
                             "pdlpp": pdlpp_section, "reps": reps_section,
                             "warps": warps_section, "ppknobs": ppknobs_section,
-                            "pps": pps_section,
+                            "pps": pps_section, "index": index_section,
                             "finprof": finprof_section}
         try:
             sections_by_name[name](rows)
