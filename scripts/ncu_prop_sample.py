@@ -3,7 +3,8 @@
 Run on the H200:
   ncu --kernel-name regex:_sample_pass_kernel --launch-skip 3 --launch-count 1 \\
       --section SpeedOfLight --section WarpStateStats --section SourceCounters \\
-      python3 scripts/ncu_prop_sample.py BATCH CTX S
+      python3 scripts/ncu_prop_sample.py BATCH CTX S [KEY=VALUE ...]
+(KEY=VALUE: ``HOPPER_CONFIGS[128]`` overrides, integers, e.g. ``index_scaled=1``)
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ def main() -> None:
     k = torch.randn(batch, ctx, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
     v = torch.randn(batch, ctx, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
     kv = KVCache.contiguous(k, v, torch.full((batch,), ctx, dtype=torch.int32, device="cuda"))
-    ts.HOPPER_CONFIGS[128] = {**ts.HOPPER_CONFIGS[128], "pdl": False}
+    overrides = {k: int(v) for k, v in (arg.split("=") for arg in sys.argv[4:])}
+    ts.HOPPER_CONFIGS[128] = {**ts.HOPPER_CONFIGS[128], "pdl": False, **overrides}
     ws = ts.SantaWorkspace.for_inputs(q, kv, S, 64, stash_dtype=torch.float16)
     for _ in range(5):
         ts.santa_prop(q, kv, S, workspace=ws, stash_dtype=torch.float16)
