@@ -103,13 +103,21 @@ HOPPER_CONFIGS = {
     # S=128 and B=1 unchanged; a register cap (maxnreg 80-128, two or three programs an
     # SM; knob removed, code at 4f2d924) is slower everywhere
     # (results/h200/tune-2026-12-01-s10/1-occupancy.csv)
+    # index_scaled_rows: up to this many heads (B * Hq) the row search inside a sampled tile
+    # compares the running sums with one rescaled threshold a sample instead of building
+    # the tile's CDF (SCALED in _block_index). H200, prop, call S=128 / S=256, three rounds
+    # (results/h200/tune-2026-12-02-s15/8-index.csv): 128k B=1 77.47 -> 76.93 / 78.53 ->
+    # 78.04 us, 32k B=1 24.9 -> 24.9 / 26.21 -> 26.12; at 32k B=8 slower, 144.5 -> 145.7 /
+    # 151.3 -> 153.4, although the kernel alone is faster there (Nsight Compute, no PDL:
+    # 20.8 -> 19.2 us, 7% fewer instructions, 80 registers instead of 100, so 3 programs fit
+    # an SM instead of 2; not profiled inside the call)
     64: {"stream": (4, 4), "sample": (8, 256), "subs": 1, "narrow": True,
          "sample_splits": None, "pdl": True},
     128: {"stream": (4, 3), "sample": (8, 128), "subs": 1, "narrow": True,
           "sample_splits": None, "pdl": True, "sample_small_rows": 64, "sample_small_warps": 4,
           "stream_large": (1, 4, 8), "large_groups": 32, "stash_l2_bytes": 12 << 20,
           "tma": True, "sample_phased": 2, "sample_phased_block": 128,
-          "sample_phased_skip": (64, 256)},
+          "sample_phased_skip": (64, 256), "index_scaled_rows": 64},
     256: {"stream": (8, 2), "sample": (8, 128), "subs": 1, "narrow": True,
           "sample_splits": None, "pdl": True},
 }
@@ -1414,8 +1422,8 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
         BLOCK_T=min(MAX_PREFIX_IN_REGS, _next_pow2(n_tiles)), SAMPLE_BLOCK=sample_block,
         PREFIX_IN_REGS=prefix_in_regs, SAMPLE_SPLITS=splits,
         PROFILE=cfg.get("sample_profile", 0), PDL=pdl, STASH_EVICT=stash_evict,
-        PHASED=phased, SCALED=bool(cfg.get("index_scaled")), D_PAD=_next_pow2(d),
-        num_warps=warps, num_stages=stages,
+        PHASED=phased, SCALED=batch * hq <= cfg.get("index_scaled_rows", 0),
+        D_PAD=_next_pow2(d), num_warps=warps, num_stages=stages,
         **({"launch_pdl": True} if pdl else {}),
     )
     info = SantaInfo(method={_MODE_SYS: "prop", _MODE_STRAT: "strat", _MODE_IID: "iid",

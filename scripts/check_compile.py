@@ -125,14 +125,16 @@ def main() -> int:
         consts = {"head_dim": 128, "MODE": mode, "HAS_UNIFORMS": False, "PAGED": False,
                   "TILE": 64, "BLOCK_T": 512, "SAMPLE_BLOCK": 16, "PREFIX_IN_REGS": True,
                   "D_PAD": 128, "SAMPLE_SPLITS": splits, "PROFILE": 0, "PDL": splits > 1,
-                  "STASH_EVICT": "evict_last" if splits == 8 else "", "PHASED": False}
+                  "STASH_EVICT": "evict_last" if splits == 8 else "", "PHASED": False,
+                  "SCALED": splits == 8}
         err = compile_kernel(ts._sample_pass_kernel, sample_types, consts,
                              {"num_warps": 8, "num_stages": 1})
         print(f"_sample_pass_kernel MODE={mode} SAMPLE_SPLITS={splits}: {err or 'ok'}")
         failures += err is not None
         # the phased loops: the V rows (and their indices) staged through shared memory
         err = compile_kernel(ts._sample_pass_kernel, sample_types,
-                             {**consts, "SAMPLE_BLOCK": 64, "PHASED": True},
+                             {**consts, "SAMPLE_BLOCK": 64, "PHASED": True,
+                              "SCALED": mode != 1},
                              {"num_warps": 8, "num_stages": 3},
                              divisible=("sample_stride", "stride_vx", "stride_vy", "stride_vh"),
                              staged=("bf16",))

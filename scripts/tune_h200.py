@@ -599,9 +599,12 @@ def phased_section(rows: Rows) -> None:
 def index_section(rows: Rows) -> None:
     """prop's row search inside each sampled tile: the CDF entry of every row against the
     threshold, or one rescaled threshold a sample against the running sums
-    (``index_scaled``), S=128 and 256, three alternated rounds, same samples checked."""
-    prop_variants(rows, "index", {"default": {}, "scaled": {"index_scaled": True}},
-                  budgets=(128, 256), reps=3)
+    (``index_scaled_rows``: up to that many heads), S=128 and 256, three alternated rounds
+    (8-index.csv in results/h200/tune-2026-12-02-s15 ran "scaled" as a flag at every
+    batch, code cefc371)."""
+    prop_variants(rows, "index", {"default": {}, "unscaled": {"index_scaled_rows": 0},
+                                  "scaled": {"index_scaled_rows": 1 << 30}},
+                  budgets=(128, 256), reps=3, same_samples=False)
 
 
 def occupancy_section(rows: Rows) -> None:

@@ -364,6 +364,23 @@ def test_large_batch_score_pass_config_matches_float64(method, monkeypatch):
     check_exact(method, q, kv, S=21, workspace=workspace)
 
 
+@pytest.mark.parametrize("method", ["prop", "strat", "iid", "largest-remainder"])
+@pytest.mark.parametrize("phased", [0, 2])
+def test_scaled_row_search_matches_float64(method, phased, monkeypatch):
+    """``index_scaled_rows``: the row inside each sampled tile by one rescaled threshold a
+    sample against the running sums (no CDF a row, no row mask): the same counts as
+    float64, with tiles cut by the length (rows past it hold -inf) and a group of 3."""
+    import santa_kernels.triton_santa as triton_santa
+
+    config = {**triton_santa.HOPPER_CONFIGS[64], "index_scaled_rows": 1 << 30,
+              "sample_phased": phased, "sample_phased_block": 16}
+    monkeypatch.setitem(triton_santa.HOPPER_CONFIGS, 64, config)
+    q, kv = make_cache(hq=6, hkv=2, n=75, lengths=(75, 41))
+    check_exact(method, q, kv, S=24)
+    paged = kv.to_paged(8, torch.Generator().manual_seed(2))
+    check_exact(method, q, paged, S=9)
+
+
 def test_bad_uniforms_raise_before_any_launch():
     """The uniforms' shape is checked before the score pass runs: a failed call leaves the
     workspace's step where it was, and the next call draws what a fresh one would."""
