@@ -242,16 +242,18 @@ def fixed_stream(config: dict) -> dict:
 
 
 def score_and_call(rows: Rows, section: str, tag: str, name: str, inputs, note: str = "",
-                   S: int = 128) -> None:
-    """Rows: prop's score pass alone (with its K rate) and the whole call at ``S``."""
+                   budgets: tuple[int, ...] = (128,)) -> None:
+    """Rows: prop's score pass alone (with its K rate) and the whole call at each S."""
     try:
-        score, full = prop_calls(inputs, S)
+        score, full = prop_calls(inputs, budgets[0])
         t_score = graph_call_us(score)
         k_bytes = sum(kv.k.numel() * kv.k.element_size() for _, kv in inputs) / len(inputs)
         rows.add(section=section, shape=tag, variant=name, what="score", us=f"{t_score:.2f}",
                  note=f"{k_bytes / t_score / 1e6:.2f} TB/s K")
-        rows.add(section=section, shape=tag, variant=name, what=f"call S={S}",
-                 us=f"{graph_call_us(full):.2f}", note=note)
+        for S in budgets:
+            _, full = prop_calls(inputs, S)
+            rows.add(section=section, shape=tag, variant=name, what=f"call S={S}",
+                     us=f"{graph_call_us(full):.2f}", note=note)
     except Exception as exc:
         rows.add(section=section, shape=tag, variant=name, what="FAILED", us="",
                  note=f"{type(exc).__name__}: {exc}"[:300])
@@ -630,14 +632,8 @@ def tma_section(rows: Rows) -> None:
             for name, overrides in variants.items():
                 ts.HOPPER_CONFIGS[128] = {**default[128], **overrides}
                 base, same = checked_draw(inputs, base)
-                score_and_call(rows, "tma", tag, name, inputs, note=f"same={same} rep={rep}")
-                try:
-                    _, full = prop_calls(inputs, 256)
-                    rows.add(section="tma", shape=tag, variant=name, what="call S=256",
-                             us=f"{graph_call_us(full):.2f}", note=f"rep={rep}")
-                except Exception as exc:
-                    rows.add(section="tma", shape=tag, variant=name, what="FAILED", us="",
-                             note=f"{type(exc).__name__}: {exc}"[:300])
+                score_and_call(rows, "tma", tag, name, inputs, note=f"same={same} rep={rep}",
+                               budgets=(128, 256))
         ts.HOPPER_CONFIGS[128] = copy.deepcopy(default[128])
         del inputs
         torch.cuda.empty_cache()
@@ -848,14 +844,8 @@ def pps_section(rows: Rows) -> None:
             ts.PROGRAMS_PER_SM = per_sm
             base, same = checked_draw(inputs, base)
             name = f"w4s{stages} pps{per_sm}"
-            score_and_call(rows, "pps", tag, name, inputs, note=f"same={same}")
-            try:
-                _, full = prop_calls(inputs, 256)
-                rows.add(section="pps", shape=tag, variant=name, what="call S=256",
-                         us=f"{graph_call_us(full):.2f}", note=f"same={same}")
-            except Exception as exc:
-                rows.add(section="pps", shape=tag, variant=name, what="FAILED", us="",
-                         note=f"{type(exc).__name__}: {exc}"[:300])
+            score_and_call(rows, "pps", tag, name, inputs, note=f"same={same}",
+                           budgets=(128, 256))
         ts.HOPPER_CONFIGS[128], ts.PROGRAMS_PER_SM = copy.deepcopy(default[128]), pps
         del inputs
         torch.cuda.empty_cache()
