@@ -716,8 +716,9 @@ def _block_rows_v(v_ptr, page_table_ptr, b, kvh, index, mask_s, offs_d, mask_d, 
     3 their offsets instead, timing only)."""
     v_rows = _row_offsets(page_table_ptr, b, index, stride_vx, stride_vy, stride_pt,
                           page_size, PAGED)
-    if PROFILE == 3:
-        return v_rows.to(tl.float32)[:, None] + 0.0 * offs_d[None, :]
+    if PROFILE == 3:  # in V's dtype: both returns must agree (the phased loops' dot)
+        return (v_rows.to(tl.float32)[:, None]
+                + 0.0 * offs_d[None, :]).to(v_ptr.dtype.element_ty)
     return tl.load(v_ptr + v_rows[:, None] + kvh * stride_vh + offs_d[None, :],
                    mask=mask_s[:, None] & mask_d[None, :], other=0.0)
 

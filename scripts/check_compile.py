@@ -140,6 +140,13 @@ def main() -> int:
                              staged=("bf16",))
         print(f"_sample_pass_kernel MODE={mode} SAMPLE_SPLITS={splits} PHASED: {err or 'ok'}")
         failures += err is not None
+    for profile in (1, 2, 3):  # timing-only flags (tune_h200.py sample), both loop forms
+        for phased in (False, True):
+            err = compile_kernel(ts._sample_pass_kernel, sample_types,
+                                 {**consts, "SAMPLE_BLOCK": 64, "PHASED": phased,
+                                  "PROFILE": profile}, {"num_warps": 8, "num_stages": 2})
+            print(f"_sample_pass_kernel PROFILE={profile} PHASED={phased}: {err or 'ok'}")
+            failures += err is not None
     flash_types = ["*bf16", "*bf16", "*bf16", "*i32", "*i32", "*fp32", "*fp32", "*fp32", "*i16",
                    "*fp32", "*i64", "i32", "fp32"] + ["i32"] * 19
     for prefetch, stages, sub, group_rng in ((False, 3, 1, False), (True, 1, 1, False),
