@@ -1221,6 +1221,11 @@ def _capacity(kv: KVCache) -> int:
     return int(kv.k.shape[1])
 
 
+def _tile_count(kv: KVCache, tile: int) -> int:
+    """Tiles of ``tile`` rows covering every addressable row: the bound ``T`` of a call."""
+    return -(-_capacity(kv) // tile)
+
+
 def _dot_precision(dtype: torch.dtype) -> str:
     """Returns 'ieee' (fp32 dot) for fp32 data, and for bf16 under the interpreter (whose
     numpy dot has no bf16); else 'tf32' (ignored for 16-bit inputs: tensor cores)."""
@@ -1282,8 +1287,8 @@ def pdl_available(device: torch.device) -> bool:
 
 def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int = 2,
                 pdl: bool = False, entry_pdl: bool = False,
-                stash_evict: str | None = None) -> int:
-    """Runs pass 1; returns the call's tile count bound ``T``. ``stores`` < 2 skips the
+                stash_evict: str | None = None) -> None:
+    """Runs pass 1 (the call's tile bound is :func:`_tile_count`). ``stores`` < 2 skips the
     stash (1) or every store (0): profiling only. ``pdl``: let the next kernel (the sample
     pass, launched as a programmatic dependent) start early. ``entry_pdl``: launch this
     pass itself as a programmatic dependent of the kernel before it (it waits first).
@@ -1294,7 +1299,6 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
     if stash_evict is None:
         stash_evict = _stash_evict(cfg, batch * hq, _capacity(kv), ws.stash)
     subs = cfg.get("subs", 1)
-    n_tiles = -(-_capacity(kv) // tile)
     n_blocks = -(-_capacity(kv) // (tile * subs))  # K loads of subs * tile rows
     warps, stages = cfg["stream"]
     splits = ws.num_splits
@@ -1319,7 +1323,6 @@ def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int 
         num_warps=warps, num_stages=stages,
         **({"launch_pdl": True} if entry_pdl else {}),
     )
-    return n_tiles
 
 
 def _k_descriptor(kv: KVCache, rows: int):
@@ -1390,7 +1393,7 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
     chain = (bool(pdl_chain) and pdl_available(q.device)
              and _large_stream(cfg, batch * kv.num_kv_heads))
     stash_evict = _stash_evict(cfg, batch * hq, _capacity(kv), ws.stash)
-    n_tiles = -(-_capacity(kv) // tile)
+    n_tiles = _tile_count(kv, tile)
     expected = {_MODE_SYS: (batch, hq), _MODE_STRAT: (batch, hq, S), _MODE_IID: (batch, hq, S),
                 _MODE_LR: (batch, hq, n_tiles)}[mode]
     uniforms = _check_uniforms(uniforms, expected)  # before any launch
@@ -1504,7 +1507,7 @@ def santa_flash(
     ws, scale = _prepare(q, kv, S, tile, scale, workspace, counts=return_counts)
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
-    n_tiles = -(-_capacity(kv) // tile)
+    n_tiles = _tile_count(kv, tile)
     uniforms = _check_uniforms(uniforms, (batch, hq, n_tiles))
     cfg = launch or flash_launch_for(S)
     extra = ({} if cfg.maxnreg is None or os.environ.get("TRITON_INTERPRET", "0") == "1"

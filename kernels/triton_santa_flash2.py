@@ -75,6 +75,7 @@ from santa_kernels.triton_santa import (
     _prepare,
     _row_offsets,
     _sm_count,
+    _tile_count,
     _tile_merge,
     _tile_scores,
     num_splits_for,
@@ -125,7 +126,7 @@ def two_pass_workspace(q: torch.Tensor, kv: KVCache, S: int, tile: int = 64,
                        **kw) -> SantaWorkspace:
     """A workspace for :func:`santa_flash_two_pass`: counts kept, and partials for the
     gather pass's default split (programs of at most :data:`GATHER_TILES` tiles)."""
-    n_tiles = -(-_capacity(kv) // tile)
+    n_tiles = _tile_count(kv, tile)
     if kw.get("num_splits") is None:
         kw["num_splits"] = max(num_splits_for(q.shape[0] * kv.num_kv_heads, n_tiles,
                                               _sm_count(q.device)), -(-n_tiles // GATHER_TILES))
@@ -479,7 +480,7 @@ def santa_flash_two_pass(
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
     group = hq // hkv
-    n_tiles = -(-_capacity(kv) // tile)
+    n_tiles = _tile_count(kv, tile)
     uniforms = _check_uniforms(uniforms, (batch, hq, n_tiles))
     defaults = flash2_config(d)
     count_warps, count_stages = _launch_config(count_config, defaults["count"], "count_config")

@@ -4,7 +4,7 @@ Run on the H200:
   ncu --kernel-name regex:_sample_pass_kernel --launch-skip 3 --launch-count 1 \\
       --section SpeedOfLight --section WarpStateStats --section SourceCounters \\
       python3 scripts/ncu_prop_sample.py BATCH CTX S [KEY=VALUE ...]
-(KEY=VALUE: ``HOPPER_CONFIGS[128]`` overrides, integers, e.g. ``index_scaled=1``)
+(KEY=VALUE: ``HOPPER_CONFIGS[128]`` overrides, integers, e.g. ``index_scaled_rows=0``)
 """
 
 from __future__ import annotations
@@ -12,18 +12,14 @@ from __future__ import annotations
 import sys
 
 import torch
+from tune_h200 import gpu_inputs  # scripts/: the sweeps' inputs, made on the GPU
 
 import santa_kernels.triton_santa as ts
-from santa_kernels import KVCache
 
 
 def main() -> None:
     batch, ctx, S = (int(v) for v in sys.argv[1:4])
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q = (torch.randn(batch, 32, 128, device="cuda", generator=gen) * 3.0).bfloat16()
-    k = torch.randn(batch, ctx, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-    v = torch.randn(batch, ctx, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-    kv = KVCache.contiguous(k, v, torch.full((batch,), ctx, dtype=torch.int32, device="cuda"))
+    q, kv = gpu_inputs(batch, ctx, 0)
     overrides = {k: int(v) for k, v in (arg.split("=") for arg in sys.argv[4:])}
     ts.HOPPER_CONFIGS[128] = {**ts.HOPPER_CONFIGS[128], "pdl": False, **overrides}
     ws = ts.SantaWorkspace.for_inputs(q, kv, S, 64, stash_dtype=torch.float16)

@@ -1,11 +1,11 @@
 """Per-kernel GPU durations of santa-prop's two passes by the torch profiler (GPU).
 
 Run on the H200:  python3 scripts/profile_prop_kernels.py [OUT.csv]
-Llama-3.1-8B shape, fp16 stash, Gaussian K/V and Q x3 (as the tune sweeps), three rotated
-input copies; each pass's mean kernel duration over 30 calls, with the sample pass launched
-as a programmatic dependent of the score pass (``pdl``, the default: its kernel starts
-early and waits, so its duration includes the wait) and not (its own duration), and the
-call's wall time between the first and last kernel of each call.
+Llama-3.1-8B shape, fp16 stash, the tune sweeps' inputs (``tune_h200.gpu_inputs``: Gaussian,
+Q x3), three rotated copies; each pass's mean kernel duration over 30 calls, with the
+sample pass launched as a programmatic dependent of the score pass (``pdl``, the default:
+its kernel starts early and waits, so its duration includes the wait) and not (its own
+duration).
 """
 
 from __future__ import annotations
@@ -16,20 +16,11 @@ import sys
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+from tune_h200 import gpu_inputs  # scripts/: the sweeps' inputs, made on the GPU
 
 import santa_kernels.triton_santa as ts
 
 SHAPES = [(1, 131072), (8, 32768), (1, 32768)]
-
-
-def inputs_for(batch: int, ctx: int, seed: int):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q = (torch.randn(batch, 32, 128, device="cuda", generator=gen) * 3.0).bfloat16()
-    k = torch.randn(batch, ctx, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-    v = torch.randn(batch, ctx, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-    lengths = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-    from santa_kernels import KVCache
-    return q, KVCache.contiguous(k, v, lengths)
 
 
 def main() -> None:
@@ -38,7 +29,7 @@ def main() -> None:
     w.writerow(["shape", "S", "pdl", "kernel", "mean_us", "calls"])
     default = copy.deepcopy(ts.HOPPER_CONFIGS)
     for batch, ctx in SHAPES:
-        inputs = [inputs_for(batch, ctx, i) for i in range(3)]
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
         for S in (128, 256):
             for pdl in (True, False):
                 ts.HOPPER_CONFIGS[128] = {**default[128], "pdl": pdl}

@@ -245,13 +245,14 @@ def score_and_call(rows: Rows, section: str, tag: str, name: str, inputs, note: 
                    budgets: tuple[int, ...] = (128,)) -> None:
     """Rows: prop's score pass alone (with its K rate) and the whole call at each S."""
     try:
-        score, full = prop_calls(inputs, budgets[0])
-        t_score = graph_call_us(score)
-        k_bytes = sum(kv.k.numel() * kv.k.element_size() for _, kv in inputs) / len(inputs)
-        rows.add(section=section, shape=tag, variant=name, what="score", us=f"{t_score:.2f}",
-                 note=f"{k_bytes / t_score / 1e6:.2f} TB/s K")
         for S in budgets:
-            _, full = prop_calls(inputs, S)
+            score, full = prop_calls(inputs, S)
+            if budgets[0] == S:  # the score pass does not depend on S
+                t_score = graph_call_us(score)
+                k_bytes = sum(kv.k.numel() * kv.k.element_size() for _, kv in inputs)
+                rows.add(section=section, shape=tag, variant=name, what="score",
+                         us=f"{t_score:.2f}",
+                         note=f"{k_bytes / len(inputs) / t_score / 1e6:.2f} TB/s K")
             rows.add(section=section, shape=tag, variant=name, what=f"call S={S}",
                      us=f"{graph_call_us(full):.2f}", note=note)
     except Exception as exc:
