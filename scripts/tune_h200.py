@@ -51,6 +51,10 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   or by ``_contiguous_reps_kernel``; first checks both pack the same index.
 - ``flash2``: the two-pass flash kernel stage by stage: pass 1 with and without its draw,
   pass 2 alone over several split counts and launches, the merge alone.
+- ``harness``: santa-prop S=128 / 256 and cuDNN timed as these sweeps time them and as
+  the kernel harness does (its inputs, adapter and copy plan), with the steps between.
+- ``s256``: prop S=256 with the phased sample pass over two programs a head and/or 4
+  warps (same samples checked).
 - ``compact``: the two-pass flash kernel's masked pass 2 against its compact row lists
   (a second kernel, or gathered inline by the count program), by launch and register cap
   (earlier sweeps of blocks, splits and list forms: results/h200/tune-2026-12-02-s14).
@@ -852,6 +856,58 @@ def pps_section(rows: Rows) -> None:
         torch.cuda.empty_cache()
 
 
+def s256_section(rows: Rows) -> None:
+    """prop S=256 with the phased sample pass over two programs a head, 4 warps, or both
+    (same samples checked), two alternated rounds."""
+    prop_variants(rows, "s256", {"default": {}, "splits 2": {"sample_splits": 2},
+                                 "warps 4": {"sample": (4, 128)},
+                                 "splits 2 warps 4": {"sample_splits": 2, "sample": (4, 128)}},
+                  budgets=(256,), reps=2)
+
+
+def harness_section(rows: Rows) -> None:
+    """santa-prop and cuDNN timed as the tune sweeps time them (three GPU-made copies in
+    rotation) and as the kernel harness does (its inputs, its adapter, ``measure`` with
+    its copy plan), and the steps between: one copy, the harness's CPU-made inputs."""
+    from santa_bench.baselines import clone_kv
+    from santa_bench.inputs import DecodeShape, make_decode_inputs
+    from santa_bench.methods import REGISTRY
+    from santa_bench.timing import measure
+
+    def harness_us(name, q, kv, params):
+        method = REGISTRY.get(name)
+        resolved = method.resolve_params(params)
+        prepared = method.prepare(q, kv, seed=0, **resolved)
+
+        def make_copy(i):
+            return method.prepare(q.clone(), clone_kv(kv), seed=i, **resolved)
+
+        timing = measure(prepared, inputs_bytes=prepared.inputs_bytes, l2_bytes=None,
+                         make_copy=make_copy, graph=True, cold_l2=True, budget_ms=300.0,
+                         device=q.device)
+        return timing.median_us, f"copies={timing.n_copies} {timing.l2_state}"
+
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        gpu = [gpu_inputs(batch, ctx, i) for i in range(3)]
+        shape = DecodeShape(batch=batch, ctx=ctx, heads=32, kv_heads=8, head_dim=128)
+        made = [make_decode_inputs(shape, seed=i, device="cuda") for i in range(3)]
+        for S in (128, 256):
+            for label, inputs in (("gpu x3", gpu), ("gpu x1", gpu[:1]), ("made x3", made),
+                                  ("made x1", made[:1])):
+                rows.add(section="harness", shape=tag, variant=f"tune {label}",
+                         what=f"call S={S}", us=f"{graph_call_us(prop_calls(inputs, S)[1]):.2f}",
+                         note="")
+            us, note = harness_us("santa-prop", *made[0], {"S": S})
+            rows.add(section="harness", shape=tag, variant="harness", what=f"call S={S}",
+                     us=f"{us:.2f}", note=note)
+        us, note = harness_us("sdpa-cudnn", *made[0], {})
+        rows.add(section="harness", shape=tag, variant="harness", what="cudnn", us=f"{us:.2f}",
+                 note=note)
+        del gpu, made
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "tune")
     out.mkdir(parents=True, exist_ok=True)
@@ -870,7 +926,8 @@ def main() -> None:
                             "pdlpp": pdlpp_section, "reps": reps_section,
                             "warps": warps_section, "ppknobs": ppknobs_section,
                             "pps": pps_section, "index": index_section,
-                            "finprof": finprof_section}
+                            "finprof": finprof_section, "harness": harness_section,
+                            "s256": s256_section}
         try:
             sections_by_name[name](rows)
         except Exception:  # report, go on with the next section
