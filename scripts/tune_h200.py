@@ -54,7 +54,8 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
 - ``harness``: santa-prop S=128 / 256 and cuDNN timed as these sweeps time them and as
   the kernel harness does (its inputs, adapter and copy plan), with the steps between.
 - ``s256``: prop S=256 with the phased sample pass over two programs a head and/or 4
-  warps (same samples checked).
+  warps, the scaled row search with and without PDL, 256 samples a block (env
+  S256_VARIANTS=a,b picks some, S256_ROUNDS the alternations).
 - ``compact``: the two-pass flash kernel's masked pass 2 against its compact row lists
   (a second kernel, or gathered inline by the count program), by launch and register cap
   (earlier sweeps of blocks, splits and list forms: results/h200/tune-2026-12-02-s14).
@@ -857,12 +858,20 @@ def pps_section(rows: Rows) -> None:
 
 
 def s256_section(rows: Rows) -> None:
-    """prop S=256 with the phased sample pass over two programs a head, 4 warps, or both
-    (same samples checked), two alternated rounds."""
-    prop_variants(rows, "s256", {"default": {}, "splits 2": {"sample_splits": 2},
-                                 "warps 4": {"sample": (4, 128)},
-                                 "splits 2 warps 4": {"sample_splits": 2, "sample": (4, 128)}},
-                  budgets=(256,), reps=2)
+    """prop S=256: sample-pass launch variants (see the module docstring), alternated."""
+    variants = {"default": {}, "splits 2": {"sample_splits": 2},
+                "warps 4": {"sample": (4, 128)},
+                "splits 2 warps 4": {"sample_splits": 2, "sample": (4, 128)},
+                # the scaled row search (3 programs an SM fit: 80 registers), launched as
+                # a dependent of the score pass or after it; 256 samples a block
+                "scaled": {"index_scaled_rows": 1 << 30}, "no pdl": {"pdl": False},
+                "scaled no pdl": {"index_scaled_rows": 1 << 30, "pdl": False},
+                "b256": {"sample_phased_block": 256},
+                "b256 scaled": {"sample_phased_block": 256, "index_scaled_rows": 1 << 30}}
+    wanted = os.environ.get("S256_VARIANTS")  # e.g. "default,scaled"
+    variants = {k: v for k, v in variants.items() if not wanted or k in wanted.split(",")}
+    prop_variants(rows, "s256", variants, budgets=(256,),
+                  reps=int(os.environ.get("S256_ROUNDS", "2")), same_samples=False)
 
 
 def harness_section(rows: Rows) -> None:
