@@ -111,13 +111,20 @@ HOPPER_CONFIGS = {
     # 151.3 -> 153.4, although the kernel alone is faster there (Nsight Compute, no PDL:
     # 20.8 -> 19.2 us, 7% fewer instructions, 80 registers instead of 100, so 3 programs fit
     # an SM instead of 2; not profiled inside the call)
+    # index_scaled_block: the scaled row search also where a block holds at least this many
+    # samples; with sample_phased_block 256 (the phased loops' samples a block, capped by
+    # the samples a program takes, so 256 only from S=256 at one program a head). H200,
+    # prop S=256 at 32k B=8, three rounds (results/h200/tune-2026-12-02-s16/3-s256.csv):
+    # 128 a block 153.7 us, 256 a block 159.7, scaled 128 a block 155.8, scaled 256 a
+    # block 150.5
     64: {"stream": (4, 4), "sample": (8, 256), "subs": 1, "narrow": True,
          "sample_splits": None, "pdl": True},
     128: {"stream": (4, 3), "sample": (8, 128), "subs": 1, "narrow": True,
           "sample_splits": None, "pdl": True, "sample_small_rows": 64, "sample_small_warps": 4,
           "stream_large": (1, 4, 8), "large_groups": 32, "stash_l2_bytes": 12 << 20,
-          "tma": True, "sample_phased": 2, "sample_phased_block": 128,
-          "sample_phased_skip": (64, 256), "index_scaled_rows": 64},
+          "tma": True, "sample_phased": 2,
+          "sample_phased_skip": (64, 256), "index_scaled_rows": 64,
+          "sample_phased_block": 256, "index_scaled_block": 256},
     256: {"stream": (8, 2), "sample": (8, 128), "subs": 1, "narrow": True,
           "sample_splits": None, "pdl": True},
 }
@@ -1342,6 +1349,14 @@ def _k_descriptor(kv: KVCache, rows: int):
                             block_shape=[rows, d])
 
 
+def _scaled_search(cfg: dict, rows: int, sample_block: int) -> bool:
+    """Whether the sample pass finds rows inside tiles by the scaled search (SCALED in
+    _block_index): up to ``index_scaled_rows`` heads, or blocks of at least
+    ``index_scaled_block`` samples."""
+    return (rows <= cfg.get("index_scaled_rows", 0)
+            or sample_block >= cfg.get("index_scaled_block", 1 << 62))
+
+
 def _sample_phases(cfg: dict, rows: int) -> tuple[bool, int]:
     """(PHASED, num_stages) of the sample pass for ``rows`` = B * Hq heads: the phased
     loops, pipelined ``sample_phased`` stages deep, from ``sample_phased_rows`` heads on
@@ -1426,7 +1441,7 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
         BLOCK_T=min(MAX_PREFIX_IN_REGS, _next_pow2(n_tiles)), SAMPLE_BLOCK=sample_block,
         PREFIX_IN_REGS=prefix_in_regs, SAMPLE_SPLITS=splits,
         PROFILE=cfg.get("sample_profile", 0), PDL=pdl, STASH_EVICT=stash_evict,
-        PHASED=phased, SCALED=batch * hq <= cfg.get("index_scaled_rows", 0),
+        PHASED=phased, SCALED=_scaled_search(cfg, batch * hq, sample_block),
         D_PAD=_next_pow2(d), num_warps=warps, num_stages=stages,
         **({"launch_pdl": True} if pdl else {}),
     )

@@ -140,6 +140,16 @@ def main() -> int:
                              staged=("bf16",))
         print(f"_sample_pass_kernel MODE={mode} SAMPLE_SPLITS={splits} PHASED: {err or 'ok'}")
         failures += err is not None
+    # the H200 default at one program a head from S=256 (HOPPER_CONFIGS[128]): 256 samples a
+    # block, the scaled row search
+    err = compile_kernel(ts._sample_pass_kernel, sample_types,
+                         {**consts, "MODE": 0, "SAMPLE_SPLITS": 1, "SAMPLE_BLOCK": 256,
+                          "PHASED": True, "SCALED": True, "PDL": True, "STASH_EVICT": ""},
+                         {"num_warps": 8, "num_stages": 2},
+                         divisible=("sample_stride", "stride_vx", "stride_vy", "stride_vh"),
+                         staged=("bf16",))
+    print(f"_sample_pass_kernel PHASED SAMPLE_BLOCK=256 SCALED: {err or 'ok'}")
+    failures += err is not None
     for profile in (1, 2, 3):  # timing-only flags (tune_h200.py sample), both loop forms
         for phased in (False, True):
             err = compile_kernel(ts._sample_pass_kernel, sample_types,

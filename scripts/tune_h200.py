@@ -56,6 +56,8 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
 - ``s256``: prop S=256 with the phased sample pass over two programs a head and/or 4
   warps, the scaled row search with and without PDL, 256 samples a block (env
   S256_VARIANTS=a,b picks some, S256_ROUNDS the alternations).
+- ``block``: prop's phased sample pass with 256 samples a block and the scaled search
+  (the default) against 128 a block, S=128..2048.
 - ``compact``: the two-pass flash kernel's masked pass 2 against its compact row lists
   (a second kernel, or gathered inline by the count program), by launch and register cap
   (earlier sweeps of blocks, splits and list forms: results/h200/tune-2026-12-02-s14).
@@ -874,6 +876,16 @@ def s256_section(rows: Rows) -> None:
                   reps=int(os.environ.get("S256_ROUNDS", "2")), same_samples=False)
 
 
+def block_section(rows: Rows) -> None:
+    """prop's phased sample pass with 256 samples a block and the scaled row search there
+    (the default since session 16) against 128 a block and the per-row CDF, S=128..2048,
+    two alternated rounds (same samples checked: rounding may move a few)."""
+    prop_variants(rows, "block", {"256 scaled": {},
+                                  "128": {"sample_phased_block": 128,
+                                          "index_scaled_block": 1 << 62}},
+                  budgets=(128, 256, 512, 1024, 2048), reps=2)
+
+
 def harness_section(rows: Rows) -> None:
     """santa-prop and cuDNN timed as the tune sweeps time them (three GPU-made copies in
     rotation) and as the kernel harness does (its inputs, its adapter, ``measure`` with
@@ -936,7 +948,7 @@ def main() -> None:
                             "warps": warps_section, "ppknobs": ppknobs_section,
                             "pps": pps_section, "index": index_section,
                             "finprof": finprof_section, "harness": harness_section,
-                            "s256": s256_section}
+                            "s256": s256_section, "block": block_section}
         try:
             sections_by_name[name](rows)
         except Exception:  # report, go on with the next section

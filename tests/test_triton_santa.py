@@ -381,6 +381,32 @@ def test_scaled_row_search_matches_float64(method, phased, monkeypatch):
     check_exact(method, q, paged, S=9)
 
 
+def test_scaled_search_rule():
+    """The scaled row search up to ``index_scaled_rows`` heads or from
+    ``index_scaled_block`` samples a block; neither key: never."""
+    from santa_kernels.triton_santa import HOPPER_CONFIGS, _scaled_search
+
+    cfg = {"index_scaled_rows": 64, "index_scaled_block": 256}
+    assert _scaled_search(cfg, 64, 128) and _scaled_search(cfg, 256, 256)
+    assert not _scaled_search(cfg, 65, 128) and not _scaled_search(cfg, 256, 128)
+    assert not _scaled_search({}, 1, 1 << 20)
+    d128 = HOPPER_CONFIGS[128]  # the H200 default: 256 a block where it is phased
+    assert d128["sample_phased_block"] >= d128["index_scaled_block"]
+
+
+@pytest.mark.parametrize("method", ["prop", "iid"])
+def test_block_triggered_scaled_search_matches_float64(method, monkeypatch):
+    """Blocks of ``index_scaled_block`` samples take the scaled search at any head count
+    (here 6 heads, above ``index_scaled_rows``): the same counts as float64."""
+    import santa_kernels.triton_santa as triton_santa
+
+    config = {**triton_santa.HOPPER_CONFIGS[64], "index_scaled_rows": 0, "sample_phased": 2,
+              "sample_phased_block": 32, "index_scaled_block": 32}
+    monkeypatch.setitem(triton_santa.HOPPER_CONFIGS, 64, config)
+    q, kv = make_cache(hq=6, hkv=2, n=75, lengths=(75, 41))
+    check_exact(method, q, kv, S=40)
+
+
 def test_bad_uniforms_raise_before_any_launch():
     """The uniforms' shape is checked before the score pass runs: a failed call leaves the
     workspace's step where it was, and the next call draws what a fresh one would."""
