@@ -113,10 +113,12 @@ HOPPER_CONFIGS = {
     # an SM instead of 2; not profiled inside the call)
     # index_scaled_block: the scaled row search also where a block holds at least this many
     # samples; with sample_phased_block 256 (the phased loops' samples a block, capped by
-    # the samples a program takes, so 256 only from S=256 at one program a head). H200,
+    # the samples a program takes: 256 from S=256 at one program a head, from S=1024 at
+    # B=1's four). H200,
     # prop S=256 at 32k B=8, three rounds (results/h200/tune-2026-12-02-s16/3-s256.csv):
     # 128 a block 153.7 us, 256 a block 159.7, scaled 128 a block 155.8, scaled 256 a
-    # block 150.5
+    # block 150.5; over S=128..2048 at B=8-16 equal or faster (32k B=8 S=2048 242.9 ->
+    # 209.8, 4-block.csv there)
     64: {"stream": (4, 4), "sample": (8, 256), "subs": 1, "narrow": True,
          "sample_splits": None, "pdl": True},
     128: {"stream": (4, 3), "sample": (8, 128), "subs": 1, "narrow": True,
