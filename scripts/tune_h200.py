@@ -58,6 +58,8 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   S256_VARIANTS=a,b picks some, S256_ROUNDS the alternations).
 - ``block``: prop's phased sample pass with 256 samples a block and the scaled search
   (the default) against 128 a block, S=128..2048.
+- ``phased4``: prop where the sample pass runs one loop (e.g. B=4) against the phased
+  loops with 256 or 128 samples a block.
 - ``compact``: the two-pass flash kernel's masked pass 2 against its compact row lists
   (a second kernel, or gathered inline by the count program), by launch and register cap
   (earlier sweeps of blocks, splits and list forms: results/h200/tune-2026-12-02-s14).
@@ -886,6 +888,17 @@ def block_section(rows: Rows) -> None:
                   budgets=(128, 256, 512, 1024, 2048), reps=2)
 
 
+def phased4_section(rows: Rows) -> None:
+    """prop at the heads where the sample pass runs one loop (64 < B * Hq < 256, e.g. B=4):
+    against the phased loops with 256 samples a block (scaled) or 128 (per-row CDF)."""
+    prop_variants(rows, "phased4", {
+        "one loop": {},
+        "phased 256 scaled": {"sample_phased_skip": (0, 0)},
+        "phased 128": {"sample_phased_skip": (0, 0), "sample_phased_block": 128,
+                       "index_scaled_block": 1 << 62}},
+        budgets=(128, 256, 1024, 2048), reps=2, same_samples=False)
+
+
 def harness_section(rows: Rows) -> None:
     """santa-prop and cuDNN timed as the tune sweeps time them (three GPU-made copies in
     rotation) and as the kernel harness does (its inputs, its adapter, ``measure`` with
@@ -948,7 +961,8 @@ def main() -> None:
                             "warps": warps_section, "ppknobs": ppknobs_section,
                             "pps": pps_section, "index": index_section,
                             "finprof": finprof_section, "harness": harness_section,
-                            "s256": s256_section, "block": block_section}
+                            "s256": s256_section, "block": block_section,
+                            "phased4": phased4_section}
         try:
             sections_by_name[name](rows)
         except Exception:  # report, go on with the next section
