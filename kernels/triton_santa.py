@@ -119,6 +119,11 @@ HOPPER_CONFIGS = {
     # 128 a block 153.7 us, 256 a block 159.7, scaled 128 a block 155.8, scaled 256 a
     # block 150.5; over S=128..2048 at B=8-16 equal or faster (32k B=8 S=2048 242.9 ->
     # 209.8, 4-block.csv there)
+    # sample_phased_skip_block: the phased loops run inside sample_phased_skip too where
+    # their block holds this many samples. H200, B=4 (128 heads), one loop -> phased 256 a
+    # block, scaled (5-phased4-block128k.csv there): 32k S=256 84.5 -> 83.1 us, S=1024
+    # 114.4 -> 108.1, S=2048 153.7 -> 141.7; 8k S=256 33.4 -> 32.6, S=2048 102 -> 91.9;
+    # at S=128 (128 a block) the one loop stays (79.3 against 80.0 phased)
     64: {"stream": (4, 4), "sample": (8, 256), "subs": 1, "narrow": True,
          "sample_splits": None, "pdl": True},
     128: {"stream": (4, 3), "sample": (8, 128), "subs": 1, "narrow": True,
@@ -126,7 +131,8 @@ HOPPER_CONFIGS = {
           "stream_large": (1, 4, 8), "large_groups": 32, "stash_l2_bytes": 12 << 20,
           "tma": True, "sample_phased": 2,
           "sample_phased_skip": (64, 256), "index_scaled_rows": 64,
-          "sample_phased_block": 256, "index_scaled_block": 256},
+          "sample_phased_block": 256, "index_scaled_block": 256,
+          "sample_phased_skip_block": 256},
     256: {"stream": (8, 2), "sample": (8, 128), "subs": 1, "narrow": True,
           "sample_splits": None, "pdl": True},
 }
@@ -1359,13 +1365,17 @@ def _scaled_search(cfg: dict, rows: int, sample_block: int) -> bool:
             or sample_block >= cfg.get("index_scaled_block", 1 << 62))
 
 
-def _sample_phases(cfg: dict, rows: int) -> tuple[bool, int]:
-    """(PHASED, num_stages) of the sample pass for ``rows`` = B * Hq heads: the phased
-    loops, pipelined ``sample_phased`` stages deep, from ``sample_phased_rows`` heads on
-    and outside the open interval ``sample_phased_skip``; else one loop, one stage."""
+def _sample_phases(cfg: dict, rows: int, per_program: int = 0) -> tuple[bool, int]:
+    """(PHASED, num_stages) of the sample pass for ``rows`` = B * Hq heads and
+    ``per_program`` samples a program: the phased loops, pipelined ``sample_phased``
+    stages deep, from ``sample_phased_rows`` heads on and outside the open interval
+    ``sample_phased_skip``, which applies only where the phased block would hold fewer
+    than ``sample_phased_skip_block`` samples; else one loop, one stage."""
     stages = cfg.get("sample_phased")
     lo, hi = cfg.get("sample_phased_skip", (0, 0))
-    if stages and rows >= cfg.get("sample_phased_rows", 0) and not lo < rows < hi:
+    block = min(cfg.get("sample_phased_block", 1 << 62), max(16, _next_pow2(max(per_program, 1))))
+    skipped = lo < rows < hi and block < cfg.get("sample_phased_skip_block", 1 << 62)
+    if stages and rows >= cfg.get("sample_phased_rows", 0) and not skipped:
         return True, int(stages)
     return False, 1
 
@@ -1426,7 +1436,7 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
     splits = cfg.get("sample_splits") or sample_splits_for(batch * hq, S, _sm_count(q.device))
     splits = min(splits, MAX_SAMPLE_SPLITS) if prefix_in_regs else 1
     per_program = -(-S // splits)
-    phased, stages = _sample_phases(cfg, batch * hq)
+    phased, stages = _sample_phases(cfg, batch * hq, per_program)
     if phased:
         sample_block = cfg.get("sample_phased_block", sample_block)
     sample_block = min(sample_block, max(16, _next_pow2(per_program)))

@@ -510,6 +510,12 @@ def test_phased_sample_pass_follows_its_row_rules():
     assert _sample_phases(cfg, 256) == (True, 2)  # B=8
     assert _sample_phases({"sample_phased": 3, "sample_phased_rows": 128}, 32) == (False, 1)
     assert _sample_phases({}, 256) == (False, 1)
+    # inside the skipped interval the phased loops return where a block holds enough samples
+    cfg = {**cfg, "sample_phased_block": 256, "sample_phased_skip_block": 256}
+    assert _sample_phases(cfg, 128, per_program=128) == (False, 1)  # B=4, S=128
+    assert _sample_phases(cfg, 128, per_program=256) == (True, 2)  # B=4, S=256
+    assert _sample_phases(cfg, 128, per_program=200) == (True, 2)  # a 256 block, partly full
+    assert _sample_phases(cfg, 256, per_program=16) == (True, 2)  # outside: as before
 
 
 def test_workspace_builds_a_k_descriptor_once_per_cache_tensor():
