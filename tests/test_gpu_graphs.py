@@ -70,7 +70,7 @@ def test_large_sample_blocks_draw_the_per_row_samples_on_the_gpu(batch, monkeypa
     """32k, S=256, Llama shape: the default launch (256 samples a block, the scaled row
     search; at B=4 the phased loops) draws the samples of 128-sample blocks with the
     per-row CDF given the same uniforms, up to rounding: at most 1 in 1000 samples
-    differs, by one row, and the outputs agree to bf16 rounding."""
+    differs, by one row, and the heads with the same samples agree to bf16 rounding."""
     import santa_kernels.triton_santa as ts
     from santa_bench.inputs import DecodeShape, make_decode_inputs
 
@@ -90,5 +90,7 @@ def test_large_sample_blocks_draw_the_per_row_samples_on_the_gpu(batch, monkeypa
     moved = info.sample_index != index
     assert int(moved.sum()) <= index.numel() // 1000
     assert int((info.sample_index - index).abs().max()) <= 1
-    error = (small.float() - large.float()).norm() / small.float().norm()
-    assert float(error) < 2e-2
+    same = ~moved.any(dim=-1)  # [B, Hq]
+    assert int(same.sum()) >= same.numel() // 2
+    diff = (small.float() - large.float())[same].norm(dim=-1)
+    assert float((diff / small.float()[same].norm(dim=-1)).max()) < 1e-2
