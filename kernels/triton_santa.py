@@ -114,8 +114,8 @@ HOPPER_CONFIGS = {
     # index_scaled_block: the scaled row search also where a block holds at least this many
     # samples; with sample_phased_block 256 (the phased loops' samples a block, capped by
     # the samples a program takes: 256 from S=256 at one program a head, from S=1024 at
-    # B=1's four). H200,
-    # prop S=256 at 32k B=8, three rounds (results/h200/tune-2026-12-02-s16/3-s256.csv):
+    # B=1's four). H200, prop S=256 at 32k B=8, three rounds
+    # (results/h200/tune-2026-12-02-s16/3-s256.csv):
     # 128 a block 153.7 us, 256 a block 159.7, scaled 128 a block 155.8, scaled 256 a
     # block 150.5; over S=128..2048 at B=8-16 equal or faster (32k B=8 S=2048 242.9 ->
     # 209.8, 4-block.csv there)
@@ -1357,6 +1357,12 @@ def _k_descriptor(kv: KVCache, rows: int):
                             block_shape=[rows, d])
 
 
+def _block_samples(block: int, per_program: int) -> int:
+    """Samples a block of the sample pass: ``block``, at most the power of two covering a
+    program's samples, and at least 16."""
+    return min(block, max(16, _next_pow2(max(per_program, 1))))
+
+
 def _scaled_search(cfg: dict, rows: int, sample_block: int) -> bool:
     """Whether the sample pass finds rows inside tiles by the scaled search (SCALED in
     _block_index): up to ``index_scaled_rows`` heads, or blocks of at least
@@ -1373,7 +1379,7 @@ def _sample_phases(cfg: dict, rows: int, per_program: int = 0) -> tuple[bool, in
     than ``sample_phased_skip_block`` samples; else one loop, one stage."""
     stages = cfg.get("sample_phased")
     lo, hi = cfg.get("sample_phased_skip", (0, 0))
-    block = min(cfg.get("sample_phased_block", 1 << 62), max(16, _next_pow2(max(per_program, 1))))
+    block = _block_samples(cfg.get("sample_phased_block", 1 << 62), per_program)
     skipped = lo < rows < hi and block < cfg.get("sample_phased_skip_block", 1 << 62)
     if stages and rows >= cfg.get("sample_phased_rows", 0) and not skipped:
         return True, int(stages)
@@ -1439,7 +1445,7 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
     phased, stages = _sample_phases(cfg, batch * hq, per_program)
     if phased:
         sample_block = cfg.get("sample_phased_block", sample_block)
-    sample_block = min(sample_block, max(16, _next_pow2(per_program)))
+    sample_block = _block_samples(sample_block, per_program)
     _sample_pass_kernel[(batch * hq, splits)](
         kv.v, kv.lengths, table, ws.tile_lse, ws.stash, ws.prefix,
         ws.sample_index, out, uniforms if uniforms is not None else ws.prefix, ws.rng,
