@@ -1371,19 +1371,36 @@ def _scaled_search(cfg: dict, rows: int, sample_block: int) -> bool:
             or sample_block >= cfg.get("index_scaled_block", 1 << 62))
 
 
-def _sample_phases(cfg: dict, rows: int, per_program: int = 0) -> tuple[bool, int]:
-    """(PHASED, num_stages) of the sample pass for ``rows`` = B * Hq heads and
-    ``per_program`` samples a program: the phased loops, pipelined ``sample_phased``
-    stages deep, from ``sample_phased_rows`` heads on and outside the open interval
-    ``sample_phased_skip``, which applies only where the phased block would hold fewer
-    than ``sample_phased_skip_block`` samples; else one loop, one stage."""
+@dataclass(frozen=True)
+class SampleLaunch:
+    """How the sample pass runs: phased loops or one, its stages, warps, samples a block
+    and the row search (SCALED)."""
+
+    phased: bool
+    stages: int
+    warps: int
+    block: int
+    scaled: bool
+
+
+def _sample_launch(cfg: dict, rows: int, per_program: int) -> SampleLaunch:
+    """The sample pass's launch for ``rows`` = B * Hq heads and ``per_program`` samples a
+    program. The phased loops, pipelined ``sample_phased`` stages deep, from
+    ``sample_phased_rows`` heads on and outside the open interval ``sample_phased_skip``,
+    which applies only where their block would hold fewer than ``sample_phased_skip_block``
+    samples; else one loop, one stage. ``sample_small_warps`` up to ``sample_small_rows``
+    heads; the row search as :func:`_scaled_search` picks for the block."""
+    warps, block = cfg["sample"]
+    if rows <= cfg.get("sample_small_rows", 0):
+        warps = cfg["sample_small_warps"]
     stages = cfg.get("sample_phased")
     lo, hi = cfg.get("sample_phased_skip", (0, 0))
-    block = _block_samples(cfg.get("sample_phased_block", 1 << 62), per_program)
-    skipped = lo < rows < hi and block < cfg.get("sample_phased_skip_block", 1 << 62)
-    if stages and rows >= cfg.get("sample_phased_rows", 0) and not skipped:
-        return True, int(stages)
-    return False, 1
+    phased_block = _block_samples(cfg.get("sample_phased_block", block), per_program)
+    skipped = lo < rows < hi and phased_block < cfg.get("sample_phased_skip_block", 1 << 62)
+    phased = bool(stages) and rows >= cfg.get("sample_phased_rows", 0) and not skipped
+    block = phased_block if phased else _block_samples(block, per_program)
+    return SampleLaunch(phased, int(stages) if phased else 1, warps, block,
+                        _scaled_search(cfg, rows, block))
 
 
 def _largest_remainder_prefix(ws: SantaWorkspace, kv: KVCache, batch: int, hq: int,
@@ -1435,17 +1452,11 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
         _largest_remainder_prefix(ws, kv, batch, hq, n_tiles, S, tile)
     table, paged, page_size, stride_pt = _cache_args(kv)
     out = ws.out(q.dtype)
-    warps, sample_block = cfg["sample"]
-    if batch * hq <= cfg.get("sample_small_rows", 0):
-        warps = cfg["sample_small_warps"]
     prefix_in_regs = n_tiles <= MAX_PREFIX_IN_REGS
     splits = cfg.get("sample_splits") or sample_splits_for(batch * hq, S, _sm_count(q.device))
     splits = min(splits, MAX_SAMPLE_SPLITS) if prefix_in_regs else 1
     per_program = -(-S // splits)
-    phased, stages = _sample_phases(cfg, batch * hq, per_program)
-    if phased:
-        sample_block = cfg.get("sample_phased_block", sample_block)
-    sample_block = _block_samples(sample_block, per_program)
+    launch = _sample_launch(cfg, batch * hq, per_program)
     _sample_pass_kernel[(batch * hq, splits)](
         kv.v, kv.lengths, table, ws.tile_lse, ws.stash, ws.prefix,
         ws.sample_index, out, uniforms if uniforms is not None else ws.prefix, ws.rng,
@@ -1456,11 +1467,11 @@ def _sample(q, kv, S, *, mode, tile, scale, seed, uniforms, workspace, stash_dty
         kv.v.stride(0), kv.v.stride(1), kv.v.stride(2), stride_pt, page_size,
         out.stride(0), out.stride(1),
         MODE=mode, HAS_UNIFORMS=uniforms is not None, PAGED=paged, TILE=tile,
-        BLOCK_T=min(MAX_PREFIX_IN_REGS, _next_pow2(n_tiles)), SAMPLE_BLOCK=sample_block,
+        BLOCK_T=min(MAX_PREFIX_IN_REGS, _next_pow2(n_tiles)), SAMPLE_BLOCK=launch.block,
         PREFIX_IN_REGS=prefix_in_regs, SAMPLE_SPLITS=splits,
         PROFILE=cfg.get("sample_profile", 0), PDL=pdl, STASH_EVICT=stash_evict,
-        PHASED=phased, SCALED=_scaled_search(cfg, batch * hq, sample_block),
-        D_PAD=_next_pow2(d), num_warps=warps, num_stages=stages,
+        PHASED=launch.phased, SCALED=launch.scaled,
+        D_PAD=_next_pow2(d), num_warps=launch.warps, num_stages=launch.stages,
         **({"launch_pdl": True} if pdl else {}),
     )
     info = SantaInfo(method={_MODE_SYS: "prop", _MODE_STRAT: "strat", _MODE_IID: "iid",

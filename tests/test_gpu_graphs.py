@@ -80,9 +80,8 @@ def test_large_sample_blocks_draw_the_per_row_samples_on_the_gpu(batch, monkeypa
     gen = torch.Generator("cuda").manual_seed(3)
     uniforms = torch.rand(batch, 32, device="cuda", generator=gen)
     cfg = ts._config(128)
-    rows, per_program = batch * 32, 256
-    assert ts._sample_phases(cfg, rows, per_program)[0]
-    assert ts._scaled_search(cfg, rows, cfg["sample_phased_block"])
+    launch = ts._sample_launch(cfg, batch * 32, 256)
+    assert launch.phased and launch.scaled and launch.block == 256
     large, info = ts.santa_prop(q, kv, 256, uniforms=uniforms, stash_dtype=torch.float16)
     large, index = large.clone(), info.sample_index.clone()
     monkeypatch.setitem(ts.HOPPER_CONFIGS, 128, {

@@ -384,14 +384,12 @@ def test_scaled_row_search_matches_float64(method, phased, monkeypatch):
 def test_scaled_search_rule():
     """The scaled row search up to ``index_scaled_rows`` heads or from
     ``index_scaled_block`` samples a block; neither key: never."""
-    from santa_kernels.triton_santa import HOPPER_CONFIGS, _scaled_search
+    from santa_kernels.triton_santa import _scaled_search
 
     cfg = {"index_scaled_rows": 64, "index_scaled_block": 256}
     assert _scaled_search(cfg, 64, 128) and _scaled_search(cfg, 256, 256)
     assert not _scaled_search(cfg, 65, 128) and not _scaled_search(cfg, 256, 128)
     assert not _scaled_search({}, 1, 1 << 20)
-    d128 = HOPPER_CONFIGS[128]  # the H200 default: 256 a block where it is phased
-    assert d128["sample_phased_block"] >= d128["index_scaled_block"]
 
 
 @pytest.mark.parametrize("method", ["prop", "iid"])
@@ -403,8 +401,17 @@ def test_block_triggered_scaled_search_matches_float64(method, monkeypatch):
     config = {**triton_santa.HOPPER_CONFIGS[64], "index_scaled_rows": 0, "sample_phased": 2,
               "sample_phased_block": 32, "index_scaled_block": 32}
     monkeypatch.setitem(triton_santa.HOPPER_CONFIGS, 64, config)
+    launches = []  # what each call launched: the scaled search must be among them
+
+    def recorded(*args):
+        launches.append(sample_launch(*args))
+        return launches[-1]
+
+    sample_launch = triton_santa._sample_launch
+    monkeypatch.setattr(triton_santa, "_sample_launch", recorded)
     q, kv = make_cache(hq=6, hkv=2, n=75, lengths=(75, 41))
     check_exact(method, q, kv, S=40)
+    assert launches and all(launch.scaled and launch.block == 32 for launch in launches)
 
 
 def test_bad_uniforms_raise_before_any_launch():
@@ -490,7 +497,8 @@ def test_phased_sample_pass_matches_float64(method, splits, monkeypatch):
     config = {**triton_santa.HOPPER_CONFIGS[64], "sample_phased": 3, "sample_phased_block": 16,
               "sample_splits": splits}
     monkeypatch.setitem(triton_santa.HOPPER_CONFIGS, 64, config)
-    assert triton_santa._sample_phases(config, 12) == (True, 3)
+    launch = triton_santa._sample_launch(config, 12, 40)
+    assert (launch.phased, launch.stages, launch.block) == (True, 3, 16)
     q, kv = make_cache(hq=6, hkv=2, n=75, lengths=(75, 41))
     check_exact(method, q, kv, S=40 * splits)
     paged = kv.to_paged(8, torch.Generator().manual_seed(2))
@@ -500,22 +508,39 @@ def test_phased_sample_pass_matches_float64(method, splits, monkeypatch):
 
 
 
-def test_phased_sample_pass_follows_its_row_rules():
-    from santa_kernels.triton_santa import _sample_phases
+def test_sample_launch_follows_its_rules():
+    from santa_kernels.triton_santa import HOPPER_CONFIGS, _sample_launch
 
-    cfg = {"sample_phased": 2, "sample_phased_skip": (64, 256)}
-    assert _sample_phases(cfg, 32) == (True, 2)  # B=1: 32 heads
-    assert _sample_phases(cfg, 64) == (True, 2)
-    assert _sample_phases(cfg, 128) == (False, 1)  # B=4
-    assert _sample_phases(cfg, 256) == (True, 2)  # B=8
-    assert _sample_phases({"sample_phased": 3, "sample_phased_rows": 128}, 32) == (False, 1)
-    assert _sample_phases({}, 256) == (False, 1)
+    def phases(cfg, rows, per_program=16):
+        launch = _sample_launch(cfg, rows, per_program)
+        return launch.phased, launch.stages
+
+    one = {"sample": (8, 128)}
+    cfg = {**one, "sample_phased": 2, "sample_phased_skip": (64, 256)}
+    assert phases(cfg, 32) == (True, 2)  # B=1: 32 heads
+    assert phases(cfg, 64) == (True, 2)
+    assert phases(cfg, 128) == (False, 1)  # B=4
+    assert phases(cfg, 256) == (True, 2)  # B=8
+    assert phases({**one, "sample_phased": 3, "sample_phased_rows": 128}, 32) == (False, 1)
+    assert phases(one, 256) == (False, 1)
     # inside the skipped interval the phased loops return where a block holds enough samples
     cfg = {**cfg, "sample_phased_block": 256, "sample_phased_skip_block": 256}
-    assert _sample_phases(cfg, 128, per_program=128) == (False, 1)  # B=4, S=128
-    assert _sample_phases(cfg, 128, per_program=256) == (True, 2)  # B=4, S=256
-    assert _sample_phases(cfg, 128, per_program=200) == (True, 2)  # a 256 block, partly full
-    assert _sample_phases(cfg, 256, per_program=16) == (True, 2)  # outside: as before
+    assert phases(cfg, 128, per_program=128) == (False, 1)  # B=4, S=128
+    assert phases(cfg, 128, per_program=256) == (True, 2)  # B=4, S=256
+    assert phases(cfg, 128, per_program=200) == (True, 2)  # a 256 block, partly full
+    assert phases(cfg, 256, per_program=16) == (True, 2)  # outside: as before
+    # blocks: the phased one capped by a program's samples (at least 16), else "sample"'s
+    assert _sample_launch(cfg, 256, 1000).block == 256
+    assert _sample_launch(cfg, 256, 100).block == 128
+    assert _sample_launch(cfg, 128, 100).block == 128  # one loop: (8, 128)
+    assert _sample_launch(cfg, 256, 3).block == 16
+    # the H200 d=128 default: 4 warps up to 64 heads; B=8 S=256 phased, 256 a block, scaled
+    d128 = HOPPER_CONFIGS[128]
+    assert _sample_launch(d128, 32, 64).warps == 4
+    assert _sample_launch(d128, 256, 256) == _sample_launch(d128, 256, 2048)
+    launch = _sample_launch(d128, 256, 256)
+    assert (launch.phased, launch.block, launch.scaled, launch.warps) == (True, 256, True, 8)
+    assert not _sample_launch(d128, 256, 128).scaled  # B=8 S=128: the per-row CDF
 
 
 def test_workspace_builds_a_k_descriptor_once_per_cache_tensor():
