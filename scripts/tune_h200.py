@@ -861,8 +861,17 @@ def pps_section(rows: Rows) -> None:
         torch.cuda.empty_cache()
 
 
+# the sample pass's launch before session 16: 128 samples a block, the per-row CDF above 64
+# heads, one loop for 64 < B * Hq < 256
+PER_ROW_128 = {"sample_phased_block": 128, "index_scaled_block": 1 << 62,
+               "sample_phased_skip_block": 1 << 62}
+
+
 def s256_section(rows: Rows) -> None:
-    """prop S=256: sample-pass launch variants (see the module docstring), alternated."""
+    """prop S=256: sample-pass launch variants (see the module docstring) on top of the
+    launch before session 16 (``PER_ROW_128``, "default" here: 3-s256.csv in
+    results/h200/tune-2026-12-02-s16 ran at a6c8f21, where it was the default),
+    alternated."""
     variants = {"default": {}, "splits 2": {"sample_splits": 2},
                 "warps 4": {"sample": (4, 128)},
                 "splits 2 warps 4": {"sample_splits": 2, "sample": (4, 128)},
@@ -873,7 +882,8 @@ def s256_section(rows: Rows) -> None:
                 "b256": {"sample_phased_block": 256},
                 "b256 scaled": {"sample_phased_block": 256, "index_scaled_rows": 1 << 30}}
     wanted = os.environ.get("S256_VARIANTS")  # e.g. "default,scaled"
-    variants = {k: v for k, v in variants.items() if not wanted or k in wanted.split(",")}
+    variants = {k: {**PER_ROW_128, **v} for k, v in variants.items()
+                if not wanted or k in wanted.split(",")}
     prop_variants(rows, "s256", variants, budgets=(256,),
                   reps=int(os.environ.get("S256_ROUNDS", "2")), same_samples=False)
 
@@ -882,20 +892,18 @@ def block_section(rows: Rows) -> None:
     """prop's phased sample pass with 256 samples a block and the scaled row search there
     (the default since session 16) against 128 a block and the per-row CDF, S=128..2048,
     two alternated rounds (same samples checked: rounding may move a few)."""
-    prop_variants(rows, "block", {"256 scaled": {},
-                                  "128": {"sample_phased_block": 128,
-                                          "index_scaled_block": 1 << 62}},
+    prop_variants(rows, "block", {"256 scaled": {}, "128": PER_ROW_128},
                   budgets=(128, 256, 512, 1024, 2048), reps=2)
 
 
 def phased4_section(rows: Rows) -> None:
     """prop at the heads where the sample pass runs one loop (64 < B * Hq < 256, e.g. B=4):
-    against the phased loops with 256 samples a block (scaled) or 128 (per-row CDF)."""
+    against the phased loops with 256 samples a block (scaled; the default since session 16
+    from S=256, so "one loop" names the launch before it) or 128 (per-row CDF)."""
     prop_variants(rows, "phased4", {
-        "one loop": {},
+        "one loop": {"sample_phased_skip_block": 1 << 62},
         "phased 256 scaled": {"sample_phased_skip": (0, 0)},
-        "phased 128": {"sample_phased_skip": (0, 0), "sample_phased_block": 128,
-                       "index_scaled_block": 1 << 62}},
+        "phased 128": {**PER_ROW_128, "sample_phased_skip": (0, 0)}},
         budgets=(128, 256, 1024, 2048), reps=2, same_samples=False)
 
 
@@ -903,22 +911,16 @@ def harness_section(rows: Rows) -> None:
     """santa-prop and cuDNN timed as the tune sweeps time them (three GPU-made copies in
     rotation) and as the kernel harness does (its inputs, its adapter, ``measure`` with
     its copy plan), and the steps between: one copy, the harness's CPU-made inputs."""
-    from santa_bench.baselines import clone_kv
     from santa_bench.inputs import DecodeShape, make_decode_inputs
     from santa_bench.methods import REGISTRY
-    from santa_bench.timing import measure
+    from santa_bench.runners.kernel import time_prepared
 
     def harness_us(name, q, kv, params):
         method = REGISTRY.get(name)
         resolved = method.resolve_params(params)
         prepared = method.prepare(q, kv, seed=0, **resolved)
-
-        def make_copy(i):
-            return method.prepare(q.clone(), clone_kv(kv), seed=i, **resolved)
-
-        timing = measure(prepared, inputs_bytes=prepared.inputs_bytes, l2_bytes=None,
-                         make_copy=make_copy, graph=True, cold_l2=True, budget_ms=300.0,
-                         device=q.device)
+        timing = time_prepared(method, prepared, q, kv, 0, resolved, graph=True, cold_l2=True,
+                               budget_ms=300.0)
         return timing.median_us, f"copies={timing.n_copies} {timing.l2_state}"
 
     for batch, ctx in SHAPES:

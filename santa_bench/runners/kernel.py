@@ -159,6 +159,38 @@ def _median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
+def time_prepared(
+    method: Method,
+    prepared: Any,
+    q: torch.Tensor,
+    kv: sk.KVCache,
+    seed: int,
+    params: dict[str, Any],
+    *,
+    graph: bool,
+    cold_l2: bool,
+    budget_ms: float,
+) -> Any:
+    """Times a prepared method as the kernel harness does: :func:`santa_bench.timing.measure`
+    over input copies prepared alike (copy ``i`` with seed ``seed + i``; on a GPU only)."""
+    from santa_bench.baselines import clone_kv
+    from santa_bench.timing import measure
+
+    def make_copy(index: int):
+        return method.prepare(q.clone(), clone_kv(kv), seed=seed + index, **params)
+
+    return measure(
+        prepared,
+        inputs_bytes=prepared.inputs_bytes,
+        l2_bytes=None,
+        make_copy=make_copy if q.device.type == "cuda" else None,
+        graph=graph,
+        cold_l2=cold_l2,
+        budget_ms=budget_ms,
+        device=q.device,
+    )
+
+
 GROUP_KEYS = (*SHAPE_KEYS, "dtype", "layout", "page_size", "device", "timing", "l2")
 BASELINE_TOLERANCE = {"bf16": 1e-2, "fp16": 5e-3, "fp32": 1e-4}  # rel. L2 vs fp32 dense
 
@@ -261,8 +293,7 @@ class KernelRunner:
         return rows + _quality_rows(result.out, dense, result.reads, method, q, params)
 
     def _run_fast_path(self, case, method, q, kv, dense, params) -> list[dict[str, Any]]:
-        from santa_bench.baselines import Unsupported, clone_kv
-        from santa_bench.timing import measure
+        from santa_bench.baselines import Unsupported
 
         seed = case["seed"]
         try:
@@ -273,18 +304,11 @@ class KernelRunner:
         second = prepared().clone()
         reads = prepared.reads() if hasattr(prepared, "reads") else _dense_reads(kv)
 
-        def make_copy(index: int):
-            return method.prepare(q.clone(), clone_kv(kv), seed=seed + index, **params)
-
-        timing = measure(
-            prepared,
-            inputs_bytes=prepared.inputs_bytes,
-            l2_bytes=None,
-            make_copy=make_copy if case["device"] == "cuda" else None,
+        timing = time_prepared(
+            method, prepared, q, kv, seed, params,
             graph=case["timing"] == "graph",
             cold_l2=case["l2"] == "cold",
             budget_ms=self.gpu_budget_ms if case["device"] == "cuda" else self.cpu_budget_s * 1e3,
-            device=q.device,
         )
         samples = [round(s, 3) for s in timing.samples_us]
         rows = [
