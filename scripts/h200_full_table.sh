@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The full kernel table (issue 4) on the lent H200, resumable across loans.
+# Usage (device tool, carry .whl .git_sha): source scripts/h200_setup.sh;
+#   bash scripts/h200_full_table.sh RUN_ID SECONDS CTX [BATCH]
+# Runs every SANTA method at S = 64..2048 with every dense baseline for the given
+# contexts and batches into /tmp/kroot, seeded with results/h200/RUN_ID when the repo
+# holds part of the run already (finished cases are skipped), stops after SECONDS
+# (finished cases stay stored) and tars the run into $OUT/kroot.tar.
+set -u
+run_id=$1 seconds=$2 ctx=$3 batch=${4:-1,8}
+mkdir -p /tmp/kroot
+[ -d "results/h200/$run_id" ] && [ ! -d "/tmp/kroot/$run_id" ] && cp -r "results/h200/$run_id" /tmp/kroot/
+timeout "$seconds" santa-bench kernel --ctx "$ctx" --batch "$batch" \
+  --S 64,128,256,512,1024,2048 \
+  --methods santa-iid,santa-strat,santa-sys,santa-prop,santa-flash,santa-flash:passes=2,gather=compact \
+  --baselines auto --graph --results /tmp/kroot --run-id "$run_id"
+echo "rc=$?"
+tar cf "$OUT/kroot.tar" -C /tmp/kroot "$run_id"
