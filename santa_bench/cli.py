@@ -73,12 +73,20 @@ def report(
     run: Annotated[
         str | None, typer.Option(help="Comma list of run ids to include (default: all).")
     ] = None,
+    matrix: Annotated[
+        bool,
+        typer.Option(
+            "--matrix",
+            help="Print a speedup matrix instead (a line per ctx, batch and method, a "
+            "column per sample budget S: latency and speedup vs the best dense baseline).",
+        ),
+    ] = False,
 ) -> None:
     """Print Markdown tables of the kernel results in a store (as BENCHMARKS.md quotes)."""
-    from santa_bench.report import kernel_table
+    from santa_bench.report import kernel_table, speedup_matrix
 
     frame = results.ResultStore(results_dir).load(parse_list(run) or None)
-    print(kernel_table(frame))
+    print(speedup_matrix(frame) if matrix else kernel_table(frame))
 
 
 from santa_bench.accuracy.cli import app as accuracy_app  # noqa: E402

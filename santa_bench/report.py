@@ -114,3 +114,63 @@ def _kernel_line(row: pd.Series, case: pd.DataFrame) -> str:
         "-" if math.isnan(reads) else f"{reads:.1%}",
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def speedup_matrix(frame: pd.DataFrame) -> str:
+    """Returns one Markdown table per (timing, l2 state): a line per (ctx, batch,
+    method variant), a column per sample budget S, each cell the median latency and the
+    speedup against the best dense baseline of its group (``41.3 us, 0.95x``).
+
+    The full table of a sweep at a glance; a case stored by several runs shows the last
+    one loaded (one run per call keeps it unambiguous). Methods without S are left out.
+    """
+    kernel = frame[(frame.get("kind") == "kernel") & frame.metric.isin(KERNEL_METRICS)]
+    if "S" not in kernel:
+        return "(no sampled kernel rows)\n"
+    every_latency = kernel[kernel.metric == "latency"]
+    latency = every_latency[every_latency.S.notna()]
+    if latency.empty:
+        return "(no sampled kernel rows)\n"
+    lines: list[str] = []
+    for (timing, l2), group in latency.groupby(["timing", "l2"], dropna=False, sort=True):
+        budgets = sorted({int(s) for s in group.S})
+        dense = _best_dense_latency(kernel, every_latency, timing, l2)
+        lines += [
+            f"\n**timing: {timing}, L2: {l2}** (latency, speedup vs best dense)\n",
+            "| ctx | B | method | best dense | " + " | ".join(f"S={s}" for s in budgets) + " |",
+            "|---|---|---|---|" + "---|" * len(budgets),
+        ]
+        cells: dict[tuple[int, int, str], dict[int, str]] = {}
+        for _, row in group.iterrows():
+            method = _label(row.drop(labels="S"))
+            cells.setdefault((int(row.ctx), int(row.batch), method), {})[int(row.S)] = (
+                _matrix_cell(row, case_metrics(kernel, row)))
+        for (ctx, batch, method), by_s in sorted(cells.items()):
+            line = [format_size(ctx), str(batch), method, dense.get((ctx, batch), "-")]
+            line += [by_s.get(s, "") for s in budgets]
+            lines.append("| " + " | ".join(line) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _best_dense_latency(kernel: pd.DataFrame, latency: pd.DataFrame, timing: str,
+                        l2: str) -> dict[tuple[int, int], str]:
+    """``(ctx, batch) -> "sdpa-cudnn 38.4 us"``: the baseline the speedups of that group
+    were taken against (named by their rows) and its median latency in the same mode."""
+    speedups = kernel[(kernel.metric == "speedup_vs_best_dense") & (kernel.timing == timing)
+                      & (kernel.l2 == l2)]
+    same_mode = latency[(latency.timing == timing) & (latency.l2 == l2)]
+    best: dict[tuple[int, int], str] = {}
+    for (ctx, batch), group in speedups.groupby(["ctx", "batch"]):
+        name = group.best_dense.dropna().iloc[-1] if group.best_dense.notna().any() else None
+        rows = same_mode[(same_mode.ctx == ctx) & (same_mode.batch == batch)
+                         & (same_mode.method == name) & (same_mode.status == "ok")]
+        if name is not None and not rows.empty:
+            best[(int(ctx), int(batch))] = f"{name} {rows.value.iloc[-1]:,.1f} us"
+    return best
+
+
+def _matrix_cell(row: pd.Series, case: pd.DataFrame) -> str:
+    if row.status != "ok":
+        return str(row.status)
+    speedup = metric_value(case, "speedup_vs_best_dense")
+    return f"{row.value:,.1f} us" + ("" if math.isnan(speedup) else f", {speedup:.2f}x")

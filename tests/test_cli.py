@@ -65,6 +65,9 @@ def test_kernel_writes_tidy_rows_and_resumes(tmp_path: Path):
     report = _invoke("report", "--results", str(tmp_path))  # CPU rows: no quartiles
     assert report.exit_code == 0 and "timing: cpu-wall" in report.output
     assert "| 300 | 1 | santa-prop S=32 |" in report.output
+    matrix = _invoke("report", "--results", str(tmp_path), "--matrix")
+    assert matrix.exit_code == 0 and "| 300 | 1 | santa-prop | - |" in matrix.output
+    assert "| S=16 | S=32 |" in matrix.output
 
     again = _invoke(*args)
     assert "22 of 22 cases already" in again.output

@@ -349,3 +349,38 @@ def test_recall_order_puts_the_current_run_and_newer_runs_last(tmp_path) -> None
     assert list(store.load()["value"]) == [2.0, 1.0]  # by folder name
     assert list(store.load_latest_last("other")["value"]) == [1.0, 2.0]  # newest last
     assert list(store.load_latest_last("b-old")["value"]) == [2.0, 1.0]  # this run last
+
+
+def test_speedup_matrix_puts_each_budget_in_its_column():
+    """A line per (ctx, batch, method variant), a column per S; the best dense baseline
+    named with its latency; a failed case shows its status, a missing one stays empty."""
+    import pandas as pd
+
+    from santa_bench.report import speedup_matrix
+
+    base = {"kind": "kernel", "ctx": 32768, "batch": 8, "timing": "graph", "l2": "cold",
+            "status": "ok", "reason": None, "run_id": "r", "ci_low": 1.0, "ci_high": 1.1,
+            "best_dense": "sdpa-cudnn", "passes": float("nan"), "gather": None}
+    rows = [{**base, "method": "sdpa-cudnn", "S": float("nan"), "case_hash": "d",
+             "metric": "latency", "value": 240.0}]
+    cases = (("santa-prop", 128, 150.0, None), ("santa-prop", 2048, 210.0, None),
+             ("santa-flash", 2048, 230.0, "compact"), ("santa-flash", 128, 0.0, "oom"))
+    for method, budget, latency, extra in cases:
+        case = {**base, "method": method, "S": float(budget), "case_hash": f"{method}{budget}"}
+        if method == "santa-flash":
+            case.update(passes=2.0, gather="compact")
+        if extra == "oom":
+            case.update(status="failed", reason="out of memory")
+        rows.append({**case, "metric": "latency", "value": latency})
+        if case["status"] == "ok":
+            rows.append({**case, "metric": "speedup_vs_best_dense", "value": 240.0 / latency})
+    table = speedup_matrix(pd.DataFrame(rows))
+    assert "| ctx | B | method | best dense | S=128 | S=2048 |" in table
+    lines = {line.split(" | ")[2]: line for line in table.splitlines() if line.startswith("| 32k")}
+    assert set(lines) == {"santa-prop", "santa-flash passes=2 gather=compact"}
+    assert lines["santa-prop"] == (
+        "| 32k | 8 | santa-prop | sdpa-cudnn 240.0 us | 150.0 us, 1.60x | 210.0 us, 1.14x |")
+    assert lines["santa-flash passes=2 gather=compact"].endswith(
+        "| sdpa-cudnn 240.0 us | failed | 230.0 us, 1.04x |")
+    del rows[0]  # no baseline row: the column says so rather than guessing
+    assert "| 32k | 8 | santa-prop | - | 150.0 us" in speedup_matrix(pd.DataFrame(rows))
