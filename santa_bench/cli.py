@@ -27,6 +27,9 @@ app = typer.Typer(
 console = Console()
 
 DEFAULT_METHODS = "dense,santa-iid,santa-strat,santa-sys,santa-flash,santa-prop"
+# on a GPU the default also times santa-flash's fastest kernel (two passes, compact row
+# lists: 1.0-2.5x the fused one, BENCHMARKS.md); on a CPU it is the same reference
+GPU_DEFAULT_METHODS = DEFAULT_METHODS + ",santa-flash:passes=2,gather=compact"
 
 
 def _fail(message: str) -> None:
@@ -145,11 +148,13 @@ def kernel(
         ),
     ] = "auto",
     methods: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="Methods, comma list; parameters as name:key=value (see `santa-bench list`)."
+            help="Methods, comma list; parameters as name:key=value (see `santa-bench list`). "
+            f"Default: {DEFAULT_METHODS}, and on a GPU also santa-flash:passes=2,"
+            "gather=compact (santa-flash's fastest kernel; the same estimator)."
         ),
-    ] = DEFAULT_METHODS,
+    ] = None,
     heads: Annotated[int, typer.Option(help="Query heads Hq (default: Llama-3.1-8B).")] = 32,
     kv_heads: Annotated[int, typer.Option(help="KV heads Hkv; Hq must be a multiple.")] = 8,
     head_dim: Annotated[int, typer.Option(help="Head dimension d.")] = 128,
@@ -198,7 +203,8 @@ def kernel(
         on_device = _device(device)
         grid = KernelGrid(
             methods=_with_baselines(
-                _with_team_options(parse_method_specs(methods), M, team_size, team_policy),
+                _with_team_options(parse_method_specs(methods or default_methods(on_device)),
+                                   M, team_size, team_policy),
                 baselines,
                 on_device,
             ),
@@ -348,6 +354,11 @@ def _with_team_options(
         for combo in itertools.product(*(values for _, values in free)):
             expanded.append((method, {**overrides, **dict(zip(names, combo, strict=True))}))
     return expanded
+
+
+def default_methods(device: str) -> str:
+    """The methods `santa-bench kernel` runs when --methods is not given on ``device``."""
+    return GPU_DEFAULT_METHODS if device == "cuda" else DEFAULT_METHODS
 
 
 def _with_baselines(parsed: list, baselines: str, device: str) -> list:
