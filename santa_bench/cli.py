@@ -27,8 +27,9 @@ app = typer.Typer(
 console = Console()
 
 DEFAULT_METHODS = "dense,santa-iid,santa-strat,santa-sys,santa-flash,santa-prop"
-# on a GPU the default also times santa-flash's fastest kernel (two passes, compact row
-# lists: 1.0-2.5x the fused one, BENCHMARKS.md); on a CPU it is the same reference
+# on a GPU the default also times santa-flash's two-pass kernel with compact row lists:
+# 0.88-2.75x the fused kernel's speed, slower only at 8k B=1 with S >= 1024
+# (results/h200/kernels-2026-12-02-s17); on a CPU both are the same reference
 GPU_DEFAULT_METHODS = DEFAULT_METHODS + ",santa-flash:passes=2,gather=compact"
 
 
@@ -152,7 +153,8 @@ def kernel(
         typer.Option(
             help="Methods, comma list; parameters as name:key=value (see `santa-bench list`). "
             f"Default: {DEFAULT_METHODS}, and on a GPU also santa-flash:passes=2,"
-            "gather=compact (santa-flash's fastest kernel; the same estimator)."
+            "gather=compact (santa-flash's two-pass kernel, faster than the fused one at "
+            "most shapes; the same estimator)."
         ),
     ] = None,
     heads: Annotated[int, typer.Option(help="Query heads Hq (default: Llama-3.1-8B).")] = 32,
