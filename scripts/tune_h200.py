@@ -90,6 +90,7 @@ import torch
 import santa_kernels as sk
 import santa_kernels.triton_santa as ts
 import santa_kernels.triton_santa_flash2 as tf2
+import santa_kernels.triton_santa_flash_compact as tfc
 import santa_kernels.triton_santapp as tsp
 from santa_bench.timing import graph_call_us
 from santa_kernels.triton_splitkv import SplitKVWorkspace, splitkv_decode
@@ -496,6 +497,75 @@ def compact_section(rows: Rows, S: int = 2048) -> None:
         # (the lists and launches swept before, at the commits named in
         # results/h200/tune-2026-12-02-s14/README.md)
         del inputs, wss
+        torch.cuda.empty_cache()
+
+
+FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments
+    "fused compact": {},
+    "fused compact no TMA": {"tma": False},
+    "fused compact (4, 4)": {"config": (4, 4)},
+    "fused compact (4, 2)": {"config": (4, 2)},
+    "fused compact (8, 3)": {"config": (8, 3)},
+    "fused compact (2, 4)": {"config": (2, 4)},
+    "fused compact maxnreg 96": {"maxnreg": 96},
+}
+
+
+def fcompact_section(rows: Rows) -> None:
+    """santa-flash in one pass with compact lagged V gathers (triton_santa_flash_compact)
+    against the two-pass compact kernel (the harness's santa-flash default on a GPU) and
+    cuDNN, S=2048 (env FCOMPACT_BUDGETS) over the default split and twice it; each
+    variant checked to draw the two-pass kernel's counts given the same seed and step."""
+    budgets = [int(x) for x in os.environ.get("FCOMPACT_BUDGETS", "2048").split(",")]
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
+        from santa_bench.baselines.sdpa import CUDNN
+
+        cudnn = [CUDNN.prepare(q, kv).run for q, kv in inputs]
+        rows.add(section="fcompact", shape=tag, variant="sdpa-cudnn", what="call",
+                 us=f"{graph_call_us(cudnn):.2f}", note="")
+        del cudnn
+        default = ts.num_splits_for(batch * 8, ctx // 64)
+        for S in budgets:
+            wss2 = [tf2.two_pass_workspace(q, kv, S, 64) for q, kv in inputs]
+            (q0, kv0) = inputs[0]
+            wss2[0].reset_rng(0)
+            out, info = tf2.santa_flash_two_pass(q0, kv0, S, workspace=wss2[0], seed=1,
+                                                 gather="compact", return_counts=True)
+            base = (info.row_counts().clone(), out.float().clone())
+            v_frac = float((base[0].view(batch, 8, -1, ctx).amax(2) > 0).float().mean())
+            calls = [lambda q=q, kv=kv, w=w, S=S: tf2.santa_flash_two_pass(
+                q, kv, S, workspace=w, gather="compact")
+                for (q, kv), w in zip(inputs, wss2, strict=True)]
+            rows.add(section="fcompact", shape=tag, variant="two-pass compact",
+                     what=f"S={S}", us=f"{graph_call_us(calls):.2f}",
+                     note=f"V rows {100 * v_frac:.1f}%")
+            for mult in (1, 2):
+                wss = [ts.SantaWorkspace.for_inputs(q, kv, S, 64, num_splits=mult * default)
+                       for q, kv in inputs]
+                for name, kw in FCOMPACT_VARIANTS.items():
+                    if mult == 2 and kw:
+                        continue  # the launch variants on the default split only
+                    try:
+                        wss[0].reset_rng(0)
+                        out, info = tfc.santa_flash_compact(q0, kv0, S, workspace=wss[0],
+                                                            seed=1, return_counts=True, **kw)
+                        same = torch.equal(info.row_counts(), base[0])
+                        diff = float((out.float() - base[1]).abs().max())
+                        calls = [lambda q=q, kv=kv, w=w, S=S, kw=kw: tfc.santa_flash_compact(
+                            q, kv, S, workspace=w, **kw)
+                            for (q, kv), w in zip(inputs, wss, strict=True)]
+                        rows.add(section="fcompact", shape=tag,
+                                 variant=f"{name} splits x{mult}", what=f"S={S}",
+                                 us=f"{graph_call_us(calls):.2f}",
+                                 note=f"same={same} maxdiff={diff:.2e}")
+                    except Exception as exc:  # report and go on
+                        rows.add(section="fcompact", shape=tag, variant=name, what="FAILED",
+                                 us="", note=f"{type(exc).__name__}: {exc}"[:300])
+                del wss
+            del wss2
+        del inputs
         torch.cuda.empty_cache()
 
 
@@ -954,7 +1024,7 @@ def main() -> None:
         sections_by_name = {"santapp": santapp_section, "flat": flat_section,
                             "prop": prop_section, "stores": stores_section, "e2e": e2e_section,
                             "flash": flash_section, "flash2": flash2_section,
-                            "compact": compact_section,
+                            "compact": compact_section, "fcompact": fcompact_section,
                             "split": split_section, "sample": sample_section,
                             "pdl": pdl_section, "occupancy": occupancy_section,
                             "tma": tma_section, "tmastream": tmastream_section,

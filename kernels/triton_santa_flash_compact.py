@@ -1,0 +1,334 @@
+"""S²ANTA-flash in one pass with compact, lagged V gathers (ALGORITHMS.md section 4).
+
+The same estimator as ``triton_santa.santa_flash``, bit-for-bit the same counts given
+the same uniforms (or seed and step), in one streaming kernel plus the split merge.
+
+Why another fused kernel. ``_flash_kernel`` turns a tile's draw into counts over the
+tile's ``TILE`` rows and multiplies ``counts @ V`` with V loaded as a whole [TILE, d]
+block, the unsampled rows masked off, in the iteration whose scores chose them: the
+load's latency is exposed once per tile and most of the staged block is empty. Here a
+tile's draw is turned into the ``S_tile`` sampled rows of every head directly (sample
+``j`` of a head lies in the column ``i`` with ``f_{i-1} <= j < f_i``, ``f_i = floor(a +
+S_tile F_i)`` the systematic floors of the integer local CDF ``F``, so its column is
+``#{i : f_i <= j}``), and those ``G * S_tile`` rows are loaded at the top of the *next*
+iteration, before that tile's scores, and summed after its draw: the gather's latency
+hides behind a K tile, and only sampled rows move (a row sampled twice is loaded twice
+from the same address; HBM moves it once). K tiles come through Hopper's bulk tensor
+copies where the cache allows (``SantaWorkspace.k_descriptor``), as in prop's score pass.
+
+``S_tile = max(1, S // T_b)`` depends on the sequence's length: the lagged loop holds
+``P`` samples a head and tile (``P`` a power of two, by default the one covering
+``S_tile`` at the cache's capacity, the common decode case); a program whose sequence
+draws more (a shorter sequence) runs the same draw without the lag, ``P`` samples at a
+time. Both loops are innermost (no nested loop in the fast one), so Triton's pipeliner
+stages the K tiles of either.
+
+Byte model: reads ``B*Hkv*N*d*E`` (K) + the group's union of sampled V rows (HBM
+traffic; ``<= B*Hkv*min(N, G*S)`` rows of ``d*E``); writes ``B*Hq*splits*(d+2)*4``
+partials, which the merge reads and turns into ``B*Hq*d*E``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from santa_kernels.kv import KVCache
+from santa_kernels.triton_santa import (
+    FLASH_W_BITS,
+    SantaInfo,
+    SantaWorkspace,
+    _cache_args,
+    _capacity,
+    _check_uniforms,
+    _dot_precision,
+    _flash_local_weights,
+    _flash_program,
+    _flash_rng_base,
+    _group_queries,
+    _merge_kernel,
+    _next_pow2,
+    _prepare,
+    _row_offsets,
+    _tile_count,
+    _tile_merge,
+    _tile_scores,
+)
+from santa_kernels.validate import InputError, check_positive_int
+
+# (num_warps, num_stages) of the streaming kernel per head dim: the count pass's launch
+# (triton_santa_flash2.FLASH2_CONFIG), the same K stream and draw. Not yet swept.
+COMPACT_CONFIG = {64: (4, 4), 128: (4, 3), 256: (8, 2)}
+MAX_LAG_SAMPLES = 64  # the lagged loop's samples a head and tile, at most (P)
+
+
+def compact_config(head_dim: int) -> tuple[int, int]:
+    """The default ``(num_warps, num_stages)`` for ``head_dim``."""
+    key = min(COMPACT_CONFIG, key=lambda d: (abs(d - head_dim), d))
+    return COMPACT_CONFIG[key]
+
+
+def lag_samples(S: int, capacity: int, tile: int) -> int:
+    """``P``: the power of two covering ``S_tile`` of a sequence at ``capacity`` rows,
+    capped at :data:`MAX_LAG_SAMPLES`."""
+    per_tile = max(1, S // max(1, -(-capacity // tile)))
+    return min(MAX_LAG_SAMPLES, _next_pow2(per_tile))
+
+
+@triton.jit
+def _floors(w, mass, a, per_tile):
+    """``f_i = floor(a + S_tile F_i)`` of the integer local CDF (``_flash_counts``' first
+    term, the same operations: the same floors bit for bit)."""
+    cum = tl.cumsum(w, axis=1)
+    inv = 1.0 / tl.maximum(mass, 1).to(tl.float32)
+    cdf_in = tl.where(cum >= mass[:, None], 1.0, cum.to(tl.float32) * inv[:, None])
+    return tl.floor(a[:, None] + per_tile * cdf_in)
+
+
+@triton.jit
+def _flat(x, ROWS: tl.constexpr, P: tl.constexpr, GR: tl.constexpr):
+    """[ROWS, P] -> [GR] in row-major order (repeated to fill ``GR > ROWS * P``)."""
+    x = tl.reshape(x, [ROWS * P])
+    if GR > ROWS * P:
+        x = tl.reshape(tl.broadcast_to(x[None, :], [GR // (ROWS * P), ROWS * P]), [GR])
+    return x
+
+
+@triton.jit
+def _expand(x, ROWS: tl.constexpr, G_PAD: tl.constexpr):
+    """[ROWS] -> [G_PAD]: row ``r`` holds ``x[r % ROWS]``."""
+    if G_PAD > ROWS:
+        x = tl.reshape(tl.broadcast_to(x[None, :], [G_PAD // ROWS, ROWS]), [G_PAD])
+    return x
+
+
+@triton.jit
+def _sampled_rows(f, j0, per_tile, rows_ok, t, page_table_ptr, b, stride_vx, stride_vy,
+                  stride_pt, page_size, PAGED: tl.constexpr, TILE: tl.constexpr,
+                  ROWS: tl.constexpr, P: tl.constexpr, GR: tl.constexpr):
+    """Samples ``j0 .. j0 + P - 1`` of each head's tile draw, flattened to ``GR`` entries
+    (entry ``c < ROWS * P``: head ``c // P``, sample ``j0 + c % P``): their sequence
+    rows, V offsets and validity (``j < S_tile`` on a valid head and tile)."""
+    j = (j0 + tl.arange(0, P)).to(tl.float32)
+    col = tl.sum((f[:, None, :] <= j[None, :, None]).to(tl.int32), axis=2)  # [ROWS, P]
+    ok = (j[None, :] < per_tile) & rows_ok[:, None]
+    n = _flat(tl.where(ok, t * TILE + col, 0), ROWS, P, GR)
+    ok = _flat(ok, ROWS, P, GR) & (tl.arange(0, GR) < ROWS * P)
+    off = _row_offsets(page_table_ptr, b, n, stride_vx, stride_vy, stride_pt, page_size, PAGED)
+    return n, off, ok
+
+
+@triton.jit
+def _load_rows(v_base, off, ok, offs_d, mask_d):
+    """The V rows at ``off`` [GR] as one [GR, D_PAD] block (rows not ``ok``: zeros)."""
+    return tl.load(v_base + off[:, None] + offs_d[None, :], mask=ok[:, None] & mask_d[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def _head_sums(select, v, DOT_PRECISION: tl.constexpr):
+    """``select @ v``: per head (a row of ``select``, 0/1 over the gathered rows), the sum
+    of its sampled rows, [G_PAD, D_PAD] fp32 on tensor cores (exact: 0/1 weights)."""
+    if DOT_PRECISION == "ieee":
+        o = tl.dot(select.to(tl.float32), v.to(tl.float32), input_precision="ieee")
+    else:
+        o = tl.dot(select.to(v.dtype), v)
+    return o
+
+
+@triton.jit
+def _flash_compact_kernel(
+    q_ptr, k_ptr, v_ptr, lengths_ptr, page_table_ptr,
+    part_m_ptr, part_l_ptr, part_o_ptr, counts_ptr, uniforms_ptr, rng_ptr, seed,
+    scale, S, num_kv_heads, num_q_heads, group, head_dim: tl.constexpr, tiles_per_split,
+    num_splits, counts_stride, uniform_stride, rng_stride,
+    stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_vx, stride_vy, stride_vh,
+    stride_pt, page_size,
+    PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr,
+    D_PAD: tl.constexpr, P: tl.constexpr, GR: tl.constexpr, HAS_UNIFORMS: tl.constexpr,
+    STORE_COUNTS: tl.constexpr, DOT_PRECISION: tl.constexpr, W_BITS: tl.constexpr,
+    GROUP_RNG: tl.constexpr = False, k_desc=None, seq_rows=0, TMA: tl.constexpr = False,
+):
+    # One program: tiles [t_begin, t_end) of one (sequence, KV head), all G query heads.
+    # The dot runs on G_PAD >= 16 rows, everything after it on ROWS >= G real rows.
+    # STORE_COUNTS (tests, read accounting): per-row counts by atomic adds (int32).
+    W_SCALE: tl.constexpr = (1 << W_BITS) // TILE
+    split = tl.program_id(0)
+    b, kvh, length, per_tile, t_begin, t_end = _flash_program(lengths_ptr, S, num_kv_heads,
+                                                              tiles_per_split, TILE)
+    step = tl.load(rng_ptr)  # advanced by _merge_kernel, the call's last kernel
+    q, heads, mask_g = _group_queries(q_ptr, b, kvh, group, head_dim, stride_qb, stride_qh,
+                                      G_PAD, D_PAD)
+    if ROWS < G_PAD:
+        heads = kvh * group + tl.arange(0, ROWS)
+        mask_g = tl.arange(0, ROWS) < group
+    head_rows = (b * num_q_heads + heads).to(tl.int64)
+    rng_base = _flash_rng_base(step, head_rows, b, kvh, num_kv_heads, rng_stride, GROUP_RNG)
+    offs_d = tl.arange(0, D_PAD)
+    mask_d = offs_d < head_dim
+    v_base = v_ptr + kvh * stride_vh
+    m_run = tl.full([ROWS], float("-inf"), tl.float32)
+    l_run = tl.zeros([ROWS], dtype=tl.float32)
+    # the accumulator on the dot's G_PAD rows (row r: head r % ROWS; rows >= ROWS stay 0):
+    # each tile's per-head sums come from one select @ V dot, no reshape of V
+    acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+    offs_c = tl.arange(0, GR)
+    select = ((offs_c[None, :] // P == tl.arange(0, G_PAD)[:, None])
+              & (offs_c[None, :] < ROWS * P)).to(tl.float32)
+    entry_heads = _flat(tl.broadcast_to(head_rows[:, None], [ROWS, P]), ROWS, P, GR)
+    if per_tile <= P:
+        # the previous tile's samples (V offsets, validity, weight W_t / S_tile a sample)
+        p_off = tl.zeros([GR], dtype=tl.int64)
+        p_ok = offs_c < 0
+        p_coef = tl.zeros([ROWS], dtype=tl.float32)
+        for t in range(t_begin, t_end):
+            # issued before this tile's scores, summed after its draw
+            v = _load_rows(v_base, p_off, p_ok, offs_d, mask_d)
+            s, _, _ = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim,
+                                   scale, stride_kx, stride_ky, stride_kh, stride_pt,
+                                   page_size, PAGED, TILE, D_PAD, DOT_PRECISION, k_desc,
+                                   seq_rows, TMA)
+            if ROWS < G_PAD:  # the padding rows of q are zero (-inf past the end): exact
+                s = tl.sum(tl.reshape(s, [G_PAD // ROWS, ROWS, TILE]), axis=0)
+            m_t, row_ok, w, mass = _flash_local_weights(s, W_SCALE)
+            if HAS_UNIFORMS:
+                a = tl.load(uniforms_ptr + head_rows * uniform_stride + t,
+                            mask=mask_g & row_ok, other=0.0)
+            else:
+                a = tl.rand(seed, rng_base + t)
+            f = _floors(w, mass, a, per_tile)
+            acc += _expand(p_coef, ROWS, G_PAD)[:, None] * _head_sums(select, v,
+                                                                       DOT_PRECISION)
+            m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_t,
+                                                   mass.to(tl.float32) / W_SCALE)
+            acc = acc * _expand(alpha, ROWS, G_PAD)[:, None]
+            p_coef = w_t / per_tile
+            n, p_off, p_ok = _sampled_rows(f, 0, per_tile, mask_g & row_ok, t, page_table_ptr,
+                                           b, stride_vx, stride_vy, stride_pt, page_size,
+                                           PAGED, TILE, ROWS, P, GR)
+            if STORE_COUNTS:
+                tl.atomic_add(counts_ptr + entry_heads * counts_stride + n, 1, mask=p_ok,
+                              sem="relaxed")
+        v = _load_rows(v_base, p_off, p_ok, offs_d, mask_d)
+        acc += _expand(p_coef, ROWS, G_PAD)[:, None] * _head_sums(select, v, DOT_PRECISION)
+    else:  # more than P samples a tile: the same draw, P samples at a time, no lag
+        for t in range(t_begin, t_end):
+            s, _, _ = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim,
+                                   scale, stride_kx, stride_ky, stride_kh, stride_pt,
+                                   page_size, PAGED, TILE, D_PAD, DOT_PRECISION, k_desc,
+                                   seq_rows, TMA)
+            if ROWS < G_PAD:
+                s = tl.sum(tl.reshape(s, [G_PAD // ROWS, ROWS, TILE]), axis=0)
+            m_t, row_ok, w, mass = _flash_local_weights(s, W_SCALE)
+            if HAS_UNIFORMS:
+                a = tl.load(uniforms_ptr + head_rows * uniform_stride + t,
+                            mask=mask_g & row_ok, other=0.0)
+            else:
+                a = tl.rand(seed, rng_base + t)
+            f = _floors(w, mass, a, per_tile)
+            m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_t,
+                                                   mass.to(tl.float32) / W_SCALE)
+            acc = acc * _expand(alpha, ROWS, G_PAD)[:, None]
+            coef = _expand(w_t / per_tile, ROWS, G_PAD)
+            for j0 in range(0, per_tile.to(tl.int32), P):
+                n, off, ok = _sampled_rows(f, j0, per_tile, mask_g & row_ok, t,
+                                           page_table_ptr, b, stride_vx, stride_vy, stride_pt,
+                                           page_size, PAGED, TILE, ROWS, P, GR)
+                v = _load_rows(v_base, off, ok, offs_d, mask_d)
+                acc += coef[:, None] * _head_sums(select, v, DOT_PRECISION)
+                if STORE_COUNTS:
+                    tl.atomic_add(counts_ptr + entry_heads * counts_stride + n, 1, mask=ok,
+                                  sem="relaxed")
+    acc = tl.sum(tl.reshape(acc, [G_PAD // ROWS, ROWS, D_PAD]), axis=0)  # rows >= ROWS: 0
+    part = head_rows * num_splits + split
+    tl.store(part_m_ptr + part, m_run, mask=mask_g)
+    tl.store(part_l_ptr + part, l_run, mask=mask_g)
+    tl.store(part_o_ptr + part[:, None] * head_dim + offs_d[None, :], acc,
+             mask=mask_g[:, None] & mask_d[None, :])
+
+
+def _launch(value, default: tuple[int, int]) -> tuple[int, int]:
+    if value is None:
+        return default
+    if (not isinstance(value, tuple | list) or len(value) != 2
+            or not all(isinstance(x, int) and x > 0 for x in value)):
+        raise InputError(f"config: expected (num_warps, num_stages), got {value!r}")
+    return int(value[0]), int(value[1])
+
+
+def santa_flash_compact(
+    q: torch.Tensor, kv: KVCache, S: int, *, tile: int = 64, scale: float | None = None,
+    seed: int | None = None, uniforms: torch.Tensor | None = None,
+    workspace: SantaWorkspace | None = None, return_counts: bool = False,
+    group_offsets: bool = False, samples: int | None = None,
+    config: tuple[int, int] | None = None, tma: bool = True, maxnreg: int | None = None,
+) -> tuple[torch.Tensor, SantaInfo]:
+    """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash (section 4), one
+    pass, V gathered compactly one tile late.
+
+    Same estimator, arguments and outputs as :func:`santa_kernels.triton_santa.santa_flash`
+    (given the same ``uniforms [B, Hq, T]`` or the same seed and step, the same counts).
+    ``samples``: ``P``, the lagged loop's samples a head and tile (a power of two; default
+    :func:`lag_samples`); sequences drawing more take the loop without the lag.
+    ``config``: ``(num_warps, num_stages)`` (default :data:`COMPACT_CONFIG`). ``tma``:
+    K through a tensor descriptor where the cache allows (contiguous, Hopper).
+    ``maxnreg``: a register cap for the streaming kernel (compiled GPU kernels only).
+    ``return_counts`` adds per-row counts (an int32 buffer allocated by the call: off the
+    hot path).
+    """
+    ws, scale = _prepare(q, kv, S, tile, scale, workspace)
+    batch, hq, d = q.shape
+    hkv = kv.num_kv_heads
+    group = hq // hkv
+    n_tiles = _tile_count(kv, tile)
+    uniforms = _check_uniforms(uniforms, (batch, hq, n_tiles))
+    if samples is None:
+        samples = lag_samples(S, _capacity(kv), tile)
+    check_positive_int(samples, "samples")
+    if samples & (samples - 1):
+        raise InputError(f"samples: a power of two, got {samples}")
+    warps, stages = _launch(config, compact_config(d))
+    rows = max(2, _next_pow2(group))
+    per_split = -(-n_tiles // ws.num_splits)
+    splits = -(-n_tiles // per_split)
+    table, paged, page_size, stride_pt = _cache_args(kv)
+    k_desc = ws.k_descriptor(kv, tile) if tma and kv.k.is_cuda else None
+    extra = {}
+    if maxnreg is not None and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        extra["maxnreg"] = check_positive_int(maxnreg, "maxnreg")
+    counts = None
+    if return_counts:
+        counts = torch.zeros(batch * hq, _capacity(kv), dtype=torch.int32, device=q.device)
+    _flash_compact_kernel[(splits, batch * hkv)](
+        q, kv.k, kv.v, kv.lengths, table, ws.part_m, ws.part_l, ws.part_o,
+        counts if counts is not None else ws.part_m,
+        uniforms if uniforms is not None else ws.part_m, ws.rng,
+        ws.seed if seed is None else int(seed),
+        scale, S, hkv, hq, group, d, per_split, ws.num_splits,
+        counts.stride(0) if counts is not None else 0, n_tiles, ws.max_tiles,
+        q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
+        kv.v.stride(0), kv.v.stride(1), kv.v.stride(2), stride_pt, page_size,
+        PAGED=paged, TILE=tile, G_PAD=max(16, _next_pow2(group)),
+        ROWS=rows, D_PAD=_next_pow2(d), P=samples, GR=max(16, rows * samples),
+        HAS_UNIFORMS=uniforms is not None, STORE_COUNTS=counts is not None,
+        DOT_PRECISION=_dot_precision(kv.k.dtype), W_BITS=FLASH_W_BITS,
+        GROUP_RNG=group_offsets, k_desc=k_desc, seq_rows=kv.k.shape[1],
+        TMA=k_desc is not None, num_warps=warps, num_stages=stages, **extra,
+    )
+    out = ws.out(q.dtype)
+    _merge_kernel[(batch * hq,)](
+        ws.part_m, ws.part_l, ws.part_o, out, ws.rng, hq, splits, ws.num_splits, d,
+        out.stride(0), out.stride(1),
+        SPLIT_PAD=max(2, _next_pow2(splits)), D_PAD=_next_pow2(d), num_warps=4,
+    )
+    if counts is not None:
+        counts = counts.view(batch, hq, -1).to(torch.int16)
+    info = SantaInfo(method="flash", S=S, tile=tile, lengths=kv.lengths, num_kv_heads=hkv,
+                     max_len=_capacity(kv), counts=counts)
+    return out[:batch], info
+
+
+__all__ = ["COMPACT_CONFIG", "compact_config", "lag_samples", "santa_flash_compact"]

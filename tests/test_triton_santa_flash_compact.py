@@ -1,0 +1,170 @@
+"""One-pass compact S²ANTA-flash (``triton_santa_flash_compact``) vs the fused kernel.
+
+Run on the CPU through Triton's interpreter (ALGORITHMS.md section 9): given the same
+uniforms (or seed and step) the compact kernel draws exactly the masked fused kernel's
+counts, in its lagged loop and in the loop for sequences that draw more than ``P``
+samples a tile; over many Philox streams it is unbiased with the reference's MSE.
+"""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import math
+
+import pytest
+import torch
+from test_triton_santa import (
+    TILE,
+    expected_counts,
+    float64_scores,
+    make_cache,
+    pytestmark,  # noqa: F401 (Triton present; CPU tensors: the interpreter)
+    replicated_cache,
+    uniforms_for,
+)
+
+from santa_kernels import InputError, KVCache, attention
+from santa_kernels.triton_santa import SantaWorkspace, santa_flash
+from santa_kernels.triton_santa_flash_compact import lag_samples, santa_flash_compact
+
+
+def check_against_fused(q, kv, S, *, out_tol=1e-5, num_splits=None, **kw):
+    """Same uniforms: the masked fused kernel's counts and the float64 expectation's,
+    outputs close to both."""
+    uniforms = uniforms_for("flash", q, kv, S)
+    if num_splits is not None:
+        kw["workspace"] = SantaWorkspace.for_inputs(q, kv, S, TILE, num_splits=num_splits)
+    out, info = santa_flash_compact(q, kv, S, tile=TILE, uniforms=uniforms,
+                                    return_counts=True, **kw)
+    assert info.method == "flash" and info.S == S and out.dtype == q.dtype
+    assert out.shape == q.shape
+    fused_out, fused_info = santa_flash(q, kv, S, tile=TILE, uniforms=uniforms,
+                                        return_counts=True)
+    counts = info.row_counts()
+    assert torch.equal(counts, fused_info.row_counts())
+    torch.testing.assert_close(out, fused_out, rtol=out_tol, atol=out_tol)
+    scores, values = float64_scores(q, kv)
+    n = scores.shape[-1]
+    expected, weights = expected_counts("flash", scores, S, uniforms[..., : math.ceil(n / TILE)],
+                                        kv.lengths)
+    torch.testing.assert_close(counts[..., :n].double(), expected, rtol=0, atol=0)
+    exact_out = torch.einsum("bhn,bhnd->bhd", weights, values)
+    torch.testing.assert_close(out.double(), exact_out, rtol=out_tol, atol=out_tol)
+    return out, info
+
+
+CASES = [  # (batch, hq, hkv, d, n, lengths)
+    (2, 4, 2, 64, 75, (75, 41)),  # G=2, N not a multiple of the tile
+    (2, 2, 2, 64, 40, (40, 1)),  # G=1, a length-1 sequence
+    (1, 8, 1, 128, 50, (50,)),  # G=8
+    (2, 6, 2, 256, 33, (33, 17)),  # G=3 (padded rows)
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}-Hq{c[1]}-Hkv{c[2]}-d{c[3]}")
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_matches_fused_flash_given_same_uniforms(case, layout):
+    batch, hq, hkv, d, n, lengths = case
+    q, kv = make_cache(batch=batch, hq=hq, hkv=hkv, d=d, n=n, lengths=lengths)
+    if layout == "paged":
+        kv = kv.to_paged(8, torch.Generator().manual_seed(1))
+    check_against_fused(q, kv, S=24)
+
+
+def test_lagged_and_unlagged_loops_splits_and_large_budgets():
+    """Sequences of one batch in both loops (the short one draws more than P a tile),
+    several splits, P forced small (the unlagged loop's chunks), S >= N, 16-bit inputs."""
+    q, kv = make_cache(batch=2, hq=4, hkv=2, n=100, lengths=(100, 7))
+    assert lag_samples(16, 100, TILE) == 2  # 16 // 7 tiles; the 7-row sequence draws 16
+    for splits in (1, 2, 6):
+        check_against_fused(q, kv, S=16, num_splits=splits)
+    check_against_fused(q, kv, S=200, num_splits=3)  # several samples a row
+    check_against_fused(q, kv, S=200, samples=4)  # 28 a tile in 4-sample chunks
+    check_against_fused(q, kv, S=16, samples=1)
+    q, kv = make_cache(dtype=torch.bfloat16)
+    check_against_fused(q, kv, S=16, out_tol=2e-2)
+    q, kv = make_cache(batch=2, hq=2, hkv=1, d=64, n=20, lengths=(20, 1), dtype=torch.float16)
+    check_against_fused(q, kv, S=4096, out_tol=2e-2)
+
+
+def test_single_token_and_one_hot():
+    q, kv = make_cache(batch=1, n=1, lengths=(1,))
+    out, _ = santa_flash_compact(q, kv, 4, tile=TILE, seed=0)
+    torch.testing.assert_close(out[0], kv.v[0, 0].repeat_interleave(2, dim=0), rtol=0, atol=1e-6)
+    q, kv = make_cache(batch=1, hq=2, hkv=1, n=40, lengths=(40,))
+    q = torch.zeros_like(q)
+    q[..., 0] = 100.0
+    k = kv.k.clone()
+    k[..., 0] = 0.0
+    k[0, 27, 0, 0] = 10.0  # score 125 against 0: row 27 carries its tile (and the output)
+    kv = KVCache.contiguous(k, kv.v)
+    out, _ = santa_flash_compact(q, kv, 8, tile=TILE, seed=3)
+    torch.testing.assert_close(out, kv.v[0, 27, 0].expand_as(out), rtol=0, atol=1e-6)
+
+
+def test_same_philox_stream_as_fused_and_step_advances_once():
+    q, kv = make_cache(hq=6, hkv=2, n=75, lengths=(75, 41))
+    ws_fused = SantaWorkspace.for_inputs(q, kv, 16, TILE, store_counts=True)
+    ws = SantaWorkspace.for_inputs(q, kv, 16, TILE)
+    draws = []
+    for call in range(2):
+        fused = santa_flash(q, kv, 16, tile=TILE, seed=5, workspace=ws_fused,
+                            return_counts=True)[1].row_counts().clone()
+        out, info = santa_flash_compact(q, kv, 16, tile=TILE, seed=5, workspace=ws,
+                                        return_counts=True)
+        assert torch.equal(info.row_counts(), fused)
+        assert int(ws.rng[0]) == call + 1  # one step per call
+        draws.append((out.clone(), fused))
+    assert not torch.equal(draws[0][1], draws[1][1])  # the step changed the stream
+    ws.reset_rng(0)  # replays the first call exactly
+    out, info = santa_flash_compact(q, kv, 16, tile=TILE, seed=5, workspace=ws,
+                                    return_counts=True)
+    assert torch.equal(info.row_counts(), draws[0][1])
+    torch.testing.assert_close(out, draws[0][0], rtol=0, atol=0)
+    group = santa_flash_compact(q, kv, 16, tile=TILE, seed=3, return_counts=True,
+                                group_offsets=True)[1].row_counts()
+    fused_group = santa_flash(q, kv, 16, tile=TILE, seed=3, return_counts=True,
+                              group_offsets=True)[1].row_counts()
+    assert torch.equal(group, fused_group)
+
+
+def test_unbiased_and_reference_mse():
+    q, kv = replicated_cache(kind="gaussian")  # independent streams: the batch elements
+    S, calls = 16, 2
+    ws = SantaWorkspace.for_inputs(q, kv, S, TILE, num_splits=2)
+    draws = torch.cat([santa_flash_compact(q, kv, S, tile=TILE, workspace=ws, seed=11)[0]
+                       .double() for _ in range(calls)])  # [R, Hq, d]
+    dense = attention(q[:1], KVCache.contiguous(kv.k[:1], kv.v[:1]),
+                      compute_dtype=torch.float64).out[0]
+    reference = torch.cat([attention(q, kv, value="flash", S=S, tile=TILE, seed=100 + i,
+                                     compute_dtype=torch.float64).out for i in range(calls)])
+    spread = draws.std(dim=0).clamp_min(1e-3)
+    z = (draws.mean(dim=0) - dense) / (spread / math.sqrt(draws.shape[0]))
+    assert float(z.abs().max()) < 5.0, float(z.abs().max())
+    assert float((z**2).mean()) < 2.0, float((z**2).mean())
+    assert float(draws.std(dim=0).mean()) > 1e-3  # a real estimator, not dense attention
+    mse = ((draws - dense) ** 2).sum(dim=-1).mean()
+    mse_reference = ((reference - dense) ** 2).sum(dim=-1).mean()
+    assert 0.7 < float(mse / mse_reference) < 1.4, float(mse / mse_reference)
+
+
+def test_input_errors():
+    q, kv = make_cache()
+    with pytest.raises(InputError):
+        santa_flash_compact(q[0], kv, 8, tile=TILE)  # q not [B, Hq, d]
+    with pytest.raises(InputError):
+        santa_flash_compact(q[:, :3], kv, 8, tile=TILE)  # Hq not a multiple of Hkv
+    with pytest.raises(InputError):
+        santa_flash_compact(q, kv.k, 8, tile=TILE)  # not a KVCache
+    for bad_s in (0, -3):
+        with pytest.raises(InputError):
+            santa_flash_compact(q, kv, bad_s, tile=TILE)
+    with pytest.raises(InputError, match="uniforms"):
+        santa_flash_compact(q, kv, 8, tile=TILE, uniforms=torch.rand(2, 4, 3))
+    with pytest.raises(InputError, match="samples"):
+        santa_flash_compact(q, kv, 8, tile=TILE, samples=3)
+    with pytest.raises(InputError, match="samples"):
+        santa_flash_compact(q, kv, 8, tile=TILE, samples=0)
+    with pytest.raises(InputError, match="config"):
+        santa_flash_compact(q, kv, 8, tile=TILE, config=(4,))
