@@ -62,6 +62,7 @@ from santa_kernels.validate import InputError, check_positive_int
 # (num_warps, num_stages) of the streaming kernel per head dim: the count pass's launch
 # (triton_santa_flash2.FLASH2_CONFIG), the same K stream and draw. Not yet swept.
 COMPACT_CONFIG = {64: (4, 4), 128: (4, 3), 256: (8, 2)}
+DEFAULT_LAG = 1  # iterations between a tile's V loads and their sum (santa_flash_compact)
 MAX_LAG_SAMPLES = 64  # the lagged loop's samples a head and tile, at most (P)
 
 
@@ -148,7 +149,8 @@ def _flash_compact_kernel(
     stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_vx, stride_vy, stride_vh,
     stride_pt, page_size,
     PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr,
-    D_PAD: tl.constexpr, P: tl.constexpr, GR: tl.constexpr, HAS_UNIFORMS: tl.constexpr,
+    D_PAD: tl.constexpr, P: tl.constexpr, GR: tl.constexpr, LAG: tl.constexpr,
+    HAS_UNIFORMS: tl.constexpr,
     STORE_COUNTS: tl.constexpr, DOT_PRECISION: tl.constexpr, W_BITS: tl.constexpr,
     GROUP_RNG: tl.constexpr = False, k_desc=None, seq_rows=0, TMA: tl.constexpr = False,
 ):
@@ -180,13 +182,17 @@ def _flash_compact_kernel(
               & (offs_c[None, :] < ROWS * P)).to(tl.float32)
     entry_heads = _flat(tl.broadcast_to(head_rows[:, None], [ROWS, P]), ROWS, P, GR)
     if per_tile <= P:
-        # the previous tile's samples (V offsets, validity, weight W_t / S_tile a sample)
+        # the last tiles' samples: V offsets and validity (tile t-1), the loaded rows and
+        # their weight W_t / S_tile a sample (v1, c1: tile t-1; v2, c2: tile t-2)
         p_off = tl.zeros([GR], dtype=tl.int64)
         p_ok = offs_c < 0
-        p_coef = tl.zeros([ROWS], dtype=tl.float32)
+        v1 = tl.zeros([GR, D_PAD], dtype=v_ptr.dtype.element_ty)
+        v2 = tl.zeros([GR, D_PAD], dtype=v_ptr.dtype.element_ty)
+        c1 = tl.zeros([ROWS], dtype=tl.float32)
+        c2 = tl.zeros([ROWS], dtype=tl.float32)
         for t in range(t_begin, t_end):
-            # issued before this tile's scores, summed after its draw
-            v = _load_rows(v_base, p_off, p_ok, offs_d, mask_d)
+            if LAG == 0:  # tile t-1's rows, issued before this tile's scores
+                v1 = _load_rows(v_base, p_off, p_ok, offs_d, mask_d)
             s, _, _ = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim,
                                    scale, stride_kx, stride_ky, stride_kh, stride_pt,
                                    page_size, PAGED, TILE, D_PAD, DOT_PRECISION, k_desc,
@@ -200,20 +206,31 @@ def _flash_compact_kernel(
             else:
                 a = tl.rand(seed, rng_base + t)
             f = _floors(w, mass, a, per_tile)
-            acc += _expand(p_coef, ROWS, G_PAD)[:, None] * _head_sums(select, v,
-                                                                       DOT_PRECISION)
             m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_t,
                                                    mass.to(tl.float32) / W_SCALE)
             acc = acc * _expand(alpha, ROWS, G_PAD)[:, None]
-            p_coef = w_t / per_tile
+            if LAG == 2:  # tile t-2's rows, issued at the end of iteration t-2
+                acc += _expand(c2 * alpha, ROWS, G_PAD)[:, None] * _head_sums(
+                    select, v2, DOT_PRECISION)
+                v2 = v1
+                c2 = c1 * alpha
+            else:  # tile t-1's rows
+                acc += _expand(c1 * alpha, ROWS, G_PAD)[:, None] * _head_sums(
+                    select, v1, DOT_PRECISION)
+            c1 = w_t / per_tile
             n, p_off, p_ok = _sampled_rows(f, 0, per_tile, mask_g & row_ok, t, page_table_ptr,
                                            b, stride_vx, stride_vy, stride_pt, page_size,
                                            PAGED, TILE, ROWS, P, GR)
+            if LAG > 0:  # this tile's rows, issued now, summed LAG iterations later
+                v1 = _load_rows(v_base, p_off, p_ok, offs_d, mask_d)
             if STORE_COUNTS:
                 tl.atomic_add(counts_ptr + entry_heads * counts_stride + n, 1, mask=p_ok,
                               sem="relaxed")
-        v = _load_rows(v_base, p_off, p_ok, offs_d, mask_d)
-        acc += _expand(p_coef, ROWS, G_PAD)[:, None] * _head_sums(select, v, DOT_PRECISION)
+        if LAG == 0:
+            v1 = _load_rows(v_base, p_off, p_ok, offs_d, mask_d)
+        if LAG == 2:
+            acc += _expand(c2, ROWS, G_PAD)[:, None] * _head_sums(select, v2, DOT_PRECISION)
+        acc += _expand(c1, ROWS, G_PAD)[:, None] * _head_sums(select, v1, DOT_PRECISION)
     else:  # more than P samples a tile: the same draw, P samples at a time, no lag
         for t in range(t_begin, t_end):
             s, _, _ = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim,
@@ -265,6 +282,7 @@ def santa_flash_compact(
     workspace: SantaWorkspace | None = None, return_counts: bool = False,
     group_offsets: bool = False, samples: int | None = None,
     config: tuple[int, int] | None = None, tma: bool = True, maxnreg: int | None = None,
+    lag: int = DEFAULT_LAG,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash (section 4), one
     pass, V gathered compactly one tile late.
@@ -275,6 +293,9 @@ def santa_flash_compact(
     :func:`lag_samples`); sequences drawing more take the loop without the lag.
     ``config``: ``(num_warps, num_stages)`` (default :data:`COMPACT_CONFIG`). ``tma``:
     K through a tensor descriptor where the cache allows (contiguous, Hopper).
+    ``lag``: when a tile's V rows are loaded and summed: 0 at the top of the next
+    iteration, summed after its draw; 1 (2) at the end of the tile's own iteration, summed
+    one (two) iterations later.
     ``maxnreg``: a register cap for the streaming kernel (compiled GPU kernels only).
     ``return_counts`` adds per-row counts (an int32 buffer allocated by the call: off the
     hot path).
@@ -288,6 +309,8 @@ def santa_flash_compact(
     if samples is None:
         samples = lag_samples(S, _capacity(kv), tile)
     check_positive_int(samples, "samples")
+    if lag not in (0, 1, 2):
+        raise InputError(f"lag: 0, 1 or 2, got {lag!r}")
     if samples & (samples - 1):
         raise InputError(f"samples: a power of two, got {samples}")
     warps, stages = _launch(config, compact_config(d))
@@ -312,7 +335,7 @@ def santa_flash_compact(
         q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
         kv.v.stride(0), kv.v.stride(1), kv.v.stride(2), stride_pt, page_size,
         PAGED=paged, TILE=tile, G_PAD=max(16, _next_pow2(group)),
-        ROWS=rows, D_PAD=_next_pow2(d), P=samples, GR=max(16, rows * samples),
+        ROWS=rows, D_PAD=_next_pow2(d), P=samples, GR=max(16, rows * samples), LAG=lag,
         HAS_UNIFORMS=uniforms is not None, STORE_COUNTS=counts is not None,
         DOT_PRECISION=_dot_precision(kv.k.dtype), W_BITS=FLASH_W_BITS,
         GROUP_RNG=group_offsets, k_desc=k_desc, seq_rows=kv.k.shape[1],

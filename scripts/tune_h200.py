@@ -500,14 +500,16 @@ def compact_section(rows: Rows, S: int = 2048) -> None:
         torch.cuda.empty_cache()
 
 
-FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments
-    "fused compact": {},
-    "fused compact no TMA": {"tma": False},
-    "fused compact (4, 4)": {"config": (4, 4)},
-    "fused compact (4, 2)": {"config": (4, 2)},
-    "fused compact (8, 3)": {"config": (8, 3)},
-    "fused compact (2, 4)": {"config": (2, 4)},
-    "fused compact maxnreg 96": {"maxnreg": 96},
+FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374e6: the
+    # launches (4, 4), (8, 3), (2, 4) 1.5-1.8x slower than (4, 3), no TMA 5-60% slower,
+    # maxnreg 96 within 2%; tune-2026-12-02-s18/1-fcompact-6d374e6.csv)
+    "lag 0 (4, 3)": {"lag": 0},
+    "lag 0 (4, 2)": {"lag": 0, "config": (4, 2)},
+    "lag 1 (4, 3)": {"lag": 1},
+    "lag 1 (4, 2)": {"lag": 1, "config": (4, 2)},
+    "lag 1 (4, 4)": {"lag": 1, "config": (4, 4)},
+    "lag 2 (4, 3)": {"lag": 2},
+    "lag 2 (4, 2)": {"lag": 2, "config": (4, 2)},
 }
 
 
@@ -541,12 +543,12 @@ def fcompact_section(rows: Rows) -> None:
             rows.add(section="fcompact", shape=tag, variant="two-pass compact",
                      what=f"S={S}", us=f"{graph_call_us(calls):.2f}",
                      note=f"V rows {100 * v_frac:.1f}%")
-            for mult in (1, 2):
+            for mult in (1, 2, 4):
                 wss = [ts.SantaWorkspace.for_inputs(q, kv, S, 64, num_splits=mult * default)
                        for q, kv in inputs]
                 for name, kw in FCOMPACT_VARIANTS.items():
-                    if mult == 2 and kw:
-                        continue  # the launch variants on the default split only
+                    if mult > 1 and "(4, 4)" in name:
+                        continue
                     try:
                         wss[0].reset_rng(0)
                         out, info = tfc.santa_flash_compact(q0, kv0, S, workspace=wss[0],
