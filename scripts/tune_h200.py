@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import itertools
 import math
 import os
 import sys
@@ -510,15 +511,20 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     "lag 1 (4, 4)": {"lag": 1, "config": (4, 4)},
     "lag 2 (4, 3)": {"lag": 2},
     "lag 2 (4, 2)": {"lag": 2, "config": (4, 2)},
+    "lag 1 (4, 3) maxnreg 128": {"lag": 1, "maxnreg": 128},
+    "lag 1 (4, 2) maxnreg 128": {"lag": 1, "config": (4, 2), "maxnreg": 128},
 }
 
 
 def fcompact_section(rows: Rows) -> None:
     """santa-flash in one pass with compact lagged V gathers (triton_santa_flash_compact)
     against the two-pass compact kernel (the harness's santa-flash default on a GPU) and
-    cuDNN, S=2048 (env FCOMPACT_BUDGETS) over the default split and twice it; each
-    variant checked to draw the two-pass kernel's counts given the same seed and step."""
+    cuDNN, S=2048 (env FCOMPACT_BUDGETS), tiles of 64 (FCOMPACT_TILES) over the default
+    split, twice and four times it (FCOMPACT_ONLY=a;b: those variants only); each variant
+    checked to draw the two-pass kernel's counts given the same seed and step."""
     budgets = [int(x) for x in os.environ.get("FCOMPACT_BUDGETS", "2048").split(",")]
+    tiles = [int(x) for x in os.environ.get("FCOMPACT_TILES", "64").split(",")]
+    only = [x for x in os.environ.get("FCOMPACT_ONLY", "").split(";") if x]
     for batch, ctx in SHAPES:
         tag = f"B={batch} {ctx // 1024}k"
         inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
@@ -528,38 +534,41 @@ def fcompact_section(rows: Rows) -> None:
         rows.add(section="fcompact", shape=tag, variant="sdpa-cudnn", what="call",
                  us=f"{graph_call_us(cudnn):.2f}", note="")
         del cudnn
-        default = ts.num_splits_for(batch * 8, ctx // 64)
-        for S in budgets:
-            wss2 = [tf2.two_pass_workspace(q, kv, S, 64) for q, kv in inputs]
+        for tile, S in itertools.product(tiles, budgets):
+            default = ts.num_splits_for(batch * 8, ctx // tile)
+            wss2 = [tf2.two_pass_workspace(q, kv, S, tile) for q, kv in inputs]
             (q0, kv0) = inputs[0]
             wss2[0].reset_rng(0)
             out, info = tf2.santa_flash_two_pass(q0, kv0, S, workspace=wss2[0], seed=1,
-                                                 gather="compact", return_counts=True)
+                                                 gather="compact", return_counts=True,
+                                                 tile=tile)
             base = (info.row_counts().clone(), out.float().clone())
             v_frac = float((base[0].view(batch, 8, -1, ctx).amax(2) > 0).float().mean())
-            calls = [lambda q=q, kv=kv, w=w, S=S: tf2.santa_flash_two_pass(
-                q, kv, S, workspace=w, gather="compact")
+            calls = [lambda q=q, kv=kv, w=w, S=S, t=tile: tf2.santa_flash_two_pass(
+                q, kv, S, workspace=w, gather="compact", tile=t)
                 for (q, kv), w in zip(inputs, wss2, strict=True)]
             rows.add(section="fcompact", shape=tag, variant="two-pass compact",
-                     what=f"S={S}", us=f"{graph_call_us(calls):.2f}",
+                     what=f"S={S} tile={tile}", us=f"{graph_call_us(calls):.2f}",
                      note=f"V rows {100 * v_frac:.1f}%")
             for mult in (1, 2, 4):
-                wss = [ts.SantaWorkspace.for_inputs(q, kv, S, 64, num_splits=mult * default)
+                wss = [ts.SantaWorkspace.for_inputs(q, kv, S, tile,
+                                                   num_splits=mult * default)
                        for q, kv in inputs]
                 for name, kw in FCOMPACT_VARIANTS.items():
-                    if mult > 1 and "(4, 4)" in name:
+                    if (mult > 1 and "(4, 4)" in name) or (only and name not in only):
                         continue
                     try:
                         wss[0].reset_rng(0)
                         out, info = tfc.santa_flash_compact(q0, kv0, S, workspace=wss[0],
-                                                            seed=1, return_counts=True, **kw)
+                                                            seed=1, return_counts=True,
+                                                            tile=tile, **kw)
                         same = torch.equal(info.row_counts(), base[0])
                         diff = float((out.float() - base[1]).abs().max())
-                        calls = [lambda q=q, kv=kv, w=w, S=S, kw=kw: tfc.santa_flash_compact(
-                            q, kv, S, workspace=w, **kw)
+                        calls = [lambda q=q, kv=kv, w=w, S=S, kw=kw, t=tile:
+                                 tfc.santa_flash_compact(q, kv, S, workspace=w, tile=t, **kw)
                             for (q, kv), w in zip(inputs, wss, strict=True)]
                         rows.add(section="fcompact", shape=tag,
-                                 variant=f"{name} splits x{mult}", what=f"S={S}",
+                                 variant=f"{name} splits x{mult}", what=f"S={S} tile={tile}",
                                  us=f"{graph_call_us(calls):.2f}",
                                  note=f"same={same} maxdiff={diff:.2e}")
                     except Exception as exc:  # report and go on
