@@ -61,8 +61,12 @@ def santa_prepare(function: str) -> PrepareFn:
         flash = function == "santa_flash"
         if passes not in (None, 1, 2) or (passes == 2 and not flash):
             raise InputError(f"passes: 1 or 2, and 2 only for santa-flash; got {passes!r}")
-        if gather not in (None, "masked") and passes != 2:
-            raise InputError(f"gather={gather}: a pass-2 option of santa-flash (passes=2)")
+        if gather not in (None, "masked") and not flash:
+            raise InputError(f"gather={gather}: an option of santa-flash")
+        if gather == "inline" and passes != 2:
+            raise InputError("gather=inline: an option of the two-pass kernel (passes=2)")
+        # one pass with compact, lagged V gathers (triton_santa_flash_compact)
+        one_pass_compact = flash and passes != 2 and gather == "compact"
         if stash is not None and stash not in STASH_DTYPES:
             raise InputError(f"stash: expected one of {sorted(STASH_DTYPES)}, got {stash!r}")
         stash_dtype = STASH_DTYPES[stash or "fp32"]
@@ -71,6 +75,10 @@ def santa_prepare(function: str) -> PrepareFn:
             two_pass = importlib.import_module("santa_kernels.triton_santa_flash2")
             kernel = two_pass.santa_flash_two_pass
             workspace = two_pass.two_pass_workspace(q, kv, S, tile, seed=seed)
+        elif one_pass_compact:
+            kernel = importlib.import_module(
+                "santa_kernels.triton_santa_flash_compact").santa_flash_compact
+            workspace = module.SantaWorkspace.for_inputs(q, kv, S, tile, seed=seed)
         else:
             workspace = module.SantaWorkspace.for_inputs(q, kv, S, tile, seed=seed,
                                                          store_counts=flash,

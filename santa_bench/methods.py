@@ -173,9 +173,11 @@ _GATHER = Param(
     "gather",
     "masked",
     str,
-    "santa-flash two-pass kernel (passes=2): how pass 2 reads V. masked = each tile's V "
-    "block with the unsampled rows masked off; compact = pass 1 lists the sampled rows, "
-    "pass 2 reads only those; inline = the same lists, gathered by the count program",
+    "santa-flash Triton kernel: how V is read. masked = each tile's V block with the "
+    "unsampled rows masked off; compact = one pass (passes=1): the sampled rows only, "
+    "loaded a tile late (triton_santa_flash_compact); two passes: pass 1 lists the "
+    "sampled rows, pass 2 reads only those; inline (passes=2) = the same lists, gathered "
+    "by the count program",
     choices=("masked", "compact", "inline"),
     omit_default=True,
 )

@@ -109,8 +109,10 @@ def test_kernel_adapter_honours_the_stash_dtype(monkeypatch):
 
 
 def test_flash_adapter_two_passes_routes_to_the_two_pass_kernel(monkeypatch):
-    """``santa-flash:passes=2`` runs ``triton_santa_flash2.santa_flash_two_pass`` (whose
-    draw equals the fused kernel's: tests/test_triton_santa_flash2.py)."""
+    """``santa-flash:passes=2`` runs ``triton_santa_flash2.santa_flash_two_pass`` and
+    ``santa-flash:gather=compact`` ``triton_santa_flash_compact.santa_flash_compact``
+    (whose draws equal the fused kernel's: tests/test_triton_santa_flash2.py and
+    tests/test_triton_santa_flash_compact.py)."""
     import santa_kernels.triton_santa as ts
     import santa_kernels.triton_santa_flash2 as tf2
     from santa_bench.kernel_adapters import santa_prepare
@@ -124,20 +126,28 @@ def test_flash_adapter_two_passes_routes_to_the_two_pass_kernel(monkeypatch):
             return torch.zeros_like(q), None
         return kernel
 
+    import santa_kernels.triton_santa_flash_compact as tfc
+
     monkeypatch.setattr(tf2, "santa_flash_two_pass", spy("two-pass"))
     monkeypatch.setattr(ts, "santa_flash", spy("fused"))
+    monkeypatch.setattr(tfc, "santa_flash_compact", spy("one-pass compact"))
     q = torch.randn(1, 4, 16)
     k, v = torch.randn(2, 1, 40, 2, 16)
     kv = sk.KVCache.contiguous(k, v)
     santa_prepare("santa_flash")(q, kv, S=8, tile=16, passes=2).run()
     santa_prepare("santa_flash")(q, kv, S=8, tile=16).run()
     santa_prepare("santa_flash")(q, kv, S=8, tile=16, passes=2, gather="inline").run()
+    santa_prepare("santa_flash")(q, kv, S=8, tile=16, gather="compact").run()
+    santa_prepare("santa_flash")(q, kv, S=8, tile=16, passes=1, gather="compact").run()
     assert calls == ([("two-pass", True, None)] * 2 + [("fused", True, None)] * 2
-                     + [("two-pass", True, "inline")] * 2)  # prepare runs once
+                     + [("two-pass", True, "inline")] * 2
+                     + [("one-pass compact", False, None)] * 4)  # prepare runs once
     with pytest.raises(InputError, match="passes"):
         santa_prepare("santa_prop")(q, kv, S=8, tile=16, passes=2)
     with pytest.raises(InputError, match="gather"):  # a pass-2 option
-        santa_prepare("santa_flash")(q, kv, S=8, tile=16, gather="compact")
+        santa_prepare("santa_flash")(q, kv, S=8, tile=16, gather="inline")
+    with pytest.raises(InputError, match="gather"):  # santa-flash only
+        santa_prepare("santa_prop")(q, kv, S=8, tile=16, gather="compact")
     flash = REGISTRY.get("santa-flash")
     assert flash.resolve_params({"passes": 2, "S": 8})["passes"] == 2
     assert "passes" not in flash.resolve_params({})  # the default stays out of the case hash
