@@ -513,6 +513,10 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     "lag 2 (4, 2)": {"lag": 2, "config": (4, 2)},
     "lag 1 (4, 3) maxnreg 128": {"lag": 1, "maxnreg": 128},
     "lag 1 (4, 2) maxnreg 128": {"lag": 1, "config": (4, 2), "maxnreg": 128},
+    "lag 1 (1, 3)": {"lag": 1, "config": (1, 3)},
+    "lag 1 (1, 2)": {"lag": 1, "config": (1, 2)},
+    "lag 1 (2, 3)": {"lag": 1, "config": (2, 3)},
+    "lag 1 (2, 2)": {"lag": 1, "config": (2, 2)},
 }
 
 
@@ -520,11 +524,13 @@ def fcompact_section(rows: Rows) -> None:
     """santa-flash in one pass with compact lagged V gathers (triton_santa_flash_compact)
     against the two-pass compact kernel (the harness's santa-flash default on a GPU) and
     cuDNN, S=2048 (env FCOMPACT_BUDGETS), tiles of 64 (FCOMPACT_TILES) over the default
-    split, twice and four times it (FCOMPACT_ONLY=a;b: those variants only); each variant
+    split, twice and four times it (FCOMPACT_MULTS; FCOMPACT_ONLY=a;b: those variants
+    only); each variant
     checked to draw the two-pass kernel's counts given the same seed and step."""
     budgets = [int(x) for x in os.environ.get("FCOMPACT_BUDGETS", "2048").split(",")]
     tiles = [int(x) for x in os.environ.get("FCOMPACT_TILES", "64").split(",")]
     only = [x for x in os.environ.get("FCOMPACT_ONLY", "").split(";") if x]
+    mults = [int(x) for x in os.environ.get("FCOMPACT_MULTS", "1,2,4").split(",")]
     for batch, ctx in SHAPES:
         tag = f"B={batch} {ctx // 1024}k"
         inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
@@ -550,7 +556,7 @@ def fcompact_section(rows: Rows) -> None:
             rows.add(section="fcompact", shape=tag, variant="two-pass compact",
                      what=f"S={S} tile={tile}", us=f"{graph_call_us(calls):.2f}",
                      note=f"V rows {100 * v_frac:.1f}%")
-            for mult in (1, 2, 4):
+            for mult in mults:
                 wss = [ts.SantaWorkspace.for_inputs(q, kv, S, tile,
                                                    num_splits=mult * default)
                        for q, kv in inputs]
