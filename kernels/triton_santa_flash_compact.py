@@ -59,16 +59,32 @@ from santa_kernels.triton_santa import (
 )
 from santa_kernels.validate import InputError, check_positive_int
 
-# (num_warps, num_stages) of the streaming kernel per head dim: the count pass's launch
-# (triton_santa_flash2.FLASH2_CONFIG), the same K stream and draw. Not yet swept.
+# (num_warps, num_stages) of the streaming kernel per head dim, and from LARGE_GROUPS
+# (sequences x KV heads) on. d=128 swept on the H200 (S=2048, tile 64, lag 1; results/h200/
+# tune-2026-12-02-s18/3-fcompact-tiles-warps.csv): (4, 3) 33.9 / 92.4 us at 32k B=1 /
+# 128k B=1 (8 groups; (2, 3) 35.0 / 98.9, (4, 2) 34.8 / 99.1, (1, 3) 38.7 / 106.6), at
+# 32k B=8 (64 groups) (2, 3) 210.4 us against 307.3 for (4, 3) (225.5 at four times the
+# split); (4, 4), (8, 3) and (2, 4) 1.5-1.8x slower (1-fcompact-6d374e6.csv). d=64 and
+# 256 not swept: the count pass's launches.
 COMPACT_CONFIG = {64: (4, 4), 128: (4, 3), 256: (8, 2)}
-DEFAULT_LAG = 1  # iterations between a tile's V loads and their sum (santa_flash_compact)
+COMPACT_CONFIG_LARGE = {128: (2, 3)}
+LARGE_GROUPS = 32
+DEFAULT_LAG = 1  # iterations between a tile's V loads and their sum (santa_flash_compact):
+# lag 1 33.9 / 307.3 / 92.4 us at 32k B=1 / 32k B=8 / 128k B=1 against lag 0 37.3 / 363.3
+# / 106.8 and lag 2 38.3 / 381.4 / 109.5 ((4, 3); 2-fcompact-88559cc.csv)
 MAX_LAG_SAMPLES = 64  # the lagged loop's samples a head and tile, at most (P)
 
 
-def compact_config(head_dim: int) -> tuple[int, int]:
-    """The default ``(num_warps, num_stages)`` for ``head_dim``."""
+def compact_config(head_dim: int, groups: int = 1, tile: int = 64) -> tuple[int, int]:
+    """The default ``(num_warps, num_stages)`` for ``head_dim``, ``groups`` = B * Hkv and
+    ``tile``. Tiles of 128 rows or more: 4 warps, 2 stages (d=128, S=2048: 42.0 / 261.2 /
+    79.8 us at 32k B=1 / 32k B=8 / 128k B=1 against 42.0 / 306.6 / 111.7 for (4, 3); (1, 3)
+    and (2, 3) slower everywhere; 3-fcompact-tiles-warps.csv)."""
     key = min(COMPACT_CONFIG, key=lambda d: (abs(d - head_dim), d))
+    if tile >= 128:
+        return COMPACT_CONFIG[key][0], min(2, COMPACT_CONFIG[key][1])
+    if groups >= LARGE_GROUPS and key in COMPACT_CONFIG_LARGE:
+        return COMPACT_CONFIG_LARGE[key]
     return COMPACT_CONFIG[key]
 
 
@@ -291,7 +307,7 @@ def santa_flash_compact(
     (given the same ``uniforms [B, Hq, T]`` or the same seed and step, the same counts).
     ``samples``: ``P``, the lagged loop's samples a head and tile (a power of two; default
     :func:`lag_samples`); sequences drawing more take the loop without the lag.
-    ``config``: ``(num_warps, num_stages)`` (default :data:`COMPACT_CONFIG`). ``tma``:
+    ``config``: ``(num_warps, num_stages)`` (default :func:`compact_config`). ``tma``:
     K through a tensor descriptor where the cache allows (contiguous, Hopper).
     ``lag``: when a tile's V rows are loaded and summed: 0 at the top of the next
     iteration, summed after its draw; 1 (2) at the end of the tile's own iteration, summed
@@ -313,7 +329,7 @@ def santa_flash_compact(
         raise InputError(f"lag: 0, 1 or 2, got {lag!r}")
     if samples & (samples - 1):
         raise InputError(f"samples: a power of two, got {samples}")
-    warps, stages = _launch(config, compact_config(d))
+    warps, stages = _launch(config, compact_config(d, batch * hkv, tile))
     rows = max(2, _next_pow2(group))
     per_split = -(-n_tiles // ws.num_splits)
     splits = -(-n_tiles // per_split)

@@ -173,3 +173,12 @@ def test_input_errors():
         santa_flash_compact(q, kv, 8, tile=TILE, lag=3)
     with pytest.raises(InputError, match="config"):
         santa_flash_compact(q, kv, 8, tile=TILE, config=(4,))
+
+
+def test_default_launch_by_groups_and_tile():
+    from santa_kernels.triton_santa_flash_compact import COMPACT_CONFIG, compact_config
+
+    assert compact_config(128) == COMPACT_CONFIG[128]
+    assert compact_config(128, groups=64) != compact_config(128, groups=8)  # measured apart
+    assert compact_config(128, groups=8, tile=128)[1] == 2  # 2 stages for wide tiles
+    assert compact_config(96) == COMPACT_CONFIG[128]  # the nearest swept head dim
