@@ -27,10 +27,12 @@ app = typer.Typer(
 console = Console()
 
 DEFAULT_METHODS = "dense,santa-iid,santa-strat,santa-sys,santa-flash,santa-prop"
-# on a GPU the default also times santa-flash's two-pass kernel with compact row lists:
-# 0.88-2.75x the fused kernel's speed, slower only at 8k B=1 with S >= 1024
-# (results/h200/kernels-2026-12-02-s17); on a CPU both are the same reference
-GPU_DEFAULT_METHODS = DEFAULT_METHODS + ",santa-flash:passes=2,gather=compact"
+# on a GPU the default also times santa-flash's one-pass compact kernel (V rows gathered a
+# tile late): at S=2048 1.11-1.38x against cuDNN at 32k/128k where the two-pass compact
+# kernel gives 0.91-1.25x in the same run; slower than it only at 8k B=8 with S=2048
+# (145.6 against 105.0 us; results/h200/kernels-2026-12-02-s18). On a CPU every
+# santa-flash kernel is the same reference
+GPU_DEFAULT_METHODS = DEFAULT_METHODS + ",santa-flash:gather=compact"
 
 
 def _fail(message: str) -> None:
@@ -152,9 +154,9 @@ def kernel(
         str | None,
         typer.Option(
             help="Methods, comma list; parameters as name:key=value (see `santa-bench list`). "
-            f"Default: {DEFAULT_METHODS}, and on a GPU also santa-flash:passes=2,"
-            "gather=compact (santa-flash's two-pass kernel, faster than the fused one at "
-            "most shapes; the same estimator)."
+            f"Default: {DEFAULT_METHODS}, and on a GPU also santa-flash:gather=compact "
+            "(santa-flash in one pass with compact V gathers, the fastest santa-flash kernel "
+            "at most shapes; the same estimator)."
         ),
     ] = None,
     heads: Annotated[int, typer.Option(help="Query heads Hq (default: Llama-3.1-8B).")] = 32,

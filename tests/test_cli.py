@@ -144,13 +144,14 @@ def test_killed_run_resumes_with_only_the_unfinished_cases(tmp_path: Path):
 
 
 def test_default_methods_add_the_fastest_flash_kernel_on_a_gpu():
-    """On a GPU the default also times santa-flash's two-pass compact kernel (the fused
-    one stays as `santa-flash`); on a CPU both are one reference, so it is left out."""
+    """On a GPU the default also times santa-flash's one-pass compact kernel (the masked
+    fused one stays as `santa-flash`); on a CPU both are one reference, so it is left
+    out."""
     from santa_bench.cli import default_methods
     from santa_bench.methods import parse_method_specs
 
     cpu = [(m.name, params) for m, params in parse_method_specs(default_methods("cpu"))]
     gpu = [(m.name, params) for m, params in parse_method_specs(default_methods("cuda"))]
     assert gpu[: len(cpu)] == cpu
-    assert gpu[len(cpu):] == [("santa-flash", {"passes": 2, "gather": "compact"})]
+    assert gpu[len(cpu):] == [("santa-flash", {"gather": "compact"})]
     assert ("santa-flash", {}) in cpu

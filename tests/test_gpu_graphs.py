@@ -18,16 +18,18 @@ pytestmark = [
 
 
 @pytest.mark.parametrize("function", ["santa_prop", "santa_flash", "santa_strat", "santa_iid",
-                                      "santa_flash_two_pass"])
+                                      "santa_flash_two_pass", "santa_flash_compact"])
 def test_graph_replays_draw_fresh_samples_and_reset_reproduces(function):
     import santa_kernels.triton_santa as ts
     import santa_kernels.triton_santa_flash2 as tf2
+    import santa_kernels.triton_santa_flash_compact as tfc
     from santa_bench.inputs import DecodeShape, make_decode_inputs
 
     q, kv = make_decode_inputs(DecodeShape(batch=2, ctx=4096), device="cuda")
     two_pass = function == "santa_flash_two_pass"
     workspace = ts.SantaWorkspace.for_inputs(q, kv, 64, 64, seed=1, store_counts=two_pass)
-    kernel = getattr(tf2 if two_pass else ts, function)
+    module = {"santa_flash_two_pass": tf2, "santa_flash_compact": tfc}.get(function, ts)
+    kernel = getattr(module, function)
     kernel(q, kv, 64, workspace=workspace)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -42,6 +44,32 @@ def test_graph_replays_draw_fresh_samples_and_reset_reproduces(function):
     workspace.reset_rng(0)
     graph.replay()
     assert torch.equal(out, first)  # same seed and step: the same run
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_one_pass_compact_draws_the_masked_kernels_counts_on_the_gpu(layout):
+    """Llama shape, 8k, S=2048 and 64: the compiled one-pass compact kernel (K through
+    tensor descriptors where contiguous) draws the masked fused kernel's counts given the
+    same uniforms at every lag, in its lagged loop and, for a short sequence of the batch,
+    the loop without the lag; outputs agree to bf16 rounding."""
+    import santa_kernels.triton_santa as ts
+    import santa_kernels.triton_santa_flash_compact as tfc
+    from santa_bench.inputs import DecodeShape, make_decode_inputs
+
+    q, kv = make_decode_inputs(DecodeShape(batch=2, ctx=8192), device="cuda")
+    lengths = torch.tensor([8192, 700], device="cuda")  # 11 tiles: 186 samples a tile
+    kv = type(kv).contiguous(kv.k, kv.v, lengths)
+    if layout == "paged":
+        kv = kv.to_paged(16, torch.Generator().manual_seed(1))
+    gen = torch.Generator("cuda").manual_seed(4)
+    for S in (2048, 64):
+        uniforms = torch.rand(2, 32, 128, device="cuda", generator=gen)
+        masked, info = ts.santa_flash(q, kv, S, uniforms=uniforms, return_counts=True)
+        for lag in (0, 1, 2):
+            out, got = tfc.santa_flash_compact(q, kv, S, uniforms=uniforms, lag=lag,
+                                               return_counts=True)
+            assert torch.equal(got.row_counts(), info.row_counts()), (S, lag)
+            torch.testing.assert_close(out.float(), masked.float(), rtol=2e-2, atol=2e-2)
 
 
 def test_stash_l2_policy_changes_no_sample_on_the_gpu(monkeypatch):
