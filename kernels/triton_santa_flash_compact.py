@@ -64,8 +64,8 @@ from santa_kernels.validate import InputError, check_positive_int
 # tune-2026-12-02-s18/3-fcompact-tiles-warps.csv): (4, 3) 33.9 / 92.4 us at 32k B=1 /
 # 128k B=1 (8 groups; (2, 3) 35.0 / 98.9, (4, 2) 34.8 / 99.1, (1, 3) 38.7 / 106.6), at
 # 32k B=8 (64 groups) (2, 3) 210.4 us against 307.3 for (4, 3) (225.5 at four times the
-# split); (4, 4), (8, 3) and (2, 4) 1.5-1.8x slower (1-fcompact-6d374e6.csv). d=64 and
-# 256 not swept: the count pass's launches.
+# split); (4, 4), (8, 3) and (2, 4) 1.5-1.7x slower at B=1, within 6% at 32k B=8
+# (1-fcompact-6d374e6.csv). d=64 and 256 not swept: the count pass's launches.
 COMPACT_CONFIG = {64: (4, 4), 128: (4, 3), 256: (8, 2)}
 COMPACT_CONFIG_LARGE = {128: (2, 3)}
 LARGE_GROUPS = 32

@@ -502,8 +502,9 @@ def compact_section(rows: Rows, S: int = 2048) -> None:
 
 
 FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374e6: the
-    # launches (4, 4), (8, 3), (2, 4) 1.5-1.8x slower than (4, 3), no TMA 5-60% slower,
-    # maxnreg 96 within 2%; tune-2026-12-02-s18/1-fcompact-6d374e6.csv)
+    # launches (4, 4), (8, 3), (2, 4) 1.5-1.7x slower than (4, 3) at B=1, within 6% at
+    # 32k B=8; no TMA 3-57% slower; maxnreg 96 within 2%;
+    # tune-2026-12-02-s18/1-fcompact-6d374e6.csv)
     "lag 0 (4, 3)": {"lag": 0},
     "lag 0 (4, 2)": {"lag": 0, "config": (4, 2)},
     "lag 1 (4, 3)": {"lag": 1},
