@@ -57,6 +57,7 @@ from santa_kernels.triton_santa import (
     _tile_merge,
     _tile_scores,
 )
+from santa_kernels.triton_santa_flash2 import _launch_config
 from santa_kernels.validate import InputError, check_positive_int
 
 # (num_warps, num_stages) of the streaming kernel per head dim, and from LARGE_GROUPS
@@ -157,6 +158,30 @@ def _head_sums(select, v, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _tile_draw(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale, stride_kx,
+               stride_ky, stride_kh, stride_pt, page_size, k_desc, seq_rows, head_rows,
+               mask_g, uniforms_ptr, uniform_stride, seed, rng_base, per_tile,
+               PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr,
+               ROWS: tl.constexpr, D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+               W_SCALE: tl.constexpr, HAS_UNIFORMS: tl.constexpr, TMA: tl.constexpr):
+    """Tile ``t``'s scores on the dot's G_PAD rows, narrowed to the ROWS real ones, and
+    its draw (``_flash_kernel``'s, term for term): ``(m_t, row_ok, l_t, f)``, ``l_t`` the
+    tile mass and ``f`` the systematic floors of its integer local CDF."""
+    s, _, _ = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale,
+                           stride_kx, stride_ky, stride_kh, stride_pt, page_size, PAGED, TILE,
+                           D_PAD, DOT_PRECISION, k_desc, seq_rows, TMA)
+    if ROWS < G_PAD:  # the padding rows of q are zero (-inf past the end): exact
+        s = tl.sum(tl.reshape(s, [G_PAD // ROWS, ROWS, TILE]), axis=0)
+    m_t, row_ok, w, mass = _flash_local_weights(s, W_SCALE)
+    if HAS_UNIFORMS:
+        a = tl.load(uniforms_ptr + head_rows * uniform_stride + t, mask=mask_g & row_ok,
+                    other=0.0)
+    else:
+        a = tl.rand(seed, rng_base + t)
+    return m_t, row_ok, mass.to(tl.float32) / W_SCALE, _floors(w, mass, a, per_tile)
+
+
+@triton.jit
 def _flash_compact_kernel(
     q_ptr, k_ptr, v_ptr, lengths_ptr, page_table_ptr,
     part_m_ptr, part_l_ptr, part_o_ptr, counts_ptr, uniforms_ptr, rng_ptr, seed,
@@ -209,21 +234,12 @@ def _flash_compact_kernel(
         for t in range(t_begin, t_end):
             if LAG == 0:  # tile t-1's rows, issued before this tile's scores
                 v1 = _load_rows(v_base, p_off, p_ok, offs_d, mask_d)
-            s, _, _ = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim,
-                                   scale, stride_kx, stride_ky, stride_kh, stride_pt,
-                                   page_size, PAGED, TILE, D_PAD, DOT_PRECISION, k_desc,
-                                   seq_rows, TMA)
-            if ROWS < G_PAD:  # the padding rows of q are zero (-inf past the end): exact
-                s = tl.sum(tl.reshape(s, [G_PAD // ROWS, ROWS, TILE]), axis=0)
-            m_t, row_ok, w, mass = _flash_local_weights(s, W_SCALE)
-            if HAS_UNIFORMS:
-                a = tl.load(uniforms_ptr + head_rows * uniform_stride + t,
-                            mask=mask_g & row_ok, other=0.0)
-            else:
-                a = tl.rand(seed, rng_base + t)
-            f = _floors(w, mass, a, per_tile)
-            m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_t,
-                                                   mass.to(tl.float32) / W_SCALE)
+            m_t, row_ok, mass, f = _tile_draw(
+                q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale, stride_kx,
+                stride_ky, stride_kh, stride_pt, page_size, k_desc, seq_rows, head_rows,
+                mask_g, uniforms_ptr, uniform_stride, seed, rng_base, per_tile, PAGED, TILE,
+                G_PAD, ROWS, D_PAD, DOT_PRECISION, W_SCALE, HAS_UNIFORMS, TMA)
+            m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_t, mass)
             acc = acc * _expand(alpha, ROWS, G_PAD)[:, None]
             if LAG == 2:  # tile t-2's rows, issued at the end of iteration t-2
                 acc += _expand(c2 * alpha, ROWS, G_PAD)[:, None] * _head_sums(
@@ -249,21 +265,12 @@ def _flash_compact_kernel(
         acc += _expand(c1, ROWS, G_PAD)[:, None] * _head_sums(select, v1, DOT_PRECISION)
     else:  # more than P samples a tile: the same draw, P samples at a time, no lag
         for t in range(t_begin, t_end):
-            s, _, _ = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim,
-                                   scale, stride_kx, stride_ky, stride_kh, stride_pt,
-                                   page_size, PAGED, TILE, D_PAD, DOT_PRECISION, k_desc,
-                                   seq_rows, TMA)
-            if ROWS < G_PAD:
-                s = tl.sum(tl.reshape(s, [G_PAD // ROWS, ROWS, TILE]), axis=0)
-            m_t, row_ok, w, mass = _flash_local_weights(s, W_SCALE)
-            if HAS_UNIFORMS:
-                a = tl.load(uniforms_ptr + head_rows * uniform_stride + t,
-                            mask=mask_g & row_ok, other=0.0)
-            else:
-                a = tl.rand(seed, rng_base + t)
-            f = _floors(w, mass, a, per_tile)
-            m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_t,
-                                                   mass.to(tl.float32) / W_SCALE)
+            m_t, row_ok, mass, f = _tile_draw(
+                q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale, stride_kx,
+                stride_ky, stride_kh, stride_pt, page_size, k_desc, seq_rows, head_rows,
+                mask_g, uniforms_ptr, uniform_stride, seed, rng_base, per_tile, PAGED, TILE,
+                G_PAD, ROWS, D_PAD, DOT_PRECISION, W_SCALE, HAS_UNIFORMS, TMA)
+            m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_t, mass)
             acc = acc * _expand(alpha, ROWS, G_PAD)[:, None]
             coef = _expand(w_t / per_tile, ROWS, G_PAD)
             for j0 in range(0, per_tile.to(tl.int32), P):
@@ -281,15 +288,6 @@ def _flash_compact_kernel(
     tl.store(part_l_ptr + part, l_run, mask=mask_g)
     tl.store(part_o_ptr + part[:, None] * head_dim + offs_d[None, :], acc,
              mask=mask_g[:, None] & mask_d[None, :])
-
-
-def _launch(value, default: tuple[int, int]) -> tuple[int, int]:
-    if value is None:
-        return default
-    if (not isinstance(value, tuple | list) or len(value) != 2
-            or not all(isinstance(x, int) and x > 0 for x in value)):
-        raise InputError(f"config: expected (num_warps, num_stages), got {value!r}")
-    return int(value[0]), int(value[1])
 
 
 def santa_flash_compact(
@@ -329,7 +327,7 @@ def santa_flash_compact(
         raise InputError(f"lag: 0, 1 or 2, got {lag!r}")
     if samples & (samples - 1):
         raise InputError(f"samples: a power of two, got {samples}")
-    warps, stages = _launch(config, compact_config(d, batch * hkv, tile))
+    warps, stages = _launch_config(config, compact_config(d, batch * hkv, tile), "config")
     rows = max(2, _next_pow2(group))
     per_split = -(-n_tiles // ws.num_splits)
     splits = -(-n_tiles // per_split)

@@ -107,6 +107,29 @@ def uniforms_for(method, q, kv, S, seed=1):
     return torch.rand(shape, generator=torch.Generator().manual_seed(seed))
 
 
+def check_flash_draw(kernel, q, kv, S, *, out_tol=1e-5, **kw):
+    """A santa-flash kernel ``kernel(q, kv, S, tile=, uniforms=, return_counts=True, **kw)``
+    given the masked fused kernel's uniforms: identical counts to ``santa_flash`` and to
+    the float64 expectation, outputs close to both."""
+    uniforms = uniforms_for("flash", q, kv, S)
+    out, info = kernel(q, kv, S, tile=TILE, uniforms=uniforms, return_counts=True, **kw)
+    assert info.method == "flash" and info.S == S and out.dtype == q.dtype
+    assert out.shape == q.shape
+    fused_out, fused_info = santa_flash(q, kv, S, tile=TILE, uniforms=uniforms,
+                                        return_counts=True)
+    counts = info.row_counts()
+    assert torch.equal(counts, fused_info.row_counts())
+    torch.testing.assert_close(out, fused_out, rtol=out_tol, atol=out_tol)
+    scores, values = float64_scores(q, kv)
+    n = scores.shape[-1]
+    expected, weights = expected_counts("flash", scores, S, uniforms[..., : math.ceil(n / TILE)],
+                                        kv.lengths)
+    torch.testing.assert_close(counts[..., :n].double(), expected, rtol=0, atol=0)
+    exact_out = torch.einsum("bhn,bhnd->bhd", weights, values)
+    torch.testing.assert_close(out.double(), exact_out, rtol=out_tol, atol=out_tol)
+    return out, info
+
+
 def check_exact(method, q, kv, S, out_tol=1e-5, **kw):
     uniforms = uniforms_for(method, q, kv, S)
     out, info = run_method(method, q, kv, S, uniforms, **kw)

@@ -15,12 +15,10 @@ import pytest
 import torch
 from test_triton_santa import (
     TILE,
-    expected_counts,
-    float64_scores,
+    check_flash_draw,
     make_cache,
     pytestmark,  # noqa: F401 (Triton present; CPU tensors: the interpreter)
     replicated_cache,
-    uniforms_for,
 )
 
 from santa_kernels import InputError, KVCache, attention
@@ -31,29 +29,11 @@ from santa_kernels.triton_santa_flash2 import GATHERS, santa_flash_two_pass
 def check_against_fused(q, kv, S, *, out_tol=1e-5, num_splits=None, **gather):
     """Same uniforms: identical counts to santa_flash and to the float64 expectation,
     outputs close to both. ``gather``: pass 2 options (gather_splits, gather_config)."""
-    uniforms = uniforms_for("flash", q, kv, S)
     kw = {"workspace": None, **gather}
     if num_splits is not None:
         kw["workspace"] = SantaWorkspace.for_inputs(q, kv, S, TILE, num_splits=num_splits,
                                                     store_counts=True)
-    out, info = santa_flash_two_pass(q, kv, S, tile=TILE, uniforms=uniforms,
-                                     return_counts=True, **kw)
-    assert info.method == "flash" and info.S == S and out.dtype == q.dtype
-    assert out.shape == q.shape
-    fused_out, fused_info = santa_flash(q, kv, S, tile=TILE, uniforms=uniforms,
-                                        return_counts=True)
-    counts = info.row_counts()
-    assert torch.equal(counts, fused_info.row_counts())
-    torch.testing.assert_close(out, fused_out, rtol=out_tol, atol=out_tol)
-    # float64 expectation (the reference's formulas)
-    scores, values = float64_scores(q, kv)
-    n = scores.shape[-1]
-    expected, weights = expected_counts("flash", scores, S, uniforms[..., : math.ceil(n / TILE)],
-                                        kv.lengths)
-    torch.testing.assert_close(counts[..., :n].double(), expected, rtol=0, atol=0)
-    exact_out = torch.einsum("bhn,bhnd->bhd", weights, values)
-    torch.testing.assert_close(out.double(), exact_out, rtol=out_tol, atol=out_tol)
-    return out, info
+    return check_flash_draw(santa_flash_two_pass, q, kv, S, out_tol=out_tol, **kw)
 
 
 # ------------------------------------------------------------ exact agreement

@@ -16,12 +16,10 @@ import pytest
 import torch
 from test_triton_santa import (
     TILE,
-    expected_counts,
-    float64_scores,
+    check_flash_draw,
     make_cache,
     pytestmark,  # noqa: F401 (Triton present; CPU tensors: the interpreter)
     replicated_cache,
-    uniforms_for,
 )
 
 from santa_kernels import InputError, KVCache, attention
@@ -32,26 +30,9 @@ from santa_kernels.triton_santa_flash_compact import lag_samples, santa_flash_co
 def check_against_fused(q, kv, S, *, out_tol=1e-5, num_splits=None, **kw):
     """Same uniforms: the masked fused kernel's counts and the float64 expectation's,
     outputs close to both."""
-    uniforms = uniforms_for("flash", q, kv, S)
     if num_splits is not None:
         kw["workspace"] = SantaWorkspace.for_inputs(q, kv, S, TILE, num_splits=num_splits)
-    out, info = santa_flash_compact(q, kv, S, tile=TILE, uniforms=uniforms,
-                                    return_counts=True, **kw)
-    assert info.method == "flash" and info.S == S and out.dtype == q.dtype
-    assert out.shape == q.shape
-    fused_out, fused_info = santa_flash(q, kv, S, tile=TILE, uniforms=uniforms,
-                                        return_counts=True)
-    counts = info.row_counts()
-    assert torch.equal(counts, fused_info.row_counts())
-    torch.testing.assert_close(out, fused_out, rtol=out_tol, atol=out_tol)
-    scores, values = float64_scores(q, kv)
-    n = scores.shape[-1]
-    expected, weights = expected_counts("flash", scores, S, uniforms[..., : math.ceil(n / TILE)],
-                                        kv.lengths)
-    torch.testing.assert_close(counts[..., :n].double(), expected, rtol=0, atol=0)
-    exact_out = torch.einsum("bhn,bhnd->bhd", weights, values)
-    torch.testing.assert_close(out.double(), exact_out, rtol=out_tol, atol=out_tol)
-    return out, info
+    return check_flash_draw(santa_flash_compact, q, kv, S, out_tol=out_tol, **kw)
 
 
 CASES = [  # (batch, hq, hkv, d, n, lengths)
