@@ -292,6 +292,26 @@ def replicated_cache(n=80, hq=4, d=32, kind="gaussian"):
     return q, kv
 
 
+def check_flash_unbiased(draw, S=16, calls=2):
+    """``draw(q, kv, S) -> out`` of a santa-flash kernel, called ``calls`` times on
+    replicated Gaussian heads (independent streams: the batch elements): unbiased within
+    a z bound and the float64 reference's MSE."""
+    q, kv = replicated_cache(kind="gaussian")
+    draws = torch.cat([draw(q, kv, S).double() for _ in range(calls)])  # [R, Hq, d]
+    dense = attention(q[:1], KVCache.contiguous(kv.k[:1], kv.v[:1]),
+                      compute_dtype=torch.float64).out[0]
+    reference = torch.cat([attention(q, kv, value="flash", S=S, tile=TILE, seed=100 + i,
+                                     compute_dtype=torch.float64).out for i in range(calls)])
+    spread = draws.std(dim=0).clamp_min(1e-3)
+    z = (draws.mean(dim=0) - dense) / (spread / math.sqrt(draws.shape[0]))
+    assert float(z.abs().max()) < 5.0, float(z.abs().max())
+    assert float((z**2).mean()) < 2.0, float((z**2).mean())
+    assert float(draws.std(dim=0).mean()) > 1e-3  # a real estimator, not dense attention
+    mse = ((draws - dense) ** 2).sum(dim=-1).mean()
+    mse_reference = ((reference - dense) ** 2).sum(dim=-1).mean()
+    assert 0.7 < float(mse / mse_reference) < 1.4, float(mse / mse_reference)
+
+
 @pytest.mark.parametrize(
     ("method", "calls", "kind"),
     [("prop", 2, "gaussian"), ("flash", 2, "gaussian"), ("strat", 1, "gaussian"),
