@@ -10,18 +10,21 @@ load's latency is exposed once per tile and most of the staged block is empty. H
 tile's draw is turned into the ``S_tile`` sampled rows of every head directly (sample
 ``j`` of a head lies in the column ``i`` with ``f_{i-1} <= j < f_i``, ``f_i = floor(a +
 S_tile F_i)`` the systematic floors of the integer local CDF ``F``, so its column is
-``#{i : f_i <= j}``), and those ``G * S_tile`` rows are loaded at the top of the *next*
-iteration, before that tile's scores, and summed after its draw: the gather's latency
-hides behind a K tile, and only sampled rows move (a row sampled twice is loaded twice
-from the same address; HBM moves it once). K tiles come through Hopper's bulk tensor
-copies where the cache allows (``SantaWorkspace.k_descriptor``), as in prop's score pass.
+``#{i : f_i <= j}``), and those ``G * S_tile`` rows are loaded at the end of the tile's
+iteration and summed in the next one: the gather's latency hides behind the next K tile,
+and only sampled rows move (a row sampled twice is loaded twice from the same address;
+HBM moves it once). Loading them at the top of the next iteration instead, or summing
+them two iterations later, was measured slower (BENCHMARKS.md, session 18). K tiles come
+through Hopper's bulk tensor copies where the cache allows (``SantaWorkspace.k_descriptor``),
+as in prop's score pass.
 
 ``S_tile = max(1, S // T_b)`` depends on the sequence's length: the lagged loop holds
 ``P`` samples a head and tile (``P`` a power of two, by default the one covering
 ``S_tile`` at the cache's capacity, the common decode case); a program whose sequence
 draws more (a shorter sequence) runs the same draw without the lag, ``P`` samples at a
-time. Both loops are innermost (no nested loop in the fast one), so Triton's pipeliner
-stages the K tiles of either.
+time. The lagged loop holds no nested loop, so Triton's pipeliner stages its K tiles;
+the other loop's K loads wait in their own iteration (only its inner loop over sample
+chunks is pipelined), the price of a case decode batches rarely hit.
 
 Byte model: reads ``B*Hkv*N*d*E`` (K) + the group's union of sampled V rows (HBM
 traffic; ``<= B*Hkv*min(N, G*S)`` rows of ``d*E``); writes ``B*Hq*splits*(d+2)*4``
@@ -70,9 +73,11 @@ from santa_kernels.validate import InputError, check_positive_int
 COMPACT_CONFIG = {64: (4, 4), 128: (4, 3), 256: (8, 2)}
 COMPACT_CONFIG_LARGE = {128: (2, 3)}
 LARGE_GROUPS = 32
-DEFAULT_LAG = 1  # iterations between a tile's V loads and their sum (santa_flash_compact):
-# lag 1 33.9 / 307.3 / 92.4 us at 32k B=1 / 32k B=8 / 128k B=1 against lag 0 37.3 / 363.3
-# / 106.8 and lag 2 38.3 / 381.4 / 109.5 ((4, 3); 2-fcompact-88559cc.csv)
+# A tile's V rows are loaded at the end of its iteration and summed one iteration later:
+# 33.9 / 307.3 / 92.4 us at 32k B=1 / 32k B=8 / 128k B=1 against 37.3 / 363.3 / 106.8
+# loaded at the top of the next iteration (lag 0) and 38.3 / 381.4 / 109.5 summed two
+# iterations later (lag 2) ((4, 3); 2-fcompact-88559cc.csv; both variants removed, code
+# at 43ab94e)
 MAX_LAG_SAMPLES = 64  # the lagged loop's samples a head and tile, at most (P)
 
 
@@ -190,8 +195,7 @@ def _flash_compact_kernel(
     stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_vx, stride_vy, stride_vh,
     stride_pt, page_size,
     PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr,
-    D_PAD: tl.constexpr, P: tl.constexpr, GR: tl.constexpr, LAG: tl.constexpr,
-    HAS_UNIFORMS: tl.constexpr,
+    D_PAD: tl.constexpr, P: tl.constexpr, GR: tl.constexpr, HAS_UNIFORMS: tl.constexpr,
     STORE_COUNTS: tl.constexpr, DOT_PRECISION: tl.constexpr, W_BITS: tl.constexpr,
     GROUP_RNG: tl.constexpr = False, k_desc=None, seq_rows=0, TMA: tl.constexpr = False,
 ):
@@ -223,17 +227,10 @@ def _flash_compact_kernel(
               & (offs_c[None, :] < ROWS * P)).to(tl.float32)
     entry_heads = _flat(tl.broadcast_to(head_rows[:, None], [ROWS, P]), ROWS, P, GR)
     if per_tile <= P:
-        # the last tiles' samples: V offsets and validity (tile t-1), the loaded rows and
-        # their weight W_t / S_tile a sample (v1, c1: tile t-1; v2, c2: tile t-2)
-        p_off = tl.zeros([GR], dtype=tl.int64)
-        p_ok = offs_c < 0
+        # the last tile's sampled V rows (in flight) and their weight W_t / S_tile a sample
         v1 = tl.zeros([GR, D_PAD], dtype=v_ptr.dtype.element_ty)
-        v2 = tl.zeros([GR, D_PAD], dtype=v_ptr.dtype.element_ty)
         c1 = tl.zeros([ROWS], dtype=tl.float32)
-        c2 = tl.zeros([ROWS], dtype=tl.float32)
         for t in range(t_begin, t_end):
-            if LAG == 0:  # tile t-1's rows, issued before this tile's scores
-                v1 = _load_rows(v_base, p_off, p_ok, offs_d, mask_d)
             m_t, row_ok, mass, f = _tile_draw(
                 q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale, stride_kx,
                 stride_ky, stride_kh, stride_pt, page_size, k_desc, seq_rows, head_rows,
@@ -241,27 +238,16 @@ def _flash_compact_kernel(
                 G_PAD, ROWS, D_PAD, DOT_PRECISION, W_SCALE, HAS_UNIFORMS, TMA)
             m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_t, mass)
             acc = acc * _expand(alpha, ROWS, G_PAD)[:, None]
-            if LAG == 2:  # tile t-2's rows, issued at the end of iteration t-2
-                acc += _expand(c2 * alpha, ROWS, G_PAD)[:, None] * _head_sums(
-                    select, v2, DOT_PRECISION)
-                v2 = v1
-                c2 = c1 * alpha
-            else:  # tile t-1's rows
-                acc += _expand(c1 * alpha, ROWS, G_PAD)[:, None] * _head_sums(
-                    select, v1, DOT_PRECISION)
+            acc += _expand(c1 * alpha, ROWS, G_PAD)[:, None] * _head_sums(select, v1,
+                                                                           DOT_PRECISION)
             c1 = w_t / per_tile
-            n, p_off, p_ok = _sampled_rows(f, 0, per_tile, mask_g & row_ok, t, page_table_ptr,
-                                           b, stride_vx, stride_vy, stride_pt, page_size,
-                                           PAGED, TILE, ROWS, P, GR)
-            if LAG > 0:  # this tile's rows, issued now, summed LAG iterations later
-                v1 = _load_rows(v_base, p_off, p_ok, offs_d, mask_d)
+            n, off, ok = _sampled_rows(f, 0, per_tile, mask_g & row_ok, t, page_table_ptr, b,
+                                       stride_vx, stride_vy, stride_pt, page_size, PAGED,
+                                       TILE, ROWS, P, GR)
+            v1 = _load_rows(v_base, off, ok, offs_d, mask_d)  # summed in the next iteration
             if STORE_COUNTS:
-                tl.atomic_add(counts_ptr + entry_heads * counts_stride + n, 1, mask=p_ok,
+                tl.atomic_add(counts_ptr + entry_heads * counts_stride + n, 1, mask=ok,
                               sem="relaxed")
-        if LAG == 0:
-            v1 = _load_rows(v_base, p_off, p_ok, offs_d, mask_d)
-        if LAG == 2:
-            acc += _expand(c2, ROWS, G_PAD)[:, None] * _head_sums(select, v2, DOT_PRECISION)
         acc += _expand(c1, ROWS, G_PAD)[:, None] * _head_sums(select, v1, DOT_PRECISION)
     else:  # more than P samples a tile: the same draw, P samples at a time, no lag
         for t in range(t_begin, t_end):
@@ -296,10 +282,9 @@ def santa_flash_compact(
     workspace: SantaWorkspace | None = None, return_counts: bool = False,
     group_offsets: bool = False, samples: int | None = None,
     config: tuple[int, int] | None = None, tma: bool = True, maxnreg: int | None = None,
-    lag: int = DEFAULT_LAG,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash (section 4), one
-    pass, V gathered compactly one tile late.
+    pass, each tile's sampled V rows gathered while the next tile streams.
 
     Same estimator, arguments and outputs as :func:`santa_kernels.triton_santa.santa_flash`
     (given the same ``uniforms [B, Hq, T]`` or the same seed and step, the same counts).
@@ -307,9 +292,6 @@ def santa_flash_compact(
     :func:`lag_samples`); sequences drawing more take the loop without the lag.
     ``config``: ``(num_warps, num_stages)`` (default :func:`compact_config`). ``tma``:
     K through a tensor descriptor where the cache allows (contiguous, Hopper).
-    ``lag``: when a tile's V rows are loaded and summed: 0 at the top of the next
-    iteration, summed after its draw; 1 (2) at the end of the tile's own iteration, summed
-    one (two) iterations later.
     ``maxnreg``: a register cap for the streaming kernel (compiled GPU kernels only).
     ``return_counts`` adds per-row counts (an int32 buffer allocated by the call: off the
     hot path).
@@ -323,8 +305,6 @@ def santa_flash_compact(
     if samples is None:
         samples = lag_samples(S, _capacity(kv), tile)
     check_positive_int(samples, "samples")
-    if lag not in (0, 1, 2):
-        raise InputError(f"lag: 0, 1 or 2, got {lag!r}")
     if samples & (samples - 1):
         raise InputError(f"samples: a power of two, got {samples}")
     warps, stages = _launch_config(config, compact_config(d, batch * hkv, tile), "config")
@@ -349,7 +329,7 @@ def santa_flash_compact(
         q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
         kv.v.stride(0), kv.v.stride(1), kv.v.stride(2), stride_pt, page_size,
         PAGED=paged, TILE=tile, G_PAD=max(16, _next_pow2(group)),
-        ROWS=rows, D_PAD=_next_pow2(d), P=samples, GR=max(16, rows * samples), LAG=lag,
+        ROWS=rows, D_PAD=_next_pow2(d), P=samples, GR=max(16, rows * samples),
         HAS_UNIFORMS=uniforms is not None, STORE_COUNTS=counts is not None,
         DOT_PRECISION=_dot_precision(kv.k.dtype), W_BITS=FLASH_W_BITS,
         GROUP_RNG=group_offsets, k_desc=k_desc, seq_rows=kv.k.shape[1],
@@ -362,7 +342,7 @@ def santa_flash_compact(
         SPLIT_PAD=max(2, _next_pow2(splits)), D_PAD=_next_pow2(d), num_warps=4,
     )
     if counts is not None:
-        counts = counts.view(batch, hq, -1).to(torch.int16)
+        counts = counts.view(batch, hq, -1)
     info = SantaInfo(method="flash", S=S, tile=tile, lengths=kv.lengths, num_kv_heads=hkv,
                      max_len=_capacity(kv), counts=counts)
     return out[:batch], info

@@ -339,13 +339,12 @@ def check_flash_two_pass() -> int:
 def check_flash_compact() -> int:
     """The one-pass compact kernel (triton_santa_flash_compact) at its COMPACT_CONFIG
     launches: K through a tensor descriptor (bulk tensor copies) or pointer loads (paged),
-    every lag, one to four samples a head and tile, group sizes 1-8."""
+    one to four samples a head and tile, group sizes 1-8."""
     failures = 0
     divisible = ("stride_qb", "stride_qh", "stride_kx", "stride_ky", "stride_kh", "stride_vx",
                  "stride_vy", "stride_vh")
-    for d, group, paged, lag, samples in ((128, 4, False, 1, 4), (128, 4, False, 0, 4),
-                                          (128, 4, False, 2, 1), (128, 1, True, 1, 4),
-                                          (64, 8, False, 1, 2), (256, 3, True, 1, 1)):
+    for d, group, paged, samples in ((128, 4, False, 4), (128, 4, False, 1), (128, 1, True, 4),
+                                     (64, 8, False, 2), (256, 3, True, 1)):
         warps, stages = tfc.compact_config(d)
         rows = max(2, ts._next_pow2(group))
         table = "*i32" if paged else "*i64"
@@ -353,7 +352,7 @@ def check_flash_compact() -> int:
         types += ["i32"] * 19
         consts = {"head_dim": d, "PAGED": paged, "TILE": 64, "G_PAD": max(16, rows),
                   "ROWS": rows, "D_PAD": d, "P": samples, "GR": max(16, rows * samples),
-                  "LAG": lag, "HAS_UNIFORMS": False, "STORE_COUNTS": False,
+                  "HAS_UNIFORMS": False, "STORE_COUNTS": False,
                   "DOT_PRECISION": "tf32", "W_BITS": ts.FLASH_W_BITS, "GROUP_RNG": False,
                   "TMA": not paged}
         if paged:
@@ -364,7 +363,7 @@ def check_flash_compact() -> int:
         err = compile_kernel(tfc._flash_compact_kernel, types, consts,
                              {"num_warps": warps, "num_stages": stages}, divisible,
                              require=None if paged else "ttng.async_tma_copy_global_to_local")
-        print(f"_flash_compact_kernel d={d} G={group} paged={paged} lag={lag} P={samples}: "
+        print(f"_flash_compact_kernel d={d} G={group} paged={paged} P={samples}: "
               f"{err or 'ok'}")
         failures += err is not None
     return failures

@@ -505,19 +505,16 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     # launches (4, 4), (8, 3), (2, 4) 1.5-1.7x slower than (4, 3) at B=1, within 6% at
     # 32k B=8; no TMA 3-57% slower; maxnreg 96 within 2%;
     # tune-2026-12-02-s18/1-fcompact-6d374e6.csv)
-    "lag 0 (4, 3)": {"lag": 0},
-    "lag 0 (4, 2)": {"lag": 0, "config": (4, 2)},
-    "lag 1 (4, 3)": {"lag": 1},
-    "lag 1 (4, 2)": {"lag": 1, "config": (4, 2)},
-    "lag 1 (4, 4)": {"lag": 1, "config": (4, 4)},
-    "lag 2 (4, 3)": {"lag": 2},
-    "lag 2 (4, 2)": {"lag": 2, "config": (4, 2)},
-    "lag 1 (4, 3) maxnreg 128": {"lag": 1, "maxnreg": 128},
-    "lag 1 (4, 2) maxnreg 128": {"lag": 1, "config": (4, 2), "maxnreg": 128},
-    "lag 1 (1, 3)": {"lag": 1, "config": (1, 3)},
-    "lag 1 (1, 2)": {"lag": 1, "config": (1, 2)},
-    "lag 1 (2, 3)": {"lag": 1, "config": (2, 3)},
-    "lag 1 (2, 2)": {"lag": 1, "config": (2, 2)},
+    # (lags 0 and 2, 2-fcompact-88559cc.csv, ran at 88559cc..43ab94e and are removed)
+    "(4, 3)": {},
+    "(4, 2)": {"config": (4, 2)},
+    "(4, 4)": {"config": (4, 4)},
+    "(4, 3) maxnreg 128": {"maxnreg": 128},
+    "(4, 2) maxnreg 128": {"config": (4, 2), "maxnreg": 128},
+    "(1, 3)": {"config": (1, 3)},
+    "(1, 2)": {"config": (1, 2)},
+    "(2, 3)": {"config": (2, 3)},
+    "(2, 2)": {"config": (2, 2)},
 }
 
 

@@ -59,9 +59,7 @@ def test_lagged_and_unlagged_loops_splits_and_large_budgets():
     assert lag_samples(16, 100, TILE) == 2  # 16 // 7 tiles; the 7-row sequence draws 16
     for splits in (1, 2, 6):
         check_against_fused(q, kv, S=16, num_splits=splits)
-    for lag in (0, 2):  # the default is 1
-        check_against_fused(q, kv, S=16, num_splits=2, lag=lag)
-        check_against_fused(q, kv, S=16, num_splits=1, lag=lag, samples=1)
+    check_against_fused(q, kv, S=16, num_splits=1, samples=1)  # P=1: one row a head
     check_against_fused(q, kv, S=200, num_splits=3)  # several samples a row
     check_against_fused(q, kv, S=200, samples=4)  # 28 a tile in 4-sample chunks
     check_against_fused(q, kv, S=16, samples=1)
@@ -140,8 +138,6 @@ def test_input_errors():
         santa_flash_compact(q, kv, 8, tile=TILE, samples=3)
     with pytest.raises(InputError, match="samples"):
         santa_flash_compact(q, kv, 8, tile=TILE, samples=0)
-    with pytest.raises(InputError, match="lag"):
-        santa_flash_compact(q, kv, 8, tile=TILE, lag=3)
     with pytest.raises(InputError, match="config"):
         santa_flash_compact(q, kv, 8, tile=TILE, config=(4,))
 
