@@ -68,7 +68,7 @@ STASH_DRAW_CONFIG = (4, 1)
 STASH_DRAW_ROWS = 64
 STASH_GATHER_ROWS = 128  # sampled rows a block, at most (R * P)
 STASH_PROGRAMS_PER_SM = 4
-MERGE_BLOCK = 32  # partials the last program merges a step
+MERGE_BLOCK = 16  # splits of a head the last program merges a step (one load round trip)
 
 
 def draw_block(heads: int, per_tile: int, rows: int | None = None) -> tuple[int, int]:
@@ -120,34 +120,36 @@ def _merge_group(part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, head0, out_row0, g
                  num_splits, part_stride, head_dim, stride_oh, offs_d, mask_d,
                  ROWS: tl.constexpr, D_PAD: tl.constexpr, BLOCK: tl.constexpr):
     """FlashDecoding's merge of the ``num_splits`` partials of the group's heads into
-    ``out`` (reads bypass L1: other programs wrote them)."""
-    offs_p = tl.arange(0, BLOCK)
-    for h in tl.static_range(ROWS):
-        if h < group:
-            part = (head0 + h).to(tl.int64) * part_stride
-            m_max = tl.full([BLOCK], float("-inf"), tl.float32)
-            for p0 in range(0, num_splits, BLOCK):
-                mask_p = p0 + offs_p < num_splits
-                m = tl.load(part_m_ptr + part + p0 + offs_p, mask=mask_p, other=float("-inf"),
-                            cache_modifier=".cg")
-                m_max = tl.maximum(m_max, m)
-            m_all = tl.max(m_max, axis=0)
-            num = tl.zeros([D_PAD], dtype=tl.float32)
-            den = tl.zeros([BLOCK], dtype=tl.float32)
-            for p0 in range(0, num_splits, BLOCK):
-                mask_p = p0 + offs_p < num_splits
-                idx = part + p0 + offs_p
-                m = tl.load(part_m_ptr + idx, mask=mask_p, other=float("-inf"),
-                            cache_modifier=".cg")
-                l_s = tl.load(part_l_ptr + idx, mask=mask_p, other=0.0, cache_modifier=".cg")
-                o = tl.load(part_o_ptr + idx[:, None] * head_dim + offs_d[None, :],
-                            mask=mask_p[:, None] & mask_d[None, :], other=0.0,
-                            cache_modifier=".cg")
-                wgt = tl.exp(m - m_all)  # empty splits hold m = -inf: weight 0
-                num += tl.sum(wgt[:, None] * o, axis=0)
-                den += wgt * l_s
-            tl.store(out_ptr + (out_row0 + h) * stride_oh + offs_d,
-                     (num / tl.sum(den, axis=0)).to(out_ptr.dtype.element_ty), mask=mask_d)
+    ``out``: the (head, split) pairs of ``BLOCK`` splits as one [ROWS * BLOCK] block (one
+    load round trip when ``num_splits <= BLOCK``; reads bypass L1: other programs wrote
+    them)."""
+    offs = tl.arange(0, ROWS * BLOCK)
+    h = offs // BLOCK
+    base = (head0 + h).to(tl.int64) * part_stride
+    ok_h = h < group
+    m_all = tl.full([ROWS], float("-inf"), tl.float32)
+    for p0 in range(0, num_splits, BLOCK):
+        ok = ok_h & (p0 + offs % BLOCK < num_splits)
+        m = tl.load(part_m_ptr + base + p0 + offs % BLOCK, mask=ok, other=float("-inf"),
+                    cache_modifier=".cg")
+        m_all = tl.maximum(m_all, tl.max(tl.reshape(m, [ROWS, BLOCK]), axis=1))
+    m_ref = tl.where(m_all > float("-inf"), m_all, 0.0)
+    num = tl.zeros([ROWS, D_PAD], dtype=tl.float32)
+    den = tl.zeros([ROWS], dtype=tl.float32)
+    for p0 in range(0, num_splits, BLOCK):
+        ok = ok_h & (p0 + offs % BLOCK < num_splits)
+        idx = base + p0 + offs % BLOCK
+        m = tl.load(part_m_ptr + idx, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        l_s = tl.load(part_l_ptr + idx, mask=ok, other=0.0, cache_modifier=".cg")
+        o = tl.load(part_o_ptr + idx[:, None] * head_dim + offs_d[None, :],
+                    mask=ok[:, None] & mask_d[None, :], other=0.0, cache_modifier=".cg")
+        wgt = tl.exp(tl.reshape(m, [ROWS, BLOCK]) - m_ref[:, None])  # empty splits: 0
+        num += tl.sum(tl.reshape(o, [ROWS, BLOCK, D_PAD]) * wgt[:, :, None], axis=1)
+        den += tl.sum(wgt * tl.reshape(l_s, [ROWS, BLOCK]), axis=1)
+    offs_h = tl.arange(0, ROWS)
+    tl.store(out_ptr + (out_row0 + offs_h)[:, None] * stride_oh + offs_d[None, :],
+             (num / tl.where(den > 0, den, 1.0)[:, None]).to(out_ptr.dtype.element_ty),
+             mask=(offs_h < group)[:, None] & mask_d[None, :])
 
 
 @triton.jit
@@ -162,8 +164,10 @@ def _stash_draw_kernel(
     P: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr, HAS_UNIFORMS: tl.constexpr,
     STORE_COUNTS: tl.constexpr, DOT_PRECISION: tl.constexpr, W_BITS: tl.constexpr,
     GROUP_RNG: tl.constexpr, PDL: tl.constexpr, STASH_EVICT: tl.constexpr,
-    MERGE_BLOCK: tl.constexpr,
+    MERGE_BLOCK: tl.constexpr, PROFILE: tl.constexpr = 0,
 ):
+    # PROFILE (timing only, wrong outputs): 1 = no draw (each row's first P columns),
+    # 2 = no V loads, 3 = no merge
     # One program: tiles [t_begin, t_end) of one (sequence, KV head), all G query heads,
     # CH = R / ROWS tiles a block; block row r = h * CH + k is head h's tile t_begin' + k.
     _pdl_wait(PDL)  # pass 1's statistics and stash (a programmatic dependent on Hopper)
@@ -204,7 +208,10 @@ def _stash_draw_kernel(
             a = tl.load(uniforms_ptr + head_r * uniform_stride + t_r, mask=ok_r, other=0.0)
         else:
             a = tl.rand(seed, rng_base + t_r)
-        f = _floors(w, mass, a, per_tile)
+        if PROFILE == 1:
+            f = tl.broadcast_to(offs_i[None, :].to(tl.float32), [R, TILE]) + a[:, None] * 0.0
+        else:
+            f = _floors(w, mass, a, per_tile)
         # FlashDecoding's running merge, per head over the block's CH tiles
         lse2 = tl.reshape(lse, [ROWS, CH])
         m_new = tl.maximum(m_run, tl.max(lse2, axis=1))
@@ -222,8 +229,12 @@ def _stash_draw_kernel(
             n, off, ok = _block_rows(f, j0, per_tile, ok_r, t_r, page_table_ptr, b,
                                      stride_vx, stride_vy, stride_pt, page_size, PAGED, TILE,
                                      R, P)
-            v = tl.load(v_base + off[:, None] + offs_d[None, :],
-                        mask=ok[:, None] & mask_d[None, :], other=0.0)
+            if PROFILE == 2:
+                v = tl.zeros([R * P, D_PAD], dtype=v_ptr.dtype.element_ty) + off[:, None].to(
+                    v_ptr.dtype.element_ty) * 0
+            else:
+                v = tl.load(v_base + off[:, None] + offs_d[None, :],
+                            mask=ok[:, None] & mask_d[None, :], other=0.0)
             acc += _weighted_sums(weights, v, DOT_PRECISION)
             if STORE_COUNTS:
                 tl.atomic_add(counts_ptr + head_of_e * counts_stride + n, 1, mask=ok,
@@ -240,12 +251,14 @@ def _stash_draw_kernel(
     # ticket: barrier + acq_rel atomic, as in prop's sample pass)
     tl.debug_barrier()
     ticket = tl.atomic_add(ticket_ptr + pid_bkv, 1, sem="acq_rel")
-    if ticket == tl.num_programs(0) - 1:
+    if (ticket == tl.num_programs(0) - 1) & (PROFILE != 3):
         _merge_group(part_m_ptr, part_l_ptr, part_o_ptr, out_ptr + b * stride_ob,
                      b * num_q_heads + kvh * group, kvh * group, group, tl.num_programs(0),
                      part_stride, head_dim, stride_oh, offs_d, mask_d, ROWS, D_PAD,
                      MERGE_BLOCK)
         tl.store(ticket_ptr + pid_bkv, 0)  # ready for the next call (graph replay)
+    if (ticket == tl.num_programs(0) - 1) & (PROFILE == 3):
+        tl.store(ticket_ptr + pid_bkv, 0)
 
 
 def _partials(ws: SantaWorkspace, splits: int):
@@ -293,7 +306,8 @@ def santa_flash_stash(
     workspace: SantaWorkspace | None = None, return_counts: bool = False,
     group_offsets: bool = False, stash_dtype: torch.dtype = torch.float16,
     rows: int | None = None, programs_per_sm: int | None = None,
-    config: tuple[int, int] | None = None,
+    config: tuple[int, int] | None = None, pdl: bool | None = None, stages: str = "both",
+    profile: int = 0,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash (section 4): prop's
     score pass, then the tile draws from its logit stash and the sampled rows' gather.
@@ -304,7 +318,9 @@ def santa_flash_stash(
     keeps its own). ``rows``: (head, tile) rows a draw block (a power of two; default
     :data:`STASH_DRAW_ROWS`); ``programs_per_sm``: pass 2's split count target;
     ``config``: pass 2's ``(num_warps, num_stages)``. ``return_counts`` adds per-row
-    counts (an int32 buffer allocated by the call: off the hot path).
+    counts (an int32 buffer allocated by the call: off the hot path). Profiling only:
+    ``pdl`` (None: where available), ``stages="draw"`` (pass 2 alone, on the statistics
+    and stash of the call before), ``profile`` (``_stash_draw_kernel``'s PROFILE).
     """
     ws, scale = _prepare(q, kv, S, tile, scale, workspace, stash_dtype=stash_dtype)
     batch, hq, d = q.shape
@@ -312,13 +328,18 @@ def santa_flash_stash(
     group = hq // hkv
     n_tiles = _tile_count(kv, tile)
     uniforms = _check_uniforms(uniforms, (batch, hq, n_tiles))
-    warps, stages = _launch_config(config, STASH_DRAW_CONFIG, "config")
+    warps, num_stages = _launch_config(config, STASH_DRAW_CONFIG, "config")
     per_split, splits, r, p = _split_plan(ws, kv, S, tile, rows, programs_per_sm)
     part_m, part_l, part_o, part_stride = _partials(ws, splits)
     cfg = _config(d)
-    pdl = bool(cfg.get("pdl")) and pdl_available(q.device)
+    if pdl is None:
+        pdl = bool(cfg.get("pdl"))
+    pdl = bool(pdl) and pdl_available(q.device)
+    if stages not in ("both", "draw"):
+        raise InputError(f"stages: 'both' or 'draw', got {stages!r}")
     stash_evict = _stash_evict(cfg, batch * hq, _capacity(kv), ws.stash)
-    _score_pass(q, kv, ws, scale, tile, pdl=pdl, stash_evict=stash_evict)
+    if stages == "both":
+        _score_pass(q, kv, ws, scale, tile, pdl=pdl, stash_evict=stash_evict)
     table, paged, page_size, stride_pt = _cache_args(kv)
     counts = None
     if return_counts:
@@ -338,7 +359,8 @@ def santa_flash_stash(
         HAS_UNIFORMS=uniforms is not None, STORE_COUNTS=counts is not None,
         DOT_PRECISION=_dot_precision(kv.v.dtype), W_BITS=FLASH_W_BITS,
         GROUP_RNG=group_offsets, PDL=pdl, STASH_EVICT=stash_evict, MERGE_BLOCK=MERGE_BLOCK,
-        num_warps=warps, num_stages=stages, **({"launch_pdl": True} if pdl else {}),
+        PROFILE=profile, num_warps=warps, num_stages=num_stages,
+        **({"launch_pdl": True} if pdl else {}),
     )
     if counts is not None:
         counts = counts.view(batch, hq, -1)

@@ -383,7 +383,7 @@ def stash_draw_consts(d: int, group: int, paged: bool, per_tile: int) -> dict:
     return {"head_dim": d, "PAGED": paged, "TILE": 64, "ROWS": rows, "R": r, "P": p,
             "G_PAD": max(16, rows), "D_PAD": d, "HAS_UNIFORMS": False, "STORE_COUNTS": False,
             "DOT_PRECISION": "tf32", "W_BITS": ts.FLASH_W_BITS, "GROUP_RNG": False,
-            "PDL": True, "STASH_EVICT": "", "MERGE_BLOCK": tfs.MERGE_BLOCK}
+            "PDL": True, "STASH_EVICT": "", "MERGE_BLOCK": tfs.MERGE_BLOCK, "PROFILE": 0}
 
 
 def check_flash_stash() -> int:

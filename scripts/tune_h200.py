@@ -63,6 +63,7 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
 - ``fstash``: santa-flash on prop's score pass and logit stash (triton_santa_flash_stash):
   the score pass alone, pass 2's launches, fp16 or fp32 stash, against the one-pass
   compact kernel (counts compared given the same seed and step).
+- ``fstashprof``: the same by parts: pass 2 alone without its draw, V loads or merge.
 - ``compact``: the two-pass flash kernel's masked pass 2 against its compact row lists
   (a second kernel, or gathered inline by the count program), by launch and register cap
   (earlier sweeps of blocks, splits and list forms: results/h200/tune-2026-12-02-s14).
@@ -667,6 +668,56 @@ def fstash_section(rows: Rows) -> None:
         torch.cuda.empty_cache()
 
 
+FSTASHPROF_VARIANTS = {  # (santa_flash_stash keyword arguments) timed as the call or pass 2
+    "call": {},
+    "call no PDL": {"pdl": False},
+    "call pps2": {"programs_per_sm": 2},
+    "call pps1": {"programs_per_sm": 1},
+    "call r16": {"rows": 16},
+    "draw": {"stages": "draw", "pdl": False},
+    "draw no draw": {"stages": "draw", "pdl": False, "profile": 1},
+    "draw no V": {"stages": "draw", "pdl": False, "profile": 2},
+    "draw no merge": {"stages": "draw", "pdl": False, "profile": 3},
+    "draw pps2": {"stages": "draw", "pdl": False, "programs_per_sm": 2},
+    "draw pps1": {"stages": "draw", "pdl": False, "programs_per_sm": 1},
+    "draw pps1 no merge": {"stages": "draw", "pdl": False, "programs_per_sm": 1, "profile": 3},
+    "draw r16": {"stages": "draw", "pdl": False, "rows": 16},
+    "draw (8, 1)": {"stages": "draw", "pdl": False, "config": (8, 1)},
+}
+
+
+def fstashprof_section(rows: Rows) -> None:
+    """santa-flash on the stash by parts: the call, and pass 2 alone (on the stash of the
+    call before) without its draw, its V loads or its merge (timing only), by split count
+    and block (FSTASH_BUDGETS, default 2048)."""
+    budgets = [int(x) for x in os.environ.get("FSTASH_BUDGETS", "2048").split(",")]
+    for batch, ctx in SHAPES:
+        tag = f"B={batch} {ctx // 1024}k"
+        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
+        for S in budgets:
+            wss = [tfs.stash_workspace(q, kv, S, 64) for q, kv in inputs]
+            calls = [lambda q=q, kv=kv, w=w: ts._score_pass(q, kv, w, 128 ** -0.5, 64)
+                     for (q, kv), w in zip(inputs, wss, strict=True)]
+            rows.add(section="fstashprof", shape=tag, variant="score pass", what=f"S={S}",
+                     us=f"{graph_call_us(calls):.2f}", note="")
+            for name, kw in FSTASHPROF_VARIANTS.items():
+                try:
+                    for (q, kv), w in zip(inputs, wss, strict=True):
+                        tfs.santa_flash_stash(q, kv, S, workspace=w, **{
+                            k: v for k, v in kw.items() if k not in ("stages", "profile")})
+                    calls = [lambda q=q, kv=kv, w=w, S=S, kw=kw: tfs.santa_flash_stash(
+                        q, kv, S, workspace=w, **kw)
+                        for (q, kv), w in zip(inputs, wss, strict=True)]
+                    rows.add(section="fstashprof", shape=tag, variant=name, what=f"S={S}",
+                             us=f"{graph_call_us(calls):.2f}", note="")
+                except Exception as exc:  # report and go on
+                    rows.add(section="fstashprof", shape=tag, variant=name, what="FAILED",
+                             us="", note=f"{type(exc).__name__}: {exc}"[:300])
+            del wss
+        del inputs
+        torch.cuda.empty_cache()
+
+
 def prop_draw(q, kv, S: int):
     """(sample indices, output) of one santa-prop call on a fresh workspace (seed 3)."""
     ws = ts.SantaWorkspace.for_inputs(q, kv, S, 64, seed=3, stash_dtype=torch.float16)
@@ -1123,7 +1174,7 @@ def main() -> None:
                             "prop": prop_section, "stores": stores_section, "e2e": e2e_section,
                             "flash": flash_section, "flash2": flash2_section,
                             "compact": compact_section, "fcompact": fcompact_section,
-                            "fstash": fstash_section,
+                            "fstash": fstash_section, "fstashprof": fstashprof_section,
                             "split": split_section, "sample": sample_section,
                             "pdl": pdl_section, "occupancy": occupancy_section,
                             "tma": tma_section, "tmastream": tmastream_section,
