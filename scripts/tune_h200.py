@@ -520,6 +520,10 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     "(1, 2)": {"config": (1, 2)},
     "(2, 3)": {"config": (2, 3)},
     "(2, 2)": {"config": (2, 2)},
+    "P2": {"samples": 2},
+    "P4": {"samples": 4},
+    "P8": {"samples": 8},
+    "P32": {"samples": 32},
 }
 
 
