@@ -65,13 +65,8 @@ def santa_prepare(function: str) -> PrepareFn:
             raise InputError(f"gather={gather}: an option of santa-flash")
         if gather == "inline" and passes != 2:
             raise InputError("gather=inline: an option of the two-pass kernel (passes=2)")
-        if gather == "stash" and passes == 2:
-            raise InputError("gather=stash: its own two kernels (prop's score pass, then the "
-                             "draws); leave passes at its default")
         # one pass with compact, lagged V gathers (triton_santa_flash_compact)
         one_pass_compact = flash and passes != 2 and gather == "compact"
-        # prop's score pass, then the tile draws from its stash (triton_santa_flash_stash)
-        on_stash = flash and gather == "stash"
         if stash is not None and stash not in STASH_DTYPES:
             raise InputError(f"stash: expected one of {sorted(STASH_DTYPES)}, got {stash!r}")
         stash_dtype = STASH_DTYPES[stash or "fp32"]
@@ -80,11 +75,6 @@ def santa_prepare(function: str) -> PrepareFn:
             two_pass = importlib.import_module("santa_kernels.triton_santa_flash2")
             kernel = two_pass.santa_flash_two_pass
             workspace = two_pass.two_pass_workspace(q, kv, S, tile, seed=seed)
-        elif on_stash:
-            stash_module = importlib.import_module("santa_kernels.triton_santa_flash_stash")
-            kernel = stash_module.santa_flash_stash
-            workspace = stash_module.stash_workspace(q, kv, S, tile, seed=seed,
-                                                     stash_dtype=STASH_DTYPES[stash or "fp16"])
         elif one_pass_compact:
             kernel = importlib.import_module(
                 "santa_kernels.triton_santa_flash_compact").santa_flash_compact

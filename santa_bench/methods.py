@@ -177,10 +177,8 @@ _GATHER = Param(
     "unsampled rows masked off; compact = one pass (passes=1): the sampled rows only, "
     "loaded a tile late (triton_santa_flash_compact); two passes: pass 1 lists the "
     "sampled rows, pass 2 reads only those; inline (passes=2) = the same lists, gathered "
-    "by the count program; stash = santa-prop's score pass (K stream, fp16 logit stash), "
-    "then every tile's draw from the stash and a gather of the sampled rows "
-    "(triton_santa_flash_stash)",
-    choices=("masked", "compact", "inline", "stash"),
+    "by the count program",
+    choices=("masked", "compact", "inline"),
     omit_default=True,
 )
 _DRAWS = Param("draws", 4, int, "ternary query draws B averaged per head", minimum=1)

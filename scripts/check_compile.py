@@ -16,7 +16,6 @@ from triton.compiler import ASTSource
 import santa_kernels.triton_santa as ts
 import santa_kernels.triton_santa_flash2 as tf2
 import santa_kernels.triton_santa_flash_compact as tfc
-import santa_kernels.triton_santa_flash_stash as tfs
 import santa_kernels.triton_santapp as tsp
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -182,7 +181,6 @@ def main() -> int:
     failures += check_select()
     failures += check_flash_two_pass()
     failures += check_flash_compact()
-    failures += check_flash_stash()
     failures += check_decode_linear()
     failures += check_bernoulli()
     return 1 if failures else 0
@@ -356,7 +354,7 @@ def check_flash_compact() -> int:
                   "ROWS": rows, "D_PAD": d, "P": samples, "GR": max(16, rows * samples),
                   "HAS_UNIFORMS": False, "STORE_COUNTS": False,
                   "DOT_PRECISION": "tf32", "W_BITS": ts.FLASH_W_BITS, "GROUP_RNG": False,
-                  "TMA": not paged}
+                  "TMA": not paged, "PDL": True}
         if paged:
             consts["k_desc"] = None
             types += ["i32"]
@@ -368,38 +366,12 @@ def check_flash_compact() -> int:
         print(f"_flash_compact_kernel d={d} G={group} paged={paged} P={samples}: "
               f"{err or 'ok'}")
         failures += err is not None
-    return failures
-
-
-def stash_draw_types(paged: bool) -> list[str]:
-    """The non-constexpr arguments of ``tfs._stash_draw_kernel`` (bf16 V, fp16 stash)."""
-    types = ["*bf16", "*i64", "*i32" if paged else "*i64", "*fp32", "*fp16"] + ["*fp32"] * 3
-    return types + ["*bf16", "*i32", "*fp32", "*fp32", "*i64", "i32"] + ["i32"] * 18
-
-
-def stash_draw_consts(d: int, group: int, paged: bool, per_tile: int) -> dict:
-    rows = max(2, ts._next_pow2(group))
-    r, p = tfs.draw_block(rows, per_tile)
-    return {"head_dim": d, "PAGED": paged, "TILE": 64, "ROWS": rows, "R": r, "P": p,
-            "G_PAD": max(16, rows), "D_PAD": d, "HAS_UNIFORMS": False, "STORE_COUNTS": False,
-            "DOT_PRECISION": "tf32", "W_BITS": ts.FLASH_W_BITS, "GROUP_RNG": False,
-            "PDL": True, "STASH_EVICT": "", "MERGE_BLOCK": tfs.MERGE_BLOCK, "PROFILE": 0}
-
-
-def check_flash_stash() -> int:
-    """Pass 2 of santa-flash on the stash (triton_santa_flash_stash) at its default launch:
-    one to 32 samples a row, group sizes 1-8, contiguous and paged."""
-    failures = 0
-    divisible = ("stride_vx", "stride_vy", "stride_vh", "stash_stride")
-    warps, stages = tfs.STASH_DRAW_CONFIG
-    for d, group, paged, per_tile in ((128, 4, False, 4), (128, 4, False, 1), (128, 1, True, 4),
-                                      (64, 8, False, 2), (256, 3, True, 40)):
-        err = compile_kernel(tfs._stash_draw_kernel, stash_draw_types(paged),
-                             stash_draw_consts(d, group, paged, per_tile),
-                             {"num_warps": warps, "num_stages": stages}, divisible)
-        print(f"_stash_draw_kernel d={d} G={group} paged={paged} S_tile={per_tile}: "
-              f"{err or 'ok'}")
-        failures += err is not None
+    # its split merge, launched as a programmatic dependent (it waits first)
+    err = compile_kernel(ts._merge_kernel, ["*fp32"] * 3 + ["*bf16", "*i64"] + ["i32"] * 5,
+                         {"head_dim": 128, "SPLIT_PAD": 64, "D_PAD": 128, "PDL": True},
+                         {"num_warps": 4}, require="griddepcontrol.wait")
+    print(f"flash _merge_kernel PDL=True: {err or 'ok'}")
+    failures += err is not None
     return failures
 
 

@@ -60,17 +60,14 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   (the default) against 128 a block, S=128..2048.
 - ``phased4``: prop where the sample pass runs one loop (e.g. B=4) against the phased
   loops with 256 or 128 samples a block.
-- ``fstash``: santa-flash on prop's score pass and logit stash (triton_santa_flash_stash):
-  the score pass alone, pass 2's launches, fp16 or fp32 stash, against the one-pass
-  compact kernel (counts compared given the same seed and step).
-- ``fstashprof``: the same by parts: pass 2 alone without its draw, V loads or merge.
 - ``compact``: the two-pass flash kernel's masked pass 2 against its compact row lists
   (a second kernel, or gathered inline by the count program), by launch and register cap
   (earlier sweeps of blocks, splits and list forms: results/h200/tune-2026-12-02-s14).
 The sections ``evict``, ``tail`` and ``statsblk`` (results/h200/tune-2026-11-29, commits
 named there), ``wide`` (results/h200/tune-2026-11-29-s4, commit ``a05c5a2``) and
 ``colmask`` (same folder, commit ``be5f18f``), ``fold`` (results/h200/tune-2026-11-29-s5,
-commit ``d6ed554``) and ``pipe`` (results/h200/tune-2026-12-01-s10, commit ``964b965``)
+commit ``d6ed554``), ``pipe`` (results/h200/tune-2026-12-01-s10, commit ``964b965``),
+``fstash`` and ``fstashprof`` (results/h200/tune-2026-12-02-s19, commit ``2ccaa4a``)
 went with the kernel knobs they measured; of those only the whole-tile
 stash stores ``colmask`` compared were kept (as the default).
 Rows go to OUT_DIR/tune.csv as they are measured (an interrupted run keeps them; a second
@@ -96,7 +93,6 @@ import santa_kernels as sk
 import santa_kernels.triton_santa as ts
 import santa_kernels.triton_santa_flash2 as tf2
 import santa_kernels.triton_santa_flash_compact as tfc
-import santa_kernels.triton_santa_flash_stash as tfs
 import santa_kernels.triton_santapp as tsp
 from santa_bench.timing import graph_call_us
 from santa_kernels.triton_splitkv import SplitKVWorkspace, splitkv_decode
@@ -524,6 +520,7 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     "P4": {"samples": 4},
     "P8": {"samples": 8},
     "P32": {"samples": 32},
+    "no PDL": {"pdl": False},
 }
 
 
@@ -589,135 +586,6 @@ def fcompact_section(rows: Rows) -> None:
                                  us="", note=f"{type(exc).__name__}: {exc}"[:300])
                 del wss
             del wss2
-        del inputs
-        torch.cuda.empty_cache()
-
-
-FSTASH_VARIANTS = {  # santa_flash_stash keyword arguments (pass 2's launch)
-    "(4, 1) r64": {"config": (4, 1), "rows": 64},
-    "(4, 2) r64": {"config": (4, 2), "rows": 64},
-    "(8, 1) r64": {"config": (8, 1), "rows": 64},
-    "(8, 2) r64": {"config": (8, 2), "rows": 64},
-    "(2, 1) r64": {"config": (2, 1), "rows": 64},
-    "(4, 1) r16": {"config": (4, 1), "rows": 16},
-    "(4, 1) r32": {"config": (4, 1), "rows": 32},
-    "(4, 1) r128": {"config": (4, 1), "rows": 128},
-    "(8, 1) r128": {"config": (8, 1), "rows": 128},
-    "(4, 1) r64 pps2": {"config": (4, 1), "rows": 64, "programs_per_sm": 2},
-    "(4, 1) r64 pps8": {"config": (4, 1), "rows": 64, "programs_per_sm": 8},
-    "(4, 1) r64 pps16": {"config": (4, 1), "rows": 64, "programs_per_sm": 16},
-    "(4, 2) r64 pps16": {"config": (4, 2), "rows": 64, "programs_per_sm": 16},
-    "(4, 1) r32 pps16": {"config": (4, 1), "rows": 32, "programs_per_sm": 16},
-}
-
-
-def fstash_section(rows: Rows) -> None:
-    """santa-flash on prop's score pass (triton_santa_flash_stash): prop's score pass alone,
-    the call with pass 2's launches (FSTASH_VARIANTS; FSTASH_ONLY=a;b picks some) and an
-    fp32 stash, against the one-pass compact kernel and cuDNN, S=2048 and 256
-    (FSTASH_BUDGETS). Every variant's counts are checked against the compact kernel's given
-    the same seed and step (fp32 stash: the same; fp16: the share of samples moved)."""
-    budgets = [int(x) for x in os.environ.get("FSTASH_BUDGETS", "2048,256").split(",")]
-    only = [x for x in os.environ.get("FSTASH_ONLY", "").split(";") if x]
-    for batch, ctx in SHAPES:
-        tag = f"B={batch} {ctx // 1024}k"
-        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
-        from santa_bench.baselines.sdpa import CUDNN
-
-        cudnn = [CUDNN.prepare(q, kv).run for q, kv in inputs]
-        rows.add(section="fstash", shape=tag, variant="sdpa-cudnn", what="call",
-                 us=f"{graph_call_us(cudnn):.2f}", note="")
-        del cudnn
-        (q0, kv0) = inputs[0]
-        for S in budgets:
-            wsc = [ts.SantaWorkspace.for_inputs(q, kv, S, 64) for q, kv in inputs]
-            wsc[0].reset_rng(0)
-            out, info = tfc.santa_flash_compact(q0, kv0, S, workspace=wsc[0], seed=1,
-                                                return_counts=True)
-            base = (info.row_counts().clone(), out.float().clone())
-            calls = [lambda q=q, kv=kv, w=w, S=S: tfc.santa_flash_compact(q, kv, S, workspace=w)
-                     for (q, kv), w in zip(inputs, wsc, strict=True)]
-            rows.add(section="fstash", shape=tag, variant="one-pass compact", what=f"S={S}",
-                     us=f"{graph_call_us(calls):.2f}", note="")
-            del wsc
-            for dtype in (torch.float16, torch.float32):
-                wss = [tfs.stash_workspace(q, kv, S, 64, stash_dtype=dtype) for q, kv in inputs]
-                calls = [lambda q=q, kv=kv, w=w: ts._score_pass(q, kv, w, 128 ** -0.5, 64)
-                         for (q, kv), w in zip(inputs, wss, strict=True)]
-                name = "fp16" if dtype == torch.float16 else "fp32"
-                rows.add(section="fstash", shape=tag, variant=f"score pass {name}",
-                         what=f"S={S}", us=f"{graph_call_us(calls):.2f}", note="")
-                for vname, kw in FSTASH_VARIANTS.items():
-                    if (only and vname not in only) or (dtype == torch.float32
-                                                        and vname != "(4, 1) r64"):
-                        continue
-                    try:
-                        wss[0].reset_rng(0)
-                        out, info = tfs.santa_flash_stash(q0, kv0, S, workspace=wss[0], seed=1,
-                                                          return_counts=True, **kw)
-                        moved = float((info.row_counts() - base[0]).abs().sum()) / 2
-                        share = moved / float(base[0].sum())
-                        diff = float((out.float() - base[1]).abs().max())
-                        calls = [lambda q=q, kv=kv, w=w, S=S, kw=kw: tfs.santa_flash_stash(
-                            q, kv, S, workspace=w, **kw)
-                            for (q, kv), w in zip(inputs, wss, strict=True)]
-                        rows.add(section="fstash", shape=tag, variant=f"{vname} {name}",
-                                 what=f"S={S}", us=f"{graph_call_us(calls):.2f}",
-                                 note=f"moved={share:.2e} maxdiff={diff:.2e}")
-                    except Exception as exc:  # report and go on
-                        rows.add(section="fstash", shape=tag, variant=vname, what="FAILED",
-                                 us="", note=f"{type(exc).__name__}: {exc}"[:300])
-                del wss
-        del inputs
-        torch.cuda.empty_cache()
-
-
-FSTASHPROF_VARIANTS = {  # (santa_flash_stash keyword arguments) timed as the call or pass 2
-    "call": {},
-    "call no PDL": {"pdl": False},
-    "call pps2": {"programs_per_sm": 2},
-    "call pps1": {"programs_per_sm": 1},
-    "call r16": {"rows": 16},
-    "draw": {"stages": "draw", "pdl": False},
-    "draw no draw": {"stages": "draw", "pdl": False, "profile": 1},
-    "draw no V": {"stages": "draw", "pdl": False, "profile": 2},
-    "draw no merge": {"stages": "draw", "pdl": False, "profile": 3},
-    "draw pps2": {"stages": "draw", "pdl": False, "programs_per_sm": 2},
-    "draw pps1": {"stages": "draw", "pdl": False, "programs_per_sm": 1},
-    "draw pps1 no merge": {"stages": "draw", "pdl": False, "programs_per_sm": 1, "profile": 3},
-    "draw r16": {"stages": "draw", "pdl": False, "rows": 16},
-    "draw (8, 1)": {"stages": "draw", "pdl": False, "config": (8, 1)},
-}
-
-
-def fstashprof_section(rows: Rows) -> None:
-    """santa-flash on the stash by parts: the call, and pass 2 alone (on the stash of the
-    call before) without its draw, its V loads or its merge (timing only), by split count
-    and block (FSTASH_BUDGETS, default 2048)."""
-    budgets = [int(x) for x in os.environ.get("FSTASH_BUDGETS", "2048").split(",")]
-    for batch, ctx in SHAPES:
-        tag = f"B={batch} {ctx // 1024}k"
-        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
-        for S in budgets:
-            wss = [tfs.stash_workspace(q, kv, S, 64) for q, kv in inputs]
-            calls = [lambda q=q, kv=kv, w=w: ts._score_pass(q, kv, w, 128 ** -0.5, 64)
-                     for (q, kv), w in zip(inputs, wss, strict=True)]
-            rows.add(section="fstashprof", shape=tag, variant="score pass", what=f"S={S}",
-                     us=f"{graph_call_us(calls):.2f}", note="")
-            for name, kw in FSTASHPROF_VARIANTS.items():
-                try:
-                    for (q, kv), w in zip(inputs, wss, strict=True):
-                        tfs.santa_flash_stash(q, kv, S, workspace=w, **{
-                            k: v for k, v in kw.items() if k not in ("stages", "profile")})
-                    calls = [lambda q=q, kv=kv, w=w, S=S, kw=kw: tfs.santa_flash_stash(
-                        q, kv, S, workspace=w, **kw)
-                        for (q, kv), w in zip(inputs, wss, strict=True)]
-                    rows.add(section="fstashprof", shape=tag, variant=name, what=f"S={S}",
-                             us=f"{graph_call_us(calls):.2f}", note="")
-                except Exception as exc:  # report and go on
-                    rows.add(section="fstashprof", shape=tag, variant=name, what="FAILED",
-                             us="", note=f"{type(exc).__name__}: {exc}"[:300])
-            del wss
         del inputs
         torch.cuda.empty_cache()
 
@@ -1178,7 +1046,6 @@ def main() -> None:
                             "prop": prop_section, "stores": stores_section, "e2e": e2e_section,
                             "flash": flash_section, "flash2": flash2_section,
                             "compact": compact_section, "fcompact": fcompact_section,
-                            "fstash": fstash_section, "fstashprof": fstashprof_section,
                             "split": split_section, "sample": sample_section,
                             "pdl": pdl_section, "occupancy": occupancy_section,
                             "tma": tma_section, "tmastream": tmastream_section,

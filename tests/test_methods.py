@@ -127,9 +127,7 @@ def test_flash_adapter_two_passes_routes_to_the_two_pass_kernel(monkeypatch):
         return kernel
 
     import santa_kernels.triton_santa_flash_compact as tfc
-    import santa_kernels.triton_santa_flash_stash as tfs
 
-    monkeypatch.setattr(tfs, "santa_flash_stash", spy("stash"))
     monkeypatch.setattr(tf2, "santa_flash_two_pass", spy("two-pass"))
     monkeypatch.setattr(ts, "santa_flash", spy("fused"))
     monkeypatch.setattr(tfc, "santa_flash_compact", spy("one-pass compact"))
@@ -141,13 +139,9 @@ def test_flash_adapter_two_passes_routes_to_the_two_pass_kernel(monkeypatch):
     santa_prepare("santa_flash")(q, kv, S=8, tile=16, passes=2, gather="inline").run()
     santa_prepare("santa_flash")(q, kv, S=8, tile=16, gather="compact").run()
     santa_prepare("santa_flash")(q, kv, S=8, tile=16, passes=1, gather="compact").run()
-    santa_prepare("santa_flash")(q, kv, S=8, tile=16, gather="stash").run()
     assert calls == ([("two-pass", True, None)] * 2 + [("fused", True, None)] * 2
                      + [("two-pass", True, "inline")] * 2
-                     + [("one-pass compact", False, None)] * 4
-                     + [("stash", False, None)] * 2)  # prepare runs once
-    with pytest.raises(InputError, match="stash"):
-        santa_prepare("santa_flash")(q, kv, S=8, tile=16, passes=2, gather="stash")
+                     + [("one-pass compact", False, None)] * 4)  # prepare runs once
     with pytest.raises(InputError, match="passes"):
         santa_prepare("santa_prop")(q, kv, S=8, tile=16, passes=2)
     with pytest.raises(InputError, match="gather"):  # a pass-2 option
