@@ -1206,10 +1206,8 @@ def _flash_kernel(
 def _merge_kernel(
     part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, rng_ptr,
     num_q_heads, num_splits, part_stride, head_dim: tl.constexpr, stride_ob, stride_oh,
-    SPLIT_PAD: tl.constexpr, D_PAD: tl.constexpr, PDL: tl.constexpr = False,
+    SPLIT_PAD: tl.constexpr, D_PAD: tl.constexpr,
 ):
-    # PDL: launched as a programmatic dependent of the splits' kernel: wait for its writes
-    _pdl_wait(PDL)
     pid = tl.program_id(0)
     b = pid // num_q_heads
     h = pid % num_q_heads

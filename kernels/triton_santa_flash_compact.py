@@ -54,13 +54,11 @@ from santa_kernels.triton_santa import (
     _group_queries,
     _merge_kernel,
     _next_pow2,
-    _pdl_trigger,
     _prepare,
     _row_offsets,
     _tile_count,
     _tile_merge,
     _tile_scores,
-    pdl_available,
 )
 from santa_kernels.triton_santa_flash2 import _launch_config
 from santa_kernels.validate import InputError, check_positive_int
@@ -200,10 +198,7 @@ def _flash_compact_kernel(
     D_PAD: tl.constexpr, P: tl.constexpr, GR: tl.constexpr, HAS_UNIFORMS: tl.constexpr,
     STORE_COUNTS: tl.constexpr, DOT_PRECISION: tl.constexpr, W_BITS: tl.constexpr,
     GROUP_RNG: tl.constexpr = False, k_desc=None, seq_rows=0, TMA: tl.constexpr = False,
-    PDL: tl.constexpr = False,
 ):
-    # PDL: the merge (a programmatic dependent) may launch once every program has started
-    _pdl_trigger(PDL)
     # One program: tiles [t_begin, t_end) of one (sequence, KV head), all G query heads.
     # The dot runs on G_PAD >= 16 rows, everything after it on ROWS >= G real rows.
     # STORE_COUNTS (tests, read accounting): per-row counts by atomic adds (int32).
@@ -287,7 +282,6 @@ def santa_flash_compact(
     workspace: SantaWorkspace | None = None, return_counts: bool = False,
     group_offsets: bool = False, samples: int | None = None,
     config: tuple[int, int] | None = None, tma: bool = True, maxnreg: int | None = None,
-    pdl: bool = True,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash (section 4), one
     pass, each tile's sampled V rows gathered while the next tile streams.
@@ -299,8 +293,6 @@ def santa_flash_compact(
     ``config``: ``(num_warps, num_stages)`` (default :func:`compact_config`). ``tma``:
     K through a tensor descriptor where the cache allows (contiguous, Hopper).
     ``maxnreg``: a register cap for the streaming kernel (compiled GPU kernels only).
-    ``pdl``: launch the split merge as a programmatic dependent of the streaming kernel
-    where that works (Hopper; :func:`~santa_kernels.triton_santa.pdl_available`).
     ``return_counts`` adds per-row counts (an int32 buffer allocated by the call: off the
     hot path).
     """
@@ -316,7 +308,6 @@ def santa_flash_compact(
     if samples & (samples - 1):
         raise InputError(f"samples: a power of two, got {samples}")
     warps, stages = _launch_config(config, compact_config(d, batch * hkv, tile), "config")
-    pdl = bool(pdl) and pdl_available(q.device)
     rows = max(2, _next_pow2(group))
     per_split = -(-n_tiles // ws.num_splits)
     splits = -(-n_tiles // per_split)
@@ -342,14 +333,13 @@ def santa_flash_compact(
         HAS_UNIFORMS=uniforms is not None, STORE_COUNTS=counts is not None,
         DOT_PRECISION=_dot_precision(kv.k.dtype), W_BITS=FLASH_W_BITS,
         GROUP_RNG=group_offsets, k_desc=k_desc, seq_rows=kv.k.shape[1],
-        TMA=k_desc is not None, PDL=pdl, num_warps=warps, num_stages=stages, **extra,
+        TMA=k_desc is not None, num_warps=warps, num_stages=stages, **extra,
     )
     out = ws.out(q.dtype)
     _merge_kernel[(batch * hq,)](
         ws.part_m, ws.part_l, ws.part_o, out, ws.rng, hq, splits, ws.num_splits, d,
         out.stride(0), out.stride(1),
-        SPLIT_PAD=max(2, _next_pow2(splits)), D_PAD=_next_pow2(d), PDL=pdl, num_warps=4,
-        **({"launch_pdl": True} if pdl else {}),
+        SPLIT_PAD=max(2, _next_pow2(splits)), D_PAD=_next_pow2(d), num_warps=4,
     )
     if counts is not None:
         counts = counts.view(batch, hq, -1)

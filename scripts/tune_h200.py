@@ -516,11 +516,12 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     "(1, 2)": {"config": (1, 2)},
     "(2, 3)": {"config": (2, 3)},
     "(2, 2)": {"config": (2, 2)},
+    # P (round 3 at s19, 3-fcompact-pdl-P-*.csv in results/h200/tune-2026-12-02-s19; the
+    # split merge as a programmatic dependent, measured there too: within +-1 us, removed)
     "P2": {"samples": 2},
     "P4": {"samples": 4},
     "P8": {"samples": 8},
     "P32": {"samples": 32},
-    "no PDL": {"pdl": False},
 }
 
 
