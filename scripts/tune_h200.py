@@ -529,13 +529,14 @@ def fcompact_section(rows: Rows) -> None:
     """santa-flash in one pass with compact lagged V gathers (triton_santa_flash_compact)
     against the two-pass compact kernel (the harness's santa-flash default on a GPU) and
     cuDNN, S=2048 (env FCOMPACT_BUDGETS), tiles of 64 (FCOMPACT_TILES) over the default
-    split, twice and four times it (FCOMPACT_MULTS; FCOMPACT_ONLY=a;b: those variants
+    split, twice and four times it (FCOMPACT_MULTS, fractions too; FCOMPACT_ONLY=a;b: those variants
     only); each variant
     checked to draw the two-pass kernel's counts given the same seed and step."""
     budgets = [int(x) for x in os.environ.get("FCOMPACT_BUDGETS", "2048").split(",")]
     tiles = [int(x) for x in os.environ.get("FCOMPACT_TILES", "64").split(",")]
     only = [x for x in os.environ.get("FCOMPACT_ONLY", "").split(";") if x]
-    mults = [int(x) for x in os.environ.get("FCOMPACT_MULTS", "1,2,4").split(",")]
+    # split multipliers of the default split (fractions allowed: 0.5 halves it)
+    mults = [float(x) for x in os.environ.get("FCOMPACT_MULTS", "1,2,4").split(",")]
     for batch, ctx in SHAPES:
         tag = f"B={batch} {ctx // 1024}k"
         inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
@@ -562,8 +563,8 @@ def fcompact_section(rows: Rows) -> None:
                      what=f"S={S} tile={tile}", us=f"{graph_call_us(calls):.2f}",
                      note=f"V rows {100 * v_frac:.1f}%")
             for mult in mults:
-                wss = [ts.SantaWorkspace.for_inputs(q, kv, S, tile,
-                                                   num_splits=mult * default)
+                splits = max(1, round(mult * default))
+                wss = [ts.SantaWorkspace.for_inputs(q, kv, S, tile, num_splits=splits)
                        for q, kv in inputs]
                 for name, kw in FCOMPACT_VARIANTS.items():
                     if (mult > 1 and "(4, 4)" in name) or (only and name not in only):
@@ -579,7 +580,8 @@ def fcompact_section(rows: Rows) -> None:
                                  tfc.santa_flash_compact(q, kv, S, workspace=w, tile=t, **kw)
                             for (q, kv), w in zip(inputs, wss, strict=True)]
                         rows.add(section="fcompact", shape=tag,
-                                 variant=f"{name} splits x{mult}", what=f"S={S} tile={tile}",
+                                 variant=f"{name} splits x{mult:g} ({splits})",
+                                 what=f"S={S} tile={tile}",
                                  us=f"{graph_call_us(calls):.2f}",
                                  note=f"same={same} maxdiff={diff:.2e}")
                     except Exception as exc:  # report and go on
