@@ -1042,6 +1042,29 @@ def _flash_rng_base(step, head_rows, b, kvh, num_kv_heads, rng_stride,
 
 
 @triton.jit
+def _flash_narrow_group(q_ptr, lengths_ptr, rng_ptr, S, num_kv_heads, num_q_heads, group,
+                        head_dim, tiles_per_split, rng_stride, stride_qb, stride_qh,
+                        TILE: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr,
+                        D_PAD: tl.constexpr, GROUP_RNG: tl.constexpr):
+    """The prologue of a flash program whose tail runs on the ``ROWS`` real rows of the
+    group (the dot on its ``G_PAD`` rows): :func:`_flash_program`'s tiles, the group's
+    queries ``q`` [G_PAD, D_PAD], and per real row its head row id, mask and Philox base
+    (the step from ``rng_ptr``, advanced by the call's last kernel). Returns ``(b, kvh,
+    length, per_tile, t_begin, t_end, q, head_rows, mask_g, rng_base)``."""
+    b, kvh, length, per_tile, t_begin, t_end = _flash_program(lengths_ptr, S, num_kv_heads,
+                                                              tiles_per_split, TILE)
+    step = tl.load(rng_ptr)
+    q, heads, mask_g = _group_queries(q_ptr, b, kvh, group, head_dim, stride_qb, stride_qh,
+                                      G_PAD, D_PAD)
+    if ROWS < G_PAD:
+        heads = kvh * group + tl.arange(0, ROWS)
+        mask_g = tl.arange(0, ROWS) < group
+    head_rows = (b * num_q_heads + heads).to(tl.int64)
+    rng_base = _flash_rng_base(step, head_rows, b, kvh, num_kv_heads, rng_stride, GROUP_RNG)
+    return b, kvh, length, per_tile, t_begin, t_end, q, head_rows, mask_g, rng_base
+
+
+@triton.jit
 def _flash_local_weights(s, W_SCALE: tl.constexpr):
     """Section 4 (flash): per row the local max ``m_t`` (``-inf``: no valid column),
     ``row_ok``, and integer weights ``w`` (step ``1 / W_SCALE`` of the row's max, the

@@ -65,9 +65,8 @@ from santa_kernels.triton_santa import (
     _dot_precision,
     _flash_counts,
     _flash_local_weights,
+    _flash_narrow_group,
     _flash_program,
-    _flash_rng_base,
-    _group_queries,
     _merge_kernel,
     _next_pow2,
     _pdl_trigger,
@@ -171,16 +170,10 @@ def _flash_count_kernel(
     # this one has; it waits for this kernel's writes before it reads.
     _pdl_trigger(PDL)
     W_SCALE: tl.constexpr = (1 << W_BITS) // TILE
-    b, kvh, length, per_tile, t_begin, t_end = _flash_program(lengths_ptr, S, num_kv_heads,
-                                                              tiles_per_split, TILE)
-    step = tl.load(rng_ptr)  # advanced by _merge_kernel, the call's last kernel
-    q, heads, mask_g = _group_queries(q_ptr, b, kvh, group, head_dim, stride_qb, stride_qh,
-                                      G_PAD, D_PAD)
-    if ROWS < G_PAD:
-        heads = kvh * group + tl.arange(0, ROWS)
-        mask_g = tl.arange(0, ROWS) < group
-    head_rows = (b * num_q_heads + heads).to(tl.int64)
-    rng_base = _flash_rng_base(step, head_rows, b, kvh, num_kv_heads, rng_stride, GROUP_RNG)
+    b, kvh, length, per_tile, t_begin, t_end, q, head_rows, mask_g, rng_base = (
+        _flash_narrow_group(q_ptr, lengths_ptr, rng_ptr, S, num_kv_heads, num_q_heads, group,
+                            head_dim, tiles_per_split, rng_stride, stride_qb, stride_qh, TILE,
+                            G_PAD, ROWS, D_PAD, GROUP_RNG))
     kv_row = (b * num_kv_heads + kvh).to(tl.int64)
     cursor = t_begin * TILE  # the next list position (COMPACT)
     m_run = tl.full([ROWS], float("-inf"), tl.float32)

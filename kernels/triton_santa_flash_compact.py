@@ -49,9 +49,7 @@ from santa_kernels.triton_santa import (
     _check_uniforms,
     _dot_precision,
     _flash_local_weights,
-    _flash_program,
-    _flash_rng_base,
-    _group_queries,
+    _flash_narrow_group,
     _merge_kernel,
     _next_pow2,
     _prepare,
@@ -204,16 +202,10 @@ def _flash_compact_kernel(
     # STORE_COUNTS (tests, read accounting): per-row counts by atomic adds (int32).
     W_SCALE: tl.constexpr = (1 << W_BITS) // TILE
     split = tl.program_id(0)
-    b, kvh, length, per_tile, t_begin, t_end = _flash_program(lengths_ptr, S, num_kv_heads,
-                                                              tiles_per_split, TILE)
-    step = tl.load(rng_ptr)  # advanced by _merge_kernel, the call's last kernel
-    q, heads, mask_g = _group_queries(q_ptr, b, kvh, group, head_dim, stride_qb, stride_qh,
-                                      G_PAD, D_PAD)
-    if ROWS < G_PAD:
-        heads = kvh * group + tl.arange(0, ROWS)
-        mask_g = tl.arange(0, ROWS) < group
-    head_rows = (b * num_q_heads + heads).to(tl.int64)
-    rng_base = _flash_rng_base(step, head_rows, b, kvh, num_kv_heads, rng_stride, GROUP_RNG)
+    b, kvh, length, per_tile, t_begin, t_end, q, head_rows, mask_g, rng_base = (
+        _flash_narrow_group(q_ptr, lengths_ptr, rng_ptr, S, num_kv_heads, num_q_heads, group,
+                            head_dim, tiles_per_split, rng_stride, stride_qb, stride_qh, TILE,
+                            G_PAD, ROWS, D_PAD, GROUP_RNG))
     offs_d = tl.arange(0, D_PAD)
     mask_d = offs_d < head_dim
     v_base = v_ptr + kvh * stride_vh
