@@ -79,6 +79,13 @@ LARGE_GROUPS = 32
 MAX_LAG_SAMPLES = 64  # the lagged loop's samples a head and tile, at most (P)
 
 
+def v_words(v: torch.Tensor) -> bool:
+    """Whether the kernel reads ``v`` [X, Y, Hkv, d] in 32-bit words of two elements:
+    16-bit elements, even strides and head dim, a word-aligned base."""
+    return (v.element_size() == 2 and v.shape[-1] % 2 == 0 and v.data_ptr() % 4 == 0
+            and all(st % 2 == 0 for st in v.stride()[:3]) and v.stride(3) == 1)
+
+
 def compact_config(head_dim: int, groups: int = 1, tile: int = 64) -> tuple[int, int]:
     """The default ``(num_warps, num_stages)`` for ``head_dim``, ``groups`` = B * Hkv and
     ``tile``. Tiles of 128 rows or more: 4 warps, 2 stages (d=128, S=2048: 42.0 / 261.2 /
@@ -143,21 +150,53 @@ def _sampled_rows(f, j0, per_tile, rows_ok, t, page_table_ptr, b, stride_vx, str
 
 
 @triton.jit
-def _load_rows(v_base, off, ok, offs_d, mask_d):
-    """The V rows at ``off`` [GR] as one [GR, D_PAD] block (rows not ``ok``: zeros)."""
-    return tl.load(v_base + off[:, None] + offs_d[None, :], mask=ok[:, None] & mask_d[None, :],
-                   other=0.0)
+def _load_rows(v_base, off, ok, offs_w, mask_w):
+    """The V rows at ``off`` [GR] as one [GR, D_PAD // HALVES] block of words (rows not
+    ``ok``: zeros; ``v_base`` and ``off`` in words). ``HALVES`` 2 (16-bit elements):
+    32-bit words of two elements, which the lagged loop carries to its next iteration in
+    the registers they were loaded into. (Carried as a bf16 block, they were repacked at
+    the end of the loading iteration, ptxas's byte permutes waiting on the load: 18% of
+    the warps' stall samples at 32k B=1, the V latency exposed in the iteration meant to
+    hide it; BENCHMARKS.md, session 20.)"""
+    return tl.load(v_base + off[:, None] + offs_w[None, :], mask=ok[:, None] & mask_w[None, :],
+                   other=0)
 
 
 @triton.jit
-def _head_sums(select, v, DOT_PRECISION: tl.constexpr):
+def _head_sums(select, v, DOT_PRECISION: tl.constexpr, HALVES: tl.constexpr,
+               ELEM: tl.constexpr):
     """``select @ v``: per head (a row of ``select``, 0/1 over the gathered rows), the sum
-    of its sampled rows, [G_PAD, D_PAD] fp32 on tensor cores (exact: 0/1 weights)."""
-    if DOT_PRECISION == "ieee":
-        o = tl.dot(select.to(tl.float32), v.to(tl.float32), input_precision="ieee")
+    of its sampled rows on tensor cores (exact: 0/1 weights), fp32 [G_PAD, D_PAD //
+    HALVES]: with words of two elements the sums of the even and of the odd elements,
+    else the sums twice."""
+    if HALVES == 2:
+        lo = (v & 0xFFFF).to(tl.int16).to(ELEM, bitcast=True)
+        hi = (v >> 16).to(tl.int16).to(ELEM, bitcast=True)
+        if DOT_PRECISION == "ieee":  # bf16 under the interpreter (see _dot_precision)
+            o0 = tl.dot(select, lo.to(tl.float32), input_precision="ieee")
+            o1 = tl.dot(select, hi.to(tl.float32), input_precision="ieee")
+        else:
+            o0 = tl.dot(select.to(ELEM), lo)
+            o1 = tl.dot(select.to(ELEM), hi)
+    elif DOT_PRECISION == "ieee":
+        o0 = tl.dot(select.to(tl.float32), v.to(tl.float32), input_precision="ieee")
+        o1 = o0
     else:
-        o = tl.dot(select.to(v.dtype), v)
-    return o
+        o0 = tl.dot(select.to(v.dtype), v)
+        o1 = o0
+    return o0, o1
+
+
+@triton.jit
+def _scaled_sums(acc0, acc1, alpha, coef, select, v, DOT_PRECISION: tl.constexpr,
+                 HALVES: tl.constexpr, ELEM: tl.constexpr):
+    """``acc * alpha + coef * (select @ v)`` per accumulator row (acc1 only with words of
+    two elements)."""
+    s0, s1 = _head_sums(select, v, DOT_PRECISION, HALVES, ELEM)
+    acc0 = acc0 * alpha[:, None] + coef[:, None] * s0
+    if HALVES == 2:
+        acc1 = acc1 * alpha[:, None] + coef[:, None] * s1
+    return acc0, acc1
 
 
 @triton.jit
@@ -196,6 +235,7 @@ def _flash_compact_kernel(
     D_PAD: tl.constexpr, P: tl.constexpr, GR: tl.constexpr, HAS_UNIFORMS: tl.constexpr,
     STORE_COUNTS: tl.constexpr, DOT_PRECISION: tl.constexpr, W_BITS: tl.constexpr,
     GROUP_RNG: tl.constexpr = False, k_desc=None, seq_rows=0, TMA: tl.constexpr = False,
+    HALVES: tl.constexpr = 1,
 ):
     # One program: tiles [t_begin, t_end) of one (sequence, KV head), all G query heads.
     # The dot runs on G_PAD >= 16 rows, everything after it on ROWS >= G real rows.
@@ -206,21 +246,29 @@ def _flash_compact_kernel(
         _flash_narrow_group(q_ptr, lengths_ptr, rng_ptr, S, num_kv_heads, num_q_heads, group,
                             head_dim, tiles_per_split, rng_stride, stride_qb, stride_qh, TILE,
                             G_PAD, ROWS, D_PAD, GROUP_RNG))
-    offs_d = tl.arange(0, D_PAD)
-    mask_d = offs_d < head_dim
-    v_base = v_ptr + kvh * stride_vh
+    # V moves in words of HALVES elements (see _load_rows): D_W of them a row
+    D_W: tl.constexpr = D_PAD // HALVES
+    offs_w = tl.arange(0, D_W)
+    mask_w = offs_w < head_dim // HALVES
+    elem = v_ptr.dtype.element_ty
+    if HALVES == 2:  # the V strides come in words
+        v_base = v_ptr.to(tl.pointer_type(tl.int32)) + kvh * stride_vh
+    else:
+        v_base = v_ptr + kvh * stride_vh
     m_run = tl.full([ROWS], float("-inf"), tl.float32)
     l_run = tl.zeros([ROWS], dtype=tl.float32)
-    # the accumulator on the dot's G_PAD rows (row r: head r % ROWS; rows >= ROWS stay 0):
-    # each tile's per-head sums come from one select @ V dot, no reshape of V
-    acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
+    # the accumulators on the dot's G_PAD rows (row r: head r % ROWS; rows >= ROWS stay 0):
+    # each tile's per-head sums come from select @ V dots, no reshape of V; acc1 holds the
+    # odd elements' sums with words of two (HALVES 2), else is unused
+    acc0 = tl.zeros([G_PAD, D_W], dtype=tl.float32)
+    acc1 = tl.zeros([G_PAD, D_W], dtype=tl.float32)
     offs_c = tl.arange(0, GR)
     select = ((offs_c[None, :] // P == tl.arange(0, G_PAD)[:, None])
               & (offs_c[None, :] < ROWS * P)).to(tl.float32)
     entry_heads = _flat(tl.broadcast_to(head_rows[:, None], [ROWS, P]), ROWS, P, GR)
     if per_tile <= P:
         # the last tile's sampled V rows (in flight) and their weight W_t / S_tile a sample
-        v1 = tl.zeros([GR, D_PAD], dtype=v_ptr.dtype.element_ty)
+        v1 = tl.zeros([GR, D_W], dtype=tl.int32 if HALVES == 2 else elem)
         c1 = tl.zeros([ROWS], dtype=tl.float32)
         for t in range(t_begin, t_end):
             m_t, row_ok, mass, f = _tile_draw(
@@ -229,18 +277,20 @@ def _flash_compact_kernel(
                 mask_g, uniforms_ptr, uniform_stride, seed, rng_base, per_tile, PAGED, TILE,
                 G_PAD, ROWS, D_PAD, DOT_PRECISION, W_SCALE, HAS_UNIFORMS, TMA)
             m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_t, mass)
-            acc = acc * _expand(alpha, ROWS, G_PAD)[:, None]
-            acc += _expand(c1 * alpha, ROWS, G_PAD)[:, None] * _head_sums(select, v1,
-                                                                           DOT_PRECISION)
+            acc0, acc1 = _scaled_sums(acc0, acc1, _expand(alpha, ROWS, G_PAD),
+                                      _expand(c1 * alpha, ROWS, G_PAD), select, v1,
+                                      DOT_PRECISION, HALVES, elem)
             c1 = w_t / per_tile
             n, off, ok = _sampled_rows(f, 0, per_tile, mask_g & row_ok, t, page_table_ptr, b,
                                        stride_vx, stride_vy, stride_pt, page_size, PAGED,
                                        TILE, ROWS, P, GR)
-            v1 = _load_rows(v_base, off, ok, offs_d, mask_d)  # summed in the next iteration
+            v1 = _load_rows(v_base, off, ok, offs_w, mask_w)  # summed next iteration
             if STORE_COUNTS:
                 tl.atomic_add(counts_ptr + entry_heads * counts_stride + n, 1, mask=ok,
                               sem="relaxed")
-        acc += _expand(c1, ROWS, G_PAD)[:, None] * _head_sums(select, v1, DOT_PRECISION)
+        acc0, acc1 = _scaled_sums(acc0, acc1, tl.full([G_PAD], 1.0, tl.float32),
+                                  _expand(c1, ROWS, G_PAD), select, v1, DOT_PRECISION, HALVES,
+                                  elem)
     else:  # more than P samples a tile: the same draw, P samples at a time, no lag
         for t in range(t_begin, t_end):
             m_t, row_ok, mass, f = _tile_draw(
@@ -249,23 +299,31 @@ def _flash_compact_kernel(
                 mask_g, uniforms_ptr, uniform_stride, seed, rng_base, per_tile, PAGED, TILE,
                 G_PAD, ROWS, D_PAD, DOT_PRECISION, W_SCALE, HAS_UNIFORMS, TMA)
             m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_t, mass)
-            acc = acc * _expand(alpha, ROWS, G_PAD)[:, None]
+            acc0 = acc0 * _expand(alpha, ROWS, G_PAD)[:, None]
+            if HALVES == 2:
+                acc1 = acc1 * _expand(alpha, ROWS, G_PAD)[:, None]
             coef = _expand(w_t / per_tile, ROWS, G_PAD)
+            ones = tl.full([G_PAD], 1.0, tl.float32)
             for j0 in range(0, per_tile.to(tl.int32), P):
                 n, off, ok = _sampled_rows(f, j0, per_tile, mask_g & row_ok, t,
                                            page_table_ptr, b, stride_vx, stride_vy, stride_pt,
                                            page_size, PAGED, TILE, ROWS, P, GR)
-                v = _load_rows(v_base, off, ok, offs_d, mask_d)
-                acc += coef[:, None] * _head_sums(select, v, DOT_PRECISION)
+                v = _load_rows(v_base, off, ok, offs_w, mask_w)
+                acc0, acc1 = _scaled_sums(acc0, acc1, ones, coef, select, v, DOT_PRECISION,
+                                          HALVES, elem)
                 if STORE_COUNTS:
                     tl.atomic_add(counts_ptr + entry_heads * counts_stride + n, 1, mask=ok,
                                   sem="relaxed")
-    acc = tl.sum(tl.reshape(acc, [G_PAD // ROWS, ROWS, D_PAD]), axis=0)  # rows >= ROWS: 0
     part = head_rows * num_splits + split
     tl.store(part_m_ptr + part, m_run, mask=mask_g)
     tl.store(part_l_ptr + part, l_run, mask=mask_g)
-    tl.store(part_o_ptr + part[:, None] * head_dim + offs_d[None, :], acc,
-             mask=mask_g[:, None] & mask_d[None, :])
+    o_rows = part_o_ptr + part[:, None] * head_dim
+    o_mask = mask_g[:, None] & mask_w[None, :]
+    acc0 = tl.sum(tl.reshape(acc0, [G_PAD // ROWS, ROWS, D_W]), axis=0)  # rows >= ROWS: 0
+    tl.store(o_rows + HALVES * offs_w[None, :], acc0, mask=o_mask)
+    if HALVES == 2:
+        acc1 = tl.sum(tl.reshape(acc1, [G_PAD // ROWS, ROWS, D_W]), axis=0)
+        tl.store(o_rows + 2 * offs_w[None, :] + 1, acc1, mask=o_mask)
 
 
 def santa_flash_compact(
@@ -308,6 +366,8 @@ def santa_flash_compact(
     extra = {}
     if maxnreg is not None and os.environ.get("TRITON_INTERPRET", "0") != "1":
         extra["maxnreg"] = check_positive_int(maxnreg, "maxnreg")
+    # V in 32-bit words of two 16-bit elements where its strides allow (see _load_rows)
+    halves = 2 if v_words(kv.v) else 1
     counts = None
     if return_counts:
         counts = torch.zeros(batch * hq, _capacity(kv), dtype=torch.int32, device=q.device)
@@ -319,13 +379,14 @@ def santa_flash_compact(
         scale, S, hkv, hq, group, d, per_split, ws.num_splits,
         counts.stride(0) if counts is not None else 0, n_tiles, ws.max_tiles,
         q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
-        kv.v.stride(0), kv.v.stride(1), kv.v.stride(2), stride_pt, page_size,
+        kv.v.stride(0) // halves, kv.v.stride(1) // halves, kv.v.stride(2) // halves,
+        stride_pt, page_size,
         PAGED=paged, TILE=tile, G_PAD=max(16, _next_pow2(group)),
         ROWS=rows, D_PAD=_next_pow2(d), P=samples, GR=max(16, rows * samples),
         HAS_UNIFORMS=uniforms is not None, STORE_COUNTS=counts is not None,
         DOT_PRECISION=_dot_precision(kv.k.dtype), W_BITS=FLASH_W_BITS,
         GROUP_RNG=group_offsets, k_desc=k_desc, seq_rows=kv.k.shape[1],
-        TMA=k_desc is not None, num_warps=warps, num_stages=stages, **extra,
+        TMA=k_desc is not None, HALVES=halves, num_warps=warps, num_stages=stages, **extra,
     )
     out = ws.out(q.dtype)
     _merge_kernel[(batch * hq,)](

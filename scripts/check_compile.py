@@ -354,7 +354,7 @@ def check_flash_compact() -> int:
                   "ROWS": rows, "D_PAD": d, "P": samples, "GR": max(16, rows * samples),
                   "HAS_UNIFORMS": False, "STORE_COUNTS": False,
                   "DOT_PRECISION": "tf32", "W_BITS": ts.FLASH_W_BITS, "GROUP_RNG": False,
-                  "TMA": not paged}
+                  "TMA": not paged, "HALVES": 2}
         if paged:
             consts["k_desc"] = None
             types += ["i32"]

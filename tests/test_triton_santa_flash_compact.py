@@ -23,7 +23,7 @@ from test_triton_santa import (
 
 from santa_kernels import InputError, KVCache
 from santa_kernels.triton_santa import SantaWorkspace, santa_flash
-from santa_kernels.triton_santa_flash_compact import lag_samples, santa_flash_compact
+from santa_kernels.triton_santa_flash_compact import lag_samples, santa_flash_compact, v_words
 
 
 def check_against_fused(q, kv, S, *, out_tol=1e-5, num_splits=None, **kw):
@@ -67,6 +67,24 @@ def test_lagged_and_unlagged_loops_splits_and_large_budgets():
     check_against_fused(q, kv, S=16, out_tol=2e-2)
     q, kv = make_cache(batch=2, hq=2, hkv=1, d=64, n=20, lengths=(20, 1), dtype=torch.float16)
     check_against_fused(q, kv, S=4096, out_tol=2e-2)
+
+
+def test_v_in_words_and_in_elements():
+    """16-bit V is read in 32-bit words of two elements where its strides and base allow
+    (the words' two halves summed apart, stored interleaved), else element by element:
+    both draw the fused kernel's counts and give its output."""
+    q, kv = make_cache(batch=2, hq=4, hkv=2, d=64, n=75, lengths=(75, 41),
+                       dtype=torch.bfloat16)
+    assert v_words(kv.v) and not v_words(kv.v.float())
+    check_against_fused(q, kv, S=24, out_tol=2e-2)
+    # the same values one element into a buffer: base and strides odd, no words
+    buf = torch.empty(kv.v.numel() + 1, dtype=kv.v.dtype)
+    shifted = buf[1:].view(kv.v.shape)
+    shifted.copy_(kv.v)
+    odd = torch.as_strided(buf, (2, 75, 2, 63), (75 * 2 * 63, 2 * 63, 63, 1), 1)
+    odd.copy_(kv.v[..., :63])
+    assert not v_words(shifted) and not v_words(odd)
+    check_against_fused(q, KVCache.contiguous(kv.k, shifted), S=24, out_tol=2e-2)
 
 
 def test_single_token_and_one_hot():
