@@ -332,6 +332,7 @@ def santa_flash_compact(
     workspace: SantaWorkspace | None = None, return_counts: bool = False,
     group_offsets: bool = False, samples: int | None = None,
     config: tuple[int, int] | None = None, tma: bool = True, maxnreg: int | None = None,
+    words: bool = True,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash (section 4), one
     pass, each tile's sampled V rows gathered while the next tile streams.
@@ -343,6 +344,7 @@ def santa_flash_compact(
     ``config``: ``(num_warps, num_stages)`` (default :func:`compact_config`). ``tma``:
     K through a tensor descriptor where the cache allows (contiguous, Hopper).
     ``maxnreg``: a register cap for the streaming kernel (compiled GPU kernels only).
+    ``words``: V in 32-bit words where :func:`v_words` allows (False: element by element).
     ``return_counts`` adds per-row counts (an int32 buffer allocated by the call: off the
     hot path).
     """
@@ -367,7 +369,7 @@ def santa_flash_compact(
     if maxnreg is not None and os.environ.get("TRITON_INTERPRET", "0") != "1":
         extra["maxnreg"] = check_positive_int(maxnreg, "maxnreg")
     # V in 32-bit words of two 16-bit elements where its strides allow (see _load_rows)
-    halves = 2 if v_words(kv.v) else 1
+    halves = 2 if words and v_words(kv.v) else 1
     counts = None
     if return_counts:
         counts = torch.zeros(batch * hq, _capacity(kv), dtype=torch.int32, device=q.device)

@@ -525,6 +525,8 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     # the tile uniforms read from memory instead of drawn by Philox in the loop (the
     # counts then differ from the two-pass kernel's: a timing row)
     "uniforms": {"uniforms": "rand"},
+    # V element by element (the kernel before session 20) against 32-bit words (default)
+    "elements": {"words": False},
 }
 
 
