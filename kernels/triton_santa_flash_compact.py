@@ -188,14 +188,22 @@ def _head_sums(select, v, DOT_PRECISION: tl.constexpr, HALVES: tl.constexpr,
 
 
 @triton.jit
-def _scaled_sums(acc0, acc1, alpha, coef, select, v, DOT_PRECISION: tl.constexpr,
-                 HALVES: tl.constexpr, ELEM: tl.constexpr):
-    """``acc * alpha + coef * (select @ v)`` per accumulator row (acc1 only with words of
-    two elements)."""
-    s0, s1 = _head_sums(select, v, DOT_PRECISION, HALVES, ELEM)
-    acc0 = acc0 * alpha[:, None] + coef[:, None] * s0
+def _rescaled(acc0, acc1, alpha, HALVES: tl.constexpr):
+    """Both accumulators times ``alpha`` per row (acc1 only with words of two elements)."""
+    acc0 = acc0 * alpha[:, None]
     if HALVES == 2:
-        acc1 = acc1 * alpha[:, None] + coef[:, None] * s1
+        acc1 = acc1 * alpha[:, None]
+    return acc0, acc1
+
+
+@triton.jit
+def _add_sums(acc0, acc1, coef, select, v, DOT_PRECISION: tl.constexpr,
+              HALVES: tl.constexpr, ELEM: tl.constexpr):
+    """``acc + coef * (select @ v)`` per accumulator row (acc1 only with words of two)."""
+    s0, s1 = _head_sums(select, v, DOT_PRECISION, HALVES, ELEM)
+    acc0 += coef[:, None] * s0
+    if HALVES == 2:
+        acc1 += coef[:, None] * s1
     return acc0, acc1
 
 
@@ -277,9 +285,9 @@ def _flash_compact_kernel(
                 mask_g, uniforms_ptr, uniform_stride, seed, rng_base, per_tile, PAGED, TILE,
                 G_PAD, ROWS, D_PAD, DOT_PRECISION, W_SCALE, HAS_UNIFORMS, TMA)
             m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_t, mass)
-            acc0, acc1 = _scaled_sums(acc0, acc1, _expand(alpha, ROWS, G_PAD),
-                                      _expand(c1 * alpha, ROWS, G_PAD), select, v1,
-                                      DOT_PRECISION, HALVES, elem)
+            acc0, acc1 = _rescaled(acc0, acc1, _expand(alpha, ROWS, G_PAD), HALVES)
+            acc0, acc1 = _add_sums(acc0, acc1, _expand(c1 * alpha, ROWS, G_PAD), select, v1,
+                                   DOT_PRECISION, HALVES, elem)
             c1 = w_t / per_tile
             n, off, ok = _sampled_rows(f, 0, per_tile, mask_g & row_ok, t, page_table_ptr, b,
                                        stride_vx, stride_vy, stride_pt, page_size, PAGED,
@@ -288,9 +296,8 @@ def _flash_compact_kernel(
             if STORE_COUNTS:
                 tl.atomic_add(counts_ptr + entry_heads * counts_stride + n, 1, mask=ok,
                               sem="relaxed")
-        acc0, acc1 = _scaled_sums(acc0, acc1, tl.full([G_PAD], 1.0, tl.float32),
-                                  _expand(c1, ROWS, G_PAD), select, v1, DOT_PRECISION, HALVES,
-                                  elem)
+        acc0, acc1 = _add_sums(acc0, acc1, _expand(c1, ROWS, G_PAD), select, v1,
+                               DOT_PRECISION, HALVES, elem)
     else:  # more than P samples a tile: the same draw, P samples at a time, no lag
         for t in range(t_begin, t_end):
             m_t, row_ok, mass, f = _tile_draw(
@@ -299,18 +306,15 @@ def _flash_compact_kernel(
                 mask_g, uniforms_ptr, uniform_stride, seed, rng_base, per_tile, PAGED, TILE,
                 G_PAD, ROWS, D_PAD, DOT_PRECISION, W_SCALE, HAS_UNIFORMS, TMA)
             m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_t, mass)
-            acc0 = acc0 * _expand(alpha, ROWS, G_PAD)[:, None]
-            if HALVES == 2:
-                acc1 = acc1 * _expand(alpha, ROWS, G_PAD)[:, None]
+            acc0, acc1 = _rescaled(acc0, acc1, _expand(alpha, ROWS, G_PAD), HALVES)
             coef = _expand(w_t / per_tile, ROWS, G_PAD)
-            ones = tl.full([G_PAD], 1.0, tl.float32)
             for j0 in range(0, per_tile.to(tl.int32), P):
                 n, off, ok = _sampled_rows(f, j0, per_tile, mask_g & row_ok, t,
                                            page_table_ptr, b, stride_vx, stride_vy, stride_pt,
                                            page_size, PAGED, TILE, ROWS, P, GR)
                 v = _load_rows(v_base, off, ok, offs_w, mask_w)
-                acc0, acc1 = _scaled_sums(acc0, acc1, ones, coef, select, v, DOT_PRECISION,
-                                          HALVES, elem)
+                acc0, acc1 = _add_sums(acc0, acc1, coef, select, v, DOT_PRECISION, HALVES,
+                                       elem)
                 if STORE_COUNTS:
                     tl.atomic_add(counts_ptr + entry_heads * counts_stride + n, 1, mask=ok,
                                   sem="relaxed")

@@ -15,8 +15,8 @@ from __future__ import annotations
 import sys
 
 import torch
+from tune_h200 import gpu_inputs  # the sweeps' inputs (scripts/ is on sys.path)
 
-import santa_kernels as sk
 from santa_kernels import triton_santa as ts
 from santa_kernels import triton_santa_flash_compact as tfc
 
@@ -24,11 +24,7 @@ from santa_kernels import triton_santa_flash_compact as tfc
 def main() -> None:
     batch, ctx, S = (int(x) for x in sys.argv[1:4])
     config = (int(sys.argv[4]), int(sys.argv[5])) if len(sys.argv) > 5 else None
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    q = (torch.randn(batch, 32, 128, device="cuda", generator=gen) * 3).bfloat16()
-    k = torch.randn(batch, ctx, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-    v = torch.randn(batch, ctx, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-    kv = sk.KVCache.contiguous(k, v)
+    q, kv = gpu_inputs(batch, ctx, 0)
     ws = ts.SantaWorkspace.for_inputs(q, kv, S, 64)
     for _ in range(5):
         tfc.santa_flash_compact(q, kv, S, workspace=ws, config=config)
