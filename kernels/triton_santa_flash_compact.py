@@ -134,17 +134,43 @@ def _expand(x, ROWS: tl.constexpr, G_PAD: tl.constexpr):
 
 
 @triton.jit
+def _packed_columns(f, j0, per_tile, rows_ok, P: tl.constexpr):
+    """Per head the columns ``#{i : f_i <= j}`` of its samples ``j = j0 + p < S_tile``
+    (``p < P <= 8``; 0 past ``S_tile``), 8 bits each packed into one integer (a column is
+    below TILE <= 128: the fields neither carry nor reach the sign bit): one reduction in
+    the layout of ``f``, no 3D block; -1 on heads not ``rows_ok``."""
+    PACK: tl.constexpr = tl.int32 if P <= 4 else tl.int64
+    bits = tl.zeros(f.shape, dtype=PACK)
+    for p in tl.static_range(P):
+        hit = (f <= (j0 + p)).to(PACK) * (per_tile > (j0 + p)).to(PACK)
+        bits += hit << (8 * p)
+    return tl.where(rows_ok, tl.sum(bits, axis=1), -1)
+
+
+@triton.jit
 def _sampled_rows(f, j0, per_tile, rows_ok, t, page_table_ptr, b, stride_vx, stride_vy,
                   stride_pt, page_size, PAGED: tl.constexpr, TILE: tl.constexpr,
-                  ROWS: tl.constexpr, P: tl.constexpr, GR: tl.constexpr):
+                  ROWS: tl.constexpr, P: tl.constexpr, GR: tl.constexpr,
+                  PACKED: tl.constexpr = False):
     """Samples ``j0 .. j0 + P - 1`` of each head's tile draw, flattened to ``GR`` entries
     (entry ``c < ROWS * P``: head ``c // P``, sample ``j0 + c % P``): their sequence
-    rows, V offsets and validity (``j < S_tile`` on a valid head and tile)."""
-    j = (j0 + tl.arange(0, P)).to(tl.float32)
-    col = tl.sum((f[:, None, :] <= j[None, :, None]).to(tl.int32), axis=2)  # [ROWS, P]
-    ok = (j[None, :] < per_tile) & rows_ok[:, None]
-    n = _flat(tl.where(ok, t * TILE + col, 0), ROWS, P, GR)
-    ok = _flat(ok, ROWS, P, GR) & (tl.arange(0, GR) < ROWS * P)
+    rows, V offsets and validity (``j < S_tile`` on a valid head and tile). ``PACKED``
+    (P <= 8, TILE <= 128): the columns through :func:`_packed_columns`, one small vector
+    a head carried to the entries instead of a [ROWS, P, TILE] block and its conversions."""
+    if PACKED:
+        # each entry gathers its head's packed columns (one exchange) and unpacks its own
+        c = tl.arange(0, GR)
+        slot = c % P
+        packed = tl.gather(_packed_columns(f, j0, per_tile, rows_ok, P), (c // P) % ROWS, 0)
+        col = ((packed >> (8 * slot)) & 255).to(tl.int32)
+        ok = (packed >= 0) & (per_tile > (j0 + slot)) & (c < ROWS * P)
+        n = tl.where(ok, t * TILE + col, 0)
+    else:
+        j = (j0 + tl.arange(0, P)).to(tl.float32)
+        col = tl.sum((f[:, None, :] <= j[None, :, None]).to(tl.int32), axis=2)  # [ROWS, P]
+        ok = (j[None, :] < per_tile) & rows_ok[:, None]
+        n = _flat(tl.where(ok, t * TILE + col, 0), ROWS, P, GR)
+        ok = _flat(ok, ROWS, P, GR) & (tl.arange(0, GR) < ROWS * P)
     off = _row_offsets(page_table_ptr, b, n, stride_vx, stride_vy, stride_pt, page_size, PAGED)
     return n, off, ok
 
@@ -188,6 +214,32 @@ def _head_sums(select, v, DOT_PRECISION: tl.constexpr, HALVES: tl.constexpr,
 
 
 @triton.jit
+def _entry_sums(acc0, acc1, coef, v, HALVES: tl.constexpr, ELEM: tl.constexpr):
+    """``acc + coef * v`` per gathered entry, in the load's layout (no dot, no exchange):
+    with words of two elements the even halves into acc0, the odd into acc1."""
+    if HALVES == 2:
+        lo = (v & 0xFFFF).to(tl.int16).to(ELEM, bitcast=True).to(tl.float32)
+        hi = (v >> 16).to(tl.int16).to(ELEM, bitcast=True).to(tl.float32)
+        acc0 += coef[:, None] * lo
+        acc1 += coef[:, None] * hi
+    else:
+        acc0 += coef[:, None] * v.to(tl.float32)
+    return acc0, acc1
+
+
+@triton.jit
+def _head_acc(acc, ROWS: tl.constexpr, P: tl.constexpr, GR: tl.constexpr,
+              G_PAD: tl.constexpr, D_W: tl.constexpr, ENTRY_SUMS: tl.constexpr):
+    """An accumulator's [ROWS, D_W] per-head sums: over its entries (ENTRY_SUMS: entry
+    ``c`` is head ``c // P`` of copy ``c // (ROWS * P)``, the copies past the first zero)
+    or over the dot's G_PAD rows (row ``r``: head ``r % ROWS``, rows >= ROWS zero)."""
+    if ENTRY_SUMS:
+        acc = tl.reshape(acc, [GR // (ROWS * P), ROWS, P, D_W])
+        return tl.sum(tl.sum(acc, axis=2), axis=0)
+    return tl.sum(tl.reshape(acc, [G_PAD // ROWS, ROWS, D_W]), axis=0)
+
+
+@triton.jit
 def _rescaled(acc0, acc1, alpha, HALVES: tl.constexpr):
     """Both accumulators times ``alpha`` per row (acc1 only with words of two elements)."""
     acc0 = acc0 * alpha[:, None]
@@ -205,6 +257,52 @@ def _add_sums(acc0, acc1, coef, select, v, DOT_PRECISION: tl.constexpr,
     if HALVES == 2:
         acc1 += coef[:, None] * s1
     return acc0, acc1
+
+
+@triton.jit
+def _acc_rows(x, ROWS: tl.constexpr, P: tl.constexpr, GR: tl.constexpr,
+              G_PAD: tl.constexpr, ENTRY_SUMS: tl.constexpr):
+    """``x`` of the running merge on the accumulators' rows: as it is with ENTRY_SUMS (the
+    merge runs per entry, see :func:`_merge_rows`), else per head [ROWS] on the dot's
+    G_PAD rows."""
+    if not ENTRY_SUMS:
+        x = _expand(x, ROWS, G_PAD)
+    return x
+
+
+@triton.jit
+def _merge_rows(m_t, mass, ROWS: tl.constexpr, P: tl.constexpr, GR: tl.constexpr,
+                ENTRY_SUMS: tl.constexpr):
+    """A tile's per-head max and mass [ROWS] on the running merge's rows: with
+    ENTRY_SUMS each of the GR entries gathers its head's pair (both packed in one 64-bit
+    word: one exchange) and the merge runs per entry, in the load's layout; else as
+    they are."""
+    if ENTRY_SUMS:
+        pair = ((m_t.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+                | (mass.to(tl.int32, bitcast=True).to(tl.int64) << 32))
+        pair = tl.gather(pair, (tl.arange(0, GR) // P) % ROWS, 0)
+        m_t = (pair & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+        mass = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    return m_t, mass
+
+
+@triton.jit
+def _rescale_acc(acc0, acc1, alpha, ROWS: tl.constexpr, P: tl.constexpr, GR: tl.constexpr,
+                 G_PAD: tl.constexpr, HALVES: tl.constexpr, ENTRY_SUMS: tl.constexpr):
+    """Both accumulators times the per-head ``alpha``."""
+    return _rescaled(acc0, acc1, _acc_rows(alpha, ROWS, P, GR, G_PAD, ENTRY_SUMS), HALVES)
+
+
+@triton.jit
+def _add_rows(acc0, acc1, coef, select, v, ROWS: tl.constexpr, P: tl.constexpr,
+              GR: tl.constexpr, G_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              HALVES: tl.constexpr, ELEM: tl.constexpr, ENTRY_SUMS: tl.constexpr):
+    """``acc + coef * (gathered rows v)``, ``coef`` per head: per entry in the load's
+    layout (ENTRY_SUMS) or through the ``select`` dots."""
+    coef = _acc_rows(coef, ROWS, P, GR, G_PAD, ENTRY_SUMS)
+    if ENTRY_SUMS:
+        return _entry_sums(acc0, acc1, coef, v, HALVES, ELEM)
+    return _add_sums(acc0, acc1, coef, select, v, DOT_PRECISION, HALVES, ELEM)
 
 
 @triton.jit
@@ -243,7 +341,8 @@ def _flash_compact_kernel(
     D_PAD: tl.constexpr, P: tl.constexpr, GR: tl.constexpr, HAS_UNIFORMS: tl.constexpr,
     STORE_COUNTS: tl.constexpr, DOT_PRECISION: tl.constexpr, W_BITS: tl.constexpr,
     GROUP_RNG: tl.constexpr = False, k_desc=None, seq_rows=0, TMA: tl.constexpr = False,
-    HALVES: tl.constexpr = 1,
+    HALVES: tl.constexpr = 1, ENTRY_SUMS: tl.constexpr = False,
+    PACKED: tl.constexpr = False,
 ):
     # One program: tiles [t_begin, t_end) of one (sequence, KV head), all G query heads.
     # The dot runs on G_PAD >= 16 rows, everything after it on ROWS >= G real rows.
@@ -263,13 +362,17 @@ def _flash_compact_kernel(
         v_base = v_ptr.to(tl.pointer_type(tl.int32)) + kvh * stride_vh
     else:
         v_base = v_ptr + kvh * stride_vh
-    m_run = tl.full([ROWS], float("-inf"), tl.float32)
-    l_run = tl.zeros([ROWS], dtype=tl.float32)
+    MERGE_ROWS: tl.constexpr = GR if ENTRY_SUMS else ROWS  # see _merge_rows
+    m_run = tl.full([MERGE_ROWS], float("-inf"), tl.float32)
+    l_run = tl.zeros([MERGE_ROWS], dtype=tl.float32)
     # the accumulators on the dot's G_PAD rows (row r: head r % ROWS; rows >= ROWS stay 0):
     # each tile's per-head sums come from select @ V dots, no reshape of V; acc1 holds the
     # odd elements' sums with words of two (HALVES 2), else is unused
-    acc0 = tl.zeros([G_PAD, D_W], dtype=tl.float32)
-    acc1 = tl.zeros([G_PAD, D_W], dtype=tl.float32)
+    # ENTRY_SUMS: the accumulators on the GR gathered entries instead, in the load's
+    # layout (acc += coef * v, no dot), summed per head at the end
+    ACC_ROWS: tl.constexpr = GR if ENTRY_SUMS else G_PAD
+    acc0 = tl.zeros([ACC_ROWS, D_W], dtype=tl.float32)
+    acc1 = tl.zeros([ACC_ROWS, D_W], dtype=tl.float32)
     offs_c = tl.arange(0, GR)
     select = ((offs_c[None, :] // P == tl.arange(0, G_PAD)[:, None])
               & (offs_c[None, :] < ROWS * P)).to(tl.float32)
@@ -277,27 +380,29 @@ def _flash_compact_kernel(
     if per_tile <= P:
         # the last tile's sampled V rows (in flight) and their weight W_t / S_tile a sample
         v1 = tl.zeros([GR, D_W], dtype=tl.int32 if HALVES == 2 else elem)
-        c1 = tl.zeros([ROWS], dtype=tl.float32)
+        c1 = tl.zeros([MERGE_ROWS], dtype=tl.float32)
         for t in range(t_begin, t_end):
             m_t, row_ok, mass, f = _tile_draw(
                 q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale, stride_kx,
                 stride_ky, stride_kh, stride_pt, page_size, k_desc, seq_rows, head_rows,
                 mask_g, uniforms_ptr, uniform_stride, seed, rng_base, per_tile, PAGED, TILE,
                 G_PAD, ROWS, D_PAD, DOT_PRECISION, W_SCALE, HAS_UNIFORMS, TMA)
-            m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_t, mass)
-            acc0, acc1 = _rescaled(acc0, acc1, _expand(alpha, ROWS, G_PAD), HALVES)
-            acc0, acc1 = _add_sums(acc0, acc1, _expand(c1 * alpha, ROWS, G_PAD), select, v1,
-                                   DOT_PRECISION, HALVES, elem)
+            m_e, mass_e = _merge_rows(m_t, mass, ROWS, P, GR, ENTRY_SUMS)
+            m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_e, mass_e)
+            acc0, acc1 = _rescale_acc(acc0, acc1, alpha, ROWS, P, GR, G_PAD, HALVES,
+                                      ENTRY_SUMS)
+            acc0, acc1 = _add_rows(acc0, acc1, c1 * alpha, select, v1, ROWS, P, GR, G_PAD,
+                                   DOT_PRECISION, HALVES, elem, ENTRY_SUMS)
             c1 = w_t / per_tile
             n, off, ok = _sampled_rows(f, 0, per_tile, mask_g & row_ok, t, page_table_ptr, b,
                                        stride_vx, stride_vy, stride_pt, page_size, PAGED,
-                                       TILE, ROWS, P, GR)
+                                       TILE, ROWS, P, GR, PACKED)
             v1 = _load_rows(v_base, off, ok, offs_w, mask_w)  # summed next iteration
             if STORE_COUNTS:
                 tl.atomic_add(counts_ptr + entry_heads * counts_stride + n, 1, mask=ok,
                               sem="relaxed")
-        acc0, acc1 = _add_sums(acc0, acc1, _expand(c1, ROWS, G_PAD), select, v1,
-                               DOT_PRECISION, HALVES, elem)
+        acc0, acc1 = _add_rows(acc0, acc1, c1, select, v1, ROWS, P, GR, G_PAD, DOT_PRECISION,
+                               HALVES, elem, ENTRY_SUMS)
     else:  # more than P samples a tile: the same draw, P samples at a time, no lag
         for t in range(t_begin, t_end):
             m_t, row_ok, mass, f = _tile_draw(
@@ -305,29 +410,38 @@ def _flash_compact_kernel(
                 stride_ky, stride_kh, stride_pt, page_size, k_desc, seq_rows, head_rows,
                 mask_g, uniforms_ptr, uniform_stride, seed, rng_base, per_tile, PAGED, TILE,
                 G_PAD, ROWS, D_PAD, DOT_PRECISION, W_SCALE, HAS_UNIFORMS, TMA)
-            m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_t, mass)
-            acc0, acc1 = _rescaled(acc0, acc1, _expand(alpha, ROWS, G_PAD), HALVES)
-            coef = _expand(w_t / per_tile, ROWS, G_PAD)
+            m_e, mass_e = _merge_rows(m_t, mass, ROWS, P, GR, ENTRY_SUMS)
+            m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_e, mass_e)
+            acc0, acc1 = _rescale_acc(acc0, acc1, alpha, ROWS, P, GR, G_PAD, HALVES,
+                                      ENTRY_SUMS)
+            coef = w_t / per_tile
             for j0 in range(0, per_tile.to(tl.int32), P):
                 n, off, ok = _sampled_rows(f, j0, per_tile, mask_g & row_ok, t,
                                            page_table_ptr, b, stride_vx, stride_vy, stride_pt,
-                                           page_size, PAGED, TILE, ROWS, P, GR)
+                                           page_size, PAGED, TILE, ROWS, P, GR, PACKED)
                 v = _load_rows(v_base, off, ok, offs_w, mask_w)
-                acc0, acc1 = _add_sums(acc0, acc1, coef, select, v, DOT_PRECISION, HALVES,
-                                       elem)
+                acc0, acc1 = _add_rows(acc0, acc1, coef, select, v, ROWS, P, GR, G_PAD,
+                                       DOT_PRECISION, HALVES, elem, ENTRY_SUMS)
                 if STORE_COUNTS:
                     tl.atomic_add(counts_ptr + entry_heads * counts_stride + n, 1, mask=ok,
                                   sem="relaxed")
     part = head_rows * num_splits + split
-    tl.store(part_m_ptr + part, m_run, mask=mask_g)
-    tl.store(part_l_ptr + part, l_run, mask=mask_g)
+    if ENTRY_SUMS:  # each head's state from its first entry
+        c = tl.arange(0, GR)
+        entry_part = (b * num_q_heads + kvh * group + c // P).to(tl.int64) * num_splits + split
+        first = (c % P == 0) & (c // P < group) & (c < ROWS * P)
+        tl.store(part_m_ptr + entry_part, m_run, mask=first)
+        tl.store(part_l_ptr + entry_part, l_run, mask=first)
+    else:
+        tl.store(part_m_ptr + part, m_run, mask=mask_g)
+        tl.store(part_l_ptr + part, l_run, mask=mask_g)
     o_rows = part_o_ptr + part[:, None] * head_dim
     o_mask = mask_g[:, None] & mask_w[None, :]
-    acc0 = tl.sum(tl.reshape(acc0, [G_PAD // ROWS, ROWS, D_W]), axis=0)  # rows >= ROWS: 0
-    tl.store(o_rows + HALVES * offs_w[None, :], acc0, mask=o_mask)
+    tl.store(o_rows + HALVES * offs_w[None, :],
+             _head_acc(acc0, ROWS, P, GR, G_PAD, D_W, ENTRY_SUMS), mask=o_mask)
     if HALVES == 2:
-        acc1 = tl.sum(tl.reshape(acc1, [G_PAD // ROWS, ROWS, D_W]), axis=0)
-        tl.store(o_rows + 2 * offs_w[None, :] + 1, acc1, mask=o_mask)
+        tl.store(o_rows + 2 * offs_w[None, :] + 1,
+                 _head_acc(acc1, ROWS, P, GR, G_PAD, D_W, ENTRY_SUMS), mask=o_mask)
 
 
 def santa_flash_compact(
@@ -336,7 +450,7 @@ def santa_flash_compact(
     workspace: SantaWorkspace | None = None, return_counts: bool = False,
     group_offsets: bool = False, samples: int | None = None,
     config: tuple[int, int] | None = None, tma: bool = True, maxnreg: int | None = None,
-    words: bool = True,
+    words: bool = True, entry_sums: bool = False, packed_columns: bool = False,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash (section 4), one
     pass, each tile's sampled V rows gathered while the next tile streams.
@@ -349,6 +463,10 @@ def santa_flash_compact(
     K through a tensor descriptor where the cache allows (contiguous, Hopper).
     ``maxnreg``: a register cap for the streaming kernel (compiled GPU kernels only).
     ``words``: V in 32-bit words where :func:`v_words` allows (False: element by element).
+    ``entry_sums``: each gathered entry accumulated in the load's layout (``acc += coef *
+    v``, summed per head at the end) instead of per head through 0/1 ``select`` dots.
+    ``packed_columns``: the sampled columns through one packed reduction a head
+    (P <= 8 and tiles of at most 128 rows; else ignored).
     ``return_counts`` adds per-row counts (an int32 buffer allocated by the call: off the
     hot path).
     """
@@ -392,7 +510,9 @@ def santa_flash_compact(
         HAS_UNIFORMS=uniforms is not None, STORE_COUNTS=counts is not None,
         DOT_PRECISION=_dot_precision(kv.k.dtype), W_BITS=FLASH_W_BITS,
         GROUP_RNG=group_offsets, k_desc=k_desc, seq_rows=kv.k.shape[1],
-        TMA=k_desc is not None, HALVES=halves, num_warps=warps, num_stages=stages, **extra,
+        TMA=k_desc is not None, HALVES=halves, ENTRY_SUMS=entry_sums,
+        PACKED=packed_columns and samples <= 8 and tile <= 128,
+        num_warps=warps, num_stages=stages, **extra,
     )
     out = ws.out(q.dtype)
     _merge_kernel[(batch * hq,)](

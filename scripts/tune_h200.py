@@ -527,6 +527,17 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     "uniforms": {"uniforms": "rand"},
     # V element by element (the kernel before session 20) against 32-bit words (default)
     "elements": {"words": False},
+    # session 22: the accumulators per gathered entry (no select dots; the running merge
+    # per entry after one gather of the tile's max and mass) and the sampled columns
+    # through one packed reduction a head (no [ROWS, P, TILE] block)
+    "entries": {"entry_sums": True},
+    "packed": {"packed_columns": True},
+    "entries packed": {"entry_sums": True, "packed_columns": True},
+    "entries packed (4, 4)": {"entry_sums": True, "packed_columns": True, "config": (4, 4)},
+    "entries packed (4, 2)": {"entry_sums": True, "packed_columns": True, "config": (4, 2)},
+    "entries packed (2, 3)": {"entry_sums": True, "packed_columns": True, "config": (2, 3)},
+    "entries packed (1, 3)": {"entry_sums": True, "packed_columns": True, "config": (1, 3)},
+    "entries packed (1, 4)": {"entry_sums": True, "packed_columns": True, "config": (1, 4)},
 }
 
 

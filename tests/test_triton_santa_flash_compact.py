@@ -87,6 +87,22 @@ def test_v_in_words_and_in_elements():
     check_against_fused(q, KVCache.contiguous(kv.k, shifted), S=24, out_tol=2e-2)
 
 
+@pytest.mark.parametrize("entry_sums,packed", [(True, False), (False, True), (True, True)])
+def test_entry_sums_and_packed_columns(entry_sums, packed):
+    """The accumulators per gathered entry (merge per entry, sums in the load's layout) and
+    the columns through one packed reduction a head: the fused kernel's counts and
+    output in both loops, over splits, with P=8 (64-bit fields), paged, 16-bit words."""
+    kw = {"entry_sums": entry_sums, "packed_columns": packed}
+    q, kv = make_cache(batch=2, hq=4, hkv=2, n=100, lengths=(100, 7))
+    check_against_fused(q, kv, S=16, num_splits=2, **kw)  # the 7-row sequence: no lag
+    check_against_fused(q, kv, S=16, num_splits=1, samples=1, **kw)
+    check_against_fused(q, kv, S=200, samples=8, num_splits=3, **kw)
+    check_against_fused(q, kv.to_paged(8, torch.Generator().manual_seed(1)), S=24, **kw)
+    q, kv = make_cache(batch=2, hq=6, hkv=2, d=64, n=75, lengths=(75, 41),
+                       dtype=torch.bfloat16)  # G=3: a padded head
+    check_against_fused(q, kv, S=24, out_tol=2e-2, **kw)
+
+
 def test_single_token_and_one_hot():
     q, kv = make_cache(batch=1, n=1, lengths=(1,))
     out, _ = santa_flash_compact(q, kv, 4, tile=TILE, seed=0)
