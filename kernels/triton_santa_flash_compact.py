@@ -117,6 +117,18 @@ def _floors(w, mass, a, per_tile):
 
 
 @triton.jit
+def _floors_scan_mass(w, a, per_tile):
+    """:func:`_floors` with the mass taken from the scan (``max`` of the inclusive sums:
+    the same integer): the mass, the floors and what follows them stay in the scan's
+    layout (a warp a row) instead of the scores'. Returns ``(mass, f)``."""
+    cum = tl.cumsum(w, axis=1)
+    mass = tl.max(cum, axis=1)
+    inv = 1.0 / tl.maximum(mass, 1).to(tl.float32)
+    cdf_in = tl.where(cum >= mass[:, None], 1.0, cum.to(tl.float32) * inv[:, None])
+    return mass, tl.floor(a[:, None] + per_tile * cdf_in)
+
+
+@triton.jit
 def _flat(x, ROWS: tl.constexpr, P: tl.constexpr, GR: tl.constexpr):
     """[ROWS, P] -> [GR] in row-major order (repeated to fill ``GR > ROWS * P``)."""
     x = tl.reshape(x, [ROWS * P])
@@ -311,10 +323,12 @@ def _tile_draw(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale, str
                mask_g, uniforms_ptr, uniform_stride, seed, rng_base, per_tile,
                PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr,
                ROWS: tl.constexpr, D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
-               W_SCALE: tl.constexpr, HAS_UNIFORMS: tl.constexpr, TMA: tl.constexpr):
+               W_SCALE: tl.constexpr, HAS_UNIFORMS: tl.constexpr, TMA: tl.constexpr,
+               SCAN_MASS: tl.constexpr = False):
     """Tile ``t``'s scores on the dot's G_PAD rows, narrowed to the ROWS real ones, and
     its draw (``_flash_kernel``'s, term for term): ``(m_t, row_ok, l_t, f)``, ``l_t`` the
-    tile mass and ``f`` the systematic floors of its integer local CDF."""
+    tile mass and ``f`` the systematic floors of its integer local CDF (``SCAN_MASS``:
+    through :func:`_floors_scan_mass`)."""
     s, _, _ = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale,
                            stride_kx, stride_ky, stride_kh, stride_pt, page_size, PAGED, TILE,
                            D_PAD, DOT_PRECISION, k_desc, seq_rows, TMA)
@@ -326,7 +340,11 @@ def _tile_draw(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale, str
                     other=0.0)
     else:
         a = tl.rand(seed, rng_base + t)
-    return m_t, row_ok, mass.to(tl.float32) / W_SCALE, _floors(w, mass, a, per_tile)
+    if SCAN_MASS:
+        mass, f = _floors_scan_mass(w, a, per_tile)
+    else:
+        f = _floors(w, mass, a, per_tile)
+    return m_t, row_ok, mass.to(tl.float32) / W_SCALE, f
 
 
 @triton.jit
@@ -342,7 +360,7 @@ def _flash_compact_kernel(
     STORE_COUNTS: tl.constexpr, DOT_PRECISION: tl.constexpr, W_BITS: tl.constexpr,
     GROUP_RNG: tl.constexpr = False, k_desc=None, seq_rows=0, TMA: tl.constexpr = False,
     HALVES: tl.constexpr = 1, ENTRY_SUMS: tl.constexpr = False,
-    PACKED: tl.constexpr = False,
+    PACKED: tl.constexpr = False, SCAN_MASS: tl.constexpr = False,
 ):
     # One program: tiles [t_begin, t_end) of one (sequence, KV head), all G query heads.
     # The dot runs on G_PAD >= 16 rows, everything after it on ROWS >= G real rows.
@@ -386,7 +404,7 @@ def _flash_compact_kernel(
                 q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale, stride_kx,
                 stride_ky, stride_kh, stride_pt, page_size, k_desc, seq_rows, head_rows,
                 mask_g, uniforms_ptr, uniform_stride, seed, rng_base, per_tile, PAGED, TILE,
-                G_PAD, ROWS, D_PAD, DOT_PRECISION, W_SCALE, HAS_UNIFORMS, TMA)
+                G_PAD, ROWS, D_PAD, DOT_PRECISION, W_SCALE, HAS_UNIFORMS, TMA, SCAN_MASS)
             m_e, mass_e = _merge_rows(m_t, mass, ROWS, P, GR, ENTRY_SUMS)
             m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_e, mass_e)
             acc0, acc1 = _rescale_acc(acc0, acc1, alpha, ROWS, P, GR, G_PAD, HALVES,
@@ -409,7 +427,7 @@ def _flash_compact_kernel(
                 q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale, stride_kx,
                 stride_ky, stride_kh, stride_pt, page_size, k_desc, seq_rows, head_rows,
                 mask_g, uniforms_ptr, uniform_stride, seed, rng_base, per_tile, PAGED, TILE,
-                G_PAD, ROWS, D_PAD, DOT_PRECISION, W_SCALE, HAS_UNIFORMS, TMA)
+                G_PAD, ROWS, D_PAD, DOT_PRECISION, W_SCALE, HAS_UNIFORMS, TMA, SCAN_MASS)
             m_e, mass_e = _merge_rows(m_t, mass, ROWS, P, GR, ENTRY_SUMS)
             m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_e, mass_e)
             acc0, acc1 = _rescale_acc(acc0, acc1, alpha, ROWS, P, GR, G_PAD, HALVES,
@@ -451,6 +469,7 @@ def santa_flash_compact(
     group_offsets: bool = False, samples: int | None = None,
     config: tuple[int, int] | None = None, tma: bool = True, maxnreg: int | None = None,
     words: bool = True, entry_sums: bool = False, packed_columns: bool = False,
+    scan_mass: bool = False,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash (section 4), one
     pass, each tile's sampled V rows gathered while the next tile streams.
@@ -466,7 +485,8 @@ def santa_flash_compact(
     ``entry_sums``: each gathered entry accumulated in the load's layout (``acc += coef *
     v``, summed per head at the end) instead of per head through 0/1 ``select`` dots.
     ``packed_columns``: the sampled columns through one packed reduction a head
-    (P <= 8 and tiles of at most 128 rows; else ignored).
+    (P <= 8 and tiles of at most 128 rows; else ignored). ``scan_mass``: each tile's mass
+    from its scan (see :func:`_floors_scan_mass`).
     ``return_counts`` adds per-row counts (an int32 buffer allocated by the call: off the
     hot path).
     """
@@ -511,7 +531,7 @@ def santa_flash_compact(
         DOT_PRECISION=_dot_precision(kv.k.dtype), W_BITS=FLASH_W_BITS,
         GROUP_RNG=group_offsets, k_desc=k_desc, seq_rows=kv.k.shape[1],
         TMA=k_desc is not None, HALVES=halves, ENTRY_SUMS=entry_sums,
-        PACKED=packed_columns and samples <= 8 and tile <= 128,
+        PACKED=packed_columns and samples <= 8 and tile <= 128, SCAN_MASS=scan_mass,
         num_warps=warps, num_stages=stages, **extra,
     )
     out = ws.out(q.dtype)

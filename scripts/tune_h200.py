@@ -533,6 +533,8 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     "entries": {"entry_sums": True},
     "packed": {"packed_columns": True},
     "entries packed": {"entry_sums": True, "packed_columns": True},
+    "entries packed scan-mass": {"entry_sums": True, "packed_columns": True,
+                                 "scan_mass": True},
     "entries packed (4, 4)": {"entry_sums": True, "packed_columns": True, "config": (4, 4)},
     "entries packed (4, 2)": {"entry_sums": True, "packed_columns": True, "config": (4, 2)},
     "entries packed (2, 3)": {"entry_sums": True, "packed_columns": True, "config": (2, 3)},
