@@ -468,7 +468,7 @@ def santa_flash_compact(
     workspace: SantaWorkspace | None = None, return_counts: bool = False,
     group_offsets: bool = False, samples: int | None = None,
     config: tuple[int, int] | None = None, tma: bool = True, maxnreg: int | None = None,
-    words: bool = True, entry_sums: bool = False, packed_columns: bool = False,
+    words: bool = True, entry_sums: bool = False, packed_columns: bool = True,
     scan_mass: bool = False,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash (section 4), one

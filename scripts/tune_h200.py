@@ -532,6 +532,7 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     # through one packed reduction a head (no [ROWS, P, TILE] block)
     "entries": {"entry_sums": True},
     "packed": {"packed_columns": True},
+    "unpacked": {"packed_columns": False},  # the default before session 22
     "entries packed": {"entry_sums": True, "packed_columns": True},
     "packed (4, 4)": {"packed_columns": True, "config": (4, 4)},
     "packed (4, 2)": {"packed_columns": True, "config": (4, 2)},

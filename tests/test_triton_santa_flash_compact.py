@@ -87,11 +87,12 @@ def test_v_in_words_and_in_elements():
     check_against_fused(q, KVCache.contiguous(kv.k, shifted), S=24, out_tol=2e-2)
 
 
-@pytest.mark.parametrize("entry_sums,packed", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("entry_sums,packed", [(False, False), (True, False), (True, True)])
 def test_entry_sums_and_packed_columns(entry_sums, packed):
-    """The accumulators per gathered entry (merge per entry, sums in the load's layout) and
-    the columns through one packed reduction a head: the fused kernel's counts and
-    output in both loops, over splits, with P=8 (64-bit fields), paged, 16-bit words."""
+    """The switches off the default (packed columns, select dots): the accumulators per
+    gathered entry (merge per entry, sums in the load's layout), the columns through the
+    [ROWS, P, TILE] block: the fused kernel's counts and output in both loops, over
+    splits, with P=8 (64-bit fields where packed), paged, 16-bit words."""
     kw = {"entry_sums": entry_sums, "packed_columns": packed}
     q, kv = make_cache(batch=2, hq=4, hkv=2, n=100, lengths=(100, 7))
     check_against_fused(q, kv, S=16, num_splits=2, **kw)  # the 7-row sequence: no lag
