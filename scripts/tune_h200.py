@@ -511,6 +511,7 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     "(4, 2)": {"config": (4, 2)},
     "(4, 4)": {"config": (4, 4)},
     "(4, 3) maxnreg 128": {"maxnreg": 128},
+    "maxnreg 96": {"maxnreg": 96},  # five programs an SM (session 22)
     "(4, 2) maxnreg 128": {"config": (4, 2), "maxnreg": 128},
     "(1, 3)": {"config": (1, 3)},
     "(1, 2)": {"config": (1, 2)},
