@@ -16,7 +16,11 @@ and only sampled rows move (a row sampled twice is loaded twice from the same ad
 HBM moves it once). Loading them at the top of the next iteration instead, or summing
 them two iterations later, was measured slower (BENCHMARKS.md, session 18). K tiles come
 through Hopper's bulk tensor copies where the cache allows (``SantaWorkspace.k_descriptor``),
-as in prop's score pass.
+as in prop's score pass. A head's ``P`` columns come out of one reduction over the tile,
+8 bits a sample packed in one integer that each gathered entry picks its own from
+(:func:`_packed_columns`; through a [ROWS, P, TILE] block and its layout conversions
+instead: 33.7 / 208.6 / 89.6 us against 30.6 / 190.0 / 83.7 at 32k B=1 / 32k B=8 /
+128k B=1, S=2048; BENCHMARKS.md, session 22).
 
 ``S_tile = max(1, S // T_b)`` depends on the sequence's length: the lagged loop holds
 ``P`` samples a head and tile (``P`` a power of two, by default the one covering
