@@ -288,6 +288,10 @@ class SantaWorkspace:
         # the sample pass's per-program partial sums and per-head tickets (zero between calls)
         self.sample_part = torch.empty(rows, MAX_SAMPLE_SPLITS, _next_pow2(head_dim), **f32)
         self.sample_ticket = torch.zeros(rows, dtype=torch.int32, device=device)
+        # the one-pass compact flash kernel's merge tickets: one per (sequence, KV head)
+        # and one for the groups done (zero between calls)
+        self.merge_ticket = torch.zeros(batch * num_kv_heads + 1, dtype=torch.int32,
+                                        device=device)
         self._out: dict[torch.dtype, torch.Tensor] = {}
         self._k_descriptors: dict[tuple, object] = {}
 
@@ -1226,6 +1230,21 @@ def _flash_kernel(
 
 
 @triton.jit
+def _merged_row(part_m_ptr, part_l_ptr, part_o_ptr, part, offs_sp, mask_sp, offs_d, mask_d,
+                head_dim, CACHE: tl.constexpr):
+    """One head's output [D_PAD] from its split partials at rows ``part + offs_sp``
+    (FlashDecoding's merge; ``CACHE``: the loads' cache modifier, ".cg" for partials
+    written by other programs of the same launch)."""
+    part = part + offs_sp
+    m = tl.load(part_m_ptr + part, mask=mask_sp, other=float("-inf"), cache_modifier=CACHE)
+    l_s = tl.load(part_l_ptr + part, mask=mask_sp, other=0.0, cache_modifier=CACHE)
+    o = tl.load(part_o_ptr + part[:, None] * head_dim + offs_d[None, :],
+                mask=mask_sp[:, None] & mask_d[None, :], other=0.0, cache_modifier=CACHE)
+    weight = tl.exp(m - tl.max(m, axis=0))  # empty splits hold m = -inf: weight 0
+    return tl.sum(weight[:, None] * o, axis=0) / tl.sum(weight * l_s, axis=0)
+
+
+@triton.jit
 def _merge_kernel(
     part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, rng_ptr,
     num_q_heads, num_splits, part_stride, head_dim: tl.constexpr, stride_ob, stride_oh,
@@ -1238,13 +1257,8 @@ def _merge_kernel(
     offs_d = tl.arange(0, D_PAD)
     mask_sp = offs_sp < num_splits
     mask_d = offs_d < head_dim
-    part = pid.to(tl.int64) * part_stride + offs_sp
-    m = tl.load(part_m_ptr + part, mask=mask_sp, other=float("-inf"))
-    l_s = tl.load(part_l_ptr + part, mask=mask_sp, other=0.0)
-    o = tl.load(part_o_ptr + part[:, None] * head_dim + offs_d[None, :],
-                mask=mask_sp[:, None] & mask_d[None, :], other=0.0)
-    weight = tl.exp(m - tl.max(m, axis=0))  # empty splits hold m = -inf: weight 0
-    out = tl.sum(weight[:, None] * o, axis=0) / tl.sum(weight * l_s, axis=0)
+    out = _merged_row(part_m_ptr, part_l_ptr, part_o_ptr, pid.to(tl.int64) * part_stride,
+                      offs_sp, mask_sp, offs_d, mask_d, head_dim, "")
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d,
              out.to(out_ptr.dtype.element_ty), mask=mask_d)
     if pid == 0:  # the call's last kernel advances the step counter (section 8)

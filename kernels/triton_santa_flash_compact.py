@@ -55,6 +55,7 @@ from santa_kernels.triton_santa import (
     _flash_local_weights,
     _flash_narrow_group,
     _merge_kernel,
+    _merged_row,
     _next_pow2,
     _prepare,
     _row_offsets,
@@ -322,6 +323,36 @@ def _add_rows(acc0, acc1, coef, select, v, ROWS: tl.constexpr, P: tl.constexpr,
 
 
 @triton.jit
+def _merge_when_last(part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, ticket_ptr, rng_ptr, b,
+                     kvh, num_kv_heads, num_q_heads, group, num_splits, head_dim,
+                     stride_ob, stride_oh, ROWS: tl.constexpr, SPLIT_PAD: tl.constexpr,
+                     D_PAD: tl.constexpr):
+    """The split merge in the streaming kernel: the last program of a (sequence, KV head)
+    to finish (an acq_rel ticket after its partial stores) merges the group's heads; the
+    last group to finish advances the call's Philox step (every program has read it by
+    then). Tickets return to zero for the next call (graph replays)."""
+    tl.debug_barrier()  # every thread's partial stores are ordered before the ticket
+    pid_bkv = b * num_kv_heads + kvh
+    splits = tl.num_programs(0)
+    if tl.atomic_add(ticket_ptr + pid_bkv, 1, sem="acq_rel") == splits - 1:
+        offs_sp = tl.arange(0, SPLIT_PAD)
+        offs_d = tl.arange(0, D_PAD)
+        mask_sp = offs_sp < splits
+        mask_d = offs_d < head_dim
+        for h in range(kvh * group, kvh * group + group):  # one head live at a time
+            out = _merged_row(part_m_ptr, part_l_ptr, part_o_ptr,
+                              (b * num_q_heads + h).to(tl.int64) * num_splits, offs_sp,
+                              mask_sp, offs_d, mask_d, head_dim, ".cg")
+            tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d,
+                     out.to(out_ptr.dtype.element_ty), mask=mask_d)
+        tl.store(ticket_ptr + pid_bkv, 0)
+        groups = tl.num_programs(1)
+        if tl.atomic_add(ticket_ptr + groups, 1, sem="acq_rel") == groups - 1:
+            tl.store(rng_ptr, tl.load(rng_ptr) + 1)
+            tl.store(ticket_ptr + groups, 0)
+
+
+@triton.jit
 def _tile_draw(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale, stride_kx,
                stride_ky, stride_kh, stride_pt, page_size, k_desc, seq_rows, head_rows,
                mask_g, uniforms_ptr, uniform_stride, seed, rng_base, per_tile,
@@ -365,6 +396,8 @@ def _flash_compact_kernel(
     GROUP_RNG: tl.constexpr = False, k_desc=None, seq_rows=0, TMA: tl.constexpr = False,
     HALVES: tl.constexpr = 1, ENTRY_SUMS: tl.constexpr = False,
     PACKED: tl.constexpr = False, SCAN_MASS: tl.constexpr = False,
+    FUSED_MERGE: tl.constexpr = False, out_ptr=None, ticket_ptr=None, stride_ob=0,
+    stride_oh=0, SPLIT_PAD: tl.constexpr = 2,
 ):
     # One program: tiles [t_begin, t_end) of one (sequence, KV head), all G query heads.
     # The dot runs on G_PAD >= 16 rows, everything after it on ROWS >= G real rows.
@@ -464,6 +497,10 @@ def _flash_compact_kernel(
     if HALVES == 2:
         tl.store(o_rows + 2 * offs_w[None, :] + 1,
                  _head_acc(acc1, ROWS, P, GR, G_PAD, D_W, ENTRY_SUMS), mask=o_mask)
+    if FUSED_MERGE:
+        _merge_when_last(part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, ticket_ptr, rng_ptr,
+                         b, kvh, num_kv_heads, num_q_heads, group, num_splits, head_dim,
+                         stride_ob, stride_oh, ROWS, SPLIT_PAD, D_PAD)
 
 
 def santa_flash_compact(
@@ -473,7 +510,7 @@ def santa_flash_compact(
     group_offsets: bool = False, samples: int | None = None,
     config: tuple[int, int] | None = None, tma: bool = True, maxnreg: int | None = None,
     words: bool = True, entry_sums: bool = False, packed_columns: bool = True,
-    scan_mass: bool = False,
+    scan_mass: bool = False, fused_merge: bool = False,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash (section 4), one
     pass, each tile's sampled V rows gathered while the next tile streams.
@@ -490,7 +527,8 @@ def santa_flash_compact(
     v``, summed per head at the end) instead of per head through 0/1 ``select`` dots.
     ``packed_columns``: the sampled columns through one packed reduction a head
     (P <= 8 and tiles of at most 128 rows; else ignored). ``scan_mass``: each tile's mass
-    from its scan (see :func:`_floors_scan_mass`).
+    from its scan (see :func:`_floors_scan_mass`). ``fused_merge``: the split merge done
+    by each group's last program to finish (:func:`_merge_when_last`), no second kernel.
     ``return_counts`` adds per-row counts (an int32 buffer allocated by the call: off the
     hot path).
     """
@@ -516,6 +554,7 @@ def santa_flash_compact(
         extra["maxnreg"] = check_positive_int(maxnreg, "maxnreg")
     # V in 32-bit words of two 16-bit elements where its strides allow (see _load_rows)
     halves = 2 if words and v_words(kv.v) else 1
+    out = ws.out(q.dtype)
     counts = None
     if return_counts:
         counts = torch.zeros(batch * hq, _capacity(kv), dtype=torch.int32, device=q.device)
@@ -536,14 +575,17 @@ def santa_flash_compact(
         GROUP_RNG=group_offsets, k_desc=k_desc, seq_rows=kv.k.shape[1],
         TMA=k_desc is not None, HALVES=halves, ENTRY_SUMS=entry_sums,
         PACKED=packed_columns and samples <= 8 and tile <= 128, SCAN_MASS=scan_mass,
+        FUSED_MERGE=fused_merge, out_ptr=out, ticket_ptr=ws.merge_ticket,
+        stride_ob=out.stride(0), stride_oh=out.stride(1),
+        SPLIT_PAD=max(2, _next_pow2(splits)),
         num_warps=warps, num_stages=stages, **extra,
     )
-    out = ws.out(q.dtype)
-    _merge_kernel[(batch * hq,)](
-        ws.part_m, ws.part_l, ws.part_o, out, ws.rng, hq, splits, ws.num_splits, d,
-        out.stride(0), out.stride(1),
-        SPLIT_PAD=max(2, _next_pow2(splits)), D_PAD=_next_pow2(d), num_warps=4,
-    )
+    if not fused_merge:
+        _merge_kernel[(batch * hq,)](
+            ws.part_m, ws.part_l, ws.part_o, out, ws.rng, hq, splits, ws.num_splits, d,
+            out.stride(0), out.stride(1),
+            SPLIT_PAD=max(2, _next_pow2(splits)), D_PAD=_next_pow2(d), num_warps=4,
+        )
     if counts is not None:
         counts = counts.view(batch, hq, -1)
     info = SantaInfo(method="flash", S=S, tile=tile, lengths=kv.lengths, num_kv_heads=hkv,

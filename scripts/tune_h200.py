@@ -512,6 +512,9 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     "(4, 4)": {"config": (4, 4)},
     "(4, 3) maxnreg 128": {"maxnreg": 128},
     "maxnreg 96": {"maxnreg": 96},  # five programs an SM (session 22)
+    # the split merge by each group's last program (session 22; 143 registers uncapped)
+    "fused merge": {"fused_merge": True},
+    "fused merge maxnreg 128": {"fused_merge": True, "maxnreg": 128},
     "(4, 2) maxnreg 128": {"config": (4, 2), "maxnreg": 128},
     "(1, 3)": {"config": (1, 3)},
     "(1, 2)": {"config": (1, 2)},

@@ -104,6 +104,23 @@ def test_entry_sums_and_packed_columns(entry_sums, packed):
     check_against_fused(q, kv, S=24, out_tol=2e-2, **kw)
 
 
+def test_fused_merge_matches_the_merge_kernel_and_resets_its_tickets():
+    """The split merge done by each group's last program: the fused kernel's counts and
+    output over splits (one split too), bit for bit the two-kernel call's output, the
+    step advanced once a call and every ticket back at zero (graph replays)."""
+    q, kv = make_cache(batch=2, hq=6, hkv=2, n=100, lengths=(100, 7))
+    for splits in (1, 3):
+        check_against_fused(q, kv, S=16, num_splits=splits, fused_merge=True)
+    ws = SantaWorkspace.for_inputs(q, kv, 16, TILE, num_splits=3)
+    ws_two = SantaWorkspace.for_inputs(q, kv, 16, TILE, num_splits=3)
+    for call in range(2):
+        out = santa_flash_compact(q, kv, 16, tile=TILE, seed=5, workspace=ws,
+                                  fused_merge=True)[0]
+        two = santa_flash_compact(q, kv, 16, tile=TILE, seed=5, workspace=ws_two)[0]
+        torch.testing.assert_close(out, two, rtol=0, atol=0)
+        assert int(ws.rng[0]) == call + 1 and not bool(ws.merge_ticket.any())
+
+
 def test_single_token_and_one_hot():
     q, kv = make_cache(batch=1, n=1, lengths=(1,))
     out, _ = santa_flash_compact(q, kv, 4, tile=TILE, seed=0)
