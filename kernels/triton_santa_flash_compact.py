@@ -46,6 +46,9 @@ import triton.language as tl
 from santa_kernels.kv import KVCache
 from santa_kernels.triton_santa import (
     FLASH_W_BITS,
+    H200_SM_COUNT,
+    MIN_TILES_PER_SPLIT,
+    PROGRAMS_PER_SM,
     SantaInfo,
     SantaWorkspace,
     _cache_args,
@@ -82,6 +85,7 @@ LARGE_GROUPS = 32
 # iterations later (lag 2) ((4, 3); 2-fcompact-88559cc.csv; both variants removed, code
 # at 43ab94e)
 MAX_LAG_SAMPLES = 64  # the lagged loop's samples a head and tile, at most (P)
+LARGE_GROUP_PROGRAMS_PER_SM = 5  # programs of the 2-warp launch an SM holds (compact_splits)
 
 
 def v_words(v: torch.Tensor) -> bool:
@@ -102,6 +106,24 @@ def compact_config(head_dim: int, groups: int = 1, tile: int = 64) -> tuple[int,
     if groups >= LARGE_GROUPS and key in COMPACT_CONFIG_LARGE:
         return COMPACT_CONFIG_LARGE[key]
     return COMPACT_CONFIG[key]
+
+
+def compact_splits(groups: int, n_tiles: int, head_dim: int = 128, tile: int = 64,
+                   sm_count: int = H200_SM_COUNT) -> int:
+    """The default split count for ``groups`` = B * Hkv sequences x KV heads of ``n_tiles``
+    tiles: as many programs as fit the SMs at once under :func:`compact_config`'s launch
+    (one wave: 4 programs an SM of 4 warps, 5 of the 2-warp large-group launch, whose 41 KB
+    of shared memory allow five), at least MIN_TILES_PER_SPLIT tiles each. Measured on the
+    H200 (S=2048, 32k; tune-2026-12-03-s22/4-*): 10 splits at B=8 177.7 us against 188.8
+    for the 9 of ``num_splits_for`` (12: 250.0, 14: 221.0), 20 at B=4 92.6 against 105.6
+    (17; 22: 134.1), 5 at B=16 the same as before (6: 474.6 against 337.2); 64 at B=1
+    (unchanged; 74: 40.0 against 30.6)."""
+    warps, _ = compact_config(head_dim, groups, tile)
+    per_sm = LARGE_GROUP_PROGRAMS_PER_SM if warps == 2 else PROGRAMS_PER_SM
+    splits = max(1, min(per_sm * sm_count // max(1, groups),
+                        -(-n_tiles // MIN_TILES_PER_SPLIT)))
+    per_split = -(-n_tiles // splits)
+    return -(-n_tiles // per_split)
 
 
 def lag_samples(S: int, capacity: int, tile: int) -> int:
@@ -503,6 +525,16 @@ def _flash_compact_kernel(
                          stride_ob, stride_oh, ROWS, SPLIT_PAD, D_PAD)
 
 
+def compact_workspace(q: torch.Tensor, kv: KVCache, S: int, tile: int = 64,
+                      **kw) -> SantaWorkspace:
+    """A workspace for these inputs split by :func:`compact_splits` (``kw``: the
+    workspace's, e.g. ``seed``)."""
+    groups = q.shape[0] * kv.num_kv_heads
+    kw.setdefault("num_splits", compact_splits(groups, _tile_count(kv, tile),
+                                               kv.head_dim, tile))
+    return SantaWorkspace.for_inputs(q, kv, S, tile, **kw)
+
+
 def santa_flash_compact(
     q: torch.Tensor, kv: KVCache, S: int, *, tile: int = 64, scale: float | None = None,
     seed: int | None = None, uniforms: torch.Tensor | None = None,
@@ -532,6 +564,12 @@ def santa_flash_compact(
     ``return_counts`` adds per-row counts (an int32 buffer allocated by the call: off the
     hot path).
     """
+    if workspace is None:  # split by compact_splits (bad inputs: _prepare's errors)
+        check_positive_int(S, "S")
+        check_positive_int(tile, "tile")
+        if (isinstance(kv, KVCache) and isinstance(q, torch.Tensor) and q.dim() == 3
+                and q.shape[0] == kv.batch):
+            workspace = compact_workspace(q, kv, S, tile)
     ws, scale = _prepare(q, kv, S, tile, scale, workspace)
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
@@ -593,4 +631,5 @@ def santa_flash_compact(
     return out[:batch], info
 
 
-__all__ = ["COMPACT_CONFIG", "compact_config", "lag_samples", "santa_flash_compact"]
+__all__ = ["COMPACT_CONFIG", "compact_config", "compact_splits", "compact_workspace",
+           "lag_samples", "santa_flash_compact"]

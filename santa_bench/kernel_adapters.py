@@ -76,9 +76,9 @@ def santa_prepare(function: str) -> PrepareFn:
             kernel = two_pass.santa_flash_two_pass
             workspace = two_pass.two_pass_workspace(q, kv, S, tile, seed=seed)
         elif one_pass_compact:
-            kernel = importlib.import_module(
-                "santa_kernels.triton_santa_flash_compact").santa_flash_compact
-            workspace = module.SantaWorkspace.for_inputs(q, kv, S, tile, seed=seed)
+            compact = importlib.import_module("santa_kernels.triton_santa_flash_compact")
+            kernel = compact.santa_flash_compact
+            workspace = compact.compact_workspace(q, kv, S, tile, seed=seed)
         else:
             workspace = module.SantaWorkspace.for_inputs(q, kv, S, tile, seed=seed,
                                                          store_counts=flash,

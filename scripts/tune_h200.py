@@ -574,7 +574,7 @@ def fcompact_section(rows: Rows) -> None:
                  us=f"{graph_call_us(cudnn):.2f}", note="")
         del cudnn
         for tile, S in itertools.product(tiles, budgets):
-            default = ts.num_splits_for(batch * 8, ctx // tile)
+            default = tfc.compact_splits(batch * 8, ctx // tile, 128, tile)
             wss2 = [tf2.two_pass_workspace(q, kv, S, tile) for q, kv in inputs]
             (q0, kv0) = inputs[0]
             wss2[0].reset_rng(0)

@@ -23,7 +23,13 @@ from test_triton_santa import (
 
 from santa_kernels import InputError, KVCache
 from santa_kernels.triton_santa import SantaWorkspace, santa_flash
-from santa_kernels.triton_santa_flash_compact import lag_samples, santa_flash_compact, v_words
+from santa_kernels.triton_santa_flash_compact import (
+    compact_splits,
+    compact_workspace,
+    lag_samples,
+    santa_flash_compact,
+    v_words,
+)
 
 
 def check_against_fused(q, kv, S, *, out_tol=1e-5, num_splits=None, **kw):
@@ -119,6 +125,21 @@ def test_fused_merge_matches_the_merge_kernel_and_resets_its_tickets():
         two = santa_flash_compact(q, kv, 16, tile=TILE, seed=5, workspace=ws_two)[0]
         torch.testing.assert_close(out, two, rtol=0, atol=0)
         assert int(ws.rng[0]) == call + 1 and not bool(ws.merge_ticket.any())
+
+
+def test_default_split_fills_the_sms_in_one_wave():
+    """Llama shape (8 KV heads, d=128, 512 tiles of 32k): the programs of the default
+    split fit the H200's 132 SMs at once, 4 an SM of the 4-warp launch, 5 of the 2-warp
+    launch of 32 groups and more; short sequences keep 4 tiles a program."""
+    for batch, expected in [(1, 64), (2, 32), (4, 20), (8, 10), (16, 5), (32, 2)]:
+        groups = batch * 8
+        splits = compact_splits(groups, 512)
+        assert splits == expected, batch
+        per_sm = 5 if groups >= 32 else 4
+        assert groups * splits <= per_sm * 132
+    assert compact_splits(8, 8) == 2  # 8 tiles: 4 a program
+    q, kv = make_cache(batch=2, hq=4, hkv=2, n=100, lengths=(100, 7))
+    assert compact_workspace(q, kv, 16, TILE).num_splits == compact_splits(4, -(-100 // TILE))
 
 
 def test_single_token_and_one_hot():
