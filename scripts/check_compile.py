@@ -343,8 +343,13 @@ def check_flash_compact() -> int:
     failures = 0
     divisible = ("stride_qb", "stride_qh", "stride_kx", "stride_ky", "stride_kh", "stride_vx",
                  "stride_vy", "stride_vh")
-    for d, group, paged, samples in ((128, 4, False, 4), (128, 4, False, 1), (128, 1, True, 4),
-                                     (64, 8, False, 2), (256, 3, True, 1)):
+    # the switches off their defaults once each: the split merge in the kernel (P=1),
+    # entry sums and the scan's mass (G=8), the [ROWS, P, TILE] columns (d=256)
+    switches = {1: {"FUSED_MERGE": True}, 3: {"ENTRY_SUMS": True, "SCAN_MASS": True},
+                4: {"PACKED": False}}
+    for case, (d, group, paged, samples) in enumerate(
+            ((128, 4, False, 4), (128, 4, False, 1), (128, 1, True, 4), (64, 8, False, 2),
+             (256, 3, True, 1))):
         warps, stages = tfc.compact_config(d)
         rows = max(2, ts._next_pow2(group))
         table = "*i32" if paged else "*i64"
@@ -354,17 +359,20 @@ def check_flash_compact() -> int:
                   "ROWS": rows, "D_PAD": d, "P": samples, "GR": max(16, rows * samples),
                   "HAS_UNIFORMS": False, "STORE_COUNTS": False,
                   "DOT_PRECISION": "tf32", "W_BITS": ts.FLASH_W_BITS, "GROUP_RNG": False,
-                  "TMA": not paged, "HALVES": 2}
+                  "TMA": not paged, "HALVES": 2, "ENTRY_SUMS": False, "PACKED": True,
+                  "SCAN_MASS": False, "FUSED_MERGE": False, "SPLIT_PAD": 64,
+                  **switches.get(case, {})}
         if paged:
             consts["k_desc"] = None
             types += ["i32"]
         else:
             types += [f"tensordesc<bf16[64, {d}]>", "i32"]
+        types += ["*bf16", "*i32", "i32", "i32"]  # out_ptr, ticket_ptr, stride_ob, stride_oh
         err = compile_kernel(tfc._flash_compact_kernel, types, consts,
                              {"num_warps": warps, "num_stages": stages}, divisible,
                              require=None if paged else "ttng.async_tma_copy_global_to_local")
-        print(f"_flash_compact_kernel d={d} G={group} paged={paged} P={samples}: "
-              f"{err or 'ok'}")
+        print(f"_flash_compact_kernel d={d} G={group} paged={paged} P={samples} "
+              f"{switches.get(case, '')}: {err or 'ok'}")
         failures += err is not None
     return failures
 
