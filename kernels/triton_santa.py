@@ -288,10 +288,6 @@ class SantaWorkspace:
         # the sample pass's per-program partial sums and per-head tickets (zero between calls)
         self.sample_part = torch.empty(rows, MAX_SAMPLE_SPLITS, _next_pow2(head_dim), **f32)
         self.sample_ticket = torch.zeros(rows, dtype=torch.int32, device=device)
-        # the one-pass compact flash kernel's merge tickets: one per (sequence, KV head)
-        # and one for the groups done (zero between calls)
-        self.merge_ticket = torch.zeros(batch * num_kv_heads + 1, dtype=torch.int32,
-                                        device=device)
         self._out: dict[torch.dtype, torch.Tensor] = {}
         self._k_descriptors: dict[tuple, object] = {}
 
@@ -1230,21 +1226,6 @@ def _flash_kernel(
 
 
 @triton.jit
-def _merged_row(part_m_ptr, part_l_ptr, part_o_ptr, part, offs_sp, mask_sp, offs_d, mask_d,
-                head_dim, CACHE: tl.constexpr):
-    """One head's output [D_PAD] from its split partials at rows ``part + offs_sp``
-    (FlashDecoding's merge; ``CACHE``: the loads' cache modifier, ".cg" for partials
-    written by other programs of the same launch)."""
-    part = part + offs_sp
-    m = tl.load(part_m_ptr + part, mask=mask_sp, other=float("-inf"), cache_modifier=CACHE)
-    l_s = tl.load(part_l_ptr + part, mask=mask_sp, other=0.0, cache_modifier=CACHE)
-    o = tl.load(part_o_ptr + part[:, None] * head_dim + offs_d[None, :],
-                mask=mask_sp[:, None] & mask_d[None, :], other=0.0, cache_modifier=CACHE)
-    weight = tl.exp(m - tl.max(m, axis=0))  # empty splits hold m = -inf: weight 0
-    return tl.sum(weight[:, None] * o, axis=0) / tl.sum(weight * l_s, axis=0)
-
-
-@triton.jit
 def _merge_kernel(
     part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, rng_ptr,
     num_q_heads, num_splits, part_stride, head_dim: tl.constexpr, stride_ob, stride_oh,
@@ -1257,8 +1238,13 @@ def _merge_kernel(
     offs_d = tl.arange(0, D_PAD)
     mask_sp = offs_sp < num_splits
     mask_d = offs_d < head_dim
-    out = _merged_row(part_m_ptr, part_l_ptr, part_o_ptr, pid.to(tl.int64) * part_stride,
-                      offs_sp, mask_sp, offs_d, mask_d, head_dim, "")
+    part = pid.to(tl.int64) * part_stride + offs_sp
+    m = tl.load(part_m_ptr + part, mask=mask_sp, other=float("-inf"))
+    l_s = tl.load(part_l_ptr + part, mask=mask_sp, other=0.0)
+    o = tl.load(part_o_ptr + part[:, None] * head_dim + offs_d[None, :],
+                mask=mask_sp[:, None] & mask_d[None, :], other=0.0)
+    weight = tl.exp(m - tl.max(m, axis=0))  # empty splits hold m = -inf: weight 0
+    out = tl.sum(weight[:, None] * o, axis=0) / tl.sum(weight * l_s, axis=0)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d,
              out.to(out_ptr.dtype.element_ty), mask=mask_d)
     if pid == 0:  # the call's last kernel advances the step counter (section 8)
@@ -1291,7 +1277,10 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
-def _prepare(q, kv, S, tile, scale, workspace, counts=False, **ws_kw):
+def _prepare(q, kv, S, tile, scale, workspace, counts=False, new_workspace=None, **ws_kw):
+    """Checks the inputs; returns ``(workspace, scale)``. Without ``workspace``, one for
+    these inputs from ``new_workspace(q, kv, S, tile, store_counts=, **ws_kw)`` (default
+    ``SantaWorkspace.for_inputs``: a kernel with its own split rule passes its own)."""
     if not isinstance(kv, KVCache):
         raise InputError(f"kv: expected a santa_kernels.KVCache, got {type(kv).__name__}")
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
@@ -1305,7 +1294,8 @@ def _prepare(q, kv, S, tile, scale, workspace, counts=False, **ws_kw):
     if q.stride(-1) != 1 or kv.k.stride(-1) != 1 or kv.v.stride(-1) != 1:
         raise InputError("q/k/v: the head dim must be contiguous")
     if workspace is None:
-        workspace = SantaWorkspace.for_inputs(q, kv, S, tile, store_counts=counts, **ws_kw)
+        new_workspace = new_workspace or SantaWorkspace.for_inputs
+        workspace = new_workspace(q, kv, S, tile, store_counts=counts, **ws_kw)
     workspace.check(q, kv, S, tile, counts)
     scale = d**-0.5 if scale is None else float(scale)
     return workspace, scale

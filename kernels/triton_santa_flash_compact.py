@@ -58,7 +58,6 @@ from santa_kernels.triton_santa import (
     _flash_local_weights,
     _flash_narrow_group,
     _merge_kernel,
-    _merged_row,
     _next_pow2,
     _prepare,
     _row_offsets,
@@ -114,7 +113,7 @@ def compact_splits(groups: int, n_tiles: int, head_dim: int = 128, tile: int = 6
     tiles: as many programs as fit the SMs at once under :func:`compact_config`'s launch
     (one wave: 4 programs an SM of 4 warps, 5 of the 2-warp large-group launch, whose 41 KB
     of shared memory allow five), at least MIN_TILES_PER_SPLIT tiles each. Measured on the
-    H200 (S=2048, 32k; tune-2026-12-03-s22/4-*): 10 splits at B=8 177.7 us against 188.8
+    H200 (S=2048, 32k; tune-2026-12-03-s22/3-* and 4-*): 10 splits at B=8 177.7 us against 188.8
     for the 9 of ``num_splits_for`` (12: 250.0, 14: 221.0), 20 at B=4 92.6 against 105.6
     (17; 22: 134.1), 5 at B=16 the same as before (6: 474.6 against 337.2); 64 at B=1
     (unchanged; 74: 40.0 against 30.6)."""
@@ -144,18 +143,6 @@ def _floors(w, mass, a, per_tile):
 
 
 @triton.jit
-def _floors_scan_mass(w, a, per_tile):
-    """:func:`_floors` with the mass taken from the scan (``max`` of the inclusive sums:
-    the same integer): the mass, the floors and what follows them stay in the scan's
-    layout (a warp a row) instead of the scores'. Returns ``(mass, f)``."""
-    cum = tl.cumsum(w, axis=1)
-    mass = tl.max(cum, axis=1)
-    inv = 1.0 / tl.maximum(mass, 1).to(tl.float32)
-    cdf_in = tl.where(cum >= mass[:, None], 1.0, cum.to(tl.float32) * inv[:, None])
-    return mass, tl.floor(a[:, None] + per_tile * cdf_in)
-
-
-@triton.jit
 def _flat(x, ROWS: tl.constexpr, P: tl.constexpr, GR: tl.constexpr):
     """[ROWS, P] -> [GR] in row-major order (repeated to fill ``GR > ROWS * P``)."""
     x = tl.reshape(x, [ROWS * P])
@@ -181,6 +168,7 @@ def _packed_columns(f, j0, per_tile, rows_ok, P: tl.constexpr):
     PACK: tl.constexpr = tl.int32 if P <= 4 else tl.int64
     bits = tl.zeros(f.shape, dtype=PACK)
     for p in tl.static_range(P):
+        # a product, not ``&``: the interpreter cannot AND a tensor with a scalar mask
         hit = (f <= (j0 + p)).to(PACK) * (per_tile > (j0 + p)).to(PACK)
         bits += hit << (8 * p)
     return tl.where(rows_ok, tl.sum(bits, axis=1), -1)
@@ -253,32 +241,6 @@ def _head_sums(select, v, DOT_PRECISION: tl.constexpr, HALVES: tl.constexpr,
 
 
 @triton.jit
-def _entry_sums(acc0, acc1, coef, v, HALVES: tl.constexpr, ELEM: tl.constexpr):
-    """``acc + coef * v`` per gathered entry, in the load's layout (no dot, no exchange):
-    with words of two elements the even halves into acc0, the odd into acc1."""
-    if HALVES == 2:
-        lo = (v & 0xFFFF).to(tl.int16).to(ELEM, bitcast=True).to(tl.float32)
-        hi = (v >> 16).to(tl.int16).to(ELEM, bitcast=True).to(tl.float32)
-        acc0 += coef[:, None] * lo
-        acc1 += coef[:, None] * hi
-    else:
-        acc0 += coef[:, None] * v.to(tl.float32)
-    return acc0, acc1
-
-
-@triton.jit
-def _head_acc(acc, ROWS: tl.constexpr, P: tl.constexpr, GR: tl.constexpr,
-              G_PAD: tl.constexpr, D_W: tl.constexpr, ENTRY_SUMS: tl.constexpr):
-    """An accumulator's [ROWS, D_W] per-head sums: over its entries (ENTRY_SUMS: entry
-    ``c`` is head ``c // P`` of copy ``c // (ROWS * P)``, the copies past the first zero)
-    or over the dot's G_PAD rows (row ``r``: head ``r % ROWS``, rows >= ROWS zero)."""
-    if ENTRY_SUMS:
-        acc = tl.reshape(acc, [GR // (ROWS * P), ROWS, P, D_W])
-        return tl.sum(tl.sum(acc, axis=2), axis=0)
-    return tl.sum(tl.reshape(acc, [G_PAD // ROWS, ROWS, D_W]), axis=0)
-
-
-@triton.jit
 def _rescaled(acc0, acc1, alpha, HALVES: tl.constexpr):
     """Both accumulators times ``alpha`` per row (acc1 only with words of two elements)."""
     acc0 = acc0 * alpha[:, None]
@@ -299,93 +261,15 @@ def _add_sums(acc0, acc1, coef, select, v, DOT_PRECISION: tl.constexpr,
 
 
 @triton.jit
-def _acc_rows(x, ROWS: tl.constexpr, P: tl.constexpr, GR: tl.constexpr,
-              G_PAD: tl.constexpr, ENTRY_SUMS: tl.constexpr):
-    """``x`` of the running merge on the accumulators' rows: as it is with ENTRY_SUMS (the
-    merge runs per entry, see :func:`_merge_rows`), else per head [ROWS] on the dot's
-    G_PAD rows."""
-    if not ENTRY_SUMS:
-        x = _expand(x, ROWS, G_PAD)
-    return x
-
-
-@triton.jit
-def _merge_rows(m_t, mass, ROWS: tl.constexpr, P: tl.constexpr, GR: tl.constexpr,
-                ENTRY_SUMS: tl.constexpr):
-    """A tile's per-head max and mass [ROWS] on the running merge's rows: with
-    ENTRY_SUMS each of the GR entries gathers its head's pair (both packed in one 64-bit
-    word: one exchange) and the merge runs per entry, in the load's layout; else as
-    they are."""
-    if ENTRY_SUMS:
-        pair = ((m_t.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
-                | (mass.to(tl.int32, bitcast=True).to(tl.int64) << 32))
-        pair = tl.gather(pair, (tl.arange(0, GR) // P) % ROWS, 0)
-        m_t = (pair & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
-        mass = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-    return m_t, mass
-
-
-@triton.jit
-def _rescale_acc(acc0, acc1, alpha, ROWS: tl.constexpr, P: tl.constexpr, GR: tl.constexpr,
-                 G_PAD: tl.constexpr, HALVES: tl.constexpr, ENTRY_SUMS: tl.constexpr):
-    """Both accumulators times the per-head ``alpha``."""
-    return _rescaled(acc0, acc1, _acc_rows(alpha, ROWS, P, GR, G_PAD, ENTRY_SUMS), HALVES)
-
-
-@triton.jit
-def _add_rows(acc0, acc1, coef, select, v, ROWS: tl.constexpr, P: tl.constexpr,
-              GR: tl.constexpr, G_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
-              HALVES: tl.constexpr, ELEM: tl.constexpr, ENTRY_SUMS: tl.constexpr):
-    """``acc + coef * (gathered rows v)``, ``coef`` per head: per entry in the load's
-    layout (ENTRY_SUMS) or through the ``select`` dots."""
-    coef = _acc_rows(coef, ROWS, P, GR, G_PAD, ENTRY_SUMS)
-    if ENTRY_SUMS:
-        return _entry_sums(acc0, acc1, coef, v, HALVES, ELEM)
-    return _add_sums(acc0, acc1, coef, select, v, DOT_PRECISION, HALVES, ELEM)
-
-
-@triton.jit
-def _merge_when_last(part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, ticket_ptr, rng_ptr, b,
-                     kvh, num_kv_heads, num_q_heads, group, num_splits, head_dim,
-                     stride_ob, stride_oh, ROWS: tl.constexpr, SPLIT_PAD: tl.constexpr,
-                     D_PAD: tl.constexpr):
-    """The split merge in the streaming kernel: the last program of a (sequence, KV head)
-    to finish (an acq_rel ticket after its partial stores) merges the group's heads; the
-    last group to finish advances the call's Philox step (every program has read it by
-    then). Tickets return to zero for the next call (graph replays)."""
-    tl.debug_barrier()  # every thread's partial stores are ordered before the ticket
-    pid_bkv = b * num_kv_heads + kvh
-    splits = tl.num_programs(0)
-    if tl.atomic_add(ticket_ptr + pid_bkv, 1, sem="acq_rel") == splits - 1:
-        offs_sp = tl.arange(0, SPLIT_PAD)
-        offs_d = tl.arange(0, D_PAD)
-        mask_sp = offs_sp < splits
-        mask_d = offs_d < head_dim
-        for h in range(kvh * group, kvh * group + group):  # one head live at a time
-            out = _merged_row(part_m_ptr, part_l_ptr, part_o_ptr,
-                              (b * num_q_heads + h).to(tl.int64) * num_splits, offs_sp,
-                              mask_sp, offs_d, mask_d, head_dim, ".cg")
-            tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d,
-                     out.to(out_ptr.dtype.element_ty), mask=mask_d)
-        tl.store(ticket_ptr + pid_bkv, 0)
-        groups = tl.num_programs(1)
-        if tl.atomic_add(ticket_ptr + groups, 1, sem="acq_rel") == groups - 1:
-            tl.store(rng_ptr, tl.load(rng_ptr) + 1)
-            tl.store(ticket_ptr + groups, 0)
-
-
-@triton.jit
 def _tile_draw(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale, stride_kx,
                stride_ky, stride_kh, stride_pt, page_size, k_desc, seq_rows, head_rows,
                mask_g, uniforms_ptr, uniform_stride, seed, rng_base, per_tile,
                PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr,
                ROWS: tl.constexpr, D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
-               W_SCALE: tl.constexpr, HAS_UNIFORMS: tl.constexpr, TMA: tl.constexpr,
-               SCAN_MASS: tl.constexpr = False):
+               W_SCALE: tl.constexpr, HAS_UNIFORMS: tl.constexpr, TMA: tl.constexpr):
     """Tile ``t``'s scores on the dot's G_PAD rows, narrowed to the ROWS real ones, and
     its draw (``_flash_kernel``'s, term for term): ``(m_t, row_ok, l_t, f)``, ``l_t`` the
-    tile mass and ``f`` the systematic floors of its integer local CDF (``SCAN_MASS``:
-    through :func:`_floors_scan_mass`)."""
+    tile mass and ``f`` the systematic floors of its integer local CDF."""
     s, _, _ = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale,
                            stride_kx, stride_ky, stride_kh, stride_pt, page_size, PAGED, TILE,
                            D_PAD, DOT_PRECISION, k_desc, seq_rows, TMA)
@@ -397,11 +281,7 @@ def _tile_draw(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale, str
                     other=0.0)
     else:
         a = tl.rand(seed, rng_base + t)
-    if SCAN_MASS:
-        mass, f = _floors_scan_mass(w, a, per_tile)
-    else:
-        f = _floors(w, mass, a, per_tile)
-    return m_t, row_ok, mass.to(tl.float32) / W_SCALE, f
+    return m_t, row_ok, mass.to(tl.float32) / W_SCALE, _floors(w, mass, a, per_tile)
 
 
 @triton.jit
@@ -416,10 +296,7 @@ def _flash_compact_kernel(
     D_PAD: tl.constexpr, P: tl.constexpr, GR: tl.constexpr, HAS_UNIFORMS: tl.constexpr,
     STORE_COUNTS: tl.constexpr, DOT_PRECISION: tl.constexpr, W_BITS: tl.constexpr,
     GROUP_RNG: tl.constexpr = False, k_desc=None, seq_rows=0, TMA: tl.constexpr = False,
-    HALVES: tl.constexpr = 1, ENTRY_SUMS: tl.constexpr = False,
-    PACKED: tl.constexpr = False, SCAN_MASS: tl.constexpr = False,
-    FUSED_MERGE: tl.constexpr = False, out_ptr=None, ticket_ptr=None, stride_ob=0,
-    stride_oh=0, SPLIT_PAD: tl.constexpr = 2,
+    HALVES: tl.constexpr = 1, PACKED: tl.constexpr = False,
 ):
     # One program: tiles [t_begin, t_end) of one (sequence, KV head), all G query heads.
     # The dot runs on G_PAD >= 16 rows, everything after it on ROWS >= G real rows.
@@ -439,17 +316,13 @@ def _flash_compact_kernel(
         v_base = v_ptr.to(tl.pointer_type(tl.int32)) + kvh * stride_vh
     else:
         v_base = v_ptr + kvh * stride_vh
-    MERGE_ROWS: tl.constexpr = GR if ENTRY_SUMS else ROWS  # see _merge_rows
-    m_run = tl.full([MERGE_ROWS], float("-inf"), tl.float32)
-    l_run = tl.zeros([MERGE_ROWS], dtype=tl.float32)
+    m_run = tl.full([ROWS], float("-inf"), tl.float32)
+    l_run = tl.zeros([ROWS], dtype=tl.float32)
     # the accumulators on the dot's G_PAD rows (row r: head r % ROWS; rows >= ROWS stay 0):
     # each tile's per-head sums come from select @ V dots, no reshape of V; acc1 holds the
     # odd elements' sums with words of two (HALVES 2), else is unused
-    # ENTRY_SUMS: the accumulators on the GR gathered entries instead, in the load's
-    # layout (acc += coef * v, no dot), summed per head at the end
-    ACC_ROWS: tl.constexpr = GR if ENTRY_SUMS else G_PAD
-    acc0 = tl.zeros([ACC_ROWS, D_W], dtype=tl.float32)
-    acc1 = tl.zeros([ACC_ROWS, D_W], dtype=tl.float32)
+    acc0 = tl.zeros([G_PAD, D_W], dtype=tl.float32)
+    acc1 = tl.zeros([G_PAD, D_W], dtype=tl.float32)
     offs_c = tl.arange(0, GR)
     select = ((offs_c[None, :] // P == tl.arange(0, G_PAD)[:, None])
               & (offs_c[None, :] < ROWS * P)).to(tl.float32)
@@ -457,19 +330,17 @@ def _flash_compact_kernel(
     if per_tile <= P:
         # the last tile's sampled V rows (in flight) and their weight W_t / S_tile a sample
         v1 = tl.zeros([GR, D_W], dtype=tl.int32 if HALVES == 2 else elem)
-        c1 = tl.zeros([MERGE_ROWS], dtype=tl.float32)
+        c1 = tl.zeros([ROWS], dtype=tl.float32)
         for t in range(t_begin, t_end):
             m_t, row_ok, mass, f = _tile_draw(
                 q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale, stride_kx,
                 stride_ky, stride_kh, stride_pt, page_size, k_desc, seq_rows, head_rows,
                 mask_g, uniforms_ptr, uniform_stride, seed, rng_base, per_tile, PAGED, TILE,
-                G_PAD, ROWS, D_PAD, DOT_PRECISION, W_SCALE, HAS_UNIFORMS, TMA, SCAN_MASS)
-            m_e, mass_e = _merge_rows(m_t, mass, ROWS, P, GR, ENTRY_SUMS)
-            m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_e, mass_e)
-            acc0, acc1 = _rescale_acc(acc0, acc1, alpha, ROWS, P, GR, G_PAD, HALVES,
-                                      ENTRY_SUMS)
-            acc0, acc1 = _add_rows(acc0, acc1, c1 * alpha, select, v1, ROWS, P, GR, G_PAD,
-                                   DOT_PRECISION, HALVES, elem, ENTRY_SUMS)
+                G_PAD, ROWS, D_PAD, DOT_PRECISION, W_SCALE, HAS_UNIFORMS, TMA)
+            m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_t, mass)
+            acc0, acc1 = _rescaled(acc0, acc1, _expand(alpha, ROWS, G_PAD), HALVES)
+            acc0, acc1 = _add_sums(acc0, acc1, _expand(c1 * alpha, ROWS, G_PAD), select, v1,
+                                   DOT_PRECISION, HALVES, elem)
             c1 = w_t / per_tile
             n, off, ok = _sampled_rows(f, 0, per_tile, mask_g & row_ok, t, page_table_ptr, b,
                                        stride_vx, stride_vy, stride_pt, page_size, PAGED,
@@ -478,51 +349,38 @@ def _flash_compact_kernel(
             if STORE_COUNTS:
                 tl.atomic_add(counts_ptr + entry_heads * counts_stride + n, 1, mask=ok,
                               sem="relaxed")
-        acc0, acc1 = _add_rows(acc0, acc1, c1, select, v1, ROWS, P, GR, G_PAD, DOT_PRECISION,
-                               HALVES, elem, ENTRY_SUMS)
+        acc0, acc1 = _add_sums(acc0, acc1, _expand(c1, ROWS, G_PAD), select, v1,
+                               DOT_PRECISION, HALVES, elem)
     else:  # more than P samples a tile: the same draw, P samples at a time, no lag
         for t in range(t_begin, t_end):
             m_t, row_ok, mass, f = _tile_draw(
                 q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale, stride_kx,
                 stride_ky, stride_kh, stride_pt, page_size, k_desc, seq_rows, head_rows,
                 mask_g, uniforms_ptr, uniform_stride, seed, rng_base, per_tile, PAGED, TILE,
-                G_PAD, ROWS, D_PAD, DOT_PRECISION, W_SCALE, HAS_UNIFORMS, TMA, SCAN_MASS)
-            m_e, mass_e = _merge_rows(m_t, mass, ROWS, P, GR, ENTRY_SUMS)
-            m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_e, mass_e)
-            acc0, acc1 = _rescale_acc(acc0, acc1, alpha, ROWS, P, GR, G_PAD, HALVES,
-                                      ENTRY_SUMS)
-            coef = w_t / per_tile
+                G_PAD, ROWS, D_PAD, DOT_PRECISION, W_SCALE, HAS_UNIFORMS, TMA)
+            m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_t, mass)
+            acc0, acc1 = _rescaled(acc0, acc1, _expand(alpha, ROWS, G_PAD), HALVES)
+            coef = _expand(w_t / per_tile, ROWS, G_PAD)
             for j0 in range(0, per_tile.to(tl.int32), P):
                 n, off, ok = _sampled_rows(f, j0, per_tile, mask_g & row_ok, t,
                                            page_table_ptr, b, stride_vx, stride_vy, stride_pt,
                                            page_size, PAGED, TILE, ROWS, P, GR, PACKED)
                 v = _load_rows(v_base, off, ok, offs_w, mask_w)
-                acc0, acc1 = _add_rows(acc0, acc1, coef, select, v, ROWS, P, GR, G_PAD,
-                                       DOT_PRECISION, HALVES, elem, ENTRY_SUMS)
+                acc0, acc1 = _add_sums(acc0, acc1, coef, select, v, DOT_PRECISION, HALVES,
+                                       elem)
                 if STORE_COUNTS:
                     tl.atomic_add(counts_ptr + entry_heads * counts_stride + n, 1, mask=ok,
                                   sem="relaxed")
     part = head_rows * num_splits + split
-    if ENTRY_SUMS:  # each head's state from its first entry
-        c = tl.arange(0, GR)
-        entry_part = (b * num_q_heads + kvh * group + c // P).to(tl.int64) * num_splits + split
-        first = (c % P == 0) & (c // P < group) & (c < ROWS * P)
-        tl.store(part_m_ptr + entry_part, m_run, mask=first)
-        tl.store(part_l_ptr + entry_part, l_run, mask=first)
-    else:
-        tl.store(part_m_ptr + part, m_run, mask=mask_g)
-        tl.store(part_l_ptr + part, l_run, mask=mask_g)
+    tl.store(part_m_ptr + part, m_run, mask=mask_g)
+    tl.store(part_l_ptr + part, l_run, mask=mask_g)
     o_rows = part_o_ptr + part[:, None] * head_dim
     o_mask = mask_g[:, None] & mask_w[None, :]
-    tl.store(o_rows + HALVES * offs_w[None, :],
-             _head_acc(acc0, ROWS, P, GR, G_PAD, D_W, ENTRY_SUMS), mask=o_mask)
+    acc0 = tl.sum(tl.reshape(acc0, [G_PAD // ROWS, ROWS, D_W]), axis=0)  # rows >= ROWS: 0
+    tl.store(o_rows + HALVES * offs_w[None, :], acc0, mask=o_mask)
     if HALVES == 2:
-        tl.store(o_rows + 2 * offs_w[None, :] + 1,
-                 _head_acc(acc1, ROWS, P, GR, G_PAD, D_W, ENTRY_SUMS), mask=o_mask)
-    if FUSED_MERGE:
-        _merge_when_last(part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, ticket_ptr, rng_ptr,
-                         b, kvh, num_kv_heads, num_q_heads, group, num_splits, head_dim,
-                         stride_ob, stride_oh, ROWS, SPLIT_PAD, D_PAD)
+        acc1 = tl.sum(tl.reshape(acc1, [G_PAD // ROWS, ROWS, D_W]), axis=0)
+        tl.store(o_rows + 2 * offs_w[None, :] + 1, acc1, mask=o_mask)
 
 
 def compact_workspace(q: torch.Tensor, kv: KVCache, S: int, tile: int = 64,
@@ -541,8 +399,7 @@ def santa_flash_compact(
     workspace: SantaWorkspace | None = None, return_counts: bool = False,
     group_offsets: bool = False, samples: int | None = None,
     config: tuple[int, int] | None = None, tma: bool = True, maxnreg: int | None = None,
-    words: bool = True, entry_sums: bool = False, packed_columns: bool = True,
-    scan_mass: bool = False, fused_merge: bool = False,
+    words: bool = True, packed_columns: bool = True,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash (section 4), one
     pass, each tile's sampled V rows gathered while the next tile streams.
@@ -555,22 +412,12 @@ def santa_flash_compact(
     K through a tensor descriptor where the cache allows (contiguous, Hopper).
     ``maxnreg``: a register cap for the streaming kernel (compiled GPU kernels only).
     ``words``: V in 32-bit words where :func:`v_words` allows (False: element by element).
-    ``entry_sums``: each gathered entry accumulated in the load's layout (``acc += coef *
-    v``, summed per head at the end) instead of per head through 0/1 ``select`` dots.
-    ``packed_columns``: the sampled columns through one packed reduction a head
-    (P <= 8 and tiles of at most 128 rows; else ignored). ``scan_mass``: each tile's mass
-    from its scan (see :func:`_floors_scan_mass`). ``fused_merge``: the split merge done
-    by each group's last program to finish (:func:`_merge_when_last`), no second kernel.
+    ``packed_columns``: the sampled columns through one packed reduction a head (P <= 8
+    and tiles of at most 128 rows; else, or False, through a [ROWS, P, TILE] block).
     ``return_counts`` adds per-row counts (an int32 buffer allocated by the call: off the
     hot path).
     """
-    if workspace is None:  # split by compact_splits (bad inputs: _prepare's errors)
-        check_positive_int(S, "S")
-        check_positive_int(tile, "tile")
-        if (isinstance(kv, KVCache) and isinstance(q, torch.Tensor) and q.dim() == 3
-                and q.shape[0] == kv.batch):
-            workspace = compact_workspace(q, kv, S, tile)
-    ws, scale = _prepare(q, kv, S, tile, scale, workspace)
+    ws, scale = _prepare(q, kv, S, tile, scale, workspace, new_workspace=compact_workspace)
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
     group = hq // hkv
@@ -592,7 +439,6 @@ def santa_flash_compact(
         extra["maxnreg"] = check_positive_int(maxnreg, "maxnreg")
     # V in 32-bit words of two 16-bit elements where its strides allow (see _load_rows)
     halves = 2 if words and v_words(kv.v) else 1
-    out = ws.out(q.dtype)
     counts = None
     if return_counts:
         counts = torch.zeros(batch * hq, _capacity(kv), dtype=torch.int32, device=q.device)
@@ -611,19 +457,16 @@ def santa_flash_compact(
         HAS_UNIFORMS=uniforms is not None, STORE_COUNTS=counts is not None,
         DOT_PRECISION=_dot_precision(kv.k.dtype), W_BITS=FLASH_W_BITS,
         GROUP_RNG=group_offsets, k_desc=k_desc, seq_rows=kv.k.shape[1],
-        TMA=k_desc is not None, HALVES=halves, ENTRY_SUMS=entry_sums,
-        PACKED=packed_columns and samples <= 8 and tile <= 128, SCAN_MASS=scan_mass,
-        FUSED_MERGE=fused_merge, out_ptr=out, ticket_ptr=ws.merge_ticket,
-        stride_ob=out.stride(0), stride_oh=out.stride(1),
-        SPLIT_PAD=max(2, _next_pow2(splits)),
+        TMA=k_desc is not None, HALVES=halves,
+        PACKED=packed_columns and samples <= 8 and tile <= 128,
         num_warps=warps, num_stages=stages, **extra,
     )
-    if not fused_merge:
-        _merge_kernel[(batch * hq,)](
-            ws.part_m, ws.part_l, ws.part_o, out, ws.rng, hq, splits, ws.num_splits, d,
-            out.stride(0), out.stride(1),
-            SPLIT_PAD=max(2, _next_pow2(splits)), D_PAD=_next_pow2(d), num_warps=4,
-        )
+    out = ws.out(q.dtype)
+    _merge_kernel[(batch * hq,)](
+        ws.part_m, ws.part_l, ws.part_o, out, ws.rng, hq, splits, ws.num_splits, d,
+        out.stride(0), out.stride(1),
+        SPLIT_PAD=max(2, _next_pow2(splits)), D_PAD=_next_pow2(d), num_warps=4,
+    )
     if counts is not None:
         counts = counts.view(batch, hq, -1)
     info = SantaInfo(method="flash", S=S, tile=tile, lengths=kv.lengths, num_kv_heads=hkv,

@@ -343,10 +343,8 @@ def check_flash_compact() -> int:
     failures = 0
     divisible = ("stride_qb", "stride_qh", "stride_kx", "stride_ky", "stride_kh", "stride_vx",
                  "stride_vy", "stride_vh")
-    # the switches off their defaults once each: the split merge in the kernel (P=1),
-    # entry sums and the scan's mass (G=8), the [ROWS, P, TILE] columns (d=256)
-    switches = {1: {"FUSED_MERGE": True}, 3: {"ENTRY_SUMS": True, "SCAN_MASS": True},
-                4: {"PACKED": False}}
+    # the [ROWS, P, TILE] columns (packed_columns=False) at d=256
+    switches = {4: {"PACKED": False}}
     for case, (d, group, paged, samples) in enumerate(
             ((128, 4, False, 4), (128, 4, False, 1), (128, 1, True, 4), (64, 8, False, 2),
              (256, 3, True, 1))):
@@ -359,15 +357,12 @@ def check_flash_compact() -> int:
                   "ROWS": rows, "D_PAD": d, "P": samples, "GR": max(16, rows * samples),
                   "HAS_UNIFORMS": False, "STORE_COUNTS": False,
                   "DOT_PRECISION": "tf32", "W_BITS": ts.FLASH_W_BITS, "GROUP_RNG": False,
-                  "TMA": not paged, "HALVES": 2, "ENTRY_SUMS": False, "PACKED": True,
-                  "SCAN_MASS": False, "FUSED_MERGE": False, "SPLIT_PAD": 64,
-                  **switches.get(case, {})}
+                  "TMA": not paged, "HALVES": 2, "PACKED": True, **switches.get(case, {})}
         if paged:
             consts["k_desc"] = None
             types += ["i32"]
         else:
             types += [f"tensordesc<bf16[64, {d}]>", "i32"]
-        types += ["*bf16", "*i32", "i32", "i32"]  # out_ptr, ticket_ptr, stride_ob, stride_oh
         err = compile_kernel(tfc._flash_compact_kernel, types, consts,
                              {"num_warps": warps, "num_stages": stages}, divisible,
                              require=None if paged else "ttng.async_tma_copy_global_to_local")

@@ -44,7 +44,7 @@ def main() -> None:
     print("shape,what,us")
     for batch, ctx in shapes:
         inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
-        wss = [ts.SantaWorkspace.for_inputs(q, kv, S, 64) for q, kv in inputs]
+        wss = [tfc.compact_workspace(q, kv, S, 64) for q, kv in inputs]
         calls = [lambda q=q, kv=kv, w=w: tfc.santa_flash_compact(q, kv, S, workspace=w)
                  for (q, kv), w in zip(inputs, wss, strict=True)]
         tag = f"B={batch} {ctx // 1024}k"

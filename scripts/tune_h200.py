@@ -512,9 +512,6 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     "(4, 4)": {"config": (4, 4)},
     "(4, 3) maxnreg 128": {"maxnreg": 128},
     "maxnreg 96": {"maxnreg": 96},  # five programs an SM (session 22)
-    # the split merge by each group's last program (session 22; 143 registers uncapped)
-    "fused merge": {"fused_merge": True},
-    "fused merge maxnreg 128": {"fused_merge": True, "maxnreg": 128},
     "(4, 2) maxnreg 128": {"config": (4, 2), "maxnreg": 128},
     "(1, 3)": {"config": (1, 3)},
     "(1, 2)": {"config": (1, 2)},
@@ -531,24 +528,11 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     "uniforms": {"uniforms": "rand"},
     # V element by element (the kernel before session 20) against 32-bit words (default)
     "elements": {"words": False},
-    # session 22: the accumulators per gathered entry (no select dots; the running merge
-    # per entry after one gather of the tile's max and mass) and the sampled columns
-    # through one packed reduction a head (no [ROWS, P, TILE] block)
-    "entries": {"entry_sums": True},
-    "packed": {"packed_columns": True},
-    "unpacked": {"packed_columns": False},  # the default before session 22
-    "entries packed": {"entry_sums": True, "packed_columns": True},
-    "packed (4, 4)": {"packed_columns": True, "config": (4, 4)},
-    "packed (4, 2)": {"packed_columns": True, "config": (4, 2)},
-    "packed (2, 3)": {"packed_columns": True, "config": (2, 3)},
-    "packed scan-mass": {"packed_columns": True, "scan_mass": True},
-    "entries packed scan-mass": {"entry_sums": True, "packed_columns": True,
-                                 "scan_mass": True},
-    "entries packed (4, 4)": {"entry_sums": True, "packed_columns": True, "config": (4, 4)},
-    "entries packed (4, 2)": {"entry_sums": True, "packed_columns": True, "config": (4, 2)},
-    "entries packed (2, 3)": {"entry_sums": True, "packed_columns": True, "config": (2, 3)},
-    "entries packed (1, 3)": {"entry_sums": True, "packed_columns": True, "config": (1, 3)},
-    "entries packed (1, 4)": {"entry_sums": True, "packed_columns": True, "config": (1, 4)},
+    # session 22 (tune-2026-12-03-s22): the columns through the [ROWS, P, TILE] block (the
+    # default before; packed now). Measured there and removed, code at 99057a3: "entries"
+    # (accumulators and running merge per gathered entry), "scan-mass" (the tile mass from
+    # its scan), "fused merge" (the split merge by each group's last program): all slower
+    "unpacked": {"packed_columns": False},
 }
 
 

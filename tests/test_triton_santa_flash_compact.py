@@ -93,13 +93,11 @@ def test_v_in_words_and_in_elements():
     check_against_fused(q, KVCache.contiguous(kv.k, shifted), S=24, out_tol=2e-2)
 
 
-@pytest.mark.parametrize("entry_sums,packed", [(False, False), (True, False), (True, True)])
-def test_entry_sums_and_packed_columns(entry_sums, packed):
-    """The switches off the default (packed columns, select dots): the accumulators per
-    gathered entry (merge per entry, sums in the load's layout), the columns through the
-    [ROWS, P, TILE] block: the fused kernel's counts and output in both loops, over
-    splits, with P=8 (64-bit fields where packed), paged, 16-bit words."""
-    kw = {"entry_sums": entry_sums, "packed_columns": packed}
+def test_unpacked_columns():
+    """The sampled columns through the [ROWS, P, TILE] block (``packed_columns=False``,
+    the path of P > 8 and tiles over 128 rows): the fused kernel's counts and output in
+    both loops, over splits, with P=8, paged, 16-bit words."""
+    kw = {"packed_columns": False}
     q, kv = make_cache(batch=2, hq=4, hkv=2, n=100, lengths=(100, 7))
     check_against_fused(q, kv, S=16, num_splits=2, **kw)  # the 7-row sequence: no lag
     check_against_fused(q, kv, S=16, num_splits=1, samples=1, **kw)
@@ -108,23 +106,6 @@ def test_entry_sums_and_packed_columns(entry_sums, packed):
     q, kv = make_cache(batch=2, hq=6, hkv=2, d=64, n=75, lengths=(75, 41),
                        dtype=torch.bfloat16)  # G=3: a padded head
     check_against_fused(q, kv, S=24, out_tol=2e-2, **kw)
-
-
-def test_fused_merge_matches_the_merge_kernel_and_resets_its_tickets():
-    """The split merge done by each group's last program: the fused kernel's counts and
-    output over splits (one split too), bit for bit the two-kernel call's output, the
-    step advanced once a call and every ticket back at zero (graph replays)."""
-    q, kv = make_cache(batch=2, hq=6, hkv=2, n=100, lengths=(100, 7))
-    for splits in (1, 3):
-        check_against_fused(q, kv, S=16, num_splits=splits, fused_merge=True)
-    ws = SantaWorkspace.for_inputs(q, kv, 16, TILE, num_splits=3)
-    ws_two = SantaWorkspace.for_inputs(q, kv, 16, TILE, num_splits=3)
-    for call in range(2):
-        out = santa_flash_compact(q, kv, 16, tile=TILE, seed=5, workspace=ws,
-                                  fused_merge=True)[0]
-        two = santa_flash_compact(q, kv, 16, tile=TILE, seed=5, workspace=ws_two)[0]
-        torch.testing.assert_close(out, two, rtol=0, atol=0)
-        assert int(ws.rng[0]) == call + 1 and not bool(ws.merge_ticket.any())
 
 
 def test_default_split_fills_the_sms_in_one_wave():
