@@ -85,6 +85,10 @@ LARGE_GROUPS = 32
 # at 43ab94e)
 MAX_LAG_SAMPLES = 64  # the lagged loop's samples a head and tile, at most (P)
 LARGE_GROUP_PROGRAMS_PER_SM = 5  # programs of the 2-warp launch an SM holds (compact_splits)
+PAIR_MAX_ENTRIES = 32  # gathered V rows a pair of tiles may carry (draw_tiles 2 by default)
+# The pair loop of the 4-warp launch takes 168 registers uncapped (3 programs an SM), 128
+# capped without spills (4 an SM; d=128, G=4, P=4, offline sm_90a compile, triton 3.6)
+PAIR_MAXNREG = 128
 
 
 def v_words(v: torch.Tensor) -> bool:
@@ -163,15 +167,16 @@ def _expand(x, ROWS: tl.constexpr, G_PAD: tl.constexpr):
 def _packed_columns(f, j0, per_tile, rows_ok, P: tl.constexpr):
     """Per head the columns ``#{i : f_i <= j}`` of its samples ``j = j0 + p < S_tile``
     (``p < P <= 8``; 0 past ``S_tile``), 8 bits each packed into one integer (a column is
-    below TILE <= 128: the fields neither carry nor reach the sign bit): one reduction in
-    the layout of ``f``, no 3D block; -1 on heads not ``rows_ok``."""
+    below TILE <= 128: the fields neither carry nor reach the sign bit): one reduction over
+    the last axis in the layout of ``f`` (``[ROWS, TILE]``, or ``[2, ROWS, TILE]`` for a
+    pair of tiles), no block of samples; -1 on heads not ``rows_ok``."""
     PACK: tl.constexpr = tl.int32 if P <= 4 else tl.int64
     bits = tl.zeros(f.shape, dtype=PACK)
     for p in tl.static_range(P):
         # a product, not ``&``: the interpreter cannot AND a tensor with a scalar mask
         hit = (f <= (j0 + p)).to(PACK) * (per_tile > (j0 + p)).to(PACK)
         bits += hit << (8 * p)
-    return tl.where(rows_ok, tl.sum(bits, axis=1), -1)
+    return tl.where(rows_ok, tl.sum(bits, axis=-1), -1)
 
 
 @triton.jit
@@ -261,20 +266,34 @@ def _add_sums(acc0, acc1, coef, select, v, DOT_PRECISION: tl.constexpr,
 
 
 @triton.jit
+def _narrow_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale, stride_kx,
+                   stride_ky, stride_kh, stride_pt, page_size, k_desc, seq_rows,
+                   PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr,
+                   ROWS: tl.constexpr, D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   TMA: tl.constexpr):
+    """Tile ``t``'s scores on the dot's G_PAD rows, narrowed to the ROWS real ones
+    [ROWS, TILE] (-inf past the end)."""
+    s, _, _ = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale,
+                           stride_kx, stride_ky, stride_kh, stride_pt, page_size, PAGED, TILE,
+                           D_PAD, DOT_PRECISION, k_desc, seq_rows, TMA)
+    if ROWS < G_PAD:  # the padding rows of q are zero (-inf past the end): exact
+        s = tl.sum(tl.reshape(s, [G_PAD // ROWS, ROWS, TILE]), axis=0)
+    return s
+
+
+@triton.jit
 def _tile_draw(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale, stride_kx,
                stride_ky, stride_kh, stride_pt, page_size, k_desc, seq_rows, head_rows,
                mask_g, uniforms_ptr, uniform_stride, seed, rng_base, per_tile,
                PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr,
                ROWS: tl.constexpr, D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
                W_SCALE: tl.constexpr, HAS_UNIFORMS: tl.constexpr, TMA: tl.constexpr):
-    """Tile ``t``'s scores on the dot's G_PAD rows, narrowed to the ROWS real ones, and
-    its draw (``_flash_kernel``'s, term for term): ``(m_t, row_ok, l_t, f)``, ``l_t`` the
-    tile mass and ``f`` the systematic floors of its integer local CDF."""
-    s, _, _ = _tile_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale,
-                           stride_kx, stride_ky, stride_kh, stride_pt, page_size, PAGED, TILE,
-                           D_PAD, DOT_PRECISION, k_desc, seq_rows, TMA)
-    if ROWS < G_PAD:  # the padding rows of q are zero (-inf past the end): exact
-        s = tl.sum(tl.reshape(s, [G_PAD // ROWS, ROWS, TILE]), axis=0)
+    """Tile ``t``'s narrowed scores and its draw (``_flash_kernel``'s, term for term):
+    ``(m_t, row_ok, l_t, f)``, ``l_t`` the tile mass and ``f`` the systematic floors of
+    its integer local CDF."""
+    s = _narrow_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale,
+                       stride_kx, stride_ky, stride_kh, stride_pt, page_size, k_desc,
+                       seq_rows, PAGED, TILE, G_PAD, ROWS, D_PAD, DOT_PRECISION, TMA)
     m_t, row_ok, w, mass = _flash_local_weights(s, W_SCALE)
     if HAS_UNIFORMS:
         a = tl.load(uniforms_ptr + head_rows * uniform_stride + t, mask=mask_g & row_ok,
@@ -282,6 +301,70 @@ def _tile_draw(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale, str
     else:
         a = tl.rand(seed, rng_base + t)
     return m_t, row_ok, mass.to(tl.float32) / W_SCALE, _floors(w, mass, a, per_tile)
+
+
+@triton.jit
+def _pair_draw(s0, s1, t0, head_rows, mask_g, uniforms_ptr, uniform_stride, seed, rng_base,
+               per_tile, W_SCALE: tl.constexpr, HAS_UNIFORMS: tl.constexpr):
+    """The draws of tiles ``t0`` and ``t0 + 1`` (scores ``s0``, ``s1`` [ROWS, TILE]) in
+    one [2, ROWS, TILE] block, so that each reduction, the scan and every exchange
+    between warps serve both tiles: ``_tile_draw``'s operations, term for term (the same
+    floors bit for bit). Returns ``(m_t, row_ok, l_t, f)`` with a leading tile axis."""
+    s = tl.permute(tl.join(s0, s1), (2, 0, 1))
+    m_t = tl.max(s, axis=2)
+    row_ok = m_t > float("-inf")
+    m_safe = tl.where(row_ok, m_t, 0.0)
+    w = (tl.exp(s - m_safe[:, :, None]) * W_SCALE + 0.5).to(tl.int32)
+    mass = tl.sum(w, axis=2)
+    tiles = t0 + tl.arange(0, 2)
+    if HAS_UNIFORMS:
+        a = tl.load(uniforms_ptr + head_rows[None, :] * uniform_stride + tiles[:, None],
+                    mask=mask_g[None, :] & row_ok, other=0.0)
+    else:
+        a = tl.rand(seed, rng_base[None, :] + tiles[:, None])
+    cum = tl.cumsum(w, axis=2)
+    inv = 1.0 / tl.maximum(mass, 1).to(tl.float32)
+    cdf_in = tl.where(cum >= mass[:, :, None], 1.0, cum.to(tl.float32) * inv[:, :, None])
+    f = tl.floor(a[:, :, None] + per_tile * cdf_in)
+    return m_t, row_ok, mass.to(tl.float32) / W_SCALE, f
+
+
+@triton.jit
+def _pair_merge(m_run, l_run, m_t, mass):
+    """:func:`_tile_merge` of two tiles at once (``m_t``, ``mass`` [2, ROWS]): ``(m_new,
+    l_new, alpha, w_t)``, ``w_t`` [2, ROWS] the tiles' weights against ``m_new``."""
+    m_new = tl.maximum(m_run, tl.max(m_t, axis=0))
+    m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
+    alpha = tl.exp(m_run - m_ref)
+    w_t = tl.where(m_t > float("-inf"), tl.exp(m_t - m_ref[None, :]) * mass, 0.0)
+    return m_new, l_run * alpha + tl.sum(w_t, axis=0), alpha, w_t
+
+
+@triton.jit
+def _pair_rows(f, per_tile, rows_ok, t0, page_table_ptr, b, stride_vx, stride_vy,
+               stride_pt, page_size, PAGED: tl.constexpr, TILE: tl.constexpr,
+               ROWS: tl.constexpr, P: tl.constexpr, GR: tl.constexpr):
+    """:func:`_sampled_rows` (packed) of a pair's draw ``f`` [2, ROWS, TILE]: entry ``c <
+    2 * ROWS * P`` is tile ``t0 + c // (ROWS * P)``, head ``(c // P) % ROWS``, sample
+    ``c % P``."""
+    c = tl.arange(0, GR)
+    slot = c % P
+    packed = tl.reshape(_packed_columns(f, 0, per_tile, rows_ok, P), [2 * ROWS])
+    packed = tl.gather(packed, (c // P) % (2 * ROWS), 0)
+    col = ((packed >> (8 * slot)) & 255).to(tl.int32)
+    ok = (packed >= 0) & (per_tile > slot) & (c < 2 * ROWS * P)
+    n = tl.where(ok, (t0 + c // (ROWS * P)) * TILE + col, 0)
+    off = _row_offsets(page_table_ptr, b, n, stride_vx, stride_vy, stride_pt, page_size, PAGED)
+    return n, off, ok
+
+
+@triton.jit
+def _expand_pair(x, ROWS: tl.constexpr, G_PAD: tl.constexpr):
+    """[2, ROWS] -> [G_PAD]: row ``r`` holds ``x[(r // ROWS) % 2, r % ROWS]``."""
+    x = tl.reshape(x, [2 * ROWS])
+    if G_PAD > 2 * ROWS:
+        x = tl.reshape(tl.broadcast_to(x[None, :], [G_PAD // (2 * ROWS), 2 * ROWS]), [G_PAD])
+    return x
 
 
 @triton.jit
@@ -296,7 +379,7 @@ def _flash_compact_kernel(
     D_PAD: tl.constexpr, P: tl.constexpr, GR: tl.constexpr, HAS_UNIFORMS: tl.constexpr,
     STORE_COUNTS: tl.constexpr, DOT_PRECISION: tl.constexpr, W_BITS: tl.constexpr,
     GROUP_RNG: tl.constexpr = False, k_desc=None, seq_rows=0, TMA: tl.constexpr = False,
-    HALVES: tl.constexpr = 1, PACKED: tl.constexpr = False,
+    HALVES: tl.constexpr = 1, PACKED: tl.constexpr = False, DRAW_TILES: tl.constexpr = 1,
 ):
     # One program: tiles [t_begin, t_end) of one (sequence, KV head), all G query heads.
     # The dot runs on G_PAD >= 16 rows, everything after it on ROWS >= G real rows.
@@ -324,10 +407,50 @@ def _flash_compact_kernel(
     acc0 = tl.zeros([G_PAD, D_W], dtype=tl.float32)
     acc1 = tl.zeros([G_PAD, D_W], dtype=tl.float32)
     offs_c = tl.arange(0, GR)
+    # entry c of the gathered rows is summed into accumulator row c // P (DRAW_TILES 2:
+    # rows ROWS.. 2 ROWS - 1 hold the second tile of a pair; the epilogue sums them)
     select = ((offs_c[None, :] // P == tl.arange(0, G_PAD)[:, None])
-              & (offs_c[None, :] < ROWS * P)).to(tl.float32)
-    entry_heads = _flat(tl.broadcast_to(head_rows[:, None], [ROWS, P]), ROWS, P, GR)
-    if per_tile <= P:
+              & (offs_c[None, :] < DRAW_TILES * ROWS * P)).to(tl.float32)
+    if DRAW_TILES == 2:
+        entry_heads = (b * num_q_heads + kvh * group + (offs_c // P) % ROWS).to(tl.int64)
+    else:
+        entry_heads = _flat(tl.broadcast_to(head_rows[:, None], [ROWS, P]), ROWS, P, GR)
+    if DRAW_TILES == 2 and per_tile <= P:
+        # tiles in pairs: one draw for two tiles (every exchange between warps serves
+        # both), at the pair's second iteration (a lone last tile pairs with an empty one);
+        # the pair's V rows are loaded there and summed at the next pair
+        v1 = tl.zeros([GR, D_W], dtype=tl.int32 if HALVES == 2 else elem)
+        c1 = tl.zeros([2, ROWS], dtype=tl.float32)
+        s_prev = tl.full([ROWS, TILE], float("-inf"), tl.float32)
+        for t in range(t_begin, t_end):
+            s = _narrow_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale,
+                               stride_kx, stride_ky, stride_kh, stride_pt, page_size, k_desc,
+                               seq_rows, PAGED, TILE, G_PAD, ROWS, D_PAD, DOT_PRECISION, TMA)
+            second = (t - t_begin) % 2
+            if (second == 1) | (t == t_end - 1):
+                s0 = tl.where(second == 1, s_prev, s)
+                s1 = tl.where(second == 1, s, float("-inf"))
+                t0 = t - second
+                m_t, row_ok, mass, f = _pair_draw(s0, s1, t0, head_rows, mask_g, uniforms_ptr,
+                                                  uniform_stride, seed, rng_base, per_tile,
+                                                  W_SCALE, HAS_UNIFORMS)
+                m_run, l_run, alpha, w_t = _pair_merge(m_run, l_run, m_t, mass)
+                acc0, acc1 = _rescaled(acc0, acc1, _expand(alpha, ROWS, G_PAD), HALVES)
+                acc0, acc1 = _add_sums(acc0, acc1, _expand_pair(c1 * alpha[None, :], ROWS, G_PAD),
+                                       select, v1, DOT_PRECISION, HALVES, elem)
+                c1 = w_t / per_tile
+                n, off, ok = _pair_rows(f, per_tile, mask_g[None, :] & row_ok, t0,
+                                        page_table_ptr, b, stride_vx, stride_vy, stride_pt,
+                                        page_size, PAGED, TILE, ROWS, P, GR)
+                v1 = _load_rows(v_base, off, ok, offs_w, mask_w)  # summed at the next pair
+                if STORE_COUNTS:
+                    tl.atomic_add(counts_ptr + entry_heads * counts_stride + n, 1, mask=ok,
+                                  sem="relaxed")
+            else:
+                s_prev = s
+        acc0, acc1 = _add_sums(acc0, acc1, _expand_pair(c1, ROWS, G_PAD), select, v1,
+                               DOT_PRECISION, HALVES, elem)
+    elif per_tile <= P:
         # the last tile's sampled V rows (in flight) and their weight W_t / S_tile a sample
         v1 = tl.zeros([GR, D_W], dtype=tl.int32 if HALVES == 2 else elem)
         c1 = tl.zeros([ROWS], dtype=tl.float32)
@@ -399,7 +522,7 @@ def santa_flash_compact(
     workspace: SantaWorkspace | None = None, return_counts: bool = False,
     group_offsets: bool = False, samples: int | None = None,
     config: tuple[int, int] | None = None, tma: bool = True, maxnreg: int | None = None,
-    words: bool = True, packed_columns: bool = True,
+    words: bool = True, packed_columns: bool = True, draw_tiles: int | None = None,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash (section 4), one
     pass, each tile's sampled V rows gathered while the next tile streams.
@@ -414,6 +537,10 @@ def santa_flash_compact(
     ``words``: V in 32-bit words where :func:`v_words` allows (False: element by element).
     ``packed_columns``: the sampled columns through one packed reduction a head (P <= 8
     and tiles of at most 128 rows; else, or False, through a [ROWS, P, TILE] block).
+    ``draw_tiles``: 2 draws the lagged loop's tiles in pairs (one block, one exchange for
+    both; packed columns only, twice the group's padded rows within the dot's 16 and at
+    most :data:`PAIR_MAX_ENTRIES` gathered rows), 1 one at a time; default
+    2 where allowed and the pair gathers at most that many.
     ``return_counts`` adds per-row counts (an int32 buffer allocated by the call: off the
     hot path).
     """
@@ -434,11 +561,21 @@ def santa_flash_compact(
     splits = -(-n_tiles // per_split)
     table, paged, page_size, stride_pt = _cache_args(kv)
     k_desc = ws.k_descriptor(kv, tile) if tma and kv.k.is_cuda else None
+    # V in 32-bit words of two 16-bit elements where its strides allow (see _load_rows)
+    halves = 2 if words and v_words(kv.v) else 1
+    packed = packed_columns and samples <= 8 and tile <= 128
+    g_pad = max(16, _next_pow2(group))
+    pairable = packed and 2 * rows <= g_pad
+    if draw_tiles is None:
+        draw_tiles = 2 if pairable and 2 * rows * samples <= PAIR_MAX_ENTRIES else 1
+    if draw_tiles not in (1, 2) or (draw_tiles == 2 and not pairable):
+        raise InputError(f"draw_tiles: 1, or 2 with packed columns and a group of at most "
+                         f"{g_pad // 4} heads, got {draw_tiles} (group {group}, P {samples})")
+    if maxnreg is None and draw_tiles == 2 and warps == 4:
+        maxnreg = PAIR_MAXNREG  # four programs an SM (see PAIR_MAXNREG)
     extra = {}
     if maxnreg is not None and os.environ.get("TRITON_INTERPRET", "0") != "1":
         extra["maxnreg"] = check_positive_int(maxnreg, "maxnreg")
-    # V in 32-bit words of two 16-bit elements where its strides allow (see _load_rows)
-    halves = 2 if words and v_words(kv.v) else 1
     counts = None
     if return_counts:
         counts = torch.zeros(batch * hq, _capacity(kv), dtype=torch.int32, device=q.device)
@@ -452,13 +589,13 @@ def santa_flash_compact(
         q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
         kv.v.stride(0) // halves, kv.v.stride(1) // halves, kv.v.stride(2) // halves,
         stride_pt, page_size,
-        PAGED=paged, TILE=tile, G_PAD=max(16, _next_pow2(group)),
-        ROWS=rows, D_PAD=_next_pow2(d), P=samples, GR=max(16, rows * samples),
+        PAGED=paged, TILE=tile, G_PAD=g_pad,
+        ROWS=rows, D_PAD=_next_pow2(d), P=samples, GR=max(16, draw_tiles * rows * samples),
         HAS_UNIFORMS=uniforms is not None, STORE_COUNTS=counts is not None,
         DOT_PRECISION=_dot_precision(kv.k.dtype), W_BITS=FLASH_W_BITS,
         GROUP_RNG=group_offsets, k_desc=k_desc, seq_rows=kv.k.shape[1],
         TMA=k_desc is not None, HALVES=halves,
-        PACKED=packed_columns and samples <= 8 and tile <= 128,
+        PACKED=packed, DRAW_TILES=draw_tiles,
         num_warps=warps, num_stages=stages, **extra,
     )
     out = ws.out(q.dtype)

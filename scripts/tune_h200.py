@@ -533,6 +533,13 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     # (accumulators and running merge per gathered entry), "scan-mass" (the tile mass from
     # its scan), "fused merge" (the split merge by each group's last program): all slower
     "unpacked": {"packed_columns": False},
+    # session 23: tiles drawn in pairs (draw_tiles 2, the default where allowed) against
+    # one at a time
+    "dt1": {"draw_tiles": 1},
+    "dt2": {"draw_tiles": 2},
+    "dt2 nocap": {"draw_tiles": 2, "maxnreg": 255},
+    "dt1 (2, 3)": {"draw_tiles": 1, "config": (2, 3)},
+    "dt2 (2, 3)": {"draw_tiles": 2, "config": (2, 3)},
 }
 
 
