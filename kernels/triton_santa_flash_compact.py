@@ -417,11 +417,16 @@ def _flash_compact_kernel(
         entry_heads = _flat(tl.broadcast_to(head_rows[:, None], [ROWS, P]), ROWS, P, GR)
     if DRAW_TILES == 2 and per_tile <= P:
         # tiles in pairs: one draw for two tiles (every exchange between warps serves
-        # both), at the pair's second iteration (a lone last tile pairs with an empty one);
-        # the pair's V rows are loaded there and summed at the next pair
+        # both), at the pair's second iteration (a lone last tile pairs with an empty one).
+        # Every iteration loads the latest pair's V rows: at its draw (from HBM) and again
+        # a tile later (from L2), the copy summed at the next pair; the load stays outside
+        # the branch (loaded inside it, Triton 3.6 converts the block for the dot right
+        # after the load, and the V latency is exposed in the drawing iteration)
         v1 = tl.zeros([GR, D_W], dtype=tl.int32 if HALVES == 2 else elem)
         c1 = tl.zeros([2, ROWS], dtype=tl.float32)
         s_prev = tl.full([ROWS, TILE], float("-inf"), tl.float32)
+        off = tl.zeros([GR], dtype=tl.int64)
+        ok = offs_c < 0
         for t in range(t_begin, t_end):
             s = _narrow_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale,
                                stride_kx, stride_ky, stride_kh, stride_pt, page_size, k_desc,
@@ -442,12 +447,12 @@ def _flash_compact_kernel(
                 n, off, ok = _pair_rows(f, per_tile, mask_g[None, :] & row_ok, t0,
                                         page_table_ptr, b, stride_vx, stride_vy, stride_pt,
                                         page_size, PAGED, TILE, ROWS, P, GR)
-                v1 = _load_rows(v_base, off, ok, offs_w, mask_w)  # summed at the next pair
                 if STORE_COUNTS:
                     tl.atomic_add(counts_ptr + entry_heads * counts_stride + n, 1, mask=ok,
                                   sem="relaxed")
             else:
                 s_prev = s
+            v1 = _load_rows(v_base, off, ok, offs_w, mask_w)
         acc0, acc1 = _add_sums(acc0, acc1, _expand_pair(c1, ROWS, G_PAD), select, v1,
                                DOT_PRECISION, HALVES, elem)
     elif per_tile <= P:
