@@ -542,6 +542,8 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     "dt2 (2, 3)": {"draw_tiles": 2, "config": (2, 3)},
     "dt2 (2, 3) maxnreg 200": {"draw_tiles": 2, "config": (2, 3), "maxnreg": 200},
     "dt2 maxnreg 120": {"draw_tiles": 2, "maxnreg": 120},
+    "dt2 (4, 3)": {"draw_tiles": 2, "config": (4, 3)},
+    "dt2 (4, 2)": {"draw_tiles": 2, "config": (4, 2)},
 }
 
 
