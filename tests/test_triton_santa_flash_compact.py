@@ -108,6 +108,41 @@ def test_unpacked_columns():
     check_against_fused(q, kv, S=24, out_tol=2e-2, **kw)
 
 
+@pytest.mark.parametrize("draw_tiles", [1, 2])
+def test_tiles_drawn_one_at_a_time_and_in_pairs(draw_tiles):
+    """Both draws give the fused kernel's counts and output: programs of even and odd tile
+    counts (a lone last tile pairs with an empty one), one tile a program, the unlagged
+    loop of a short sequence, P=1, paged, a padded group (G=3), 16-bit words."""
+    kw = {"draw_tiles": draw_tiles}
+    q, kv = make_cache(batch=2, hq=4, hkv=2, n=100, lengths=(100, 7))  # 7 tiles
+    for splits in (1, 2, 3, 7):
+        check_against_fused(q, kv, S=16, num_splits=splits, **kw)
+    check_against_fused(q, kv, S=16, num_splits=1, samples=1, **kw)
+    check_against_fused(q, kv.to_paged(8, torch.Generator().manual_seed(1)), S=24, **kw)
+    q, kv = make_cache(batch=2, hq=6, hkv=2, d=64, n=75, lengths=(75, 41),
+                       dtype=torch.bfloat16)
+    check_against_fused(q, kv, S=24, out_tol=2e-2, **kw)
+
+
+def test_pairs_draw_the_seeded_stream():
+    """Given a seed and step (no uniforms) pairs draw what one tile at a time draws, for
+    a group of 3 and of 16 heads; pairs need the packed columns."""
+    for hq, hkv in ((6, 2), (16, 1)):
+        q, kv = make_cache(batch=2, hq=hq, hkv=hkv, n=100, lengths=(100, 60))
+        counts = []
+        for draw_tiles in (1, 2):
+            ws = SantaWorkspace.for_inputs(q, kv, 16, TILE, num_splits=3)
+            out, info = santa_flash_compact(q, kv, 16, tile=TILE, seed=9, workspace=ws,
+                                            return_counts=True, draw_tiles=draw_tiles)
+            counts.append((info.row_counts().clone(), out))
+        assert torch.equal(counts[0][0], counts[1][0])
+        torch.testing.assert_close(counts[0][1], counts[1][1], rtol=1e-5, atol=1e-5)
+    for bad in ({"draw_tiles": 3}, {"draw_tiles": 0}, {"draw_tiles": 2, "packed_columns": False},
+                {"draw_tiles": 2, "samples": 16}):
+        with pytest.raises(InputError, match="draw_tiles"):
+            santa_flash_compact(q, kv, 8, tile=TILE, **bad)
+
+
 def test_default_split_fills_the_sms_in_one_wave():
     """Llama shape (8 KV heads, d=128, 512 tiles of 32k): the programs of the default
     split fit the H200's 132 SMs at once, 4 an SM of the 4-warp launch, 5 of the 2-warp
