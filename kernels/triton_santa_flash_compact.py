@@ -85,12 +85,35 @@ LARGE_GROUPS = 32
 # at 43ab94e)
 MAX_LAG_SAMPLES = 64  # the lagged loop's samples a head and tile, at most (P)
 LARGE_GROUP_PROGRAMS_PER_SM = 5  # programs of the 2-warp launch an SM holds (compact_splits)
-PAIR_MAX_ENTRIES = 16  # gathered V rows a tile of a pair may carry (draw_tiles 2 by default)
-# Register caps of the pair loop by warps a program, so that compact_splits' programs an SM
-# fit (d=128, G=4, P=4, offline sm_90a compile, triton 3.6): 4 warps 162 uncapped (3 an SM),
-# 126 under 128 (4 an SM); 2 warps 209 uncapped (4 an SM), 190 under 200 (5 an SM); no
-# spills under either cap
+PAIR_MAX_ENTRIES = 32  # gathered V rows a pair of tiles may carry (draw_tiles 2 by default)
+# Register caps of the pair loop by warps a program (d=128, G=4, P=4, offline sm_90a
+# compile, triton 3.6; no spills under either): 4 warps 168 uncapped (3 programs an SM),
+# 128 capped (4 an SM); 2 warps 212 uncapped, 200 capped. The 2-warp pair launch's 46 KB
+# of shared memory hold four programs an SM (PAIR_LARGE_PROGRAMS_PER_SM). Measured (S=2048,
+# 32k, tune-2026-12-03-s23/3-* and 4-*): B=8 164.8 us capped against 171.6 uncapped at 8
+# splits; 244.7 at 10 (two waves)
 PAIR_MAXNREG = {4: 128, 2: 200}
+PAIR_LARGE_PROGRAMS_PER_SM = 4
+
+
+def pair_draws(group: int, samples: int, tile: int = 64, packed_columns: bool = True) -> bool:
+    """Whether the lagged loop may draw its tiles in pairs: packed columns (``samples`` =
+    P <= 8, tiles of at most 128 rows) and twice the group's padded rows within the
+    dot's 16 (the accumulator's spare rows hold a pair's second tile)."""
+    rows = max(2, _next_pow2(group))
+    return (packed_columns and samples <= 8 and tile <= 128
+            and 2 * rows <= max(16, _next_pow2(group)))
+
+
+def default_draw_tiles(group: int, samples: int, tile: int = 64) -> int:
+    """2 (pairs) where :func:`pair_draws` allows and a pair gathers at most
+    :data:`PAIR_MAX_ENTRIES` rows, else 1. Measured against 1 (d=128, G=4; S=2048 / S=128,
+    tune-2026-12-03-s23/2-* to 4-*): 32k B=1 29.2 / 26.1 us against 30.6 / 28.3, 128k B=1
+    75.8 / 75.4 against 84.1 / 84.4, 32k B=8 164.8 / 141.0 against 179.2 / 159.1 (each
+    at its own split), B=2 48.4 against 51.3, B=4 88.0 against 93.4, B=16 321.8 against
+    339.8."""
+    rows = max(2, _next_pow2(group))
+    return 2 if pair_draws(group, samples, tile) and 2 * rows * samples <= PAIR_MAX_ENTRIES else 1
 
 
 def v_words(v: torch.Tensor) -> bool:
@@ -114,7 +137,7 @@ def compact_config(head_dim: int, groups: int = 1, tile: int = 64) -> tuple[int,
 
 
 def compact_splits(groups: int, n_tiles: int, head_dim: int = 128, tile: int = 64,
-                   sm_count: int = H200_SM_COUNT) -> int:
+                   sm_count: int = H200_SM_COUNT, pairs: bool = True) -> int:
     """The default split count for ``groups`` = B * Hkv sequences x KV heads of ``n_tiles``
     tiles: as many programs as fit the SMs at once under :func:`compact_config`'s launch
     (one wave: 4 programs an SM of 4 warps, 5 of the 2-warp large-group launch, whose 41 KB
@@ -122,9 +145,12 @@ def compact_splits(groups: int, n_tiles: int, head_dim: int = 128, tile: int = 6
     H200 (S=2048, 32k; tune-2026-12-03-s22/3-* and 4-*): 10 splits at B=8 177.7 us against 188.8
     for the 9 of ``num_splits_for`` (12: 250.0, 14: 221.0), 20 at B=4 92.6 against 105.6
     (17; 22: 134.1), 5 at B=16 the same as before (6: 474.6 against 337.2); 64 at B=1
-    (unchanged; 74: 40.0 against 30.6)."""
+    (unchanged; 74: 40.0 against 30.6). ``pairs``: the launch draws tiles in pairs
+    (:func:`default_draw_tiles`), whose 2-warp programs fit four an SM."""
     warps, _ = compact_config(head_dim, groups, tile)
-    per_sm = LARGE_GROUP_PROGRAMS_PER_SM if warps == 2 else PROGRAMS_PER_SM
+    per_sm = PROGRAMS_PER_SM
+    if warps == 2:
+        per_sm = PAIR_LARGE_PROGRAMS_PER_SM if pairs else LARGE_GROUP_PROGRAMS_PER_SM
     splits = max(1, min(per_sm * sm_count // max(1, groups),
                         -(-n_tiles // MIN_TILES_PER_SPLIT)))
     per_split = -(-n_tiles // splits)
@@ -182,22 +208,6 @@ def _packed_columns(f, j0, per_tile, rows_ok, P: tl.constexpr):
 
 
 @triton.jit
-def _packed_entries(packed, j0, per_tile, t, page_table_ptr, b, stride_vx, stride_vy,
-                    stride_pt, page_size, PAGED: tl.constexpr, TILE: tl.constexpr,
-                    ROWS: tl.constexpr, P: tl.constexpr, GR: tl.constexpr):
-    """:func:`_sampled_rows` of tile ``t`` from its heads' packed columns [ROWS]: each
-    entry gathers its head's (one exchange) and unpacks its own."""
-    c = tl.arange(0, GR)
-    slot = c % P
-    packed = tl.gather(packed, (c // P) % ROWS, 0)
-    col = ((packed >> (8 * slot)) & 255).to(tl.int32)
-    ok = (packed >= 0) & (per_tile > (j0 + slot)) & (c < ROWS * P)
-    n = tl.where(ok, t * TILE + col, 0)
-    off = _row_offsets(page_table_ptr, b, n, stride_vx, stride_vy, stride_pt, page_size, PAGED)
-    return n, off, ok
-
-
-@triton.jit
 def _sampled_rows(f, j0, per_tile, rows_ok, t, page_table_ptr, b, stride_vx, stride_vy,
                   stride_pt, page_size, PAGED: tl.constexpr, TILE: tl.constexpr,
                   ROWS: tl.constexpr, P: tl.constexpr, GR: tl.constexpr,
@@ -208,17 +218,20 @@ def _sampled_rows(f, j0, per_tile, rows_ok, t, page_table_ptr, b, stride_vx, str
     (P <= 8, TILE <= 128): the columns through :func:`_packed_columns`, one small vector
     a head carried to the entries instead of a [ROWS, P, TILE] block and its conversions."""
     if PACKED:
-        n, off, ok = _packed_entries(_packed_columns(f, j0, per_tile, rows_ok, P), j0,
-                                     per_tile, t, page_table_ptr, b, stride_vx, stride_vy,
-                                     stride_pt, page_size, PAGED, TILE, ROWS, P, GR)
+        # each entry gathers its head's packed columns (one exchange) and unpacks its own
+        c = tl.arange(0, GR)
+        slot = c % P
+        packed = tl.gather(_packed_columns(f, j0, per_tile, rows_ok, P), (c // P) % ROWS, 0)
+        col = ((packed >> (8 * slot)) & 255).to(tl.int32)
+        ok = (packed >= 0) & (per_tile > (j0 + slot)) & (c < ROWS * P)
+        n = tl.where(ok, t * TILE + col, 0)
     else:
         j = (j0 + tl.arange(0, P)).to(tl.float32)
         col = tl.sum((f[:, None, :] <= j[None, :, None]).to(tl.int32), axis=2)  # [ROWS, P]
         ok = (j[None, :] < per_tile) & rows_ok[:, None]
         n = _flat(tl.where(ok, t * TILE + col, 0), ROWS, P, GR)
         ok = _flat(ok, ROWS, P, GR) & (tl.arange(0, GR) < ROWS * P)
-        off = _row_offsets(page_table_ptr, b, n, stride_vx, stride_vy, stride_pt, page_size,
-                           PAGED)
+    off = _row_offsets(page_table_ptr, b, n, stride_vx, stride_vy, stride_pt, page_size, PAGED)
     return n, off, ok
 
 
@@ -356,9 +369,30 @@ def _pair_merge(m_run, l_run, m_t, mass):
 
 
 @triton.jit
-def _split_pair(x):
-    """[2, ROWS] -> its two rows (the pair's tiles), in registers."""
-    return tl.split(tl.permute(x, (1, 0)))
+def _pair_rows(f, per_tile, rows_ok, t0, page_table_ptr, b, stride_vx, stride_vy,
+               stride_pt, page_size, PAGED: tl.constexpr, TILE: tl.constexpr,
+               ROWS: tl.constexpr, P: tl.constexpr, GR: tl.constexpr):
+    """:func:`_sampled_rows` (packed) of a pair's draw ``f`` [2, ROWS, TILE]: entry ``c <
+    2 * ROWS * P`` is tile ``t0 + c // (ROWS * P)``, head ``(c // P) % ROWS``, sample
+    ``c % P``."""
+    c = tl.arange(0, GR)
+    slot = c % P
+    packed = tl.reshape(_packed_columns(f, 0, per_tile, rows_ok, P), [2 * ROWS])
+    packed = tl.gather(packed, (c // P) % (2 * ROWS), 0)
+    col = ((packed >> (8 * slot)) & 255).to(tl.int32)
+    ok = (packed >= 0) & (per_tile > slot) & (c < 2 * ROWS * P)
+    n = tl.where(ok, (t0 + c // (ROWS * P)) * TILE + col, 0)
+    off = _row_offsets(page_table_ptr, b, n, stride_vx, stride_vy, stride_pt, page_size, PAGED)
+    return n, off, ok
+
+
+@triton.jit
+def _expand_pair(x, ROWS: tl.constexpr, G_PAD: tl.constexpr):
+    """[2, ROWS] -> [G_PAD]: row ``r`` holds ``x[(r // ROWS) % 2, r % ROWS]``."""
+    x = tl.reshape(x, [2 * ROWS])
+    if G_PAD > 2 * ROWS:
+        x = tl.reshape(tl.broadcast_to(x[None, :], [G_PAD // (2 * ROWS), 2 * ROWS]), [G_PAD])
+    return x
 
 
 @triton.jit
@@ -401,27 +435,26 @@ def _flash_compact_kernel(
     acc0 = tl.zeros([G_PAD, D_W], dtype=tl.float32)
     acc1 = tl.zeros([G_PAD, D_W], dtype=tl.float32)
     offs_c = tl.arange(0, GR)
+    # entry c of the gathered rows is summed into accumulator row c // P (DRAW_TILES 2:
+    # rows ROWS.. 2 ROWS - 1 hold the second tile of a pair; the epilogue sums them)
     select = ((offs_c[None, :] // P == tl.arange(0, G_PAD)[:, None])
-              & (offs_c[None, :] < ROWS * P)).to(tl.float32)
-    entry_heads = _flat(tl.broadcast_to(head_rows[:, None], [ROWS, P]), ROWS, P, GR)
+              & (offs_c[None, :] < DRAW_TILES * ROWS * P)).to(tl.float32)
+    if DRAW_TILES == 2:
+        entry_heads = (b * num_q_heads + kvh * group + (offs_c // P) % ROWS).to(tl.int64)
+    else:
+        entry_heads = _flat(tl.broadcast_to(head_rows[:, None], [ROWS, P]), ROWS, P, GR)
     if DRAW_TILES == 2 and per_tile <= P:
         # tiles in pairs: one draw for two tiles (every exchange between warps serves
-        # both), at the pair's second iteration (a lone last tile pairs with an empty one);
-        # each tile of the pair gathers its own GR rows (va, vb), summed at the next pair.
-        # Every iteration loads the latest pair's rows: at its draw (from HBM) and again a
-        # tile later (from L2), the copy summed; the loads stay outside the branch (loaded
-        # inside it, Triton 3.6 converts the block for the dot right after its load, and
-        # the V latency is exposed in the drawing iteration)
-        zero_rows = tl.zeros([GR, D_W], dtype=tl.int32 if HALVES == 2 else elem)
-        va = zero_rows
-        vb = zero_rows
-        c1a = tl.zeros([ROWS], dtype=tl.float32)
-        c1b = tl.zeros([ROWS], dtype=tl.float32)
+        # both), at the pair's second iteration (a lone last tile pairs with an empty one).
+        # Every iteration loads the latest pair's V rows: at its draw (from HBM) and again
+        # a tile later (from L2), the copy summed at the next pair; the load stays outside
+        # the branch (loaded inside it, Triton 3.6 converts the block for the dot right
+        # after the load, and the V latency is exposed in the drawing iteration)
+        v1 = tl.zeros([GR, D_W], dtype=tl.int32 if HALVES == 2 else elem)
+        c1 = tl.zeros([2, ROWS], dtype=tl.float32)
         s_prev = tl.full([ROWS, TILE], float("-inf"), tl.float32)
-        off_a = tl.zeros([GR], dtype=tl.int64)
-        off_b = off_a
-        ok_a = offs_c < 0
-        ok_b = ok_a
+        off = tl.zeros([GR], dtype=tl.int64)
+        ok = offs_c < 0
         for t in range(t_begin, t_end):
             s = _narrow_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale,
                                stride_kx, stride_ky, stride_kh, stride_pt, page_size, k_desc,
@@ -436,31 +469,19 @@ def _flash_compact_kernel(
                                                   W_SCALE, HAS_UNIFORMS)
                 m_run, l_run, alpha, w_t = _pair_merge(m_run, l_run, m_t, mass)
                 acc0, acc1 = _rescaled(acc0, acc1, _expand(alpha, ROWS, G_PAD), HALVES)
-                acc0, acc1 = _add_sums(acc0, acc1, _expand(c1a * alpha, ROWS, G_PAD), select,
-                                       va, DOT_PRECISION, HALVES, elem)
-                acc0, acc1 = _add_sums(acc0, acc1, _expand(c1b * alpha, ROWS, G_PAD), select,
-                                       vb, DOT_PRECISION, HALVES, elem)
-                c1a, c1b = _split_pair(w_t / per_tile)
-                pa, pb = _split_pair(_packed_columns(f, 0, per_tile, mask_g[None, :] & row_ok,
-                                                     P))
-                n_a, off_a, ok_a = _packed_entries(pa, 0, per_tile, t0, page_table_ptr, b,
-                                                   stride_vx, stride_vy, stride_pt, page_size,
-                                                   PAGED, TILE, ROWS, P, GR)
-                n_b, off_b, ok_b = _packed_entries(pb, 0, per_tile, t0 + 1, page_table_ptr, b,
-                                                   stride_vx, stride_vy, stride_pt, page_size,
-                                                   PAGED, TILE, ROWS, P, GR)
+                acc0, acc1 = _add_sums(acc0, acc1, _expand_pair(c1 * alpha[None, :], ROWS, G_PAD),
+                                       select, v1, DOT_PRECISION, HALVES, elem)
+                c1 = w_t / per_tile
+                n, off, ok = _pair_rows(f, per_tile, mask_g[None, :] & row_ok, t0,
+                                        page_table_ptr, b, stride_vx, stride_vy, stride_pt,
+                                        page_size, PAGED, TILE, ROWS, P, GR)
                 if STORE_COUNTS:
-                    tl.atomic_add(counts_ptr + entry_heads * counts_stride + n_a, 1, mask=ok_a,
-                                  sem="relaxed")
-                    tl.atomic_add(counts_ptr + entry_heads * counts_stride + n_b, 1, mask=ok_b,
+                    tl.atomic_add(counts_ptr + entry_heads * counts_stride + n, 1, mask=ok,
                                   sem="relaxed")
             else:
                 s_prev = s
-            va = _load_rows(v_base, off_a, ok_a, offs_w, mask_w)
-            vb = _load_rows(v_base, off_b, ok_b, offs_w, mask_w)
-        acc0, acc1 = _add_sums(acc0, acc1, _expand(c1a, ROWS, G_PAD), select, va,
-                               DOT_PRECISION, HALVES, elem)
-        acc0, acc1 = _add_sums(acc0, acc1, _expand(c1b, ROWS, G_PAD), select, vb,
+            v1 = _load_rows(v_base, off, ok, offs_w, mask_w)
+        acc0, acc1 = _add_sums(acc0, acc1, _expand_pair(c1, ROWS, G_PAD), select, v1,
                                DOT_PRECISION, HALVES, elem)
     elif per_tile <= P:
         # the last tile's sampled V rows (in flight) and their weight W_t / S_tile a sample
@@ -523,8 +544,10 @@ def compact_workspace(q: torch.Tensor, kv: KVCache, S: int, tile: int = 64,
     """A workspace for these inputs split by :func:`compact_splits` (``kw``: the
     workspace's, e.g. ``seed``)."""
     groups = q.shape[0] * kv.num_kv_heads
+    pairs = default_draw_tiles(q.shape[1] // max(1, kv.num_kv_heads),
+                               lag_samples(S, _capacity(kv), tile), tile) == 2
     kw.setdefault("num_splits", compact_splits(groups, _tile_count(kv, tile),
-                                               kv.head_dim, tile))
+                                               kv.head_dim, tile, pairs=pairs))
     return SantaWorkspace.for_inputs(q, kv, S, tile, **kw)
 
 
@@ -552,7 +575,7 @@ def santa_flash_compact(
     ``draw_tiles``: 2 draws the lagged loop's tiles in pairs (one block, one exchange for
     both; packed columns only, twice the group's padded rows within the dot's 16 and at
     most :data:`PAIR_MAX_ENTRIES` gathered rows), 1 one at a time; default
-    2 where allowed and the pair gathers at most that many.
+    :func:`default_draw_tiles`.
     ``return_counts`` adds per-row counts (an int32 buffer allocated by the call: off the
     hot path).
     """
@@ -576,11 +599,14 @@ def santa_flash_compact(
     # V in 32-bit words of two 16-bit elements where its strides allow (see _load_rows)
     halves = 2 if words and v_words(kv.v) else 1
     packed = packed_columns and samples <= 8 and tile <= 128
+    g_pad = max(16, _next_pow2(group))
     if draw_tiles is None:
-        draw_tiles = 2 if packed and rows * samples <= PAIR_MAX_ENTRIES else 1
-    if draw_tiles not in (1, 2) or (draw_tiles == 2 and not packed):
+        draw_tiles = default_draw_tiles(group, samples, tile) if packed else 1
+    if draw_tiles not in (1, 2) or (
+            draw_tiles == 2 and not pair_draws(group, samples, tile, packed_columns)):
         raise InputError(f"draw_tiles: 1, or 2 with packed columns (P <= 8, tiles of at "
-                         f"most 128 rows), got {draw_tiles} (P {samples}, tile {tile})")
+                         f"most 128 rows) and a group of at most {g_pad // 4} heads, got "
+                         f"{draw_tiles} (group {group}, P {samples}, tile {tile})")
     if maxnreg is None and draw_tiles == 2:
         maxnreg = PAIR_MAXNREG.get(warps)  # the programs an SM compact_splits plans for
     extra = {}
@@ -599,8 +625,8 @@ def santa_flash_compact(
         q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
         kv.v.stride(0) // halves, kv.v.stride(1) // halves, kv.v.stride(2) // halves,
         stride_pt, page_size,
-        PAGED=paged, TILE=tile, G_PAD=max(16, _next_pow2(group)),
-        ROWS=rows, D_PAD=_next_pow2(d), P=samples, GR=max(16, rows * samples),
+        PAGED=paged, TILE=tile, G_PAD=g_pad,
+        ROWS=rows, D_PAD=_next_pow2(d), P=samples, GR=max(16, draw_tiles * rows * samples),
         HAS_UNIFORMS=uniforms is not None, STORE_COUNTS=counts is not None,
         DOT_PRECISION=_dot_precision(kv.k.dtype), W_BITS=FLASH_W_BITS,
         GROUP_RNG=group_offsets, k_desc=k_desc, seq_rows=kv.k.shape[1],
@@ -622,4 +648,4 @@ def santa_flash_compact(
 
 
 __all__ = ["COMPACT_CONFIG", "compact_config", "compact_splits", "compact_workspace",
-           "lag_samples", "santa_flash_compact"]
+           "default_draw_tiles", "lag_samples", "pair_draws", "santa_flash_compact"]

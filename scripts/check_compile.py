@@ -343,18 +343,21 @@ def check_flash_compact() -> int:
     failures = 0
     divisible = ("stride_qb", "stride_qh", "stride_kx", "stride_ky", "stride_kh", "stride_vx",
                  "stride_vy", "stride_vh")
-    # the [ROWS, P, TILE] columns (packed_columns=False) at d=256
-    switches = {4: {"PACKED": False}}
+    # the [ROWS, P, TILE] columns (packed_columns=False) at d=256; tiles drawn in pairs
+    # (DRAW_TILES 2, the default where allowed) and one at a time
+    switches = {0: {"DRAW_TILES": 2}, 1: {"DRAW_TILES": 1}, 2: {"DRAW_TILES": 2},
+                3: {"DRAW_TILES": 2}, 4: {"PACKED": False, "DRAW_TILES": 1}, 5: {"DRAW_TILES": 1}}
     for case, (d, group, paged, samples) in enumerate(
-            ((128, 4, False, 4), (128, 4, False, 1), (128, 1, True, 4), (64, 8, False, 2),
-             (256, 3, True, 1))):
+            ((128, 4, False, 4), (128, 4, False, 1), (128, 1, True, 4), (64, 8, False, 1),
+             (256, 3, True, 1), (128, 4, False, 4))):
         warps, stages = tfc.compact_config(d)
         rows = max(2, ts._next_pow2(group))
         table = "*i32" if paged else "*i64"
         types = ["*bf16"] * 3 + ["*i64", table] + ["*fp32"] * 5 + ["*i64", "i32", "fp32"]
         types += ["i32"] * 19
+        pairs = switches.get(case, {}).get("DRAW_TILES", 1)
         consts = {"head_dim": d, "PAGED": paged, "TILE": 64, "G_PAD": max(16, rows),
-                  "ROWS": rows, "D_PAD": d, "P": samples, "GR": max(16, rows * samples),
+                  "ROWS": rows, "D_PAD": d, "P": samples, "GR": max(16, pairs * rows * samples),
                   "HAS_UNIFORMS": False, "STORE_COUNTS": False,
                   "DOT_PRECISION": "tf32", "W_BITS": ts.FLASH_W_BITS, "GROUP_RNG": False,
                   "TMA": not paged, "HALVES": 2, "PACKED": True, **switches.get(case, {})}

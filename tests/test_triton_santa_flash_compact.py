@@ -26,7 +26,9 @@ from santa_kernels.triton_santa import SantaWorkspace, santa_flash
 from santa_kernels.triton_santa_flash_compact import (
     compact_splits,
     compact_workspace,
+    default_draw_tiles,
     lag_samples,
+    pair_draws,
     santa_flash_compact,
     v_words,
 )
@@ -124,35 +126,45 @@ def test_tiles_drawn_one_at_a_time_and_in_pairs(draw_tiles):
     check_against_fused(q, kv, S=24, out_tol=2e-2, **kw)
 
 
-def test_pairs_draw_the_seeded_stream():
-    """Given a seed and step (no uniforms) pairs draw what one tile at a time draws, for
-    a group of 3 and of 16 heads; pairs need the packed columns."""
-    for hq, hkv in ((6, 2), (16, 1)):
-        q, kv = make_cache(batch=2, hq=hq, hkv=hkv, n=100, lengths=(100, 60))
-        counts = []
-        for draw_tiles in (1, 2):
-            ws = SantaWorkspace.for_inputs(q, kv, 16, TILE, num_splits=3)
-            out, info = santa_flash_compact(q, kv, 16, tile=TILE, seed=9, workspace=ws,
-                                            return_counts=True, draw_tiles=draw_tiles)
-            counts.append((info.row_counts().clone(), out))
-        assert torch.equal(counts[0][0], counts[1][0])
-        torch.testing.assert_close(counts[0][1], counts[1][1], rtol=1e-5, atol=1e-5)
-    for bad in ({"draw_tiles": 3}, {"draw_tiles": 0}, {"draw_tiles": 2, "packed_columns": False},
-                {"draw_tiles": 2, "samples": 16}):
+def test_pairs_draw_the_seeded_stream_and_need_room_in_the_dot():
+    """Given a seed and step (no uniforms) pairs draw what one tile at a time draws; a
+    group that fills the dot's 16 rows cannot pair, nor can the [ROWS, P, TILE] columns;
+    the default pairs where it may."""
+    q, kv = make_cache(batch=2, hq=6, hkv=2, n=100, lengths=(100, 60))
+    counts = []
+    for draw_tiles in (1, 2):
+        ws = SantaWorkspace.for_inputs(q, kv, 16, TILE, num_splits=3)
+        out, info = santa_flash_compact(q, kv, 16, tile=TILE, seed=9, workspace=ws,
+                                        return_counts=True, draw_tiles=draw_tiles)
+        counts.append((info.row_counts().clone(), out))
+    assert torch.equal(counts[0][0], counts[1][0])
+    torch.testing.assert_close(counts[0][1], counts[1][1], rtol=1e-5, atol=1e-5)
+    q16, kv16 = make_cache(batch=1, hq=16, hkv=1, n=40, lengths=(40,))
+    for cache, bad in (((q16, kv16), {"draw_tiles": 2}), ((q, kv), {"draw_tiles": 3}),
+                       ((q, kv), {"draw_tiles": 2, "packed_columns": False})):
         with pytest.raises(InputError, match="draw_tiles"):
-            santa_flash_compact(q, kv, 8, tile=TILE, **bad)
+            santa_flash_compact(*cache, 8, tile=TILE, **bad)
+    out, _ = santa_flash_compact(q16, kv16, 8, tile=TILE, seed=1)  # the default: one tile
+    assert torch.isfinite(out).all()
+    assert not pair_draws(16, 1) and not pair_draws(4, 16) and pair_draws(8, 4)
+    assert default_draw_tiles(4, 4) == 2 and default_draw_tiles(8, 4) == 1  # 64 rows a pair
+    assert default_draw_tiles(4, 4, tile=256) == 1
 
 
 def test_default_split_fills_the_sms_in_one_wave():
     """Llama shape (8 KV heads, d=128, 512 tiles of 32k): the programs of the default
-    split fit the H200's 132 SMs at once, 4 an SM of the 4-warp launch, 5 of the 2-warp
-    launch of 32 groups and more; short sequences keep 4 tiles a program."""
-    for batch, expected in [(1, 64), (2, 32), (4, 20), (8, 10), (16, 5), (32, 2)]:
+    split fit the H200's 132 SMs at once, 4 an SM of the 4-warp launch and of the 2-warp
+    launch of 32 groups and more drawing pairs (5 one tile at a time); short sequences
+    keep 4 tiles a program."""
+    for batch, expected, one_tile in [(1, 64, 64), (2, 32, 32), (4, 16, 20), (8, 8, 10),
+                                      (16, 4, 5), (32, 2, 2)]:
         groups = batch * 8
-        splits = compact_splits(groups, 512)
+        splits = compact_splits(groups, 512)  # pairs: four 2-warp programs an SM
         assert splits == expected, batch
-        per_sm = 5 if groups >= 32 else 4
-        assert groups * splits <= per_sm * 132
+        assert groups * splits <= 4 * 132
+        # one tile at a time: five 2-warp programs an SM
+        assert compact_splits(groups, 512, pairs=False) == one_tile, batch
+        assert groups * one_tile <= (5 if groups >= 32 else 4) * 132
     assert compact_splits(8, 8) == 2  # 8 tiles: 4 a program
     q, kv = make_cache(batch=2, hq=4, hkv=2, n=100, lengths=(100, 7))
     assert compact_workspace(q, kv, 16, TILE).num_splits == compact_splits(4, -(-100 // TILE))
