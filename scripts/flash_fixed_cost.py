@@ -3,8 +3,9 @@
 B=1, Llama shape, 64 splits (512 programs, one wave), 1..16 tiles of 64 rows a program
 (ctx = 64 x tiles x 64 rows), S = 4 samples a tile, input copies past L2 (cold): the
 call, the streaming kernel alone and, as a floor, an empty Triton kernel on the same
-grid, each under CUDA graphs (``graph_call_us``). A straight line through the streaming times gives the program's
-fixed cost (launch, prologue, epilogue) and its cost a tile. Prints a CSV.
+grid, each under CUDA graphs (``graph_call_us``). A straight line through the streaming
+times gives the program's fixed cost (launch, prologue, epilogue) and its cost a tile.
+Prints a CSV.
 
 Usage (on the GPU): ``python3 scripts/flash_fixed_cost.py [tiles,...] [draw_tiles]``.
 """
