@@ -408,6 +408,7 @@ def _flash_compact_kernel(
     STORE_COUNTS: tl.constexpr, DOT_PRECISION: tl.constexpr, W_BITS: tl.constexpr,
     GROUP_RNG: tl.constexpr = False, k_desc=None, seq_rows=0, TMA: tl.constexpr = False,
     HALVES: tl.constexpr = 1, PACKED: tl.constexpr = False, DRAW_TILES: tl.constexpr = 1,
+    V_TWICE: tl.constexpr = True,
 ):
     # One program: tiles [t_begin, t_end) of one (sequence, KV head), all G query heads.
     # The dot runs on G_PAD >= 16 rows, everything after it on ROWS >= G real rows.
@@ -480,7 +481,13 @@ def _flash_compact_kernel(
                                   sem="relaxed")
             else:
                 s_prev = s
-            v1 = _load_rows(v_base, off, ok, offs_w, mask_w)
+            if V_TWICE:
+                v1 = _load_rows(v_base, off, ok, offs_w, mask_w)
+            else:  # the rows once: a tile after their draw, or at once where the next
+                # iteration sums them (a lone last tile) or none follows
+                # (a product: the interpreter cannot AND a tensor with a scalar mask)
+                now = ((second == 0) | (t >= t_end - 2)).to(tl.int32)
+                v1 = _load_rows(v_base, off, (ok.to(tl.int32) * now) != 0, offs_w, mask_w)
         acc0, acc1 = _add_sums(acc0, acc1, _expand_pair(c1, ROWS, G_PAD), select, v1,
                                DOT_PRECISION, HALVES, elem)
     elif per_tile <= P:
@@ -558,6 +565,7 @@ def santa_flash_compact(
     group_offsets: bool = False, samples: int | None = None,
     config: tuple[int, int] | None = None, tma: bool = True, maxnreg: int | None = None,
     words: bool = True, packed_columns: bool = True, draw_tiles: int | None = None,
+    v_twice: bool = True,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash (section 4), one
     pass, each tile's sampled V rows gathered while the next tile streams.
@@ -575,7 +583,9 @@ def santa_flash_compact(
     ``draw_tiles``: 2 draws the lagged loop's tiles in pairs (one block, one exchange for
     both; packed columns only, twice the group's padded rows within the dot's 16 and at
     most :data:`PAIR_MAX_ENTRIES` gathered rows), 1 one at a time; default
-    :func:`default_draw_tiles`.
+    :func:`default_draw_tiles`. ``v_twice`` (pairs): each pair's V rows are loaded at its
+    draw and again a tile later (the copy summed; the first load brings them to L2 early);
+    False: once, a tile after the draw.
     ``return_counts`` adds per-row counts (an int32 buffer allocated by the call: off the
     hot path).
     """
@@ -631,7 +641,7 @@ def santa_flash_compact(
         DOT_PRECISION=_dot_precision(kv.k.dtype), W_BITS=FLASH_W_BITS,
         GROUP_RNG=group_offsets, k_desc=k_desc, seq_rows=kv.k.shape[1],
         TMA=k_desc is not None, HALVES=halves,
-        PACKED=packed, DRAW_TILES=draw_tiles,
+        PACKED=packed, DRAW_TILES=draw_tiles, V_TWICE=v_twice,
         num_warps=warps, num_stages=stages, **extra,
     )
     out = ws.out(q.dtype)

@@ -544,6 +544,8 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     "dt2 maxnreg 120": {"draw_tiles": 2, "maxnreg": 120},
     "dt2 (4, 3)": {"draw_tiles": 2, "config": (4, 3)},
     "dt2 (4, 2)": {"draw_tiles": 2, "config": (4, 2)},
+    "dt2 once": {"draw_tiles": 2, "v_twice": False},
+    "dt2 (4, 3) once": {"draw_tiles": 2, "config": (4, 3), "v_twice": False},
 }
 
 

@@ -110,12 +110,14 @@ def test_unpacked_columns():
     check_against_fused(q, kv, S=24, out_tol=2e-2, **kw)
 
 
-@pytest.mark.parametrize("draw_tiles", [1, 2])
-def test_tiles_drawn_one_at_a_time_and_in_pairs(draw_tiles):
-    """Both draws give the fused kernel's counts and output: programs of even and odd tile
-    counts (a lone last tile pairs with an empty one), one tile a program, the unlagged
-    loop of a short sequence, P=1, paged, a padded group (G=3), 16-bit words."""
-    kw = {"draw_tiles": draw_tiles}
+@pytest.mark.parametrize("kw", [{"draw_tiles": 1}, {"draw_tiles": 2},
+                                {"draw_tiles": 2, "v_twice": False}], ids=["one", "pairs",
+                                                                          "pairs-v-once"])
+def test_tiles_drawn_one_at_a_time_and_in_pairs(kw):
+    """Both draws (pairs with V loaded twice or once) give the fused kernel's counts and
+    output: programs of even and odd tile counts (a lone last tile pairs with an empty
+    one), one tile a program, the unlagged loop of a short sequence, P=1, paged, a padded
+    group (G=3), 16-bit words."""
     q, kv = make_cache(batch=2, hq=4, hkv=2, n=100, lengths=(100, 7))  # 7 tiles
     for splits in (1, 2, 3, 7):
         check_against_fused(q, kv, S=16, num_splits=splits, **kw)
