@@ -346,7 +346,8 @@ def check_flash_compact() -> int:
     # the [ROWS, P, TILE] columns (packed_columns=False) at d=256; tiles drawn in pairs
     # (DRAW_TILES 2, the default where allowed) and one at a time
     switches = {0: {"DRAW_TILES": 2}, 1: {"DRAW_TILES": 1}, 2: {"DRAW_TILES": 2},
-                3: {"DRAW_TILES": 2, "V_TWICE": False}, 4: {"PACKED": False, "DRAW_TILES": 1}, 5: {"DRAW_TILES": 1}}
+                3: {"DRAW_TILES": 2, "V_TWICE": False}, 4: {"PACKED": False, "DRAW_TILES": 1},
+                5: {"DRAW_TILES": 1}}
     for case, (d, group, paged, samples) in enumerate(
             ((128, 4, False, 4), (128, 4, False, 1), (128, 1, True, 4), (64, 8, False, 1),
              (256, 3, True, 1), (128, 4, False, 4))):
