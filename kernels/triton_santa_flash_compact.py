@@ -22,6 +22,14 @@ as in prop's score pass. A head's ``P`` columns come out of one reduction over t
 instead: 33.7 / 208.6 / 89.6 us against 30.6 / 190.0 / 83.7 at 32k B=1 / 32k B=8 /
 128k B=1, S=2048; BENCHMARKS.md, session 22).
 
+Tiles are drawn in pairs where the group allows (``draw_tiles``, :func:`default_draw_tiles`):
+the lagged loop keeps streaming one K tile an iteration, and every second iteration draws
+the last two tiles as one [2, ROWS, TILE] block, so that each reduction, the scan and each
+exchange between warps serve both tiles (the draws are the same, term for term); the
+accumulator's spare rows (the dot's 16 against 2 x ROWS) hold the pair's second tile until
+the epilogue adds them (32k B=1 / 32k B=8 / 128k B=1, S=2048: 29.2 / 164.8 / 75.8 us
+against 30.6 / 179.2 / 84.1 one tile at a time; BENCHMARKS.md, session 23).
+
 ``S_tile = max(1, S // T_b)`` depends on the sequence's length: the lagged loop holds
 ``P`` samples a head and tile (``P`` a power of two, by default the one covering
 ``S_tile`` at the cache's capacity, the common decode case); a program whose sequence
