@@ -27,6 +27,17 @@ class _NoLaunch:
         return lambda *args, **kwargs: None
 
 
+def streaming_alone_us(calls) -> float:
+    """``graph_call_us(calls)`` with the compact kernel's merge launch skipped: the
+    streaming kernel alone."""
+    merge = tfc._merge_kernel
+    tfc._merge_kernel = _NoLaunch()
+    try:
+        return graph_call_us(calls)
+    finally:
+        tfc._merge_kernel = merge
+
+
 def _merge_only(ws, q, rows: int, splits: int) -> None:
     """The call's merge kernel alone, on the partials in ``ws`` (32 query heads, d=128)."""
     out = ws.out(q.dtype)
@@ -49,12 +60,7 @@ def main() -> None:
                  for (q, kv), w in zip(inputs, wss, strict=True)]
         tag = f"B={batch} {ctx // 1024}k"
         print(f"{tag},call,{graph_call_us(calls):.2f}", flush=True)
-        merge = tfc._merge_kernel
-        tfc._merge_kernel = _NoLaunch()
-        try:
-            print(f"{tag},streaming kernel alone,{graph_call_us(calls):.2f}", flush=True)
-        finally:
-            tfc._merge_kernel = merge
+        print(f"{tag},streaming kernel alone,{streaming_alone_us(calls):.2f}", flush=True)
         n_tiles = ctx // 64
         splits = -(-n_tiles // -(-n_tiles // wss[0].num_splits))
         merges = [lambda w=w, q=q, r=batch * 32, s=splits: _merge_only(w, q, r, s)
