@@ -555,12 +555,15 @@ def _flash_compact_kernel(
 
 
 def compact_workspace(q: torch.Tensor, kv: KVCache, S: int, tile: int = 64,
-                      **kw) -> SantaWorkspace:
-    """A workspace for these inputs split by :func:`compact_splits` (``kw``: the
+                      draw_tiles: int | None = None, **kw) -> SantaWorkspace:
+    """A workspace for these inputs split by :func:`compact_splits` for calls drawing
+    ``draw_tiles`` tiles at once (default :func:`default_draw_tiles`; ``kw``: the
     workspace's, e.g. ``seed``)."""
     groups = q.shape[0] * kv.num_kv_heads
-    pairs = default_draw_tiles(q.shape[1] // max(1, kv.num_kv_heads),
-                               lag_samples(S, _capacity(kv), tile), tile) == 2
+    if draw_tiles is None:
+        draw_tiles = default_draw_tiles(q.shape[1] // max(1, kv.num_kv_heads),
+                                        lag_samples(S, _capacity(kv), tile), tile)
+    pairs = draw_tiles == 2
     kw.setdefault("num_splits", compact_splits(groups, _tile_count(kv, tile),
                                                kv.head_dim, tile, pairs=pairs))
     return SantaWorkspace.for_inputs(q, kv, S, tile, **kw)

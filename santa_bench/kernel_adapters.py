@@ -54,6 +54,7 @@ def santa_prepare(function: str) -> PrepareFn:
         scale: float | None = None,
         passes: int | None = None,
         gather: str | None = None,
+        pairs: str | None = None,
     ) -> Prepared:
         if min_ctx:
             raise Unsupported("the Triton kernels do not implement min_ctx; use the reference")
@@ -67,6 +68,12 @@ def santa_prepare(function: str) -> PrepareFn:
             raise InputError("gather=inline: an option of the two-pass kernel (passes=2)")
         # one pass with compact, lagged V gathers (triton_santa_flash_compact)
         one_pass_compact = flash and passes != 2 and gather == "compact"
+        if pairs not in (None, "auto", "on", "off"):
+            raise InputError(f"pairs: auto, on or off, got {pairs!r}")
+        if pairs not in (None, "auto") and not one_pass_compact:
+            raise InputError("pairs: an option of the one-pass compact santa-flash "
+                             "(santa-flash:gather=compact)")
+        draw_tiles = {"on": 2, "off": 1}.get(pairs or "auto")
         if stash is not None and stash not in STASH_DTYPES:
             raise InputError(f"stash: expected one of {sorted(STASH_DTYPES)}, got {stash!r}")
         stash_dtype = STASH_DTYPES[stash or "fp32"]
@@ -78,7 +85,8 @@ def santa_prepare(function: str) -> PrepareFn:
         elif one_pass_compact:
             compact = importlib.import_module("santa_kernels.triton_santa_flash_compact")
             kernel = compact.santa_flash_compact
-            workspace = compact.compact_workspace(q, kv, S, tile, seed=seed)
+            workspace = compact.compact_workspace(q, kv, S, tile, seed=seed,
+                                                  draw_tiles=draw_tiles)
         else:
             workspace = module.SantaWorkspace.for_inputs(q, kv, S, tile, seed=seed,
                                                          store_counts=flash,
@@ -86,6 +94,8 @@ def santa_prepare(function: str) -> PrepareFn:
         kwargs: dict[str, Any] = {"tile": tile, "scale": scale, "workspace": workspace}
         if passes == 2 and gather is not None:
             kwargs["gather"] = gather
+        if draw_tiles is not None:
+            kwargs["draw_tiles"] = draw_tiles
         if not flash:  # santa-flash keeps no stash
             kwargs["stash_dtype"] = stash_dtype
         if alloc is not None:

@@ -181,6 +181,16 @@ _GATHER = Param(
     choices=("masked", "compact", "inline"),
     omit_default=True,
 )
+_PAIRS = Param(
+    "pairs",
+    "auto",
+    str,
+    "santa-flash one-pass compact kernel (gather=compact): draw the tiles in pairs, one "
+    "exchange between warps for two tiles (the same samples). auto = where the group "
+    "allows; on; off = one tile a draw",
+    choices=("auto", "on", "off"),
+    omit_default=True,
+)
 _DRAWS = Param("draws", 4, int, "ternary query draws B averaged per head", minimum=1)
 _GROUPING = Param(
     "grouping",
@@ -199,7 +209,7 @@ _VALUE = Param(
 
 
 # knobs of the fast kernels that the reference does not have
-KERNEL_ONLY_PARAMS = ("stash", "passes", "gather")
+KERNEL_ONLY_PARAMS = ("stash", "passes", "gather", "pairs")
 
 
 def _reference(value: str) -> Callable[..., sk.AttentionOutput]:
@@ -303,7 +313,7 @@ def _builtin_methods() -> list[Method]:
         _santa(
             "santa-flash",
             "S2ANTA-flash: equal tile budgets, mass-weighted merge",
-            (_S, _TILE, _PASSES, _GATHER, _MIN_CTX),
+            (_S, _TILE, _PASSES, _GATHER, _PAIRS, _MIN_CTX),
             "flash",
             "santa_flash",
         ),

@@ -142,6 +142,17 @@ def test_flash_adapter_two_passes_routes_to_the_two_pass_kernel(monkeypatch):
     assert calls == ([("two-pass", True, None)] * 2 + [("fused", True, None)] * 2
                      + [("two-pass", True, "inline")] * 2
                      + [("one-pass compact", False, None)] * 4)  # prepare runs once
+    tiles = []
+    monkeypatch.setattr(tfc, "santa_flash_compact",
+                        lambda q, kv, S, **kw: tiles.append(kw.get("draw_tiles"))
+                        or (torch.zeros_like(q), None))
+    for pairs, expected in (("on", 2), ("off", 1), ("auto", None)):
+        santa_prepare("santa_flash")(q, kv, S=8, tile=16, gather="compact", pairs=pairs).run()
+        assert tiles[-1] == expected, pairs
+    with pytest.raises(InputError, match="pairs"):  # one-pass compact only
+        santa_prepare("santa_flash")(q, kv, S=8, tile=16, pairs="on")
+    with pytest.raises(InputError, match="pairs"):
+        santa_prepare("santa_flash")(q, kv, S=8, tile=16, gather="compact", pairs="yes")
     with pytest.raises(InputError, match="passes"):
         santa_prepare("santa_prop")(q, kv, S=8, tile=16, passes=2)
     with pytest.raises(InputError, match="gather"):  # a pass-2 option
@@ -153,6 +164,10 @@ def test_flash_adapter_two_passes_routes_to_the_two_pass_kernel(monkeypatch):
     assert "passes" not in flash.resolve_params({})  # the default stays out of the case hash
     assert "gather" not in flash.resolve_params({"passes": 2})
     assert flash.resolve_params({"passes": 2, "gather": "compact"})["gather"] == "compact"
+    assert "pairs" not in flash.resolve_params({"gather": "compact"})  # auto: old hashes hold
+    assert flash.resolve_params({"gather": "compact", "pairs": "off"})["pairs"] == "off"
+    with pytest.raises(MethodError, match="pairs"):
+        flash.resolve_params({"gather": "compact", "pairs": "maybe"})
     with pytest.raises(MethodError, match="gather"):
         flash.resolve_params({"passes": 2, "gather": "dense"})
     with pytest.raises(MethodError, match="passes"):
