@@ -199,26 +199,40 @@ def _expand(x, ROWS: tl.constexpr, G_PAD: tl.constexpr):
 
 
 @triton.jit
-def _packed_columns(f, j0, per_tile, rows_ok, P: tl.constexpr):
+def _packed_columns(f, j0, per_tile, rows_ok, P: tl.constexpr, CLOSED: tl.constexpr = False):
     """Per head the columns ``#{i : f_i <= j}`` of its samples ``j = j0 + p < S_tile``
     (``p < P <= 8``; 0 past ``S_tile``), 8 bits each packed into one integer (a column is
     below TILE <= 128: the fields neither carry nor reach the sign bit): one reduction over
     the last axis in the layout of ``f`` (``[ROWS, TILE]``, or ``[2, ROWS, TILE]`` for a
     pair of tiles), no block of samples; -1 on heads not ``rows_ok``."""
     PACK: tl.constexpr = tl.int32 if P <= 4 else tl.int64
-    bits = tl.zeros(f.shape, dtype=PACK)
-    for p in tl.static_range(P):
-        # a product, not ``&``: the interpreter cannot AND a tensor with a scalar mask
-        hit = (f <= (j0 + p)).to(PACK) * (per_tile > (j0 + p)).to(PACK)
-        bits += hit << (8 * p)
-    return tl.where(rows_ok, tl.sum(bits, axis=-1), -1)
+    if CLOSED:
+        # element i adds 1 to the fields p >= k_i = clamp(f_i - j0, 0, P): the field mask
+        # FULL >> 8 k << 8 k in a few integer operations instead of P compares; the fields
+        # of samples past S_tile are cleared once, after the sum
+        FULL: tl.constexpr = ((1 << (8 * P)) - 1) // 255  # 0x01 in each of the P fields
+        k = tl.minimum(tl.maximum(f - j0, 0.0), P).to(tl.int32)
+        km = tl.minimum(k, P - 1).to(PACK)  # shifts stay below the width
+        bits = tl.where(k >= P, 0, (tl.full(f.shape, FULL, PACK) >> (8 * km)) << (8 * km))
+        # fields p < n_ok (the samples below S_tile; n_ok >= 1 on every call) kept
+        n_ok = tl.minimum(tl.maximum(per_tile - j0, 1.0), P).to(PACK)
+        keep = tl.where(n_ok >= P, -1, (tl.full([], FULL, PACK) >> (8 * (P - n_ok))) * 255)
+        packed = tl.sum(bits, axis=-1) & keep
+    else:
+        bits = tl.zeros(f.shape, dtype=PACK)
+        for p in tl.static_range(P):
+            # a product, not ``&``: the interpreter cannot AND a tensor with a scalar mask
+            hit = (f <= (j0 + p)).to(PACK) * (per_tile > (j0 + p)).to(PACK)
+            bits += hit << (8 * p)
+        packed = tl.sum(bits, axis=-1)
+    return tl.where(rows_ok, packed, -1)
 
 
 @triton.jit
 def _sampled_rows(f, j0, per_tile, rows_ok, t, page_table_ptr, b, stride_vx, stride_vy,
                   stride_pt, page_size, PAGED: tl.constexpr, TILE: tl.constexpr,
                   ROWS: tl.constexpr, P: tl.constexpr, GR: tl.constexpr,
-                  PACKED: tl.constexpr = False):
+                  PACKED: tl.constexpr = False, CLOSED: tl.constexpr = False):
     """Samples ``j0 .. j0 + P - 1`` of each head's tile draw, flattened to ``GR`` entries
     (entry ``c < ROWS * P``: head ``c // P``, sample ``j0 + c % P``): their sequence
     rows, V offsets and validity (``j < S_tile`` on a valid head and tile). ``PACKED``
@@ -228,7 +242,8 @@ def _sampled_rows(f, j0, per_tile, rows_ok, t, page_table_ptr, b, stride_vx, str
         # each entry gathers its head's packed columns (one exchange) and unpacks its own
         c = tl.arange(0, GR)
         slot = c % P
-        packed = tl.gather(_packed_columns(f, j0, per_tile, rows_ok, P), (c // P) % ROWS, 0)
+        packed = tl.gather(_packed_columns(f, j0, per_tile, rows_ok, P, CLOSED), (c // P) % ROWS,
+                           0)
         col = ((packed >> (8 * slot)) & 255).to(tl.int32)
         ok = (packed >= 0) & (per_tile > (j0 + slot)) & (c < ROWS * P)
         n = tl.where(ok, t * TILE + col, 0)
@@ -378,13 +393,14 @@ def _pair_merge(m_run, l_run, m_t, mass):
 @triton.jit
 def _pair_rows(f, per_tile, rows_ok, t0, page_table_ptr, b, stride_vx, stride_vy,
                stride_pt, page_size, PAGED: tl.constexpr, TILE: tl.constexpr,
-               ROWS: tl.constexpr, P: tl.constexpr, GR: tl.constexpr):
+               ROWS: tl.constexpr, P: tl.constexpr, GR: tl.constexpr,
+               CLOSED: tl.constexpr = False):
     """:func:`_sampled_rows` (packed) of a pair's draw ``f`` [2, ROWS, TILE]: entry ``c <
     2 * ROWS * P`` is tile ``t0 + c // (ROWS * P)``, head ``(c // P) % ROWS``, sample
     ``c % P``."""
     c = tl.arange(0, GR)
     slot = c % P
-    packed = tl.reshape(_packed_columns(f, 0, per_tile, rows_ok, P), [2 * ROWS])
+    packed = tl.reshape(_packed_columns(f, 0, per_tile, rows_ok, P, CLOSED), [2 * ROWS])
     packed = tl.gather(packed, (c // P) % (2 * ROWS), 0)
     col = ((packed >> (8 * slot)) & 255).to(tl.int32)
     ok = (packed >= 0) & (per_tile > slot) & (c < 2 * ROWS * P)
@@ -415,7 +431,7 @@ def _flash_compact_kernel(
     STORE_COUNTS: tl.constexpr, DOT_PRECISION: tl.constexpr, W_BITS: tl.constexpr,
     GROUP_RNG: tl.constexpr = False, k_desc=None, seq_rows=0, TMA: tl.constexpr = False,
     HALVES: tl.constexpr = 1, PACKED: tl.constexpr = False, DRAW_TILES: tl.constexpr = 1,
-    V_TWICE: tl.constexpr = True,
+    V_TWICE: tl.constexpr = True, CLOSED_COLUMNS: tl.constexpr = False,
 ):
     # One program: tiles [t_begin, t_end) of one (sequence, KV head), all G query heads.
     # The dot runs on G_PAD >= 16 rows, everything after it on ROWS >= G real rows.
@@ -480,7 +496,7 @@ def _flash_compact_kernel(
                 c1 = w_t / per_tile
                 n, off, ok = _pair_rows(f, per_tile, mask_g[None, :] & row_ok, t0,
                                         page_table_ptr, b, stride_vx, stride_vy, stride_pt,
-                                        page_size, PAGED, TILE, ROWS, P, GR)
+                                        page_size, PAGED, TILE, ROWS, P, GR, CLOSED_COLUMNS)
                 if STORE_COUNTS:
                     tl.atomic_add(counts_ptr + entry_heads * counts_stride + n, 1, mask=ok,
                                   sem="relaxed")
@@ -512,7 +528,7 @@ def _flash_compact_kernel(
             c1 = w_t / per_tile
             n, off, ok = _sampled_rows(f, 0, per_tile, mask_g & row_ok, t, page_table_ptr, b,
                                        stride_vx, stride_vy, stride_pt, page_size, PAGED,
-                                       TILE, ROWS, P, GR, PACKED)
+                                       TILE, ROWS, P, GR, PACKED, CLOSED_COLUMNS)
             v1 = _load_rows(v_base, off, ok, offs_w, mask_w)  # summed next iteration
             if STORE_COUNTS:
                 tl.atomic_add(counts_ptr + entry_heads * counts_stride + n, 1, mask=ok,
@@ -532,7 +548,8 @@ def _flash_compact_kernel(
             for j0 in range(0, per_tile.to(tl.int32), P):
                 n, off, ok = _sampled_rows(f, j0, per_tile, mask_g & row_ok, t,
                                            page_table_ptr, b, stride_vx, stride_vy, stride_pt,
-                                           page_size, PAGED, TILE, ROWS, P, GR, PACKED)
+                                           page_size, PAGED, TILE, ROWS, P, GR, PACKED,
+                                           CLOSED_COLUMNS)
                 v = _load_rows(v_base, off, ok, offs_w, mask_w)
                 acc0, acc1 = _add_sums(acc0, acc1, coef, select, v, DOT_PRECISION, HALVES,
                                        elem)
@@ -573,7 +590,7 @@ def santa_flash_compact(
     group_offsets: bool = False, samples: int | None = None,
     config: tuple[int, int] | None = None, tma: bool = True, maxnreg: int | None = None,
     words: bool = True, packed_columns: bool = True, draw_tiles: int | None = None,
-    v_twice: bool = True,
+    v_twice: bool = True, closed_columns: bool = False,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash (section 4), one
     pass, each tile's sampled V rows gathered while the next tile streams.
@@ -593,7 +610,9 @@ def santa_flash_compact(
     most :data:`PAIR_MAX_ENTRIES` gathered rows), 1 one at a time; default
     :func:`default_draw_tiles`. ``v_twice`` (pairs): each pair's V rows are loaded at its
     draw and again a tile later (the copy summed; the first load brings them to L2 early);
-    False: once, a tile after the draw.
+    False: once, a tile after the draw. ``closed_columns`` (packed): each element's share
+    of the packed columns in a few integer operations instead of P compares (the same
+    columns; fewer instructions offline).
     ``return_counts`` adds per-row counts (an int32 buffer allocated by the call: off the
     hot path).
     """
@@ -648,7 +667,7 @@ def santa_flash_compact(
         DOT_PRECISION=_dot_precision(kv.k.dtype), W_BITS=FLASH_W_BITS,
         GROUP_RNG=group_offsets, k_desc=k_desc, seq_rows=kv.k.shape[1],
         TMA=k_desc is not None, HALVES=halves,
-        PACKED=packed, DRAW_TILES=draw_tiles, V_TWICE=v_twice,
+        PACKED=packed, DRAW_TILES=draw_tiles, V_TWICE=v_twice, CLOSED_COLUMNS=closed_columns,
         num_warps=warps, num_stages=stages, **extra,
     )
     out = ws.out(q.dtype)

@@ -345,10 +345,10 @@ def check_flash_compact() -> int:
                  "stride_vy", "stride_vh")
     # the [ROWS, P, TILE] columns (packed_columns=False) at d=256; tiles drawn in pairs
     # (DRAW_TILES 2, the default where allowed) and one at a time
-    switches = {0: {"DRAW_TILES": 2}, 1: {"DRAW_TILES": 1},
+    switches = {0: {"DRAW_TILES": 2}, 1: {"DRAW_TILES": 1, "CLOSED_COLUMNS": True},
                 2: {"DRAW_TILES": 2},
                 3: {"DRAW_TILES": 2, "V_TWICE": False}, 4: {"PACKED": False, "DRAW_TILES": 1},
-                5: {"DRAW_TILES": 1}}
+                5: {"DRAW_TILES": 2, "CLOSED_COLUMNS": True}}
     for case, (d, group, paged, samples) in enumerate(
             ((128, 4, False, 4), (128, 4, False, 1), (128, 1, True, 4), (64, 8, False, 1),
              (256, 3, True, 1), (128, 4, False, 4))):
@@ -363,7 +363,7 @@ def check_flash_compact() -> int:
                   "HAS_UNIFORMS": False, "STORE_COUNTS": False,
                   "DOT_PRECISION": "tf32", "W_BITS": ts.FLASH_W_BITS, "GROUP_RNG": False,
                   "TMA": not paged, "HALVES": 2, "PACKED": True, "V_TWICE": True,
-                  **switches.get(case, {})}
+                  "CLOSED_COLUMNS": False, **switches.get(case, {})}
         if paged:
             consts["k_desc"] = None
             types += ["i32"]

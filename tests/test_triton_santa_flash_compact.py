@@ -111,8 +111,9 @@ def test_unpacked_columns():
 
 
 @pytest.mark.parametrize("kw", [{"draw_tiles": 1}, {"draw_tiles": 2},
-                                {"draw_tiles": 2, "v_twice": False}],
-                         ids=["one", "pairs", "pairs-v-once"])
+                                {"draw_tiles": 2, "v_twice": False},
+                                {"draw_tiles": 2, "closed_columns": True}],
+                         ids=["one", "pairs", "pairs-v-once", "pairs-closed-columns"])
 def test_tiles_drawn_one_at_a_time_and_in_pairs(kw):
     """Both draws (pairs with V loaded twice or once) give the fused kernel's counts and
     output: programs of even and odd tile counts (a lone last tile pairs with an empty
@@ -126,6 +127,18 @@ def test_tiles_drawn_one_at_a_time_and_in_pairs(kw):
     q, kv = make_cache(batch=2, hq=6, hkv=2, d=64, n=75, lengths=(75, 41),
                        dtype=torch.bfloat16)
     check_against_fused(q, kv, S=24, out_tol=2e-2, **kw)
+
+
+def test_closed_form_columns():
+    """The packed columns by the closed form (``closed_columns``): the fused kernel's
+    counts in both loops, the unlagged loop's later chunks (j0 > 0) and 8 samples a tile
+    (64-bit fields) included."""
+    kw = {"closed_columns": True, "draw_tiles": 1}
+    q, kv = make_cache(batch=2, hq=4, hkv=2, n=100, lengths=(100, 7))
+    check_against_fused(q, kv, S=16, num_splits=2, **kw)
+    check_against_fused(q, kv, S=200, samples=4, **kw)  # 28 a tile in 4-sample chunks
+    check_against_fused(q, kv, S=200, samples=8, num_splits=3, **kw)
+    check_against_fused(q, kv, S=24, samples=2, **kw)
 
 
 def test_pairs_draw_the_seeded_stream_and_need_room_in_the_dot():
