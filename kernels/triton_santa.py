@@ -1229,8 +1229,9 @@ def _flash_kernel(
 def _merge_kernel(
     part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, rng_ptr,
     num_q_heads, num_splits, part_stride, head_dim: tl.constexpr, stride_ob, stride_oh,
-    SPLIT_PAD: tl.constexpr, D_PAD: tl.constexpr,
+    SPLIT_PAD: tl.constexpr, D_PAD: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    _pdl_wait(PDL)  # launched with launch_pdl: wait for the partials
     pid = tl.program_id(0)
     b = pid // num_q_heads
     h = pid % num_q_heads

@@ -67,11 +67,13 @@ from santa_kernels.triton_santa import (
     _flash_narrow_group,
     _merge_kernel,
     _next_pow2,
+    _pdl_trigger,
     _prepare,
     _row_offsets,
     _tile_count,
     _tile_merge,
     _tile_scores,
+    pdl_available,
 )
 from santa_kernels.triton_santa_flash2 import _launch_config
 from santa_kernels.validate import InputError, check_positive_int
@@ -94,6 +96,12 @@ LARGE_GROUPS = 32
 MAX_LAG_SAMPLES = 64  # the lagged loop's samples a head and tile, at most (P)
 LARGE_GROUP_PROGRAMS_PER_SM = 5  # programs of the 2-warp launch an SM holds (compact_splits)
 PAIR_MAX_ENTRIES = 32  # gathered V rows a pair of tiles may carry (draw_tiles 2 by default)
+# the packed columns by the closed form and each pair's V rows loaded once, from this P on
+# (H200, S=2048 vs 128; tune-2026-12-03-s24/1-*: P=4 32k B=1 28.96 / 29.04 us against
+# 29.14, B=8 162.24 / 161.78 against 164.17; P=1 (S=128, and 128k) both slower, by
+# 0.3-2 us; offline the closed form is 903 against 948 pair-loop instructions at P=4,
+# 815 against 780 at P=1, 857 against 845 at P=2)
+CLOSED_MIN_SAMPLES = 4
 # Register caps of the pair loop by warps a program (d=128, G=4, P=4, offline sm_90a
 # compile, triton 3.6; no spills under either): 4 warps 168 uncapped (3 programs an SM),
 # 128 capped (4 an SM); 2 warps 212 uncapped, 200 capped. The 2-warp pair launch's 46 KB
@@ -432,11 +440,13 @@ def _flash_compact_kernel(
     GROUP_RNG: tl.constexpr = False, k_desc=None, seq_rows=0, TMA: tl.constexpr = False,
     HALVES: tl.constexpr = 1, PACKED: tl.constexpr = False, DRAW_TILES: tl.constexpr = 1,
     V_TWICE: tl.constexpr = True, CLOSED_COLUMNS: tl.constexpr = False,
+    LET_MERGE: tl.constexpr = False,
 ):
     # One program: tiles [t_begin, t_end) of one (sequence, KV head), all G query heads.
     # The dot runs on G_PAD >= 16 rows, everything after it on ROWS >= G real rows.
     # STORE_COUNTS (tests, read accounting): per-row counts by atomic adds (int32).
     W_SCALE: tl.constexpr = (1 << W_BITS) // TILE
+    _pdl_trigger(LET_MERGE)  # the merge (launch_pdl) may launch as this grid's programs start
     split = tl.program_id(0)
     b, kvh, length, per_tile, t_begin, t_end, q, head_rows, mask_g, rng_base = (
         _flash_narrow_group(q_ptr, lengths_ptr, rng_ptr, S, num_kv_heads, num_q_heads, group,
@@ -590,7 +600,8 @@ def santa_flash_compact(
     group_offsets: bool = False, samples: int | None = None,
     config: tuple[int, int] | None = None, tma: bool = True, maxnreg: int | None = None,
     words: bool = True, packed_columns: bool = True, draw_tiles: int | None = None,
-    v_twice: bool = True, closed_columns: bool = False,
+    v_twice: bool | None = None, closed_columns: bool | None = None, pdl: bool = False,
+    merge_warps: int = 4,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash (section 4), one
     pass, each tile's sampled V rows gathered while the next tile streams.
@@ -610,9 +621,12 @@ def santa_flash_compact(
     most :data:`PAIR_MAX_ENTRIES` gathered rows), 1 one at a time; default
     :func:`default_draw_tiles`. ``v_twice`` (pairs): each pair's V rows are loaded at its
     draw and again a tile later (the copy summed; the first load brings them to L2 early);
-    False: once, a tile after the draw. ``closed_columns`` (packed): each element's share
-    of the packed columns in a few integer operations instead of P compares (the same
-    columns; fewer instructions offline).
+    False: once, a tile after the draw; default: once from :data:`CLOSED_MIN_SAMPLES`
+    samples a tile on. ``closed_columns`` (packed): each element's share of the packed
+    columns in a few integer operations instead of P compares (the same columns); default
+    from :data:`CLOSED_MIN_SAMPLES` on. ``pdl`` (Hopper; ignored where
+    :func:`pdl_available` is false): the merge launched as a programmatic dependent of the
+    streaming kernel; ``merge_warps``: the merge kernel's warps.
     ``return_counts`` adds per-row counts (an int32 buffer allocated by the call: off the
     hot path).
     """
@@ -643,6 +657,12 @@ def santa_flash_compact(
         raise InputError(f"draw_tiles: 1, or 2 with packed columns (P <= 8, tiles of at "
                          f"most 128 rows) and a group of at most 8 heads, got {draw_tiles} "
                          f"(group {group}, P {samples}, tile {tile})")
+    if v_twice is None:
+        v_twice = samples < CLOSED_MIN_SAMPLES
+    if closed_columns is None:
+        closed_columns = samples >= CLOSED_MIN_SAMPLES
+    pdl = pdl and pdl_available(q.device)
+    check_positive_int(merge_warps, "merge_warps")
     if maxnreg is None and draw_tiles == 2:
         maxnreg = PAIR_MAXNREG.get(warps)  # the programs an SM compact_splits plans for
     extra = {}
@@ -668,13 +688,14 @@ def santa_flash_compact(
         GROUP_RNG=group_offsets, k_desc=k_desc, seq_rows=kv.k.shape[1],
         TMA=k_desc is not None, HALVES=halves,
         PACKED=packed, DRAW_TILES=draw_tiles, V_TWICE=v_twice, CLOSED_COLUMNS=closed_columns,
-        num_warps=warps, num_stages=stages, **extra,
+        LET_MERGE=pdl, num_warps=warps, num_stages=stages, **extra,
     )
     out = ws.out(q.dtype)
     _merge_kernel[(batch * hq,)](
         ws.part_m, ws.part_l, ws.part_o, out, ws.rng, hq, splits, ws.num_splits, d,
         out.stride(0), out.stride(1),
-        SPLIT_PAD=max(2, _next_pow2(splits)), D_PAD=_next_pow2(d), num_warps=4,
+        SPLIT_PAD=max(2, _next_pow2(splits)), D_PAD=_next_pow2(d), PDL=pdl,
+        num_warps=merge_warps, **({"launch_pdl": True} if pdl else {}),
     )
     if counts is not None:
         counts = counts.view(batch, hq, -1)
@@ -683,5 +704,6 @@ def santa_flash_compact(
     return out[:batch], info
 
 
-__all__ = ["COMPACT_CONFIG", "compact_config", "compact_splits", "compact_workspace",
-           "default_draw_tiles", "lag_samples", "pair_draws", "santa_flash_compact"]
+__all__ = ["CLOSED_MIN_SAMPLES", "COMPACT_CONFIG", "compact_config", "compact_splits",
+           "compact_workspace", "default_draw_tiles", "lag_samples", "pair_draws",
+           "santa_flash_compact"]

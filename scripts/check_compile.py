@@ -346,7 +346,7 @@ def check_flash_compact() -> int:
     # the [ROWS, P, TILE] columns (packed_columns=False) at d=256; tiles drawn in pairs
     # (DRAW_TILES 2, the default where allowed) and one at a time
     switches = {0: {"DRAW_TILES": 2}, 1: {"DRAW_TILES": 1, "CLOSED_COLUMNS": True},
-                2: {"DRAW_TILES": 2},
+                2: {"DRAW_TILES": 2, "LET_MERGE": True},
                 3: {"DRAW_TILES": 2, "V_TWICE": False}, 4: {"PACKED": False, "DRAW_TILES": 1},
                 5: {"DRAW_TILES": 2, "CLOSED_COLUMNS": True}}
     for case, (d, group, paged, samples) in enumerate(
@@ -363,7 +363,7 @@ def check_flash_compact() -> int:
                   "HAS_UNIFORMS": False, "STORE_COUNTS": False,
                   "DOT_PRECISION": "tf32", "W_BITS": ts.FLASH_W_BITS, "GROUP_RNG": False,
                   "TMA": not paged, "HALVES": 2, "PACKED": True, "V_TWICE": True,
-                  "CLOSED_COLUMNS": False, **switches.get(case, {})}
+                  "CLOSED_COLUMNS": False, "LET_MERGE": False, **switches.get(case, {})}
         if paged:
             consts["k_desc"] = None
             types += ["i32"]
@@ -375,6 +375,12 @@ def check_flash_compact() -> int:
         print(f"_flash_compact_kernel d={d} G={group} paged={paged} P={samples} "
               f"{switches.get(case, '')}: {err or 'ok'}")
         failures += err is not None
+    # the split merge as a programmatic dependent (pdl=True)
+    err = compile_kernel(ts._merge_kernel, ["*fp32"] * 3 + ["*bf16", "*i64"] + ["i32"] * 5,
+                         {"head_dim": 128, "SPLIT_PAD": 64, "D_PAD": 128, "PDL": True},
+                         {"num_warps": 4})
+    print(f"_merge_kernel PDL: {err or 'ok'}")
+    failures += err is not None
     return failures
 
 

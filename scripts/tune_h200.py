@@ -546,10 +546,16 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     "dt2 (4, 2)": {"draw_tiles": 2, "config": (4, 2)},
     "dt2 once": {"draw_tiles": 2, "v_twice": False},
     "dt2 (4, 3) once": {"draw_tiles": 2, "config": (4, 3), "v_twice": False},
-    # prepared in session 23, not yet timed: the packed columns by the closed form
-    # (offline: 903 instructions in the pair loop against 948, 561 against 588 one tile
-    # at a time)
+    # session 24: the packed columns by the closed form (offline: 903 instructions in the
+    # pair loop against 948, 561 against 588 one tile at a time); default from P = 4 on
+    # since 24 (with V once), so "closed" / "old" pin both switches
     "closed": {"closed_columns": True},
+    "old": {"closed_columns": False, "v_twice": True},
+    "twice closed": {"closed_columns": True, "v_twice": True},
+    "pdl": {"pdl": True},
+    "merge 1w": {"merge_warps": 1},
+    "merge 2w": {"merge_warps": 2},
+    "merge 8w": {"merge_warps": 8},
     "dt1 closed": {"draw_tiles": 1, "closed_columns": True},
     "dt2 (4, 3) once closed": {"draw_tiles": 2, "config": (4, 3), "v_twice": False,
                                "closed_columns": True},

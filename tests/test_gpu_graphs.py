@@ -70,6 +70,37 @@ def test_one_pass_compact_draws_the_masked_kernels_counts_on_the_gpu(layout):
         torch.testing.assert_close(out.float(), masked.float(), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("pdl", [False, True])
+def test_one_pass_compact_pairs_on_the_gpu(pdl):
+    """Llama shape, 32k B=2, S=2048 (P = 4: pairs, closed-form columns, V once) and 128
+    (P = 1): the masked fused kernel's counts given the same uniforms; under a CUDA graph
+    (the merge a programmatic dependent with ``pdl``) a replay gives the eager output of
+    the same seed and step."""
+    import santa_kernels.triton_santa as ts
+    import santa_kernels.triton_santa_flash_compact as tfc
+    from santa_bench.inputs import DecodeShape, make_decode_inputs
+
+    q, kv = make_decode_inputs(DecodeShape(batch=2, ctx=32768), device="cuda")
+    gen = torch.Generator("cuda").manual_seed(5)
+    for S in (2048, 128):
+        uniforms = torch.rand(2, 32, 512, device="cuda", generator=gen)
+        masked, info = ts.santa_flash(q, kv, S, uniforms=uniforms, return_counts=True)
+        out, got = tfc.santa_flash_compact(q, kv, S, uniforms=uniforms, return_counts=True,
+                                           pdl=pdl)
+        assert torch.equal(got.row_counts(), info.row_counts()), S
+        torch.testing.assert_close(out.float(), masked.float(), rtol=2e-2, atol=2e-2)
+        ws = tfc.compact_workspace(q, kv, S, 64, seed=3)
+        eager = tfc.santa_flash_compact(q, kv, S, workspace=ws, pdl=pdl)[0].clone()
+        ws.reset_rng(0)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            replayed = tfc.santa_flash_compact(q, kv, S, workspace=ws, pdl=pdl)[0]
+        ws.reset_rng(0)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(replayed, eager), S
+
+
 def test_stash_l2_policy_changes_no_sample_on_the_gpu(monkeypatch):
     """32k B=4, Llama shape: the 8.4 MB stash goes under evict_last by default; without
     the hint the same uniforms give the same samples and the same output, bit for bit."""

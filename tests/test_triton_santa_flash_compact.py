@@ -112,13 +112,17 @@ def test_unpacked_columns():
 
 @pytest.mark.parametrize("kw", [{"draw_tiles": 1}, {"draw_tiles": 2},
                                 {"draw_tiles": 2, "v_twice": False},
-                                {"draw_tiles": 2, "closed_columns": True}],
-                         ids=["one", "pairs", "pairs-v-once", "pairs-closed-columns"])
+                                {"draw_tiles": 2, "v_twice": True, "closed_columns": False},
+                                {"draw_tiles": 2, "closed_columns": True},
+                                {"merge_warps": 1, "pdl": True}],
+                         ids=["one", "pairs", "pairs-v-once", "pairs-v-twice-compares",
+                              "pairs-closed-columns", "merge-1-warp"])
 def test_tiles_drawn_one_at_a_time_and_in_pairs(kw):
-    """Both draws (pairs with V loaded twice or once) give the fused kernel's counts and
-    output: programs of even and odd tile counts (a lone last tile pairs with an empty
-    one), one tile a program, the unlagged loop of a short sequence, P=1, paged, a padded
-    group (G=3), 16-bit words."""
+    """Both draws (pairs with V loaded twice or once, columns by compares or the closed
+    form; the defaults by P) give the fused kernel's counts and output: programs of even
+    and odd tile counts (a lone last tile pairs with an empty one), one tile a program,
+    the unlagged loop of a short sequence, P=1, 2 and 4, paged, a padded group (G=3),
+    16-bit words; the merge at one warp (``pdl`` has no effect off Hopper)."""
     q, kv = make_cache(batch=2, hq=4, hkv=2, n=100, lengths=(100, 7))  # 7 tiles
     for splits in (1, 2, 3, 7):
         check_against_fused(q, kv, S=16, num_splits=splits, **kw)
@@ -256,6 +260,8 @@ def test_input_errors():
         santa_flash_compact(q, kv, 8, tile=TILE, samples=0)
     with pytest.raises(InputError, match="config"):
         santa_flash_compact(q, kv, 8, tile=TILE, config=(4,))
+    with pytest.raises(InputError, match="merge_warps"):
+        santa_flash_compact(q, kv, 8, tile=TILE, merge_warps=0)
 
 
 def test_default_launch_by_groups_and_tile():
