@@ -556,6 +556,12 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     "merge 1w": {"merge_warps": 1},
     "merge 2w": {"merge_warps": 2},
     "merge 8w": {"merge_warps": 8},
+    # more programs an SM: 2 stages (29.7 KB of shared memory) hold 5 programs of 2 warps
+    # at 200 registers, 6 at 168 (17 spill instructions in the pair loop, offline)
+    "dt2 (2, 2)": {"draw_tiles": 2, "config": (2, 2)},
+    "dt2 (2, 2) maxnreg 168": {"draw_tiles": 2, "config": (2, 2), "maxnreg": 168},
+    "dt2 (2, 2) pdl 2w": {"draw_tiles": 2, "config": (2, 2), "pdl": True, "merge_warps": 2},
+    "pdl 2w": {"pdl": True, "merge_warps": 2},
     "dt1 closed": {"draw_tiles": 1, "closed_columns": True},
     "dt2 (4, 3) once closed": {"draw_tiles": 2, "config": (4, 3), "v_twice": False,
                                "closed_columns": True},
