@@ -562,6 +562,11 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     "dt2 (2, 2) maxnreg 168": {"draw_tiles": 2, "config": (2, 2), "maxnreg": 168},
     "dt2 (2, 2) pdl 2w": {"draw_tiles": 2, "config": (2, 2), "pdl": True, "merge_warps": 2},
     "pdl 2w": {"pdl": True, "merge_warps": 2},
+    # the 4-warp launch for large groups (pairs at 128 registers: four programs an SM, as
+    # the 2-warp launch at 200, twice the warps)
+    "4w": {"config": (4, 3)},
+    "4w merge 2w": {"config": (4, 3), "merge_warps": 2},
+    "4w pdl 2w": {"config": (4, 3), "pdl": True, "merge_warps": 2},
     "dt1 closed": {"draw_tiles": 1, "closed_columns": True},
     "dt2 (4, 3) once closed": {"draw_tiles": 2, "config": (4, 3), "v_twice": False,
                                "closed_columns": True},
