@@ -110,6 +110,15 @@ CLOSED_MIN_SAMPLES = 4
 # splits; 244.7 at 10 (two waves)
 PAIR_MAXNREG = {4: 128, 2: 200}
 PAIR_LARGE_PROGRAMS_PER_SM = 4
+# Pairs keep the 4-warp launch at every group count (four programs an SM at 128
+# registers, as the 2-warp launch at 200, twice the warps): S=2048, 32k, tune-2026-12-03-
+# s24/3-*: B=4 86.04 us against 87.05, B=8 161.62 against 162.67, B=16 310.41 against
+# 313.09 (2 stages, more programs an SM: slower, 176.97+ at B=8)
+# The split merge as a programmatic dependent of the streaming kernel, below LARGE_GROUPS
+# (32k B=1 S=2048, 2 alternations: 28.71 / 28.69 us against 28.99 / 29.07; at B=8 with the
+# 4-warp launch 162.84 against 161.36: not there), on MERGE_WARPS warps (B=1 29.04 /
+# 29.07 against 28.99 / 29.07 at 4; B=8 161.36 against 161.62)
+MERGE_WARPS = 2
 
 
 def pair_draws(group: int, samples: int, tile: int = 64, packed_columns: bool = True) -> bool:
@@ -138,15 +147,17 @@ def v_words(v: torch.Tensor) -> bool:
             and all(st % 2 == 0 for st in v.stride()[:3]) and v.stride(3) == 1)
 
 
-def compact_config(head_dim: int, groups: int = 1, tile: int = 64) -> tuple[int, int]:
+def compact_config(head_dim: int, groups: int = 1, tile: int = 64,
+                   pairs: bool = False) -> tuple[int, int]:
     """The default ``(num_warps, num_stages)`` for ``head_dim``, ``groups`` = B * Hkv and
     ``tile``. Tiles of 128 rows or more: 4 warps, 2 stages (d=128, S=2048: 42.0 / 261.2 /
     79.8 us at 32k B=1 / 32k B=8 / 128k B=1 against 42.0 / 306.6 / 111.7 for (4, 3); (1, 3)
-    and (2, 3) slower everywhere; 3-fcompact-tiles-warps.csv)."""
+    and (2, 3) slower everywhere; 3-fcompact-tiles-warps.csv). ``pairs`` (tiles drawn in
+    pairs): the small-group launch at every group count."""
     key = min(COMPACT_CONFIG, key=lambda d: (abs(d - head_dim), d))
     if tile >= 128:
         return COMPACT_CONFIG[key][0], min(2, COMPACT_CONFIG[key][1])
-    if groups >= LARGE_GROUPS and key in COMPACT_CONFIG_LARGE:
+    if groups >= LARGE_GROUPS and key in COMPACT_CONFIG_LARGE and not pairs:
         return COMPACT_CONFIG_LARGE[key]
     return COMPACT_CONFIG[key]
 
@@ -161,8 +172,9 @@ def compact_splits(groups: int, n_tiles: int, head_dim: int = 128, tile: int = 6
     for the 9 of ``num_splits_for`` (12: 250.0, 14: 221.0), 20 at B=4 92.6 against 105.6
     (17; 22: 134.1), 5 at B=16 the same as before (6: 474.6 against 337.2); 64 at B=1
     (unchanged; 74: 40.0 against 30.6). ``pairs``: the launch draws tiles in pairs
-    (:func:`default_draw_tiles`), whose 2-warp programs fit four an SM."""
-    warps, _ = compact_config(head_dim, groups, tile)
+    (:func:`default_draw_tiles`): :func:`compact_config`'s pair launch, 4 warps (2-warp
+    pair programs also fit four an SM)."""
+    warps, _ = compact_config(head_dim, groups, tile, pairs)
     per_sm = PROGRAMS_PER_SM
     if warps == 2:
         per_sm = PAIR_LARGE_PROGRAMS_PER_SM if pairs else LARGE_GROUP_PROGRAMS_PER_SM
@@ -600,8 +612,8 @@ def santa_flash_compact(
     group_offsets: bool = False, samples: int | None = None,
     config: tuple[int, int] | None = None, tma: bool = True, maxnreg: int | None = None,
     words: bool = True, packed_columns: bool = True, draw_tiles: int | None = None,
-    v_twice: bool | None = None, closed_columns: bool | None = None, pdl: bool = False,
-    merge_warps: int = 4,
+    v_twice: bool | None = None, closed_columns: bool | None = None,
+    pdl: bool | None = None, merge_warps: int = MERGE_WARPS,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash (section 4), one
     pass, each tile's sampled V rows gathered while the next tile streams.
@@ -626,7 +638,8 @@ def santa_flash_compact(
     columns in a few integer operations instead of P compares (the same columns); default
     from :data:`CLOSED_MIN_SAMPLES` on. ``pdl`` (Hopper; ignored where
     :func:`pdl_available` is false): the merge launched as a programmatic dependent of the
-    streaming kernel; ``merge_warps``: the merge kernel's warps.
+    streaming kernel (default: below :data:`LARGE_GROUPS` sequences x KV heads);
+    ``merge_warps``: the merge kernel's warps.
     ``return_counts`` adds per-row counts (an int32 buffer allocated by the call: off the
     hot path).
     """
@@ -641,7 +654,6 @@ def santa_flash_compact(
     check_positive_int(samples, "samples")
     if samples & (samples - 1):
         raise InputError(f"samples: a power of two, got {samples}")
-    warps, stages = _launch_config(config, compact_config(d, batch * hkv, tile), "config")
     rows = max(2, _next_pow2(group))
     per_split = -(-n_tiles // ws.num_splits)
     splits = -(-n_tiles // per_split)
@@ -657,10 +669,14 @@ def santa_flash_compact(
         raise InputError(f"draw_tiles: 1, or 2 with packed columns (P <= 8, tiles of at "
                          f"most 128 rows) and a group of at most 8 heads, got {draw_tiles} "
                          f"(group {group}, P {samples}, tile {tile})")
+    warps, stages = _launch_config(
+        config, compact_config(d, batch * hkv, tile, pairs=draw_tiles == 2), "config")
     if v_twice is None:
         v_twice = samples < CLOSED_MIN_SAMPLES
     if closed_columns is None:
         closed_columns = samples >= CLOSED_MIN_SAMPLES
+    if pdl is None:
+        pdl = batch * hkv < LARGE_GROUPS
     pdl = pdl and pdl_available(q.device)
     check_positive_int(merge_warps, "merge_warps")
     if maxnreg is None and draw_tiles == 2:

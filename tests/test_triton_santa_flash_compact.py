@@ -269,5 +269,6 @@ def test_default_launch_by_groups_and_tile():
 
     assert compact_config(128) == COMPACT_CONFIG[128]
     assert compact_config(128, groups=64) != compact_config(128, groups=8)  # measured apart
+    assert compact_config(128, groups=64, pairs=True) == COMPACT_CONFIG[128]  # pairs: 4 warps
     assert compact_config(128, groups=8, tile=128)[1] == 2  # 2 stages for wide tiles
     assert compact_config(112) == COMPACT_CONFIG[128]  # the nearest swept head dim
