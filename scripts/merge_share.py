@@ -39,12 +39,12 @@ def streaming_alone_us(calls) -> float:
 
 
 def _merge_only(ws, q, rows: int, splits: int) -> None:
-    """The call's merge kernel alone, on the partials in ``ws`` (32 query heads, d=128)."""
+    """The call's merge kernel alone (no PDL), on the partials in ``ws`` (32 query heads, d=128)."""
     out = ws.out(q.dtype)
     tfc._merge_kernel[(rows,)](ws.part_m, ws.part_l, ws.part_o, out, ws.rng, 32, splits,
                                ws.num_splits, 128, out.stride(0), out.stride(1),
                                SPLIT_PAD=max(2, ts._next_pow2(splits)), D_PAD=128,
-                               num_warps=4)
+                               num_warps=tfc.MERGE_WARPS)
 
 
 def main() -> None:
