@@ -105,11 +105,10 @@ CLOSED_MIN_SAMPLES = 4
 # Register caps of the pair loop by warps a program (d=128, G=4, P=4, offline sm_90a
 # compile, triton 3.6; no spills under either): 4 warps 168 uncapped (3 programs an SM),
 # 128 capped (4 an SM); 2 warps 212 uncapped, 200 capped. The 2-warp pair launch's 46 KB
-# of shared memory hold four programs an SM (PAIR_LARGE_PROGRAMS_PER_SM). Measured (S=2048,
+# of shared memory hold four programs an SM. Measured (S=2048,
 # 32k, tune-2026-12-03-s23/3-* and 4-*): B=8 164.8 us capped against 171.6 uncapped at 8
 # splits; 244.7 at 10 (two waves)
 PAIR_MAXNREG = {4: 128, 2: 200}
-PAIR_LARGE_PROGRAMS_PER_SM = 4
 # Pairs keep the 4-warp launch at every group count (four programs an SM at 128
 # registers, as the 2-warp launch at 200, twice the warps): S=2048, 32k, tune-2026-12-03-
 # s24/3-*: B=4 86.04 us against 87.05, B=8 161.62 against 162.67, B=16 310.41 against
@@ -172,12 +171,10 @@ def compact_splits(groups: int, n_tiles: int, head_dim: int = 128, tile: int = 6
     for the 9 of ``num_splits_for`` (12: 250.0, 14: 221.0), 20 at B=4 92.6 against 105.6
     (17; 22: 134.1), 5 at B=16 the same as before (6: 474.6 against 337.2); 64 at B=1
     (unchanged; 74: 40.0 against 30.6). ``pairs``: the launch draws tiles in pairs
-    (:func:`default_draw_tiles`): :func:`compact_config`'s pair launch, 4 warps (2-warp
-    pair programs also fit four an SM)."""
+    (:func:`default_draw_tiles`): :func:`compact_config`'s pair launch (4 warps, four
+    programs an SM)."""
     warps, _ = compact_config(head_dim, groups, tile, pairs)
-    per_sm = PROGRAMS_PER_SM
-    if warps == 2:
-        per_sm = PAIR_LARGE_PROGRAMS_PER_SM if pairs else LARGE_GROUP_PROGRAMS_PER_SM
+    per_sm = LARGE_GROUP_PROGRAMS_PER_SM if warps == 2 else PROGRAMS_PER_SM
     splits = max(1, min(per_sm * sm_count // max(1, groups),
                         -(-n_tiles // MIN_TILES_PER_SPLIT)))
     per_split = -(-n_tiles // splits)
@@ -430,15 +427,6 @@ def _pair_rows(f, per_tile, rows_ok, t0, page_table_ptr, b, stride_vx, stride_vy
 
 
 @triton.jit
-def _expand_pair(x, ROWS: tl.constexpr, G_PAD: tl.constexpr):
-    """[2, ROWS] -> [G_PAD]: row ``r`` holds ``x[(r // ROWS) % 2, r % ROWS]``."""
-    x = tl.reshape(x, [2 * ROWS])
-    if G_PAD > 2 * ROWS:
-        x = tl.reshape(tl.broadcast_to(x[None, :], [G_PAD // (2 * ROWS), 2 * ROWS]), [G_PAD])
-    return x
-
-
-@triton.jit
 def _flash_compact_kernel(
     q_ptr, k_ptr, v_ptr, lengths_ptr, page_table_ptr,
     part_m_ptr, part_l_ptr, part_o_ptr, counts_ptr, uniforms_ptr, rng_ptr, seed,
@@ -513,8 +501,9 @@ def _flash_compact_kernel(
                                                   W_SCALE, HAS_UNIFORMS)
                 m_run, l_run, alpha, w_t = _pair_merge(m_run, l_run, m_t, mass)
                 acc0, acc1 = _rescaled(acc0, acc1, _expand(alpha, ROWS, G_PAD), HALVES)
-                acc0, acc1 = _add_sums(acc0, acc1, _expand_pair(c1 * alpha[None, :], ROWS, G_PAD),
-                                       select, v1, DOT_PRECISION, HALVES, elem)
+                carried = tl.reshape(c1 * alpha[None, :], [2 * ROWS])  # last pair's, rescaled
+                acc0, acc1 = _add_sums(acc0, acc1, _expand(carried, 2 * ROWS, G_PAD), select,
+                                       v1, DOT_PRECISION, HALVES, elem)
                 c1 = w_t / per_tile
                 n, off, ok = _pair_rows(f, per_tile, mask_g[None, :] & row_ok, t0,
                                         page_table_ptr, b, stride_vx, stride_vy, stride_pt,
@@ -531,8 +520,8 @@ def _flash_compact_kernel(
                 # (a product: the interpreter cannot AND a tensor with a scalar mask)
                 now = ((second == 0) | (t >= t_end - 2)).to(tl.int32)
                 v1 = _load_rows(v_base, off, (ok.to(tl.int32) * now) != 0, offs_w, mask_w)
-        acc0, acc1 = _add_sums(acc0, acc1, _expand_pair(c1, ROWS, G_PAD), select, v1,
-                               DOT_PRECISION, HALVES, elem)
+        acc0, acc1 = _add_sums(acc0, acc1, _expand(tl.reshape(c1, [2 * ROWS]), 2 * ROWS, G_PAD),
+                               select, v1, DOT_PRECISION, HALVES, elem)
     elif per_tile <= P:
         # the last tile's sampled V rows (in flight) and their weight W_t / S_tile a sample
         v1 = tl.zeros([GR, D_W], dtype=tl.int32 if HALVES == 2 else elem)

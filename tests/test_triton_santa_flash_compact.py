@@ -113,16 +113,15 @@ def test_unpacked_columns():
 @pytest.mark.parametrize("kw", [{"draw_tiles": 1}, {"draw_tiles": 2},
                                 {"draw_tiles": 2, "v_twice": False},
                                 {"draw_tiles": 2, "v_twice": True, "closed_columns": False},
-                                {"draw_tiles": 2, "closed_columns": True},
-                                {"merge_warps": 1, "pdl": True}],
+                                {"draw_tiles": 2, "closed_columns": True}],
                          ids=["one", "pairs", "pairs-v-once", "pairs-v-twice-compares",
-                              "pairs-closed-columns", "merge-1-warp"])
+                              "pairs-closed-columns"])
 def test_tiles_drawn_one_at_a_time_and_in_pairs(kw):
     """Both draws (pairs with V loaded twice or once, columns by compares or the closed
     form; the defaults by P) give the fused kernel's counts and output: programs of even
     and odd tile counts (a lone last tile pairs with an empty one), one tile a program,
     the unlagged loop of a short sequence, P=1, 2 and 4, paged, a padded group (G=3),
-    16-bit words; the merge at one warp (``pdl`` has no effect off Hopper)."""
+    16-bit words."""
     q, kv = make_cache(batch=2, hq=4, hkv=2, n=100, lengths=(100, 7))  # 7 tiles
     for splits in (1, 2, 3, 7):
         check_against_fused(q, kv, S=16, num_splits=splits, **kw)
@@ -172,13 +171,13 @@ def test_pairs_draw_the_seeded_stream_and_need_room_in_the_dot():
 
 def test_default_split_fills_the_sms_in_one_wave():
     """Llama shape (8 KV heads, d=128, 512 tiles of 32k): the programs of the default
-    split fit the H200's 132 SMs at once, 4 an SM of the 4-warp launch and of the 2-warp
-    launch of 32 groups and more drawing pairs (5 one tile at a time); short sequences
-    keep 4 tiles a program."""
+    split fit the H200's 132 SMs at once: 4 an SM of the 4-warp launch (every group count
+    drawing pairs), 5 of the 2-warp launch of 32 groups and more one tile at a time;
+    short sequences keep 4 tiles a program."""
     for batch, expected, one_tile in [(1, 64, 64), (2, 32, 32), (4, 16, 20), (8, 8, 10),
                                       (16, 4, 5), (32, 2, 2)]:
         groups = batch * 8
-        splits = compact_splits(groups, 512)  # pairs: four 2-warp programs an SM
+        splits = compact_splits(groups, 512)  # pairs: four 4-warp programs an SM
         assert splits == expected, batch
         assert groups * splits <= 4 * 132
         # one tile at a time: five 2-warp programs an SM
@@ -239,6 +238,49 @@ def test_unbiased_and_reference_mse():
         return santa_flash_compact(q, kv, S, tile=TILE, workspace=workspaces["ws"], seed=11)[0]
 
     check_flash_unbiased(draw)
+
+
+class _Launches:
+    """Stands in for a Triton kernel: records each ``kernel[grid](*args, **kw)``'s kw."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.calls.append(kw)
+
+
+def test_default_switches_by_samples_and_groups(monkeypatch):
+    """The launch defaults (no kernel runs): closed-form columns and V loaded once from
+    CLOSED_MIN_SAMPLES samples a tile on (compares and V twice below); the merge on
+    MERGE_WARPS warps, a programmatic dependent below LARGE_GROUPS sequences x KV heads
+    where PDL is available (never where it is not); pairs on the 4-warp launch."""
+    import santa_kernels.triton_santa_flash_compact as tfc
+
+    stream, merge = _Launches(), _Launches()
+    monkeypatch.setattr(tfc, "_flash_compact_kernel", stream)
+    monkeypatch.setattr(tfc, "_merge_kernel", merge)
+    q, kv = make_cache(batch=2, hq=4, hkv=2, n=128, lengths=(128, 128))  # 8 tiles of 16
+    for samples, closed in ((4, True), (1, False), (2, False)):
+        santa_flash_compact(q, kv, 32, tile=TILE, samples=samples)
+        assert stream.calls[-1]["CLOSED_COLUMNS"] is closed, samples
+        assert stream.calls[-1]["V_TWICE"] is (not closed), samples
+        assert stream.calls[-1]["DRAW_TILES"] == 2 and stream.calls[-1]["num_warps"] == 4
+        assert merge.calls[-1]["num_warps"] == tfc.MERGE_WARPS
+        assert not merge.calls[-1]["PDL"] and "launch_pdl" not in merge.calls[-1]  # CPU
+    monkeypatch.setattr(tfc, "pdl_available", lambda device: True)
+    santa_flash_compact(q, kv, 32, tile=TILE)  # 4 groups
+    assert merge.calls[-1]["PDL"] and merge.calls[-1]["launch_pdl"]
+    assert stream.calls[-1]["LET_MERGE"]
+    qb, kvb = make_cache(batch=tfc.LARGE_GROUPS, hq=4, hkv=1, d=128, n=32,
+                         lengths=(32,) * tfc.LARGE_GROUPS)  # d=128: a 2-warp launch apart
+    santa_flash_compact(qb, kvb, 8, tile=TILE)  # 32 groups: no PDL, still 4 warps
+    assert not merge.calls[-1]["PDL"] and not stream.calls[-1]["LET_MERGE"]
+    assert stream.calls[-1]["num_warps"] == 4
+    santa_flash_compact(q, kv, 32, tile=TILE, pdl=False, merge_warps=1, closed_columns=False,
+                        v_twice=True, samples=4)  # explicit switches win
+    assert not merge.calls[-1]["PDL"] and merge.calls[-1]["num_warps"] == 1
+    assert not stream.calls[-1]["CLOSED_COLUMNS"] and stream.calls[-1]["V_TWICE"]
 
 
 def test_input_errors():
