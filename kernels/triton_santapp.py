@@ -167,6 +167,12 @@ HOPPER = {
     # us, B=8 75.1 -> 74.0, 128k P=64 41.5 -> 38.4) but slower inside the e2e decode loop
     # (attention a layer 43.8 -> 44.8 us at B=4, 70.9 -> 73.7 at B=8, two loans each)
     "attend_rows": {64: 64, 128: 64, 256: 32},
+    # a team program walks 2x more tiles of the list while the grid keeps at least this
+    # many team programs per SM (0: one tile a program), up to attend_max_loops tiles;
+    # attend_stages: the software-pipeline depth of that walk
+    "attend_loop_programs_per_sm": 0,
+    "attend_max_loops": 8,
+    "attend_stages": 2,
     "exact_rows": {64: 64, 128: 64, 256: 32},
     # heads per finishing program: 0 = one program per KV group finds every head's kappa
     # and writes the union; h > 0 = G/h programs per group, the last writes the union.
@@ -699,6 +705,8 @@ class SantaPPPlan:
     merge_block: int  # partials per merge step
     merge_warps: int
     merge_atomic: bool = False  # the attend programs merge (atomic sums + ticket)
+    loops: int = 1  # tiles of TPB teams per team program
+    attend_stages: int = 1  # software-pipeline depth of a team program's tile loop (loops > 1)
 
 
 def make_plan(
@@ -722,6 +730,8 @@ def make_plan(
     head_lists: bool | None = None,
     compact: bool | None = None,
     merge_atomic: bool | None = None,
+    attend_loops: int | None = None,
+    attend_stages: int | None = None,
     kv_element_size: int = 2,
 ) -> SantaPPPlan:
     """Plans the grids (keyword overrides are for tests and tuning). K/V tiles keep their
@@ -771,7 +781,17 @@ def make_plan(
         raise InputError(
             f"teams_per_block: must be a power of two with teams_per_block * {slot} >= 16"
         )
-    team_programs = -(-union_cap // teams_per_block)
+    if attend_loops is None:  # fewer, longer team programs where they would be plenty
+        per_sm = HOPPER["attend_loop_programs_per_sm"]
+        attend_loops = 1
+        while (per_sm and attend_loops < HOPPER["attend_max_loops"]
+               and bkv * -(-union_cap // (teams_per_block * attend_loops * 2)) >= per_sm * sms):
+            attend_loops *= 2
+    check_positive_int(attend_loops, "attend_loops")
+    if attend_stages is None:
+        attend_stages = HOPPER["attend_stages"]
+    check_positive_int(attend_stages, "attend_stages")
+    team_programs = -(-union_cap // (teams_per_block * attend_loops))
     exact_rows = HOPPER["exact_rows"][min(HOPPER["exact_rows"], key=lambda k: abs(k - head_dim))]
     exact_rows = max(16, exact_rows // shrink)
     if exact_programs is None:
@@ -856,6 +876,8 @@ def make_plan(
             HOPPER["merge_atomic"] and bkv <= HOPPER["merge_atomic_max_groups"]
             if merge_atomic is None else merge_atomic
         ),
+        loops=attend_loops,
+        attend_stages=attend_stages,
     )
 
 
@@ -1561,6 +1583,71 @@ def _online_update(q, k, v, w, s_ok, m_i, l_i, acc, scale, DOT_PRECISION: tl.con
 
 
 @triton.jit
+def _team_tile(member, bkv, head_rows, mask_g, union_ptr, count_ptr, team_start_ptr,
+               team_len_ptr, sink, team_size, team_end, t_cap, union_cap,
+               HEAD_LISTS: tl.constexpr, REGULAR: tl.constexpr):
+    """The teams at list positions ``member`` (one per row of the tile): their ids, which
+    are real, first rows, lengths, and z/phi cells ``[G_PAD, N]`` with their mask."""
+    if HEAD_LISTS:  # head member // list_len's list: -1 marks no team
+        team = tl.load(union_ptr + bkv.to(tl.int64) * union_cap + member,
+                       mask=member < union_cap, other=-1)
+        mask_u = team >= 0
+        team = tl.maximum(team, 0)
+    else:
+        team = tl.load(union_ptr + bkv.to(tl.int64) * union_cap + member,
+                       mask=member < union_cap, other=0)
+        mask_u = member < tl.load(count_ptr + bkv)
+    if REGULAR:
+        start = sink + team * team_size
+        n_g = tl.minimum(team_size, team_end - start)
+    else:
+        table = bkv.to(tl.int64) * t_cap + team
+        start = tl.load(team_start_ptr + table, mask=mask_u, other=0)
+        n_g = tl.load(team_len_ptr + table, mask=mask_u, other=0)
+    cell = head_rows[:, None] * t_cap + team[None, :]
+    hw = mask_g[:, None] & mask_u[None, :]
+    return team, mask_u, start, n_g, cell, hw
+
+
+@triton.jit
+def _team_chunk(chunk, offs_n, offs_d, offs_g, mask_d, mask_g, member, team, mask_u, start,
+                n_g, cell, hw, bkv, b, q, k_head, v_head, pk_ptr, pv_ptr, z_ptr, phi_ptr,
+                kappa_ptr, head_rows, page_table_ptr, packed_rows, list_len, stride_kx,
+                stride_ky, stride_pt, page_size, m_i, l_i, acc, scale,
+                HEAD_DIM: tl.constexpr, G_PAD: tl.constexpr, SLOT: tl.constexpr,
+                PACKED: tl.constexpr, PAGED: tl.constexpr, HEAD_LISTS: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    """Folds rows ``chunk * SLOT + [0, SLOT)`` of the tile's teams, HT-weighted, into the
+    running (m, l, acc)."""
+    r = chunk * SLOT + offs_n % SLOT
+    ok = mask_u & (r < n_g)
+    pos = tl.where(ok, start + r, 0)
+    if PACKED:
+        rows = (bkv.to(tl.int64) * packed_rows + pos) * HEAD_DIM
+        k = tl.load(pk_ptr + rows[:, None] + offs_d[None, :],
+                    mask=ok[:, None] & mask_d[None, :], other=0.0)
+        v = tl.load(pv_ptr + rows[:, None] + offs_d[None, :],
+                    mask=ok[:, None] & mask_d[None, :], other=0.0)
+    else:
+        rows = _row_offsets(page_table_ptr, b, pos, stride_kx, stride_ky, stride_pt,
+                           page_size, PAGED)
+        k = tl.load(k_head + rows[:, None] + offs_d[None, :],
+                    mask=ok[:, None] & mask_d[None, :], other=0.0)
+        v = tl.load(v_head + rows[:, None] + offs_d[None, :],
+                    mask=ok[:, None] & mask_d[None, :], other=0.0)
+    # w_{h,g} = 1/pi_{h,g} for the heads that selected g, 0 for the others; loaded
+    # after K/V are requested so both round trips overlap
+    z = tl.load(z_ptr + cell, mask=hw, other=float("-inf"))
+    phi = tl.load(phi_ptr + cell, mask=hw, other=float("-inf"))
+    kappa = tl.load(kappa_ptr + head_rows, mask=mask_g, other=0.0)
+    w = _inclusion_weight(z, phi, kappa[:, None])
+    if HEAD_LISTS:  # a team counts once: in its first selecting head's list
+        first = tl.min(tl.where(w > 0, offs_g[:, None], G_PAD), axis=0)
+        w = tl.where((first == member // list_len)[None, :], w, 0.0)
+    return _online_update(q, k, v, w, ok[None, :], m_i, l_i, acc, scale, DOT_PRECISION)
+
+
+@triton.jit
 def _attend_kernel(
     q_ptr, k_ptr, v_ptr, pk_ptr, pv_ptr, lengths_ptr, page_table_ptr,
     team_start_ptr, team_len_ptr, team_end_ptr,
@@ -1576,9 +1663,10 @@ def _attend_kernel(
     PACKED: tl.constexpr, PAGED: tl.constexpr, REGULAR: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False, HEAD_LISTS: tl.constexpr = False,
     MERGE_ATOMIC: tl.constexpr = False, BLOCK_S: tl.constexpr = 64,
-    LET_NEXT: tl.constexpr = False,
+    LET_NEXT: tl.constexpr = False, LOOPS: tl.constexpr = 1, ATTEND_STAGES: tl.constexpr = 1,
 ):
-    """Grid ``(B * Hkv, num_parts)``: team programs (TPB teams of the list each) and
+    """Grid ``(B * Hkv, num_parts)``: team programs (LOOPS tiles of TPB teams of the list
+    each) and
     exact-set programs; each writes its heads' partial (m, l, o). With MERGE_ATOMIC the
     programs also add it, scaled to kappa, into the heads' sums, and the group's last
     program writes the output (and advances the step counter): no merge kernel.
@@ -1613,53 +1701,31 @@ def _attend_kernel(
         # past the count are valid team ids) and programs past the count read nothing
         # and write an empty partial (m = -inf), so the merge never reads the count.
         offs_n = tl.arange(0, BLOCK_N)
-        member = c * TPB + offs_n // SLOT
-        if HEAD_LISTS:  # head member // list_len's list: -1 marks no team
-            team = tl.load(union_ptr + bkv.to(tl.int64) * union_cap + member,
-                           mask=member < union_cap, other=-1)
-            mask_u = team >= 0
-            team = tl.maximum(team, 0)
-        else:
-            team = tl.load(union_ptr + bkv.to(tl.int64) * union_cap + member,
-                           mask=member < union_cap, other=0)
-            mask_u = member < tl.load(count_ptr + bkv)
-        if REGULAR:
-            start = sink + team * team_size
-            n_g = tl.minimum(team_size, team_end - start)
-        else:
-            table = bkv.to(tl.int64) * t_cap + team
-            start = tl.load(team_start_ptr + table, mask=mask_u, other=0)
-            n_g = tl.load(team_len_ptr + table, mask=mask_u, other=0)
-        cell = head_rows[:, None] * t_cap + team[None, :]
-        hw = mask_g[:, None] & mask_u[None, :]
-        for chunk in range(CHUNKS):  # a loop, not unrolled: one chunk of K/V live at a time
-            r = chunk * SLOT + offs_n % SLOT
-            ok = mask_u & (r < n_g)
-            pos = tl.where(ok, start + r, 0)
-            if PACKED:
-                rows = (bkv.to(tl.int64) * packed_rows + pos) * HEAD_DIM
-                k = tl.load(pk_ptr + rows[:, None] + offs_d[None, :],
-                            mask=ok[:, None] & mask_d[None, :], other=0.0)
-                v = tl.load(pv_ptr + rows[:, None] + offs_d[None, :],
-                            mask=ok[:, None] & mask_d[None, :], other=0.0)
-            else:
-                rows = _row_offsets(page_table_ptr, b, pos, stride_kx, stride_ky, stride_pt,
-                                   page_size, PAGED)
-                k = tl.load(k_head + rows[:, None] + offs_d[None, :],
-                            mask=ok[:, None] & mask_d[None, :], other=0.0)
-                v = tl.load(v_head + rows[:, None] + offs_d[None, :],
-                            mask=ok[:, None] & mask_d[None, :], other=0.0)
-            # w_{h,g} = 1/pi_{h,g} for the heads that selected g, 0 for the others; loaded
-            # after K/V are requested so both round trips overlap
-            z = tl.load(z_ptr + cell, mask=hw, other=float("-inf"))
-            phi = tl.load(phi_ptr + cell, mask=hw, other=float("-inf"))
-            kappa = tl.load(kappa_ptr + head_rows, mask=mask_g, other=0.0)
-            w = _inclusion_weight(z, phi, kappa[:, None])
-            if HEAD_LISTS:  # a team counts once: in its first selecting head's list
-                first = tl.min(tl.where(w > 0, offs_g[:, None], G_PAD), axis=0)
-                w = tl.where((first == member // list_len)[None, :], w, 0.0)
-            m_i, l_i, acc = _online_update(q, k, v, w, ok[None, :], m_i, l_i, acc, scale,
-                                           DOT_PRECISION)
+        if LOOPS == 1:  # one tile of the list a program
+            member = c * TPB + offs_n // SLOT
+            team, mask_u, start, n_g, cell, hw = _team_tile(
+                member, bkv, head_rows, mask_g, union_ptr, count_ptr, team_start_ptr,
+                team_len_ptr, sink, team_size, team_end, t_cap, union_cap, HEAD_LISTS, REGULAR)
+            for chunk in range(CHUNKS):  # a loop, not unrolled: one chunk of K/V live at a time
+                m_i, l_i, acc = _team_chunk(
+                    chunk, offs_n, offs_d, offs_g, mask_d, mask_g, member, team, mask_u,
+                    start, n_g, cell, hw, bkv, b, q, k_head, v_head, pk_ptr, pv_ptr, z_ptr,
+                    phi_ptr, kappa_ptr, head_rows, page_table_ptr, packed_rows, list_len,
+                    stride_kx, stride_ky, stride_pt, page_size, m_i, l_i, acc, scale,
+                    HEAD_DIM, G_PAD, SLOT, PACKED, PAGED, HEAD_LISTS, DOT_PRECISION)
+        else:  # LOOPS consecutive tiles a program, their loads pipelined ATTEND_STAGES deep
+            for step in tl.range(0, LOOPS * CHUNKS, num_stages=ATTEND_STAGES):
+                member = (c * LOOPS + step // CHUNKS) * TPB + offs_n // SLOT
+                team, mask_u, start, n_g, cell, hw = _team_tile(
+                    member, bkv, head_rows, mask_g, union_ptr, count_ptr, team_start_ptr,
+                    team_len_ptr, sink, team_size, team_end, t_cap, union_cap, HEAD_LISTS,
+                    REGULAR)
+                m_i, l_i, acc = _team_chunk(
+                    step % CHUNKS, offs_n, offs_d, offs_g, mask_d, mask_g, member, team,
+                    mask_u, start, n_g, cell, hw, bkv, b, q, k_head, v_head, pk_ptr, pv_ptr,
+                    z_ptr, phi_ptr, kappa_ptr, head_rows, page_table_ptr, packed_rows,
+                    list_len, stride_kx, stride_ky, stride_pt, page_size, m_i, l_i, acc,
+                    scale, HEAD_DIM, G_PAD, SLOT, PACKED, PAGED, HEAD_LISTS, DOT_PRECISION)
     if exact:
         # exact set E: [0, min(sink, team_end)) and [team_end, length), weight 1
         length = tl.load(lengths_ptr + b)
@@ -2053,6 +2119,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             PACKED=packed.packed_k is not None, PAGED=paged, REGULAR=packed.regular,
             DOT_PRECISION=precision, PDL=early, HEAD_LISTS=lists,
             MERGE_ATOMIC=atomic, BLOCK_S=p.merge_block, LET_NEXT=atomic and chain,
+            **({"LOOPS": p.loops, "ATTEND_STAGES": p.attend_stages} if p.loops > 1 else {}),
             num_warps=HOPPER["attend_warps"], num_stages=1,
             **dep_early,
         )  # fmt: skip

@@ -200,10 +200,26 @@ def check_attend() -> int:
                   "TPB": 4, "SLOT": 16, "CHUNKS": 1, "BLOCK_E": 64, "PACKED": False,
                   "PAGED": paged, "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True,
                   "HEAD_LISTS": lists, "MERGE_ATOMIC": atomic, "BLOCK_S": 64,
-                  "LET_NEXT": atomic}
+                  "LET_NEXT": atomic, "LOOPS": 1, "ATTEND_STAGES": 1}
         err = compile_kernel(tsp._attend_kernel, types, consts, {"num_warps": 4})
         print(f"_attend_kernel head_lists={lists} paged={paged} atomic={atomic}: "
               f"{err or 'ok'}")
+        failures += err is not None
+    # team programs walking several tiles, pipelined (K/V staged through shared memory:
+    # with num_stages=1 only the tile loop can be), 2 chunks of 64-row slots (P = 128),
+    # the atomic merge
+    for paged, stages in ((False, 2), (False, 3), (True, 2)):
+        consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "G_PAD": 16,
+                  "TPB": 1, "SLOT": 64, "CHUNKS": 2, "BLOCK_E": 64, "PACKED": False,
+                  "PAGED": paged, "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True,
+                  "HEAD_LISTS": True, "MERGE_ATOMIC": True, "BLOCK_S": 64,
+                  "LET_NEXT": True, "LOOPS": 4, "ATTEND_STAGES": stages}
+        # as launched: num_stages=1 for the kernel (the exact-set loop), the tile loop's own
+        err = compile_kernel(tsp._attend_kernel, types, consts,
+                             {"num_warps": 4, "num_stages": 1},
+                             divisible=("stride_kx", "stride_ky", "stride_kh"), pipelined=True,
+                             max_shared=H100_SHARED)
+        print(f"_attend_kernel loops=4 stages={stages} paged={paged}: {err or 'ok'}")
         failures += err is not None
     consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "BLOCK_S": 64,
               "PDL": True, "LET_NEXT": False}

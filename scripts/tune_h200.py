@@ -161,7 +161,10 @@ def santapp_cases(rows: Rows, section: str):
         inputs = [gpu_inputs(batch, ctx, i) for i in range(copies(batch, ctx, 0.1))]
         rows.add(section=section, shape=tag, variant="splitkv", what="call",
                  us=f"{dense_us(inputs[:3]):.2f}", note=f"{len(inputs)} copies")
-        for P in (16, 64) if ctx > 32768 else (16,):
+        team_sizes = (16, 64) if ctx > 32768 else (16,)
+        if os.environ.get("PP_TEAM_SIZES"):  # e.g. PP_TEAM_SIZES=16,64,128
+            team_sizes = tuple(int(p) for p in os.environ["PP_TEAM_SIZES"].split(","))
+        for P in team_sizes:
             packs = [tsp.build_packed(kv, team_size=P) for _, kv in inputs]
             gumbels = -torch.log(-torch.log(
                 torch.rand(batch, 32, packs[0].max_teams, device="cuda").clamp(1e-12, 1 - 1e-7)))
@@ -171,12 +174,13 @@ def santapp_cases(rows: Rows, section: str):
 
 
 def santapp_run(inputs, packs, gumbels, **ws_kw):
-    """(workspaces, (kappa, union sets, output) of the first copy given ``gumbels``)."""
+    """(workspaces, (kappa, union sets, output, HBM bytes by the byte model) of the first
+    copy given ``gumbels``)."""
     wss = [tsp.SantaPPWorkspace.for_inputs(q, kv, p, 32, seed=i, **ws_kw)
            for i, ((q, kv), p) in enumerate(zip(inputs, packs, strict=True))]
     (q0, kv0), p0 = inputs[0], packs[0]
     out, info = tsp.santapp_decode(q0, kv0, p0, 32, gumbels=gumbels, workspace=wss[0])
-    return wss, (info.kappa.clone(), info.union_sets(), out.float().clone())
+    return wss, (info.kappa.clone(), info.union_sets(), out.float().clone(), info.bytes_moved(q0))
 
 
 def same_selection(got, base) -> bool:
@@ -882,6 +886,12 @@ PP_KNOBS = {  # HOPPER overrides (or workspace keywords, "ws") of the SANTA++ la
                                        "finish_warps": 4}},
     "compact off": {"ws": {"compact": False}},  # the finisher's bracketed search (s11)
     "merge kernel": {"ws": {"merge_atomic": False}},  # partials merged by their own kernel
+    # team programs walking 2-8 tiles of the list, their tile loop pipelined 1-3 deep
+    **{f"loops={n} stages={st}": {"ws": {"attend_loops": n, "attend_stages": st}}
+       for n in (2, 4, 8) for st in (1, 2, 3)},
+    **{f"loops={n} stages={st} rows=128": {"attend_rows": _attend_rows(128),
+                                          "ws": {"attend_loops": n, "attend_stages": st}}
+       for n in (2, 4) for st in (2, 3)},
 }
 
 
@@ -900,12 +910,15 @@ def ppknobs_section(rows: Rows) -> None:
             try:
                 wss, got = santapp_run(inputs, packs, gumbels, **knobs.get("ws", {}))
                 base = base or got
-                note = f"same={same_selection(got, base)}"
+                plan = wss[0].plan
+                note = (f"same={same_selection(got, base)} MB={got[3] / 1e6:.1f} "
+                        f"programs={plan.batch * plan.num_kv_heads * plan.num_parts} "
+                        f"loops={plan.loops}")
                 for what, stages in (("call", tsp.STAGES), ("select", ("select",)),
                                      ("select+attend", ("select", "attend"))):
+                    us = graph_call_us(santapp_calls(inputs, packs, wss, stages))
                     rows.add(section="ppknobs", shape=shape, variant=name, what=what,
-                             us=f"{graph_call_us(santapp_calls(inputs, packs, wss, stages)):.2f}",
-                             note=note)
+                             us=f"{us:.2f}", note=f"{note} GB/s={got[3] / us / 1e3:.0f}")
             except Exception as exc:
                 rows.add(section="ppknobs", shape=shape, variant=name, what="FAILED", us="",
                          note=f"{type(exc).__name__}: {exc}"[:300])

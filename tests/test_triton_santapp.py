@@ -111,6 +111,13 @@ def _compare(q, kv, index, packed, M, *, atol=2e-5, seed=0, rep_share=1.0, **kw)
         (8, 8, 64, 3, 5, 6, {"local": True, "teams_per_split": 16}),
         (16, 6, 32, 0, 9, 5, {"local": True, "teams_per_split": 16, "fuse": False}),
         (8, 4, 64, 2, 0, 9, {"fuse": False, "teams_per_block": 2}),
+        # team programs walking several tiles: 18 list slots over 8 a program (the last
+        # program's tile past the list), teams of 2 chunks (80 rows, 64-row fp32 slots),
+        # and the union list (ticket) instead of head lists
+        (8, 4, 64, 2, 0, 9, {"fuse": False, "teams_per_block": 2, "attend_loops": 4}),
+        (80, 4, 32, 0, 9, 2, {"fuse": False, "attend_loops": 2}),
+        (8, 6, 32, 0, 4, 5, {"fuse": False, "head_lists": False, "attend_loops": 3,
+                             "teams_per_block": 2}),
         # the finisher: one program per group (0), per head (1, default), per 2 heads
         (8, 6, 32, 0, 4, 5, {"fuse": False, "finish_heads": 0}),
         (8, 6, 32, 2, 0, 6, {"fuse": False, "finish_heads": 2}),
@@ -131,6 +138,12 @@ def test_matches_reference_given_the_same_gumbels(team_size, heads, d, sink, win
     fuse = plan.pop("fuse", True)
     workspace = SantaPPWorkspace.for_inputs(q, kv, packed, M, **plan)
     assert workspace.plan.local == plan.get("local", False)
+    loops = plan.get("attend_loops", 1)
+    assert workspace.plan.loops == loops
+    if loops > 1:  # each team program walks `loops` tiles: fewer programs than tiles
+        tiles = -(-workspace.plan.union_cap // workspace.plan.teams_per_block)
+        assert workspace.plan.team_programs == -(-tiles // loops) < tiles
+        assert workspace.plan.chunks == (2 if team_size == 80 else 1)
     _compare(q, kv, index, packed, M, workspace=workspace, fuse_select=fuse)
 
 
