@@ -168,11 +168,16 @@ HOPPER = {
     # (attention a layer 43.8 -> 44.8 us at B=4, 70.9 -> 73.7 at B=8, two loans each)
     "attend_rows": {64: 64, 128: 64, 256: 32},
     # a team program walks 2x more tiles of the list while the grid keeps at least this
-    # many team programs per SM (0: one tile a program), up to attend_max_loops tiles;
-    # attend_stages: the software-pipeline depth of that walk
-    "attend_loop_programs_per_sm": 0,
-    "attend_max_loops": 8,
-    "attend_stages": 2,
+    # many programs per SM (0: one tile a program), up to attend_max_loops tiles; not
+    # pipelined (attend_stages). H200, M=32, call us, default -> loops=4 (results/h200/
+    # tune-2026-12-04-s25): 32k B=8 P=16 64.7 -> 58.6, P=64 130.5 -> 121.3, P=128 231.1 ->
+    # 206.4; 128k B=1 P=64 30.7 -> 30.4, P=128 44.5 -> 39.2; P=16 (72 programs) 39.5 ->
+    # 47.2, kept at 1 tile by the rule. 8 and 16 tiles slower where measured (B=8 P=64
+    # loops=16: 140.6); 2-6 pipeline stages slower everywhere (B=8 P=64 loops=4 stages=2:
+    # 178.1, 4: 227.3; the team-id load feeding the K/V addresses takes a stage)
+    "attend_loop_programs_per_sm": 2,
+    "attend_max_loops": 4,
+    "attend_stages": 1,
     "exact_rows": {64: 64, 128: 64, 256: 32},
     # heads per finishing program: 0 = one program per KV group finds every head's kappa
     # and writes the union; h > 0 = G/h programs per group, the last writes the union.
@@ -781,22 +786,23 @@ def make_plan(
         raise InputError(
             f"teams_per_block: must be a power of two with teams_per_block * {slot} >= 16"
         )
-    if attend_loops is None:  # fewer, longer team programs where they would be plenty
+    exact_rows = HOPPER["exact_rows"][min(HOPPER["exact_rows"], key=lambda k: abs(k - head_dim))]
+    exact_rows = max(16, exact_rows // shrink)
+    if exact_programs is None:
+        exact_programs = min(8, max(1, -(-exact_max // exact_rows)))
+    check_positive_int(exact_programs, "exact_programs")
+    if attend_loops is None:  # fewer, longer team programs while the grid stays full
         per_sm = HOPPER["attend_loop_programs_per_sm"]
         attend_loops = 1
         while (per_sm and attend_loops < HOPPER["attend_max_loops"]
-               and bkv * -(-union_cap // (teams_per_block * attend_loops * 2)) >= per_sm * sms):
+               and bkv * (-(-union_cap // (teams_per_block * attend_loops * 2)) + exact_programs)
+               >= per_sm * sms):
             attend_loops *= 2
     check_positive_int(attend_loops, "attend_loops")
     if attend_stages is None:
         attend_stages = HOPPER["attend_stages"]
     check_positive_int(attend_stages, "attend_stages")
     team_programs = -(-union_cap // (teams_per_block * attend_loops))
-    exact_rows = HOPPER["exact_rows"][min(HOPPER["exact_rows"], key=lambda k: abs(k - head_dim))]
-    exact_rows = max(16, exact_rows // shrink)
-    if exact_programs is None:
-        exact_programs = min(8, max(1, -(-exact_max // exact_rows)))
-    check_positive_int(exact_programs, "exact_programs")
     c_pad = _next_pow2(n_cand)
     select_warps = (
         HOPPER["select_warps_large"] if g_rows * c_pad > 2048 else HOPPER["select_warps_small"]

@@ -456,6 +456,24 @@ def test_plans_fit_llama_shapes(d, team_size):
     assert make_plan(4, 32, 8, 128, 2048, 32, 16, 0, merge_atomic=True).merge_atomic is True
 
 
+def test_attend_tiles_a_program_by_the_grid():
+    """One tile a team program where the grid is small (32k B=1, 128k P=16), 4 where it
+    stays >= 2 programs an SM (32k B=8, 128k P=64), unpipelined; explicit values kept."""
+    # one tile a team program where the grid is small (32k B=1, 128k P=16), 4 where it
+    # stays >= 2 programs an SM (32k B=8, 128k P=64), unpipelined; explicit values kept
+    for batch, teams, size, loops in ((1, 2048, 16, 1), (1, 8192, 16, 1), (8, 2048, 16, 4),
+                                      (8, 512, 64, 4), (1, 2048, 64, 4)):
+        plan = make_plan(batch, 32, 8, 128, teams, 32, size, 128)
+        assert (plan.loops, plan.attend_stages) == (loops, 1)
+        tiles = -(-plan.union_cap // plan.teams_per_block)
+        assert plan.team_programs == -(-tiles // loops)
+        assert plan.num_parts == plan.team_programs + plan.exact_programs
+    plan = make_plan(8, 32, 8, 128, 512, 32, 64, 128, attend_loops=2, attend_stages=3)
+    assert (plan.loops, plan.attend_stages, plan.team_programs) == (2, 3, 64)
+    with pytest.raises(sk.validate.InputError, match="attend_loops"):
+        make_plan(8, 32, 8, 128, 512, 32, 64, 128, attend_loops=0)
+
+
 def _pow2(x: int) -> int:
     return 1 << (x - 1).bit_length()
 
