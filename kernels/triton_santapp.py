@@ -801,8 +801,7 @@ def make_plan(
     check_positive_int(attend_loops, "attend_loops")
     if attend_stages is None:
         attend_stages = HOPPER["attend_stages"]
-    if attend_stages < 0:  # 0: the tile walk unrolled instead of a loop
-        raise InputError(f"attend_stages: must be >= 0, got {attend_stages}")
+    check_positive_int(attend_stages, "attend_stages")
     team_programs = -(-union_cap // (teams_per_block * attend_loops))
     c_pad = _next_pow2(n_cand)
     select_warps = (
@@ -1720,19 +1719,6 @@ def _attend_kernel(
                     phi_ptr, kappa_ptr, head_rows, page_table_ptr, packed_rows, list_len,
                     stride_kx, stride_ky, stride_pt, page_size, m_i, l_i, acc, scale,
                     HEAD_DIM, G_PAD, SLOT, PACKED, PAGED, HEAD_LISTS, DOT_PRECISION)
-        elif ATTEND_STAGES == 0:  # LOOPS consecutive tiles, unrolled (loads may hoist)
-            for step in tl.static_range(LOOPS * CHUNKS):
-                member = (c * LOOPS + step // CHUNKS) * TPB + offs_n // SLOT
-                team, mask_u, start, n_g, cell, hw = _team_tile(
-                    member, bkv, head_rows, mask_g, union_ptr, count_ptr, team_start_ptr,
-                    team_len_ptr, sink, team_size, team_end, t_cap, union_cap, HEAD_LISTS,
-                    REGULAR)
-                m_i, l_i, acc = _team_chunk(
-                    step % CHUNKS, offs_n, offs_d, offs_g, mask_d, mask_g, member, team,
-                    mask_u, start, n_g, cell, hw, bkv, b, q, k_head, v_head, pk_ptr, pv_ptr,
-                    z_ptr, phi_ptr, kappa_ptr, head_rows, page_table_ptr, packed_rows,
-                    list_len, stride_kx, stride_ky, stride_pt, page_size, m_i, l_i, acc,
-                    scale, HEAD_DIM, G_PAD, SLOT, PACKED, PAGED, HEAD_LISTS, DOT_PRECISION)
         else:  # LOOPS consecutive tiles a program, their loads pipelined ATTEND_STAGES deep
             for step in tl.range(0, LOOPS * CHUNKS, num_stages=ATTEND_STAGES):
                 member = (c * LOOPS + step // CHUNKS) * TPB + offs_n // SLOT

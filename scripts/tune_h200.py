@@ -888,7 +888,7 @@ PP_KNOBS = {  # HOPPER overrides (or workspace keywords, "ws") of the SANTA++ la
     "merge kernel": {"ws": {"merge_atomic": False}},  # partials merged by their own kernel
     # team programs walking 2-16 tiles of the list, their tile loop pipelined 1-6 deep
     **{f"loops={n} stages={st}": {"ws": {"attend_loops": n, "attend_stages": st}}
-       for n in (2, 4, 8, 16) for st in (0, 1, 2, 3, 4, 5, 6)},  # 0: unrolled
+       for n in (2, 4, 8, 16) for st in (1, 2, 3, 4, 5, 6)},
     **{f"loops={n} stages={st} rows=128": {"attend_rows": _attend_rows(128),
                                           "ws": {"attend_loops": n, "attend_stages": st}}
        for n in (2, 4) for st in (2, 3)},
