@@ -174,7 +174,8 @@ HOPPER = {
     # 206.4; 128k B=1 P=64 30.7 -> 30.4, P=128 44.5 -> 39.2; P=16 (72 programs) 39.5 ->
     # 47.2, kept at 1 tile by the rule. 8 and 16 tiles slower where measured (B=8 P=64
     # loops=16: 140.6); 2-6 pipeline stages slower everywhere (B=8 P=64 loops=4 stages=2:
-    # 178.1, 4: 227.3; the team-id load feeding the K/V addresses takes a stage)
+    # 178.1, 4: 227.3; the team-id load feeding the K/V addresses takes a stage), and
+    # the walk unrolled too (154.2; tried in 84533cf, reverted)
     "attend_loop_programs_per_sm": 2,
     "attend_max_loops": 4,
     "attend_stages": 1,
