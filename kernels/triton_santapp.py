@@ -179,6 +179,7 @@ HOPPER = {
     "attend_loop_programs_per_sm": 2,
     "attend_max_loops": 4,
     "attend_stages": 1,
+    "attend_preload": False,
     "exact_rows": {64: 64, 128: 64, 256: 32},
     # heads per finishing program: 0 = one program per KV group finds every head's kappa
     # and writes the union; h > 0 = G/h programs per group, the last writes the union.
@@ -713,6 +714,7 @@ class SantaPPPlan:
     merge_atomic: bool = False  # the attend programs merge (atomic sums + ticket)
     loops: int = 1  # tiles of TPB teams per team program
     attend_stages: int = 1  # software-pipeline depth of a team program's tile loop (loops > 1)
+    attend_preload: bool = False  # a team program loads its list entries before its loop
 
 
 def make_plan(
@@ -738,6 +740,7 @@ def make_plan(
     merge_atomic: bool | None = None,
     attend_loops: int | None = None,
     attend_stages: int | None = None,
+    attend_preload: bool | None = None,
     kv_element_size: int = 2,
 ) -> SantaPPPlan:
     """Plans the grids (keyword overrides are for tests and tuning). K/V tiles keep their
@@ -885,6 +888,8 @@ def make_plan(
         ),
         loops=attend_loops,
         attend_stages=attend_stages,
+        attend_preload=bool(HOPPER["attend_preload"] if attend_preload is None
+                            else attend_preload),
     )
 
 
@@ -1595,14 +1600,22 @@ def _team_tile(member, bkv, head_rows, mask_g, union_ptr, count_ptr, team_start_
                HEAD_LISTS: tl.constexpr, REGULAR: tl.constexpr):
     """The teams at list positions ``member`` (one per row of the tile): their ids, which
     are real, first rows, lengths, and z/phi cells ``[G_PAD, N]`` with their mask."""
-    if HEAD_LISTS:  # head member // list_len's list: -1 marks no team
-        team = tl.load(union_ptr + bkv.to(tl.int64) * union_cap + member,
-                       mask=member < union_cap, other=-1)
+    # head lists: head member // list_len's list, -1 marks no team
+    team = tl.load(union_ptr + bkv.to(tl.int64) * union_cap + member,
+                   mask=member < union_cap, other=-1 if HEAD_LISTS else 0)
+    return _team_cells(team, member, bkv, mask_g, head_rows, count_ptr, team_start_ptr,
+                       team_len_ptr, sink, team_size, team_end, t_cap, HEAD_LISTS, REGULAR)
+
+
+@triton.jit
+def _team_cells(team, member, bkv, mask_g, head_rows, count_ptr, team_start_ptr,
+                team_len_ptr, sink, team_size, team_end, t_cap,
+                HEAD_LISTS: tl.constexpr, REGULAR: tl.constexpr):
+    """:func:`_team_tile` given the list entries ``team`` at ``member``."""
+    if HEAD_LISTS:
         mask_u = team >= 0
         team = tl.maximum(team, 0)
     else:
-        team = tl.load(union_ptr + bkv.to(tl.int64) * union_cap + member,
-                       mask=member < union_cap, other=0)
         mask_u = member < tl.load(count_ptr + bkv)
     if REGULAR:
         start = sink + team * team_size
@@ -1617,18 +1630,11 @@ def _team_tile(member, bkv, head_rows, mask_g, union_ptr, count_ptr, team_start_
 
 
 @triton.jit
-def _team_chunk(chunk, offs_n, offs_d, offs_g, mask_d, mask_g, member, team, mask_u, start,
-                n_g, cell, hw, bkv, b, q, k_head, v_head, pk_ptr, pv_ptr, z_ptr, phi_ptr,
-                kappa_ptr, head_rows, page_table_ptr, packed_rows, list_len, stride_kx,
-                stride_ky, stride_pt, page_size, m_i, l_i, acc, scale,
-                HEAD_DIM: tl.constexpr, G_PAD: tl.constexpr, SLOT: tl.constexpr,
-                PACKED: tl.constexpr, PAGED: tl.constexpr, HEAD_LISTS: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):
-    """Folds rows ``chunk * SLOT + [0, SLOT)`` of the tile's teams, HT-weighted, into the
-    running (m, l, acc)."""
-    r = chunk * SLOT + offs_n % SLOT
-    ok = mask_u & (r < n_g)
-    pos = tl.where(ok, start + r, 0)
+def _team_kv(pos, ok, bkv, b, offs_d, mask_d, k_head, v_head, pk_ptr, pv_ptr, page_table_ptr,
+             packed_rows, stride_kx, stride_ky, stride_pt, page_size,
+             HEAD_DIM: tl.constexpr, PACKED: tl.constexpr, PAGED: tl.constexpr):
+    """K and V rows ``[N, D_PAD]`` at cache positions ``pos`` (team-major packed storage,
+    or the cache itself); rows where ``ok`` is false read nothing (zeros)."""
     if PACKED:
         rows = (bkv.to(tl.int64) * packed_rows + pos) * HEAD_DIM
         k = tl.load(pk_ptr + rows[:, None] + offs_d[None, :],
@@ -1642,8 +1648,35 @@ def _team_chunk(chunk, offs_n, offs_d, offs_g, mask_d, mask_g, member, team, mas
                     mask=ok[:, None] & mask_d[None, :], other=0.0)
         v = tl.load(v_head + rows[:, None] + offs_d[None, :],
                     mask=ok[:, None] & mask_d[None, :], other=0.0)
-    # w_{h,g} = 1/pi_{h,g} for the heads that selected g, 0 for the others; loaded
-    # after K/V are requested so both round trips overlap
+    return k, v
+
+
+@triton.jit
+def _team_chunk(chunk, offs_n, offs_d, offs_g, mask_d, mask_g, member, team, mask_u, start,
+                n_g, cell, hw, bkv, b, q, k_head, v_head, pk_ptr, pv_ptr, z_ptr, phi_ptr,
+                kappa_ptr, head_rows, page_table_ptr, packed_rows, list_len, stride_kx,
+                stride_ky, stride_pt, page_size, m_i, l_i, acc, scale,
+                HEAD_DIM: tl.constexpr, G_PAD: tl.constexpr, SLOT: tl.constexpr,
+                PACKED: tl.constexpr, PAGED: tl.constexpr, HEAD_LISTS: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):
+    """Folds rows ``chunk * SLOT + [0, SLOT)`` of the tile's teams, HT-weighted, into the
+    running (m, l, acc)."""
+    r = chunk * SLOT + offs_n % SLOT
+    ok = mask_u & (r < n_g)
+    k, v = _team_kv(tl.where(ok, start + r, 0), ok, bkv, b, offs_d, mask_d, k_head, v_head,
+                    pk_ptr, pv_ptr, page_table_ptr, packed_rows, stride_kx, stride_ky,
+                    stride_pt, page_size, HEAD_DIM, PACKED, PAGED)
+    # loaded after K/V are requested so both round trips overlap
+    w = _team_weights(cell, hw, member, offs_g, mask_g, head_rows, z_ptr, phi_ptr, kappa_ptr,
+                      list_len, G_PAD, HEAD_LISTS)
+    return _online_update(q, k, v, w, ok[None, :], m_i, l_i, acc, scale, DOT_PRECISION)
+
+
+@triton.jit
+def _team_weights(cell, hw, member, offs_g, mask_g, head_rows, z_ptr, phi_ptr, kappa_ptr,
+                  list_len, G_PAD: tl.constexpr, HEAD_LISTS: tl.constexpr):
+    """``w [G_PAD, N]``: w_{h,g} = 1/pi_{h,g} for the heads that selected team g (the
+    entry at list position ``member``), 0 for the others."""
     z = tl.load(z_ptr + cell, mask=hw, other=float("-inf"))
     phi = tl.load(phi_ptr + cell, mask=hw, other=float("-inf"))
     kappa = tl.load(kappa_ptr + head_rows, mask=mask_g, other=0.0)
@@ -1651,7 +1684,7 @@ def _team_chunk(chunk, offs_n, offs_d, offs_g, mask_d, mask_g, member, team, mas
     if HEAD_LISTS:  # a team counts once: in its first selecting head's list
         first = tl.min(tl.where(w > 0, offs_g[:, None], G_PAD), axis=0)
         w = tl.where((first == member // list_len)[None, :], w, 0.0)
-    return _online_update(q, k, v, w, ok[None, :], m_i, l_i, acc, scale, DOT_PRECISION)
+    return w
 
 
 @triton.jit
@@ -1671,6 +1704,7 @@ def _attend_kernel(
     DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False, HEAD_LISTS: tl.constexpr = False,
     MERGE_ATOMIC: tl.constexpr = False, BLOCK_S: tl.constexpr = 64,
     LET_NEXT: tl.constexpr = False, LOOPS: tl.constexpr = 1, ATTEND_STAGES: tl.constexpr = 1,
+    PRELOAD: tl.constexpr = False, L_PAD: tl.constexpr = 1,
 ):
     """Grid ``(B * Hkv, num_parts)``: team programs (LOOPS tiles of TPB teams of the list
     each) and
@@ -1720,13 +1754,51 @@ def _attend_kernel(
                     phi_ptr, kappa_ptr, head_rows, page_table_ptr, packed_rows, list_len,
                     stride_kx, stride_ky, stride_pt, page_size, m_i, l_i, acc, scale,
                     HEAD_DIM, G_PAD, SLOT, PACKED, PAGED, HEAD_LISTS, DOT_PRECISION)
+        elif PRELOAD and TPB == 1:
+            # LOOPS consecutive teams a program: their list entries, rows and weights
+            # [G_PAD, L_PAD] before the loop, which then loads only K/V (addresses from
+            # registers: a pipelined loop can stage them ATTEND_STAGES - 1 tiles ahead)
+            offs_l = tl.arange(0, L_PAD)
+            member_l = c * LOOPS + offs_l
+            _, mask_l, start_l, n_l, cell_l, hw_l = _team_tile(
+                member_l, bkv, head_rows, mask_g, union_ptr, count_ptr, team_start_ptr,
+                team_len_ptr, sink, team_size, team_end, t_cap, union_cap, HEAD_LISTS, REGULAR)
+            # no rows for entries past the list (their weights are 0: this saves the reads);
+            # the L_PAD - LOOPS last columns are never picked
+            n_l = tl.where(mask_l, n_l, 0)
+            w_l = _team_weights(cell_l, hw_l, member_l, offs_g, mask_g, head_rows, z_ptr,
+                                phi_ptr, kappa_ptr, list_len, G_PAD, HEAD_LISTS)
+            for step in tl.range(0, LOOPS * CHUNKS, num_stages=ATTEND_STAGES):
+                here = offs_l == step // CHUNKS
+                r = (step % CHUNKS) * SLOT + offs_n
+                ok = r < tl.sum(tl.where(here, n_l, 0))
+                k, v = _team_kv(tl.where(ok, tl.sum(tl.where(here, start_l, 0)) + r, 0), ok,
+                                bkv, b, offs_d, mask_d, k_head, v_head, pk_ptr, pv_ptr,
+                                page_table_ptr, packed_rows, stride_kx, stride_ky, stride_pt,
+                                page_size, HEAD_DIM, PACKED, PAGED)
+                w = tl.sum(tl.where(here[None, :], w_l, 0.0), axis=1)
+                m_i, l_i, acc = _online_update(q, k, v, w[:, None], ok[None, :], m_i, l_i, acc,
+                                               scale, DOT_PRECISION)
         else:  # LOOPS consecutive tiles a program, their loads pipelined ATTEND_STAGES deep
+            if PRELOAD:  # the program's list entries [L_PAD, BLOCK_N] before its loop
+                offs_l = tl.arange(0, L_PAD)
+                members = (c * LOOPS + offs_l)[:, None] * TPB + (offs_n // SLOT)[None, :]
+                entries = tl.load(union_ptr + bkv.to(tl.int64) * union_cap + members,
+                                  mask=(members < union_cap) & (offs_l < LOOPS)[:, None],
+                                  other=-1 if HEAD_LISTS else 0)
             for step in tl.range(0, LOOPS * CHUNKS, num_stages=ATTEND_STAGES):
                 member = (c * LOOPS + step // CHUNKS) * TPB + offs_n // SLOT
-                team, mask_u, start, n_g, cell, hw = _team_tile(
-                    member, bkv, head_rows, mask_g, union_ptr, count_ptr, team_start_ptr,
-                    team_len_ptr, sink, team_size, team_end, t_cap, union_cap, HEAD_LISTS,
-                    REGULAR)
+                if PRELOAD:  # the tile's entries from registers: K/V addresses need no load
+                    here = offs_l[:, None] == step // CHUNKS
+                    team, mask_u, start, n_g, cell, hw = _team_cells(
+                        tl.sum(tl.where(here, entries, 0), axis=0), member, bkv, mask_g,
+                        head_rows, count_ptr, team_start_ptr, team_len_ptr, sink, team_size,
+                        team_end, t_cap, HEAD_LISTS, REGULAR)
+                else:
+                    team, mask_u, start, n_g, cell, hw = _team_tile(
+                        member, bkv, head_rows, mask_g, union_ptr, count_ptr, team_start_ptr,
+                        team_len_ptr, sink, team_size, team_end, t_cap, union_cap, HEAD_LISTS,
+                        REGULAR)
                 m_i, l_i, acc = _team_chunk(
                     step % CHUNKS, offs_n, offs_d, offs_g, mask_d, mask_g, member, team,
                     mask_u, start, n_g, cell, hw, bkv, b, q, k_head, v_head, pk_ptr, pv_ptr,
@@ -1745,12 +1817,9 @@ def _attend_kernel(
             r = r0 + offs_e
             ok = r < n_exact
             pos = tl.where(ok, tl.where(r < n_head, r, team_end + r - n_head), 0)
-            rows = _row_offsets(page_table_ptr, b, pos, stride_kx, stride_ky, stride_pt,
-                               page_size, PAGED)
-            k = tl.load(k_head + rows[:, None] + offs_d[None, :],
-                        mask=ok[:, None] & mask_d[None, :], other=0.0)
-            v = tl.load(v_head + rows[:, None] + offs_d[None, :],
-                        mask=ok[:, None] & mask_d[None, :], other=0.0)
+            k, v = _team_kv(pos, ok, bkv, b, offs_d, mask_d, k_head, v_head, pk_ptr, pv_ptr,
+                            page_table_ptr, packed_rows, stride_kx, stride_ky, stride_pt,
+                            page_size, HEAD_DIM, False, PAGED)
             m_i, l_i, acc = _online_update(q, k, v, ones, ok[None, :], m_i, l_i, acc, scale,
                                            DOT_PRECISION)
     part = head_rows * num_parts + c  # every program writes a (possibly empty) partial
@@ -2126,7 +2195,9 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             PACKED=packed.packed_k is not None, PAGED=paged, REGULAR=packed.regular,
             DOT_PRECISION=precision, PDL=early, HEAD_LISTS=lists,
             MERGE_ATOMIC=atomic, BLOCK_S=p.merge_block, LET_NEXT=atomic and chain,
-            **({"LOOPS": p.loops, "ATTEND_STAGES": p.attend_stages} if p.loops > 1 else {}),
+            **({"LOOPS": p.loops, "ATTEND_STAGES": p.attend_stages,
+                "PRELOAD": p.attend_preload, "L_PAD": _next_pow2(p.loops)}
+               if p.loops > 1 else {}),
             num_warps=HOPPER["attend_warps"], num_stages=1,
             **dep_early,
         )  # fmt: skip

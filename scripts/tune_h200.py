@@ -889,6 +889,13 @@ PP_KNOBS = {  # HOPPER overrides (or workspace keywords, "ws") of the SANTA++ la
     # team programs walking 2-16 tiles of the list, their tile loop pipelined 1-6 deep
     **{f"loops={n} stages={st}": {"ws": {"attend_loops": n, "attend_stages": st}}
        for n in (2, 4, 8, 16) for st in (1, 2, 3, 4, 5, 6)},
+    # ... their list entries (one team a tile: rows and weights too) loaded before the loop
+    **{f"preload loops={n} stages={st}": {"ws": {"attend_loops": n, "attend_stages": st,
+                                                 "attend_preload": True}}
+       for n in (2, 4, 8, 16, 32) for st in (1, 2, 3, 4)},
+    **{f"preload loops={n} stages={st} lists off": {
+        "ws": {"attend_loops": n, "attend_stages": st, "attend_preload": True,
+               "head_lists": False}} for n in (4, 8) for st in (1, 3)},
     **{f"loops={n} stages={st} rows=128": {"attend_rows": _attend_rows(128),
                                           "ws": {"attend_loops": n, "attend_stages": st}}
        for n in (2, 4) for st in (2, 3)},
