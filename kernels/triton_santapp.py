@@ -179,7 +179,17 @@ HOPPER = {
     "attend_loop_programs_per_sm": 2,
     "attend_max_loops": 4,
     "attend_stages": 1,
-    "attend_preload": False,
+    # one team a tile (teams_per_block = 1): the program's list entries, team rows and
+    # weights loaded before its tile loop, which then loads only K/V from addresses in
+    # registers and is pipelined attend_preload_stages deep (two K/V buffers at 3: 74 KB
+    # of shared memory, 162 registers, sm_90), up to attend_preload_max_loops tiles.
+    # H200, M=32, call us (results/h200/tune-2026-12-04-s26): 32k B=8 P=64 121.7 ->
+    # 81.5 (32 tiles, 3 stages; 16 tiles 97.8, 8: 92.2, 4: 95.0), 128k B=1 P=64 30.4 ->
+    # 25.8 (4 tiles). With several teams a tile (P=16) the same preload, z/phi staged
+    # too (94 KB), is slower: 32k B=8 P=16 58.6 -> 68.7-89.7, so it stays off there.
+    "attend_preload": True,
+    "attend_preload_max_loops": 32,
+    "attend_preload_stages": 3,
     "exact_rows": {64: 64, 128: 64, 256: 32},
     # heads per finishing program: 0 = one program per KV group finds every head's kappa
     # and writes the union; h > 0 = G/h programs per group, the last writes the union.
@@ -795,16 +805,24 @@ def make_plan(
     if exact_programs is None:
         exact_programs = min(8, max(1, -(-exact_max // exact_rows)))
     check_positive_int(exact_programs, "exact_programs")
+    if attend_preload is None:
+        attend_preload = HOPPER["attend_preload"] and teams_per_block == 1
+    attend_preload = bool(attend_preload)
+    if attend_preload and teams_per_block == 1 and slot > block_rows:
+        # a pipelined K/V tile keeps its byte size (two 128-row buffers: one program an SM)
+        slot = block_rows
+        chunks = -(-max_team_len // slot)
+    max_loops = HOPPER["attend_preload_max_loops" if attend_preload else "attend_max_loops"]
     if attend_loops is None:  # fewer, longer team programs while the grid stays full
         per_sm = HOPPER["attend_loop_programs_per_sm"]
         attend_loops = 1
-        while (per_sm and attend_loops < HOPPER["attend_max_loops"]
+        while (per_sm and attend_loops < max_loops
                and bkv * (-(-union_cap // (teams_per_block * attend_loops * 2)) + exact_programs)
                >= per_sm * sms):
             attend_loops *= 2
     check_positive_int(attend_loops, "attend_loops")
     if attend_stages is None:
-        attend_stages = HOPPER["attend_stages"]
+        attend_stages = HOPPER["attend_preload_stages" if attend_preload else "attend_stages"]
     check_positive_int(attend_stages, "attend_stages")
     team_programs = -(-union_cap // (teams_per_block * attend_loops))
     c_pad = _next_pow2(n_cand)
@@ -888,8 +906,7 @@ def make_plan(
         ),
         loops=attend_loops,
         attend_stages=attend_stages,
-        attend_preload=bool(HOPPER["attend_preload"] if attend_preload is None
-                            else attend_preload),
+        attend_preload=attend_preload,
     )
 
 

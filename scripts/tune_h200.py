@@ -892,7 +892,8 @@ PP_KNOBS = {  # HOPPER overrides (or workspace keywords, "ws") of the SANTA++ la
     # ... their list entries (one team a tile: rows and weights too) loaded before the loop
     **{f"preload loops={n} stages={st}": {"ws": {"attend_loops": n, "attend_stages": st,
                                                  "attend_preload": True}}
-       for n in (2, 4, 8, 16, 32) for st in (1, 2, 3, 4)},
+       for n in (2, 4, 8, 16, 32, 64) for st in (1, 2, 3, 4, 5)},
+    "no preload": {"ws": {"attend_preload": False}},  # session 25's default (4 tiles at most)
     **{f"preload loops={n} stages={st} lists off": {
         "ws": {"attend_loops": n, "attend_stages": st, "attend_preload": True,
                "head_lists": False}} for n in (4, 8) for st in (1, 3)},

@@ -153,7 +153,8 @@ def test_matches_reference_given_the_same_gumbels(team_size, heads, d, sink, win
     if loops > 1:  # each team program walks `loops` tiles: fewer programs than tiles
         tiles = -(-workspace.plan.union_cap // workspace.plan.teams_per_block)
         assert workspace.plan.team_programs == -(-tiles // loops) < tiles
-        assert workspace.plan.chunks == (2 if team_size == 80 else 1)
+        assert workspace.plan.chunks == -(-team_size // workspace.plan.slot)
+        assert (workspace.plan.chunks > 1) == (team_size == 80)
     _compare(q, kv, index, packed, M, workspace=workspace, fuse_select=fuse)
 
 
@@ -467,19 +468,29 @@ def test_plans_fit_llama_shapes(d, team_size):
 
 
 def test_attend_tiles_a_program_by_the_grid():
-    """One tile a team program where the grid is small (32k B=1, 128k P=16), 4 where it
-    stays >= 2 programs an SM (32k B=8, 128k P=64), unpipelined; explicit values kept."""
-    # one tile a team program where the grid is small (32k B=1, 128k P=16), 4 where it
-    # stays >= 2 programs an SM (32k B=8, 128k P=64), unpipelined; explicit values kept
-    for batch, teams, size, loops in ((1, 2048, 16, 1), (1, 8192, 16, 1), (8, 2048, 16, 4),
-                                      (8, 512, 64, 4), (1, 2048, 64, 4)):
+    """One tile a team program where the grid is small (32k B=1 P=16, 128k P=16), more
+    while it stays >= 2 programs an SM: 4 unpipelined with several teams a tile (32k B=8
+    P=16), up to 32 preloaded and pipelined with one (32k B=8 P=64, 32k/128k B=1 P=64, teams
+    of 128 in 64-row chunks); explicit values kept."""
+    for batch, teams, size, loops, preload, stages, slot in (
+        (1, 2048, 16, 1, False, 1, 16), (1, 8192, 16, 1, False, 1, 16),
+        (8, 2048, 16, 4, False, 1, 16), (8, 512, 64, 32, True, 3, 64),
+        (1, 2048, 64, 4, True, 3, 64), (1, 512, 64, 4, True, 3, 64),
+        (8, 256, 128, 32, True, 3, 64),
+    ):
         plan = make_plan(batch, 32, 8, 128, teams, 32, size, 128)
-        assert (plan.loops, plan.attend_stages) == (loops, 1)
+        assert (plan.loops, plan.attend_preload, plan.attend_stages) == (loops, preload, stages)
+        assert (plan.slot, plan.chunks) == (slot, -(-size // slot))
         tiles = -(-plan.union_cap // plan.teams_per_block)
         assert plan.team_programs == -(-tiles // loops)
         assert plan.num_parts == plan.team_programs + plan.exact_programs
-    plan = make_plan(8, 32, 8, 128, 512, 32, 64, 128, attend_loops=2, attend_stages=3)
+        assert batch * 8 * plan.num_parts >= 2 * 132
+    plan = make_plan(8, 32, 8, 128, 512, 32, 64, 128, attend_loops=2, attend_stages=3,
+                     attend_preload=False)
     assert (plan.loops, plan.attend_stages, plan.team_programs) == (2, 3, 64)
+    assert not plan.attend_preload
+    plan = make_plan(8, 32, 8, 128, 256, 32, 128, 128, attend_preload=False)
+    assert (plan.slot, plan.chunks, plan.loops) == (128, 1, 4)  # unpipelined: 4 at most
     with pytest.raises(sk.validate.InputError, match="attend_loops"):
         make_plan(8, 32, 8, 128, 512, 32, 64, 128, attend_loops=0)
 
