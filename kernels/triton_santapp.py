@@ -182,14 +182,21 @@ HOPPER = {
     # one team a tile (teams_per_block = 1): the program's list entries, team rows and
     # weights loaded before its tile loop, which then loads only K/V from addresses in
     # registers and is pipelined attend_preload_stages deep (two K/V buffers at 3: 74 KB
-    # of shared memory, 162 registers, sm_90), up to attend_preload_max_loops tiles.
-    # H200, M=32, call us (results/h200/tune-2026-12-04-s26): 32k B=8 P=64 121.7 ->
-    # 81.5 (32 tiles, 3 stages; 16 tiles 97.8, 8: 92.2, 4: 95.0), 128k B=1 P=64 30.4 ->
-    # 25.8 (4 tiles). With several teams a tile (P=16) the same preload, z/phi staged
+    # of shared memory, 162 registers, sm_90: 3 programs an SM), up to
+    # attend_preload_max_loops tiles; 4 stages (three buffers, 106 KB: 2 an SM) for walks
+    # of up to attend_preload_deep_max_loops tiles (a short walk has more of its tiles in
+    # flight from its start; a long one gains more from 3 programs an SM). H200, M=32, call us
+    # (results/h200/tune-2026-12-04-s26, old default -> new): 32k B=8 P=64 121.5 -> 80.0
+    # (32 tiles, 3 stages; 4 stages 81.3, 16 tiles 89.1-96.6, 64: 113.3), P=128 205.6 ->
+    # 128.9; B=4 P=64 70.4 -> 49.6 (16 tiles; 4 stages 50.5); 128k B=1 P=64 30.3 -> 25.9
+    # at 3 stages, 24.9 at 4 (4 tiles; 8: 27.3), P=128 39.2 -> 32.1 / 31.0; 32k B=1 P=64
+    # 26.8 -> 23.8 / 22.5. With several teams a tile (P=16) the same preload, z/phi staged
     # too (94 KB), is slower: 32k B=8 P=16 58.6 -> 68.7-89.7, so it stays off there.
     "attend_preload": True,
     "attend_preload_max_loops": 32,
     "attend_preload_stages": 3,
+    "attend_preload_deep_stages": 4,
+    "attend_preload_deep_max_loops": 4,
     "exact_rows": {64: 64, 128: 64, 256: 32},
     # heads per finishing program: 0 = one program per KV group finds every head's kappa
     # and writes the union; h > 0 = G/h programs per group, the last writes the union.
@@ -821,10 +828,14 @@ def make_plan(
                >= per_sm * sms):
             attend_loops *= 2
     check_positive_int(attend_loops, "attend_loops")
-    if attend_stages is None:
-        attend_stages = HOPPER["attend_preload_stages" if attend_preload else "attend_stages"]
-    check_positive_int(attend_stages, "attend_stages")
     team_programs = -(-union_cap // (teams_per_block * attend_loops))
+    if attend_stages is None:
+        attend_stages = HOPPER["attend_stages"]
+        if attend_preload:  # deeper for short walks
+            short = attend_loops <= HOPPER["attend_preload_deep_max_loops"]
+            attend_stages = HOPPER["attend_preload_deep_stages" if short
+                                   else "attend_preload_stages"]
+    check_positive_int(attend_stages, "attend_stages")
     c_pad = _next_pow2(n_cand)
     select_warps = (
         HOPPER["select_warps_large"] if g_rows * c_pad > 2048 else HOPPER["select_warps_small"]

@@ -471,12 +471,13 @@ def test_attend_tiles_a_program_by_the_grid():
     """One tile a team program where the grid is small (32k B=1 P=16, 128k P=16), more
     while it stays >= 2 programs an SM: 4 unpipelined with several teams a tile (32k B=8
     P=16), up to 32 preloaded and pipelined with one (32k B=8 P=64, 32k/128k B=1 P=64, teams
-    of 128 in 64-row chunks); explicit values kept."""
+    of 128 in 64-row chunks), 4 stages deep for walks of up to 4 tiles, else 3;
+    explicit values kept."""
     for batch, teams, size, loops, preload, stages, slot in (
         (1, 2048, 16, 1, False, 1, 16), (1, 8192, 16, 1, False, 1, 16),
         (8, 2048, 16, 4, False, 1, 16), (8, 512, 64, 32, True, 3, 64),
-        (1, 2048, 64, 4, True, 3, 64), (1, 512, 64, 4, True, 3, 64),
-        (8, 256, 128, 32, True, 3, 64),
+        (4, 512, 64, 16, True, 3, 64), (1, 2048, 64, 4, True, 4, 64),
+        (1, 512, 64, 4, True, 4, 64), (8, 256, 128, 32, True, 3, 64),
     ):
         plan = make_plan(batch, 32, 8, 128, teams, 32, size, 128)
         assert (plan.loops, plan.attend_preload, plan.attend_stages) == (loops, preload, stages)
