@@ -887,6 +887,11 @@ PP_KNOBS = {  # HOPPER overrides (or workspace keywords, "ws") of the SANTA++ la
     "compact off": {"ws": {"compact": False}},  # the finisher's bracketed search (s11)
     "merge kernel": {"ws": {"merge_atomic": False}},  # partials merged by their own kernel
     "merge atomic": {"ws": {"merge_atomic": True}},  # ... by atomic sums in the attend grid
+    "pdl bf16": {"pdl_before_merge": True},  # select -> finish -> attend chained, any reps
+    "select_teams_many=64": {"select_teams_many": 64},
+    "select_teams_many=256": {"select_teams_many": 256},
+    "score_warps_many=8": {"score_warps_many": 8},
+    "score_warps_many=2": {"score_warps_many": 2},
     # team programs walking 2-16 tiles of the list, their tile loop pipelined 1-6 deep
     **{f"loops={n} stages={st}": {"ws": {"attend_loops": n, "attend_stages": st}}
        for n in (2, 4, 8, 16) for st in (1, 2, 3, 4, 5, 6)},
