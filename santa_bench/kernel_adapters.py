@@ -195,7 +195,8 @@ def santapp_prepare(
 ) -> Prepared:
     """Prepares the Triton SANTA++ kernel: builds and packs the team index outside the timed
     region (its time goes to the ``index_build_ms`` metric), plans the workspace, runs once.
-    Extra metrics: ``index_build_ms`` and, after ``reads()``, ``read_equivalent``."""
+    Extra metrics: ``index_build_ms`` and, after ``reads()``, ``read_equivalent`` and
+    ``bytes_read_tables`` (the representatives' bytes, counted in the bandwidth)."""
     module = _triton_santapp()
     try:
         module.check_scheme(scheme, mix)
@@ -227,7 +228,12 @@ def santapp_prepare(
     def reads():
         _, info = module.santapp_decode(q, kv, packed, M, scale=scale, workspace=workspace)
         metrics["read_equivalent"] = (info.read_equivalent(), "ratio")
-        return info.read_counts()
+        counts = info.read_counts()
+        # representatives (and log n, int8 scales): read every call besides the K/V rows
+        metrics["bytes_read_tables"] = (
+            info.bytes_moved(q) - counts.kv_bytes(packed.kv_itemsize)
+            - 2 * q.numel() * q.element_size(), "B")
+        return counts
 
     notes = {"plan": workspace.plan, "teams_read_from": packed.what_is_read()}
     # inputs_bytes = bytes one call reads (~10% of the cache), not the cache's size: the

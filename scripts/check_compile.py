@@ -200,7 +200,8 @@ def check_attend() -> int:
                   "TPB": 4, "SLOT": 16, "CHUNKS": 1, "BLOCK_E": 64, "PACKED": False,
                   "PAGED": paged, "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True,
                   "HEAD_LISTS": lists, "MERGE_ATOMIC": atomic, "BLOCK_S": 64,
-                  "LET_NEXT": atomic, "LOOPS": 1, "ATTEND_STAGES": 1}
+                  "LET_NEXT": atomic, "LOOPS": 1, "ATTEND_STAGES": 1, "PRELOAD": False,
+                  "L_PAD": 1}
         err = compile_kernel(tsp._attend_kernel, types, consts, {"num_warps": 4})
         print(f"_attend_kernel head_lists={lists} paged={paged} atomic={atomic}: "
               f"{err or 'ok'}")
@@ -213,13 +214,35 @@ def check_attend() -> int:
                   "TPB": 1, "SLOT": 64, "CHUNKS": 2, "BLOCK_E": 64, "PACKED": False,
                   "PAGED": paged, "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True,
                   "HEAD_LISTS": True, "MERGE_ATOMIC": True, "BLOCK_S": 64,
-                  "LET_NEXT": True, "LOOPS": 4, "ATTEND_STAGES": stages}
+                  "LET_NEXT": True, "LOOPS": 4, "ATTEND_STAGES": stages, "PRELOAD": False,
+                  "L_PAD": 4}
         # as launched: num_stages=1 for the kernel (the exact-set loop), the tile loop's own
         err = compile_kernel(tsp._attend_kernel, types, consts,
                              {"num_warps": 4, "num_stages": 1},
                              divisible=("stride_kx", "stride_ky", "stride_kh"), pipelined=True,
                              max_shared=H100_SHARED)
         print(f"_attend_kernel loops=4 stages={stages} paged={paged}: {err or 'ok'}")
+        failures += err is not None
+    # one team a tile, its entries, rows and weights preloaded: the loop loads only K/V,
+    # stages - 1 buffers of 64 x 128 rows each (1 with the team id loaded in the loop);
+    # several teams a tile (entries only), teams of 2 chunks, the union list
+    for tpb, slot, chunks, loops, stages, lists in (
+        (1, 64, 1, 32, 3, True), (1, 64, 1, 4, 4, True), (1, 64, 2, 4, 3, False),
+        (4, 16, 1, 4, 3, True),
+    ):
+        consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "G_PAD": 16,
+                  "TPB": tpb, "SLOT": slot, "CHUNKS": chunks, "BLOCK_E": 64, "PACKED": False,
+                  "PAGED": False, "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True,
+                  "HEAD_LISTS": lists, "MERGE_ATOMIC": False, "BLOCK_S": 64,
+                  "LET_NEXT": False, "LOOPS": loops, "ATTEND_STAGES": stages, "PRELOAD": True,
+                  "L_PAD": loops}
+        err = compile_kernel(tsp._attend_kernel, types, consts,
+                             {"num_warps": 4, "num_stages": 1},
+                             divisible=("stride_kx", "stride_ky", "stride_kh"), pipelined=True,
+                             max_shared=H100_SHARED,
+                             require=f"{stages - 1}x{tpb * slot}x128xbf16")
+        print(f"_attend_kernel preload tpb={tpb} loops={loops} stages={stages} "
+              f"chunks={chunks} lists={lists}: {err or 'ok'}")
         failures += err is not None
     consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "BLOCK_S": 64,
               "PDL": True, "LET_NEXT": False}

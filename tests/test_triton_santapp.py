@@ -788,3 +788,26 @@ def test_contiguous_reps_kernel_declines_what_it_cannot_read():
     fast = build_packed(paged, team_size=8, reps_kernel=True, index_dtype=torch.float32)
     slow = build_packed(paged, team_size=8, reps_kernel=False, index_dtype=torch.float32)
     assert torch.equal(fast.reps, slow.reps)  # paged: the torch loop either way
+
+
+@pytest.mark.parametrize("reps", ["model", "int8"])
+def test_harness_bandwidth_counts_the_representatives(reps):
+    """The kernel harness's bandwidth is on every byte a call reads: for SANTA++ the K/V
+    rows (``bytes_read``) and the representatives, their ``log n`` (and int8 scales)."""
+    from santa_bench.kernel_adapters import santapp_prepare
+    from santa_bench.runners.kernel import moved_bytes
+
+    q, kv = _problem(heads=4, n=96, d=16, dtype=torch.float32)
+    prepared = santapp_prepare(q, kv, seed=0, M=3, team_size=8, reps=reps)
+    prepared.reads()
+    tables, unit = prepared.metrics["bytes_read_tables"]
+    packed = pack_teams(kv, build_team_index(kv, team_size=8))
+    if reps == "int8":
+        packed = quantize_packed(packed)
+    want = (packed.reps.numel() * packed.reps.element_size() + packed.log_n.numel() * 4
+            + (packed.reps_scale.numel() * 4 if reps == "int8" else 0))
+    assert unit == "B" and tables == want > 0
+    rows = [{"metric": "bytes_read", "value": 1000.0},
+            {"metric": "bytes_read_tables", "value": tables}]
+    assert moved_bytes(rows, q) == 1000 + tables + 2 * q.numel() * 4
+    assert moved_bytes(rows[:1], q) == 1000 + 2 * q.numel() * 4  # other methods: no tables

@@ -327,8 +327,7 @@ class KernelRunner:
             # method-specific metrics the adapter measured (e.g. santapp: index_build_ms)
             *(_row(k, v, unit) for k, (v, unit) in getattr(prepared, "metrics", {}).items()),
         ]
-        moved = rows_bytes(rows) + 2 * q.numel() * q.element_size()  # + read q, write out
-        bandwidth = moved / (timing.median_us * 1e-6) / 1e9
+        bandwidth = moved_bytes(rows, q) / (timing.median_us * 1e-6) / 1e9
         rows.append(_row("bandwidth", bandwidth, "GB/s"))
         if self.copy_bandwidth_gbps:
             rows.append(
@@ -381,6 +380,14 @@ class KernelRunner:
 def rows_bytes(rows: list[dict[str, Any]]) -> float:
     """Returns the ``bytes_read`` value among ``rows``."""
     return next(r["value"] for r in rows if r["metric"] == "bytes_read")
+
+
+def moved_bytes(rows: list[dict[str, Any]], q: torch.Tensor) -> float:
+    """HBM bytes of one call for its bandwidth: the K/V bytes read (``bytes_read``), the
+    tables a method reads besides the cache (``bytes_read_tables``, e.g. SANTA++'s
+    representatives; 0 when absent), q read and the output written."""
+    tables = sum(r["value"] for r in rows if r["metric"] == "bytes_read_tables")
+    return rows_bytes(rows) + tables + 2 * q.numel() * q.element_size()
 
 
 def _dense_reads(kv: sk.KVCache) -> ReadCounts:
