@@ -191,7 +191,7 @@ HOPPER = {
     # 128.9; B=4 P=64 70.4 -> 49.6 (16 tiles; 4 stages 50.5); 128k B=1 P=64 30.3 -> 25.9
     # at 3 stages, 24.9 at 4 (4 tiles; 8: 27.3), P=128 39.2 -> 32.1 / 31.0; 32k B=1 P=64
     # 26.8 -> 23.8 / 22.5. With several teams a tile (P=16) the same preload, z/phi staged
-    # too (94 KB), is slower: 32k B=8 P=16 58.6 -> 68.7-89.7, so it stays off there.
+    # too (94 KB), is slower: 32k B=8 P=16 58.6 -> 68.7-220, so it stays off there.
     "attend_preload": True,
     "attend_preload_max_loops": 32,
     "attend_preload_stages": 3,
@@ -831,7 +831,7 @@ def make_plan(
     team_programs = -(-union_cap // (teams_per_block * attend_loops))
     if attend_stages is None:
         attend_stages = HOPPER["attend_stages"]
-        if attend_preload:  # deeper for short walks
+        if attend_preload and attend_loops > 1:  # deeper for short walks
             short = attend_loops <= HOPPER["attend_preload_deep_max_loops"]
             attend_stages = HOPPER["attend_preload_deep_stages" if short
                                    else "attend_preload_stages"]
@@ -1045,6 +1045,59 @@ def _count_min(n0, lo0, n1, lo1):
     return n0 + n1, tl.minimum(lo0, lo1)
 
 
+# Triton's interpreter runs a tl.reduce combine function element by element (Python calls:
+# ~90% of the kth-search tests' time); under it the row reductions below are taken one at
+# a time, with the same integer results. Compiled kernels keep the packed reductions.
+_REDUCE_APART = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+@triton.jit
+def _row_sums2(a, b):
+    """Row sums (axis 1) of two integer tensors, in one packed reduction."""
+    if _REDUCE_APART:
+        sa = tl.sum(a, axis=1)
+        sb = tl.sum(b, axis=1)
+    else:
+        sa, sb = tl.reduce((a, b), 1, _add2)
+    return sa, sb
+
+
+@triton.jit
+def _row_sums4(a, b, c, d):
+    """Row sums (axis 1) of four integer tensors, in one packed reduction."""
+    if _REDUCE_APART:
+        sa = tl.sum(a, axis=1)
+        sb = tl.sum(b, axis=1)
+        sc = tl.sum(c, axis=1)
+        sd = tl.sum(d, axis=1)
+    else:
+        sa, sb, sc, sd = tl.reduce((a, b, c, d), 1, _add4)
+    return sa, sb, sc, sd
+
+
+@triton.jit
+def _row_count_min(n, v):
+    """Per row (axis 1): the sum of ``n`` and the least ``v``, in one reduction."""
+    if _REDUCE_APART:
+        count = tl.sum(n, axis=1)
+        least = tl.min(v, axis=1)
+    else:
+        count, least = tl.reduce((n, v), 1, _count_min)
+    return count, least
+
+
+@triton.jit
+def _row_count_min_max(n, v, w):
+    """Per row (axis 1): the sum of ``n``, the least ``v`` and the largest ``w``."""
+    if _REDUCE_APART:
+        count = tl.sum(n, axis=1)
+        least = tl.min(v, axis=1)
+        top = tl.max(w, axis=1)
+    else:
+        count, least, top = tl.reduce((n, v, w), 1, _count_min_max)
+    return count, least, top
+
+
 @triton.jit
 def _threshold(lo, hi, lo_v, hi_v, J: tl.constexpr, WAYS: tl.constexpr):
     """Threshold ``J`` of ``WAYS`` (int32 keys ``[R]``) for the bracket ``[lo, hi)`` (int64).
@@ -1118,14 +1171,13 @@ def _kth_search(key, K, lo, hi, WAYS: tl.constexpr):
             t5 = _threshold(lo, hi, lo_v, hi_v, 5, WAYS)
             t6 = _threshold(lo, hi, lo_v, hi_v, 6, WAYS)
             t7 = _threshold(lo, hi, lo_v, hi_v, 7, WAYS)
-            s01, s23, s45, s67 = tl.reduce(
-                (_pair(key, t0, t1), _pair(key, t2, t3), _pair(key, t4, t5),
-                 _pair(key, t6, t7)), 1, _add4)  # fmt: skip
+            s01, s23, s45, s67 = _row_sums4(_pair(key, t0, t1), _pair(key, t2, t3),
+                                            _pair(key, t4, t5), _pair(key, t6, t7))
             new_lo, new_hi, hit = _narrow4(K, lo, hi, t0, t1, t2, t3, s01, s23)
             new_lo, new_hi, hit2 = _narrow4(K, new_lo, new_hi, t4, t5, t6, t7, s45, s67)
             hit = hit | hit2
         else:
-            s01, s23 = tl.reduce((_pair(key, t0, t1), _pair(key, t2, t3)), 1, _add2)
+            s01, s23 = _row_sums2(_pair(key, t0, t1), _pair(key, t2, t3))
             new_lo, new_hi, hit = _narrow4(K, lo, hi, t0, t1, t2, t3, s01, s23)
         # a threshold with exactly K keys above it makes the largest such the new lo
         lo = new_lo
@@ -1134,9 +1186,7 @@ def _kth_search(key, K, lo, hi, WAYS: tl.constexpr):
         steps += 1
     lo32 = lo.to(tl.int32)
     above = key >= lo32[:, None]
-    count, kth = tl.reduce(
-        (above.to(tl.int32), tl.where(above, key, 2147483647)), 1, _count_min
-    )
+    count, kth = _row_count_min(above.to(tl.int32), tl.where(above, key, 2147483647))
     return tl.where(count >= K, kth, -2139095041)
 
 
@@ -1146,9 +1196,8 @@ def _kth_largest(key, K, lo, WAYS: tl.constexpr):
     entries at or above it (or KEY_NEG_INF); one reduction first finds the row's largest
     key and, where at least ``K`` are finite, its smallest finite key (a tighter lo)."""
     finite = key > -2139095041
-    n_fin, least, top = tl.reduce(
-        (finite.to(tl.int32), tl.where(finite, key, 2147483647), key), 1, _count_min_max
-    )
+    n_fin, least, top = _row_count_min_max(finite.to(tl.int32),
+                                           tl.where(finite, key, 2147483647), key)
     lo = tl.where((n_fin >= K) & (least > lo), least, lo)
     return _kth_search(key, K, lo, top.to(tl.int64) + 1, WAYS)  # nothing at or above hi
 
@@ -1243,17 +1292,14 @@ def _split_bracket(key, split_kth_ptr, head_rows, mask_h, K, num_splits, S_PAD: 
                  mask=mask_h[:, None] & (offs_s < num_splits)[None, :], other=-2147483648,
                  cache_modifier=".cg")
     finite = sk > -2139095041
-    n_ok, least, top = tl.reduce(
-        (finite.to(tl.int32), tl.where(finite, sk, 2147483647), sk), 1, _count_min_max
-    )
+    n_ok, least, top = _row_count_min_max(finite.to(tl.int32),
+                                          tl.where(finite, sk, 2147483647), sk)
     hi = top.to(tl.int64) + 1
     enough = n_ok * BRACKET >= K
     lo = tl.where(enough, least, -2139095041)
     if tl.max((mask_h & ~enough).to(tl.int32), axis=0) > 0:  # short rows: the old bracket
         fin = key > -2139095041
-        n_fin, least_key = tl.reduce(
-            (fin.to(tl.int32), tl.where(fin, key, 2147483647)), 1, _count_min
-        )
+        n_fin, least_key = _row_count_min(fin.to(tl.int32), tl.where(fin, key, 2147483647))
         lo = tl.where(enough | (n_fin < K), lo, least_key)
     return lo, hi
 

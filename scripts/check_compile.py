@@ -1,13 +1,19 @@
 """Compiles Triton kernels for sm_90 without a GPU (frontend + LLVM; catches the errors the
 interpreter cannot see, e.g. a variable whose type differs between branches).
 
-Run anywhere:  python3 scripts/check_compile.py
+Run anywhere:  python3 scripts/check_compile.py   (the kernel groups in up to 2 processes)
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import multiprocessing
+import os
 import re
 import sys
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -68,7 +74,8 @@ def compile_kernel(fn, types: list[str], consts: dict, options: dict | None = No
     return None
 
 
-def main() -> int:
+def check_finish() -> int:
+    """The SANTA++ finishers."""
     failures = 0
     finish_types = ["*fp32", "*fp32", "*i32", "*i32", "*fp32", "*i32", "*i32", "*i32", "*i32",
                     "*i32"] + ["i32"] * 6
@@ -85,7 +92,12 @@ def main() -> int:
         print(f"_finish_heads_kernel local={local} h_rows={h_rows} "
               f"bracket={consts['BRACKET']} compact={compact}: {err or 'ok'}")
         failures += err is not None
-    failures += check_attend()
+    return failures
+
+
+def check_score() -> int:
+    """The prop score and sample passes, the flash kernel, the reps kernel."""
+    failures = 0
     score_types = ["*bf16", "*bf16", "*i32", "*i32", "*fp32", "*fp16", "*i64", "fp32"]
     score_types += ["i32"] * 13 + ["i32"]  # ..., page_size; seq_rows (k_desc: None)
     for group, g_rows, subs, stores in ((4, 4, 1, 2), (4, 4, 2, 2), (4, 0, 1, 2), (1, 2, 1, 2),
@@ -178,12 +190,7 @@ def main() -> int:
         err = compile_kernel(tsp._contiguous_reps_kernel, reps_types, consts)
         print(f"_contiguous_reps_kernel P={team_size} MEAN={mean}: {err or 'ok'}")
         failures += err is not None
-    failures += check_select()
-    failures += check_flash_two_pass()
-    failures += check_flash_compact()
-    failures += check_decode_linear()
-    failures += check_bernoulli()
-    return 1 if failures else 0
+    return failures
 
 
 def check_attend() -> int:
@@ -421,6 +428,31 @@ def check_flash_compact() -> int:
     print(f"_merge_kernel PDL: {err or 'ok'}")
     failures += err is not None
     return failures
+
+
+def _captured(check: Callable[[], int]) -> tuple[int, str]:
+    """Runs one check group: ``(failures, what it printed)``."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        failures = check()
+    return failures, out.getvalue()
+
+
+def main(jobs: int | None = None) -> int:
+    """Compiles every group, ``jobs`` processes at a time (default: up to 2 CPUs); 1 on
+    any failure."""
+    checks = (check_score, check_finish, check_attend, check_select, check_flash_two_pass,
+              check_flash_compact, check_decode_linear, check_bernoulli)
+    jobs = jobs or min(2, os.cpu_count() or 1)
+    if jobs == 1:
+        results = [_captured(check) for check in checks]
+    else:  # spawned workers: each imports Triton afresh (no forked compiler state)
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(jobs, mp_context=context) as pool:
+            results = list(pool.map(_captured, checks))
+    for _, text in results:
+        print(text, end="")
+    return 1 if sum(failures for failures, _ in results) else 0
 
 
 if __name__ == "__main__":

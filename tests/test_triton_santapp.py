@@ -314,24 +314,34 @@ def test_int8_quantization_bounds_and_errors():
         with_reps_format(index, "int4", kv.dtype)
 
 
-def test_kmeans_teams_are_packed_and_match_reference():
+# the team programs' list entries, rows and weights preloaded (one team a tile, 3 tiles)
+PRELOADED = {"teams_per_block": 1, "attend_loops": 3, "attend_preload": True}
+
+
+@pytest.mark.parametrize("plan", [{}, PRELOADED])
+def test_kmeans_teams_are_packed_and_match_reference(plan):
     q, kv = _problem(heads=4, n=260, d=32, lengths=[260, 199], q_scale=2.0,
                            dtype=torch.float32, seed=3)
     index = build_team_index(kv, policy="kmeans", team_size=16, leaders=4, seed=1)
     packed = pack_teams(kv, index)
     assert packed.packed_k is not None and not packed.regular
-    plan = make_plan(2, 4, 2, 32, packed.max_teams, 6, packed.max_team_len, packed.exact_max)
-    assert plan.slot * plan.chunks >= packed.max_team_len
-    _compare(q, kv, index, packed, 6, seed=1)
+    planned = make_plan(2, 4, 2, 32, packed.max_teams, 6, packed.max_team_len,
+                        packed.exact_max, **plan)
+    assert planned.slot * planned.chunks >= packed.max_team_len
+    workspace = SantaPPWorkspace.for_inputs(q, kv, packed, 6, seed=1, **plan)
+    assert not plan or (workspace.plan.attend_preload and workspace.plan.loops == 3)
+    _compare(q, kv, index, packed, 6, seed=1, workspace=workspace)
 
 
-def test_grown_index_reads_the_team_tables():
+@pytest.mark.parametrize("plan", [{}, PRELOADED])
+def test_grown_index_reads_the_team_tables(plan):
     q, kv = _problem(heads=4, n=250, d=32, q_scale=2.0, dtype=torch.float32, seed=5)
     short = sk.KVCache.contiguous(kv.k, kv.v, torch.tensor([190, 175]))
     index = extend(build_team_index(short, team_size=16, exact_recent=4), kv)
     packed = pack_teams(kv, index)
     assert packed.packed_k is None and not packed.regular  # spans, not at sink + g*P
-    _compare(q, kv, index, packed, 5, seed=2)
+    workspace = SantaPPWorkspace.for_inputs(q, kv, packed, 5, seed=2, **plan)
+    _compare(q, kv, index, packed, 5, seed=2, workspace=workspace)
 
 
 def test_contiguous_build_matches_the_reference_index():
@@ -346,7 +356,8 @@ def test_contiguous_build_matches_the_reference_index():
         assert (fast.regular, fast.exact_max, fast.max_team_len) == (True, 9, 16)
 
 
-def test_paged_cache_gives_the_contiguous_result():
+@pytest.mark.parametrize(("team_size", "plan"), [(8, {}), (16, PRELOADED)])
+def test_paged_cache_gives_the_contiguous_result(team_size, plan):
     q, kv = _problem(heads=4, n=203, d=32, lengths=[203, 150], q_scale=2.0,
                            dtype=torch.float32, seed=9)
     paged = kv.to_paged(16, generator=torch.Generator().manual_seed(0))
@@ -354,8 +365,9 @@ def test_paged_cache_gives_the_contiguous_result():
     for cache in (kv, paged):
         # the torch loop in fp64 for both layouts: the same leaders (on a GPU the fp32 reps
         # kernel of the contiguous cache may break a near-tie the other way)
-        packed = build_packed(cache, team_size=8, sink=1, exact_recent=3, index_dtype=F64)
-        workspace = SantaPPWorkspace.for_inputs(q, cache, packed, 5, seed=4)
+        packed = build_packed(cache, team_size=team_size, sink=1, exact_recent=3,
+                              index_dtype=F64)
+        workspace = SantaPPWorkspace.for_inputs(q, cache, packed, 5, seed=4, **plan)
         noise = _gumbels(2, 4, packed.max_teams, 0)
         outs.append(santapp_decode(q, cache, packed, 5, gumbels=noise, workspace=workspace)[0])
         outs.append(santapp_decode(q, cache, packed, 5, workspace=workspace)[0])  # Philox
