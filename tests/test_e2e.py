@@ -21,6 +21,7 @@ import torch
 from typer.testing import CliRunner
 
 from santa_bench.cli import app
+from santa_bench.e2e import cli as e2e_cli
 from santa_bench.e2e.attention import (
     LayerRouting,
     ReferenceDecode,
@@ -47,6 +48,9 @@ def _text(result) -> str:
 
 def _invoke(*args, env=None):
     env = {"COLUMNS": "200", **(env or {})}
+    # the CLI's console fixes its width when created if COLUMNS was set then (a pytest-xdist
+    # worker may have it): the tables' labels must not fold
+    e2e_cli.console.width = int(env["COLUMNS"])
     return CliRunner().invoke(app, [str(a) for a in args], env=env)
 
 
