@@ -813,9 +813,11 @@ def make_plan(
         exact_programs = min(8, max(1, -(-exact_max // exact_rows)))
     check_positive_int(exact_programs, "exact_programs")
     if attend_preload is None:
-        attend_preload = HOPPER["attend_preload"] and teams_per_block == 1
-    attend_preload = bool(attend_preload)
-    if attend_preload and teams_per_block == 1 and slot > block_rows:
+        attend_preload = HOPPER["attend_preload"]
+    # one team a tile only: with several, z/phi stay in the loop, staged too (94 KB), and
+    # the preload measured slower (32k B=8 P=16 58.6 -> 68.7-220 us, session 26)
+    attend_preload = bool(attend_preload) and teams_per_block == 1
+    if attend_preload and slot > block_rows:
         # a pipelined K/V tile keeps its byte size (two 128-row buffers: one program an SM)
         slot = block_rows
         chunks = -(-max_team_len // slot)
@@ -1048,7 +1050,7 @@ def _count_min(n0, lo0, n1, lo1):
 # Triton's interpreter runs a tl.reduce combine function element by element (Python calls:
 # ~90% of the kth-search tests' time); under it the row reductions below are taken one at
 # a time, with the same integer results. Compiled kernels keep the packed reductions.
-_REDUCE_APART = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+_REDUCE_APART = tl.constexpr(_interpreted())
 
 
 @triton.jit
@@ -1677,15 +1679,6 @@ def _team_tile(member, bkv, head_rows, mask_g, union_ptr, count_ptr, team_start_
     # head lists: head member // list_len's list, -1 marks no team
     team = tl.load(union_ptr + bkv.to(tl.int64) * union_cap + member,
                    mask=member < union_cap, other=-1 if HEAD_LISTS else 0)
-    return _team_cells(team, member, bkv, mask_g, head_rows, count_ptr, team_start_ptr,
-                       team_len_ptr, sink, team_size, team_end, t_cap, HEAD_LISTS, REGULAR)
-
-
-@triton.jit
-def _team_cells(team, member, bkv, mask_g, head_rows, count_ptr, team_start_ptr,
-                team_len_ptr, sink, team_size, team_end, t_cap,
-                HEAD_LISTS: tl.constexpr, REGULAR: tl.constexpr):
-    """:func:`_team_tile` given the list entries ``team`` at ``member``."""
     if HEAD_LISTS:
         mask_u = team >= 0
         team = tl.maximum(team, 0)
@@ -1854,25 +1847,12 @@ def _attend_kernel(
                 m_i, l_i, acc = _online_update(q, k, v, w[:, None], ok[None, :], m_i, l_i, acc,
                                                scale, DOT_PRECISION)
         else:  # LOOPS consecutive tiles a program, their loads pipelined ATTEND_STAGES deep
-            if PRELOAD:  # the program's list entries [L_PAD, BLOCK_N] before its loop
-                offs_l = tl.arange(0, L_PAD)
-                members = (c * LOOPS + offs_l)[:, None] * TPB + (offs_n // SLOT)[None, :]
-                entries = tl.load(union_ptr + bkv.to(tl.int64) * union_cap + members,
-                                  mask=(members < union_cap) & (offs_l < LOOPS)[:, None],
-                                  other=-1 if HEAD_LISTS else 0)
             for step in tl.range(0, LOOPS * CHUNKS, num_stages=ATTEND_STAGES):
                 member = (c * LOOPS + step // CHUNKS) * TPB + offs_n // SLOT
-                if PRELOAD:  # the tile's entries from registers: K/V addresses need no load
-                    here = offs_l[:, None] == step // CHUNKS
-                    team, mask_u, start, n_g, cell, hw = _team_cells(
-                        tl.sum(tl.where(here, entries, 0), axis=0), member, bkv, mask_g,
-                        head_rows, count_ptr, team_start_ptr, team_len_ptr, sink, team_size,
-                        team_end, t_cap, HEAD_LISTS, REGULAR)
-                else:
-                    team, mask_u, start, n_g, cell, hw = _team_tile(
-                        member, bkv, head_rows, mask_g, union_ptr, count_ptr, team_start_ptr,
-                        team_len_ptr, sink, team_size, team_end, t_cap, union_cap, HEAD_LISTS,
-                        REGULAR)
+                team, mask_u, start, n_g, cell, hw = _team_tile(
+                    member, bkv, head_rows, mask_g, union_ptr, count_ptr, team_start_ptr,
+                    team_len_ptr, sink, team_size, team_end, t_cap, union_cap, HEAD_LISTS,
+                    REGULAR)
                 m_i, l_i, acc = _team_chunk(
                     step % CHUNKS, offs_n, offs_d, offs_g, mask_d, mask_g, member, team,
                     mask_u, start, n_g, cell, hw, bkv, b, q, k_head, v_head, pk_ptr, pv_ptr,

@@ -232,10 +232,9 @@ def check_attend() -> int:
         failures += err is not None
     # one team a tile, its entries, rows and weights preloaded: the loop loads only K/V,
     # stages - 1 buffers of 64 x 128 rows each (1 with the team id loaded in the loop);
-    # several teams a tile (entries only), teams of 2 chunks, the union list
+    # teams of 2 chunks, the union list
     for tpb, slot, chunks, loops, stages, lists in (
         (1, 64, 1, 32, 3, True), (1, 64, 1, 4, 4, True), (1, 64, 2, 4, 3, False),
-        (4, 16, 1, 4, 3, True),
     ):
         consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "G_PAD": 16,
                   "TPB": tpb, "SLOT": slot, "CHUNKS": chunks, "BLOCK_E": 64, "PACKED": False,

@@ -118,11 +118,9 @@ def _compare(q, kv, index, packed, M, *, atol=2e-5, seed=0, rep_share=1.0, **kw)
         (80, 4, 32, 0, 9, 2, {"fuse": False, "attend_loops": 2}),
         (8, 6, 32, 0, 4, 5, {"fuse": False, "head_lists": False, "attend_loops": 3,
                              "teams_per_block": 2}),
-        # ... their list entries loaded before the loop: 2 teams a tile; one team a tile
-        # (rows and weights before the loop) over 2 chunks, and 3 tiles of a 4-slot block
-        # (the last slot is the next program's), head lists and the union list
-        (8, 4, 64, 2, 0, 9, {"fuse": False, "teams_per_block": 2, "attend_loops": 4,
-                             "attend_preload": True}),
+        # ... one team a tile, its list entries, rows and weights loaded before the loop:
+        # over 2 chunks, and 3 tiles of a 4-slot block (the last slot is the next
+        # program's), head lists and the union list
         (80, 4, 32, 0, 9, 2, {"fuse": False, "attend_loops": 2, "attend_preload": True}),
         (16, 4, 32, 2, 0, 9, {"fuse": False, "teams_per_block": 1, "attend_loops": 3,
                               "attend_preload": True}),
