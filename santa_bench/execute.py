@@ -145,6 +145,7 @@ class CaseWorker:
         self.copy_bandwidth_gbps = copy_bandwidth_gbps
         self.recall = recall
         self.runners: dict[str, Any] = {}
+        self.on_samples: Any = None  # progress callback handed to runners that count samples
 
     def _stored(self) -> tuple[Any, str]:
         """``(rows, fingerprint)`` for a runner's recall: every stored row, the newest
@@ -183,6 +184,8 @@ class CaseWorker:
                     runner.recall(*self._stored())
             else:
                 raise ValueError(f"no runner for cases of kind {kind!r}")
+            if hasattr(runner, "on_samples"):
+                runner.on_samples = lambda count: self.on_samples and self.on_samples(count)
             self.runners[kind] = runner
         return self.runners[kind]
 
@@ -269,10 +272,18 @@ def work_units(cases: list[dict[str, Any]]) -> list[list[int]]:
     return [sorted(u, key=lambda i: not vendor(cases[i])) for u in units]
 
 
-class _Progress:
-    """Rich progress: cases done/total, ETA, current case(s), failures so far."""
+def case_weight(case: dict[str, Any]) -> int:
+    """Units of work of a case on the progress bar: its samples (accuracy), else 1."""
+    return max(1, int(case.get("n") or 1)) if case.get("kind") == "accuracy" else 1
 
-    def __init__(self, console: Console, total: int, title: str) -> None:
+
+class _Progress:
+    """Rich progress: work done/total (cases; samples x methods for accuracy cases),
+    ETA, current case(s), failures so far."""
+
+    def __init__(self, console: Console, total: int, title: str,
+                 weighted: bool = False) -> None:
+        self.weighted = weighted
         self.progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -286,6 +297,7 @@ class _Progress:
         self.title = title
         self.failures = 0
         self.current: dict[str, str] = {}
+        self.left: dict[str, int] = {}  # units of the running case not yet advanced
         self.task = self.progress.add_task(title, total=total, failed=0, current="")
 
     def __enter__(self) -> _Progress:
@@ -297,12 +309,19 @@ class _Progress:
 
     def start(self, where: str, case: dict[str, Any]) -> None:
         self.current[where] = case_label(case)
+        self.left[where] = case_weight(case) if self.weighted else 1
         self._refresh()
+
+    def samples(self, where: str, count: int) -> None:
+        """Advances the bar by ``count`` finished samples of the running case."""
+        step = min(count, self.left.get(where, 0))
+        self.left[where] = self.left.get(where, 0) - step
+        self.progress.advance(self.task, step)
 
     def done(self, where: str, rows: list[dict[str, Any]]) -> None:
         self.current.pop(where, None)
         self.failures += _failed(rows)
-        self.progress.advance(self.task)
+        self.progress.advance(self.task, self.left.pop(where, 1))
         self._refresh()
 
     def _refresh(self) -> None:
@@ -372,13 +391,16 @@ def run_cases(
         from santa_bench.e2e.runner import order_cases
 
         todo = order_cases(todo)  # one prefill per group, its dense backends first
-    with _Progress(console, len(todo), title) as progress:
+    local = options.executor != "ray" and not options.devices
+    total = sum(case_weight(c) for c in todo) if local else len(todo)
+    with _Progress(console, total, title, weighted=local) as progress:
         if options.executor == "ray":
             _run_ray(todo, store, run, options, env, progress, outcome)
         elif options.devices:
             _run_pool(todo, store, run, options, env, progress, outcome)
         else:
             worker = CaseWorker(run, str(store.root), options, "", env.get("copy_bandwidth_gbps"))
+            worker.on_samples = lambda count: progress.samples("local", count)
             for case in todo:
                 worker.device_id = local_device_id(case["device"])
                 progress.start("local", case)

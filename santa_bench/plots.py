@@ -1149,11 +1149,44 @@ def _task_key(name: Any) -> str:
     return "niah" if key.startswith("niah") else key
 
 
+UNINFORMATIVE_DENSE = 0.2  # a task whose dense score is below this cannot show a cost
+
+
+def table_model(scores: pd.DataFrame) -> str | None:
+    """Return the model the seeds' tables are filled from: the one with the most score
+    rows, GPU runs first (None when the store has no task scores)."""
+    if scores.empty or "model" not in scores.columns:
+        return None
+    rows = scores[(scores.metric == "score") & scores.model.notna()]
+    if "device" in rows.columns and (rows.device == "cuda").any():
+        rows = rows[rows.device == "cuda"]
+    return None if rows.empty else str(rows.model.value_counts().idxmax())
+
+
+def dense_by_task(scores: pd.DataFrame) -> dict[str, float]:
+    """Return the mean dense score of each concrete task (``ruler-vt``, ``gsm8k``, ...)."""
+    if scores.empty:
+        return {}
+    rows = scores[(scores.metric == "score") & scores.family.isin(DENSE_FAMILIES)]
+    return {str(t): float(g.value.mean()) for t, g in rows.groupby("task")}
+
+
+def uninformative_tasks(scores: pd.DataFrame) -> list[str]:
+    """Return the tasks whose dense score is below :data:`UNINFORMATIVE_DENSE`: a small
+    model at chance there shows nothing of what a method costs."""
+    return sorted(t for t, v in dense_by_task(scores).items() if v < UNINFORMATIVE_DENSE)
+
+
 def _our_score(scores: pd.DataFrame, task: str, method: str | None, s: int | None) -> str:
-    """Return our mean score (as %) for a task/method/S, or "–"."""
+    """Return our mean score (as %) for a task/method/S over its informative concrete
+    tasks (dense >= 20%), "uninf." where none is, or "–"."""
     if scores.empty:
         return "–"
     rows = scores[scores.task.map(_task_key) == _task_key(task)]
+    skip = set(uninformative_tasks(rows))
+    if skip and skip >= set(rows.task.unique()):
+        return "uninf."
+    rows = rows[~rows.task.isin(skip)]
     if method is None:
         rows = rows[rows.family.isin(DENSE_FAMILIES) & rows.budget.isna()]
     else:
@@ -1165,10 +1198,19 @@ def _our_score(scores: pd.DataFrame, task: str, method: str | None, s: int | Non
     return _fmt(value * 100 if unit in ("", "fraction", "ratio") and value <= 1 else value, ".2f")
 
 
+def _model_scores(scores: pd.DataFrame) -> pd.DataFrame:
+    """The score rows of :func:`table_model` (every row when none is named)."""
+    model = table_model(scores)
+    if model is None:
+        return scores
+    return scores[scores.model == model]
+
+
 def _ruler_table(scores: pd.DataFrame) -> pd.DataFrame:
     """Return the SANTA paper's 32k RULER table beside our scores (anchor / ours)."""
     if "ctx" in scores.columns:
         scores = scores[scores.ctx.isna() | (scores.ctx == 32768)]
+    scores = _model_scores(scores)
     records = []
     for label, method, s, values in ANCHOR_RULER:
         record: dict[str, Any] = {"kernel": label, "S": s if s is not None else "–"}
@@ -1181,6 +1223,7 @@ def _ruler_table(scores: pd.DataFrame) -> pd.DataFrame:
 
 def _gsm8k_table(scores: pd.DataFrame) -> pd.DataFrame:
     """Return the SANTA paper's GSM8K table (sys / strat / iid) beside our scores."""
+    scores = _model_scores(scores)
     records = [
         {
             "S": "SDPA",
@@ -1228,6 +1271,31 @@ TABLE_NOTES = {
 }
 
 
+def _scores_note(scores: pd.DataFrame, key: str) -> str:
+    """Names the model, device and sample counts of the "ours" cells, the dense score of
+    each concrete task and the uninformative tasks left out of the averages."""
+    if key == "ruler" and "ctx" in scores.columns:
+        scores = scores[scores.ctx == 32768]
+    scores = _model_scores(scores)
+    scores = scores[scores.task.astype(str).str.startswith("ruler-")] if key == "ruler" else (
+        scores[scores.task == "gsm8k"])
+    if scores.empty:
+        return ""
+    model = table_model(scores)
+    devices = sorted(str(d) for d in scores.get("device", pd.Series(dtype=str)).dropna().unique())
+    counts = sorted({int(n) for n in scores.get("n", pd.Series(dtype=float)).dropna()})
+    dense = dense_by_task(scores)
+    per_task = ", ".join(f"{t.removeprefix('ruler-')} {100 * v:.0f}" for t, v in dense.items())
+    skip = [t.removeprefix("ruler-") for t in uninformative_tasks(scores)]
+    note = f" Ours: {model} ({', '.join(devices) or 'cpu'}; n = {', '.join(map(str, counts))})."
+    if per_task:
+        note += f" Dense score per task (%): {per_task}."
+    if skip:
+        note += (f" Uninformative (dense < {100 * UNINFORMATIVE_DENSE:.0f}%), left out of "
+                 f"the averages: {', '.join(skip)}.")
+    return note
+
+
 def render_tables(frame: pd.DataFrame) -> Tables:
     """Return every anchor table of ANCHORS.md beside our measurements (Markdown, LaTeX).
 
@@ -1247,6 +1315,8 @@ def render_tables(frame: pd.DataFrame) -> Tables:
     markdown, latex = [], []
     for key, table in frames.items():
         title, note = TABLE_NOTES[key]
+        if key in ("ruler", "gsm8k"):
+            note += _scores_note(scores, key)
         markdown += [f"### {title}", "", _markdown(table), "", f"*{note}*", ""]
         latex += [_latex(table, title, note, key), ""]
     markdown.append(

@@ -118,6 +118,9 @@ RUNNERS: dict[str, RunnerSpec] = {
             "seed": "int",
             "dense_layers": "str",
             "max_new_tokens": "int",
+            "device": "str",
+            "reference": "bool",
+            "batch": "int",
         },
         defaults={
             "model": "smollm2-135m",
@@ -125,6 +128,9 @@ RUNNERS: dict[str, RunnerSpec] = {
             "seed": 0,
             "dense_layers": "",
             "max_new_tokens": 256,
+            "device": "auto",
+            "reference": False,
+            "batch": 16,
         },
         implemented=True,
     ),
@@ -624,6 +630,9 @@ def _expanded_case(
             dense_layers=combo["dense_layers"],
             max_new_tokens=combo["max_new_tokens"],
             ctx=combo.get("ctx"),
+            device=combo["device"],
+            reference=combo["reference"],
+            batch=combo["batch"],
         )
         for task in expand_task_names(combo["task"])  # ruler-niah: the eight NIAH tasks
     ]

@@ -40,7 +40,8 @@ def _run(cases: list[dict], results_dir: Path, run_id: str | None, force: bool, 
     )
 
 
-def _task_table(outcome, heading: str, keys: tuple[str, ...] = ("task", "ctx", "method", "S", "M")):
+def _task_table(outcome, heading: str,
+                keys: tuple[str, ...] = ("task", "ctx", "method", "S", "M", "backend")):
     """Prints the score / retention / KV-read table of a task run (when anything ran)."""
     if outcome.results:
         _table(heading, outcome, ("score", "retention", "decode_kv_read_fraction"), keys)
@@ -158,6 +159,7 @@ def _task(
     results_dir: Path,
     run_id: str | None,
     force: bool,
+    decode: dict,
 ) -> None:
     from santa_bench.runners.tasks import expand_task_cases
 
@@ -171,12 +173,13 @@ def _task(
             dense_layers=dense_layers,
             max_new_tokens=max_new_tokens,
             data_dir=str(data_dir) if data_dir else None,
+            **decode,
         )
     except (MethodError, ValueError) as exc:
         _fail(str(exc))
         return
     outcome = _run(cases, results_dir, run_id, force, task)
-    _task_table(outcome, f"{task} on {model} (n={n})", keys=("method", "S", "M"))
+    _task_table(outcome, f"{task} on {model} (n={n})", keys=("method", "S", "M", "backend"))
 
 
 MODEL = Annotated[
@@ -195,6 +198,28 @@ DENSE_LAYERS = Annotated[str, typer.Option(help="Layers kept exact, comma list (
 DATA_DIR = Annotated[
     Path | None, typer.Option(help="Data directory (default: $SANTA_BENCH_DATA or the user cache).")
 ]
+DEVICE = Annotated[
+    str,
+    typer.Option(
+        help="Where the model runs: auto (CUDA when present), cuda (bf16; each sampled "
+        "method's Triton kernel in every decode step) or cpu (fp32; the PyTorch references)."
+    ),
+]
+BATCH = Annotated[
+    int,
+    typer.Option(
+        help="Sequences decoded together (each at its own length). Larger is faster on a GPU "
+        "and needs ctx x layers x KV heads x head dim x 4 bytes (bf16 K and V) per sequence."
+    ),
+]
+REFERENCE = Annotated[
+    bool,
+    typer.Option(
+        "--reference",
+        help="Run the methods' PyTorch references on the GPU instead of their Triton kernels "
+        "(for checking the kernels; much slower).",
+    ),
+]
 
 
 @app.command("mmlu")
@@ -205,12 +230,16 @@ def mmlu(
     seed: SEED = 0,
     dense_layers: DENSE_LAYERS = "",
     data_dir: DATA_DIR = None,
+    device: DEVICE = "auto",
+    batch: BATCH = 16,
+    reference: REFERENCE = False,
     results_dir: ResultsDir = Path("results"),
     run_id: RunId = None,
     force: Force = False,
 ) -> None:
     """MMLU-Redux choice accuracy (the answer token is a decode step through the method)."""
-    _task("mmlu", model, methods, n, seed, dense_layers, 0, data_dir, results_dir, run_id, force)
+    _task("mmlu", model, methods, n, seed, dense_layers, 0, data_dir, results_dir, run_id, force,
+          {"device": device, "batch": batch, "reference": reference})
 
 
 @app.command("gsm8k")
@@ -222,6 +251,9 @@ def gsm8k(
     dense_layers: DENSE_LAYERS = "",
     max_new_tokens: Annotated[int, typer.Option(help="Greedy generation length.")] = 256,
     data_dir: DATA_DIR = None,
+    device: DEVICE = "auto",
+    batch: BATCH = 16,
+    reference: REFERENCE = False,
     results_dir: ResultsDir = Path("results"),
     run_id: RunId = None,
     force: Force = False,
@@ -239,6 +271,7 @@ def gsm8k(
         results_dir,
         run_id,
         force,
+        {"device": device, "batch": batch, "reference": reference},
     )
 
 
@@ -265,6 +298,9 @@ def ruler(
         Path | None,
         typer.Option(help="Folder with RULER's JSON files (default: fetched into the cache)."),
     ] = None,
+    device: DEVICE = "auto",
+    batch: BATCH = 16,
+    reference: REFERENCE = False,
     results_dir: ResultsDir = Path("results"),
     run_id: RunId = None,
     force: Force = False,
@@ -298,6 +334,9 @@ def ruler(
                 dense_layers=dense_layers,
                 ctx=size,
                 data_dir=str(data_dir) if data_dir else None,
+                device=device,
+                batch=batch,
+                reference=reference,
             )
         ]
     except (MethodError, ValueError, DataUnavailable) as exc:
@@ -322,6 +361,7 @@ def _long_task(
     run_id: str | None,
     force: bool,
     title: str,
+    decode: dict,
 ) -> None:
     """Runs LongBench v2 / HELMET-RAG cases at each context length."""
     from santa_bench.runners.tasks import expand_task_cases
@@ -347,6 +387,7 @@ def _long_task(
                 data_dir=str(data_dir) if data_dir else None,
                 data_file=str(file) if file else None,
                 demo_file=str(demo_file) if demo_file else None,
+                **decode,
             )
         ]
     except (MethodError, ValueError) as exc:
@@ -375,6 +416,9 @@ def longbench_v2(
     dense_layers: DENSE_LAYERS = "",
     data_dir: DATA_DIR = None,
     file: FILE = None,
+    device: DEVICE = "auto",
+    batch: BATCH = 16,
+    reference: REFERENCE = False,
     results_dir: ResultsDir = Path("results"),
     run_id: RunId = None,
     force: Force = False,
@@ -387,6 +431,7 @@ def longbench_v2(
     _long_task(
         ["longbench-v2"], ctx, model, methods, n, seed, dense_layers, data_dir, file, None,
         results_dir, run_id, force, "longbench-v2",
+        {"device": device, "batch": batch, "reference": reference},
     )  # fmt: skip
 
 
@@ -406,6 +451,9 @@ def helmet_rag(
     demo_file: Annotated[
         Path | None, typer.Option(help="Demonstrations for --file (HELMET's k=3 train file).")
     ] = None,
+    device: DEVICE = "auto",
+    batch: BATCH = 16,
+    reference: REFERENCE = False,
     results_dir: ResultsDir = Path("results"),
     run_id: RunId = None,
     force: Force = False,
@@ -424,6 +472,7 @@ def helmet_rag(
     _long_task(
         [HELMET_PREFIX + d for d in chosen], ctx, model, methods, n, seed, dense_layers,
         data_dir, file, demo_file, results_dir, run_id, force, "helmet-rag",
+        {"device": device, "batch": batch, "reference": reference},
     )  # fmt: skip
 
 

@@ -149,8 +149,14 @@ def load_model(name_or_path: str, *, dtype: str = "float32", device: str = "cpu"
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs: dict = {"dtype": getattr(torch, dtype)}
+    converted: Path | None = None
     if name_or_path in CATALOG:
         gguf = fetch(name_or_path)
+        converted = gguf.parent / f"hf-{CATALOG[name_or_path].sha256[:12]}-{dtype}"
+        loaded = _load_converted(converted, kwargs)
+        if loaded is not None:
+            model, tokenizer = loaded
+            return model.to(device).eval(), tokenizer
         source, kwargs["gguf_file"] = str(gguf.parent), gguf.name
     else:
         source = name_or_path
@@ -158,4 +164,49 @@ def load_model(name_or_path: str, *, dtype: str = "float32", device: str = "cpu"
         source, **{k: v for k, v in kwargs.items() if k == "gguf_file"}
     )
     model = AutoModelForCausalLM.from_pretrained(source, attn_implementation="sdpa", **kwargs)
+    if converted is not None:
+        _save_converted(converted, model, tokenizer)
     return model.to(device).eval(), tokenizer
+
+
+def _load_converted(folder: Path, kwargs: dict):
+    """Loads a catalog model's dequantized checkpoint (saved by an earlier load), or None."""
+    if not (folder / "done").is_file():
+        return None
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        model = AutoModelForCausalLM.from_pretrained(str(folder), attn_implementation="sdpa",
+                                                     **kwargs)
+    except Exception:  # another transformers version, a partial folder: use the GGUF
+        return None
+    return model, tokenizer
+
+
+def _save_converted(folder: Path, model, tokenizer) -> None:
+    """Saves the dequantized GGUF as a transformers checkpoint (GGUF loads are slow);
+    best effort: a failure leaves no folder behind."""
+    import json
+
+    from safetensors.torch import save_file
+
+    partial = folder.with_name(folder.name + ".partial")
+    try:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        # transformers refuses to save a GGUF-loaded model: its (dequantized) tensors and
+        # its configuration without the quantization entry make a plain checkpoint
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        if getattr(model.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        save_file(state, str(partial / "model.safetensors"), metadata={"format": "pt"})
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)
+        (partial / "config.json").write_text(json.dumps(config, indent=1, default=str))
+        tokenizer.save_pretrained(str(partial))
+        (partial / "done").write_text("ok\n")
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(partial, folder)
+    except Exception:
+        shutil.rmtree(partial, ignore_errors=True)

@@ -707,6 +707,13 @@ def generate(
         )
     )
     folder = fetch_ruler_data(data_dir) if needs_data else None
+    stored = None if data_dir is not None else _sample_file(
+        task, tokenizer, max_seq_length, num_samples, seed)
+    if stored is not None and stored.is_file():
+        try:
+            return [RulerSample(**r) for r in json.loads(stored.read_text(encoding="utf-8"))]
+        except (ValueError, TypeError, OSError):
+            pass  # unreadable: made again below
     gen = _Generator(spec, tokenizer, max_seq_length, seed, folder)
     method = {
         "niah": gen.niah,
@@ -715,7 +722,51 @@ def generate(
         "freq_words_extraction": gen.fwe,
         "qa": gen.qa,
     }[spec.kind]
-    return method(num_samples)
+    samples = method(num_samples)
+    if stored is not None:
+        _store_samples(stored, samples)
+    return samples
+
+
+SAMPLE_CACHE_MIN_TOKENS = 8192  # shorter contexts generate in seconds: not stored
+
+
+def _tokenizer_key(tokenizer: Any) -> str | None:
+    """A digest of what a tokenizer makes of a probe text (None: not a cacheable one)."""
+    import hashlib
+
+    probe = "RULER probe: The grass is green. 0123456789 uuid-like 3f2a\nQuestion: ok?"
+    try:
+        tokens = _counter(tokenizer)(probe), list(tokenizer.encode(probe))
+        size = len(tokenizer)
+    except Exception:  # stand-in tokenizers of tests
+        return None
+    text = f"{size}:{tokens}"  # what it makes of text, not its class (versions rename it)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _sample_file(task: str, tokenizer: Any, ctx: int, n: int, seed: int) -> Path | None:
+    """Where generated samples of long contexts are kept: generating RULER at 32k takes
+    seconds a sample (the haystack is fitted by tokenizing it), loading them none.
+    ``<cache>/data/ruler-samples/<task>-<ctx>-n<n>-s<seed>-<tokenizer digest>.json``;
+    samples made from a data folder given explicitly are not kept."""
+    if ctx < SAMPLE_CACHE_MIN_TOKENS:
+        return None
+    key = _tokenizer_key(tokenizer)
+    if key is None:
+        return None
+    return cache_dir() / "data" / "ruler-samples" / f"{task}-{ctx}-n{n}-s{seed}-{key}.json"
+
+
+def _store_samples(path: Path, samples: list[RulerSample]) -> None:
+    """Writes the samples atomically (best effort: an unwritable cache only costs time)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps([vars(s) for s in samples]), encoding="utf-8")
+        os.replace(partial, path)
+    except OSError:
+        pass
 
 
 # ------------------------------------------------------------------------ scoring

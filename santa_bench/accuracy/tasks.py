@@ -270,3 +270,56 @@ def retention_ci(
     if not draws:
         return point, float("nan"), float("nan")
     return point, draws[int(0.025 * len(draws))], draws[int(0.975 * len(draws)) - 1]
+
+
+# ------------------------------------------------------------ engine-driven tasks
+# Each task turns its samples into engine prompts and scores the generations; every
+# prompt token but the last is prefilled densely, the last one and each generated token
+# are decode steps through the method (``santa_bench.accuracy.engine``).
+def _ids(tokenizer, text: str) -> tuple[int, ...]:
+    return tuple(int(i) for i in tokenizer(text).input_ids)
+
+
+def task_prompts(task: str, tokenizer, items: Sequence, max_new_tokens: int = 256) -> list:
+    """Returns the engine prompts of ``items`` of ``task`` (mmlu, gsm8k, ruler-<t>,
+    longbench-v2, helmet-rag-<d>)."""
+    from santa_bench.accuracy.engine import Prompt
+
+    if task == "mmlu":
+        return [Prompt(_ids(tokenizer, mmlu_prompt(q)), 1) for q in items]
+    if task == "gsm8k":
+        return [Prompt(_ids(tokenizer, gsm8k_prompt(p)), max_new_tokens) for p in items]
+    if task.startswith("ruler-"):
+        return [Prompt(_ids(tokenizer, s.prompt + s.answer_prefix), s.tokens_to_generate)
+                for s in items]
+    stops = tuple(newline_ids(tokenizer))
+    return [Prompt(tuple(s.input_ids), s.max_new_tokens, stops if s.stop_newline else ())
+            for s in items]
+
+
+def task_scores(task: str, ruler_task: str | None, tokenizer, items: Sequence,
+                generation) -> tuple[list, list[str]]:
+    """Returns per-sample correctness (bool) or score (float in [0, 1]) and the outputs."""
+    if task == "mmlu":
+        logits = generation.first_logits
+        correct = []
+        for row, question in zip(logits, items, strict=True):
+            letters = _letter_ids(tokenizer, len(question.choices))
+            correct.append(int(row[letters].argmax()) == question.answer)
+        return correct, ["ABCDEFGHIJ"[int(r[_letter_ids(tokenizer, len(q.choices))].argmax())]
+                         for r, q in zip(logits, items, strict=True)]
+    texts = [tokenizer.decode(t, skip_special_tokens=True) for t in generation.tokens]
+    if task == "gsm8k":
+        return [gsm8k_correct(t, p.answer) for t, p in zip(texts, items, strict=True)], texts
+    if ruler_task is not None:
+        from santa_bench.accuracy.ruler import score
+
+        return score(ruler_task, texts, [s.outputs for s in items]), texts
+    from santa_bench.accuracy.longcontext import longbench_correct, sub_em
+
+    outputs = [t.split("\n", 1)[0] if s.stop_newline else t
+               for t, s in zip(texts, items, strict=True)]
+    if task == "longbench-v2":
+        return [longbench_correct(t, s.references[0])
+                for t, s in zip(outputs, items, strict=True)], outputs
+    return [sub_em(t, s.references) for t, s in zip(outputs, items, strict=True)], outputs

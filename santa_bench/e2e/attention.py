@@ -17,7 +17,8 @@ mask, the GQA group as query rows: what a plain PyTorch decoder does), ``triton-
 ``santa_kernels.triton_santa`` on a GPU (one workspace shared by all layers; its device
 step counter gives fresh numbers per step and layer, graph replays included), SANTA++
 the kernel of ``santa_kernels.triton_santapp`` (teams indexed after the prefill), and
-on a CPU the PyTorch references of the method registry (a fresh seed per call).
+Bernoulli qK^T its Triton stage and value kernel, and on a CPU the PyTorch references
+of the method registry (a fresh seed per call).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ TRITON_FUNCTIONS = {
     "santa-prop": "santa_prop",
 }
 SANTAPP_KERNEL_MODULE = "santa_kernels.triton_santapp"
+# every method with a Triton decode backend here (see :func:`method_backend`)
+KERNEL_METHODS = frozenset({*TRITON_FUNCTIONS, "santapp", "bernoulli"})
 
 
 class DecodeAttention:
@@ -281,6 +284,10 @@ class TritonSampledDecode(DecodeAttention):
         if "alloc" in self.params:
             self.kwargs["alloc"] = self.params["alloc"]
         batch, hq, d = q.shape
+        # santa-flash:gather=compact (one pass): triton_santa_flash_compact, as the kernel
+        # runner times it
+        compact = (self.method.name == "santa-flash" and not two_pass
+                   and self.params.get("gather") == "compact")
         try:
             if two_pass:  # santa-flash:passes=2[,gather=...]: triton_santa_flash2
                 flash2 = importlib.import_module("santa_kernels.triton_santa_flash2")
@@ -288,6 +295,15 @@ class TritonSampledDecode(DecodeAttention):
                 self.kwargs["gather"] = self.params.get("gather", "masked")
                 self.workspace = flash2.two_pass_workspace(q, cache.layers[0], self.S, tile,
                                                            seed=self.seed)
+            elif compact:
+                module_c = importlib.import_module("santa_kernels.triton_santa_flash_compact")
+                self.kernel = module_c.santa_flash_compact
+                draw_tiles = {"on": 2, "off": 1}.get(self.params.get("pairs") or "auto")
+                if draw_tiles is not None:
+                    self.kwargs["draw_tiles"] = draw_tiles
+                self.workspace = module_c.compact_workspace(q, cache.layers[0], self.S, tile,
+                                                            seed=self.seed,
+                                                            draw_tiles=draw_tiles)
             else:
                 self.workspace = module.SantaWorkspace(
                     batch, hq, cache.num_kv_heads, cache.capacity, d, self.S, tile,
@@ -296,6 +312,7 @@ class TritonSampledDecode(DecodeAttention):
         except ValueError as exc:
             raise Unsupported(f"{self.method.name}: {exc}") from exc
         self.kwargs["workspace"] = self.workspace
+        self.variant = self.kernel.__name__  # the kernel that runs (rows record it)
 
     def reset(self) -> None:
         self.workspace.reset_rng(0)
@@ -411,6 +428,48 @@ class TritonSantaPPDecode(DecodeAttention):
             q, self.cache.layers[layer], self.packed[layer], self.params["M"],
             scale=self.scale, workspace=self.workspaces[layer], pdl_chain=self.pdl_chain)[0]
 
+    def read_fraction(self, layer: int, q: torch.Tensor) -> float:
+        """The KV read fraction of one more call of the kernel on ``q`` (off the hot path)."""
+        _, info = self.module.santapp_decode(
+            q, self.cache.layers[layer], self.packed[layer], self.params["M"],
+            scale=self.scale, workspace=self.workspaces[layer])
+        return float(info.read_counts().kv_read_fraction)
+
+
+class TritonBernoulliDecode(DecodeAttention):
+    """Bernoulli qK^T with its value stage (``santa_kernels.triton_bernoulli``); one
+    prepared call (its workspaces, its device step counters) serves every layer."""
+
+    def __init__(self, params: dict[str, Any], scale: float, seed: int) -> None:
+        self.params, self.scale, self.seed = dict(params), scale, seed
+        self.name = "triton"
+
+    def setup(self, cache: StaticKVCache, q: torch.Tensor) -> None:
+        super().setup(cache, q)
+        from santa_bench.kernel_adapters import STASH_DTYPES, santa_kernel_available
+
+        ok, why = santa_kernel_available()
+        if not ok:
+            raise Unsupported(why)
+        if self.params.get("min_ctx"):
+            raise Unsupported("the Triton kernels do not implement min_ctx")
+        module = importlib.import_module("santa_kernels.triton_bernoulli")
+        p = self.params
+        try:
+            self.call = module.BernoulliDecode(
+                q, cache.layers[0], draws=p["draws"], grouping=p["grouping"],
+                value_stage=p["value_stage"], S=p["S"], tile=p["tile"], alloc=p["alloc"],
+                scale=self.scale, seed=self.seed,
+                stash_dtype=STASH_DTYPES[p.get("stash") or "fp16"])
+        except ValueError as exc:
+            raise Unsupported(f"bernoulli: {exc}") from exc
+
+    def reset(self) -> None:
+        self.call.reset_rng(0)
+
+    def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        return self.call(q, self.cache.layers[layer])
+
 
 def method_backend(
     method: Method, params: dict[str, Any], *, device: str, scale: float, seed: int
@@ -422,13 +481,15 @@ def method_backend(
         return TritonSampledDecode(method, params, scale, seed)
     if method.name == "santapp":
         return TritonSantaPPDecode(params, scale, seed)
+    if method.name == "bernoulli":
+        return TritonBernoulliDecode(params, scale, seed)
     raise Unsupported(f"{method.name}: no GPU kernel for end-to-end decode (reference only)")
 
 
 def backend_label(method: Method, device: str) -> str:
     """Returns the ``backend`` recorded for a sampled method on ``device``: its Triton
     kernel on a GPU, else its PyTorch reference (a GPU run of that is skipped)."""
-    kernel = method.name in TRITON_FUNCTIONS or method.name == "santapp"
+    kernel = method.name in KERNEL_METHODS
     return "triton" if device == "cuda" and kernel else "reference"
 
 

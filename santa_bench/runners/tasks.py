@@ -13,9 +13,13 @@ from __future__ import annotations
 import json
 import math
 import random
+import time
 from typing import Any
 
 from santa_bench.methods import REGISTRY, Registry
+from santa_kernels.validate import InputError
+
+DEFAULT_BATCH = 16  # sequences decoded together (``--batch``; not part of a case)
 
 TASKS = ("mmlu", "gsm8k", "longbench-v2")
 HELMET_PREFIX = "helmet-rag-"  # helmet-rag-<dataset>: nq, triviaqa, hotpotqa, popqa
@@ -107,15 +111,16 @@ class TaskRunner:
         self._model: Any = None
         self.dense: dict[tuple, list[bool]] = {}
         self._samples: tuple[tuple, list] | None = None  # the last sample set
-        self.prefills: Any = None  # accuracy.tasks.PrefillCache, made on first use
+        self.prefills: Any = None  # the engine's PrefillStore (or a PrefillCache)
+        self._engine: tuple | None = None  # ((model, device), Engine | None, why)
+        self.on_samples: Any = None  # progress: called with each batch's sample count
 
     def model(self, name: str):
         if name != self._model_name:
             from santa_bench.accuracy.models import load_model
-            from santa_bench.accuracy.tasks import PrefillCache
 
             self._model, self._model_name = load_model(name), name
-            self.prefills = PrefillCache()  # dense prefills, shared by the methods of a case
+            self._engine = None
         return self._model
 
     def samples(self, case: dict[str, Any]) -> list:
@@ -181,39 +186,67 @@ class TaskRunner:
         for record in rows.to_dict("records"):
             self.dense[_pair_key(record)] = json.loads(record["per_sample"])
 
+    def engine(self, name: str, device: str, batch: int):
+        """The decode engine of model ``name`` on ``device`` (None: the model's family is
+        not one the suite's decoder runs; CPU runs then go through transformers)."""
+        from santa_bench.accuracy.engine import Engine
+        from santa_bench.accuracy.tasks import PrefillCache
+
+        model, _ = self.model(name)
+        key = (name, device)
+        if self._engine is None or self._engine[0] != key:
+            self._engine = None
+            try:
+                engine = Engine(model, device=device, batch=batch, name=name)
+            except InputError as exc:
+                if device == "cuda":
+                    raise
+                self._engine = (key, None, str(exc))
+            else:
+                self._engine = (key, engine, "")
+            self.prefills = self._engine[1].prefills if self._engine[1] else PrefillCache()
+        engine = self._engine[1]
+        if engine is not None:
+            engine.batch = batch
+        return engine
+
     def run(self, case: dict[str, Any]) -> list[dict[str, Any]]:
-        from santa_bench.accuracy.tasks import (
-            gsm8k_loop,
-            long_context_loop,
-            mmlu_loop,
-            retention_ci,
-            ruler_loop,
-        )
+        from santa_bench.accuracy.engine import resolve_backend
+        from santa_bench.accuracy.tasks import retention_ci, task_prompts, task_scores
 
         method = self.registry.get(case["method"])
         params = {p.name: case[p.name] for p in method.params if p.name in case}
-        spec = method.name + (
-            ":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else ""
-        )
         items = self.samples(case)  # first: missing data fails before a model loads
-        model, tokenizer = self.model(case["model"])
+        device = case.get("device", "cpu")
+        backend = case.get("backend") or resolve_backend(method, device)
         layers = tuple(int(x) for x in str(case.get("dense_layers") or "").split(",") if x)
-        from santa_bench.accuracy.integration import use_method
-
-        info = use_method(model, spec, seed=case["seed"], dense_layers=layers)
+        started = time.perf_counter()
+        engine = self.engine(case["model"], device, int(case.get("_batch") or DEFAULT_BATCH))
+        _, tokenizer = self.model(case["model"])
         ruler_task = _ruler_name(case["task"])
-        correct: list  # per-sample correctness (bool) or RULER score (float in [0, 1])
-        if ruler_task is not None:
-            correct, _ = ruler_loop(model, tokenizer, items, ruler_task, self.prefills)
-        elif case["task"] == "longbench-v2" or _helmet_name(case["task"]) is not None:
-            correct, _ = long_context_loop(model, tokenizer, items, case["task"], self.prefills)
-        elif case["task"] == "mmlu":
-            correct = mmlu_loop(model, tokenizer, items)
+        extra: list[dict[str, Any]] = []
+        if engine is None:  # a model family the suite's decoder does not run: transformers
+            correct, reads = self._run_hf(case, method, params, items, layers, ruler_task)
         else:
-            correct = gsm8k_loop(model, tokenizer, items, case["max_new_tokens"])
+            prompts = task_prompts(case["task"], tokenizer, items,
+                                   int(case.get("max_new_tokens") or 256))
+            generation = engine.generate(
+                method, method.resolve_params(params), prompts, seed=case["seed"],
+                dense_layers=layers, backend=None if method.name == "dense" else backend,
+                keep_logits=case["task"] == "mmlu", on_batch=self._advance)
+            correct, _ = task_scores(case["task"], ruler_task, tokenizer, items, generation)
+            reads = generation.kv_read_fraction
+            tokens = sum(len(t) for t in generation.tokens)
+            extra = [
+                {"metric": "wall_s", "value": time.perf_counter() - started, "unit": "s"},
+                {"metric": "prefill_s", "value": generation.prefill_s, "unit": "s"},
+                {"metric": "decode_s", "value": generation.decode_s, "unit": "s"},
+                {"metric": "decode_steps", "value": float(generation.decode_steps),
+                 "unit": "count"},
+                {"metric": "generated_tokens", "value": float(tokens), "unit": "count"},
+            ]
         n = len(correct)
         low, high = wilson(round(sum(correct)), n)
-        reads = info["kv_read_fraction"]
         rows = [
             {
                 "metric": "score",
@@ -228,6 +261,7 @@ class TaskRunner:
                 "value": sum(reads) / len(reads) if reads else 1.0,
                 "unit": "ratio",
             },
+            *extra,
         ]
         key = _pair_key(case)
         if method.name == "dense":
@@ -255,6 +289,36 @@ class TaskRunner:
             )
         return rows
 
+    def _advance(self, count: int) -> None:
+        if self.on_samples is not None:
+            self.on_samples(count)
+
+    def _run_hf(self, case, method, params, items, layers, ruler_task) -> tuple[list, list]:
+        """The case through transformers' own decode loop (``accuracy.integration``):
+        CPU runs of model families the suite's decoder does not run."""
+        from santa_bench.accuracy.integration import use_method
+        from santa_bench.accuracy.tasks import (
+            gsm8k_loop,
+            long_context_loop,
+            mmlu_loop,
+            ruler_loop,
+        )
+
+        model, tokenizer = self.model(case["model"])
+        spec = method.name + (
+            ":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else ""
+        )
+        info = use_method(model, spec, seed=case["seed"], dense_layers=layers)
+        if ruler_task is not None:
+            correct, _ = ruler_loop(model, tokenizer, items, ruler_task, self.prefills)
+        elif case["task"] == "longbench-v2" or _helmet_name(case["task"]) is not None:
+            correct, _ = long_context_loop(model, tokenizer, items, case["task"], self.prefills)
+        elif case["task"] == "mmlu":
+            correct = mmlu_loop(model, tokenizer, items)
+        else:
+            correct = gsm8k_loop(model, tokenizer, items, case["max_new_tokens"])
+        return correct, info["kv_read_fraction"]
+
 
 def task_case(
     task: str,
@@ -270,12 +334,20 @@ def task_case(
     data_dir: str | None = None,
     data_file: str | None = None,
     demo_file: str | None = None,
+    device: str = "auto",
+    reference: bool = False,
+    batch: int | None = None,
 ) -> dict[str, Any]:
     """Returns the accuracy case of one method (the same dict for the CLI and suites).
 
     ``data_dir``, ``data_file`` (a local JSONL/JSON/Parquet/CSV file of the task) and
     ``demo_file`` (HELMET-RAG demonstrations) say where the data is: not case keys.
+    ``device`` (auto: CUDA when present) and ``backend`` (the method's Triton kernel on
+    CUDA, its PyTorch reference on a CPU or with ``reference``) are case keys; ``batch``
+    (sequences decoded together) is not.
     """
+    from santa_bench.accuracy.engine import resolve_backend, resolve_device
+
     if _ruler_name(task) is not None or _helmet_name(task) is not None or task == "longbench-v2":
         if ctx is None or ctx <= 0:
             raise ValueError(f"task {task!r}: needs a context length ctx > 0")
@@ -296,9 +368,14 @@ def task_case(
         "n": n,
         "seed": seed,
         "dense_layers": dense_layers,
-        "device": "cpu",
+        "device": resolve_device(device),
         "max_new_tokens": max_new_tokens if task == "gsm8k" else 0,
     }
+    case["backend"] = resolve_backend(method, case["device"], reference)
+    if batch is not None:
+        if batch <= 0:
+            raise ValueError(f"batch: must be > 0, got {batch}")
+        case["_batch"] = int(batch)
     if ctx is not None:
         case["ctx"] = ctx
     if data_dir:
@@ -323,6 +400,9 @@ def expand_task_cases(
     ctx: int | None = None,
     data_file: str | None = None,
     demo_file: str | None = None,
+    device: str = "auto",
+    reference: bool = False,
+    batch: int | None = None,
 ) -> list[dict[str, Any]]:
     """Returns one accuracy case per method (per concrete task of a group such as
     ``ruler-niah``); dense first, so retention can be computed."""
@@ -343,6 +423,9 @@ def expand_task_cases(
             data_dir=data_dir,
             data_file=data_file,
             demo_file=demo_file,
+            device=device,
+            reference=reference,
+            batch=batch,
         )
         for concrete in expand_task_names(task)
         for method, overrides in ordered
@@ -371,6 +454,11 @@ def case_command(case: dict[str, Any], registry: Registry = REGISTRY) -> str:
     ]
     if case.get("dense_layers"):
         args += ["--dense-layers", str(case["dense_layers"])]
+    args += ["--device", str(case.get("device", "cpu"))]
+    if case.get("backend") == "reference" and case.get("device") == "cuda":
+        args.append("--reference")
+    if case.get("_batch"):
+        args += ["--batch", str(case["_batch"])]
     if case["task"] == "gsm8k":
         args += ["--max-new-tokens", str(case["max_new_tokens"])]
     ruler_task = _ruler_name(case["task"])

@@ -1,0 +1,493 @@
+"""Batched greedy decoding of a real model through any method, on a CPU or a CUDA GPU.
+
+The accuracy runs' decode engine. The model's weights are taken into the suite's own
+decoder (:class:`santa_bench.e2e.model.Decoder`: bf16 on CUDA, fp32 on a CPU), so the
+decode steps call the same attention backends as ``santa-bench e2e``:
+
+- **prefill**: every prompt token but the last, dense and causal (torch SDPA), once per
+  prompt; its K/V are kept (up to a memory budget) and copied into every batch that
+  decodes the prompt, so all methods of a task start from the same prefill;
+- **decode**: prompts of similar length are decoded together (``batch`` sequences, each
+  at its own length: the kernels read per-sequence lengths), in a static KV cache sized
+  to the longest prompt plus the longest answer; the last prompt token and each
+  generated token are decode steps through the method in every layer (except
+  ``dense_layers``), greedy, until every sequence has met a stop token or its budget;
+- **backends**: dense is SDPA over the cache; a sampled method runs its Triton kernel
+  on CUDA (``backend="triton"``: a fresh workspace seed per batch, a device step counter
+  per call, so no sample repeats across layers, steps or batches; CUDA graphs replay
+  the steps) and its PyTorch reference on a CPU or with ``reference=True``
+  (``backend="reference"``). The reference draws each sequence's numbers from a seed of
+  its own prompt, the call's layer and its step, so a prompt decodes to the same tokens
+  whatever batch it is in.
+
+KV read fractions: the reference's own counts on a CPU; on CUDA, the method's reference
+(SANTA++: its kernel's selection) evaluated on the last decode step's queries of every
+layer of each batch.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from santa_bench.baselines import Unsupported
+from santa_bench.e2e.attention import (
+    DecodeAttention,
+    LayerRouting,
+    SdpaDecode,
+    method_backend,
+)
+from santa_bench.e2e.cache import StaticKVCache, round_up
+from santa_bench.e2e.model import Decoder
+from santa_bench.methods import Method
+from santa_kernels.validate import InputError
+
+DEVICES = ("auto", "cuda", "cpu")
+BACKENDS = ("triton", "reference")
+DEFAULT_BATCH = 16
+STOP_CHECK_STEPS = 8  # host checks for "every sequence stopped" this often
+WARMUP_STEPS = 2  # eager steps before a step is captured in a CUDA graph
+CPU_PREFILL_BYTES = 2 << 30
+GPU_PREFILL_SHARE = 0.3  # of the device's memory, for prefills kept between methods
+
+
+def resolve_device(device: str | None) -> str:
+    """Returns ``cuda`` or ``cpu`` for ``auto|cuda|cpu`` (auto: CUDA when present)."""
+    choice = (device or "auto").lower()
+    if choice not in DEVICES:
+        raise InputError(f"--device: expected one of {', '.join(DEVICES)}, got {device!r}")
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise InputError("--device cuda: no CUDA device is visible (use --device cpu)")
+    return choice
+
+
+def resolve_backend(method: Method, device: str, reference: bool = False) -> str:
+    """Returns the backend a method's decode steps run on ``device``: ``sdpa`` (dense),
+    ``triton`` (its kernel, on CUDA) or ``reference`` (PyTorch)."""
+    if method.name == "dense":
+        return "sdpa"
+    if not reference and has_kernel(method) and device == "cuda":
+        return "triton"
+    return "reference"
+
+
+def has_kernel(method: Method) -> bool:
+    """True where the method has a Triton decode backend (:mod:`santa_bench.e2e.attention`)."""
+    from santa_bench.e2e.attention import KERNEL_METHODS
+
+    return method.name in KERNEL_METHODS
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt to continue: its token ids (all but the last are prefilled densely),
+    the generation budget and extra stop tokens (the end-of-sequence token always stops)."""
+
+    ids: tuple[int, ...]
+    max_new_tokens: int
+    stops: tuple[int, ...] = ()
+
+
+@dataclass
+class Generation:
+    """What :meth:`Engine.generate` produced, in the order of the prompts."""
+
+    tokens: list[list[int]]  # generated ids, cut after the first stop token
+    first_logits: torch.Tensor | None  # [n, vocab] float32 of the first step (keep_logits)
+    kv_read_fraction: list[float] = field(default_factory=list)
+    decode_steps: int = 0
+    decode_s: float = 0.0
+    prefill_s: float = 0.0
+
+
+def prompt_seed(ids: Sequence[int]) -> int:
+    """A stable 31-bit seed of a prompt's tokens (the same in any batch)."""
+    return zlib.crc32(torch.tensor(list(ids), dtype=torch.int64).numpy().tobytes()) & 0x7FFFFFFF
+
+
+class RowSeededReference(DecodeAttention):
+    """A method's PyTorch reference, one sequence at a time, each with its own seeds.
+
+    Call ``c`` of sequence ``b`` (one per layer and step) uses
+    ``seed + row_seeds[b] + 1_000_003 * c``; SANTA++ indexes each sequence's prompt into
+    teams after the prefill (decode tokens stay exact).
+    """
+
+    graph_safe = False
+    name = "reference"
+
+    def __init__(self, method: Method, params: dict[str, Any], scale: float, seed: int,
+                 row_seeds: Sequence[int], num_layers: int) -> None:
+        self.method, self.params, self.scale, self.seed = method, dict(params), scale, seed
+        self.row_seeds = list(row_seeds)
+        self.num_layers = num_layers
+        self.reads: list[float] = []
+        self.calls = 0
+        self.indexes: list[list[Any]] = []
+
+    def _row_kv(self, layer: int, row: int, length: int):
+        from santa_kernels import KVCache
+
+        k = self.cache.k[layer][row : row + 1, :length]
+        v = self.cache.v[layer][row : row + 1, :length]
+        return KVCache.contiguous(k, v)
+
+    def after_prefill(self, cache: StaticKVCache) -> None:
+        if self.method.name != "santapp":
+            return
+        from santa_kernels.santapp import build_team_index
+
+        p = self.params
+        lengths = cache.lengths.tolist()
+        self.indexes = [
+            [build_team_index(self._row_kv(layer, b, n), policy=p["policy"],
+                              team_size=p["team_size"], leaders=p["leaders"],
+                              representative=p["representative"], seed=self.seed + seed,
+                              exact_recent=p["window"], sink=p["sink"])
+             for b, (n, seed) in enumerate(zip(lengths, self.row_seeds, strict=True))]
+            for layer in range(cache.num_layers)
+        ]
+
+    def reset(self) -> None:
+        self.calls = 0
+        self.reads = []
+
+    def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        step_call = self.calls
+        self.calls += 1
+        lengths = self.cache.lengths.tolist()
+        outs = []
+        for b, length in enumerate(lengths):
+            kv = self._row_kv(layer, b, length)
+            seed = self.seed + self.row_seeds[b] + 1_000_003 * step_call
+            qb = q[b : b + 1]
+            if self.method.name == "santapp":
+                from santa_kernels.santapp import santapp_attention
+
+                p = self.params
+                result = santapp_attention(qb, kv, self.indexes[layer][b], p["M"],
+                                           scheme=p["scheme"], mix=p["mix"], sink=p["sink"],
+                                           window=p["window"], scale=self.scale, seed=seed)
+            else:
+                result = self.method.run_reference(qb, kv, self.params, seed=seed,
+                                                   scale=self.scale)
+            reads = getattr(result, "reads", None)
+            if reads is not None:
+                self.reads.append(float(reads.kv_read_fraction))
+            outs.append(result.out.to(q.dtype))
+        return torch.cat(outs, dim=0)
+
+
+class PrefillStore:
+    """Dense prefills ``(K, V)`` per prompt, least recently used dropped past ``max_bytes``."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._store: OrderedDict[bytes, tuple[list[torch.Tensor], list[torch.Tensor], int]] = (
+            OrderedDict())
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def key(ids: Sequence[int]) -> bytes:
+        return torch.tensor(list(ids), dtype=torch.int64).numpy().tobytes()
+
+    def get(self, ids: Sequence[int]):
+        found = self._store.get(self.key(ids))
+        if found is None:
+            return None
+        self.hits += 1
+        self._store.move_to_end(self.key(ids))
+        return found[0], found[1]
+
+    def put(self, ids: Sequence[int], ks: list[torch.Tensor], vs: list[torch.Tensor]) -> None:
+        self.misses += 1
+        size = sum(t.numel() * t.element_size() for t in (*ks, *vs))
+        if size > self.max_bytes:
+            return
+        self._store[self.key(ids)] = (ks, vs, size)
+        while sum(v[2] for v in self._store.values()) > self.max_bytes:
+            self._store.popitem(last=False)
+
+    def clear(self) -> None:
+        self._store.clear()
+
+
+class Engine:
+    """One model on one device; decodes lists of prompts through any method, in batches."""
+
+    def __init__(self, hf_model: Any, *, device: str = "cpu", batch: int = DEFAULT_BATCH,
+                 prefill_bytes: int | None = None, name: str | None = None) -> None:
+        if batch <= 0:
+            raise InputError(f"--batch: must be > 0, got {batch}")
+        self.device = resolve_device(device)
+        dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
+        self.decoder = Decoder.from_hf(hf_model, device=self.device, dtype=dtype, name=name)
+        self.batch = batch
+        self.eos = _eos_ids(hf_model)
+        c = self.decoder.config
+        self.decoder.ensure_positions(c.max_positions)
+        self.scale = c.head_dim**-0.5
+        if prefill_bytes is None:
+            prefill_bytes = CPU_PREFILL_BYTES
+            if self.device == "cuda":
+                total = torch.cuda.get_device_properties(0).total_memory
+                prefill_bytes = int(GPU_PREFILL_SHARE * total)
+        self.prefills = PrefillStore(prefill_bytes)
+
+    # ------------------------------------------------------------------ prefill
+    @torch.no_grad()
+    def prefill(self, ids: Sequence[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Returns every layer's post-RoPE ``K``/``V`` ``[n, Hkv, d]`` of a dense causal
+        prefill of ``ids`` (kept for the next method that decodes the same prompt)."""
+        found = self.prefills.get(ids)
+        if found is not None:
+            return found
+        model, c = self.decoder, self.decoder.config
+        n = len(ids)
+        if n + 1 > c.max_positions:
+            raise InputError(f"prompt of {n + 1} tokens exceeds the model's "
+                             f"{c.max_positions} positions")
+        x = model.embed(torch.tensor(list(ids), dtype=torch.int64, device=self.device))
+        positions = torch.arange(n, device=self.device)
+        group = c.num_heads // c.num_kv_heads
+        ks, vs = [], []
+        for layer in range(c.num_layers):
+            q, k, v = model.attention_inputs(layer, x, positions)
+            ks.append(k.contiguous())
+            vs.append(v.contiguous())
+            attn = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None],
+                k.transpose(0, 1).repeat_interleave(group, dim=0)[None],
+                v.transpose(0, 1).repeat_interleave(group, dim=0)[None],
+                is_causal=True, scale=self.scale)
+            x = model.layer_output(layer, x, attn[0].transpose(0, 1))
+        self.prefills.put(ids, ks, vs)
+        return ks, vs
+
+    # ------------------------------------------------------------------ decode
+    def generate(
+        self, method: Method, params: dict[str, Any], prompts: Sequence[Prompt], *,
+        seed: int = 0, dense_layers: Sequence[int] = (), reference: bool = False,
+        keep_logits: bool = False, on_batch: Callable[[int], None] | None = None,
+        backend: str | None = None,
+    ) -> Generation:
+        """Greedy continuations of ``prompts`` with ``method`` in every decode step.
+
+        ``backend``: ``triton`` or ``reference`` (default :func:`resolve_backend`; the
+        kernels run on a CPU only through Triton's interpreter, for tests)."""
+        backend = backend or resolve_backend(method, self.device, reference)
+        if backend not in (*BACKENDS, "sdpa"):
+            raise InputError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+        if not prompts:
+            return Generation([], None)
+        for p in prompts:
+            if len(p.ids) < 1 or p.max_new_tokens < 1:
+                raise InputError("a prompt needs >= 1 token and a budget of >= 1 new token")
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].ids))
+        out = Generation([[] for _ in prompts], None)
+        logits: list[torch.Tensor | None] = [None] * len(prompts)
+        for number, start in enumerate(range(0, len(order), self.batch)):
+            chosen = order[start : start + self.batch]
+            batch = [prompts[i] for i in chosen]
+            tokens, first, reads, steps, timing = self._decode_batch(
+                method, params, batch, seed=seed, number=number, dense_layers=dense_layers,
+                backend=backend, keep_logits=keep_logits)
+            for row, index in enumerate(chosen):
+                out.tokens[index] = tokens[row]
+                if first is not None:
+                    logits[index] = first[row]
+            out.kv_read_fraction += reads
+            out.decode_steps += steps
+            out.prefill_s += timing[0]
+            out.decode_s += timing[1]
+            if on_batch is not None:
+                on_batch(len(chosen))
+        if keep_logits:
+            out.first_logits = torch.stack(logits)  # type: ignore[arg-type]
+        return out
+
+    def _backend(self, method: Method, params: dict[str, Any], seed: int, number: int,
+                 row_seeds: list[int], dense_layers: Sequence[int],
+                 backend: str) -> DecodeAttention:
+        """The batch's backend: a kernel's workspace seed differs per batch (``number``);
+        the reference's seeds are per sequence (``row_seeds``), whatever its batch."""
+        c = self.decoder.config
+        if method.name == "dense":
+            return SdpaDecode(self.scale)
+        if backend == "triton":
+            if params.get("min_ctx"):
+                raise Unsupported(f"{method.name}: the Triton kernels do not implement "
+                                  "min_ctx (use --reference)")
+            main = method_backend(method, params, device="cuda", scale=self.scale,
+                                  seed=seed + 7919 * number)
+        else:
+            main = RowSeededReference(method, params, self.scale, seed, row_seeds, c.num_layers)
+        exempt = [layer for layer in dense_layers if 0 <= layer < c.num_layers]
+        if not exempt:
+            return main
+        return LayerRouting(main, SdpaDecode(self.scale), exempt)
+
+    @torch.no_grad()
+    def _decode_batch(self, method, params, batch: list[Prompt], *, seed: int, number: int,
+                      dense_layers: Sequence[int], backend: str, keep_logits: bool):
+        model, c = self.decoder, self.decoder.config
+        t0 = time.perf_counter()
+        lengths = [len(p.ids) - 1 for p in batch]
+        steps = max(p.max_new_tokens for p in batch)
+        if max(lengths) + steps > c.max_positions:
+            raise InputError(f"prompt + {steps} new tokens exceeds the model's "
+                             f"{c.max_positions} positions")
+        cache = StaticKVCache(num_layers=c.num_layers, batch=len(batch),
+                              capacity=round_up(max(lengths) + steps, 16),
+                              num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                              dtype=model.dtype, device=self.device)
+        for row, prompt in enumerate(batch):
+            n = lengths[row]
+            if n == 0:
+                continue
+            ks, vs = self.prefill(prompt.ids[:-1])
+            for layer in range(c.num_layers):
+                cache.k[layer][row, :n].copy_(ks[layer])
+                cache.v[layer][row, :n].copy_(vs[layer])
+        cache.set_lengths(lengths)
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        row_seeds = [prompt_seed(p.ids) for p in batch]
+        attend = self._backend(method, params, seed, number, row_seeds, dense_layers,
+                               backend)
+        query = torch.zeros(len(batch), c.num_heads, c.head_dim, dtype=model.dtype,
+                            device=self.device)
+        try:
+            attend.setup(cache, query)
+            attend.after_prefill(cache)
+        except ValueError as exc:
+            raise Unsupported(f"{method.name}: {exc}") from exc
+        cache.set_lengths(lengths)
+        attend.set_pdl_chain(False)
+        attend.reset()
+        stops = torch.tensor(sorted({*self.eos, *(s for p in batch for s in p.stops)}),
+                             dtype=torch.int64, device=self.device)
+        ids = torch.tensor([p.ids[-1] for p in batch], dtype=torch.int64, device=self.device)
+        tokens = torch.zeros(len(batch), steps, dtype=torch.int64, device=self.device)
+        step_index = torch.zeros(1, dtype=torch.int64, device=self.device)
+        first = torch.zeros(len(batch), c.vocab, dtype=torch.float32, device=self.device)
+        last_q: list[torch.Tensor | None] = [None] * c.num_layers
+
+        def step() -> torch.Tensor:
+            positions = cache.lengths.long()
+            cache.lengths.add_(1)
+            x = model.embed(ids)
+            for layer in range(c.num_layers):
+                q, k, v = model.attention_inputs(layer, x, positions)
+                cache.write(layer, k, v, positions)
+                last_q[layer] = q
+                x = model.layer_output(layer, x, attend(layer, q))
+            logits = model.logits(x)
+            nxt = logits.argmax(-1)
+            ids.copy_(nxt)
+            tokens.index_copy_(1, step_index, nxt[:, None])
+            step_index.add_(1)
+            return logits
+
+        def all_stopped(done: int) -> bool:
+            hit = torch.isin(tokens[:, :done], stops).any(dim=1)
+            return bool(hit.all())
+
+        cuda = self.device == "cuda"
+        graph, capture = None, cuda and attend.graph_safe
+        side = torch.cuda.Stream() if cuda else None
+        done = 0
+        while done < steps:
+            if capture and done >= WARMUP_STEPS and steps - done > 1:
+                capture = False
+                graph = _capture(step)  # None: the step syncs with the host; eager
+                continue
+            if graph is not None:
+                graph.replay()
+            elif side is not None and done < WARMUP_STEPS:  # warm-up before a capture
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    logits = step()
+                torch.cuda.current_stream().wait_stream(side)
+            else:
+                logits = step()
+            if done == 0 and keep_logits:
+                first.copy_(logits.float())
+            done += 1
+            if done % STOP_CHECK_STEPS == 0 and done < steps and all_stopped(done):
+                break
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        reads = self._reads(method, params, attend, cache, last_q, seed)
+        rows = tokens[:, :done].cpu().tolist()
+        stop_set = set(stops.cpu().tolist())
+        cut = []
+        for row, prompt in zip(rows, batch, strict=True):
+            row = row[: prompt.max_new_tokens]
+            for i, token in enumerate(row):
+                if token in stop_set:
+                    row = row[: i + 1]
+                    break
+            cut.append(row)
+        return cut, first.cpu() if keep_logits else None, reads, done, (t1 - t0, t2 - t1)
+
+    def _reads(self, method, params, attend, cache, last_q, seed) -> list[float]:
+        """Read fractions of the batch's decode calls (see the module docstring)."""
+        if method.name == "dense":
+            return [1.0]
+        main = attend.main if isinstance(attend, LayerRouting) else attend
+        if isinstance(main, RowSeededReference):
+            return list(main.reads)
+        fractions = []
+        for layer, q in enumerate(last_q):
+            if q is None:
+                continue
+            kv = cache.layers[layer]
+            if method.name == "santapp":
+                fraction = main.read_fraction(layer, q)
+            else:
+                result = method.run_reference(q, kv, params, seed=seed + layer,
+                                              scale=self.scale)
+                fraction = float(result.reads.kv_read_fraction)
+            if fraction is not None:
+                fractions.append(fraction)
+        return fractions
+
+
+def _capture(step: Callable[[], Any]):
+    """Returns a CUDA graph of one decode step, or None when the step cannot be captured.
+
+    Capturing runs nothing, so the caller replays it for the step it stands for."""
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            step()
+    except Exception:  # a backend that syncs with the host: decode eagerly
+        torch.cuda.synchronize()
+        return None
+    return graph
+
+
+def _eos_ids(hf_model: Any) -> list[int]:
+    """The model's end-of-sequence ids (its generation config's, else its config's)."""
+    found: list[int] = []
+    for source in (getattr(hf_model, "generation_config", None), hf_model.config):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if value is None:
+            continue
+        for token in value if isinstance(value, list | tuple) else [value]:
+            if int(token) not in found:
+                found.append(int(token))
+    return found

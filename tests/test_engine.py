@@ -1,0 +1,225 @@
+"""The accuracy runs' batched decode engine: devices, backends, batching, failures."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+
+import pytest
+import torch
+
+from santa_bench.accuracy.engine import (
+    Engine,
+    Prompt,
+    prompt_seed,
+    resolve_backend,
+    resolve_device,
+)
+from santa_bench.methods import REGISTRY
+from santa_kernels.validate import InputError
+
+transformers = pytest.importorskip("transformers")
+
+
+def _interpreted() -> bool:
+    from santa_kernels import triton_santa as ts
+
+    return type(ts._score_pass_kernel).__name__ == "InterpretedFunction"
+
+
+def tiny_model(seed: int = 0, layers: int = 2):
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96,
+                                      num_hidden_layers=layers, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=512,
+                                      eos_token_id=96)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def prompts(count: int = 5, seed: int = 1) -> list[Prompt]:
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [40, 57, 33, 64, 48, 71, 36][:count]
+    return [Prompt(tuple(torch.randint(0, 90, (n,), generator=gen).tolist()), 6)
+            for n in lengths]
+
+
+def test_device_selection(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu" and resolve_device(None) == "cpu"
+    assert resolve_device("CPU") == "cpu"
+    with pytest.raises(InputError, match="no CUDA device"):
+        resolve_device("cuda")
+    with pytest.raises(InputError, match="--device: expected one of auto, cuda, cpu"):
+        resolve_device("tpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == "cuda" and resolve_device("cuda") == "cuda"
+    prop, dense = REGISTRY.get("santa-prop"), REGISTRY.get("dense")
+    assert resolve_backend(prop, "cuda") == "triton"
+    assert resolve_backend(prop, "cuda", reference=True) == "reference"
+    assert resolve_backend(prop, "cpu") == "reference"
+    assert resolve_backend(dense, "cuda") == "sdpa"
+    assert resolve_backend(REGISTRY.get("santapp"), "cuda") == "triton"
+    assert resolve_backend(REGISTRY.get("bernoulli"), "cuda") == "triton"
+
+
+def test_cases_record_device_and_backend(monkeypatch):
+    from santa_bench.runners.tasks import case_command, task_case
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    case = task_case("ruler-vt", "m", REGISTRY.get("santa-prop"), {}, n=2, seed=0, ctx=4096,
+                     batch=4)
+    assert case["device"] == "cpu" and case["backend"] == "reference"
+    assert case["_batch"] == 4  # not a case key: it changes no result on a CPU
+    assert "--device cpu" in case_command(case) and "--batch 4" in case_command(case)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    gpu = task_case("ruler-vt", "m", REGISTRY.get("santa-prop"), {}, n=2, seed=0, ctx=4096)
+    ref = task_case("ruler-vt", "m", REGISTRY.get("santa-prop"), {}, n=2, seed=0, ctx=4096,
+                    reference=True)
+    assert (gpu["device"], gpu["backend"], ref["backend"]) == ("cuda", "triton", "reference")
+    assert case_command(ref).endswith("--device cuda --reference")
+    with pytest.raises(ValueError, match="batch"):
+        task_case("ruler-vt", "m", REGISTRY.get("dense"), {}, n=2, seed=0, ctx=64, batch=0)
+
+
+def test_dense_decode_matches_the_models_own_greedy_generation():
+    model = tiny_model()
+    engine = Engine(model, device="cpu", batch=2)
+    batch = prompts(3)
+    out = engine.generate(REGISTRY.get("dense"), {}, batch, seed=0)
+    for prompt, tokens in zip(batch, out.tokens, strict=True):
+        ids = torch.tensor([prompt.ids])
+        expected = model.generate(ids, max_new_tokens=prompt.max_new_tokens, do_sample=False,
+                                  eos_token_id=96, pad_token_id=96)[0, len(prompt.ids):]
+        assert tokens == expected.tolist()[: len(tokens)] and len(tokens) >= 1
+
+
+@pytest.mark.parametrize("spec", ["dense", "santa-sys:S=8", "santa-prop:S=8",
+                                  "santapp:M=2,team_size=8"])
+def test_batched_decode_gives_the_tokens_of_one_sample_at_a_time(spec):
+    from santa_bench.methods import parse_method_specs
+
+    (method, overrides), = parse_method_specs(spec)
+    params = method.resolve_params(overrides)
+    model = tiny_model()
+    batch = prompts(5)
+    run = {"seed": 3, "reference": True}
+    together = Engine(model, device="cpu", batch=5).generate(method, params, batch, **run)
+    alone = Engine(model, device="cpu", batch=1).generate(method, params, batch, **run)
+    assert together.tokens == alone.tokens
+    other_seed = Engine(model, device="cpu", batch=5).generate(method, params, batch, seed=4,
+                                                                reference=True)
+    if method.name != "dense":  # the seed reaches the sampler
+        assert other_seed.tokens != together.tokens or spec.startswith("santapp")
+        assert all(0 < f <= 1 for f in together.kv_read_fraction)
+        assert len(together.kv_read_fraction) > 0
+
+
+def test_prefills_are_shared_between_methods_and_steps_stop_at_stop_tokens():
+    model = tiny_model()
+    engine = Engine(model, device="cpu", batch=2)
+    batch = prompts(4)
+    engine.generate(REGISTRY.get("dense"), {}, batch)
+    assert (engine.prefills.misses, engine.prefills.hits) == (4, 0)
+    engine.generate(REGISTRY.get("santa-sys"), {"S": 8}, batch, reference=True)
+    assert (engine.prefills.misses, engine.prefills.hits) == (4, 4)
+    free = engine.generate(REGISTRY.get("dense"), {}, [batch[0]])
+    first = free.tokens[0][0]
+    stopped = engine.generate(REGISTRY.get("dense"), {},
+                              [Prompt(batch[0].ids, 6, stops=(first,))])
+    assert stopped.tokens[0] == [first]
+    assert prompt_seed(batch[0].ids) == prompt_seed(list(batch[0].ids))
+
+
+def test_logits_of_the_first_step_and_bad_prompts():
+    model = tiny_model()
+    engine = Engine(model, device="cpu", batch=3)
+    batch = [Prompt(p.ids, 1) for p in prompts(3)]
+    out = engine.generate(REGISTRY.get("dense"), {}, batch, keep_logits=True)
+    assert out.first_logits is not None and out.first_logits.shape == (3, 97)
+    for prompt, row in zip(batch, out.first_logits, strict=True):
+        with torch.no_grad():
+            expected = model(torch.tensor([prompt.ids])).logits[0, -1]
+        assert torch.allclose(row, expected, atol=1e-4)
+    with pytest.raises(InputError, match="positions"):
+        engine.generate(REGISTRY.get("dense"), {}, [Prompt(tuple(range(510)), 8)])
+    with pytest.raises(InputError, match="--batch"):
+        Engine(model, device="cpu", batch=0)
+
+
+def test_kernel_backend_through_the_interpreter(monkeypatch):
+    """The GPU path's code (Triton kernels in every layer) on the CPU interpreter."""
+    if not _interpreted():
+        pytest.skip("the Triton kernels were imported without TRITON_INTERPRET=1")
+    model = tiny_model(layers=1)
+    method = REGISTRY.get("santa-prop")
+    engine = Engine(model, device="cpu", batch=2)
+    batch = [Prompt(p.ids, 3) for p in prompts(2)]
+    out = engine.generate(method, method.resolve_params({"S": 16}), batch, seed=0,
+                          backend="triton")
+    assert [len(t) for t in out.tokens] == [3, 3] or all(1 <= len(t) <= 3 for t in out.tokens)
+    assert out.kv_read_fraction and all(0 < f <= 1 for f in out.kv_read_fraction)
+    dense = engine.generate(REGISTRY.get("dense"), {}, batch)
+    assert len(dense.tokens) == 2
+
+
+def test_e2e_santa_flash_runs_the_kernel_its_row_records(monkeypatch):
+    from santa_bench.e2e.attention import TritonSampledDecode
+    from santa_bench.e2e.cache import StaticKVCache
+
+    if not _interpreted():
+        pytest.skip("the Triton kernels were imported without TRITON_INTERPRET=1")
+    method = REGISTRY.get("santa-flash")
+    cache = StaticKVCache(num_layers=1, batch=1, capacity=256, num_kv_heads=2, head_dim=16,
+                          dtype=torch.float32, device="cpu")
+    cache.set_lengths(200)
+    q = torch.zeros(1, 4, 16)
+    variants = {}
+    for gather in ("compact", "masked"):
+        backend = TritonSampledDecode(method, method.resolve_params({"gather": gather}),
+                                      0.25, 0)
+        backend.setup(cache, q)
+        variants[gather] = backend.variant
+    assert variants == {"compact": "santa_flash_compact", "masked": "santa_flash"}
+
+
+def test_a_failing_method_gives_a_failed_row_and_the_run_goes_on(tmp_path, monkeypatch):
+    from santa_bench import environment, execute, results
+    from santa_bench.accuracy import models
+    from santa_bench.methods import Method
+    from santa_bench.runners.tasks import expand_task_cases
+
+    class Tok:
+        def __call__(self, text):
+            return type("T", (), {"input_ids": [ord(c) % 90 for c in text][-60:]})
+
+        def encode(self, text, add_special_tokens=False):
+            return [ord(c) % 90 for c in text]
+
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(chr(48 + int(i) % 10) for i in ids)
+
+    model = tiny_model()
+    monkeypatch.setattr(models, "load_model", lambda name, **kw: (model, Tok()))
+    original = Method.run_reference
+
+    def broken(self, *args, **kwargs):
+        if self.name == "santa-sys":
+            raise RuntimeError("boom")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Method, "run_reference", broken)
+    (tmp_path / "gsm8k").mkdir()
+    (tmp_path / "gsm8k" / "test.jsonl").write_text(
+        '{"question": "1+1?", "answer": "so #### 2"}\n{"question": "2+2?", "answer": "#### 4"}\n')
+    methods = [(REGISTRY.get(n), {"S": 8}) for n in ("santa-sys", "santa-prop")]
+    cases = expand_task_cases("gsm8k", "tiny", methods, n=2, seed=0, max_new_tokens=3,
+                              data_dir=str(tmp_path), device="cpu")
+    outcome = execute.run_cases(cases, results.ResultStore(tmp_path / "res"),
+                                environment.collect_environment("test"))
+    by_method = {case["method"]: rows for case, rows in outcome.results}
+    assert by_method["santa-sys"][0]["status"] == "failed"
+    assert "boom" in by_method["santa-sys"][0]["reason"]
+    prop = {r["metric"]: r for r in by_method["santa-prop"]}
+    assert prop["score"].get("status", "ok") == "ok" and "retention" in prop
+    assert {r["metric"] for r in by_method["dense"]} >= {"score", "wall_s", "decode_steps"}
