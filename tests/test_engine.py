@@ -223,3 +223,54 @@ def test_a_failing_method_gives_a_failed_row_and_the_run_goes_on(tmp_path, monke
     prop = {r["metric"]: r for r in by_method["santa-prop"]}
     assert prop["score"].get("status", "ok") == "ok" and "retention" in prop
     assert {r["metric"] for r in by_method["dense"]} >= {"score", "wall_s", "decode_steps"}
+
+
+def test_the_progress_bar_counts_samples_times_methods():
+    from rich.console import Console
+
+    from santa_bench.execute import _Progress, case_weight
+
+    cases = [{"kind": "accuracy", "n": 50, "method": "dense"},
+             {"kind": "accuracy", "n": 50, "method": "santa-prop"},
+             {"kind": "kernel", "method": "dense"}]
+    assert [case_weight(c) for c in cases] == [50, 50, 1]
+    with _Progress(Console(file=open(os.devnull, "w")), 101, "t", weighted=True) as progress:
+        progress.start("local", cases[0])
+        progress.samples("local", 25)
+        task = progress.progress.tasks[0]
+        assert task.completed == 25 and task.total == 101
+        progress.samples("local", 40)  # never past the case's own samples
+        assert task.completed == 50
+        progress.done("local", [])
+        progress.start("local", cases[1])
+        progress.done("local", [])  # a case that fails at once advances by all its samples
+        assert task.completed == 100
+
+
+def test_the_accuracy_table_script_reads_a_store(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    from santa_bench import results
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "accuracy_table.py"
+    spec = importlib.util.spec_from_file_location("accuracy_table", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    store = results.ResultStore(tmp_path)
+    run = store.start_run({"command": "t"}, run_id="r")
+    base = {"kind": "accuracy", "task": "ruler-vt", "model": "m", "n": 2, "seed": 0,
+            "family": "santa", "ctx": 64, "device": "cuda", "backend": "triton"}
+    for method, params, score in (("dense", {}, 1.0), ("santa-prop", {"S": 128}, 0.5)):
+        case = {**base, "method": method, **REGISTRY.get(method).resolve_params(params)}
+        rows = [{"metric": "score", "value": score, "unit": "ratio", "ci_low": 0.1,
+                 "ci_high": 0.9},
+                {"metric": "decode_kv_read_fraction", "value": 0.5, "unit": "ratio"}]
+        if method != "dense":
+            rows.append({"metric": "retention", "value": 0.5, "unit": "ratio",
+                         "ci_low": 0.2, "ci_high": 0.8})
+        run.write_case(case, rows, command="c")
+    table = module.accuracy_table(store.load())
+    assert list(table.config) == ["dense", "santa-prop S=128"]
+    assert table.loc[1, "vt"] == "50.0 [10, 90] r=0.50"
+    assert module.main([str(tmp_path), "--csv", str(tmp_path / "t.csv")]) == 0
