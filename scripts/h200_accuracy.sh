@@ -2,7 +2,8 @@
 # The GPU accuracy runs on an H200 (Qwen2.5-Coder-0.5B at 32k, bf16, every decode step of
 # every layer through the method's Triton kernel). Usage:
 #   bash scripts/h200_accuracy.sh STAGE RESULTS_DIR
-# STAGE: smoke (the GPU engine tests), ruler (13 tasks at 32k), tasks (GSM8K and MMLU).
+# STAGE: smoke (the GPU engine tests), ruler (13 tasks at 32k), tasks (GSM8K and MMLU),
+# kmeans (SANTA++ with k-means teams on the 13 RULER tasks; its index build is the slow part).
 # Runs resume: a stage killed at its time limit continues where it stopped when re-run.
 # Needs the model and data in $SANTA_BENCH_CACHE (models/<name>/<file>.gguf, data/ruler,
 # data/gsm8k, data/mmlu-redux; data/ruler-samples holds generated 32k samples, optional).
@@ -16,8 +17,7 @@ run_id=${RUN_ID:-accuracy-$(date +%F)-h200}
 ruler_methods="dense,santa-prop:S=128,santa-prop:S=256,santa-flash:S=2048,gather=compact"
 ruler_methods+=",santa-flash:S=256,gather=compact,santa-sys:S=128,santa-strat:S=128"
 ruler_methods+=",santa-iid:S=128,santapp:M=32,santapp:M=32,sink=4,window=64"
-ruler_methods+=",santapp:M=64,sink=4,window=64,santapp:M=32,team_size=16,policy=kmeans"
-ruler_methods+=",bernoulli:value_stage=prop,S=128"
+ruler_methods+=",santapp:M=64,sink=4,window=64,bernoulli:value_stage=prop,S=128"
 
 case "$stage" in
   smoke)
@@ -33,5 +33,9 @@ case "$stage" in
     timeout "$limit" santa-bench accuracy mmlu --n "${N_MMLU:-6000}" --model "$model" \
       --methods "dense,santa-sys:S=16,santa-sys:S=256,santa-prop:S=16,santa-prop:S=256" \
       --batch 64 --device cuda --results "$results" --run-id "$run_id-mmlu" ;;
+  kmeans)
+    timeout "$limit" santa-bench accuracy ruler --tasks all --ctx 32k --n "${N:-50}" \
+      --model "$model" --methods "dense,santapp:M=32,policy=kmeans,santapp:M=32,policy=kmeans,sink=4,window=64" \
+      --batch "${BATCH:-25}" --device cuda --results "$results" --run-id "$run_id-ruler" ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
