@@ -302,7 +302,7 @@ def test_failed_cases_are_retried_and_forget_failed_removes_their_parts(tmp_path
 
 def test_a_forced_rerun_into_another_run_keeps_the_first_measurement(tmp_path,
                                                                      monkeypatch) -> None:
-    """Repeated measurements of one case (an A/B on one loan, a second loan) each keep
+    """Repeated measurements of one case (an A/B on one machine, a rerun on another) each keep
     their rows; a failed part elsewhere does not make the case unfinished."""
     from santa_bench import execute
     from santa_bench.execute import write_case
