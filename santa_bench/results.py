@@ -353,7 +353,8 @@ def _warn_corrupt(path: Path, exc: BaseException) -> None:
     message = (
         f"skipping unreadable result part {path} ({type(exc).__name__}: {exc}); its rows "
         f"are ignored until it is removed (rm '{path}') or its case ({case_hash}) is run "
-        f"again into run {path.parent.name!r} with --force, which rewrites it"
+        f"again into run {path.parent.name!r}, which rewrites it (resuming that run does: "
+        f"an unreadable part does not count as finished)"
     )
     # filename/lineno name the part itself, so the warning shows no line of this module
     warnings.warn_explicit(message, RuntimeWarning, filename=str(path), lineno=0,

@@ -198,7 +198,7 @@ def test_corrupt_part_is_reported_once_with_its_path_and_remedy(tmp_path):
         assert store.completed(environment_fingerprint(ENV)) == {config_hash(CASE)}
     (warning,) = caught
     text = str(warning.message)
-    assert str(bad) in text and f"rm '{bad}'" in text and "--force" in text
+    assert str(bad) in text and f"rm '{bad}'" in text and "run again into run 'r1'" in text
     assert "deadbeefdeadbeef" in text
     # the warning names the part, not a line of the store's code ("frames = [")
     assert warning.filename == str(bad)
