@@ -1,4 +1,4 @@
-"""Exact PyTorch references of every SANTA-family method (ALGORITHMS.md sections 1-5).
+"""Exact PyTorch references of every SANTA-family method (docs/algorithms.md sections 1-5).
 
 Slow and obviously right: every method is a score stage (exact or Bernoulli qK^T)
 followed by a value stage (dense, iid, strat, sys, flash, prop) that yields weights on

@@ -1,6 +1,6 @@
 """Exact PyTorch reference of SANTA++: sampling teams through representative keys.
 
-ALGORITHMS.md section 6. A :class:`TeamIndex` groups each (sequence, KV head)'s keys into
+docs/algorithms.md section 6. A :class:`TeamIndex` groups each (sequence, KV head)'s keys into
 teams (``contiguous`` spans or ``kmeans`` parents split by farthest-first leaders) and
 stores one representative key per team. At decode, a query scores the representatives
 (team logit ``phi_g = tau q.r_g + log n_g``), selects ``M`` teams (``gumbel-topk`` without
@@ -160,7 +160,7 @@ def build_team_index(
     exact_recent: int = 0,
     sink: int = 0,
 ) -> TeamIndex:
-    """Builds the team index of ``kv`` from its post-RoPE keys (ALGORITHMS.md section 6).
+    """Builds the team index of ``kv`` from its post-RoPE keys (docs/algorithms.md section 6).
 
     ``contiguous``: spans of ``team_size`` tokens from ``sink`` on (the last may be
     shorter). ``kmeans``: mini-batch k-means (``KMEANS_ITERS`` iterations, seeded) into
@@ -597,7 +597,7 @@ def quantize_reps(reps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale fp32 [...])`` with ``scale = max |r| / 127`` (1 for a zero row) and ``codes =
     round(r / scale)``, all in fp32 (the kernel's index and the reference agree bit for
     bit). The estimator stays unbiased with any representative: the selection and the
-    inclusion probabilities both use the same ``phi`` (ALGORITHMS.md section 6)."""
+    inclusion probabilities both use the same ``phi`` (docs/algorithms.md section 6)."""
     r = reps.float()
     amax = r.abs().amax(dim=-1)
     # a tensor divisor: CUDA divides by a Python scalar as a product with its reciprocal,

@@ -1,4 +1,4 @@
-"""Score stages (ALGORITHMS.md sections 1 and 5): exact qK^T and Bernoulli qK^T."""
+"""Score stages (docs/algorithms.md sections 1 and 5): exact qK^T and Bernoulli qK^T."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def bernoulli_scores(
     generator: torch.Generator,
     uniforms: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unbiased sparse estimate of the scores (ALGORITHMS.md section 5).
+    """Unbiased sparse estimate of the scores (docs/algorithms.md section 5).
 
     ``per-head``: each query head draws ``draws`` ternary queries
     ``t_j = sign(q_j) * Bernoulli(|q_j| / max|q|)`` and the score estimate is
@@ -46,7 +46,7 @@ def bernoulli_scores(
     ``mean-group-query``: the feature mask is drawn once per KV head from the group's
     mean query (inclusion ``pi_j = |qbar_j| / max|qbar|``) and every head reweights the
     read features by ``1/pi_j``: ``scale * mean_draws(sum_j beta_j q_j k_j / pi_j)``.
-    ALGORITHMS.md leaves the per-head weights open; this Horvitz-Thompson form is
+    docs/algorithms.md leaves the per-head weights open; this Horvitz-Thompson form is
     unbiased for each head and equals the ternary estimator when ``G = 1``.
 
     Returns ``(scores [B, Hq, N], k_features [B, Hkv])`` where ``k_features`` counts K

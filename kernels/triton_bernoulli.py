@@ -1,4 +1,4 @@
-"""Bernoulli qK^T (ALGORITHMS.md section 5) on the GPU, composed with any value stage.
+"""Bernoulli qK^T (docs/algorithms.md section 5) on the GPU, composed with any value stage.
 
 Both groupings of :func:`santa_kernels.scores.bernoulli_scores` estimate the scores by a
 linear map of the query, ``s_hat_i = scale * w_h . k_i``, with effective queries
@@ -21,7 +21,7 @@ device counter the kernel's last program advances (CUDA-graph replays draw fresh
 Bytes: those score passes read every feature of K. K is stored token-major (``[token,
 head, d]``, 256-byte rows at d=128); HBM serves 32-byte sectors of 16 bf16 features, and
 at the feature fractions measured 88-100% of the sectors hold a selected feature
-(BENCHMARKS.md, "The Bernoulli score stage on a GPU"), so skipping features would save
+(H200, 2026-12-01: results/h200/kernels-2026-12-01-s6/README.md), so skipping features would save
 almost no bytes in this layout. The K-feature fraction is reported (``features``, the
 read accounting) as what the estimator needs, not as bytes saved.
 """

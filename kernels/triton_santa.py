@@ -1,4 +1,4 @@
-"""Triton kernels for SANTA / S²ANTA decode attention (ALGORITHMS.md sections 2-4, 8).
+"""Triton kernels for SANTA / S²ANTA decode attention (docs/algorithms.md sections 2-4, 8).
 
 Two families share one split-KV skeleton (the same as ``triton_splitkv``):
 
@@ -65,10 +65,11 @@ HOPPER_CONFIGS = {
     # head_dim: score/flash (num_warps, num_stages), sample (num_warps, SAMPLE_BLOCK),
     # subs: tiles per K load in the score pass (2 measured within 2% of 1 at d=128, 32k)
     # narrow: the score pass's tail (statistics, exp, stash stores) on the G real query
-    # rows instead of the dot's 16 padded rows. Measured and not kept (BENCHMARKS.md,
-    # session 3): L2 eviction hints on the K loads and a streaming hint on the stash
-    # stores (no effect; evict_last on the stash is stash_l2_bytes below), the
-    # statistics of 64 tiles kept in registers and stored once (18% slower at 32k B=8)
+    # rows instead of the dot's 16 padded rows. Measured and not kept (H200,
+    # 2026-11-29, results/h200/kernels-2026-11-29-s3): L2 eviction hints on the K loads
+    # and a streaming hint on the stash stores (no effect; evict_last on the stash is
+    # stash_l2_bytes below), the statistics of 64 tiles kept in registers and stored
+    # once (18% slower at 32k B=8)
     # sample_splits: programs per head in the sample pass (None: sample_splits_for);
     # sample_small_warps: the sample pass's warps when B * Hq <= sample_small_rows (H200,
     # prop S=128: 4 warps 28.2 vs 28.5 us at 32k B=1, 154.2 vs 153.0 at B=8)
@@ -79,12 +80,12 @@ HOPPER_CONFIGS = {
     # B * Hkv >= large_groups. H200, prop S=128 (results/h200/tune-2026-11-29-s5/6-warps.csv):
     # (1, 4, 8) at 32k B=8 score 137.4 / call 148.0 us against 140.6 / 151.8 for (4, 3, 4);
     # at B=1 it is slower (32k: 30.9 against 26.9, 128k: 85.1 against 77.6). From 32 groups
-    # since session 9: inside the e2e loop at 32k B=4 (32 groups) the step is 6.58 ms
+    # (H200, 2026-12-01): inside the e2e loop at 32k B=4 (32 groups) the step is 6.58 ms
     # against 6.79 with (4, 3, 4) (results/h200/e2e-variants-2026-12-01-s9)
     # stash_l2_bytes: calls whose stash (B * Hq * rows * element size) is at most this
     # store and load it with an L2 evict_last policy, so that the stash (rewritten at the
     # same addresses by every call) stays in L2 while K streams past: in the e2e loop at
-    # 32k B=4 (8.4 MB) 6.58 -> 6.45 ms a step, at B=8 (16.8 MB) 8.97 -> 9.03 (s9)
+    # 32k B=4 (8.4 MB) 6.58 -> 6.45 ms a step, at B=8 (16.8 MB) 8.97 -> 9.03 (same run)
     # tma: the score pass loads K tiles through a tensor descriptor (bulk tensor copies into
     # shared memory, completing on an mbarrier) where the cache allows one (_k_descriptor);
     # per-thread async copies otherwise. H200, prop S=128, two rounds (results/h200/
@@ -923,7 +924,7 @@ def _sample_pass_kernel(
 # a [tile, tile] difference matmul): (4, 3) best for S=128, (8, 2) best for S=2048.
 # maxnreg caps registers per thread (None: ptxas' choice, ~255 at 4 warps = 2 programs
 # per SM); (8, 2) fits 128 without spills (offline sm_90 compile): 2 programs of 8 warps.
-# Session 4 (results/h200/tune-2026-11-29-s4, S=2048): (4, 3) beats (8, 2, maxnreg 128)
+# H200, 2026-11-29 (results/h200/tune-2026-11-29-s4, S=2048): (4, 3) beats (8, 2, maxnreg 128)
 # at every shape (32k B=1 60.4 vs 67.1 us, B=8 535 vs 577, 128k B=1 205 vs 235); the
 # hand pipeline (stages=1) was within 5% of it, and a variant that loads V one iteration
 # ahead of its dot was no faster (removed; code at commit a05c5a2).

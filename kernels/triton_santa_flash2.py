@@ -1,4 +1,4 @@
-"""S²ANTA-flash in two passes (ALGORITHMS.md section 4): the same estimator as
+"""S²ANTA-flash in two passes (docs/algorithms.md section 4): the same estimator as
 ``triton_santa.santa_flash``, bit-for-bit the same counts, with the V gather taken out of
 the K stream.
 
@@ -37,7 +37,7 @@ Pass 2 has three forms (``gather=``):
   kernel fewer; ptxas: 128 registers at 32 rows a dot, 4 programs an SM, 162 at 64, 3
   an SM): 39.5-40.1 / 235-240 / 104.2-105.6 us.
 
-(results/h200/tune-2026-12-02-s14, BENCHMARKS.md.)
+(H200, 2026-12-02: results/h200/tune-2026-12-02-s14/README.md.)
 
 Byte model (``E`` element size, ``T_b = ceil(N_b / tile)``, ``U`` the union of the
 group's sampled rows, ``<= B*Hkv*N``): pass 1 reads ``B*Hkv*N*d*E`` (K) and writes

@@ -1,4 +1,4 @@
-"""S²ANTA-flash in one pass with compact, lagged V gathers (ALGORITHMS.md section 4).
+"""S²ANTA-flash in one pass with compact, lagged V gathers (docs/algorithms.md section 4).
 
 The same estimator as ``triton_santa.santa_flash``, bit-for-bit the same counts given
 the same uniforms (or seed and step), in one streaming kernel plus the split merge.
@@ -14,13 +14,14 @@ S_tile F_i)`` the systematic floors of the integer local CDF ``F``, so its colum
 iteration and summed in the next one: the gather's latency hides behind the next K tile,
 and only sampled rows move (a row sampled twice is loaded twice from the same address;
 HBM moves it once). Loading them at the top of the next iteration instead, or summing
-them two iterations later, was measured slower (BENCHMARKS.md, session 18). K tiles come
-through Hopper's bulk tensor copies where the cache allows (``SantaWorkspace.k_descriptor``),
-as in prop's score pass. A head's ``P`` columns come out of one reduction over the tile,
-8 bits a sample packed in one integer that each gathered entry picks its own from
+them two iterations later, was measured slower (H200, 2026-12-02:
+results/h200/tune-2026-12-02-s18). K tiles come through Hopper's bulk tensor copies
+where the cache allows (``SantaWorkspace.k_descriptor``), as in prop's score pass. A
+head's ``P`` columns come out of one reduction over the tile, 8 bits a sample packed in
+one integer that each gathered entry picks its own from
 (:func:`_packed_columns`; through a [ROWS, P, TILE] block and its layout conversions
 instead: 33.7 / 208.6 / 89.6 us against 30.6 / 190.0 / 83.7 at 32k B=1 / 32k B=8 /
-128k B=1, S=2048; BENCHMARKS.md, session 22).
+128k B=1, S=2048; H200, 2026-12-03: results/h200/tune-2026-12-03-s22).
 
 Tiles are drawn in pairs where the group allows (``draw_tiles``, :func:`default_draw_tiles`):
 the lagged loop keeps streaming one K tile an iteration, and every second iteration draws
@@ -28,7 +29,7 @@ the last two tiles as one [2, ROWS, TILE] block, so that each reduction, the sca
 exchange between warps serve both tiles (the draws are the same, term for term); the
 accumulator's spare rows (the dot's 16 against 2 x ROWS) hold the pair's second tile until
 the epilogue adds them (32k B=1 / 32k B=8 / 128k B=1, S=2048: 29.2 / 164.8 / 75.8 us
-against 30.6 / 179.2 / 84.1 one tile at a time; BENCHMARKS.md, session 23).
+against 30.6 / 179.2 / 84.1 one tile at a time; H200, 2026-12-03: results/h200/tune-2026-12-03-s23).
 
 ``S_tile = max(1, S // T_b)`` depends on the sequence's length: the lagged loop holds
 ``P`` samples a head and tile (``P`` a power of two, by default the one covering
@@ -110,9 +111,9 @@ CLOSED_MIN_SAMPLES = 4
 # splits; 244.7 at 10 (two waves)
 PAIR_MAXNREG = {4: 128, 2: 200}
 # Pairs keep the 4-warp launch at every group count (four programs an SM at 128
-# registers, as the 2-warp launch at 200, twice the warps): S=2048, 32k, tune-2026-12-03-
-# s24/3-*: B=4 86.04 us against 87.05, B=8 161.62 against 162.67, B=16 310.41 against
-# 313.09 (2 stages, more programs an SM: slower, 176.97+ at B=8)
+# registers, as the 2-warp launch at 200, twice the warps): S=2048, 32k,
+# results/h200/tune-2026-12-03-s24/3-*: B=4 86.04 us against 87.05, B=8 161.62 against
+# 162.67, B=16 310.41 against 313.09 (2 stages, more programs an SM: slower, 176.97+ at B=8)
 # The split merge as a programmatic dependent of the streaming kernel, below LARGE_GROUPS
 # (32k B=1 S=2048, 2 alternations: 28.71 / 28.69 us against 28.99 / 29.07; at B=8 with the
 # 4-warp launch 162.84 against 161.36: not there), on MERGE_WARPS warps (B=1 29.04 /
@@ -282,7 +283,7 @@ def _load_rows(v_base, off, ok, offs_w, mask_w):
     the registers they were loaded into. (Carried as a bf16 block, they were repacked at
     the end of the loading iteration, ptxas's byte permutes waiting on the load: 18% of
     the warps' stall samples at 32k B=1, the V latency exposed in the iteration meant to
-    hide it; BENCHMARKS.md, session 20.)"""
+    hide it; H200, 2026-12-02: results/h200/tune-2026-12-02-s20.)"""
     return tl.load(v_base + off[:, None] + offs_w[None, :], mask=ok[:, None] & mask_w[None, :],
                    other=0)
 

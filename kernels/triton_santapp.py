@@ -1,4 +1,4 @@
-"""Triton kernels for SANTA++ decode attention (ALGORITHMS.md sections 6 and 8).
+"""Triton kernels for SANTA++ decode attention (docs/algorithms.md sections 6 and 8).
 
 One decode step for ``q [B, Hq, d]`` runs four kernels (one fewer with
 ``fuse_select=True``, one fewer with the atomic merge), none of which synchronises with
@@ -30,8 +30,8 @@ noise.
    the list; otherwise the group's last finishing program (an acq_rel ticket) writes the
    compact union over the group (team order, or in local mode a team belongs to the
    first head that selected it) and its count. The call at 32k B=1: 23.8 us with
-   session 10's finisher, 21.6 with lists and bracket (session 11), 20.7 with the
-   compaction (session 12; BENCHMARKS.md).
+   the earlier finisher, 21.6 with lists and bracket, 20.7 with the compaction (H200,
+   2026-12-01: results/h200/tune-2026-12-01-s11, tune-2026-12-01-s12).
 2. **attend** ``(B*Hkv, chunks + exact programs)``: a team program loads ``TPB`` teams of
    the list (``SLOT`` rows each; with head lists a slot counts only in the list of the
    first head that selected its team; otherwise programs past the device-side union
@@ -165,7 +165,7 @@ HOPPER = {
     # programs than SMs). 128 at d=128, measured and not adopted (H200, M=32; results/h200/
     # tune-2026-12-01-s7, e2e-llama8b-32k-s7b): faster in the harness (32k B=4 46.6 -> 45.5
     # us, B=8 75.1 -> 74.0, 128k P=64 41.5 -> 38.4) but slower inside the e2e decode loop
-    # (attention a layer 43.8 -> 44.8 us at B=4, 70.9 -> 73.7 at B=8, two loans each)
+    # (attention a layer 43.8 -> 44.8 us at B=4, 70.9 -> 73.7 at B=8, two runs each)
     "attend_rows": {64: 64, 128: 64, 256: 32},
     # a team program walks 2x more tiles of the list while the grid keeps at least this
     # many programs per SM (0: one tile a program), up to attend_max_loops tiles; not
@@ -815,7 +815,8 @@ def make_plan(
     if attend_preload is None:
         attend_preload = HOPPER["attend_preload"]
     # one team a tile only: with several, z/phi stay in the loop, staged too (94 KB), and
-    # the preload measured slower (32k B=8 P=16 58.6 -> 68.7-220 us, session 26)
+    # the preload measured slower (32k B=8 P=16 58.6 -> 68.7-220 us; H200, 2026-12-04,
+    # results/h200/tune-2026-12-04-s26)
     attend_preload = bool(attend_preload) and teams_per_block == 1
     if attend_preload and slot > block_rows:
         # a pipelined K/V tile keeps its byte size (two 128-row buffers: one program an SM)
@@ -1156,7 +1157,7 @@ def _kth_search(key, K, lo, hi, WAYS: tl.constexpr):
     Value-space thresholds finish Gumbel-perturbed scores in ~3-5 steps (bisection:
     ~10-12); the key-space midpoint bounds any input (ties, infinities) by 33 steps.
     (Finding each threshold's least key inside the steps instead, with no closing
-    reduction, measured 3.4 us slower at 32k B=1: BENCHMARKS.md, session 11.)"""
+    reduction, measured 3.4 us slower at 32k B=1: results/h200/tune-2026-12-01-s11.)"""
     lo = lo.to(tl.int64)
     hi = hi.to(tl.int64)
     active = hi - lo > 1

@@ -1,6 +1,6 @@
 """triton-splitkv: the suite's own FlashDecoding, exact dense decode attention in Triton.
 
-One decode step ``o = softmax(τ q Kᵀ) V`` (ALGORITHMS.md section 1) computed with the
+One decode step ``o = softmax(τ q Kᵀ) V`` (docs/algorithms.md section 1) computed with the
 split-KV tiling of section 4, in two kernels:
 
 - **Stage 1** (``_splitkv_stage1``), grid ``(num_splits, B * Hkv)``. A program owns one

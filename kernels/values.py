@@ -1,4 +1,4 @@
-"""Value stages (ALGORITHMS.md sections 1-4): each turns scores into weights on V rows.
+"""Value stages (docs/algorithms.md sections 1-4): each turns scores into weights on V rows.
 
 Every stage returns ``weights [B, Hq, N]`` with ``out = sum_i weights_i v_i``; a row is
 read from V iff its weight is non-zero. Sampling stages produce count weights

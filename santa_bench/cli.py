@@ -88,7 +88,7 @@ def report(
         ),
     ] = False,
 ) -> None:
-    """Print Markdown tables of the kernel results in a store (as BENCHMARKS.md quotes)."""
+    """Print Markdown tables of the kernel results in a store (the tables of docs/benchmarks.md)."""
     from santa_bench.report import kernel_table, speedup_matrix
 
     frame = results.ResultStore(results_dir).load(parse_list(run) or None)

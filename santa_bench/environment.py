@@ -107,8 +107,8 @@ def _git_sha() -> str | None:
     """Return HEAD's SHA of the harness's checkout (else cwd's), with '-dirty' if modified.
 
     ``$SANTA_BENCH_GIT_SHA``, when set, wins: ``scripts/h200_setup.sh`` sets it from a
-    ``.git_sha`` file written here, because a lent GPU machine's copy of the tree has no
-    ``.git`` or a stale one (session 5's rows said ``32e7760-dirty`` for later commits).
+    ``.git_sha`` file written here, because a GPU machine's copy of the tree may have no
+    ``.git`` or a stale one (rows of 2026-11-29 said ``32e7760-dirty`` for later commits).
     """
     pinned = os.environ.get("SANTA_BENCH_GIT_SHA")
     if pinned:

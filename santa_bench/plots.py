@@ -39,7 +39,7 @@ from santa_bench.results import ResultStore
 from santa_bench.units import format_size, parse_list
 
 DPI = 150
-ANCHORS_SOURCE = "../shared/design/ANCHORS.md"
+ANCHORS_SOURCE = "docs/anchors.md"
 BUDGET_COLUMNS = ("S", "M")  # S: samples per head (SANTA); M: teams (SANTA++)
 # Method parameters that split one method into several series when they vary. (Bernoulli's
 # value-stage parameter cannot be stored as "value", a fixed column, so it is not listed.)
@@ -987,7 +987,7 @@ def _points(parts: list[pd.DataFrame]) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- anchor tables
 
-# ANCHORS.md, "Dense baselines (exact attention)": events medians (ranges as written),
+# docs/anchors.md, "Dense baselines (exact attention)": events medians (ranges as written),
 # graph replays where measured. Keys: (ctx, batch) -> method -> (events, graph).
 ANCHOR_DENSE: dict[tuple[int, int], dict[str, tuple[str, str]]] = {
     (8192, 1): {
@@ -1021,7 +1021,7 @@ ANCHOR_DENSE: dict[tuple[int, int], dict[str, tuple[str, str]]] = {
         "flashinfer-cuda": ("", ""),
     },
 }
-# ANCHORS.md, "The papers' released kernels on this H200" (OPUSLab/SANTA CUDA, events):
+# docs/anchors.md, "The papers' released kernels on this H200" (OPUSLab/SANTA CUDA, events):
 # (ctx, batch, S) -> (flash us, prop us, best dense us, flash speedup, prop speedup).
 ANCHOR_KERNELS: dict[tuple[int, int, int], tuple[float | None, ...]] = {
     (8192, 1, 128): (38.0, 49.9, 22.3, 0.59, 0.45),
@@ -1031,7 +1031,7 @@ ANCHOR_KERNELS: dict[tuple[int, int, int], tuple[float | None, ...]] = {
     (32768, 8, 128): (400.2, None, 258.2, 0.65, None),
     (131072, 1, 128): (277.6, 259.5, 138.9, 0.50, 0.54),
 }
-# ANCHORS.md, "Claims in the seeds": SANTA paper, Llama-3.1-8B-Instruct, 32k RULER.
+# docs/anchors.md, "Claims in the seeds": SANTA paper, Llama-3.1-8B-Instruct, 32k RULER.
 ANCHOR_RULER: list[tuple[str, str | None, int | None, tuple[float, ...]]] = [
     ("SDPA", None, None, (95.60, 98.35, 64.00, 58.80)),
     ("prop", "santa-prop", 128, (95.40, 98.25, 64.40, 60.20)),
@@ -1040,7 +1040,7 @@ ANCHOR_RULER: list[tuple[str, str | None, int | None, tuple[float, ...]]] = [
     ("flash", "santa-flash", 256, (66.20, 88.95, 63.00, 57.20)),
 ]
 RULER_TASKS = ("FWE", "NIAH", "QA1", "QA2")
-# ANCHORS.md, GSM8K (Llama 8B): S -> (sys, strat, SANTA iid); SDPA 78.06.
+# docs/anchors.md, GSM8K (Llama 8B): S -> (sys, strat, SANTA iid); SDPA 78.06.
 ANCHOR_GSM8K: dict[int, tuple[float, float, float]] = {
     16: (44.63, 39.12, 5.51),
     32: (68.59, 67.00, 38.26),
@@ -1297,7 +1297,7 @@ def _scores_note(scores: pd.DataFrame, key: str) -> str:
 
 
 def render_tables(frame: pd.DataFrame) -> Tables:
-    """Return every anchor table of ANCHORS.md beside our measurements (Markdown, LaTeX).
+    """Return every anchor table of docs/anchors.md beside our measurements (Markdown, LaTeX).
 
     Raises NoData when the store has none of the measurements the tables compare.
     """

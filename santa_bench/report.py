@@ -1,4 +1,4 @@
-"""Markdown tables from the result store (the figures BENCHMARKS.md quotes)."""
+"""Markdown tables from the result store (the tables of docs/benchmarks.md)."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ import secrets
 import tempfile
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -155,6 +156,9 @@ class ResultStore:
 
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root)
+        # each part's table by path, kept while the file's (inode, size, mtime) stays the
+        # same: load() and completed() read a part once per store, not once per call
+        self._tables: dict[Path, tuple[tuple[int, int, int], pa.Table | None]] = {}
 
     def start_run(self, env: dict[str, Any], run_id: str | None = None) -> Run:
         """Return a new (or reopened) run whose run.json holds `env`, run_id, env_fingerprint."""
@@ -181,11 +185,11 @@ class ResultStore:
         """Return the case hashes finished under `env_fingerprint` (in any run).
 
         A case is finished when some run holds a part of it without a ``failed`` row; a
-        case whose only parts failed is not, so a resumed run retries it.
+        case whose only parts failed is not, so a resumed run retries it. Parts already
+        read by this store are not read again (only new or rewritten ones).
         """
         done: set[str] = set()
-        for path in self._parts(None):
-            table = _read_part(path, columns=["case_hash", "env_fingerprint", "status"])
+        for table in self._tables_of(self._parts(None)):
             if table is None or not table.num_rows:
                 continue
             statuses = table["status"].to_pylist()
@@ -199,23 +203,24 @@ class ResultStore:
         re-run); finished parts stay, in whatever run holds them (a forced re-run into
         another run adds a measurement, it does not erase one). Returns how many went."""
         gone = 0
-        for path in self.root.glob(f"*/part-{case_hash}.parquet"):
-            table = _read_part(path, columns=["status"])
+        paths = sorted(self.root.glob(f"*/part-{case_hash}.parquet"))
+        for path, table in zip(paths, self._tables_of(paths), strict=True):
             if table is not None and "failed" in table["status"].to_pylist():
                 path.unlink()
+                self._tables.pop(path, None)
                 gone += 1
         return gone
 
     def load(self, runs: list[str] | None = None) -> pd.DataFrame:
         """Return every row of the given runs (default: all), columns unioned (missing: NA)."""
-        frames = [
-            table.to_pandas()
-            for table in map(_read_part, self._parts(runs))
+        tables = [
+            table
+            for table in self._tables_of(self._parts(runs))
             if table is not None and table.num_rows
         ]
-        if not frames:
+        if not tables:
             return pd.DataFrame({c: pd.Series(dtype=_pandas_dtype(c)) for c in FIXED_COLUMNS})
-        data = pd.concat(frames, ignore_index=True, sort=False)
+        data = _concat(tables)
         params = [c for c in data.columns if c not in FIXED_COLUMNS]
         return data[params + list(FIXED_COLUMNS)]
 
@@ -249,6 +254,29 @@ class ResultStore:
         """Each run's run.json date ("" where it has none), by run id."""
         return {record["run_id"]: str(record.get("date") or "") for record in self.runs()}
 
+    def _tables_of(self, paths: list[Path]) -> list[pa.Table | None]:
+        """Return each part's table (None if corrupt), reading only parts not yet read
+        or changed since (by inode, size and mtime), several files at a time."""
+        keys: dict[Path, tuple[int, int, int] | None] = {}
+        for path in paths:
+            try:
+                stat = path.stat()
+            except OSError:
+                keys[path] = None
+                continue
+            keys[path] = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        stale = [
+            (path, key) for path, key in keys.items()
+            if key is not None and (path not in self._tables or self._tables[path][0] != key)
+        ]
+        if stale:
+            workers = min(4, os.cpu_count() or 1, len(stale))
+            with ThreadPoolExecutor(workers) as pool:  # Arrow reads without the GIL
+                read = list(pool.map(lambda item: _read_part(*item), stale))
+            for (path, key), table in zip(stale, read, strict=True):
+                self._tables[path] = (key, table)
+        return [self._tables[path][1] if keys[path] is not None else None for path in paths]
+
     def _parts(self, runs: list[str] | None) -> list[Path]:
         """Return the part files of the given runs (default: all), in a stable order."""
         if runs is None:
@@ -263,7 +291,8 @@ def should_skip(
 ) -> bool:
     """Return True when `case` already has rows under `fingerprint` and `force` is off.
 
-    Scans the store on every call; for many cases, call `store.completed()` once instead.
+    Lists the store's parts on every call (reading only parts it has not read before);
+    for many cases, call `store.completed()` once instead.
     """
     return not force and config_hash(case) in store.completed(fingerprint)
 
@@ -302,15 +331,57 @@ def _atomic_write(path: Path, write: Callable[[str], object]) -> None:
         raise
 
 
-def _read_part(path: Path, columns: list[str] | None = None) -> pa.Table | None:
-    """Return the part's table (only `columns` if given), or None with a warning if unreadable."""
+def _read_part(path: Path, key: tuple[int, int, int]) -> pa.Table | None:
+    """Return the part's table, or None if unreadable, warning once per file version."""
     try:
-        return pq.read_table(path, columns=columns)
+        with pq.ParquetFile(path) as part:
+            return part.read(use_threads=False)
     except (OSError, pa.ArrowException, KeyError) as exc:
-        warnings.warn(
-            f"skipping unreadable result part {path}: {exc}", RuntimeWarning, stacklevel=3
-        )
+        if (path.resolve(), key) not in _REPORTED:
+            _REPORTED.add((path.resolve(), key))
+            _warn_corrupt(path, exc)
         return None
+
+
+_REPORTED: set[tuple[Path, tuple[int, int, int]]] = set()
+"""Corrupt parts already reported in this process (path, file version)."""
+
+
+def _warn_corrupt(path: Path, exc: BaseException) -> None:
+    """Warn that a part is unreadable and say how to clear it (no source line attached)."""
+    case_hash = path.stem.removeprefix("part-")
+    message = (
+        f"skipping unreadable result part {path} ({type(exc).__name__}: {exc}); its rows "
+        f"are ignored until it is removed (rm '{path}') or its case ({case_hash}) is run "
+        f"again into run {path.parent.name!r}, which rewrites it (resuming that run does: "
+        f"an unreadable part does not count as finished)"
+    )
+    # filename/lineno name the part itself, so the warning shows no line of this module
+    warnings.warn_explicit(message, RuntimeWarning, filename=str(path), lineno=0,
+                           module="santa_bench.results", registry={})
+
+
+def _concat(tables: list[pa.Table]) -> pd.DataFrame:
+    """Return the tables as one DataFrame, columns unioned (missing values: NA).
+
+    One Arrow concatenation and one conversion; where a column's types cannot be unified
+    (a string in one part, a number in another) the parts are converted in groups of one
+    schema each and joined by pandas, which keeps such a column as objects.
+    """
+    try:
+        return pa.concat_tables(tables, promote_options="permissive").to_pandas()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        pass
+    groups: dict[pa.Schema, list[int]] = {}
+    for index, table in enumerate(tables):
+        groups.setdefault(table.schema, []).append(index)
+    frames = []
+    for members in groups.values():
+        frame = pa.concat_tables([tables[i] for i in members]).to_pandas()
+        frame.index = [i for i in members for _ in range(tables[i].num_rows)]
+        frames.append(frame)
+    data = pd.concat(frames, sort=False).sort_index(kind="stable")
+    return data.reset_index(drop=True)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# H200: A/B of two trees on one loan (loan-to-loan spread is 1-2%, the size of the changes
-# measured): the rest of the step (bench_rest.py step) and the e2e step at 32k B=4 (dense
+# H200: A/B of two trees on one machine (machine-to-machine spread is 1-2%, the size of the
+# changes measured): the rest of the step (bench_rest.py step) and the e2e step at 32k B=4 (dense
 # triton-splitkv and SANTA++ M=32), alternating old and new twice.
-# Usage (device tool, carry .whl, .git_sha):  bash scripts/h200_ab.sh OLD_TREE
+# Usage (.whl/ and .git_sha in the tree):  bash scripts/h200_ab.sh OLD_TREE
 #   OLD_TREE: e.g. `git archive REV pyproject.toml README.md santa_bench kernels scripts`
 set -u
 old=${1:?usage: bash scripts/h200_ab.sh OLD_TREE}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The full kernel table (issue 4) on the lent H200, resumable across loans.
-# Usage (device tool, carry .whl .git_sha): source scripts/h200_setup.sh;
+# The full kernel table (issue 4) on an H200, resumable across machines.
+# Usage (.whl/ and .git_sha in the tree): source scripts/h200_setup.sh;
 #   bash scripts/h200_full_table.sh RUN_ID SECONDS CTX [BATCH]
 # Runs every SANTA method at S = 64..2048 with every dense baseline for the given
 # contexts and batches into /tmp/kroot, seeded with results/h200/RUN_ID when the repo

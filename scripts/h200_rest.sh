@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# H200: the step outside attention with the Triton decode GEMMs (rest=gemm), sessions 6-8.
+# H200: the step outside attention with the Triton decode GEMMs (rest=gemm).
 # GPU tests of the decode GEMM path, the sm_90 compile check under the device's Triton,
 # scripts/bench_rest.py (step section; SECTIONS= to change), then the e2e table of issue
-# #9 with --rest gemm. Usage (device tool, carry .whl and .git_sha):
+# #9 with --rest gemm. Usage (.whl/ and .git_sha in the tree):
 #   bash scripts/h200_rest.sh RESULTS_DIR RUN_ID [batches=4,8]
 #   RESULTS_DIR: a fresh root on the device (e.g. /tmp/e2eroot): cases already stored under
 #   it (the carried results/h200, any run id) are skipped and their old dense steps would

@@ -6,7 +6,7 @@
 #            the KV read fraction are rows of the store)
 #   profile  scripts/profile_santapp.py: stage breakdown, bandwidth vs a device copy, index
 #            build vs a dense prefill, the bars (writes $OUT/santapp/*.csv|json)
-# Usage (device tool, carry .whl), one step per call keeps each under ~10 min:
+# Usage (.whl/ in the tree), one step per call keeps each under ~10 min:
 #   STEPS=tests bash scripts/h200_santapp.sh; STEPS=cli ...; STEPS=profile ...
 #   QUICK=1: 32k B=1 only.  POLICIES=contiguous,kmeans: add the (slow, CPU-built) k-means index.
 set -u

@@ -515,13 +515,13 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     "(4, 2)": {"config": (4, 2)},
     "(4, 4)": {"config": (4, 4)},
     "(4, 3) maxnreg 128": {"maxnreg": 128},
-    "maxnreg 96": {"maxnreg": 96},  # five programs an SM (session 22)
+    "maxnreg 96": {"maxnreg": 96},  # five programs an SM (tune-2026-12-03-s22)
     "(4, 2) maxnreg 128": {"config": (4, 2), "maxnreg": 128},
     "(1, 3)": {"config": (1, 3)},
     "(1, 2)": {"config": (1, 2)},
     "(2, 3)": {"config": (2, 3)},
     "(2, 2)": {"config": (2, 2)},
-    # P (round 3 at s19, 3-fcompact-pdl-P-*.csv in results/h200/tune-2026-12-02-s19; the
+    # P (3-fcompact-pdl-P-*.csv in results/h200/tune-2026-12-02-s19, round 3; the
     # split merge as a programmatic dependent, measured there too: within +-1 us, removed)
     "P2": {"samples": 2},
     "P4": {"samples": 4},
@@ -530,15 +530,16 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     # the tile uniforms read from memory instead of drawn by Philox in the loop (the
     # counts then differ from the two-pass kernel's: a timing row)
     "uniforms": {"uniforms": "rand"},
-    # V element by element (the kernel before session 20) against 32-bit words (default)
+    # V element by element (the kernel before tune-2026-12-02-s20) against 32-bit words
+    # (default)
     "elements": {"words": False},
-    # session 22 (tune-2026-12-03-s22): the columns through the [ROWS, P, TILE] block (the
+    # tune-2026-12-03-s22 (H200, 2026-12-03): the columns through the [ROWS, P, TILE] block (the
     # default before; packed now). Measured there and removed, code at 99057a3: "entries"
     # (accumulators and running merge per gathered entry), "scan-mass" (the tile mass from
     # its scan), "fused merge" (the split merge by each group's last program): all slower
     "unpacked": {"packed_columns": False},
-    # session 23: tiles drawn in pairs (draw_tiles 2, the default where allowed) against
-    # one at a time
+    # tune-2026-12-03-s23 (H200, 2026-12-03): tiles drawn in pairs (draw_tiles 2, the
+    # default where allowed) against one at a time
     "dt1": {"draw_tiles": 1},
     "dt2": {"draw_tiles": 2},
     "dt2 nocap": {"draw_tiles": 2, "maxnreg": 255},
@@ -550,9 +551,10 @@ FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374
     "dt2 (4, 2)": {"draw_tiles": 2, "config": (4, 2)},
     "dt2 once": {"draw_tiles": 2, "v_twice": False},
     "dt2 (4, 3) once": {"draw_tiles": 2, "config": (4, 3), "v_twice": False},
-    # session 24: the packed columns by the closed form (offline: 903 instructions in the
-    # pair loop against 948, 561 against 588 one tile at a time); default from P = 4 on
-    # since 24 (with V once), so "closed" / "old" pin both switches
+    # tune-2026-12-03-s24 (H200, 2026-12-03): the packed columns by the closed form
+    # (offline: 903 instructions in the pair loop against 948, 561 against 588 one tile
+    # at a time); default from P = 4 on since that run (with V once), so "closed" /
+    # "old" pin both switches
     "closed": {"closed_columns": True},
     "old": {"closed_columns": False, "v_twice": True},
     "twice closed": {"closed_columns": True, "v_twice": True},
@@ -878,13 +880,15 @@ PP_KNOBS = {  # HOPPER overrides (or workspace keywords, "ws") of the SANTA++ la
     "finish_warps=16": {"ws": {"finish_heads": 1, "finish_warps": 16}},
     "local": {"ws": {"local": True}},
     "local finish_warps=4": {"ws": {"local": True, "finish_warps": 4}},
-    "score_warps=8": {"score_warps_few": 8},  # the select kernel's warps before session 11
+    "score_warps=8": {"score_warps_few": 8},  # the select kernel's warps before tune-2026-12-01-s11
     "bracket off": {"ws": {"bracket": False}},  # the finisher's search from [least, top]
     "lists off": {"ws": {"head_lists": False}},  # the union step (ticket) instead
-    "both off": {"ws": {"bracket": False, "head_lists": False}},  # session 10's finisher
+    # the finisher of tune-2026-12-01-s10
+    "both off": {"ws": {"bracket": False, "head_lists": False}},
     "both off finish_warps=4": {"ws": {"bracket": False, "head_lists": False,
                                        "finish_warps": 4}},
-    "compact off": {"ws": {"compact": False}},  # the finisher's bracketed search (s11)
+    # the finisher's bracketed search (tune-2026-12-01-s11)
+    "compact off": {"ws": {"compact": False}},
     "merge kernel": {"ws": {"merge_atomic": False}},  # partials merged by their own kernel
     "merge atomic": {"ws": {"merge_atomic": True}},  # ... by atomic sums in the attend grid
     "pdl bf16": {"pdl_before_merge": True},  # select -> finish -> attend chained, any reps
@@ -899,7 +903,8 @@ PP_KNOBS = {  # HOPPER overrides (or workspace keywords, "ws") of the SANTA++ la
     **{f"preload loops={n} stages={st}": {"ws": {"attend_loops": n, "attend_stages": st,
                                                  "attend_preload": True}}
        for n in (2, 4, 8, 16, 32, 64) for st in (1, 2, 3, 4, 5)},
-    "no preload": {"ws": {"attend_preload": False}},  # session 25's default (4 tiles at most)
+    # the default of tune-2026-12-04-s25 (4 tiles at most)
+    "no preload": {"ws": {"attend_preload": False}},
     **{f"preload loops={n} stages={st} lists off": {
         "ws": {"attend_loops": n, "attend_stages": st, "attend_preload": True,
                "head_lists": False}} for n in (4, 8) for st in (1, 3)},
@@ -1033,7 +1038,7 @@ def pps_section(rows: Rows) -> None:
         torch.cuda.empty_cache()
 
 
-# the sample pass's launch before session 16: 128 samples a block, the per-row CDF above 64
+# the sample pass's launch before tune-2026-12-02-s16: 128 samples a block, the per-row CDF above 64
 # heads, one loop for 64 < B * Hq < 256
 PER_ROW_128 = {"sample_phased_block": 128, "index_scaled_block": 1 << 62,
                "sample_phased_skip_block": 1 << 62}
@@ -1041,7 +1046,7 @@ PER_ROW_128 = {"sample_phased_block": 128, "index_scaled_block": 1 << 62,
 
 def s256_section(rows: Rows) -> None:
     """prop S=256: sample-pass launch variants (see the module docstring) on top of the
-    launch before session 16 (``PER_ROW_128``, "default" here: 3-s256.csv in
+    launch before tune-2026-12-02-s16 (``PER_ROW_128``, "default" here: 3-s256.csv in
     results/h200/tune-2026-12-02-s16 ran at a6c8f21, where it was the default),
     alternated."""
     variants = {"default": {}, "splits 2": {"sample_splits": 2},
@@ -1062,7 +1067,7 @@ def s256_section(rows: Rows) -> None:
 
 def block_section(rows: Rows) -> None:
     """prop's phased sample pass with 256 samples a block and the scaled row search there
-    (the default since session 16) against 128 a block and the per-row CDF, S=128..2048,
+    (the default since tune-2026-12-02-s16) against 128 a block and the per-row CDF, S=128..2048,
     two alternated rounds (same samples checked: rounding may move a few)."""
     prop_variants(rows, "block", {"256 scaled": {}, "128": PER_ROW_128},
                   budgets=(128, 256, 512, 1024, 2048), reps=2)
@@ -1070,7 +1075,7 @@ def block_section(rows: Rows) -> None:
 
 def phased4_section(rows: Rows) -> None:
     """prop at the heads where the sample pass runs one loop (64 < B * Hq < 256, e.g. B=4):
-    against the phased loops with 256 samples a block (scaled; the default since session 16
+    against the phased loops with 256 samples a block (scaled; the default since tune-2026-12-02-s16
     from S=256, so "one loop" names the launch before it) or 128 (per-row CDF)."""
     prop_variants(rows, "phased4", {
         "one loop": {"sample_phased_skip_block": 1 << 62},

@@ -1,4 +1,4 @@
-"""Statistical tests of the exact references (ALGORITHMS.md section 9).
+"""Statistical tests of the exact references (docs/algorithms.md section 9).
 
 Random estimators are judged over many seeds: unbiasedness within a confidence bound,
 variance ordering, error slope against S. Seeds are fixed, so the tests are deterministic.
@@ -41,7 +41,7 @@ def test_unbiased_within_confidence_bound(value):
 
 def test_largest_remainder_bias_is_visible_and_reported():
     # peaked scores over many small tiles: S * W_t < 1/2 for most tiles, which the
-    # released code's rounding drops (ALGORITHMS.md section 4)
+    # released code's rounding drops (docs/algorithms.md section 4)
     q, kv = decode_problem(batch=1, n=1024, q_scale=3.0, seed=3)
     exact = _exact(q, kv)
     biased = seed_statistics(

@@ -2,7 +2,7 @@
 
 The Philox offset of a SANTA call lives in a device counter that the call's kernels
 advance, so a captured graph replays different samples each time, and resetting the
-counter replays a run exactly (ALGORITHMS.md section 8). Skipped without CUDA; the
+counter replays a run exactly (docs/algorithms.md section 8). Skipped without CUDA; the
 same mechanism is tested call by call in the interpreter (test_triton_santa.py).
 """
 

@@ -206,7 +206,7 @@ def test_tables_put_anchors_beside_ours(store, frame):
     kernels = tables.frames["kernels"]
     row = kernels[(kernels.ctx == "32k") & (kernels.B == 1) & (kernels.kernel == "S²ANTA-prop")]
     assert row["anchor (µs)"].tolist() == ["90.8", "102.2"]
-    assert "ANCHORS.md" in tables.markdown and "\\begin{tabular}" in tables.latex
+    assert "docs/anchors.md" in tables.markdown and "\\begin{tabular}" in tables.latex
     assert "| 32k | 1 | sdpa-cudnn | 49.6–50.3 | 40.0 |" in tables.markdown
 
 

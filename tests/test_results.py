@@ -185,16 +185,72 @@ def test_write_case_rejects_bad_cases(tmp_path):
         run.write_case(CASE, [{"metric": "m", "value": 1.0, "run_id": "x"}])
 
 
-def test_corrupt_part_is_skipped_with_warning(tmp_path):
+def test_corrupt_part_is_reported_once_with_its_path_and_remedy(tmp_path):
+    import warnings
+
     store = ResultStore(tmp_path)
     store.start_run(ENV, run_id="r1").write_case(CASE, rows())
-    (tmp_path / "r1" / "part-deadbeefdeadbeef.parquet").write_bytes(b"PAR1 truncated")
+    bad = tmp_path / "r1" / "part-deadbeefdeadbeef.parquet"
+    bad.write_bytes(b"PAR1 truncated")
     (tmp_path / "r1" / ".part-0123.parquet.abc.tmp").write_bytes(b"half")  # leftover temp
 
-    with pytest.warns(RuntimeWarning, match="deadbeef"):
+    with pytest.warns(RuntimeWarning) as caught:
         assert store.completed(environment_fingerprint(ENV)) == {config_hash(CASE)}
-    with pytest.warns(RuntimeWarning, match="deadbeef"):
+    (warning,) = caught
+    text = str(warning.message)
+    assert str(bad) in text and f"rm '{bad}'" in text and "run again into run 'r1'" in text
+    assert "deadbeefdeadbeef" in text
+    # the warning names the part, not a line of the store's code ("frames = [")
+    assert warning.filename == str(bad)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # reported once: later loads are silent
         assert len(store.load()) == 2
+        assert len(ResultStore(tmp_path).load()) == 2  # and so is another store
+    bad.write_bytes(b"PAR1 still truncated")  # a new version of the file is news
+    with pytest.warns(RuntimeWarning, match="deadbeef"):
+        store.load()
+
+
+def test_load_mixes_parts_of_different_columns_and_types(tmp_path):
+    store = ResultStore(tmp_path)
+    run = store.start_run(ENV, run_id="r1")
+    run.write_case({"method": "a", "tile": 64}, [{"metric": "m", "value": 1.0}])
+    run.write_case({"method": "b", "tile": 32.5}, [{"metric": "m", "value": 2.0}])
+    run.write_case({"method": "c", "tile": None, "note": "x"}, [{"metric": "m", "value": 3.0}])
+    run.write_case({"method": "d", "tile": "auto"}, [{"metric": "m", "value": 4.0}])
+    other = store.start_run(ENV, run_id="r2")
+    other.write_case({"method": "e", "flag": True}, [{"metric": "m", "value": 5.0}])
+    data = store.load()
+    assert sorted(data["method"]) == ["a", "b", "c", "d", "e"]
+    by_method = data.set_index("method")
+    assert by_method.loc["a", "tile"] == 64 and by_method.loc["b", "tile"] == 32.5
+    assert by_method.loc["d", "tile"] == "auto" and by_method.loc["d", "value"] == 4.0
+    assert by_method["note"].isna().sum() == 4 and by_method.loc["c", "note"] == "x"
+    assert by_method.loc["e", "flag"] and by_method["flag"].isna().sum() == 4
+    assert list(data.columns[-len(FIXED_COLUMNS):]) == list(FIXED_COLUMNS)
+    # numeric parts alone unify to one numeric column
+    numeric = store.load(["r1"])
+    assert numeric.loc[numeric.method.isin(["a", "b"]), "tile"].tolist() == [64, 32.5]
+
+
+def test_completed_reads_each_part_once(tmp_path, monkeypatch):
+    from santa_bench import results
+
+    store = ResultStore(tmp_path)
+    run = store.start_run(ENV, run_id="r1")
+    run.write_case(CASE, rows())
+    reads = []
+    real = results._read_part
+    monkeypatch.setattr(results, "_read_part", lambda *a: reads.append(a[0]) or real(*a))
+    fingerprint = environment_fingerprint(ENV)
+    for _ in range(3):
+        assert store.completed(fingerprint) == {config_hash(CASE)}
+    store.load()
+    assert len(reads) == 1
+    other = {**CASE, "S": 128}
+    run.write_case(other, rows())  # a new part is read; the old one is not read again
+    assert store.completed(fingerprint) == {config_hash(CASE), config_hash(other)}
+    assert len(reads) == 2
 
 
 def test_load_unions_columns(tmp_path):
@@ -246,7 +302,7 @@ def test_failed_cases_are_retried_and_forget_failed_removes_their_parts(tmp_path
 
 def test_a_forced_rerun_into_another_run_keeps_the_first_measurement(tmp_path,
                                                                      monkeypatch) -> None:
-    """Repeated measurements of one case (an A/B on one loan, a second loan) each keep
+    """Repeated measurements of one case (an A/B on one machine, a rerun on another) each keep
     their rows; a failed part elsewhere does not make the case unfinished."""
     from santa_bench import execute
     from santa_bench.execute import write_case

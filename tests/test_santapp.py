@@ -1,4 +1,4 @@
-"""Tests of the SANTA++ reference (ALGORITHMS.md sections 6 and 9).
+"""Tests of the SANTA++ reference (docs/algorithms.md sections 6 and 9).
 
 Random estimators are judged over fixed seeds: exactness when every team is read, HT/HH
 sums unbiased within a confidence bound, error falling with the team budget ``M``.

@@ -1,4 +1,4 @@
-"""Triton SANTA kernels vs float64 torch (ALGORITHMS.md sections 2-4, 8, 9).
+"""Triton SANTA kernels vs float64 torch (docs/algorithms.md sections 2-4, 8, 9).
 
 Run on the CPU through Triton's interpreter; shapes are tiny because the interpreter
 executes every program in Python. Two kinds of checks (section 9):

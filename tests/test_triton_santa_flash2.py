@@ -1,6 +1,6 @@
 """Two-pass S²ANTA-flash (``triton_santa_flash2``) vs the fused kernel and float64 torch.
 
-Run on the CPU through Triton's interpreter (ALGORITHMS.md section 9): given the same
+Run on the CPU through Triton's interpreter (docs/algorithms.md section 9): given the same
 uniforms (or the same seed and step) the two-pass kernel draws exactly the fused
 kernel's counts; over many Philox streams it is unbiased.
 """

@@ -1,6 +1,6 @@
 """One-pass compact S²ANTA-flash (``triton_santa_flash_compact``) vs the fused kernel.
 
-Run on the CPU through Triton's interpreter (ALGORITHMS.md section 9): given the same
+Run on the CPU through Triton's interpreter (docs/algorithms.md section 9): given the same
 uniforms (or seed and step) the compact kernel draws exactly the masked fused kernel's
 counts, in its lagged loop and in the loop for sequences that draw more than ``P``
 samples a tile; over many Philox streams it is unbiased with the reference's MSE.

@@ -1,4 +1,4 @@
-"""Triton SANTA++ kernels vs the float64 PyTorch reference (ALGORITHMS.md sections 6, 8, 9).
+"""Triton SANTA++ kernels vs the float64 PyTorch reference (docs/algorithms.md sections 6, 8, 9).
 
 Run on the CPU through Triton's interpreter at small shapes. Given the same Gumbel noise
 (``gumbels=``) the kernel's selection, ``1/pi`` weights, union list, reads and output

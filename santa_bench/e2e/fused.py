@@ -3,8 +3,8 @@
 Eager, one decoder layer of ``model.py`` is ~39 small kernels besides its four GEMMs and
 attention (RMSNorm alone is eight: cast, square, mean, add, rsqrt, scale, cast, weight);
 each is a separate launch inside the CUDA graph. On the H200 the rest of an 8B model's
-step at 32k B=4 fell from 6.7 to 4.4 ms with these kernels (BENCHMARKS.md, "End to
-end", session 5). Fused (the ``rest="fused"`` path of the loop):
+step at 32k B=4 fell from 6.7 to 4.4 ms with these kernels (H200, 2026-11-29:
+results/h200/e2e-llama8b-32k-s5/README.md). Fused (the ``rest="fused"`` path of the loop):
 
 - :func:`add_rms_norm`: the residual add and the RMSNorm of its result, one kernel;
 - :func:`rope_write`: RoPE of q and k and the K/V write into the cache, one kernel;

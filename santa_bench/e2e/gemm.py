@@ -68,7 +68,7 @@ def gemm_config(n_out: int, k: int, silu: bool = False,
 # rest of the step (scripts/bench_rest.py step; results/h200/rest-2026-12-01/3-step-pdl.csv): 4126.9
 # -> 4017.2 us at B=4, 4155.1 -> 4057.3 at B=8. Measured and removed (code at 6d3b0f6):
 # prefetching the first two K steps of weights into L2 before the wait, +20-26 us; and
-# (session 9, code at 5353aa5) the O projection prefetching its whole weight slice before
+# (H200, 2026-12-01, code at 5353aa5) the O projection prefetching its whole weight slice before
 # its wait on the attention call: +0.03-0.09 ms a step for every attention backend
 PDL = True
 

@@ -1,4 +1,4 @@
-"""Markdown tables of the e2e rows in a store (what BENCHMARKS.md quotes).
+"""Markdown tables of the e2e rows in a store (the e2e tables of docs/benchmarks.md).
 
 ``python -m santa_bench.e2e.report RESULTS [RUN,...]`` prints one table per (model,
 weights, prefill, layout, rest of the step, timing; rows stored before ``rest`` existed
