@@ -74,7 +74,8 @@ def show_env() -> None:
 @app.command("report")
 def report(
     results_dir: Annotated[
-        Path, typer.Option("--results", help="Result store root to read.")
+        Path,
+        typer.Option("--results", help="Result store root to read, with the stores below it."),
     ] = Path("results"),
     run: Annotated[
         str | None, typer.Option(help="Comma list of run ids to include (default: all).")
@@ -90,8 +91,13 @@ def report(
 ) -> None:
     """Print Markdown tables of the kernel results in a store (as BENCHMARKS.md quotes)."""
     from santa_bench.report import kernel_table, speedup_matrix
+    from santa_bench.stores import StoreSet
 
-    frame = results.ResultStore(results_dir).load(parse_list(run) or None)
+    try:
+        frame = StoreSet(results_dir).load(parse_list(run) or None)
+    except ValueError as exc:  # an unknown --run
+        _fail(str(exc))
+        return
     print(speedup_matrix(frame) if matrix else kernel_table(frame))
 
 

@@ -5,12 +5,16 @@ to a pipe, stored results on a rerun, undefined retention, CPU timing, the test 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from santa_bench.cli import app
 from santa_bench.results import ResultStore
+from santa_bench.stores import StoreSet, discover
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--cpu-budget", "0.01"]
@@ -41,6 +45,50 @@ def _write_speedup_run(root: Path, run_id: str = "kernels-a", date: str = ENV["d
         {"metric": "latency", "value": 5.0, "unit": "us"},
         {"metric": "speedup_vs_best_dense", "value": 2.0, "unit": "x", "ci_low": 1.9,
          "ci_high": 2.1, "best_dense": "sdpa-cudnn"}])
+
+
+# ------------------------------------------------------------------ 1: plot's defaults
+def _git(repo: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                          check=True)
+    return done.stdout
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_plot_with_no_arguments_reads_nested_stores_and_keeps_git_clean(tmp_path, monkeypatch):
+    """A checkout with committed figures under plots/ and a committed store one folder
+    deeper (results/h200/): `santa-bench plot` finds the runs and leaves git status clean."""
+    repo = tmp_path / "clone"
+    (repo / "plots").mkdir(parents=True)
+    shutil.copy(ROOT / ".gitignore", repo / ".gitignore")
+    (repo / "plots" / "speedup-vs-S.png").write_bytes(b"committed figure")
+    _write_speedup_run(repo / "results" / "h200")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "clone")
+    monkeypatch.chdir(repo)
+    result = _invoke("plot")
+    assert result.exit_code == 0, result.output
+    assert "speedup-vs-S: no data" not in result.output
+    assert (repo / "plots" / "local" / "speedup-vs-S.png").stat().st_size > 0
+    assert (repo / "plots" / "speedup-vs-S.png").read_bytes() == b"committed figure"
+    assert _git(repo, "status", "--porcelain") == ""
+
+
+def test_store_set_reads_local_runs_and_nested_stores(tmp_path):
+    _write_speedup_run(tmp_path / "h200", "kernels-a", "2026-01-01T00:00:00+00:00")
+    _write_speedup_run(tmp_path / "cpu" / "deeper", "kernels-b", "2026-01-03T00:00:00+00:00")
+    _write_speedup_run(tmp_path, "20260105-local", "2026-01-05T00:00:00+00:00")
+    assert discover(tmp_path) == [tmp_path, tmp_path / "cpu" / "deeper", tmp_path / "h200"]
+    stores = StoreSet(tmp_path)
+    frame = stores.load()
+    assert set(frame.run_id) == {"kernels-a", "kernels-b", "20260105-local"}
+    assert set(stores.newest_per_case(frame).run_id) == {"20260105-local"}
+    assert set(stores.load(["kernels-a", "kernels-b"]).run_id) == {"kernels-a", "kernels-b"}
+    with pytest.raises(ValueError, match="unknown runs"):
+        stores.load(["nope"])
+    report = _invoke("report", "--results", str(tmp_path), "--run", "kernels-b")
+    assert report.exit_code == 0 and "santa-prop" in report.output
 
 
 # --------------------------------------------------------------------- 6: test cache
