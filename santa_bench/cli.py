@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from santa_bench import environment, results
-from santa_bench.cli_options import Force, ResultsDir, RunId
+from santa_bench.cli_options import Force, ResultsDir, RunId, option_list
 from santa_bench.methods import REGISTRY, MethodError, parse_method_specs
 from santa_bench.units import format_size, parse_list, parse_size_list
 
@@ -207,7 +207,12 @@ def kernel(
     Each (ctx, batch, method, S) is a case; finished cases already in the store are
     skipped (so an interrupted run resumes), unless --force.
     """
-    from santa_bench.runners.kernel import KernelGrid, check_grid, expand_cases
+    from santa_bench.runners.kernel import (
+        KernelGrid,
+        check_grid,
+        describe_dropped,
+        expand_cases,
+    )
 
     try:
         on_device = _device(device)
@@ -218,9 +223,9 @@ def kernel(
                 baselines,
                 on_device,
             ),
-            ctx=parse_size_list(ctx),
-            batch=parse_list(batch, int),
-            S=parse_list(S, int),
+            ctx=_sizes("--ctx", ctx),
+            batch=option_list("--batch", batch),
+            S=option_list("--S", S),
             heads=heads,
             kv_heads=kv_heads,
             head_dim=head_dim,
@@ -233,10 +238,13 @@ def kernel(
             cold_l2=cold,
         )
         check_grid(grid, lambda name: "--" + name.replace("_", "-"))
-        cases = expand_cases(grid)
+        dropped: list[dict] = []
+        cases = expand_cases(grid, dropped)
     except (MethodError, ValueError) as exc:
         _fail(str(exc))
         return
+    if dropped:
+        console.print(f"[yellow]warning:[/] {describe_dropped(dropped)}", soft_wrap=True)
     if not cases:
         _fail("no case to run (every S is larger than every context?)")
 
@@ -349,13 +357,23 @@ def sweep(
         console.print(f"rows written to {outcome.run_path}")
 
 
+def _sizes(option: str, text: str) -> list[int]:
+    """The sizes of ``option`` (``4k,32k``); a bad one raises ValueError naming the option."""
+    try:
+        return parse_size_list(text)
+    except ValueError as exc:
+        raise ValueError(f"{option}: {exc}") from None
+
+
 def _with_team_options(
     parsed: list, M: str | None, team_size: str | None, policy: str | None
 ) -> list:
     """Expands the methods with SANTA++ parameters over --M, --team-size, --team-policy
     (a value in the method's own spec wins); other methods are left as they are."""
-    options = (("M", M, int), ("team_size", team_size, int), ("policy", policy, str))
-    axes = [(name, parse_list(text, kind)) for name, text, kind in options if text is not None]
+    options = (("M", "--M", M, int), ("team_size", "--team-size", team_size, int),
+               ("policy", "--team-policy", policy, str))
+    axes = [(name, option_list(option, text, kind))
+            for name, option, text, kind in options if text is not None]
     expanded = []
     for method, overrides in parsed:
         known = {p.name for p in method.params}

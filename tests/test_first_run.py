@@ -91,6 +91,33 @@ def test_store_set_reads_local_runs_and_nested_stores(tmp_path):
     assert report.exit_code == 0 and "santa-prop" in report.output
 
 
+# ------------------------------------------------------ 4: dropped cases, bad options
+def test_cases_dropped_for_a_budget_above_the_context_are_named(tmp_path):
+    result = _invoke("kernel", "--ctx", "1", "--results", str(tmp_path), *SMALL)
+    assert result.exit_code == 0, result.output
+    text = _text(result)
+    assert "5 case(s) dropped" in text and "S=128 > ctx=1" in text
+    assert "santa-prop" in text.split("dropped")[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--S", "abc"], "--S: expected an integer, got 'abc'"),
+        (["--batch", "1,x"], "--batch: expected an integer, got 'x'"),
+        (["--M", "many"], "--M: expected an integer, got 'many'"),
+        (["--ctx", "4q"], "--ctx: not a size"),
+        (["--head-dim", "7"], "--head-dim: must be a multiple of 8 and at least 16"),
+        (["--head-dim", "12"], "--head-dim: must be a multiple of 8"),
+    ],
+)
+def test_bad_kernel_options_are_named(tmp_path, args, message):
+    result = _invoke("kernel", "--results", str(tmp_path), *args)
+    assert result.exit_code == 2, result.output
+    assert message in _text(result)
+    assert not any(tmp_path.iterdir())
+
+
 # --------------------------------------------------------------------- 6: test cache
 def test_tests_use_a_temporary_cache_not_the_users(tmp_path_factory):
     from santa_bench.accuracy import datasets
