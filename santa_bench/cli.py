@@ -11,11 +11,18 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from santa_bench import environment, results
-from santa_bench.cli_options import Force, ResultsDir, RunId, option_list
+from santa_bench.cli_options import (
+    Force,
+    ResultsDir,
+    RunId,
+    exit_if_every_case_failed,
+    fail,
+    option_list,
+    run_cases_or_exit,
+)
 from santa_bench.methods import REGISTRY, MethodError, parse_method_specs
 from santa_bench.units import format_size, parse_list, parse_size_list
 
@@ -36,8 +43,7 @@ GPU_DEFAULT_METHODS = DEFAULT_METHODS + ",santa-flash:gather=compact"
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {escape(message)}")
-    raise typer.Exit(code=2)
+    fail(console, message)
 
 
 @app.command("list")
@@ -248,7 +254,7 @@ def kernel(
     if not cases:
         _fail("no case to run (every S is larger than every context?)")
 
-    from santa_bench.execute import RunOptions, run_cases
+    from santa_bench.execute import RunOptions
 
     command = shlex.join(["santa-bench", *sys.argv[1:]])
     options = RunOptions(
@@ -256,10 +262,12 @@ def kernel(
     )
     store = results.ResultStore(results_dir)
     env = environment.collect_environment(command)
-    outcome = run_cases(cases, store, env, options, console=console, title="kernel")
+    outcome = run_cases_or_exit(cases, store, env, options, console=console, title="kernel")
+    if outcome.shown:
+        _print_summary(outcome.shown)
     if outcome.results:
-        _print_summary(outcome.results)
         console.print(f"rows written to {outcome.run_path}")
+    exit_if_every_case_failed(outcome, console)
 
 
 @app.command("sweep")
@@ -346,15 +354,12 @@ def sweep(
         )
     if not cases:
         _fail("no case selected (see --only, --shard)")
-    try:
-        outcome = execute.run_cases(cases, store, env, options, console=console, title=suite.name)
-    except execute.ExecutorError as exc:
-        _fail(str(exc))
-        return
-    if outcome.results and suite.runner == "kernel":
-        _print_summary(outcome.results)
+    outcome = run_cases_or_exit(cases, store, env, options, console=console, title=suite.name)
+    if outcome.shown and suite.runner == "kernel":
+        _print_summary(outcome.shown)
     if outcome.results:
         console.print(f"rows written to {outcome.run_path}")
+    exit_if_every_case_failed(outcome, console)
 
 
 def _sizes(option: str, text: str) -> list[int]:

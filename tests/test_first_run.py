@@ -4,9 +4,11 @@ to a pipe, stored results on a rerun, undefined retention, CPU timing, the test 
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,6 +93,79 @@ def test_store_set_reads_local_runs_and_nested_stores(tmp_path):
     assert report.exit_code == 0 and "santa-prop" in report.output
 
 
+# ------------------------------------------------ 2: missing extra, every case failed
+def test_accuracy_without_the_extra_stops_at_once_with_the_install_line(tmp_path, monkeypatch):
+    import santa_bench.accuracy.ruler as ruler
+
+    def no_download(*args, **kwargs):
+        raise AssertionError("RULER data fetched although the model cannot load")
+
+    monkeypatch.setitem(sys.modules, "gguf", None)  # not importable
+    monkeypatch.setattr(ruler, "fetch_ruler_data", no_download)
+    result = _invoke("accuracy", "ruler", "--results", str(tmp_path / "r"))
+    assert result.exit_code == 2
+    assert "gguf>=0.10" in result.output and "pip install -e '.[accuracy]'" in _text(result)
+    mmlu = _invoke("accuracy", "mmlu", "--model", str(tmp_path / "model.gguf"), "--data-dir",
+                   str(tmp_path), "--results", str(tmp_path / "r"))
+    assert mmlu.exit_code == 2 and "pip install -e '.[accuracy]'" in _text(mmlu)
+    assert not (tmp_path / "r").exists()  # no run started
+
+
+def test_accuracy_run_whose_every_case_fails_exits_non_zero(tmp_path):
+    result = _invoke("accuracy", "mmlu", "--model", str(tmp_path / "no-model"), "--n", "2",
+                     "--data-dir", str(tmp_path / "no-data"), "--results", str(tmp_path / "r"))
+    assert result.exit_code == 1, result.output
+    assert "2 failed" in result.output and "every case failed" in result.output
+
+
+def test_kernel_run_whose_every_case_fails_exits_non_zero(tmp_path, monkeypatch):
+    from santa_bench.runners.kernel import KernelRunner
+
+    def broken(self, case):
+        raise RuntimeError("broken kernel")
+
+    monkeypatch.setattr(KernelRunner, "run", broken)
+    result = _invoke("kernel", "--ctx", "256", "--S", "16", "--methods", "dense,santa-prop",
+                     "--results", str(tmp_path), *SMALL)
+    assert result.exit_code == 1 and "every case failed" in result.output
+
+
+# ------------------------------------------------------------ 3: unwritable results
+def test_results_folder_that_is_not_a_folder_is_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    target = blocker / "results"
+    result = _invoke("kernel", "--ctx", "256", "--S", "16", "--methods", "dense",
+                     "--results", str(target), *SMALL)
+    assert result.exit_code == 2
+    assert f"--results {target}: cannot write results there" in _text(result)
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command", [["kernel", "--ctx", "256", "--S", "16", "--methods",
+                                      "dense", *SMALL], FIDELITY])
+def test_read_only_results_folder_is_one_line(tmp_path, monkeypatch, command):
+    def read_only(self, env, run_id=None):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self.root))
+
+    monkeypatch.setattr(ResultStore, "start_run", read_only)
+    result = _invoke(*command, "--results", str(tmp_path / "ro"))
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if "error:" in line]
+    assert len(lines) == 1
+    assert f"{tmp_path / 'ro'}" in lines[0] and "Read-only file system" in lines[0]
+
+
+def test_sweep_into_a_read_only_folder_is_one_line(tmp_path, monkeypatch):
+    def read_only(self, env, run_id=None):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self.root))
+
+    monkeypatch.setattr(ResultStore, "start_run", read_only)
+    result = _invoke("sweep", str(ROOT / "suites" / "smoke-kernel.yaml"), "--only", "dense",
+                     "--results", str(tmp_path / "ro"))
+    assert result.exit_code == 2 and "Read-only file system" in result.output
+
+
 # ------------------------------------------------------ 4: dropped cases, bad options
 def test_cases_dropped_for_a_budget_above_the_context_are_named(tmp_path):
     result = _invoke("kernel", "--ctx", "1", "--results", str(tmp_path), *SMALL)
@@ -116,6 +191,21 @@ def test_bad_kernel_options_are_named(tmp_path, args, message):
     assert result.exit_code == 2, result.output
     assert message in _text(result)
     assert not any(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------ 5: output and tables
+def test_rerun_that_skips_every_case_prints_the_stored_results(tmp_path):
+    args = ["kernel", "--ctx", "256", "--S", "16", "--methods", "dense,santa-prop",
+            "--results", str(tmp_path), *SMALL]
+    assert _invoke(*args).exit_code == 0
+    again = _invoke(*args)
+    assert again.exit_code == 0 and "2 of 2 cases already" in again.output
+    assert "kernel summary" in again.output
+    assert any("santa-prop" in line and "16" in line for line in again.output.splitlines())
+    fidelity = [*FIDELITY, "--results", str(tmp_path / "f")]
+    assert _invoke(*fidelity).exit_code == 0
+    stored = _invoke(*fidelity)
+    assert "already" in stored.output and "fidelity vs dense" in stored.output
 
 
 # --------------------------------------------------------------------- 6: test cache

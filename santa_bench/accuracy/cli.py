@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from santa_bench import environment, execute, results
+from santa_bench import cli_options, environment, execute, results
 from santa_bench.cli_options import Force, ResultsDir, RunId
 from santa_bench.methods import MethodError, parse_method_specs
 from santa_bench.units import parse_list, parse_size_list
@@ -35,22 +35,23 @@ def _run(cases: list[dict], results_dir: Path, run_id: str | None, force: bool, 
     command = shlex.join(["santa-bench", *sys.argv[1:]])
     env = environment.collect_environment(command)
     options = execute.RunOptions(force=force, run_id=run_id)
-    return execute.run_cases(
+    return cli_options.run_cases_or_exit(
         cases, results.ResultStore(results_dir), env, options, console=console, title=title
     )
 
 
 def _task_table(outcome, heading: str, keys: tuple[str, ...] = ("task", "ctx", "method", "S", "M")):
-    """Prints the score / retention / KV-read table of a task run (when anything ran)."""
-    if outcome.results:
+    """Prints the score / retention / KV-read table of a task run (ran now or stored)."""
+    if outcome.shown:
         _table(heading, outcome, ("score", "retention", "decode_kv_read_fraction"), keys)
+    cli_options.exit_if_every_case_failed(outcome, console)
 
 
 def _table(title: str, outcome, metrics: tuple[str, ...], keys: tuple[str, ...]) -> None:
     table = Table(title=title)
     for column in (*keys, *metrics):
         table.add_column(column)
-    for case, rows in outcome.results:
+    for case, rows in outcome.shown:
         by_metric = {r["metric"]: r for r in rows}
         cells = [str(case.get(k, "-")) for k in keys]
         for metric in metrics:
@@ -137,13 +138,14 @@ def fidelity(
         _fail(str(exc))
         return
     outcome = _run(cases, results_dir, run_id, force, "fidelity")
-    if outcome.results:
+    if outcome.shown:
         _table(
             "fidelity vs dense",
             outcome,
             ("rel_l2_vs_dense", "rel_bias", "max_abs_z", "kv_read_fraction", "attention_kl"),
             ("pattern", "method", "S"),
         )
+    cli_options.exit_if_every_case_failed(outcome, console)
 
 
 def _task(
@@ -284,6 +286,7 @@ def ruler(
             raise ValueError(f"--tasks: unknown {unknown}; known: {', '.join(RULER_TASKS)}")
         contexts = parse_size_list(ctx)
         specs = parse_method_specs(methods)
+        cli_options.require_model_packages(console, [model])  # before a data download
         fetch_ruler_data(data_dir)
         cases = [
             case
@@ -450,6 +453,7 @@ def agreement_command(
     except MethodError as exc:
         _fail(str(exc))
         return
+    cli_options.require_model_packages(console, [model])
     model_obj, tokenizer = load_model(model)
     ids = tokenizer(text.read_text(), return_tensors="pt").input_ids[:, :max_tokens]
     table = Table(title=f"token agreement with dense, {model}, {ids.shape[1]} tokens")
