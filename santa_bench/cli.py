@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from santa_bench import environment, results
@@ -20,6 +19,7 @@ from santa_bench.cli_options import (
     RunId,
     exit_if_every_case_failed,
     fail,
+    make_console,
     option_list,
     run_cases_or_exit,
 )
@@ -31,7 +31,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-console = Console()
+console = make_console()
 
 DEFAULT_METHODS = "dense,santa-iid,santa-strat,santa-sys,santa-flash,santa-prop"
 # on a GPU the default also times santa-flash's one-pass compact kernel (V rows gathered a

@@ -1,10 +1,13 @@
-"""Command-line pieces shared by the commands: store options, option parsing, running
-cases with one-line errors, and the exit status of a run."""
+"""Command-line pieces shared by the commands: store options, the console, option parsing,
+running cases with one-line errors, and the exit status of a run."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import math
+import os
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,7 +20,19 @@ ResultsDir = Annotated[Path, typer.Option("--results", help="Result store root (
 RunId = Annotated[str | None, typer.Option(help="Name of this run's folder (default: timestamp).")]
 Force = Annotated[bool, typer.Option(help="Re-run cases already in the store.")]
 
+PIPE_WIDTH = 200
+"""Console width when the output is no terminal (a pipe, a log) and $COLUMNS is unset:
+wide enough that tables are not cut at rich's default 80 columns."""
+
 ACCURACY_INSTALL = "pip install -e '.[accuracy]'"
+
+
+def make_console() -> Console:
+    """A rich console: the terminal's width, $COLUMNS, else PIPE_WIDTH for a pipe or log."""
+    terminal = sys.stdout is not None and sys.stdout.isatty()
+    if terminal or os.environ.get("COLUMNS", "").isdigit():
+        return Console()
+    return Console(width=PIPE_WIDTH)
 
 
 def fail(console: Console, message: str, code: int = 2) -> None:
@@ -108,3 +123,25 @@ def exit_if_every_case_failed(outcome: Any, console: Console) -> None:
         console.print(f"[bold red]every case failed[/] ({len(outcome.results)} of them)")
         raise typer.Exit(code=1)
 
+
+# ------------------------------------------------------------------------ table cells
+def _number(value: float, spec: str) -> str:
+    text = format(value, spec)
+    return text[1:] if text.startswith("-") and float(text) == 0 else text  # no "-0.000"
+
+
+def metric_cell(metric: str, row: dict[str, Any] | None) -> str:
+    """A table cell for one metric row: ``-`` when absent, the status when not ok,
+    ``value [low, high]`` with an interval; a retention against a dense score of 0 says
+    so instead of printing ``nan``."""
+    if row is None:
+        return "-"
+    if row.get("status", "ok") != "ok":
+        return str(row.get("status", ""))
+    value = row["value"]
+    if metric == "retention" and isinstance(value, float) and math.isnan(value):
+        return "undefined: dense scored 0"
+    if "ci_low" in row and "ci_high" in row:
+        low, high = row["ci_low"], row["ci_high"]
+        return f"{_number(value, '.3f')} [{_number(low, '.3f')}, {_number(high, '.3f')}]"
+    return _number(value, ".3g")

@@ -344,7 +344,10 @@ def run_cases(
     executor it is collected on a Ray worker, where the cases run). Prints what was
     skipped, a progress bar and a summary of failures; returns the :class:`Outcome`.
     """
-    console = console or Console()
+    if console is None:
+        from santa_bench.cli_options import make_console
+
+        console = make_console()
     if options.executor not in EXECUTORS:
         raise ExecutorError(f"--executor: expected one of {EXECUTORS}, got {options.executor!r}")
     if options.executor == "ray" and options.devices:

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from santa_bench import cli_options
 from santa_bench.cli import app
+from santa_bench.execute import Outcome
 from santa_bench.results import ResultStore
 from santa_bench.stores import StoreSet, discover
 
@@ -194,6 +196,26 @@ def test_bad_kernel_options_are_named(tmp_path, args, message):
 
 
 # ------------------------------------------------------------ 5: output and tables
+def test_tables_are_not_cut_when_output_goes_to_a_pipe(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    done = subprocess.run(
+        [sys.executable, "-m", "santa_bench", "kernel", "--ctx", "256", "--S", "16",
+         "--batch", "64", "--results", str(tmp_path), *SMALL],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    table = [line for line in done.stdout.splitlines() if "santa-prop" in line]
+    assert table and "…" not in done.stdout
+    assert all(line.rstrip().endswith("│") for line in table)
+
+
+def test_make_console_is_wide_off_a_terminal(monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert cli_options.make_console().width == cli_options.PIPE_WIDTH
+    monkeypatch.setenv("COLUMNS", "123")
+    assert cli_options.make_console().width == 123
+
+
 def test_rerun_that_skips_every_case_prints_the_stored_results(tmp_path):
     args = ["kernel", "--ctx", "256", "--S", "16", "--methods", "dense,santa-prop",
             "--results", str(tmp_path), *SMALL]
@@ -206,6 +228,29 @@ def test_rerun_that_skips_every_case_prints_the_stored_results(tmp_path):
     assert _invoke(*fidelity).exit_code == 0
     stored = _invoke(*fidelity)
     assert "already" in stored.output and "fidelity vs dense" in stored.output
+
+
+def test_retention_against_a_dense_score_of_zero_is_undefined(monkeypatch):
+    from rich.console import Console
+
+    from santa_bench.accuracy import cli as accuracy_cli
+
+    monkeypatch.setattr(accuracy_cli, "console", Console(width=200))  # no folded cells
+
+    case = {"task": "mmlu", "method": "santa-prop", "S": 16}
+    rows = [
+        {"metric": "score", "value": 0.0, "ci_low": -2.7755575615628914e-17, "ci_high": 0.43},
+        {"metric": "retention", "value": float("nan"), "ci_low": float("nan"),
+         "ci_high": float("nan")},
+        {"metric": "decode_kv_read_fraction", "value": 0.25},
+    ]
+    outcome = Outcome(total=1, skipped=0, results=[(case, rows)])
+    with accuracy_cli.console.capture() as captured:
+        accuracy_cli._task_table(outcome, "mmlu", keys=("method", "S"))
+    text = captured.get()
+    assert "undefined: dense scored 0" in text
+    assert "nan" not in text and "-0.000" not in text
+    assert "0.000 [0.000, 0.430]" in text
 
 
 # --------------------------------------------------------------------- 6: test cache

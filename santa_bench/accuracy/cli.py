@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -21,7 +20,7 @@ app = typer.Typer(
     help="Accuracy of the methods: estimator fidelity, real-model tasks, token agreement.",
     no_args_is_help=True,
 )
-console = Console()
+console = cli_options.make_console()
 
 DEFAULT_METHODS = "santa-iid,santa-strat,santa-sys,santa-flash,santa-prop"
 
@@ -54,14 +53,7 @@ def _table(title: str, outcome, metrics: tuple[str, ...], keys: tuple[str, ...])
     for case, rows in outcome.shown:
         by_metric = {r["metric"]: r for r in rows}
         cells = [str(case.get(k, "-")) for k in keys]
-        for metric in metrics:
-            row = by_metric.get(metric)
-            if row is None or row.get("status", "ok") != "ok":
-                cells.append("-" if row is None else row.get("status", ""))
-            elif "ci_low" in row:
-                cells.append(f"{row['value']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]")
-            else:
-                cells.append(f"{row['value']:.3g}")
+        cells += [cli_options.metric_cell(m, by_metric.get(m)) for m in metrics]
         table.add_row(*cells)
     console.print(table)
 
