@@ -253,6 +253,14 @@ def test_retention_against_a_dense_score_of_zero_is_undefined(monkeypatch):
     assert "0.000 [0.000, 0.430]" in text
 
 
+# ----------------------------------------------------------------- 8: CPU timings
+def test_cpu_kernel_summary_says_times_are_not_kernel_speed(tmp_path):
+    result = _invoke("kernel", "--ctx", "256", "--S", "16", "--methods", "dense,santa-prop",
+                     "--results", str(tmp_path), *SMALL)
+    assert result.exit_code == 0
+    assert "not kernel speed" in _text(result) and "CPU wall" in result.output
+
+
 # --------------------------------------------------------------------- 6: test cache
 def test_tests_use_a_temporary_cache_not_the_users(tmp_path_factory):
     from santa_bench.accuracy import datasets
