@@ -195,6 +195,11 @@ def test_bad_kernel_options_are_named(tmp_path, args, message):
     assert not any(tmp_path.iterdir())
 
 
+def test_bad_fidelity_budget_is_named(tmp_path):
+    result = _invoke("accuracy", "fidelity", "--S", "16,abc", "--results", str(tmp_path))
+    assert result.exit_code == 2 and "--S: expected an integer, got 'abc'" in _text(result)
+
+
 # ------------------------------------------------------------ 5: output and tables
 def test_tables_are_not_cut_when_output_goes_to_a_pipe(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}

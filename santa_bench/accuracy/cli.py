@@ -113,7 +113,7 @@ def fidelity(
         grid = FidelityGrid(
             methods=parse_method_specs(methods),
             patterns=chosen,
-            S=parse_list(S, int),
+            S=cli_options.option_list("--S", S),
             ctx=parse_size_list(ctx),
             batch=batch,
             heads=heads,
