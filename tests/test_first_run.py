@@ -158,6 +158,17 @@ def test_read_only_results_folder_is_one_line(tmp_path, monkeypatch, command):
     assert f"{tmp_path / 'ro'}" in lines[0] and "Read-only file system" in lines[0]
 
 
+def test_plot_into_a_folder_that_cannot_be_written_is_one_line(tmp_path):
+    _write_speedup_run(tmp_path / "store")
+    (tmp_path / "file").write_text("not a folder")
+    out = tmp_path / "file" / "plots"
+    result = runner.invoke(app, ["plot", "speedup-vs-S", "--results", str(tmp_path / "store"),
+                                 "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert not isinstance(result.exception, OSError)
+    assert f"--out {out}: cannot write there" in _text(result)
+
+
 def test_sweep_into_a_read_only_folder_is_one_line(tmp_path, monkeypatch):
     def read_only(self, env, run_id=None):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self.root))
