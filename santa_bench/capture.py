@@ -246,12 +246,12 @@ def capture_command(
     The file feeds `santa-bench accuracy fidelity --inputs FILE` (patterns
     captured:<model>:L<layer>).
     """
-    from rich.console import Console
     from rich.markup import escape
 
+    from santa_bench.cli_options import make_console
     from santa_bench.units import parse_list, parse_size
 
-    console = Console()
+    console = make_console()
 
     def fail(message: str) -> None:
         console.print(f"[bold red]error:[/] {escape(message)}")

@@ -10,12 +10,19 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from santa_bench import environment, results
-from santa_bench.cli_options import Force, ResultsDir, RunId
+from santa_bench.cli_options import (
+    Force,
+    ResultsDir,
+    RunId,
+    exit_if_every_case_failed,
+    fail,
+    make_console,
+    option_list,
+    run_cases_or_exit,
+)
 from santa_bench.methods import REGISTRY, MethodError, parse_method_specs
 from santa_bench.units import format_size, parse_list, parse_size_list
 
@@ -24,7 +31,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-console = Console()
+console = make_console()
 
 DEFAULT_METHODS = "dense,santa-iid,santa-strat,santa-sys,santa-flash,santa-prop"
 # on a GPU the default also times santa-flash's one-pass compact kernel (V rows gathered a
@@ -35,9 +42,15 @@ DEFAULT_METHODS = "dense,santa-iid,santa-strat,santa-sys,santa-flash,santa-prop"
 GPU_DEFAULT_METHODS = DEFAULT_METHODS + ",santa-flash:gather=compact"
 
 
+CPU_NOTE = (
+    "note: on a CPU every method runs its PyTorch reference, so these are wall-clock "
+    "times of reference code, not kernel speed: they do not compare the methods (time "
+    "the kernels on a GPU)"
+)
+
+
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {escape(message)}")
-    raise typer.Exit(code=2)
+    fail(console, message)
 
 
 @app.command("list")
@@ -74,7 +87,8 @@ def show_env() -> None:
 @app.command("report")
 def report(
     results_dir: Annotated[
-        Path, typer.Option("--results", help="Result store root to read.")
+        Path,
+        typer.Option("--results", help="Result store root to read, with the stores below it."),
     ] = Path("results"),
     run: Annotated[
         str | None, typer.Option(help="Comma list of run ids to include (default: all).")
@@ -90,8 +104,13 @@ def report(
 ) -> None:
     """Print Markdown tables of the kernel results in a store (the tables of docs/benchmarks.md)."""
     from santa_bench.report import kernel_table, speedup_matrix
+    from santa_bench.stores import StoreSet
 
-    frame = results.ResultStore(results_dir).load(parse_list(run) or None)
+    try:
+        frame = StoreSet(results_dir).load(parse_list(run) or None)
+    except ValueError as exc:  # an unknown --run
+        _fail(str(exc))
+        return
     print(speedup_matrix(frame) if matrix else kernel_table(frame))
 
 
@@ -201,7 +220,12 @@ def kernel(
     Each (ctx, batch, method, S) is a case; finished cases already in the store are
     skipped (so an interrupted run resumes), unless --force.
     """
-    from santa_bench.runners.kernel import KernelGrid, check_grid, expand_cases
+    from santa_bench.runners.kernel import (
+        KernelGrid,
+        check_grid,
+        describe_dropped,
+        expand_cases,
+    )
 
     try:
         on_device = _device(device)
@@ -212,9 +236,9 @@ def kernel(
                 baselines,
                 on_device,
             ),
-            ctx=parse_size_list(ctx),
-            batch=parse_list(batch, int),
-            S=parse_list(S, int),
+            ctx=_sizes("--ctx", ctx),
+            batch=option_list("--batch", batch),
+            S=option_list("--S", S),
             heads=heads,
             kv_heads=kv_heads,
             head_dim=head_dim,
@@ -227,14 +251,17 @@ def kernel(
             cold_l2=cold,
         )
         check_grid(grid, lambda name: "--" + name.replace("_", "-"))
-        cases = expand_cases(grid)
+        dropped: list[dict] = []
+        cases = expand_cases(grid, dropped)
     except (MethodError, ValueError) as exc:
         _fail(str(exc))
         return
+    if dropped:
+        console.print(f"[yellow]warning:[/] {describe_dropped(dropped)}", soft_wrap=True)
     if not cases:
         _fail("no case to run (every S is larger than every context?)")
 
-    from santa_bench.execute import RunOptions, run_cases
+    from santa_bench.execute import RunOptions
 
     command = shlex.join(["santa-bench", *sys.argv[1:]])
     options = RunOptions(
@@ -242,10 +269,12 @@ def kernel(
     )
     store = results.ResultStore(results_dir)
     env = environment.collect_environment(command)
-    outcome = run_cases(cases, store, env, options, console=console, title="kernel")
+    outcome = run_cases_or_exit(cases, store, env, options, console=console, title="kernel")
+    if outcome.shown:
+        _print_summary(outcome.shown)
     if outcome.results:
-        _print_summary(outcome.results)
         console.print(f"rows written to {outcome.run_path}")
+    exit_if_every_case_failed(outcome, console)
 
 
 @app.command("sweep")
@@ -332,15 +361,20 @@ def sweep(
         )
     if not cases:
         _fail("no case selected (see --only, --shard)")
-    try:
-        outcome = execute.run_cases(cases, store, env, options, console=console, title=suite.name)
-    except execute.ExecutorError as exc:
-        _fail(str(exc))
-        return
-    if outcome.results and suite.runner == "kernel":
-        _print_summary(outcome.results)
+    outcome = run_cases_or_exit(cases, store, env, options, console=console, title=suite.name)
+    if outcome.shown and suite.runner == "kernel":
+        _print_summary(outcome.shown)
     if outcome.results:
         console.print(f"rows written to {outcome.run_path}")
+    exit_if_every_case_failed(outcome, console)
+
+
+def _sizes(option: str, text: str) -> list[int]:
+    """The sizes of ``option`` (``4k,32k``); a bad one raises ValueError naming the option."""
+    try:
+        return parse_size_list(text)
+    except ValueError as exc:
+        raise ValueError(f"{option}: {exc}") from None
 
 
 def _with_team_options(
@@ -348,8 +382,10 @@ def _with_team_options(
 ) -> list:
     """Expands the methods with SANTA++ parameters over --M, --team-size, --team-policy
     (a value in the method's own spec wins); other methods are left as they are."""
-    options = (("M", M, int), ("team_size", team_size, int), ("policy", policy, str))
-    axes = [(name, parse_list(text, kind)) for name, text, kind in options if text is not None]
+    options = (("M", "--M", M, int), ("team_size", "--team-size", team_size, int),
+               ("policy", "--team-policy", policy, str))
+    axes = [(name, option_list(option, text, kind))
+            for name, option, text, kind in options if text is not None]
     expanded = []
     for method, overrides in parsed:
         known = {p.name for p in method.params}
@@ -395,8 +431,14 @@ def _team_label(case: dict) -> str:
 
 
 def _print_summary(summary: list[tuple[dict, list[dict]]]) -> None:
-    table = Table(title="kernel summary (sorted by latency)")
-    for column in ("method", "S", "ctx", "B", "latency", "timing", "rel L2", "cos", "KV read"):
+    on_cpu = any(case.get("device") == "cpu" for case, _ in summary)
+    title = "kernel summary (sorted by latency)"
+    if on_cpu:
+        title = "kernel summary (sorted by CPU wall-clock time of the references)"
+    table = Table(title=title)
+    latency_column = "CPU wall (ref.)" if on_cpu else "latency"
+    for column in ("method", "S", "ctx", "B", latency_column, "timing", "rel L2", "cos",
+                   "KV read"):
         table.add_column(column, no_wrap=column == "method")
     entries = []
     for case, rows in summary:
@@ -425,6 +467,8 @@ def _print_summary(summary: list[tuple[dict, list[dict]]]) -> None:
             fmt("kv_read_fraction", ".1%"),
         )
     console.print(table)
+    if on_cpu:
+        console.print(CPU_NOTE, soft_wrap=True)
 
 
 def main() -> None:  # pragma: no cover - console script entry point

@@ -49,6 +49,10 @@ class ExecutorError(ValueError):
     """A bad executor or device request."""
 
 
+class StoreUnwritable(ExecutorError):
+    """The result store's folder cannot be written (read-only, not a folder, no access)."""
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """How to run cases (not part of any case, so not in the config hash)."""
@@ -70,6 +74,13 @@ class Outcome:
     results: list[tuple[dict[str, Any], list[dict[str, Any]]]] = field(default_factory=list)
     not_run: list[dict[str, Any]] = field(default_factory=list)
     run_path: str | None = None
+    stored: list[tuple[dict[str, Any], list[dict[str, Any]]]] = field(default_factory=list)
+    """The skipped cases with their stored rows (the newest run's), for the tables."""
+
+    @property
+    def shown(self) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+        """Every case with its rows: stored ones (skipped) first, then those run now."""
+        return self.stored + self.results
 
     @property
     def failed(self) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
@@ -233,6 +244,8 @@ def write_case(
         run.write_case(case, rows, command=case_command(case))
     except ValueError as exc:
         return failed_rows(f"rows not stored: {exc}")
+    except OSError as exc:  # the folder went read-only or full mid-run
+        return failed_rows(f"rows not stored in {run.path}: {exc.strerror or exc}")
     return rows
 
 
@@ -350,7 +363,10 @@ def run_cases(
     executor it is collected on a Ray worker, where the cases run). Prints what was
     skipped, a progress bar and a summary of failures; returns the :class:`Outcome`.
     """
-    console = console or Console()
+    if console is None:
+        from santa_bench.cli_options import make_console
+
+        console = make_console()
     if options.executor not in EXECUTORS:
         raise ExecutorError(f"--executor: expected one of {EXECUTORS}, got {options.executor!r}")
     if options.executor == "ray" and options.devices:
@@ -367,8 +383,10 @@ def run_cases(
     outcome = Outcome(total=len(cases), skipped=len(cases) - len(todo))
     if outcome.skipped:
         console.print(f"{outcome.skipped} of {len(cases)} cases already in {store.root}: skipped")
+        skipped = [c for c in cases if results.config_hash(c) in done]
+        outcome.stored = stored_rows(store, skipped, fingerprint)
     if not todo:
-        console.print("nothing to do (use --force to re-run)")
+        console.print("nothing to do (use --force to re-run); the stored results:")
         return outcome
     if (
         "cuda" in devices_of_cases
@@ -378,7 +396,12 @@ def run_cases(
         from santa_bench.timing import copy_bandwidth_gbps
 
         env["copy_bandwidth_gbps"] = copy_bandwidth_gbps("cuda")
-    run = store.start_run(env, run_id=options.run_id)
+    try:
+        run = store.start_run(env, run_id=options.run_id)
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        message = f"--results {store.root}: cannot write results there ({why})"
+        raise StoreUnwritable(message) from None
     outcome.run_path = str(run.path)
     from santa_bench.methods import REGISTRY
 
@@ -409,6 +432,37 @@ def run_cases(
                 progress.done("local", rows)
     print_outcome(outcome, console)
     return outcome
+
+
+def stored_rows(
+    store: results.ResultStore, cases: list[dict[str, Any]], fingerprint: str
+) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """Each case's rows as stored under ``fingerprint`` (of its newest finished run); a
+    case whose rows cannot be read is left out."""
+    import pyarrow.parquet as pq
+
+    dates = {str(r.get("run_id")): str(r.get("date") or "") for r in store.runs()}
+    found = []
+    for case in cases:
+        case_hash = results.config_hash(case)
+        newest: tuple[tuple[str, str], list[dict[str, Any]]] | None = None
+        for path in store.root.glob(f"*/part-{case_hash}.parquet"):
+            try:
+                records = pq.read_table(path).to_pylist()
+            except Exception:  # unreadable: results.py warns where it loads
+                continue
+            if not records or any(
+                r.get("status") == "failed" or r.get("env_fingerprint") != fingerprint
+                for r in records
+            ):
+                continue
+            key = (dates.get(path.parent.name, ""), path.parent.name)
+            if newest is None or key > newest[0]:
+                newest = (key, records)
+        if newest is not None:
+            rows = [{k: v for k, v in r.items() if v is not None} for r in newest[1]]
+            found.append((case, rows))
+    return found
 
 
 def print_outcome(outcome: Outcome, console: Console) -> None:

@@ -35,7 +35,7 @@ from matplotlib.ticker import (
     PercentFormatter,
 )
 
-from santa_bench.results import ResultStore
+from santa_bench.stores import StoreSet
 from santa_bench.units import format_size, parse_list
 
 DPI = 150
@@ -1399,6 +1399,10 @@ FIGURES: dict[str, Callable[[pd.DataFrame, Sequence[dict[str, Any]]], Rendered]]
 }
 PRESETS: tuple[str, ...] = (*FIGURES, "tables")
 
+DEFAULT_OUT = Path("plots/local")
+"""``plot``'s default output: beside the committed figures of plots/, ignored by git, so
+that a local run never overwrites them (``--out plots/`` does, on purpose)."""
+
 
 def render(name: str, frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rendered:
     """Return the named figure preset rendered from `frame` (NoData if it has no rows)."""
@@ -1462,7 +1466,12 @@ def plot_command(
         typer.Argument(help=f"Presets to render (default: all): {', '.join(PRESETS)}."),
     ] = None,
     results_dir: Annotated[
-        Path, typer.Option("--results", help="Result store root to read.")
+        Path,
+        typer.Option(
+            "--results",
+            help="Result store root to read, with the stores nested below it "
+            "(results/ holds results/h200/, results/smollm2-cpu/, ...).",
+        ),
     ] = Path("results"),
     run: Annotated[
         str | None, typer.Option(help="Comma list of run ids to include (default: all).")
@@ -1471,7 +1480,13 @@ def plot_command(
         str | None,
         typer.Option(help="pandas query on the rows, e.g. \"batch == 1 and timing == 'graph'\"."),
     ] = None,
-    out: Annotated[Path, typer.Option(help="Folder for PNG, PDF and CSV files.")] = Path("plots"),
+    out: Annotated[
+        Path,
+        typer.Option(
+            help="Folder for PNG, PDF and CSV files. The default is ignored by git; "
+            "--out plots/ replaces the committed figures."
+        ),
+    ] = DEFAULT_OUT,
     all_runs: Annotated[
         bool,
         typer.Option(
@@ -1492,7 +1507,7 @@ def plot_command(
             f"error: unknown preset(s) {unknown}; choose from {', '.join(PRESETS)}", err=True
         )
         raise typer.Exit(code=2)
-    store = ResultStore(results_dir)
+    store = StoreSet(results_dir)
     try:
         frame = store.load(parse_list(run) or None)
         if where and not frame.empty:
@@ -1502,7 +1517,11 @@ def plot_command(
     except Exception as exc:  # a bad --run or --where is the user's to fix
         typer.echo(f"error: {type(exc).__name__}: {exc}", err=True)
         raise typer.Exit(code=2) from exc
-    report = plot_all(frame, store.runs(), chosen, out)
+    try:
+        report = plot_all(frame, store.runs(), chosen, out)
+    except OSError as exc:
+        typer.echo(f"error: --out {out}: cannot write there ({exc.strerror or exc})", err=True)
+        raise typer.Exit(code=2) from None
     for name, paths in report.written.items():
         typer.echo(f"{name}: " + ", ".join(str(p) for p in paths))
     for name, command in report.missing.items():

@@ -1,10 +1,28 @@
-"""Shared fixtures: small decode problems with fixed seeds."""
+"""Shared fixtures: small decode problems with fixed seeds; a temporary santa-bench cache."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 
 import santa_kernels as sk
+
+
+@pytest.fixture(scope="session")
+def session_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A santa-bench cache for the whole test session (of one pytest-xdist worker): what
+    the tests fetch (RULER's data, ~54 MB) lands here once, never in the user's cache."""
+    return tmp_path_factory.mktemp("santa-bench-cache")
+
+
+@pytest.fixture(autouse=True)
+def _temporary_cache(session_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Points $SANTA_BENCH_CACHE at the session's cache and drops $SANTA_BENCH_DATA, so
+    that no test reads or writes the user's data folders (a test may set them again)."""
+    monkeypatch.setenv("SANTA_BENCH_CACHE", str(session_cache))
+    monkeypatch.delenv("SANTA_BENCH_DATA", raising=False)
 
 
 def decode_problem(

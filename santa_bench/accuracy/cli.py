@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from santa_bench import environment, execute, results
+from santa_bench import cli_options, environment, execute, results
 from santa_bench.cli_options import Force, ResultsDir, RunId
 from santa_bench.methods import MethodError, parse_method_specs
 from santa_bench.units import parse_list, parse_size_list
@@ -21,7 +20,7 @@ app = typer.Typer(
     help="Accuracy of the methods: estimator fidelity, real-model tasks, token agreement.",
     no_args_is_help=True,
 )
-console = Console()
+console = cli_options.make_console()
 
 DEFAULT_METHODS = "santa-iid,santa-strat,santa-sys,santa-flash,santa-prop"
 
@@ -35,33 +34,27 @@ def _run(cases: list[dict], results_dir: Path, run_id: str | None, force: bool, 
     command = shlex.join(["santa-bench", *sys.argv[1:]])
     env = environment.collect_environment(command)
     options = execute.RunOptions(force=force, run_id=run_id)
-    return execute.run_cases(
+    return cli_options.run_cases_or_exit(
         cases, results.ResultStore(results_dir), env, options, console=console, title=title
     )
 
 
 def _task_table(outcome, heading: str,
                 keys: tuple[str, ...] = ("task", "ctx", "method", "S", "M", "backend")):
-    """Prints the score / retention / KV-read table of a task run (when anything ran)."""
-    if outcome.results:
+    """Prints the score / retention / KV-read table of a task run (ran now or stored)."""
+    if outcome.shown:
         _table(heading, outcome, ("score", "retention", "decode_kv_read_fraction"), keys)
+    cli_options.exit_if_every_case_failed(outcome, console)
 
 
 def _table(title: str, outcome, metrics: tuple[str, ...], keys: tuple[str, ...]) -> None:
     table = Table(title=title)
     for column in (*keys, *metrics):
         table.add_column(column)
-    for case, rows in outcome.results:
+    for case, rows in outcome.shown:
         by_metric = {r["metric"]: r for r in rows}
         cells = [str(case.get(k, "-")) for k in keys]
-        for metric in metrics:
-            row = by_metric.get(metric)
-            if row is None or row.get("status", "ok") != "ok":
-                cells.append("-" if row is None else row.get("status", ""))
-            elif "ci_low" in row:
-                cells.append(f"{row['value']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]")
-            else:
-                cells.append(f"{row['value']:.3g}")
+        cells += [cli_options.metric_cell(m, by_metric.get(m)) for m in metrics]
         table.add_row(*cells)
     console.print(table)
 
@@ -121,7 +114,7 @@ def fidelity(
         grid = FidelityGrid(
             methods=parse_method_specs(methods),
             patterns=chosen,
-            S=parse_list(S, int),
+            S=cli_options.option_list("--S", S),
             ctx=parse_size_list(ctx),
             batch=batch,
             heads=heads,
@@ -138,13 +131,14 @@ def fidelity(
         _fail(str(exc))
         return
     outcome = _run(cases, results_dir, run_id, force, "fidelity")
-    if outcome.results:
+    if outcome.shown:
         _table(
             "fidelity vs dense",
             outcome,
             ("rel_l2_vs_dense", "rel_bias", "max_abs_z", "kv_read_fraction", "attention_kl"),
             ("pattern", "method", "S"),
         )
+    cli_options.exit_if_every_case_failed(outcome, console)
 
 
 def _task(
@@ -320,6 +314,7 @@ def ruler(
             raise ValueError(f"--tasks: unknown {unknown}; known: {', '.join(RULER_TASKS)}")
         contexts = parse_size_list(ctx)
         specs = parse_method_specs(methods)
+        cli_options.require_model_packages(console, [model])  # before a data download
         fetch_ruler_data(data_dir)
         cases = [
             case
@@ -499,6 +494,7 @@ def agreement_command(
     except MethodError as exc:
         _fail(str(exc))
         return
+    cli_options.require_model_packages(console, [model])
     model_obj, tokenizer = load_model(model)
     ids = tokenizer(text.read_text(), return_tensors="pt").input_ids[:, :max_tokens]
     table = Table(title=f"token agreement with dense, {model}, {ids.shape[1]} tokens")

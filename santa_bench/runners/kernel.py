@@ -22,6 +22,7 @@ import torch
 import santa_kernels as sk
 from santa_bench.inputs import DecodeShape, make_decode_inputs, parse_dtype
 from santa_bench.methods import REGISTRY, Method, Registry
+from santa_bench.units import format_size
 from santa_kernels.reads import ReadCounts
 
 SHAPE_KEYS = ("batch", "ctx", "heads", "kv_heads", "head_dim")
@@ -57,6 +58,11 @@ def check_grid(grid: KernelGrid, option: Callable[[str], str] = str) -> None:
         if not values or min(values) <= 0:
             every = "every value " if isinstance(value, list) else ""
             raise ValueError(f"{option(name)}: {every}must be > 0")
+    if grid.head_dim < 16 or grid.head_dim % 8:
+        raise ValueError(
+            f"{option('head_dim')}: must be a multiple of 8 and at least 16 (as a model's "
+            f"head dim: 64, 80, 128, ...), got {grid.head_dim}"
+        )
     if grid.heads % grid.kv_heads:
         raise ValueError(
             f"{option('heads')} {grid.heads} is not a multiple of "
@@ -75,10 +81,13 @@ def timing_mode(grid: KernelGrid) -> tuple[str, str]:
     return ("graph" if grid.graph else "events"), ("cold" if grid.cold_l2 else "warm")
 
 
-def expand_cases(grid: KernelGrid) -> list[dict[str, Any]]:
+def expand_cases(
+    grid: KernelGrid, dropped: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """Returns one case per (ctx, batch, method, budget); methods without S ignore ``S``.
 
-    Cases whose budget exceeds the context are dropped (they would be dense in disguise).
+    Cases whose budget exceeds the context are dropped (they would be dense in disguise);
+    ``dropped``, when given, receives ``{"method", "S", "ctx", "batch"}`` of each.
     """
     cases = []
     timing, l2 = timing_mode(grid)
@@ -96,6 +105,10 @@ def expand_cases(grid: KernelGrid) -> list[dict[str, Any]]:
                     params["S"] = budget
                 resolved = method.resolve_params(params)
                 if resolved.get("S") is not None and "S" in names and resolved["S"] > ctx:
+                    if dropped is not None:
+                        dropped.append(
+                            {"method": method.name, "S": resolved["S"], "ctx": ctx, "batch": batch}
+                        )
                     continue
                 case = {
                     "kind": "kernel",
@@ -120,6 +133,18 @@ def expand_cases(grid: KernelGrid) -> list[dict[str, Any]]:
                 }
                 cases.append(case)
     return cases
+
+
+def describe_dropped(dropped: list[dict[str, Any]]) -> str:
+    """One line naming the cases :func:`expand_cases` dropped (S larger than the context)."""
+    methods = ", ".join(dict.fromkeys(str(d["method"]) for d in dropped))
+    pairs = ", ".join(
+        dict.fromkeys(f"S={d['S']} > ctx={format_size(int(d['ctx']))}" for d in dropped)
+    )
+    return (
+        f"{len(dropped)} case(s) dropped: the sample budget exceeds the context ({pairs}; "
+        f"{methods}); lower --S or raise --ctx to run them"
+    )
 
 
 def method_params(case: dict[str, Any], method: Method) -> dict[str, Any]:
@@ -433,8 +458,6 @@ def case_command(case: dict[str, Any], registry: Registry = REGISTRY) -> str:
     ``--baselines none`` so that only this one case is run; running it yields a case
     with the same config hash.
     """
-    from santa_bench.units import format_size
-
     method = registry.get(case["method"])
     names = [p.name for p in method.params]
     params = [f"{k}={case[k]}" for k in names if k != "S" and case.get(k) is not None]
