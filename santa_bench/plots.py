@@ -1274,6 +1274,8 @@ TABLE_NOTES = {
 def _scores_note(scores: pd.DataFrame, key: str) -> str:
     """Names the model, device and sample counts of the "ours" cells, the dense score of
     each concrete task and the uninformative tasks left out of the averages."""
+    if scores.empty or "task" not in scores.columns:
+        return ""
     if key == "ruler" and "ctx" in scores.columns:
         scores = scores[scores.ctx == 32768]
     scores = _model_scores(scores)
