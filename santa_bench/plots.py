@@ -1179,23 +1179,25 @@ def uninformative_tasks(scores: pd.DataFrame) -> list[str]:
 
 def _our_score(scores: pd.DataFrame, task: str, method: str | None, s: int | None) -> str:
     """Return our mean score (as %) for a task/method/S over its informative concrete
-    tasks (dense >= 20%), "uninf." where none is, or "–"."""
+    tasks (dense >= 20%); where every one is uninformative, the mean of all marked
+    "(uninf.)"; "–" where nothing was measured."""
     if scores.empty:
         return "–"
-    rows = scores[scores.task.map(_task_key) == _task_key(task)]
-    skip = set(uninformative_tasks(rows))
-    if skip and skip >= set(rows.task.unique()):
-        return "uninf."
-    rows = rows[~rows.task.isin(skip)]
+    tasks = scores[scores.task.map(_task_key) == _task_key(task)]
+    skip = set(uninformative_tasks(tasks))
     if method is None:
-        rows = rows[rows.family.isin(DENSE_FAMILIES) & rows.budget.isna()]
+        rows = tasks[tasks.family.isin(DENSE_FAMILIES) & tasks.budget.isna()]
     else:
-        rows = rows[(rows.method == method) & (rows.budget == s)]
+        rows = tasks[(tasks.method == method) & (tasks.budget == s)]
     if rows.empty:
         return "–"
+    marked = bool(skip) and skip >= set(rows.task.unique())
+    if not marked:
+        rows = rows[~rows.task.isin(skip)]
     value = float(rows.value.mean())
     unit = str(rows.unit.iloc[0])
-    return _fmt(value * 100 if unit in ("", "fraction", "ratio") and value <= 1 else value, ".2f")
+    text = _fmt(value * 100 if unit in ("", "fraction", "ratio") and value <= 1 else value, ".2f")
+    return f"{text} (uninf.)" if marked else text
 
 
 def _model_scores(scores: pd.DataFrame) -> pd.DataFrame:
@@ -1289,12 +1291,13 @@ def _scores_note(scores: pd.DataFrame, key: str) -> str:
     dense = dense_by_task(scores)
     per_task = ", ".join(f"{t.removeprefix('ruler-')} {100 * v:.0f}" for t, v in dense.items())
     skip = [t.removeprefix("ruler-") for t in uninformative_tasks(scores)]
-    note = f" Ours: {model} ({', '.join(devices) or 'cpu'}; n = {', '.join(map(str, counts))})."
+    note = (f" Filled from {model} ({', '.join(devices) or 'cpu'}; n = "
+            f"{', '.join(map(str, counts))} a task and method).")
     if per_task:
         note += f" Dense score per task (%): {per_task}."
     if skip:
         note += (f" Uninformative (dense < {100 * UNINFORMATIVE_DENSE:.0f}%), left out of "
-                 f"the averages: {', '.join(skip)}.")
+                 f"the averages and marked (uninf.) where alone: {', '.join(skip)}.")
     return note
 
 

@@ -31,10 +31,11 @@ def test_uninformative_tasks_are_left_out_of_the_averages_and_named():
     table = plots._ruler_table(scores).set_index("kernel")
     assert table.loc["SDPA", "NIAH ours"] == "100.00"  # multikey_3 (dense 10%) left out
     prop = table[table.S == 128].iloc[0]
-    assert prop["NIAH ours"] == "90.00" and prop["FWE ours"] == "uninf."
+    assert prop["NIAH ours"] == "90.00" and prop["FWE ours"] == "4.00 (uninf.)"
+    assert table[table.S == 256].iloc[0]["NIAH ours"] == "–"  # not measured
     note = plots._scores_note(scores, "ruler")
-    assert "qwen (cuda; n = 50)" in note
-    assert "left out of the averages: fwe, niah_multikey_3" in note
+    assert "qwen (cuda; n = 50 a task and method)" in note
+    assert "left out of the averages and marked (uninf.) where alone: fwe, niah_multikey_3" in note
 
 
 def test_tables_take_one_model_gpu_runs_first():
