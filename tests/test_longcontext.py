@@ -265,7 +265,9 @@ def test_commands_cases_and_the_santapp_suite(tmp_path, offline):
 
     result = CliRunner().invoke(
         app, ["accuracy", "longbench-v2", "--ctx", "2k", "--n", "1", "--data-dir",
-              str(tmp_path), "--results", str(tmp_path / "res")], catch_exceptions=False)
+              str(tmp_path), "--results", str(tmp_path / "res"),
+              "--model", str(tmp_path / "local-model")],  # not a GGUF: gguf not needed
+        catch_exceptions=False)
     assert result.exit_code == 1, result.output  # every case failed: no data
     flat = " ".join(result.output.split())
     assert "failed" in flat and "data.json" in flat
