@@ -203,8 +203,8 @@ def register(
 ) -> Any:
     """Decorator: calls the decorated function, which returns a :class:`Method` (or several),
     and registers the result in ``registry`` (default: the global :data:`REGISTRY`), with
-    ``module`` set to the decorated function's module. The decorated name is bound to what
-    was registered (the Method, or a tuple of them).
+    ``module`` set to the decorated function's module. Returns the function unchanged, so
+    the same builder can register into another registry (``register(registry=r)(build)``).
 
     ``@register`` or ``@register(registry=my_registry)``.
     """
@@ -213,15 +213,11 @@ def register(
         made = build()
         methods = [made] if isinstance(made, Method) else list(made)
         into = REGISTRY if registry is None else registry
-        done = []
         for method in methods:
             if not isinstance(method, Method):
                 raise MethodError(f"{build.__qualname__}: returned {method!r}, not a Method")
-            if not method.module:
-                method = replace(method, module=build.__module__)
-            into.register(method)
-            done.append(method)
-        return done[0] if isinstance(made, Method) else tuple(done)
+            into.register(method if method.module else replace(method, module=build.__module__))
+        return build
 
     return apply(target) if target is not None else apply
 
