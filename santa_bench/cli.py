@@ -57,7 +57,9 @@ def _fail(message: str) -> None:
 def list_methods() -> None:
     """List every registered method with its parameters and availability here."""
     table = Table(title="santa-bench methods")
-    for column in ("name", "family", "parameters (defaults)", "kernel", "available", "description"):
+    columns = ("name", "family", "module", "parameters (defaults)", "kernel", "available",
+               "description")
+    for column in columns:
         table.add_column(column, overflow="fold", no_wrap=column == "name")
     for method in REGISTRY:
         ok, reason = method.available()
@@ -65,6 +67,7 @@ def list_methods() -> None:
         table.add_row(
             method.name,
             method.family,
+            method.module or "-",
             params,
             method.kernel_kind,
             "[green]yes[/]" if ok else f"[red]no[/]: {reason}",

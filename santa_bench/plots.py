@@ -3,7 +3,8 @@
 Each preset reads the tidy rows of `ResultStore.load` and returns a `Rendered` (the
 matplotlib Figure and the plotted points as a DataFrame); `save` writes PNG, PDF and the
 points' CSV. One style for every figure: a hue per method family, a fixed colour per
-method (`method_colour`), dashed dense baselines, units on every axis, and the machine
+method (`method_colour`: the `plot` style each method's family module declares in the
+method registry), dashed dense baselines, units on every axis, and the machine
 (from each run's run.json) under the title. A preset whose rows are absent raises
 `NoData` carrying the command that would produce them.
 """
@@ -67,23 +68,6 @@ FAMILY_MARKERS = {
     "bernoulli": "D",
     "oracle": "x",
 }
-# Cool hues for exact attention, warm for SANTA/S2ANTA, green for SANTA++.
-METHOD_COLOURS = {
-    "dense": "#000000",
-    "sdpa-cudnn": "#1f3b73",
-    "sdpa-flash": "#3a7bd5",
-    "sdpa-math": "#9db4d6",
-    "flashinfer-tc": "#138d90",
-    "flashinfer-cuda": "#72c7cf",
-    "flash-attn": "#5b6c8f",
-    "triton-splitkv": "#555555",
-    "santa-prop": "#d62728",
-    "santa-flash": "#ff7f0e",
-    "santa-strat": "#8c564b",
-    "santa-sys": "#e377c2",
-    "santa-iid": "#e8b10c",
-    "bernoulli": "#9467bd",
-}
 STYLE: dict[str, Any] = {
     "font.size": 8.5,
     "axes.titlesize": 9,
@@ -130,18 +114,33 @@ class Tables(NamedTuple):
 # --------------------------------------------------------------------------- style
 
 
+@functools.cache
+def _method_styles() -> dict[str, Any]:
+    """Method name -> its registered :class:`~santa_bench.methods.PlotStyle`."""
+    from santa_bench.methods import REGISTRY
+
+    return {method.name: method.plot for method in REGISTRY}
+
+
 def method_colour(method: str, family: str | None = None) -> str:
-    """Return the fixed colour of `method`: its own, else a stable shade of its family's hue."""
-    if method in METHOD_COLOURS:
-        return METHOD_COLOURS[method]
+    """Return the fixed colour of `method`: its own (its registered plot style), else a
+    stable shade of its family's hue."""
+    style = _method_styles().get(method)
+    if style is not None and style.colour is not None:
+        return style.colour
     shade = (zlib.crc32(method.encode()) % 5 - 2) / 6  # -1/3 .. 1/3: darker or lighter
     return _shade(FAMILY_COLOURS.get(family or "", "#7f7f7f"), shade)
 
 
-def _line_style(family: str) -> dict[str, Any]:
-    """Return plot kwargs (marker, linestyle) that mark a family."""
+def _line_style(family: str, method: str | None = None) -> dict[str, Any]:
+    """Return plot kwargs (marker, linestyle) that mark a family, or the method's own
+    (its registered plot style) where it declares them."""
     dense = family in DENSE_FAMILIES
-    return {"marker": FAMILY_MARKERS.get(family, "o"), "linestyle": "--" if dense else "-"}
+    style = _method_styles().get(method or "")
+    marker = style.marker if style is not None and style.marker else None
+    linestyle = style.linestyle if style is not None and style.linestyle else None
+    return {"marker": marker or FAMILY_MARKERS.get(family, "o"),
+            "linestyle": linestyle or ("--" if dense else "-")}
 
 
 def _family_rank(family: str) -> int:
@@ -442,7 +441,7 @@ def latency_vs_ctx(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> 
                     yerr=[low, high],
                     label=series,
                     color=_series_colour(panel, series, method, family),
-                    **_line_style(family),
+                    **_line_style(family, method),
                 )
                 points.append(
                     rows.rename(
@@ -571,7 +570,7 @@ def error_vs_S(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rend
                     rows.rel_l2,
                     label=series,
                     color=_series_colour(panel, series, method, family),
-                    **_line_style(family),
+                    **_line_style(family, method),
                 )
                 points.append(
                     rows.assign(
@@ -673,7 +672,7 @@ def ruler_vs_budget(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) ->
                     yerr=stats["std"].fillna(0),
                     label=series,
                     color=colour,
-                    **_line_style(family),
+                    **_line_style(family, method),
                 )
                 points.append(
                     stats.assign(ctx=ctx, task=task, series=series, method=method, family=family)
@@ -727,7 +726,7 @@ def pareto(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rendered
                 color=colour,
                 linewidth=0.8,
                 alpha=0.6,
-                linestyle=_line_style(family)["linestyle"],
+                linestyle=_line_style(family, method)["linestyle"],
             )
             ax.scatter(
                 rows.latency_us,
@@ -735,7 +734,7 @@ def pareto(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rendered
                 s=sizes,
                 color=colour,
                 label=series,
-                marker=_line_style(family)["marker"],
+                marker=_line_style(family, method)["marker"],
                 zorder=3,
             )
             points.append(rows.assign(timing=timing, batch=batch))
@@ -795,7 +794,7 @@ def reads(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rendered:
                     rows.kv_read_fraction,
                     label=series,
                     color=_series_colour(panel, series, method, family),
-                    **_line_style(family),
+                    **_line_style(family, method),
                 )
                 points.append(
                     rows.assign(batch=batch, ctx=ctx, series=series, method=method, family=family)

@@ -83,9 +83,7 @@ def resolve_backend(method: Method, device: str, reference: bool = False) -> str
 
 def has_kernel(method: Method) -> bool:
     """True where the method has a Triton decode backend (:mod:`santa_bench.e2e.attention`)."""
-    from santa_bench.e2e.attention import KERNEL_METHODS
-
-    return method.name in KERNEL_METHODS
+    return method.has_e2e_kernel
 
 
 @dataclass(frozen=True)
@@ -119,8 +117,8 @@ class RowSeededReference(DecodeAttention):
     """A method's PyTorch reference, one sequence at a time, each with its own seeds.
 
     Call ``c`` of sequence ``b`` (one per layer and step) uses
-    ``seed + row_seeds[b] + 1_000_003 * c``; SANTA++ indexes each sequence's prompt into
-    teams after the prefill (decode tokens stay exact).
+    ``seed + row_seeds[b] + 1_000_003 * c``; a method with a ``prefill_index`` (SANTA++:
+    its teams) indexes each sequence's prompt after the prefill (decode tokens stay exact).
     """
 
     graph_safe = False
@@ -143,17 +141,12 @@ class RowSeededReference(DecodeAttention):
         return KVCache.contiguous(k, v)
 
     def after_prefill(self, cache: StaticKVCache) -> None:
-        if self.method.name != "santapp":
+        build = self.method.prefill_index
+        if build is None:
             return
-        from santa_kernels.santapp import build_team_index
-
-        p = self.params
         lengths = cache.lengths.tolist()
         self.indexes = [
-            [build_team_index(self._row_kv(layer, b, n), policy=p["policy"],
-                              team_size=p["team_size"], leaders=p["leaders"],
-                              representative=p["representative"], seed=self.seed + seed,
-                              exact_recent=p["window"], sink=p["sink"])
+            [build(self._row_kv(layer, b, n), self.params, self.seed + seed)
              for b, (n, seed) in enumerate(zip(lengths, self.row_seeds, strict=True))]
             for layer in range(cache.num_layers)
         ]
@@ -171,13 +164,11 @@ class RowSeededReference(DecodeAttention):
             kv = self._row_kv(layer, b, length)
             seed = self.seed + self.row_seeds[b] + 1_000_003 * step_call
             qb = q[b : b + 1]
-            if self.method.name == "santapp":
-                from santa_kernels.santapp import santapp_attention
-
-                p = self.params
-                result = santapp_attention(qb, kv, self.indexes[layer][b], p["M"],
-                                           scheme=p["scheme"], mix=p["mix"], sink=p["sink"],
-                                           window=p["window"], scale=self.scale, seed=seed)
+            if self.method.prefill_index is not None:
+                assert self.method.indexed_reference is not None
+                result = self.method.indexed_reference(qb, kv, self.indexes[layer][b],
+                                                       self.params, scale=self.scale,
+                                                       seed=seed)
             else:
                 result = self.method.run_reference(qb, kv, self.params, seed=seed,
                                                    scale=self.scale)
@@ -460,7 +451,7 @@ class Engine:
             if q is None:
                 continue
             kv = cache.layers[layer]
-            if method.name == "santapp":
+            if hasattr(main, "read_fraction"):  # a kernel that counts its own reads
                 fraction = main.read_fraction(layer, q)
             else:
                 result = method.run_reference(q, kv, params, seed=seed + layer,

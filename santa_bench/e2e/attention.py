@@ -32,21 +32,15 @@ import torch.nn.functional as F
 
 from santa_bench.baselines import Unsupported
 from santa_bench.e2e.cache import StaticKVCache
-from santa_bench.methods import Method
+from santa_bench.methods import REGISTRY, Method
 
 DENSE_BACKENDS = ("sdpa", "triton-splitkv", "flashinfer-tc", "flashinfer-cuda", "flash-attn")
 GPU_AUTO_DENSE = DENSE_BACKENDS
 CPU_AUTO_DENSE = ("sdpa",)
-TRITON_FUNCTIONS = {
-    "santa-iid": "santa_iid",
-    "santa-strat": "santa_strat",
-    "santa-sys": "santa_sys",
-    "santa-flash": "santa_flash",
-    "santa-prop": "santa_prop",
-}
 SANTAPP_KERNEL_MODULE = "santa_kernels.triton_santapp"
-# every method with a Triton decode backend here (see :func:`method_backend`)
-KERNEL_METHODS = frozenset({*TRITON_FUNCTIONS, "santapp", "bernoulli"})
+# every registered method with a Triton decode backend (its ``e2e_backend``; see
+# :func:`method_backend`)
+KERNEL_METHODS = frozenset(m.name for m in REGISTRY if m.has_e2e_kernel)
 
 
 class DecodeAttention:
@@ -255,15 +249,19 @@ def dense_backend(name: str, scale: float) -> DecodeAttention:
 
 # ------------------------------------------------------------------ sampled
 class TritonSampledDecode(DecodeAttention):
-    """A SANTA-family Triton kernel; one :class:`SantaWorkspace` serves every layer."""
+    """A SANTA-family Triton kernel, ``santa_kernels.triton_santa.<function>`` (by default
+    the function named like the method: santa-prop -> santa_prop); one
+    :class:`SantaWorkspace` serves every layer."""
 
-    def __init__(self, method: Method, params: dict[str, Any], scale: float, seed: int) -> None:
+    def __init__(self, method: Method, params: dict[str, Any], scale: float, seed: int,
+                 function: str | None = None) -> None:
         self.method, self.params, self.scale, self.seed = method, dict(params), scale, seed
+        self.function = function or method.name.replace("-", "_")
         self.name = "triton"
 
     def setup(self, cache: StaticKVCache, q: torch.Tensor) -> None:
         super().setup(cache, q)
-        from santa_bench.kernel_adapters import STASH_DTYPES, santa_kernel_available
+        from santa_bench.methods.santa import STASH_DTYPES, santa_kernel_available
 
         ok, why = santa_kernel_available()
         if not ok:
@@ -271,23 +269,23 @@ class TritonSampledDecode(DecodeAttention):
         if self.params.get("min_ctx"):
             raise Unsupported("the Triton kernels do not implement min_ctx")
         module = importlib.import_module("santa_kernels.triton_santa")
-        self.kernel = getattr(module, TRITON_FUNCTIONS[self.method.name])
+        self.kernel = getattr(module, self.function)
         self.S = int(self.params["S"])
         tile = int(self.params.get("tile", 64))
         self.kwargs: dict[str, Any] = {"tile": tile, "scale": self.scale}
-        two_pass = self.method.name == "santa-flash" and self.params.get("passes", 1) == 2
+        flash = self.function == "santa_flash"
+        two_pass = flash and self.params.get("passes", 1) == 2
         # the global-CDF samplers join the loop's PDL chain (flash has no entry wait)
-        self.chains = self.method.name != "santa-flash"
+        self.chains = not flash
         stash = STASH_DTYPES[self.params.get("stash", "fp32")]
-        if self.method.name != "santa-flash":
+        if not flash:
             self.kwargs["stash_dtype"] = stash
         if "alloc" in self.params:
             self.kwargs["alloc"] = self.params["alloc"]
         batch, hq, d = q.shape
         # santa-flash:gather=compact (one pass): triton_santa_flash_compact, as the kernel
         # runner times it
-        compact = (self.method.name == "santa-flash" and not two_pass
-                   and self.params.get("gather") == "compact")
+        compact = flash and not two_pass and self.params.get("gather") == "compact"
         try:
             if two_pass:  # santa-flash:passes=2[,gather=...]: triton_santa_flash2
                 flash2 = importlib.import_module("santa_kernels.triton_santa_flash2")
@@ -325,7 +323,8 @@ class TritonSampledDecode(DecodeAttention):
 class ReferenceDecode(DecodeAttention):
     """The method's exact PyTorch reference (CPU runs): a fresh seed on every call.
 
-    SANTA++ builds its team index once after the prefill; decode tokens stay exact.
+    A method with a ``prefill_index`` (SANTA++: its teams) indexes every layer's prompt
+    once after the prefill and runs its ``indexed_reference``; decode tokens stay exact.
     """
 
     graph_safe = False
@@ -337,17 +336,10 @@ class ReferenceDecode(DecodeAttention):
         self.indexes: list[Any] = []
 
     def after_prefill(self, cache: StaticKVCache) -> None:
-        if self.method.name != "santapp":
+        build = self.method.prefill_index
+        if build is None:
             return
-        from santa_kernels.santapp import build_team_index
-
-        p = self.params
-        self.indexes = [
-            build_team_index(kv, policy=p["policy"], team_size=p["team_size"],
-                             leaders=p["leaders"], representative=p["representative"],
-                             seed=self.seed, exact_recent=p["window"], sink=p["sink"])
-            for kv in cache.layers
-        ]
+        self.indexes = [build(kv, self.params, self.seed) for kv in cache.layers]
 
     def reset(self) -> None:
         self.calls = 0
@@ -356,13 +348,10 @@ class ReferenceDecode(DecodeAttention):
         seed = self.seed + self.calls
         self.calls += 1
         kv = self.cache.layers[layer]
-        if self.method.name == "santapp":
-            from santa_kernels.santapp import santapp_attention
-
-            p = self.params
-            result = santapp_attention(q, kv, self.indexes[layer], p["M"], scheme=p["scheme"],
-                                       mix=p["mix"], sink=p["sink"], window=p["window"],
-                                       scale=self.scale, seed=seed)
+        if self.method.prefill_index is not None:
+            assert self.method.indexed_reference is not None
+            result = self.method.indexed_reference(q, kv, self.indexes[layer], self.params,
+                                                   scale=self.scale, seed=seed)
         else:
             result = self.method.run_reference(q, kv, self.params, seed=seed, scale=self.scale)
         return result.out.to(q.dtype)
@@ -383,7 +372,7 @@ class TritonSantaPPDecode(DecodeAttention):
 
     def setup(self, cache: StaticKVCache, q: torch.Tensor) -> None:
         super().setup(cache, q)
-        from santa_bench.kernel_adapters import santapp_kernel_available
+        from santa_bench.methods.santapp import santapp_kernel_available
 
         ok, why = santapp_kernel_available()
         if not ok:
@@ -398,7 +387,7 @@ class TritonSantaPPDecode(DecodeAttention):
         self.workspaces: list[Any] = []
 
     def after_prefill(self, cache: StaticKVCache) -> None:
-        from santa_bench.kernel_adapters import merge_atomic_of
+        from santa_bench.methods.santapp import merge_atomic_of
 
         p, module = self.params, self.module
         by_plan: dict[Any, Any] = {}
@@ -446,7 +435,7 @@ class TritonBernoulliDecode(DecodeAttention):
 
     def setup(self, cache: StaticKVCache, q: torch.Tensor) -> None:
         super().setup(cache, q)
-        from santa_bench.kernel_adapters import STASH_DTYPES, santa_kernel_available
+        from santa_bench.methods.bernoulli import STASH_DTYPES, santa_kernel_available
 
         ok, why = santa_kernel_available()
         if not ok:
@@ -474,23 +463,20 @@ class TritonBernoulliDecode(DecodeAttention):
 def method_backend(
     method: Method, params: dict[str, Any], *, device: str, scale: float, seed: int
 ) -> DecodeAttention:
-    """Returns the backend of a sampled method: its kernel on a GPU, its reference on a CPU."""
+    """Returns the backend of a sampled method: its kernel on a GPU (the method's
+    ``e2e_backend``), its reference on a CPU."""
     if device != "cuda":
         return ReferenceDecode(method, params, scale, seed)
-    if method.name in TRITON_FUNCTIONS:
-        return TritonSampledDecode(method, params, scale, seed)
-    if method.name == "santapp":
-        return TritonSantaPPDecode(params, scale, seed)
-    if method.name == "bernoulli":
-        return TritonBernoulliDecode(params, scale, seed)
-    raise Unsupported(f"{method.name}: no GPU kernel for end-to-end decode (reference only)")
+    backend = method.e2e_backend(method, params, scale, seed) if method.e2e_backend else None
+    if backend is None:
+        raise Unsupported(f"{method.name}: no GPU kernel for end-to-end decode (reference only)")
+    return backend
 
 
 def backend_label(method: Method, device: str) -> str:
     """Returns the ``backend`` recorded for a sampled method on ``device``: its Triton
     kernel on a GPU, else its PyTorch reference (a GPU run of that is skipped)."""
-    kernel = method.name in KERNEL_METHODS
-    return "triton" if device == "cuda" and kernel else "reference"
+    return "triton" if device == "cuda" and method.has_e2e_kernel else "reference"
 
 
 class LayerRouting(DecodeAttention):

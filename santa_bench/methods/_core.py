@@ -1,0 +1,280 @@
+"""The registry's types: parameters, methods, the registry, the decorator, spec parsing.
+
+The methods themselves live one family per module beside this one
+(:mod:`santa_bench.methods.dense`, ``.santa``, ``.santapp``, ``.bernoulli``,
+``.baseline``); each registers its entries with :func:`register` when the package is
+imported. See ``docs/adding-a-method.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+import santa_kernels as sk
+from santa_kernels.reads import ReadCounts
+
+FAMILIES = ("dense", "baseline", "santa", "santapp", "bernoulli", "oracle")
+
+
+class MethodError(ValueError):
+    """An unknown method, parameter or invalid parameter value."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One method parameter: default, type, and the values it accepts."""
+
+    name: str
+    default: Any
+    kind: type
+    help: str
+    choices: tuple[Any, ...] | None = None
+    minimum: int | None = None
+    # left out of a case at its default: a parameter added after results were stored
+    # keeps those cases' config hashes (the resume key) unchanged
+    omit_default: bool = False
+
+    def validate(self, value: Any, method: str) -> Any:
+        """Returns ``value`` converted to the parameter's type, or raises MethodError."""
+        try:
+            converted = self.kind(value) if not isinstance(value, self.kind) else value
+        except (TypeError, ValueError):
+            raise MethodError(
+                f"{method}: parameter {self.name} expects {self.kind.__name__}, got {value!r}"
+            ) from None
+        if self.kind is int and isinstance(value, float) and value != int(value):
+            raise MethodError(f"{method}: parameter {self.name} must be an integer, got {value!r}")
+        if self.choices is not None and converted not in self.choices:
+            raise MethodError(
+                f"{method}: parameter {self.name} must be one of {list(self.choices)}, "
+                f"got {value!r}"
+            )
+        if self.minimum is not None and converted < self.minimum:
+            raise MethodError(
+                f"{method}: parameter {self.name} must be >= {self.minimum}, got {value!r}"
+            )
+        return converted
+
+
+def _always() -> tuple[bool, str]:
+    return True, ""
+
+
+@dataclass(frozen=True)
+class PlotStyle:
+    """How `santa-bench plot` draws a method. ``colour``: its fixed colour (None: a stable
+    shade of its family's hue); ``marker`` / ``linestyle``: None = its family's."""
+
+    colour: str | None = None
+    marker: str | None = None
+    linestyle: str | None = None
+
+
+# A decode backend factory: (method, resolved params, softmax scale, seed) -> backend
+# (a santa_bench.e2e.attention.DecodeAttention), built for end-to-end decoding on a GPU.
+E2EBackend = Callable[["Method", dict[str, Any], float, int], Any]
+
+
+@dataclass(frozen=True)
+class Method:
+    """One attention method of the registry."""
+
+    name: str
+    family: str
+    description: str
+    params: tuple[Param, ...] = ()
+    reference: Callable[..., sk.AttentionOutput] | None = None
+    prepare: Callable[..., Any] | None = None  # fast path: prepare(q, kv, *, seed, **params)
+    kernel_kind: str = "reference"  # what `prepare` runs: "triton" or "baseline"
+    availability: Callable[[], tuple[bool, str]] = _always
+    kernel_availability: Callable[[], tuple[bool, str]] = _always
+    has_stash: bool = False  # the kernel writes and re-reads a per-(head, token) logit stash
+    tags: tuple[str, ...] = field(default_factory=tuple)
+    # the module that registered the method (set by :func:`register`)
+    module: str = ""
+    # end-to-end decode on a GPU: builds the method's kernel backend; None = no kernel
+    # (a GPU run of the reference is skipped). CPU decode runs the reference.
+    e2e_backend: E2EBackend | None = None
+    # reference decode of a method that indexes the prompt once after the prefill
+    # (SANTA++'s teams): prefill_index(kv, params, seed) -> index, then
+    # indexed_reference(q, kv, index, params, scale=, seed=) -> AttentionOutput
+    prefill_index: Callable[..., Any] | None = None
+    indexed_reference: Callable[..., sk.AttentionOutput] | None = None
+    plot: PlotStyle = PlotStyle()
+
+    @property
+    def has_e2e_kernel(self) -> bool:
+        """True where end-to-end decode has a Triton backend for the method."""
+        return self.e2e_backend is not None
+
+    def resolve_params(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Returns every parameter with defaults filled and ``overrides`` validated."""
+        overrides = dict(overrides or {})
+        known = {p.name: p for p in self.params}
+        unknown = sorted(set(overrides) - set(known))
+        if unknown:
+            raise MethodError(
+                f"{self.name}: unknown parameter(s) {unknown}; accepted: {sorted(known) or 'none'}"
+            )
+        resolved = {
+            name: p.validate(overrides[name], self.name) if name in overrides else p.default
+            for name, p in known.items()
+        }
+        return {name: value for name, value in resolved.items()
+                if not (known[name].omit_default and value == known[name].default)}
+
+    def available(self) -> tuple[bool, str]:
+        """Returns ``(True, "")`` or ``(False, reason)`` for this machine."""
+        try:
+            return self.availability()
+        except Exception as exc:  # an optional dependency failing to probe
+            return False, f"availability check failed: {exc}"
+
+    def kernel_available(self) -> tuple[bool, str]:
+        """Returns whether the fast path (``prepare``) can run here, with the reason if not."""
+        if self.prepare is None:
+            return False, f"{self.name}: no fast kernel (reference only)"
+        try:
+            return self.kernel_availability()
+        except Exception as exc:
+            return False, f"kernel availability check failed: {exc}"
+
+    def run_reference(
+        self, q: torch.Tensor, kv: sk.KVCache, params: dict[str, Any], **kw: Any
+    ) -> sk.AttentionOutput:
+        """Runs the exact PyTorch reference with resolved ``params``."""
+        if self.reference is None:
+            raise MethodError(f"{self.name}: has no PyTorch reference")
+        return self.reference(q, kv, **params, **kw)
+
+    def bytes_read(
+        self, reads: ReadCounts, element_size: int, num_heads: int, params: dict | None = None
+    ) -> int:
+        """Byte model: K/V bytes the method reads plus its logit-stash traffic (written
+        once, read back once; at the ``stash`` dtype, fp32 for the reference)."""
+        if not self.has_stash:
+            return reads.kv_bytes(element_size)
+        stash_dtype = (params or {}).get("stash", "fp32")
+        per_score = 4 if stash_dtype == "fp32" else 2
+        return reads.kv_bytes(element_size) + 2 * per_score * num_heads * int(reads.context.sum())
+
+
+class Registry:
+    """Name -> Method, in registration order."""
+
+    def __init__(self, methods: Iterable[Method] = ()) -> None:
+        self._methods: dict[str, Method] = {}
+        for method in methods:
+            self.register(method)
+
+    def register(self, method: Method) -> None:
+        if method.family not in FAMILIES:
+            raise MethodError(f"{method.name}: unknown family {method.family!r}")
+        if method.name in self._methods:
+            raise MethodError(f"method {method.name!r} registered twice")
+        self._methods[method.name] = method
+
+    def get(self, name: str) -> Method:
+        try:
+            return self._methods[name]
+        except KeyError:
+            raise MethodError(
+                f"unknown method {name!r}; known: {', '.join(self._methods)}"
+            ) from None
+
+    def __iter__(self):
+        return iter(self._methods.values())
+
+    def names(self) -> list[str]:
+        return list(self._methods)
+
+
+REGISTRY = Registry()  # filled by the family modules, imported by the package
+
+
+def register(
+    target: Callable[[], Method | Iterable[Method]] | None = None,
+    *,
+    registry: Registry | None = None,
+) -> Any:
+    """Decorator: calls the decorated function, which returns a :class:`Method` (or several),
+    and registers the result in ``registry`` (default: the global :data:`REGISTRY`), with
+    ``module`` set to the decorated function's module. Returns the function unchanged, so
+    the same builder can register into another registry (``register(registry=r)(build)``).
+
+    ``@register`` or ``@register(registry=my_registry)``.
+    """
+
+    def apply(build: Callable[[], Method | Iterable[Method]]) -> Any:
+        made = build()
+        methods = [made] if isinstance(made, Method) else list(made)
+        into = REGISTRY if registry is None else registry
+        for method in methods:
+            if not isinstance(method, Method):
+                raise MethodError(f"{build.__qualname__}: returned {method!r}, not a Method")
+            into.register(method if method.module else replace(method, module=build.__module__))
+        return build
+
+    return apply(target) if target is not None else apply
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method with resolved parameters, as named on the command line."""
+
+    method: Method
+    params: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.method.name
+
+    def label(self) -> str:
+        """Returns ``name`` plus the parameters that differ from the defaults."""
+        defaults = {p.name: p.default for p in self.method.params}
+        changed = [f"{k}={v}" for k, v in self.params.items() if defaults.get(k) != v]
+        return self.name + (":" + ",".join(changed) if changed else "")
+
+
+def _coerce(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_method_specs(
+    text: str, registry: Registry = REGISTRY
+) -> list[tuple[Method, dict[str, Any]]]:
+    """Parses ``"dense,santa-prop:S=128,tile=32,santa-flash"`` into (method, overrides) pairs.
+
+    A ``key=value`` item without a method name belongs to the method before it.
+    """
+    parsed: list[tuple[Method, dict[str, Any]]] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, colon, rest = item.partition(":")
+        if not colon and "=" in item:
+            if not parsed:
+                raise MethodError(f"parameter {item!r} given before any method name")
+            key, _, value = item.partition("=")
+            parsed[-1][1][key.strip()] = _coerce(value.strip())
+            continue
+        overrides: dict[str, Any] = {}
+        if colon:
+            for assignment in rest.split(";") if ";" in rest else [rest]:
+                key, eq, value = assignment.partition("=")
+                if not eq:
+                    raise MethodError(f"{name}: expected key=value after ':', got {assignment!r}")
+                overrides[key.strip()] = _coerce(value.strip())
+        parsed.append((registry.get(name.strip()), overrides))
+    if not parsed:
+        raise MethodError("no method named")
+    return parsed

@@ -1,0 +1,70 @@
+"""Family ``baseline``: the dense (exact) kernels the sampled ones are timed against:
+PyTorch SDPA backends, FlashInfer, flash-attn and the suite's Triton split-KV, one method
+each of :data:`santa_bench.baselines.BASELINES`.
+
+Reference: exact attention. Kernel: the baseline itself. End-to-end decode runs them as
+dense backends (``--dense-backends``), not through ``e2e_backend``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from santa_bench import baselines
+from santa_bench.baselines import BASELINES, Prepared
+from santa_bench.methods._common import PrepareFn, dense_reference
+from santa_bench.methods._core import Method, Param, PlotStyle, register
+from santa_kernels.kv import KVCache
+
+# Cool hues for exact attention.
+COLOURS = {
+    "sdpa-cudnn": "#1f3b73",
+    "sdpa-flash": "#3a7bd5",
+    "sdpa-math": "#9db4d6",
+    "flashinfer-tc": "#138d90",
+    "flashinfer-cuda": "#72c7cf",
+    "flash-attn": "#5b6c8f",
+    "triton-splitkv": "#555555",
+}
+
+
+# ------------------------------------------------------------------ kernel adapter
+def baseline_prepare(name: str) -> PrepareFn:
+    """Returns the adapter of the dense baseline ``name`` (seed ignored: it is exact)."""
+
+    def prepare(q: torch.Tensor, kv: KVCache, *, seed: int = 0, **params: Any) -> Prepared:
+        return BASELINES[name].prepare(q, kv, **params)
+
+    return prepare
+
+
+# ------------------------------------------------------------------ the methods
+def _baseline(entry: baselines.Baseline) -> Method:
+    params = tuple(
+        Param(name, default, int, f"{entry.name} parameter {name}", minimum=0)
+        for name, default in entry.params.items()
+    )
+    ours = entry.name == "triton-splitkv"
+
+    def available() -> tuple[bool, str]:
+        return entry.available("cuda" if torch.cuda.is_available() else "cpu")
+
+    return Method(
+        entry.name,
+        "baseline",
+        entry.description,
+        params,
+        reference=dense_reference,
+        prepare=baseline_prepare(entry.name),
+        kernel_kind="triton" if ours else "baseline",
+        availability=available,
+        kernel_availability=available,
+        plot=PlotStyle(colour=COLOURS.get(entry.name)),
+    )
+
+
+@register
+def vendor_baselines() -> tuple[Method, ...]:
+    return tuple(_baseline(entry) for entry in BASELINES.values())

@@ -1,0 +1,233 @@
+"""Family ``santapp``: SANTA++, teams of keys sampled through representative keys,
+attended exactly inside, combined with a Horvitz-Thompson ratio.
+
+Reference: ``santa_kernels.santapp.santapp``. Kernel: ``santa_kernels.triton_santapp``
+(the team index built and packed outside the timed region). End-to-end decode:
+:class:`santa_bench.e2e.attention.TritonSantaPPDecode` on a GPU; on a CPU the reference,
+with each layer's prompt indexed once after the prefill (:func:`team_index`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from typing import Any
+
+import torch
+
+import santa_kernels as sk
+from santa_bench.baselines import Prepared, Unsupported
+from santa_bench.methods._core import Method, Param, PlotStyle, register
+from santa_kernels.kv import KVCache
+from santa_kernels.santapp import santapp as santapp_reference
+
+
+# ------------------------------------------------------------------ kernel adapter
+def _triton_santapp():
+    return importlib.import_module("santa_kernels.triton_santapp")
+
+
+def santapp_kernel_available() -> tuple[bool, str]:
+    """Returns whether the Triton SANTA++ kernels can run here, with the reason if not."""
+    try:
+        return _triton_santapp().santapp_triton_available()
+    except Exception as exc:  # triton missing or broken
+        return False, f"santa_kernels.triton_santapp not importable: {exc}"
+
+
+_KMEANS_INDEX: dict[tuple, Any] = {}  # slow CPU k-means index, shared by cold-L2 input copies
+
+
+def _santapp_packed(module, kv: KVCache, params: dict[str, Any]):
+    """Returns ``(packed, index_build_ms)``. A k-means index (CPU, slow) is built once per
+    cache content, since the cold-L2 input copies are clones; each copy packs its own K/V."""
+    if params["policy"] == "contiguous":
+        return module.time_index_build(kv, **params)
+    params = dict(params)
+    int8 = params.pop("reps", "model") == "int8"
+    packed, build_ms = _kmeans_packed(module, kv, params)
+    return (module.quantize_packed(packed) if int8 else packed), build_ms
+
+
+def _kmeans_packed(module, kv: KVCache, params: dict[str, Any]):
+    """:func:`_santapp_packed` for the k-means policy (the index cached by content)."""
+    from santa_kernels.santapp import build_team_index
+
+    fingerprint = (
+        tuple(sorted(params.items())),
+        tuple(kv.k.shape),
+        kv.layout,
+        tuple(kv.lengths.tolist()),
+        float(kv.k.sum(dtype=torch.float64)),
+        float(kv.v.sum(dtype=torch.float64)),
+    )
+    if fingerprint not in _KMEANS_INDEX:
+        _KMEANS_INDEX.clear()
+        started = time.perf_counter()
+        index = build_team_index(kv, **params)
+        packed = module.pack_teams(kv, index)
+        if kv.k.is_cuda:
+            torch.cuda.synchronize(kv.k.device)
+        _KMEANS_INDEX[fingerprint] = (index, (time.perf_counter() - started) * 1e3)
+        return packed, _KMEANS_INDEX[fingerprint][1]
+    index, build_ms = _KMEANS_INDEX[fingerprint]
+    return module.pack_teams(kv, index), build_ms
+
+
+def merge_atomic_of(merge: str) -> bool | None:
+    """The kernel's ``merge_atomic`` for the method's ``merge`` (None: its own choice)."""
+    return {"auto": None, "atomic": True, "kernel": False}[merge]
+
+
+def santapp_prepare(
+    q: torch.Tensor,
+    kv: KVCache,
+    *,
+    seed: int = 0,
+    M: int,
+    team_size: int = 16,
+    leaders: int = 4,
+    policy: str = "contiguous",
+    scheme: str = "gumbel-topk",
+    representative: str = "leader",
+    mix: float = 0.0,
+    sink: int = 0,
+    window: int = 0,
+    reps: str = "model",
+    merge: str = "auto",
+    scale: float | None = None,
+) -> Prepared:
+    """Prepares the Triton SANTA++ kernel: builds and packs the team index outside the timed
+    region (its time goes to the ``index_build_ms`` metric), plans the workspace, runs once.
+    Extra metrics: ``index_build_ms`` and, after ``reads()``, ``read_equivalent`` and
+    ``bytes_read_tables`` (the representatives' bytes, counted in the bandwidth)."""
+    module = _triton_santapp()
+    try:
+        module.check_scheme(scheme, mix)
+    except ValueError as exc:
+        raise Unsupported(str(exc)) from exc
+    params = {
+        "policy": policy,
+        "team_size": team_size,
+        "leaders": leaders,
+        "representative": representative,
+        "sink": sink,
+        "exact_recent": window,
+        "reps": reps,
+    }
+    try:
+        packed, build_ms = _santapp_packed(module, kv, params)
+        workspace = module.SantaPPWorkspace.for_inputs(q, kv, packed, M, seed=seed,
+                                                       merge_atomic=merge_atomic_of(merge))
+
+        def run() -> torch.Tensor:
+            return module.santapp_decode(q, kv, packed, M, scale=scale, workspace=workspace)[0]
+
+        _, info = module.santapp_decode(q, kv, packed, M, scale=scale, workspace=workspace)
+        touched = info.bytes_moved(q)  # syncs; the cold-L2 copy count needs what is read
+    except Exception as exc:
+        raise Unsupported(f"santapp: {type(exc).__name__}: {exc}") from exc
+    metrics: dict[str, tuple[float, str]] = {"index_build_ms": (build_ms, "ms")}
+
+    def reads():
+        _, info = module.santapp_decode(q, kv, packed, M, scale=scale, workspace=workspace)
+        metrics["read_equivalent"] = (info.read_equivalent(), "ratio")
+        counts = info.read_counts()
+        # representatives (and log n, int8 scales): read every call besides the K/V rows
+        metrics["bytes_read_tables"] = (
+            info.bytes_moved(q) - counts.kv_bytes(packed.kv_itemsize)
+            - 2 * q.numel() * q.element_size(), "B")
+        return counts
+
+    notes = {"plan": workspace.plan, "teams_read_from": packed.what_is_read()}
+    # inputs_bytes = bytes one call reads (~10% of the cache), not the cache's size: the
+    # timing core then rotates enough input copies for the reads themselves to miss L2
+    prepared = Prepared(run, touched, notes)
+    prepared.reads = reads  # type: ignore[attr-defined]
+    prepared.reset_rng = workspace.reset_rng  # type: ignore[attr-defined]
+    prepared.metrics = metrics  # type: ignore[attr-defined]
+    return prepared
+
+
+# ------------------------------------------------------------------ end-to-end decode
+def _e2e_backend(method: Method, params: dict[str, Any], scale: float, seed: int):
+    from santa_bench.e2e.attention import TritonSantaPPDecode
+
+    return TritonSantaPPDecode(params, scale, seed)
+
+
+def team_index(kv: KVCache, params: dict[str, Any], seed: int) -> Any:
+    """The reference decode's team index of one prompt's cache (built after the prefill)."""
+    from santa_kernels.santapp import build_team_index
+
+    p = params
+    return build_team_index(kv, policy=p["policy"], team_size=p["team_size"],
+                            leaders=p["leaders"], representative=p["representative"],
+                            seed=seed, exact_recent=p["window"], sink=p["sink"])
+
+
+def indexed_reference(q: torch.Tensor, kv: KVCache, index: Any, params: dict[str, Any], *,
+                      scale: float | None, seed: int) -> sk.AttentionOutput:
+    """The reference over a prompt indexed by :func:`team_index` (decode tokens exact)."""
+    from santa_kernels.santapp import santapp_attention
+
+    p = params
+    return santapp_attention(q, kv, index, p["M"], scheme=p["scheme"], mix=p["mix"],
+                             sink=p["sink"], window=p["window"], scale=scale, seed=seed)
+
+
+# ------------------------------------------------------------------ the method
+@register
+def santapp() -> Method:
+    return Method(
+        "santapp",
+        "santapp",
+        "SANTA++: M teams sampled through representative keys, exact inside, HT ratio",
+        (
+            Param("M", 32, int, "teams selected per query head", minimum=1),
+            Param("team_size", 16, int, "tokens per team (P; k-means: per parent)", minimum=1),
+            Param("leaders", 4, int, "k-means: leaders (teams) per parent (R)", minimum=1),
+            Param("policy", "contiguous", str, "team index", choices=("contiguous", "kmeans")),
+            Param(
+                "scheme",
+                "gumbel-topk",
+                str,
+                "team selection, without or with replacement",
+                choices=("gumbel-topk", "multinomial"),
+            ),
+            Param("representative", "leader", str, "team key", choices=("leader", "mean")),
+            Param("mix", 0.0, float, "defensive mixing with the uniform, in [0, 1)"),
+            Param("sink", 0, int, "first tokens attended exactly", minimum=0),
+            Param("window", 0, int, "recent tokens attended exactly", minimum=0),
+            Param(
+                "reps",
+                "model",
+                str,
+                "representatives stored in the cache dtype, or as int8 codes with a "
+                "per-team scale (half the scoring bytes; phi from the rounded keys, "
+                "still unbiased)",
+                choices=("model", "int8"),
+                omit_default=True,
+            ),
+            Param(
+                "merge",
+                "auto",
+                str,
+                "kernel only: atomic = the attend programs add their partials into "
+                "per-head sums and the group's last one divides (the sums' order, so "
+                "the output's last bits, vary between GPU runs); kernel = a merge "
+                "kernel (bitwise reproducible); auto = atomic up to 16 (sequence, KV "
+                "head) groups, where it measured faster",
+                choices=("auto", "atomic", "kernel"),
+                omit_default=True,
+            ),
+        ),
+        reference=santapp_reference,
+        prepare=santapp_prepare,  # gumbel-topk, mix=0 (else skipped)
+        kernel_kind="triton",
+        kernel_availability=santapp_kernel_available,
+        e2e_backend=_e2e_backend,
+        prefill_index=team_index,
+        indexed_reference=indexed_reference,
+        plot=PlotStyle(),  # its family's green
+    )
