@@ -127,8 +127,7 @@ FINISH_CAP = 8192  # heads x candidates one finishing program keeps in registers
 MAX_TEAMS_PER_SPLIT = 1024  # representatives one select program scores (local mode)
 MAX_GROUP = 64
 # finish the selection in the last select program (True) or in its own kernel (False):
-# on the H200 the separate kernel measured equal or faster at every shape (34.7 vs 39.5 us
-# at 32k B=1, 78.7 vs 87.3 at B=8, 57.2 vs 64.2 at 128k; results/h200/santapp-profile*)
+# the separate kernel timed equal or faster at every H200 shape (results/h200/santapp-profile*)
 FUSE_SELECT = False
 H200_SM_COUNT = 132
 PROGRAMS_PER_SM = 2  # select/attend grids aim for about this many programs per SM
@@ -137,61 +136,42 @@ _REPS_AS = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"
 STAGES = ("select", "attend", "merge")
 # Hopper launch parameters. Every kernel here is latency bound at B=1 (a few KB per
 # program): 4 warps, one stage; the select program needs 8 warps when its finisher
-# holds more than 2048 keys.
+# holds more than 2048 keys. Each value was chosen by timing its alternatives on an H200
+# (harness calls and the e2e decode loop at 32k-128k); the runs that chose them, with
+# their figures, are the tune-* and e2e-variants-* folders of results/h200 and their
+# READMEs.
 HOPPER = {
     "select_warps_small": 4,
     "select_warps_large": 8,
-    # from this many (sequence, KV head) groups, direct selection (not local) scores at
-    # most select_teams_many representatives a program with score_warps_many warps (the
-    # finisher keeps its own). H200, e2e loop at 32k (Llama-3.1-8B, M=32 P=16, PDL chain;
-    # results/h200/e2e-variants-2026-12-01-s8): 256 teams and 8 warps -> 128 and 4, the
-    # step with int8 representatives 5.378 -> 5.357 ms at B=4, 6.251 -> 6.214 at B=8 (two
-    # rounds each; the attention-only pass, calls back to back, moves the other way at B=4:
-    # 1.29 -> 1.35 ms)
+    # from many_groups (sequence, KV head) groups on, direct selection (not local) scores
+    # at most select_teams_many representatives a program with score_warps_many warps
+    # (the finisher keeps its own)
     "many_groups": 32,
     "select_teams_many": 128,
     "score_warps_many": 4,
     # the select kernel's warps where it does not finish the selection and there are
-    # fewer groups (the finisher keeps select_warps). H200, M=32, select prefix / call
-    # (results/h200/tune-2026-12-01-s11/4-knobs.csv): 32k B=1 12.17 -> 11.45 / 22.14 ->
-    # 22.32 us, 128k B=1 P=16 (local) 35.6 -> 30.5 / 48.2 -> 40.5, P=64 11.1 -> 10.6 /
-    # 35.4 -> 34.9, from 8 warps
+    # fewer groups (the finisher keeps select_warps)
     "score_warps_few": 4,
     # the finisher's kth search tests 8 thresholds a step (~4 steps) while each thread
     # holds at most this many keys, else 4 (~6 steps): the compares cost per key
     "search_8way_keys_per_thread": 16,
     "attend_warps": 4,
-    # rows of K/V a team program loads per chunk (lowered where there would be fewer
-    # programs than SMs). 128 at d=128, measured and not adopted (H200, M=32; results/h200/
-    # tune-2026-12-01-s7, e2e-llama8b-32k-s7b): faster in the harness (32k B=4 46.6 -> 45.5
-    # us, B=8 75.1 -> 74.0, 128k P=64 41.5 -> 38.4) but slower inside the e2e decode loop
-    # (attention a layer 43.8 -> 44.8 us at B=4, 70.9 -> 73.7 at B=8, two runs each)
+    # rows of K/V a team program loads per chunk, by head dim (lowered where there would
+    # be fewer programs than SMs)
     "attend_rows": {64: 64, 128: 64, 256: 32},
-    # a team program walks 2x more tiles of the list while the grid keeps at least this
-    # many programs per SM (0: one tile a program), up to attend_max_loops tiles; not
-    # pipelined (attend_stages). H200, M=32, call us, default -> loops=4 (results/h200/
-    # tune-2026-12-04-s25): 32k B=8 P=16 64.7 -> 58.6, P=64 130.5 -> 121.3, P=128 231.1 ->
-    # 206.4; 128k B=1 P=64 30.7 -> 30.4, P=128 44.5 -> 39.2; P=16 (72 programs) 39.5 ->
-    # 47.2, kept at 1 tile by the rule. 8 and 16 tiles slower where measured (B=8 P=64
-    # loops=16: 140.6); 2-6 pipeline stages slower everywhere (B=8 P=64 loops=4 stages=2:
-    # 178.1, 4: 227.3; the team-id load feeding the K/V addresses takes a stage), and
-    # the walk unrolled too (154.2; tried in 84533cf, reverted)
+    # a team program walks 2x more tiles of the list while the grid keeps at least
+    # attend_loop_programs_per_sm programs per SM (0: one tile a program), up to
+    # attend_max_loops tiles, unpipelined (attend_stages)
     "attend_loop_programs_per_sm": 2,
     "attend_max_loops": 4,
     "attend_stages": 1,
     # one team a tile (teams_per_block = 1): the program's list entries, team rows and
-    # weights loaded before its tile loop, which then loads only K/V from addresses in
-    # registers and is pipelined attend_preload_stages deep (two K/V buffers at 3: 74 KB
-    # of shared memory, 162 registers, sm_90: 3 programs an SM), up to
-    # attend_preload_max_loops tiles; 4 stages (three buffers, 106 KB: 2 an SM) for walks
-    # of up to attend_preload_deep_max_loops tiles (a short walk has more of its tiles in
-    # flight from its start; a long one gains more from 3 programs an SM). H200, M=32, call us
-    # (results/h200/tune-2026-12-04-s26, old default -> new): 32k B=8 P=64 121.5 -> 80.0
-    # (32 tiles, 3 stages; 4 stages 81.3, 16 tiles 89.1-96.6, 64: 113.3), P=128 205.6 ->
-    # 128.9; B=4 P=64 70.4 -> 49.6 (16 tiles; 4 stages 50.5); 128k B=1 P=64 30.3 -> 25.9
-    # at 3 stages, 24.9 at 4 (4 tiles; 8: 27.3), P=128 39.2 -> 32.1 / 31.0; 32k B=1 P=64
-    # 26.8 -> 23.8 / 22.5. With several teams a tile (P=16) the same preload, z/phi staged
-    # too (94 KB), is slower: 32k B=8 P=16 58.6 -> 68.7-220, so it stays off there.
+    # weights are loaded before its tile loop, which then loads only K/V from addresses
+    # in registers, pipelined attend_preload_stages deep (two K/V buffers at 3 stages:
+    # 74 KB of shared memory, 3 programs an SM on sm_90), up to attend_preload_max_loops
+    # tiles; walks of up to attend_preload_deep_max_loops tiles take
+    # attend_preload_deep_stages (three buffers, 2 programs an SM). Tiles of several teams
+    # keep the unpreloaded walk (their z/phi loads would be staged too).
     "attend_preload": True,
     "attend_preload_max_loops": 32,
     "attend_preload_stages": 3,
@@ -199,10 +179,7 @@ HOPPER = {
     "attend_preload_deep_max_loops": 4,
     "exact_rows": {64: 64, 128: 64, 256: 32},
     # heads per finishing program: 0 = one program per KV group finds every head's kappa
-    # and writes the union; h > 0 = G/h programs per group, the last writes the union.
-    # H200, select + finish at 32k B=1 / B=8 / 128k B=1 (P=64): 0 -> 22.9 / 40.4 / 23.0 us,
-    # 1 -> 14.7 / 32.2 / 13.3 us (8 warps), 2 with 4 warps -> 19.1 / 34.4 / 17.8
-    # (results/h200/tune-2026-11-29)
+    # and writes the union; h > 0 = G/h programs per group, the last writes the union
     "finish_heads": 1,
     # the finisher's search starts from a bracket the select programs leave (each split's
     # j-th largest z, j = ceil((M+1) / splits) <= 3; direct selection) instead of the
@@ -216,12 +193,8 @@ HOPPER = {
     # programs leave each split's top BRACKET z (not only the BRACKET-th); the (M+1)-th
     # largest of those bounds kappa from below, the finisher compacts the few keys at or
     # above that bound (~M+5 of 2048 on Gumbel-perturbed rows) and ranks them by one
-    # [CAP, CAP] comparison (CAP = next_pow2(compact_slack * (M+1))); rows with more keys
-    # above the bound take the search
-    # (H200, M=32, results/h200/tune-2026-12-01-s12/5-compact.csv: the call 21.92 -> 20.73
-    # us at 32k B=1, 68.0 -> 64.9 at B=8, 34.95 -> 33.0 at 128k P=64); only up to
-    # compact_max_cap: at M=64 (CAP 128, two [128, 128] comparisons) the harness measured
-    # 27.0 -> 28.8 us at 32k B=1 and 49.4 -> 51.2 at 128k P=64 (kernels-2026-12-01-s12)
+    # [CAP, CAP] comparison (CAP = next_pow2(compact_slack * (M+1))), up to
+    # compact_max_cap; rows with more keys above the bound take the search
     "compact": True,
     "compact_slack": 1.5,
     "compact_max_cap": 64,
@@ -231,30 +204,20 @@ HOPPER = {
     # ticket) divides, so no merge kernel runs. Where a head's sum leaves [2^-64, 2^64]
     # (a log-mass 44 above kappa) that program merges the head's partials by their
     # maxima instead. Not bitwise reproducible: the sums' order is the arrival order.
-    # Up to merge_atomic_max_groups (sequence, KV head) groups. H200, M=32 P=16, the call
-    # against the merge kernel (results/h200/tune-2026-12-01-s13): 32k B=1 20.72 -> 18.15
-    # us, 128k B=1 P=64 33.07 -> 30.79, 32k B=8 65.07 -> 64.89; but inside the e2e decode
-    # loop at 32k (int8 representatives, results/h200/e2e-llama8b-32k-s13b) attention a
-    # step 1.79 -> 1.93 ms at B=8 (64 groups) and 1.12 -> 1.19 at B=4 (not profiled)
+    # Up to merge_atomic_max_groups (sequence, KV head) groups (more: the merge kernel,
+    # faster inside the e2e decode loop there)
     "merge_atomic": True,
     "merge_atomic_max_groups": 16,
     "merge_warps": 4,  # 8 when a merge step holds >= 4096 partial elements
     "merge_block": 64,  # partials merged per step (fewer when there are fewer)
     # every kernel after the first is launched as a programmatic dependent of the one
     # before (its launch overlaps the previous kernel's last wave; griddepcontrol.wait
-    # before it reads anything): where pdl_available() and B * Hkv <= pdl_max_groups.
-    # H200, M=32 P=16 (results/h200/tune-2026-11-29-s4): 32k B=1 26.15 -> 24.88 us,
-    # 128k B=1 P=64 39.9 -> 39.1, but 32k B=8 74.6 -> 76.8 (the early programs wait on
-    # SMs the previous kernel's last wave could use)
+    # before it reads anything): where pdl_available() and B * Hkv <= pdl_max_groups
     "pdl": True,
     "pdl_max_groups": 16,
     # above pdl_max_groups: select, finish and attend still programmatic dependents (only
     # the merge launched after the attend grid has finished): True, False, or "int8" (with
-    # int8 representatives only). H200, e2e loop at 32k, M=32 P=16 (results/h200/
-    # e2e-variants-2026-12-01-s8/6-variants-pbm.csv, two rounds): int8 representatives
-    # 5.363 -> 5.319 ms a step at B=4, 6.218 -> 6.210 at B=8; model-dtype ones 5.405 ->
-    # 5.651 at B=4 (their select programs hold twice the registers: the finisher's programs,
-    # launched early, keep them from being resident together; not profiled), 6.306 -> 6.334
+    # int8 representatives only)
     "pdl_before_merge": "int8",
 }
 
