@@ -170,7 +170,7 @@ def test_santapp_builds_its_index_after_prefill_and_decodes():
     full = ReferenceDecode(method, method.resolve_params({"M": 3, "team_size": 16}),
                            session.scale, seed=0)  # 40 tokens: 3 teams, all selected
     result = _decode(session, full)
-    assert [int(i.length[0]) for i in full.indexes] == [CTX, CTX]
+    assert [int(units[0].length[0]) for units in full.indexes] == [CTX, CTX]  # one index a layer
     assert torch.equal(result.tokens, _decode(session, dense_backend("sdpa", session.scale)).tokens)
 
 

@@ -110,7 +110,7 @@ def test_batched_decode_gives_the_tokens_of_one_sample_at_a_time(spec):
     other_seed = Engine(model, device="cpu", batch=5).generate(method, params, batch, seed=4,
                                                                 reference=True)
     if method.name != "dense":  # the seed reaches the sampler
-        assert other_seed.tokens != together.tokens or spec.startswith("santapp")
+        assert other_seed.tokens != together.tokens
         assert all(0 < f <= 1 for f in together.kv_read_fraction)
         assert len(together.kv_read_fraction) > 0
 
@@ -157,7 +157,7 @@ def test_kernel_backend_through_the_interpreter(monkeypatch):
     batch = [Prompt(p.ids, 3) for p in prompts(2)]
     out = engine.generate(method, method.resolve_params({"S": 16}), batch, seed=0,
                           backend="triton")
-    assert [len(t) for t in out.tokens] == [3, 3] or all(1 <= len(t) <= 3 for t in out.tokens)
+    assert all(1 <= len(t) <= 3 for t in out.tokens)
     assert out.kv_read_fraction and all(0 < f <= 1 for f in out.kv_read_fraction)
     dense = engine.generate(REGISTRY.get("dense"), {}, batch)
     assert len(dense.tokens) == 2

@@ -41,6 +41,7 @@ from santa_bench.baselines import Unsupported
 from santa_bench.e2e.attention import (
     DecodeAttention,
     LayerRouting,
+    ReferenceDecode,
     SdpaDecode,
     method_backend,
 )
@@ -76,14 +77,9 @@ def resolve_backend(method: Method, device: str, reference: bool = False) -> str
     ``triton`` (its kernel, on CUDA) or ``reference`` (PyTorch)."""
     if method.name == "dense":
         return "sdpa"
-    if not reference and has_kernel(method) and device == "cuda":
+    if not reference and method.has_e2e_kernel and device == "cuda":
         return "triton"
     return "reference"
-
-
-def has_kernel(method: Method) -> bool:
-    """True where the method has a Triton decode backend (:mod:`santa_bench.e2e.attention`)."""
-    return method.has_e2e_kernel
 
 
 @dataclass(frozen=True)
@@ -110,73 +106,7 @@ class Generation:
 
 def prompt_seed(ids: Sequence[int]) -> int:
     """A stable 31-bit seed of a prompt's tokens (the same in any batch)."""
-    return zlib.crc32(torch.tensor(list(ids), dtype=torch.int64).numpy().tobytes()) & 0x7FFFFFFF
-
-
-class RowSeededReference(DecodeAttention):
-    """A method's PyTorch reference, one sequence at a time, each with its own seeds.
-
-    Call ``c`` of sequence ``b`` (one per layer and step) uses
-    ``seed + row_seeds[b] + 1_000_003 * c``; a method with a ``prefill_index`` (SANTA++:
-    its teams) indexes each sequence's prompt after the prefill (decode tokens stay exact).
-    """
-
-    graph_safe = False
-    name = "reference"
-
-    def __init__(self, method: Method, params: dict[str, Any], scale: float, seed: int,
-                 row_seeds: Sequence[int], num_layers: int) -> None:
-        self.method, self.params, self.scale, self.seed = method, dict(params), scale, seed
-        self.row_seeds = list(row_seeds)
-        self.num_layers = num_layers
-        self.reads: list[float] = []
-        self.calls = 0
-        self.indexes: list[list[Any]] = []
-
-    def _row_kv(self, layer: int, row: int, length: int):
-        from santa_kernels import KVCache
-
-        k = self.cache.k[layer][row : row + 1, :length]
-        v = self.cache.v[layer][row : row + 1, :length]
-        return KVCache.contiguous(k, v)
-
-    def after_prefill(self, cache: StaticKVCache) -> None:
-        build = self.method.prefill_index
-        if build is None:
-            return
-        lengths = cache.lengths.tolist()
-        self.indexes = [
-            [build(self._row_kv(layer, b, n), self.params, self.seed + seed)
-             for b, (n, seed) in enumerate(zip(lengths, self.row_seeds, strict=True))]
-            for layer in range(cache.num_layers)
-        ]
-
-    def reset(self) -> None:
-        self.calls = 0
-        self.reads = []
-
-    def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        step_call = self.calls
-        self.calls += 1
-        lengths = self.cache.lengths.tolist()
-        outs = []
-        for b, length in enumerate(lengths):
-            kv = self._row_kv(layer, b, length)
-            seed = self.seed + self.row_seeds[b] + 1_000_003 * step_call
-            qb = q[b : b + 1]
-            if self.method.prefill_index is not None:
-                assert self.method.indexed_reference is not None
-                result = self.method.indexed_reference(qb, kv, self.indexes[layer][b],
-                                                       self.params, scale=self.scale,
-                                                       seed=seed)
-            else:
-                result = self.method.run_reference(qb, kv, self.params, seed=seed,
-                                                   scale=self.scale)
-            reads = getattr(result, "reads", None)
-            if reads is not None:
-                self.reads.append(float(reads.kv_read_fraction))
-            outs.append(result.out.to(q.dtype))
-        return torch.cat(outs, dim=0)
+    return zlib.crc32(PrefillStore.key(ids)) & 0x7FFFFFFF
 
 
 class PrefillStore:
@@ -186,6 +116,7 @@ class PrefillStore:
         self.max_bytes = max_bytes
         self._store: OrderedDict[bytes, tuple[list[torch.Tensor], list[torch.Tensor], int]] = (
             OrderedDict())
+        self.bytes = 0
         self.hits = 0
         self.misses = 0
 
@@ -194,11 +125,12 @@ class PrefillStore:
         return torch.tensor(list(ids), dtype=torch.int64).numpy().tobytes()
 
     def get(self, ids: Sequence[int]):
-        found = self._store.get(self.key(ids))
+        key = self.key(ids)
+        found = self._store.get(key)
         if found is None:
             return None
         self.hits += 1
-        self._store.move_to_end(self.key(ids))
+        self._store.move_to_end(key)
         return found[0], found[1]
 
     def put(self, ids: Sequence[int], ks: list[torch.Tensor], vs: list[torch.Tensor]) -> None:
@@ -207,11 +139,13 @@ class PrefillStore:
         if size > self.max_bytes:
             return
         self._store[self.key(ids)] = (ks, vs, size)
-        while sum(v[2] for v in self._store.values()) > self.max_bytes:
-            self._store.popitem(last=False)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            self.bytes -= self._store.popitem(last=False)[1][2]
 
     def clear(self) -> None:
         self._store.clear()
+        self.bytes = 0
 
 
 class Engine:
@@ -323,7 +257,7 @@ class Engine:
             main = method_backend(method, params, device="cuda", scale=self.scale,
                                   seed=seed + 7919 * number)
         else:
-            main = RowSeededReference(method, params, self.scale, seed, row_seeds, c.num_layers)
+            main = ReferenceDecode(method, params, self.scale, seed, row_seeds=row_seeds)
         exempt = [layer for layer in dense_layers if 0 <= layer < c.num_layers]
         if not exempt:
             return main
@@ -440,7 +374,7 @@ class Engine:
         if method.name == "dense":
             return [1.0]
         main = attend.main if isinstance(attend, LayerRouting) else attend
-        if isinstance(main, RowSeededReference):
+        if isinstance(main, ReferenceDecode):
             return list(main.reads)
         fractions = []
         count = len(last_q)

@@ -301,13 +301,10 @@ def task_scores(task: str, ruler_task: str | None, tokenizer, items: Sequence,
                 generation) -> tuple[list, list[str]]:
     """Returns per-sample correctness (bool) or score (float in [0, 1]) and the outputs."""
     if task == "mmlu":
-        logits = generation.first_logits
-        correct = []
-        for row, question in zip(logits, items, strict=True):
-            letters = _letter_ids(tokenizer, len(question.choices))
-            correct.append(int(row[letters].argmax()) == question.answer)
-        return correct, ["ABCDEFGHIJ"[int(r[_letter_ids(tokenizer, len(q.choices))].argmax())]
-                         for r, q in zip(logits, items, strict=True)]
+        picks = [int(row[_letter_ids(tokenizer, len(q.choices))].argmax())
+                 for row, q in zip(generation.first_logits, items, strict=True)]
+        return ([p == q.answer for p, q in zip(picks, items, strict=True)],
+                ["ABCDEFGHIJ"[p] for p in picks])
     texts = [tokenizer.decode(t, skip_special_tokens=True) for t in generation.tokens]
     if task == "gsm8k":
         return [gsm8k_correct(t, p.answer) for t, p in zip(texts, items, strict=True)], texts

@@ -248,6 +248,18 @@ def dense_backend(name: str, scale: float) -> DecodeAttention:
 
 
 # ------------------------------------------------------------------ sampled
+def _require_santa_kernels(params: dict[str, Any]) -> None:
+    """Unsupported unless the Triton SANTA kernels run here and ``params`` ask nothing
+    they lack (``min_ctx``)."""
+    from santa_bench.methods.santa import santa_kernel_available
+
+    ok, why = santa_kernel_available()
+    if not ok:
+        raise Unsupported(why)
+    if params.get("min_ctx"):
+        raise Unsupported("the Triton kernels do not implement min_ctx")
+
+
 class TritonSampledDecode(DecodeAttention):
     """A SANTA-family Triton kernel, ``santa_kernels.triton_santa.<function>`` (by default
     the function named like the method: santa-prop -> santa_prop); one
@@ -261,13 +273,9 @@ class TritonSampledDecode(DecodeAttention):
 
     def setup(self, cache: StaticKVCache, q: torch.Tensor) -> None:
         super().setup(cache, q)
-        from santa_bench.methods.santa import STASH_DTYPES, santa_kernel_available
+        from santa_bench.methods.santa import STASH_DTYPES
 
-        ok, why = santa_kernel_available()
-        if not ok:
-            raise Unsupported(why)
-        if self.params.get("min_ctx"):
-            raise Unsupported("the Triton kernels do not implement min_ctx")
+        _require_santa_kernels(self.params)
         module = importlib.import_module("santa_kernels.triton_santa")
         self.kernel = getattr(module, self.function)
         self.S = int(self.params["S"])
@@ -321,40 +329,70 @@ class TritonSampledDecode(DecodeAttention):
 
 
 class ReferenceDecode(DecodeAttention):
-    """The method's exact PyTorch reference (CPU runs): a fresh seed on every call.
+    """The method's exact PyTorch reference (CPU runs).
 
-    A method with a ``prefill_index`` (SANTA++: its teams) indexes every layer's prompt
-    once after the prefill and runs its ``indexed_reference``; decode tokens stay exact.
+    Without ``row_seeds`` the batch is one call with a fresh seed per call. With
+    ``row_seeds`` each sequence is its own call: call ``c`` (one per layer and step) of
+    sequence ``b`` uses ``seed + row_seeds[b] + 1_000_003 * c``, so a sequence decodes
+    alike in any batch. A method with a ``prefill_index`` (SANTA++: its teams) indexes
+    each layer's prompt once after the prefill and runs its ``indexed_reference``;
+    decode tokens stay exact. ``reads`` collects every call's KV read fraction.
     """
 
     graph_safe = False
 
-    def __init__(self, method: Method, params: dict[str, Any], scale: float, seed: int) -> None:
+    def __init__(self, method: Method, params: dict[str, Any], scale: float, seed: int,
+                 row_seeds: Sequence[int] | None = None) -> None:
         self.method, self.params, self.scale, self.seed = method, dict(params), scale, seed
+        self.row_seeds = None if row_seeds is None else list(row_seeds)
         self.name = "reference"
         self.calls = 0
-        self.indexes: list[Any] = []
+        self.indexes: list[Any] = []  # per layer: one index, or one per sequence
+        self.reads: list[float] = []
+
+    def _rows(self, layer: int) -> list[tuple[Any, int]]:
+        """``(kv, seed offset)`` per call unit: the batch, or each sequence."""
+        if self.row_seeds is None:
+            return [(self.cache.layers[layer], 0)]
+        from santa_kernels import KVCache
+
+        k, v = self.cache.k[layer], self.cache.v[layer]
+        return [(KVCache.contiguous(k[b : b + 1, :n], v[b : b + 1, :n]), self.row_seeds[b])
+                for b, n in enumerate(self.cache.lengths.tolist())]
 
     def after_prefill(self, cache: StaticKVCache) -> None:
         build = self.method.prefill_index
         if build is None:
             return
-        self.indexes = [build(kv, self.params, self.seed) for kv in cache.layers]
+        self.indexes = [[build(kv, self.params, self.seed + offset)
+                         for kv, offset in self._rows(layer)]
+                        for layer in range(cache.num_layers)]
 
     def reset(self) -> None:
         self.calls = 0
+        self.reads = []
 
     def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        seed = self.seed + self.calls
+        call = self.calls
         self.calls += 1
-        kv = self.cache.layers[layer]
-        if self.method.prefill_index is not None:
-            assert self.method.indexed_reference is not None
-            result = self.method.indexed_reference(q, kv, self.indexes[layer], self.params,
-                                                   scale=self.scale, seed=seed)
-        else:
-            result = self.method.run_reference(q, kv, self.params, seed=seed, scale=self.scale)
-        return result.out.to(q.dtype)
+        units = self._rows(layer)
+        queries = [q] if self.row_seeds is None else list(q.split(1))
+        outs = []
+        for unit, ((kv, offset), qu) in enumerate(zip(units, queries, strict=True)):
+            seed = (self.seed + call if self.row_seeds is None
+                    else self.seed + offset + 1_000_003 * call)
+            if self.method.prefill_index is not None:
+                assert self.method.indexed_reference is not None
+                result = self.method.indexed_reference(qu, kv, self.indexes[layer][unit],
+                                                       self.params, scale=self.scale,
+                                                       seed=seed)
+            else:
+                result = self.method.run_reference(qu, kv, self.params, seed=seed,
+                                                   scale=self.scale)
+            if getattr(result, "reads", None) is not None:
+                self.reads.append(float(result.reads.kv_read_fraction))
+            outs.append(result.out.to(q.dtype))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
 
 class TritonSantaPPDecode(DecodeAttention):
@@ -435,13 +473,9 @@ class TritonBernoulliDecode(DecodeAttention):
 
     def setup(self, cache: StaticKVCache, q: torch.Tensor) -> None:
         super().setup(cache, q)
-        from santa_bench.methods.bernoulli import STASH_DTYPES, santa_kernel_available
+        from santa_bench.methods.bernoulli import STASH_DTYPES
 
-        ok, why = santa_kernel_available()
-        if not ok:
-            raise Unsupported(why)
-        if self.params.get("min_ctx"):
-            raise Unsupported("the Triton kernels do not implement min_ctx")
+        _require_santa_kernels(self.params)
         module = importlib.import_module("santa_kernels.triton_bernoulli")
         p = self.params
         try:
