@@ -117,6 +117,56 @@ def report(
     print(speedup_matrix(frame) if matrix else kernel_table(frame))
 
 
+@app.command("pareto")
+def pareto(
+    model: Annotated[str, typer.Option(
+        help="Model of the accuracy rows (catalog name, path or hub id as in the runs).")],
+    results_dir: Annotated[Path, typer.Option(
+        "--results", help="Result store root holding both the accuracy and kernel rows.")
+    ] = Path("results"),
+    ctx: Annotated[str, typer.Option(help="Context of the RULER rows and kernel rows.")
+                   ] = "32k",
+    batch: Annotated[str, typer.Option(help="Kernel batch sizes to report, comma list.")
+                     ] = "1,8",
+    shape: Annotated[str | None, typer.Option(
+        help="Attention shape of the kernel rows, HEADS/KV_HEADS/HEAD_DIM (default: the "
+        "catalog model's).")] = None,
+    gpu: Annotated[str | None, typer.Option(
+        help="GPU name of the runs to join (default: the accuracy runs' GPU).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Write OUT.md, OUT.csv and OUT.png (speedup against retention, the front "
+        "drawn); default: print the Markdown only.")] = None,
+) -> None:
+    """The verdict: speedup and retention of the same configurations, the Pareto front, and
+    per task family the fastest configuration within 1 point and 99% retention of dense."""
+    from santa_bench import pareto as verdict_mod
+    from santa_bench.stores import StoreSet
+
+    try:
+        ctx_tokens = parse_size_list(ctx)
+        batches = [int(b) for b in parse_list(batch)]
+        if len(ctx_tokens) != 1 or not batches or min(batches) < 1:
+            raise ValueError("--ctx takes one context and --batch positive integers")
+        store = StoreSet(results_dir)
+        result = verdict_mod.verdict(
+            store.load(), store.runs(), model,
+            shape=verdict_mod.Shape.parse(shape) if shape else None,
+            ctx=ctx_tokens[0], batches=tuple(batches), gpu=gpu)
+    except (ValueError, verdict_mod.ParetoError) as exc:
+        _fail(str(exc))
+        return
+    command = "santa-bench " + shlex.join(sys.argv[1:])
+    if out is None:
+        print(verdict_mod.markdown(result, command))
+        return
+    try:
+        paths = verdict_mod.write(result, out, command)
+    except OSError as exc:
+        _fail(f"--out {out}: {exc.strerror or exc}")
+        return
+    print("\n".join(map(str, paths)))
+
+
 from santa_bench.accuracy.cli import app as accuracy_app  # noqa: E402
 from santa_bench.plots import plot_command  # noqa: E402
 

@@ -229,3 +229,22 @@ def test_ruler_32k_suite_runs_the_eight_niah_tasks():
     tasks = {c["task"] for c in suite.cases}
     assert {f"ruler-{t}" for t in RULER_TASKS if t.startswith("niah")} <= tasks
     assert len(suite.cases) == 5 * (3 + 8)  # dense + 4 sampled, over fwe, qa1, qa2, 8 niah
+
+
+def test_cached_long_samples_load_without_ruler_data(tmp_path, monkeypatch):
+    """A GPU machine offline has the sample cache but no RULER data: the cache serves."""
+    monkeypatch.setenv("SANTA_BENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(ruler, "_tokenizer_key", lambda tokenizer: "stub")
+    sample = ruler.RulerSample("essay haystack", " answer:", ["42"], 128, 8192)
+    path = ruler._sample_file("niah_single_2", TOK, 8192, 1, 0)
+    assert path is not None and str(path).startswith(str(tmp_path))
+    ruler._store_samples(path, [sample])
+
+    def offline(*_args, **_kwargs):
+        raise DataUnavailable("offline")
+
+    monkeypatch.setattr(ruler, "fetch_ruler_data", offline)
+    assert generate("niah_single_2", TOK, 8192, 1, seed=0) == [sample]
+    path.unlink()
+    with pytest.raises(DataUnavailable, match="offline"):
+        generate("niah_single_2", TOK, 8192, 1, seed=0)

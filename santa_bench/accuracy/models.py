@@ -31,6 +31,7 @@ class CatalogModel:
     sha256: str
     context: int
     description: str
+    attention: tuple[int, int, int]  # query heads, KV heads, head dimension
 
 
 def _parts(prefix: str, count: int) -> tuple[str, ...]:
@@ -48,6 +49,7 @@ CATALOG: dict[str, CatalogModel] = {
             "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             8192,
             "SmolLM2-135M-Instruct (Q4_1), 9 query / 3 KV heads, head dim 64",
+            (9, 3, 64),
         ),
         CatalogModel(
             "qwen2.5-coder-0.5b",
@@ -57,6 +59,7 @@ CATALOG: dict[str, CatalogModel] = {
             "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             32768,
             "Qwen2.5-Coder-0.5B, GQA group 7",
+            (14, 2, 64),
         ),
         CatalogModel(
             "qwen2.5-coder-1.5b",
@@ -66,6 +69,7 @@ CATALOG: dict[str, CatalogModel] = {
             "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             32768,
             "Qwen2.5-Coder-1.5B, head dim 128",
+            (12, 2, 128),
         ),
     )
 }

@@ -706,14 +706,14 @@ def generate(
             or "words" in (spec.args["type_needle_k"], spec.args["type_needle_v"])
         )
     )
-    folder = fetch_ruler_data(data_dir) if needs_data else None
     stored = None if data_dir is not None else _sample_file(
         task, tokenizer, max_seq_length, num_samples, seed)
-    if stored is not None and stored.is_file():
+    if stored is not None and stored.is_file():  # cached samples need no RULER data
         try:
             return [RulerSample(**r) for r in json.loads(stored.read_text(encoding="utf-8"))]
         except (ValueError, TypeError, OSError):
             pass  # unreadable: made again below
+    folder = fetch_ruler_data(data_dir) if needs_data else None
     gen = _Generator(spec, tokenizer, max_seq_length, seed, folder)
     method = {
         "niah": gen.niah,

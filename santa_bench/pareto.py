@@ -1,0 +1,631 @@
+"""The verdict: speed and accuracy of the same method configurations.
+
+Joins a model's accuracy rows (``kind == "accuracy"``: a task's score of a method
+configuration) with the kernel rows (``kind == "kernel"``) of the same configuration at
+the model's attention shape, context and GPU. Per configuration it reports the speedup
+over the best dense baseline of the kernel run (with the run's bootstrap interval), the
+retention against dense on the same samples (a paired bootstrap interval), the KV read
+fraction (on the model's attention and on the kernel run's inputs) and the index build
+cost; it marks the Pareto front (speedup against retention) and names per task family the
+fastest configuration within one point and 99% retention of dense.
+
+A task is *informative* where dense scores at least :data:`INFORMATIVE` (a task the model
+cannot do at all says nothing about what a method keeps): only those count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from santa_bench.methods import REGISTRY, MethodError
+
+INFORMATIVE = 0.20  # dense score below which a task is left out
+MATCH_POINTS = 1.0  # "within 1 point of dense": score drop in percentage points
+MATCH_RETENTION = 0.99  # ... and at least 99% retention
+BOOTSTRAP = 2000
+# kernel rows of santa-flash kernels that no longer exist (the masked one-pass and the
+# two-pass kernels): their timings are not those of what santa-flash runs now
+_RETIRED_FLASH = {"gather": ("masked", "inline"), "passes": (2,)}
+# parameters that label a variant in rows but not the estimator (kept out of the key)
+_NOT_CONFIG = {"gather", "passes", "pairs"}
+
+
+class ParetoError(ValueError):
+    """Bad input (no rows for the model, an unknown shape): a one-line message."""
+
+
+def task_family(task: str) -> str:
+    """``ruler-niah_single_1`` -> ``RULER NIAH``; ``gsm8k`` -> ``GSM8K``."""
+    name = task.removeprefix("ruler-")
+    if name.startswith("niah"):
+        return "RULER NIAH"
+    if name in ("vt",):
+        return "RULER VT"
+    if name in ("cwe", "fwe"):
+        return "RULER aggregation"
+    if name.startswith("qa"):
+        return "RULER QA"
+    return {"gsm8k": "GSM8K", "mmlu": "MMLU"}.get(name, name)
+
+
+def _present(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value)) \
+        and value != ""
+
+
+def _text(value: Any) -> str:
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def config_key(row: pd.Series | dict[str, Any]) -> str | None:
+    """The configuration a row measured, as a method spec: ``santa-prop:S=128``,
+    ``santapp:M=32,sink=4,window=64``, ``dense``. Parameters at their defaults are left
+    out, so a row that omits one and a row that records its default get the same key.
+    None for a method the registry does not hold."""
+    try:
+        method = REGISTRY.get(str(row["method"]))
+    except MethodError:
+        return None
+    parts = []
+    for param in method.params:
+        if param.name in _NOT_CONFIG:
+            continue
+        value = row.get(param.name)
+        if not _present(value):
+            continue
+        with contextlib.suppress(MethodError, ValueError, TypeError):
+            value = param.validate(value, method.name)
+        if param.name in ("S", "M") or value != param.default:
+            parts.append(f"{param.name}={_text(value)}")
+    return method.name + (":" + ",".join(parts) if parts else "")
+
+
+def _samples(cell: Any) -> np.ndarray:
+    if isinstance(cell, str):
+        cell = json.loads(cell)
+    return np.asarray(cell, dtype=float)
+
+
+@dataclass
+class Shape:
+    """An attention shape: query heads, KV heads, head dimension."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def parse(cls, text: str) -> Shape:
+        try:
+            h, kvh, d = (int(p) for p in text.replace("x", "/").split("/"))
+        except ValueError:
+            raise ParetoError(
+                f"--shape: expected HEADS/KV_HEADS/HEAD_DIM, got {text!r}") from None
+        return cls(h, kvh, d)
+
+    def __str__(self) -> str:
+        return f"{self.heads}/{self.kv_heads}/{self.head_dim}"
+
+
+def model_shape(model: str) -> Shape:
+    """The attention shape of a catalog model."""
+    from santa_bench.accuracy.models import CATALOG
+
+    if model not in CATALOG:
+        raise ParetoError(f"{model}: not a catalog model; give its attention shape with --shape")
+    return Shape(*CATALOG[model].attention)
+
+
+# ----------------------------------------------------------------- accuracy side
+@dataclass
+class Accuracy:
+    """One configuration's scores: per task, the per-sample scores (paired with dense)."""
+
+    per_task: dict[str, np.ndarray]
+    read_fraction: float
+
+
+def accuracy_rows(frame: pd.DataFrame, model: str, ctx: int) -> dict[str, Accuracy]:
+    """Per configuration key, its per-sample scores on each RULER task at ``ctx`` (the
+    newest row of a task)."""
+    rows = frame[(frame.get("kind") == "accuracy") & (frame.status == "ok")
+                 & (frame.model == model)]
+    if "ctx" not in rows or "task" not in rows:
+        return {}
+    rows = rows[rows.task.astype(str).str.startswith("ruler-") & (rows.ctx == ctx)]
+    if rows.empty:
+        return {}
+    rows = rows.assign(config=[config_key(r) for _, r in rows.iterrows()])
+    rows = rows[rows.config.notna()]
+    out: dict[str, Accuracy] = {}
+    for config, group in rows.groupby("config"):
+        scores = group[group.metric == "score"].drop_duplicates("task", keep="last")
+        reads = group[group.metric == "decode_kv_read_fraction"].value
+        out[str(config)] = Accuracy(
+            {str(r.task): _samples(r.per_sample) for r in scores.itertuples()},
+            float(reads.mean()) if len(reads) else math.nan,
+        )
+    return out
+
+
+def informative_tasks(dense: Accuracy) -> list[str]:
+    """The tasks where dense scores at least :data:`INFORMATIVE`."""
+    return sorted(t for t, s in dense.per_task.items() if len(s) and s.mean() >= INFORMATIVE)
+
+
+@dataclass
+class Retention:
+    """A configuration's accuracy on a set of tasks, against dense on the same samples."""
+
+    tasks: list[str]
+    score: float  # mean over the tasks of the mean per-sample score
+    dense: float
+    retention: float
+    low: float
+    high: float
+
+    @property
+    def drop_points(self) -> float:
+        return 100 * (self.dense - self.score)
+
+    @property
+    def matched(self) -> bool:
+        return self.drop_points <= MATCH_POINTS and self.retention >= MATCH_RETENTION
+
+
+def retention(config: Accuracy, dense: Accuracy, tasks: Sequence[str],
+              seed: int = 0) -> Retention | None:
+    """Retention on ``tasks`` (None unless the configuration has every one): the ratio of
+    the task-averaged scores, with a paired bootstrap interval (samples resampled within
+    each task, the same indices for both)."""
+    if not tasks or any(t not in config.per_task for t in tasks):
+        return None
+    pairs = []
+    for task in tasks:
+        ours, theirs = config.per_task[task], dense.per_task[task]
+        if len(ours) != len(theirs):
+            return None
+        pairs.append((ours, theirs))
+    score = float(np.mean([o.mean() for o, _ in pairs]))
+    base = float(np.mean([d.mean() for _, d in pairs]))
+    if base <= 0:
+        return None
+    rng = np.random.default_rng(seed)
+    ours_boot = np.zeros(BOOTSTRAP)
+    dense_boot = np.zeros(BOOTSTRAP)
+    for ours, theirs in pairs:
+        idx = rng.integers(0, len(ours), size=(BOOTSTRAP, len(ours)))
+        ours_boot += ours[idx].mean(axis=1)
+        dense_boot += theirs[idx].mean(axis=1)
+    ratio = ours_boot / np.maximum(dense_boot, 1e-12)
+    low, high = np.quantile(ratio, [0.025, 0.975])
+    return Retention(list(tasks), score, base, score / base, float(low), float(high))
+
+
+# ----------------------------------------------------------------- kernel side
+@dataclass
+class Timing:
+    """A configuration's kernel row at one batch size."""
+
+    latency_us: float
+    speedup: float
+    low: float
+    high: float
+    best_dense: str
+    read_fraction: float
+    index_build_ms: float
+    run_id: str
+
+
+def kernel_rows(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], shape: Shape, ctx: int,
+                gpu: str | None) -> dict[tuple[str, int], Timing]:
+    """Per (configuration key, batch), the newest kernel row at ``shape`` and ``ctx`` on
+    ``gpu`` (a GPU name from run.json; None: any)."""
+    rows = frame[(frame.get("kind") == "kernel") & (frame.status == "ok")]
+    for column, value in (("heads", shape.heads), ("kv_heads", shape.kv_heads),
+                          ("head_dim", shape.head_dim), ("ctx", ctx)):
+        if column not in rows:
+            return {}
+        rows = rows[rows[column] == value]
+    if "device" in rows:
+        rows = rows[rows.device == "cuda"]
+    gpus = {str(r.get("run_id")): str(r.get("gpu_name") or "") for r in runs}
+    dates = {str(r.get("run_id")): str(r.get("date") or "") for r in runs}
+    if gpu is not None:
+        rows = rows[rows.run_id.map(lambda run: gpus.get(str(run), "")) == gpu]
+    for column, retired in _RETIRED_FLASH.items():
+        if column in rows:
+            gone = (rows.method == "santa-flash") & rows[column].isin(retired)
+            if column == "gather":  # before the compact kernel was the only one, it was
+                gone |= (rows.method == "santa-flash") & rows[column].isna()  # opt-in
+            rows = rows[~gone]
+    baselines = {m.name for m in REGISTRY if m.family == "baseline"}
+    rows = rows[~rows.method.isin(baselines)]  # the reference of the speedup, not a point
+    if rows.empty:
+        return {}
+    rows = rows.assign(config=[config_key(r) for _, r in rows.iterrows()],
+                       when=rows.run_id.map(lambda run: (dates.get(str(run), ""), str(run))))
+    out: dict[tuple[str, int], Timing] = {}
+    for (config, batch), group in rows.groupby(["config", "batch"]):
+        newest = group[group.when == group.when.max()]
+        by_metric = newest.drop_duplicates("metric", keep="last").set_index("metric")
+
+        def value(metric: str, by_metric: pd.DataFrame = by_metric) -> float:
+            return float(by_metric.loc[metric, "value"]) if metric in by_metric.index \
+                else math.nan
+
+        if "latency" not in by_metric.index:
+            continue
+        speed = by_metric.loc["speedup_vs_best_dense"] \
+            if "speedup_vs_best_dense" in by_metric.index else None
+        out[(str(config), int(batch))] = Timing(
+            latency_us=value("latency"),
+            speedup=float(speed.value) if speed is not None else math.nan,
+            low=float(speed.ci_low) if speed is not None else math.nan,
+            high=float(speed.ci_high) if speed is not None else math.nan,
+            best_dense=str(speed.best_dense) if speed is not None else "",
+            read_fraction=value("kv_read_fraction"),
+            index_build_ms=value("index_build_ms"),
+            run_id=str(newest.run_id.iloc[0]),
+        )
+    return out
+
+
+def best_dense_latency(frame: pd.DataFrame, shape: Shape, ctx: int,
+                       batch: int) -> tuple[str, float] | None:
+    """The fastest dense baseline's latency (``baseline`` family) at a shape, if timed."""
+    rows = frame[(frame.get("kind") == "kernel") & (frame.status == "ok")
+                 & (frame.get("family") == "baseline") & (frame.metric == "latency")]
+    for column, value in (("heads", shape.heads), ("kv_heads", shape.kv_heads),
+                          ("head_dim", shape.head_dim), ("ctx", ctx), ("batch", batch)):
+        if column not in rows:
+            return None
+        rows = rows[rows[column] == value]
+    if rows.empty:
+        return None
+    best = rows.loc[rows.value.idxmin()]
+    return str(best.method), float(best.value)
+
+
+# ----------------------------------------------------------------- the join
+@dataclass
+class Point:
+    """One configuration: its accuracy and its kernel timings."""
+
+    config: str
+    overall: Retention | None
+    families: dict[str, Retention | None]
+    read_fraction: float  # on the model's attention (accuracy runs)
+    timings: dict[int, Timing]
+    front: set[int] = field(default_factory=set)  # batches where it is on the front
+
+
+@dataclass
+class Verdict:
+    """What :func:`verdict` found."""
+
+    model: str
+    shape: Shape
+    ctx: int
+    batches: tuple[int, ...]
+    gpu: str
+    dense: Accuracy
+    tasks: list[str]
+    families: dict[str, list[str]]
+    points: list[Point]
+    missing: list[tuple[str, str, str]]  # (config, what is missing, the command)
+    accuracy_runs: list[str]
+    kernel_runs: list[str]
+    environments: list[dict[str, Any]]
+    dense_latency: dict[int, tuple[str, float] | None]
+
+    def fastest(self, family: str, batch: int) -> Point | None:
+        """The fastest configuration matching dense (within one point and 99% retention)
+        on ``family`` at ``batch``; dense itself when none is faster."""
+        best: Point | None = None
+        for point in self.points:
+            ret = point.overall if family == "all" else point.families.get(family)
+            timing = point.timings.get(batch)
+            if ret is None or not ret.matched or timing is None or math.isnan(timing.speedup):
+                continue
+            if best is None or timing.speedup > best.timings[batch].speedup:
+                best = point
+        return best
+
+
+def _front(points: list[Point], batch: int) -> None:
+    """Marks the points on the Pareto front (higher speedup, higher retention) at batch."""
+    scored = [(p, p.timings[batch].speedup, p.overall.retention) for p in points
+              if p.overall is not None and batch in p.timings
+              and not math.isnan(p.timings[batch].speedup)]
+    for point, speed, ret in scored:
+        dominated = any(s >= speed and r >= ret and (s > speed or r > ret)
+                        for _, s, r in scored)
+        if not dominated:
+            point.front.add(batch)
+
+
+def kernel_command(config: str, shape: Shape, ctx: int, batches: Sequence[int]) -> str:
+    """The command that times ``config`` at the shape (with the dense baselines)."""
+    return (f"santa-bench kernel --ctx {ctx // 1024}k --batch {','.join(map(str, batches))} "
+            f"--heads {shape.heads} --kv-heads {shape.kv_heads} --head-dim {shape.head_dim} "
+            f"--methods {config} --baselines auto")
+
+
+def accuracy_command(config: str, model: str, ctx: int, tasks: Sequence[str], n: int) -> str:
+    """The command that scores ``config`` on the RULER tasks of the verdict."""
+    names = ",".join(t.removeprefix("ruler-") for t in tasks if t.startswith("ruler-"))
+    return (f"santa-bench accuracy ruler --tasks {names} --ctx {ctx // 1024}k --n {n} "
+            f"--model {model} --methods {config} --device cuda")
+
+
+def verdict(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
+            shape: Shape | None = None, ctx: int = 32768, batches: Sequence[int] = (1, 8),
+            gpu: str | None = None) -> Verdict:
+    """Joins accuracy and kernel rows of ``model`` (see the module's docstring)."""
+    acc = accuracy_rows(frame, model, ctx)
+    if not acc:
+        raise ParetoError(f"no RULER accuracy rows of {model} at ctx {ctx} in the store")
+    if "dense" not in acc:
+        raise ParetoError(f"no dense accuracy rows of {model}: retention needs them")
+    shape = shape or model_shape(model)
+    run_env = {str(r.get("run_id")): r for r in runs}
+    acc_rows = frame[(frame.get("kind") == "accuracy") & (frame.model == model)
+                     & frame.task.astype(str).str.startswith("ruler-") & (frame.ctx == ctx)]
+    accuracy_runs = sorted(set(acc_rows.run_id.astype(str)))
+    if gpu is None:
+        names = {str(run_env.get(r, {}).get("gpu_name") or "") for r in accuracy_runs} - {""}
+        gpu = sorted(names)[0] if len(names) == 1 else None
+    dense = acc["dense"]
+    tasks = informative_tasks(dense)
+    families: dict[str, list[str]] = {}
+    for task in tasks:
+        families.setdefault(task_family(task), []).append(task)
+    timings = kernel_rows(frame, runs, shape, ctx, gpu)
+    configs = sorted(set(acc) | {c for c, _ in timings}, key=lambda c: (c != "dense", c))
+    points: list[Point] = []
+    missing: list[tuple[str, str, str]] = []
+    n = max((len(s) for s in dense.per_task.values()), default=0)
+    for config in configs:
+        by_batch = {b: t for (c, b), t in timings.items() if c == config and b in batches}
+        if config == "dense":
+            points.append(Point(config, retention(dense, dense, tasks),
+                                {f: retention(dense, dense, ts) for f, ts in families.items()},
+                                1.0, {}))
+            continue
+        score = acc.get(config)
+        if score is None:
+            missing.append((config, "accuracy rows",
+                            accuracy_command(config, model, ctx, tasks, n)))
+        elif lacking := [t for t in tasks if t not in score.per_task]:
+            missing.append((config, "accuracy on " + ", ".join(
+                t.removeprefix("ruler-") for t in lacking),
+                accuracy_command(config, model, ctx, lacking, n)))
+        if lacking_b := [b for b in batches if b not in by_batch]:
+            missing.append((config, f"kernel rows at B={','.join(map(str, lacking_b))}",
+                            kernel_command(config, shape, ctx, lacking_b)))
+        points.append(Point(
+            config,
+            retention(score, dense, tasks) if score else None,
+            {f: retention(score, dense, ts) for f, ts in families.items()} if score else {},
+            score.read_fraction if score else math.nan,
+            by_batch,
+        ))
+    for batch in batches:
+        _front([p for p in points if p.config != "dense"], batch)
+    kernel_runs = sorted({t.run_id for p in points for t in p.timings.values()})
+    used = set(accuracy_runs) | set(kernel_runs)
+    return Verdict(model, shape, ctx, tuple(batches), gpu or "any GPU", dense, tasks, families,
+                   points, missing, accuracy_runs, kernel_runs,
+                   [run_env[r] for r in sorted(used) if r in run_env],
+                   {b: best_dense_latency(frame, shape, ctx, b) for b in batches})
+
+
+# ----------------------------------------------------------------- outputs
+def _pct(value: float) -> str:
+    return "–" if math.isnan(value) else f"{100 * value:.1f}%"
+
+
+def _speed(timing: Timing | None) -> str:
+    if timing is None or math.isnan(timing.speedup):
+        return "–"
+    return f"{timing.speedup:.2f}x [{timing.low:.2f}, {timing.high:.2f}]"
+
+
+def _ret(ret: Retention | None) -> str:
+    if ret is None:
+        return "–"
+    return f"{ret.retention:.3f} [{ret.low:.2f}, {ret.high:.2f}]"
+
+
+def table_frame(result: Verdict) -> pd.DataFrame:
+    """One row per configuration (the CSV)."""
+    records = []
+    for p in result.points:
+        record: dict[str, Any] = {
+            "config": p.config,
+            "retention": p.overall.retention if p.overall else math.nan,
+            "retention_low": p.overall.low if p.overall else math.nan,
+            "retention_high": p.overall.high if p.overall else math.nan,
+            "score": p.overall.score if p.overall else math.nan,
+            "drop_points": p.overall.drop_points if p.overall else math.nan,
+            "kv_read_model": p.read_fraction,
+        }
+        for family in result.families:
+            ret = p.families.get(family)
+            record[f"retention {family}"] = ret.retention if ret else math.nan
+        for batch in result.batches:
+            t = p.timings.get(batch)
+            record[f"speedup_b{batch}"] = t.speedup if t else math.nan
+            record[f"speedup_b{batch}_low"] = t.low if t else math.nan
+            record[f"speedup_b{batch}_high"] = t.high if t else math.nan
+            record[f"latency_us_b{batch}"] = t.latency_us if t else math.nan
+            record[f"kv_read_kernel_b{batch}"] = t.read_fraction if t else math.nan
+            record[f"index_build_ms_b{batch}"] = t.index_build_ms if t else math.nan
+            record[f"front_b{batch}"] = batch in p.front
+        records.append(record)
+    return pd.DataFrame(records)
+
+
+def _environment_line(result: Verdict) -> str:
+    envs = result.environments
+    parts = []
+    for key, label in (("gpu_name", ""), ("torch", "torch "), ("triton", "triton "),
+                       ("transformers", "transformers ")):
+        values = sorted({str(e.get(key)) for e in envs if e.get(key)})
+        if values:
+            parts.append(label + "/".join(values))
+    dates = sorted({str(e.get("date"))[:10] for e in envs if e.get("date")})
+    shas = sorted({str(e.get("git_sha"))[:7] for e in envs if e.get("git_sha")})
+    if dates:
+        parts.append("dates " + ", ".join(dates))
+    if shas:
+        parts.append("commits " + ", ".join(shas))
+    return " · ".join(parts)
+
+
+def markdown(result: Verdict, command: str = "") -> str:
+    """The verdict as Markdown: the per-family answer, every configuration, what is missing."""
+    shape = result.shape
+    lines = [
+        f"# Speed and accuracy: {result.model} at {result.ctx // 1024}k on {result.gpu}",
+        "",
+        f"Kernel rows at the model's attention shape ({shape.heads} query / "
+        f"{shape.kv_heads} KV heads, head dim {shape.head_dim}), ctx {result.ctx}, "
+        f"B = {', '.join(map(str, result.batches))}; speedup over the fastest dense baseline "
+        "timed in the same kernel run, with the run's bootstrap interval. Accuracy rows "
+        "of the same configurations on the same GPU; retention = the configuration's "
+        "task-averaged score over dense's on the same samples (paired bootstrap 95% "
+        f"interval), on the {len(result.tasks)} informative tasks (dense >= "
+        f"{100 * INFORMATIVE:.0f}%). *Matched* = at most {MATCH_POINTS:g} point below dense "
+        f"and retention >= {MATCH_RETENTION:.2f}.",
+        "",
+        f"- Environment: {_environment_line(result)}",
+        f"- Accuracy runs: {', '.join(result.accuracy_runs) or '–'}",
+        f"- Kernel runs: {', '.join(result.kernel_runs) or '–'}",
+    ]
+    if command:
+        lines.append(f"- Command: `{command}`")
+    for batch, best in result.dense_latency.items():
+        if best is not None:
+            lines.append(f"- Fastest dense at B={batch}: {best[0]}, {best[1]:.1f} us")
+    lines += ["", "## Verdict", "",
+              "| task family | tasks | dense score | "
+              + " | ".join(f"fastest matched, B={b}" for b in result.batches) + " |",
+              "|---|---|---|" + "---|" * len(result.batches)]
+    dense_point = next(p for p in result.points if p.config == "dense")
+    for family, tasks in [("all", result.tasks), *result.families.items()]:
+        base = dense_point.overall if family == "all" else dense_point.families.get(family)
+        cells = []
+        for batch in result.batches:
+            best = result.fastest(family, batch)
+            if best is None:
+                cells.append("none faster than dense")
+                continue
+            ret = best.overall if family == "all" else best.families[family]
+            cells.append(f"`{best.config}` {best.timings[batch].speedup:.2f}x, "
+                         f"retention {ret.retention:.3f}")
+        label = "all informative" if family == "all" else family
+        dense_score = f"{100 * base.dense:.1f}%" if base else "–"
+        lines.append(f"| {label} | {len(tasks)} | {dense_score} | " + " | ".join(cells) + " |")
+    lines += ["", "## Every configuration", "",
+              "| config | retention [95%] | score drop (points) | KV read (model) | "
+              + " | ".join(f"speedup B={b} [95%]" for b in result.batches)
+              + " | KV read (kernel inputs) | index build | front |",
+              "|---|---|---|---|" + "---|" * len(result.batches) + "---|---|---|"]
+    for p in result.points:
+        kernel_reads = [t.read_fraction for t in p.timings.values()
+                        if not math.isnan(t.read_fraction)]
+        builds = [t.index_build_ms for t in p.timings.values()
+                  if not math.isnan(t.index_build_ms)]
+        front = ", ".join(f"B={b}" for b in sorted(p.front)) or ""
+        lines.append(
+            f"| `{p.config}` | {_ret(p.overall)} | "
+            f"{'–' if p.overall is None else f'{p.overall.drop_points:+.1f}'} | "
+            f"{_pct(p.read_fraction)} | "
+            + " | ".join(_speed(p.timings.get(b)) for b in result.batches)
+            + f" | {_pct(float(np.mean(kernel_reads))) if kernel_reads else '–'} | "
+            f"{f'{max(builds):.2f} ms' if builds else '–'} | {front} |")
+    lines += ["", "Per task family (retention):", "",
+              "| config | " + " | ".join(result.families) + " |",
+              "|---|" + "---|" * len(result.families)]
+    for p in result.points:
+        lines.append(f"| `{p.config}` | "
+                     + " | ".join(_ret(p.families.get(f)) for f in result.families) + " |")
+    if result.missing:
+        lines += ["", "## Missing", "",
+                  "Configurations measured on one side only (or on some of the tasks), with "
+                  "the command that measures the rest:", "",
+                  "| config | missing | command |", "|---|---|---|"]
+        lines += [f"| `{c}` | {what} | `{cmd}` |" for c, what, cmd in result.missing]
+        lacking = [c for c, what, _ in result.missing if what.startswith("kernel")]
+        if lacking:
+            lines += ["", "Every missing kernel row in one run:", "", "```bash",
+                      kernel_command(",".join(lacking), result.shape, result.ctx,
+                                     result.batches), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def figure(result: Verdict, path: Path) -> Path:
+    """Speedup against retention, one point per configuration and a panel per batch, the
+    Pareto front drawn; saved to ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(result.batches), figsize=(6.0 * len(result.batches), 4.6),
+                             squeeze=False)
+    for ax, batch in zip(axes[0], result.batches, strict=True):
+        points = [p for p in result.points if p.overall is not None and batch in p.timings
+                  and not math.isnan(p.timings[batch].speedup)]
+        for p in points:
+            method = REGISTRY.get(p.config.split(":")[0])
+            style = method.plot
+            t = p.timings[batch]
+            ax.errorbar(p.overall.retention, t.speedup,
+                        xerr=[[p.overall.retention - p.overall.low],
+                              [p.overall.high - p.overall.retention]],
+                        yerr=[[max(t.speedup - t.low, 0)], [max(t.high - t.speedup, 0)]],
+                        fmt=style.marker or "o", color=style.colour or None, capsize=2,
+                        markersize=6, alpha=0.9)
+            ax.annotate(p.config, (p.overall.retention, t.speedup), fontsize=6,
+                        xytext=(3, 3), textcoords="offset points")
+        front = sorted((p for p in points if batch in p.front),
+                       key=lambda p: p.overall.retention)
+        if front:
+            ax.plot([p.overall.retention for p in front],
+                    [p.timings[batch].speedup for p in front], "k--", lw=1, label="Pareto front")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.axvline(MATCH_RETENTION, color="grey", lw=0.8, ls=":")
+        ax.set_xlabel("retention against dense (informative tasks)")
+        ax.set_ylabel("speedup over the fastest dense kernel")
+        ax.set_title(f"B={batch}", fontsize=10)
+        ax.legend(fontsize=7, loc="lower left")
+    fig.suptitle(f"{result.model}, ctx {result.ctx // 1024}k, {result.gpu} "
+                 f"({result.shape.heads}/{result.shape.kv_heads}/{result.shape.head_dim})",
+                 fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return path
+
+
+def write(result: Verdict, out: Path, command: str = "") -> list[Path]:
+    """Writes ``<out>.md``, ``<out>.csv`` and ``<out>.png``; returns their paths."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    md, csv, png = (out.with_name(out.name + ext) for ext in (".md", ".csv", ".png"))
+    md.write_text(markdown(result, command), encoding="utf-8")
+    table_frame(result).to_csv(csv, index=False)
+    figure(result, png)
+    return [md, csv, png]

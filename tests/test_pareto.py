@@ -1,0 +1,167 @@
+"""santa-bench pareto: the join of accuracy and kernel rows, the front, the verdict."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from santa_bench import pareto
+from santa_bench.cli import app
+from santa_bench.results import ResultStore
+from santa_bench.stores import StoreSet
+
+MODEL = "qwen2.5-coder-0.5b"
+ENV = {"device": "cuda", "gpu_name": "NVIDIA H200", "torch": "2.11.0", "triton": "3.6.0",
+       "date": "2026-12-04T10:00:00+00:00", "git_sha": "abcdef1234567"}
+TASKS = ("niah_single_1", "niah_multikey_1", "vt", "qa_1")
+N = 40
+
+
+def _scores(rng: np.random.Generator, rate: float) -> list[int]:
+    return [int(x) for x in rng.random(N) < rate]
+
+
+def _accuracy(run, method: str, params: dict, rates: dict[str, float], seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for task in TASKS:
+        per_sample = _scores(rng, rates[task])
+        case = {"kind": "accuracy", "task": f"ruler-{task}", "model": MODEL, "method": method,
+                "ctx": 32768, "n": N, "device": "cuda", **params}
+        run.write_case(case, [
+            {"metric": "score", "value": float(np.mean(per_sample)),
+             "per_sample": json.dumps(per_sample)},
+            {"metric": "decode_kv_read_fraction", "value": 0.5},
+        ])
+
+
+def _kernel(run, method: str, params: dict, batch: int, latency: float, speedup: float,
+            heads: tuple[int, int, int] = (14, 2, 64)) -> None:
+    case = {"kind": "kernel", "method": method, "ctx": 32768, "batch": batch,
+            "heads": heads[0], "kv_heads": heads[1], "head_dim": heads[2], "device": "cuda",
+            **params}
+    run.write_case(case, [
+        {"metric": "latency", "value": latency, "unit": "us"},
+        {"metric": "speedup_vs_best_dense", "value": speedup, "ci_low": speedup * 0.98,
+         "ci_high": speedup * 1.02, "best_dense": "sdpa-cudnn"},
+        {"metric": "kv_read_fraction", "value": 0.5},
+    ])
+
+
+@pytest.fixture()
+def store(tmp_path):
+    root = tmp_path / "results"
+    results = ResultStore(root)
+    acc = results.start_run({**ENV, "command": "santa-bench accuracy ruler"}, "acc")
+    dense_rates = {"niah_single_1": 0.95, "niah_multikey_1": 0.8, "vt": 0.6, "qa_1": 0.05}
+    _accuracy(acc, "dense", {}, dense_rates, seed=1)
+    # the same samples decoded by an accurate sampler: dense's scores, one sample flipped
+    rng = np.random.default_rng(1)
+    for task in TASKS:
+        per_sample = _scores(rng, dense_rates[task])
+        case = {"kind": "accuracy", "task": f"ruler-{task}", "model": MODEL,
+                "method": "santa-prop", "S": 128, "ctx": 32768, "n": N, "device": "cuda"}
+        acc.write_case(case, [
+            {"metric": "score", "value": float(np.mean(per_sample)),
+             "per_sample": json.dumps(per_sample)},
+            {"metric": "decode_kv_read_fraction", "value": 0.5}])
+    # a fast, inaccurate one (recording a default explicitly must not split its key)
+    _accuracy(acc, "santapp", {"M": 32, "sink": 0}, {t: r * 0.5 for t, r in dense_rates.items()},
+              seed=2)
+    _accuracy(acc, "santa-sys", {"S": 64}, dense_rates, seed=1)  # no kernel rows
+    kern = results.start_run({**ENV, "command": "santa-bench kernel"}, "kern")
+    for batch, (prop, pp, dense_us) in {1: (1.5, 2.5, 30.0), 8: (1.8, 4.0, 150.0)}.items():
+        _kernel(kern, "santa-prop", {"S": 128}, batch, dense_us / prop, prop)
+        _kernel(kern, "santapp", {"M": 32}, batch, dense_us / pp, pp)
+        _kernel(kern, "sdpa-cudnn", {"family": "baseline"}, batch, dense_us, 1.0)
+        # another model's shape, and a retired santa-flash kernel: neither may be joined
+        _kernel(kern, "santa-prop", {"S": 128}, batch, 1.0, 30.0, heads=(32, 8, 128))
+    _kernel(kern, "santa-flash", {"S": 2048, "gather": "masked"}, 1, 40.0, 0.7)
+    return StoreSet(root)
+
+
+def test_config_key_fills_defaults_and_ignores_retired_options():
+    assert pareto.config_key({"method": "santapp", "M": 32.0, "sink": 0}) == "santapp:M=32"
+    assert pareto.config_key({"method": "santapp", "M": 32, "sink": 4.0, "window": 64}) == \
+        "santapp:M=32,sink=4,window=64"
+    assert pareto.config_key({"method": "santa-prop", "S": 128.0}) == "santa-prop:S=128"
+    assert pareto.config_key({"method": "santa-flash", "S": 2048, "gather": "compact"}) == \
+        pareto.config_key({"method": "santa-flash", "S": 2048})
+    assert pareto.config_key({"method": "no-such-method"}) is None
+
+
+def test_verdict_joins_marks_the_front_and_picks_the_fastest_matched(store):
+    result = pareto.verdict(store.load(), store.runs(), MODEL)
+    assert str(result.shape) == "14/2/64" and result.gpu == "NVIDIA H200"
+    # qa_1 (dense 5%) is uninformative and left out
+    assert "ruler-qa_1" not in result.tasks and len(result.tasks) == 3
+    points = {p.config: p for p in result.points}
+    prop, pp = points["santa-prop:S=128"], points["santapp:M=32"]
+    assert prop.overall.retention == pytest.approx(1.0)
+    assert prop.overall.low < 1.0 < prop.overall.high or prop.overall.low == 1.0
+    assert pp.overall.retention < 0.7
+    assert prop.timings[1].speedup == pytest.approx(1.5)
+    assert pp.timings[8].speedup == pytest.approx(4.0)
+    # both are on the front (one faster, the other more accurate)
+    assert prop.front == {1, 8} and pp.front == {1, 8}
+    assert result.fastest("all", 1).config == "santa-prop:S=128"
+    assert result.fastest("RULER NIAH", 8).config == "santa-prop:S=128"
+    # the other shape's 30x and the retired kernel are not joined
+    assert "santa-flash:S=2048" not in points
+    assert all(t.speedup < 5 for p in result.points for t in p.timings.values())
+    # santa-sys S=64 has accuracy but no kernel rows: listed with the command
+    missing = [m for m in result.missing if m[0] == "santa-sys:S=64"]
+    assert missing and missing[0][2].startswith("santa-bench kernel --ctx 32k --batch 1,8 "
+                                                 "--heads 14 --kv-heads 2 --head-dim 64")
+    assert "santa-sys:S=64" not in {p.config for p in result.points if p.front}
+
+
+def test_a_dominated_point_is_off_the_front(store, tmp_path):
+    results = ResultStore(tmp_path / "results")
+    kern = results.start_run({**ENV, "command": "santa-bench kernel"}, "slow")
+    for batch in (1, 8):  # santa-sys S=64: as accurate as santa-prop, slower: dominated
+        _kernel(kern, "santa-sys", {"S": 64}, batch, 25.0, 1.2)
+    store = StoreSet(tmp_path / "results")
+    points = {p.config: p for p in pareto.verdict(store.load(), store.runs(), MODEL).points}
+    sys_ret = points["santa-sys:S=64"].overall.retention
+    assert sys_ret <= points["santa-prop:S=128"].overall.retention
+    assert points["santa-sys:S=64"].front == set()
+
+
+def test_retention_interval_covers_and_narrows():
+    rng = np.random.default_rng(0)
+    dense = rng.random(200) < 0.7
+    noisy = np.where(rng.random(200) < 0.1, ~dense, dense)
+    a = pareto.Accuracy({"ruler-x": dense.astype(float)}, 1.0)
+    b = pareto.Accuracy({"ruler-x": noisy.astype(float)}, 0.5)
+    ret = pareto.retention(b, a, ["ruler-x"])
+    assert ret.low < ret.retention < ret.high
+    same = pareto.retention(a, a, ["ruler-x"])
+    assert same.low == same.high == same.retention == 1.0
+    assert pareto.retention(b, a, ["ruler-y"]) is None  # a task it lacks
+
+
+def test_cli_writes_markdown_csv_and_figure(store, tmp_path):
+    out = tmp_path / "plots" / "pareto"
+    result = CliRunner().invoke(app, ["pareto", "--model", MODEL, "--results",
+                                      str(store.root), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "plots" / "pareto.md").read_text()
+    assert "## Verdict" in md and "`santa-prop:S=128` 1.50x" in md
+    assert "santa-bench kernel" in md  # the missing configuration's command
+    csv = (tmp_path / "plots" / "pareto.csv").read_text().splitlines()
+    assert csv[0].startswith("config,retention") and len(csv) == 1 + 4
+    assert (tmp_path / "plots" / "pareto.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--model", "nobody"], "no RULER accuracy rows of nobody"),
+    (["--model", MODEL, "--shape", "14x2"], "--shape: expected"),
+    (["--model", MODEL, "--batch", "0"], "positive"),
+])
+def test_cli_bad_input_is_one_line(store, args, message):
+    result = CliRunner().invoke(app, ["pareto", "--results", str(store.root), *args])
+    assert result.exit_code != 0
+    assert message in result.output and "Traceback" not in result.output
