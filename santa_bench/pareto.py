@@ -307,6 +307,8 @@ class Point:
     read_fraction: float  # on the model's attention (accuracy runs)
     timings: dict[int, Timing]
     front: set[int] = field(default_factory=set)  # batches where it is on the front
+    # on the informative tasks it has, where it lacks some (not on the front, no verdict)
+    partial: Retention | None = None
 
 
 @dataclass
@@ -330,7 +332,7 @@ class Verdict:
 
     def fastest(self, family: str, batch: int) -> Point | None:
         """The fastest configuration matching dense (within one point and 99% retention)
-        on ``family`` at ``batch``; dense itself when none is faster."""
+        on ``family`` at ``batch`` (None when there is none; see :meth:`beats_dense`)."""
         best: Point | None = None
         for point in self.points:
             ret = point.overall if family == "all" else point.families.get(family)
@@ -413,12 +415,14 @@ def verdict(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
         if lacking_b := [b for b in batches if b not in by_batch]:
             missing.append((config, f"kernel rows at B={','.join(map(str, lacking_b))}",
                             kernel_command(config, shape, ctx, lacking_b)))
+        has = [t for t in tasks if score and t in score.per_task]
         points.append(Point(
             config,
             retention(score, dense, tasks) if score else None,
             {f: retention(score, dense, ts) for f, ts in families.items()} if score else {},
             score.read_fraction if score else math.nan,
             by_batch,
+            partial=retention(score, dense, has) if score and len(has) < len(tasks) else None,
         ))
     for batch in batches:
         _front([p for p in points if p.config != "dense"], batch)
@@ -447,6 +451,17 @@ def _ret(ret: Retention | None) -> str:
     return f"{ret.retention:.3f} [{ret.low:.2f}, {ret.high:.2f}]"
 
 
+def _points(ret: Retention) -> str:
+    return "0.0" if abs(ret.drop_points) < 0.05 else f"{-ret.drop_points:+.1f}"
+
+
+def _overall(point: Point, total: int) -> str:
+    """The retention cell: on every informative task, or on the ones it has (k/N)."""
+    if point.overall is not None or point.partial is None:
+        return _ret(point.overall)
+    return f"{_ret(point.partial)} ({len(point.partial.tasks)}/{total} tasks)"
+
+
 def table_frame(result: Verdict) -> pd.DataFrame:
     """One row per configuration (the CSV)."""
     records = []
@@ -459,6 +474,8 @@ def table_frame(result: Verdict) -> pd.DataFrame:
             "score": p.overall.score if p.overall else math.nan,
             "drop_points": p.overall.drop_points if p.overall else math.nan,
             "kv_read_model": p.read_fraction,
+            "tasks": len(p.overall.tasks if p.overall else p.partial.tasks if p.partial else []),
+            "retention_on_its_tasks": p.partial.retention if p.partial else math.nan,
         }
         for family in result.families:
             ret = p.families.get(family)
@@ -529,16 +546,19 @@ def markdown(result: Verdict, command: str = "") -> str:
         for batch in result.batches:
             best = result.fastest(family, batch)
             if best is None:
-                cells.append("none faster than dense")
+                cells.append("no matched configuration timed")
                 continue
             ret = best.overall if family == "all" else best.families[family]
-            cells.append(f"`{best.config}` {best.timings[batch].speedup:.2f}x, "
-                         f"retention {ret.retention:.3f}")
+            timing = best.timings[batch]
+            text = (f"`{best.config}` {timing.speedup:.2f}x [{timing.low:.2f}, "
+                    f"{timing.high:.2f}], retention {ret.retention:.3f}")
+            cells.append(text if timing.low > 1.0 else f"dense (the fastest matched, {text}, "
+                         "is not faster)")
         label = "all informative" if family == "all" else family
         dense_score = f"{100 * base.dense:.1f}%" if base else "–"
         lines.append(f"| {label} | {len(tasks)} | {dense_score} | " + " | ".join(cells) + " |")
     lines += ["", "## Every configuration", "",
-              "| config | retention [95%] | score drop (points) | KV read (model) | "
+              "| config | retention [95%] | score vs dense (points) | KV read (model) | "
               + " | ".join(f"speedup B={b} [95%]" for b in result.batches)
               + " | KV read (kernel inputs) | index build | front |",
               "|---|---|---|---|" + "---|" * len(result.batches) + "---|---|---|"]
@@ -549,8 +569,8 @@ def markdown(result: Verdict, command: str = "") -> str:
                   if not math.isnan(t.index_build_ms)]
         front = ", ".join(f"B={b}" for b in sorted(p.front)) or ""
         lines.append(
-            f"| `{p.config}` | {_ret(p.overall)} | "
-            f"{'–' if p.overall is None else f'{p.overall.drop_points:+.1f}'} | "
+            f"| `{p.config}` | {_overall(p, len(result.tasks))} | "
+            f"{'–' if (r := p.overall or p.partial) is None else _points(r)} | "
             f"{_pct(p.read_fraction)} | "
             + " | ".join(_speed(p.timings.get(b)) for b in result.batches)
             + f" | {_pct(float(np.mean(kernel_reads))) if kernel_reads else '–'} | "

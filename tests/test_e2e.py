@@ -167,8 +167,8 @@ def test_santapp_builds_its_index_after_prefill_and_decodes():
     model = Decoder.random(NAMED["tiny"], dtype=torch.float32, std=0.1)
     session = _session(model)
     method = REGISTRY.get("santapp")
-    full = ReferenceDecode(method, method.resolve_params({"M": 3, "team_size": 16}),
-                           session.scale, seed=0)  # 40 tokens: 3 teams, all selected
+    params = method.resolve_params({"M": 3, "team_size": 16, "sink": 0, "window": 0})
+    full = ReferenceDecode(method, params, session.scale, seed=0)  # 40 tokens: 3 teams, all in
     result = _decode(session, full)
     assert [int(units[0].length[0]) for units in full.indexes] == [CTX, CTX]  # one index a layer
     assert torch.equal(result.tokens, _decode(session, dense_backend("sdpa", session.scale)).tokens)
@@ -207,7 +207,8 @@ def test_triton_kernels_in_the_loop_through_the_interpreter():
     assert two_pass.kwargs["gather"] == "compact" and two_pass.workspace.counts is not None
     assert int(two_pass.workspace.rng[0]) == calls
     # SANTA++: teams packed after the prefill; M = every team (40 tokens / 16) is exact
-    teams = TritonSantaPPDecode(santapp.resolve_params({"M": 3}), session.scale, seed=0)
+    teams = TritonSantaPPDecode(santapp.resolve_params({"M": 3, "sink": 0, "window": 0}),
+                                session.scale, seed=0)
     result = _decode(session, teams)
     assert torch.equal(result.tokens, dense.tokens)
     assert teams.workspaces[0] is teams.workspaces[1]  # layers of one plan share it
@@ -414,11 +415,14 @@ def test_gpu_graph_decode_matches_eager_and_draws_fresh_numbers(layout):
     rel = float((first - dense_first).norm() / dense_first.norm())
     assert rel < 0.05, rel
     assert torch.equal(result.tokens[:, 0], eager.tokens[:, 0])
-    teams = TritonSantaPPDecode(santapp.resolve_params({"M": 4}), session.scale, seed=0)
+    no_exact = {"sink": 0, "window": 0}
+    teams = TritonSantaPPDecode(santapp.resolve_params({"M": 4, **no_exact}), session.scale,
+                                seed=0)
     result = _decode(session, teams, graph=True)
     assert int(teams.workspaces[0].rng[0]) == (8 + len(result.attention_ms)) * layers
     # M = every team (300 tokens / 16): exact attention, the dense tokens up to rounding
-    everything = TritonSantaPPDecode(santapp.resolve_params({"M": 19}), session.scale, seed=0)
+    everything = TritonSantaPPDecode(santapp.resolve_params({"M": 19, **no_exact}),
+                                     session.scale, seed=0)
     exact = _decode(session, everything, graph=True, keep_logits=True)
     first = exact.logits[0].double()
     assert float((first - dense_first).norm() / dense_first.norm()) < 1e-3

@@ -68,7 +68,7 @@ def store(tmp_path):
              "per_sample": json.dumps(per_sample)},
             {"metric": "decode_kv_read_fraction", "value": 0.5}])
     # a fast, inaccurate one (recording a default explicitly must not split its key)
-    _accuracy(acc, "santapp", {"M": 32, "sink": 0}, {t: r * 0.5 for t, r in dense_rates.items()},
+    _accuracy(acc, "santapp", {"M": 32, "sink": 4}, {t: r * 0.5 for t, r in dense_rates.items()},
               seed=2)
     _accuracy(acc, "santa-sys", {"S": 64}, dense_rates, seed=1)  # no kernel rows
     kern = results.start_run({**ENV, "command": "santa-bench kernel"}, "kern")
@@ -83,9 +83,9 @@ def store(tmp_path):
 
 
 def test_config_key_fills_defaults_and_ignores_retired_options():
-    assert pareto.config_key({"method": "santapp", "M": 32.0, "sink": 0}) == "santapp:M=32"
-    assert pareto.config_key({"method": "santapp", "M": 32, "sink": 4.0, "window": 64}) == \
-        "santapp:M=32,sink=4,window=64"
+    assert pareto.config_key({"method": "santapp", "M": 32.0, "sink": 4}) == "santapp:M=32"
+    assert pareto.config_key({"method": "santapp", "M": 32, "sink": 0.0, "window": 0}) == \
+        "santapp:M=32,sink=0,window=0"
     assert pareto.config_key({"method": "santa-prop", "S": 128.0}) == "santa-prop:S=128"
     assert pareto.config_key({"method": "santa-flash", "S": 2048, "gather": "compact"}) == \
         pareto.config_key({"method": "santa-flash", "S": 2048})
@@ -165,3 +165,19 @@ def test_cli_bad_input_is_one_line(store, args, message):
     result = CliRunner().invoke(app, ["pareto", "--results", str(store.root), *args])
     assert result.exit_code != 0
     assert message in result.output and "Traceback" not in result.output
+
+
+def test_a_matched_configuration_slower_than_dense_leaves_dense_the_verdict(tmp_path):
+    results = ResultStore(tmp_path / "results")
+    acc = results.start_run({**ENV, "command": "santa-bench accuracy ruler"}, "acc")
+    rates = {"niah_single_1": 0.95, "niah_multikey_1": 0.8, "vt": 0.6, "qa_1": 0.5}
+    _accuracy(acc, "dense", {}, rates, seed=1)
+    _accuracy(acc, "santa-prop", {"S": 128}, rates, seed=1)  # the same scores
+    kern = results.start_run({**ENV, "command": "santa-bench kernel"}, "kern")
+    for batch in (1, 8):
+        _kernel(kern, "santa-prop", {"S": 128}, batch, 33.0, 0.9)
+    store = StoreSet(tmp_path / "results")
+    result = pareto.verdict(store.load(), store.runs(), MODEL)
+    assert result.fastest("all", 1).config == "santa-prop:S=128"
+    verdict_rows = pareto.markdown(result).split("## Every configuration")[0]
+    assert "dense (the fastest matched, `santa-prop:S=128` 0.90x" in verdict_rows

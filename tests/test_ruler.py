@@ -248,3 +248,26 @@ def test_cached_long_samples_load_without_ruler_data(tmp_path, monkeypatch):
     path.unlink()
     with pytest.raises(DataUnavailable, match="offline"):
         generate("niah_single_2", TOK, 8192, 1, seed=0)
+
+
+def test_cli_runs_long_contexts_from_the_cache_without_ruler_data(monkeypatch):
+    """Offline with no RULER data: 32k cases still run (from the sample cache); 2k fails."""
+    from typer.testing import CliRunner
+
+    from santa_bench.accuracy import cli as accuracy_cli
+    from santa_bench.cli import app
+
+    def offline(*_args, **_kwargs):
+        raise DataUnavailable("RULER data is not here (offline)")
+
+    ran: list = []
+    monkeypatch.setattr(ruler, "fetch_ruler_data", offline)
+    monkeypatch.setattr(accuracy_cli.cli_options, "require_model_packages", lambda *a: None)
+    monkeypatch.setattr(accuracy_cli, "_run", lambda cases, *a: ran.append(cases) or [])
+    monkeypatch.setattr(accuracy_cli, "_task_table", lambda *a: None)
+    runner = CliRunner()
+    short = runner.invoke(app, ["accuracy", "ruler", "--tasks", "niah_single_2", "--ctx", "2k"])
+    assert short.exit_code != 0 and "offline" in short.output and not ran
+    long = runner.invoke(app, ["accuracy", "ruler", "--tasks", "niah_single_2", "--ctx", "32k"])
+    assert long.exit_code == 0, long.output
+    assert "cached samples" in long.output and ran and ran[0]

@@ -321,6 +321,7 @@ def test_registry_entry_builds_the_index_and_decodes():
     assert out.out.shape == q.shape and 0 < out.reads.kv_read_fraction < 1
     assert method.bytes_read(out.reads, 2, q.shape[1]) == out.reads.kv_bytes(2)
     dense_like = method.run_reference(
-        q.double(), kv, method.resolve_params({"M": 16}), seed=0, compute_dtype=F64
+        q.double(), kv, method.resolve_params({"M": 16, "sink": 0, "window": 0}), seed=0,
+        compute_dtype=F64,
     )
     assert _max_err(dense_like.out, _dense(q.double(), kv)) < 1e-10
