@@ -180,24 +180,24 @@ def build_team_index(
     keys, _, _ = kv.padded(_INDEX_DTYPE)
     lengths = kv.lengths.cpu()
     team_end = team_end_of(lengths, sink, exact_recent)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    keys = keys.cpu()
     n_max = keys.shape[1]
     team_of = torch.full((kv.batch, kv.num_kv_heads, n_max), -1, dtype=torch.int64)
-    lead: list[list[torch.Tensor | None]] = []
-    for b in range(kv.batch):
-        lo, hi = min(sink, int(team_end[b])), int(team_end[b])
-        row: list[torch.Tensor | None] = []
-        for h in range(kv.num_kv_heads):
-            if hi <= lo:
-                row.append(None)
-            elif policy == "contiguous":
-                team_of[b, h, lo:hi] = torch.arange(hi - lo) // team_size
-                row.append(None)
-            else:
-                ids, leader_pos = _kmeans_teams(keys[b, lo:hi, h].cpu(), team_size, leaders, gen)
-                team_of[b, h, lo:hi] = ids
-                row.append(leader_pos + lo)
-        lead.append(row)
+    lead: list[list[torch.Tensor | None]] = [[None] * kv.num_kv_heads for _ in range(kv.batch)]
+    spans = [(min(sink, int(end)), int(end)) for end in team_end]
+    if policy == "contiguous":
+        for b, (lo, hi) in enumerate(spans):
+            team_of[b, :, lo:hi] = torch.arange(max(0, hi - lo)) // team_size
+    else:
+        groups, counts = kmeans_groups(keys, spans)
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        ids, leader_pos = kmeans_team_ids(groups, counts, team_size, leaders, gen)
+        for g, count in enumerate(counts):
+            b, h = divmod(g, kv.num_kv_heads)
+            lo = spans[b][0]
+            if count:
+                team_of[b, h, lo : lo + count] = ids[g, :count]
+                lead[b][h] = leader_pos[g][leader_pos[g] >= 0] + lo
     return _pack(
         policy,
         team_size,
@@ -277,70 +277,166 @@ def _check_index(index: object, kv: KVCache) -> TeamIndex:
     return index
 
 
-def _sq_dist(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Squared Euclidean distances ``[n, m]`` between rows of ``a [n, d]`` and ``b [m, d]``."""
-    cross = a @ b.T
-    return ((a * a).sum(-1)[:, None] - 2 * cross + (b * b).sum(-1)[None, :]).clamp_min(0)
-
-
 def _segment_sum(x: torch.Tensor, seg: torch.Tensor, n_seg: int) -> torch.Tensor:
     """Sums the rows of ``x [n, d]`` per segment id ``seg [n]``: ``[n_seg, d]``."""
-    out = torch.zeros((n_seg, x.shape[1]), dtype=x.dtype)
+    out = torch.zeros((n_seg, x.shape[1]), dtype=x.dtype, device=x.device)
     return out.index_put_((seg,), x, accumulate=True)
 
 
 def _segment_argbest(values: torch.Tensor, seg: torch.Tensor, n_seg: int, op: str) -> torch.Tensor:
-    """Index (into ``values``) of each segment's ``amin``/``amax``; ties: the lowest index."""
+    """Index (into ``values``) of each segment's ``amin``/``amax``; ties: the lowest index.
+    Segments without a member get ``len(values)``."""
     start = math.inf if op == "amin" else -math.inf
-    best = torch.full((n_seg,), start, dtype=values.dtype).scatter_reduce(0, seg, values, op)
+    device = values.device
+    best = torch.full((n_seg,), start, dtype=values.dtype, device=device)
+    best = best.scatter_reduce(0, seg, values, op)
     n = values.shape[0]
-    cand = torch.where(values == best[seg], torch.arange(n), n)
-    return torch.full((n_seg,), n, dtype=torch.int64).scatter_reduce(0, seg, cand, "amin")
+    cand = torch.where(values == best[seg], torch.arange(n, device=device), n)
+    return torch.full((n_seg,), n, dtype=torch.int64, device=device).scatter_reduce(
+        0, seg, cand, "amin")
 
 
-def _kmeans_teams(
-    x: torch.Tensor, team_size: int, leaders: int, gen: torch.Generator
+def _kmeans_draws(
+    counts: list[int], gen: torch.Generator
+) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+    """The random draws of the k-means, group after group from one CPU generator: each
+    group's initial centres (a permutation) and its mini-batches (``KMEANS_ITERS`` draws of
+    ``min(n, KMEANS_BATCH)`` keys with replacement)."""
+    perms, batches = [], []
+    for n in counts:
+        perms.append(torch.randperm(n, generator=gen) if n else torch.zeros(0, dtype=torch.long))
+        batches.append([torch.randint(n, (min(n, KMEANS_BATCH),), generator=gen)
+                        for _ in range(KMEANS_ITERS if n else 0)])
+    return perms, batches
+
+
+def _nearest(x: torch.Tensor, centers: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Per group, the nearest valid centre of each row: ``x [G, n, d]``, ``centers
+    [G, C, d]``, ``valid [G, C]`` -> ``[G, n]`` (squared Euclidean distance, fp32)."""
+    cross = torch.bmm(x, centers.transpose(1, 2))
+    dist = (x * x).sum(-1)[:, :, None] - 2 * cross + (centers * centers).sum(-1)[:, None, :]
+    return torch.where(valid[:, None, :], dist, math.inf).argmin(dim=-1)
+
+
+def kmeans_groups(
+    keys: torch.Tensor, spans: list[tuple[int, int]]
+) -> tuple[torch.Tensor, list[int]]:
+    """The keys the k-means clusters, one group per (sequence, KV head) in that order:
+    ``keys [B, N, Hkv, d]``, ``spans[b] = (lo, hi)`` the rows of sequence ``b`` in teams ->
+    ``([B * Hkv, n, d], counts)`` with group ``g``'s rows first."""
+    batch, _, hkv, d = keys.shape
+    width = max([1] + [hi - lo for lo, hi in spans])
+    groups = keys.new_zeros(batch, hkv, width, d)
+    counts = []
+    for b, (lo, hi) in enumerate(spans):
+        n = max(0, hi - lo)
+        groups[b, :, :n] = keys[b, lo:hi].transpose(0, 1)
+        counts += [n] * hkv
+    return groups.view(batch * hkv, width, d), counts
+
+
+def kmeans_team_ids(
+    keys: torch.Tensor, counts: list[int], team_size: int, leaders: int, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns ``(team id per key [n], leader index per team [T])`` for keys ``x [n, d]``."""
-    n = x.shape[0]
-    parents = min(n, math.ceil(n / team_size))
-    xf = x.float()  # the clustering runs in fp32; leaders, teams and means use fp64
-    centers = xf[torch.randperm(n, generator=gen)[:parents]].clone()
-    seen = torch.zeros(parents)
-    for _ in range(KMEANS_ITERS):  # mini-batch k-means with per-centre learning rates 1/count
-        batch = xf[torch.randint(n, (min(n, KMEANS_BATCH),), generator=gen)]
-        nearest = _sq_dist(batch, centers).argmin(dim=1)
-        counts = torch.bincount(nearest, minlength=parents).float()
-        seen += counts
-        rate = (counts / seen.clamp_min(1))[:, None]
-        means = _segment_sum(batch, nearest, parents) / counts.clamp_min(1)[:, None]
-        centers = torch.where(counts[:, None] > 0, centers + rate * (means - centers), centers)
-    chunks = [_sq_dist(xf[i : i + 4096], centers).argmin(1) for i in range(0, n, 4096)]
-    parent = torch.unique(torch.cat(chunks), return_inverse=True)[1]  # drop empty parents
-    n_par = int(parent.max()) + 1
-    counts = torch.bincount(parent, minlength=n_par)
-    mean = _segment_sum(x, parent, n_par) / counts[:, None].to(x.dtype)
-    first = _segment_argbest(((x - mean[parent]) ** 2).sum(-1), parent, n_par, "amin")
+    """k-means teams of many groups of keys at once, on the keys' device.
+
+    ``keys [G, n, d]``: group ``g``'s keys are its first ``counts[g]`` rows. Mini-batch
+    k-means (``KMEANS_ITERS`` iterations, per-centre learning rates ``1/count``, in fp32)
+    into ``ceil(n_g / team_size)`` parents; empty parents are dropped; then up to
+    ``leaders`` farthest-first leaders per parent (the first: the member nearest the parent
+    mean; distances in the keys' dtype) and every member joins its nearest leader.
+    Returns ``(team_of [G, n] int64, leader_pos [G, T] int64)``: a row's team id (-1 past
+    ``counts[g]``; teams numbered parent by parent, leader by leader) and each team's
+    leader row (-1 for padding teams). The random draws come from ``gen`` (CPU) group by
+    group, so a group's teams do not depend on the others'.
+    """
+    groups, n_max, d = keys.shape
+    device = keys.device
+    perms, batches = _kmeans_draws(counts, gen)
+    count_t = torch.tensor(counts, dtype=torch.int64, device=device)
+    parents = [min(n, math.ceil(n / team_size)) for n in counts]
+    p_max = max([1, *parents])
+    xf = keys.float()
+    row_ok = torch.arange(n_max, device=device)[None, :] < count_t[:, None]  # [G, n]
+    centre_ok = torch.arange(p_max, device=device)[None, :] < torch.tensor(
+        parents, device=device)[:, None]
+    init = torch.zeros(groups, p_max, dtype=torch.int64)
+    for g, (perm, k) in enumerate(zip(perms, parents, strict=True)):
+        init[g, :k] = perm[:k]
+    init = init.to(device)
+    centers = torch.gather(xf, 1, init[:, :, None].expand(-1, -1, d))
+    seen = torch.zeros(groups, p_max, device=device)
+    flat_centre = torch.arange(groups, device=device)[:, None] * p_max
+    for it in range(KMEANS_ITERS):
+        size = max([1] + [len(b[it]) for b in batches if b])
+        pick = torch.zeros(groups, size, dtype=torch.int64)
+        used = torch.zeros(groups, size, dtype=torch.bool)
+        for g, draws in enumerate(batches):
+            if draws:
+                pick[g, : len(draws[it])] = draws[it]
+                used[g, : len(draws[it])] = True
+        pick, used = pick.to(device), used.to(device)
+        batch = torch.gather(xf, 1, pick[:, :, None].expand(-1, -1, d))  # [G, size, d]
+        nearest = _nearest(batch, centers, centre_ok)
+        seg = (flat_centre + nearest)[used]  # flat (group, centre) ids of the used draws
+        hits = torch.bincount(seg, minlength=groups * p_max).float().view(groups, p_max)
+        seen += hits
+        rate = (hits / seen.clamp_min(1))[..., None]
+        sums = _segment_sum(batch[used], seg, groups * p_max).view(groups, p_max, d)
+        means = sums / hits.clamp_min(1)[..., None]
+        centers = torch.where(hits[..., None] > 0, centers + rate * (means - centers), centers)
+    chunk = max(256, (1 << 28) // (groups * p_max))  # distance blocks of <= 2^28 entries
+    parent = torch.cat([_nearest(xf[:, i : i + chunk], centers, centre_ok)
+                        for i in range(0, n_max, chunk)], dim=1)  # [G, n]
+    # drop empty parents: renumber the used ones 0.. in centre order, per group
+    flat = (flat_centre + parent)[row_ok]
+    sizes = torch.bincount(flat, minlength=groups * p_max).view(groups, p_max)
+    renumber = torch.cumsum(sizes > 0, dim=1) - 1
+    parent = torch.gather(renumber, 1, parent)
+    n_par = (sizes > 0).sum(dim=1)  # [G]
+    par_max = max(1, int(n_par.max()))
+    seg = (torch.arange(groups, device=device)[:, None] * par_max + parent)[row_ok]  # [rows]
+    x = keys[row_ok]  # [rows, d]: every valid key, group-major, in the keys' dtype
+    rows = x.shape[0]
+    members = torch.bincount(seg, minlength=groups * par_max)  # [G * par_max]
+    mean = _segment_sum(x, seg, groups * par_max) / members.clamp_min(1)[:, None].to(x.dtype)
+    first = _segment_argbest(((x - mean[seg]) ** 2).sum(-1), seg, groups * par_max, "amin")
+    has = members > 0
+    first = torch.where(has, first, 0)
     lead = [first]
-    min_dist = ((x - x[first[parent]]) ** 2).sum(-1)
-    taken = torch.zeros(n, dtype=torch.bool)
-    taken[first] = True
-    r_max = min(leaders, int(counts.max()))
+    min_dist = ((x - x[first[seg]]) ** 2).sum(-1)
+    taken = torch.zeros(rows, dtype=torch.bool, device=device)
+    taken[first[has]] = True
+    r_max = min(leaders, int(members.max())) if rows else 1
     for r in range(1, r_max):  # farthest first among the members not yet leaders
         score = torch.where(taken, -math.inf, min_dist)
-        nxt = torch.where(counts > r, _segment_argbest(score, parent, n_par, "amax"), first)
+        best = _segment_argbest(score, seg, groups * par_max, "amax")
+        nxt = torch.where(members > r, best, first)
         lead.append(nxt)
-        taken[nxt] = True
-        min_dist = torch.minimum(min_dist, ((x - x[nxt[parent]]) ** 2).sum(-1))
-    lead_idx = torch.stack(lead, dim=1)  # [n_par, R]
-    lead_ok = torch.arange(r_max)[None, :] < counts.clamp_max(r_max)[:, None]
-    to_lead = torch.stack([((x - x[lead_idx[parent, r]]) ** 2).sum(-1) for r in range(r_max)], 1)
-    join = torch.where(lead_ok[parent], to_lead, math.inf).argmin(dim=1)
+        taken[nxt[members > r]] = True
+        min_dist = torch.minimum(min_dist, ((x - x[nxt[seg]]) ** 2).sum(-1))
+    lead_idx = torch.stack(lead, dim=1)  # [G * par_max, R]: flat row of each leader
+    lead_ok = torch.arange(r_max, device=device)[None, :] < members.clamp_max(r_max)[:, None]
+    to_lead = torch.stack([((x - x[lead_idx[seg, r]]) ** 2).sum(-1) for r in range(r_max)], 1)
+    join = torch.where(lead_ok[seg], to_lead, math.inf).argmin(dim=1)
     for r in range(r_max):  # every leader is a member of its own team (ties, duplicate keys)
         join[lead_idx[:, r][lead_ok[:, r]]] = r
-    n_lead = lead_ok.sum(dim=1)
-    team_ids = (torch.cumsum(n_lead, 0) - n_lead)[parent] + join
-    return team_ids, lead_idx[lead_ok]
+    n_lead = lead_ok.sum(dim=1).view(groups, par_max)
+    offset = (torch.cumsum(n_lead, dim=1) - n_lead).view(-1)  # first team id of each parent
+    team_flat = offset[seg] + join
+    team_of = torch.full((groups, n_max), -1, dtype=torch.int64, device=device)
+    team_of[row_ok] = team_flat
+    # leader rows, as positions within their group, in team-id order
+    row_start = torch.cumsum(count_t, 0) - count_t  # flat index of each group's row 0
+    n_teams = n_lead.sum(dim=1)
+    t_max = max(1, int(n_teams.max()))
+    leader_pos = torch.full((groups, t_max), -1, dtype=torch.int64, device=device)
+    group_of_parent = torch.arange(groups, device=device).repeat_interleave(par_max)
+    for r in range(r_max):
+        ok = lead_ok[:, r]
+        g = group_of_parent[ok]
+        leader_pos[g, offset[ok] + r] = lead_idx[ok, r] - row_start[g]
+    return team_of, leader_pos
 
 
 def _pack(
@@ -683,6 +779,8 @@ __all__ = [
     "dequantize_reps",
     "extend",
     "gumbel_topk_select",
+    "kmeans_groups",
+    "kmeans_team_ids",
     "quantize_reps",
     "santapp",
     "santapp_attention",

@@ -107,6 +107,8 @@ from santa_kernels.santapp import (
     TeamIndex,
     _check_kv,
     build_team_index,
+    kmeans_groups,
+    kmeans_team_ids,
     quantize_reps,
     team_end_of,
 )
@@ -356,14 +358,15 @@ def build_packed(
 ) -> PackedTeams:
     """Builds the team index of ``kv`` and packs it (prefill-time work).
 
-    ``contiguous`` (without ``copy``) is built on the cache's device directly (means,
-    leaders and representatives in ``index_dtype``: fp64 on a CPU, fp32 on a GPU); other
-    policies go through :func:`santa_kernels.santapp.build_team_index` (CPU, fp64) and
-    :func:`pack_teams`. ``reps_kernel`` (``contiguous``): the representatives by one
-    Triton kernel (one read of K) or by a torch loop over sequences; ``None``: the kernel
-    on a GPU (H200, 32k B=1 P=16: 0.79 ms against 1.31 ms, the same index;
-    results/h200/tune-2026-11-29-s5), the loop on a CPU. ``reps``: the representatives
-    in the cache dtype (``model``) or as int8 codes with a per-team scale (``int8``,
+    ``contiguous`` (without ``copy``) and ``kmeans`` are built on the cache's device
+    directly (means, leaders and representatives in ``index_dtype``: fp64 on a CPU, fp32 on
+    a GPU; k-means for every (sequence, KV head) at once, :func:`_kmeans_packed`); a
+    contiguous index with ``copy`` goes through
+    :func:`santa_kernels.santapp.build_team_index` (CPU, fp64) and :func:`pack_teams`.
+    ``reps_kernel`` (``contiguous``): the representatives by one Triton kernel (one read
+    of K) or by a torch loop over sequences; ``None``: the kernel on a GPU, the loop on a
+    CPU. ``reps``: the representatives in the cache dtype (``model``) or as int8 codes
+    with a per-team scale (``int8``,
     :func:`quantize_packed`).
     """
     kv = _check_kv(kv)
@@ -377,6 +380,9 @@ def build_packed(
     if policy == "contiguous" and not copy:
         return _contiguous_packed(kv, team_size, representative, sink, exact_recent, index_dtype,
                                   reps_kernel)
+    if policy == "kmeans":
+        return _kmeans_packed(kv, team_size, leaders, representative, seed, sink, exact_recent,
+                              index_dtype)
     index = build_team_index(
         kv,
         policy=policy,
@@ -546,6 +552,95 @@ def _contiguous_packed(
     )
 
 
+def _kmeans_packed(
+    kv: KVCache,
+    team_size: int,
+    leaders: int,
+    representative: str,
+    seed: int,
+    sink: int,
+    exact_recent: int,
+    index_dtype: torch.dtype | None,
+) -> PackedTeams:
+    """k-means teams built and packed on the cache's device: the teams, leaders and
+    representatives of :func:`santa_kernels.santapp.build_team_index` with
+    :func:`pack_teams` (the same random draws, so the same teams up to rounding), with
+    every (sequence, KV head) clustered at once instead of one after another. K and V are
+    copied team-major into ``[B, Hkv, R, d]``."""
+    check_positive_int(team_size, "team_size")
+    check_positive_int(leaders, "leaders")
+    for name, value in (("sink", sink), ("exact_recent", exact_recent), ("seed", seed)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InputError(f"{name}: expected an integer >= 0, got {value!r}")
+    if representative not in ("leader", "mean"):
+        raise InputError(f"representative: expected 'leader' or 'mean', got {representative!r}")
+    device = kv.device
+    dtype = index_dtype or (torch.float64 if device.type == "cpu" else torch.float32)
+    lengths = kv.lengths.cpu()
+    team_end = team_end_of(lengths, sink, exact_recent)
+    spans = [(min(sink, int(end)), int(end)) for end in team_end]
+    keys, values, _ = kv.padded()
+    groups, counts = kmeans_groups(keys.to(dtype), spans)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    team_of, _ = kmeans_team_ids(groups, counts, team_size, leaders, gen)  # [G, n]
+    batch, hkv, d = kv.batch, kv.num_kv_heads, kv.head_dim
+    n_groups = batch * hkv
+    t_cap = max(1, int(team_of.max()) + 1)
+    valid = team_of >= 0
+    group = torch.arange(n_groups, device=device)
+    seg = (group[:, None] * t_cap + team_of)[valid]  # flat (group, team) of every member
+    sizes = torch.bincount(seg, minlength=n_groups * t_cap)
+    members = groups[valid]  # [rows, d], group-major, positions ascending
+    mean = torch.zeros(n_groups * t_cap, d, dtype=dtype, device=device).index_put_(
+        (seg,), members, accumulate=True) / sizes.clamp_min(1)[:, None].to(dtype)
+    if representative == "mean":
+        reps = mean
+    else:  # the member nearest its team's mean, the lowest position on ties
+        dist = ((members - mean[seg]) ** 2).sum(-1)
+        best = torch.full((n_groups * t_cap,), math.inf, dtype=dtype, device=device)
+        best = best.scatter_reduce(0, seg, dist, "amin")
+        rows = torch.arange(members.shape[0], device=device)
+        cand = torch.where(dist == best[seg], rows, members.shape[0])
+        nearest = torch.full((n_groups * t_cap,), members.shape[0], dtype=torch.int64,
+                             device=device).scatter_reduce(0, seg, cand, "amin")
+        reps = torch.where((sizes > 0)[:, None], members[nearest.clamp_max(
+            max(0, members.shape[0] - 1))], 0)
+    sizes = sizes.view(batch, hkv, t_cap)
+    # team-major rows per group: a stable sort by team id keeps positions ascending inside
+    order = torch.argsort(torch.where(valid, team_of, t_cap), dim=1, stable=True)
+    width = max(1, max(counts, default=0))
+    lo = torch.tensor([spans[g // hkv][0] for g in range(n_groups)], device=device)
+    pos = (order[:, :width] + lo[:, None]).clamp_max(max(0, keys.shape[1] - 1))
+    head = (group % hkv)[:, None]
+    filled = torch.arange(width, device=device)[None, :] < torch.tensor(
+        counts, device=device)[:, None]
+    b_of = (group // hkv)[:, None]
+    packed_k = torch.where(filled[..., None], keys[b_of, pos, head], 0).view(batch, hkv, width, d)
+    packed_v = torch.where(filled[..., None], values[b_of, pos, head], 0).view(
+        batch, hkv, width, d)
+    start = torch.cumsum(sizes, dim=-1) - sizes
+    lo_b = torch.minimum(torch.full_like(team_end, sink), team_end)
+    log_n = torch.where(sizes > 0, sizes.double().clamp_min(1).log(), -math.inf)
+    return PackedTeams(
+        policy="kmeans",
+        team_size=team_size,
+        sink=sink,
+        exact_recent=exact_recent,
+        reps=reps.view(batch, hkv, t_cap, d).to(kv.dtype).contiguous(),
+        log_n=log_n.to(torch.float32).contiguous(),
+        team_start=start.to(torch.int32).contiguous(),
+        team_len=sizes.to(torch.int32).contiguous(),
+        team_end=team_end.to(device=device, dtype=torch.int32),
+        packed_k=packed_k.contiguous(),
+        packed_v=packed_v.contiguous(),
+        regular=False,
+        max_team_len=max(1, int(sizes.max())),
+        exact_max=int((lo_b + lengths - team_end).max()),
+        num_teams=(sizes > 0).sum(dim=-1).cpu(),
+        lengths=lengths.clone(),
+    )
+
+
 def _rows(kv: KVCache, b: int, pos: torch.Tensor) -> torch.Tensor:
     """K rows ``[len(pos), Hkv, d]`` of sequence ``b`` at positions ``pos``."""
     if kv.layout == "paged":
@@ -630,10 +725,12 @@ def pack_teams(kv: KVCache, index: TeamIndex, *, copy: bool = False) -> PackedTe
 
 def time_index_build(kv: KVCache, *, repeats: int = 3, **params) -> tuple[PackedTeams, float]:
     """Returns ``(packed, milliseconds)``: :func:`build_packed` timed apart from decode
-    (median of ``repeats`` builds after one warm-up for ``contiguous``; one build for
-    the slow CPU policies)."""
+    (median of ``repeats`` builds after one warm-up where a build is quick: contiguous
+    teams, and k-means on a GPU; otherwise one build)."""
     check_positive_int(repeats, "repeats")
-    cheap = params.get("policy", "contiguous") == "contiguous" and not params.get("copy")
+    policy = params.get("policy", "contiguous")
+    cheap = (policy == "contiguous" and not params.get("copy")) or (
+        policy == "kmeans" and kv.device.type == "cuda")
     if cheap:
         build_packed(kv, **params)  # warm-up: allocator, kernels' first launch
     times = []

@@ -10,7 +10,6 @@ with each layer's prompt indexed once after the prefill (:func:`team_index`).
 from __future__ import annotations
 
 import importlib
-import time
 from typing import Any
 
 import torch
@@ -35,43 +34,10 @@ def santapp_kernel_available() -> tuple[bool, str]:
         return False, f"santa_kernels.triton_santapp not importable: {exc}"
 
 
-_KMEANS_INDEX: dict[tuple, Any] = {}  # slow CPU k-means index, shared by cold-L2 input copies
-
-
 def _santapp_packed(module, kv: KVCache, params: dict[str, Any]):
-    """Returns ``(packed, index_build_ms)``. A k-means index (CPU, slow) is built once per
-    cache content, since the cold-L2 input copies are clones; each copy packs its own K/V."""
-    if params["policy"] == "contiguous":
-        return module.time_index_build(kv, **params)
-    params = dict(params)
-    int8 = params.pop("reps", "model") == "int8"
-    packed, build_ms = _kmeans_packed(module, kv, params)
-    return (module.quantize_packed(packed) if int8 else packed), build_ms
-
-
-def _kmeans_packed(module, kv: KVCache, params: dict[str, Any]):
-    """:func:`_santapp_packed` for the k-means policy (the index cached by content)."""
-    from santa_kernels.santapp import build_team_index
-
-    fingerprint = (
-        tuple(sorted(params.items())),
-        tuple(kv.k.shape),
-        kv.layout,
-        tuple(kv.lengths.tolist()),
-        float(kv.k.sum(dtype=torch.float64)),
-        float(kv.v.sum(dtype=torch.float64)),
-    )
-    if fingerprint not in _KMEANS_INDEX:
-        _KMEANS_INDEX.clear()
-        started = time.perf_counter()
-        index = build_team_index(kv, **params)
-        packed = module.pack_teams(kv, index)
-        if kv.k.is_cuda:
-            torch.cuda.synchronize(kv.k.device)
-        _KMEANS_INDEX[fingerprint] = (index, (time.perf_counter() - started) * 1e3)
-        return packed, _KMEANS_INDEX[fingerprint][1]
-    index, build_ms = _KMEANS_INDEX[fingerprint]
-    return module.pack_teams(kv, index), build_ms
+    """Returns ``(packed, index_build_ms)``: the team index built and packed on the cache's
+    device (prefill-time work), timed apart from decode."""
+    return module.time_index_build(kv, **params)
 
 
 def merge_atomic_of(merge: str) -> bool | None:
