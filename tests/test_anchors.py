@@ -148,3 +148,16 @@ def test_a_malformed_file_names_its_fault(tmp_path, edit, message):
     edit(data)
     with pytest.raises(AnchorError, match=re.escape(message)):
         load_anchors(_write(tmp_path, data))
+
+
+def test_tables_compare_ours_at_the_anchors_shape():
+    """A row of another attention shape (a smaller model's) never fills an anchor's cell."""
+    small = {"heads": 14, "kv_heads": 2, "head_dim": 64, "value": 12.0}
+    frame = pd.concat([_kernel_frame().assign(**small), _kernel_frame()], ignore_index=True)
+    dense = render_tables(frame).frames["dense"]
+    row = _row(dense, ctx="32k", B=1, baseline="sdpa-cudnn")
+    assert row["ours events (µs)"] == "40.0"
+    only_small = render_tables(
+        pd.concat([_kernel_frame().assign(**small), _kernel_frame().assign(method="sdpa-flash")],
+                  ignore_index=True)).frames["dense"]
+    assert _row(only_small, ctx="32k", B=1, baseline="sdpa-cudnn")["ours events (µs)"] == "–"

@@ -1,7 +1,8 @@
 """The timing anchor tables: dense baselines and the papers' released kernels beside ours.
 
 The anchor cells come from santa_bench/data/anchors.yaml (tables `dense`, `kernels`); ours
-are the medians of the store's kernel rows at the same context, batch, S and timing.
+are the medians of the store's kernel rows at the anchors' attention shape (heads, KV heads,
+head dim, dtype) and the same context, batch, S and timing.
 """
 
 from __future__ import annotations
@@ -26,6 +27,16 @@ def measured(frame: pd.DataFrame, metric: str, **where: Any) -> pd.Series | None
     return None if rows.empty else rows.iloc[0]
 
 
+def at_shape(kernel: pd.DataFrame, shape: dict[str, Any]) -> pd.DataFrame:
+    """Return the rows of `kernel` at `shape` (heads, kv_heads, head_dim, dtype): each
+    shape column the store records must match."""
+    mask = pd.Series(True, index=kernel.index)
+    for name, value in shape.items():
+        if name in kernel.columns:
+            mask &= kernel[name] == value
+    return kernel[mask]
+
+
 def _speedup_cell(row: pd.Series | None) -> str:
     """Return "0.60× [0.59–0.60]" for a speedup row."""
     if row is None:
@@ -48,9 +59,10 @@ def _latency_text(value: float | list[float] | None) -> str:
 
 def dense_table(kernel: pd.DataFrame, anchors: Anchors | None = None) -> pd.DataFrame:
     """Return the dense-baseline anchor table beside our medians (events and graph)."""
-    anchors = anchors or packaged_anchors()
+    table = (anchors or packaged_anchors())["dense"]
+    kernel = at_shape(kernel, table["shape"])
     records = []
-    for anchor in anchors["dense"].rows:
+    for anchor in table.rows:
         ctx, batch, method = anchor["ctx"], anchor["batch"], anchor["method"]
         ours = {
             t: measured(kernel, "latency", method=method, ctx=ctx, batch=batch, timing=t)
@@ -73,6 +85,7 @@ def dense_table(kernel: pd.DataFrame, anchors: Anchors | None = None) -> pd.Data
 def kernel_table(kernel: pd.DataFrame, anchors: Anchors | None = None) -> pd.DataFrame:
     """Return the released SANTA kernels (anchor) beside ours at the same shapes and S."""
     table = (anchors or packaged_anchors())["kernels"]
+    kernel = at_shape(kernel, table["shape"])
     records = []
     for anchor in table.rows:
         ctx, batch, s = anchor["ctx"], anchor["batch"], anchor["S"]
