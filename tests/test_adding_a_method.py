@@ -136,14 +136,15 @@ def test_e2e_dispatch_reads_the_registry():
 
 def test_plot_colours_come_from_the_registry():
     from santa_bench import plots
+    from santa_bench.plots.style import line_style
 
     for method in REGISTRY:
         if method.plot.colour is not None:
             assert plots.method_colour(method.name, method.family) == method.plot.colour
     assert plots.method_colour("santa-prop") == "#d62728"
     assert plots.method_colour("dense") == "#000000"
-    assert plots._line_style("baseline", "sdpa-math") == {"marker": "s", "linestyle": "--"}
-    assert plots._line_style("santa", "santa-prop") == {"marker": "o", "linestyle": "-"}
+    assert line_style("baseline", "sdpa-math") == {"marker": "s", "linestyle": "--"}
+    assert line_style("santa", "santa-prop") == {"marker": "o", "linestyle": "-"}
 
 
 def test_list_shows_each_methods_module(monkeypatch):

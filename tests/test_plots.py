@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from santa_bench import plots
 from santa_bench.cli import app
+from santa_bench.plots.rows import with_series
 from santa_bench.results import ResultStore
 
 ENV = {"device": "cuda", "gpu_name": "NVIDIA Test GPU", "torch": "2.13.0", "triton": "3.6.0",
@@ -291,7 +292,7 @@ def test_variants_split_into_series_with_their_own_shades():
         "method": ["santapp"] * 4, "family": ["santapp"] * 4, "M": [32] * 4,
         "team_size": [16.0, 16.0, 64.0, 64.0], "reps": [None, "int8", None, "int8"],
     })
-    data = plots._with_series(frame)
+    data = with_series(frame)
     assert sorted(data.series) == ["santapp team_size=16", "santapp team_size=16 reps=int8",
                                    "santapp team_size=64", "santapp team_size=64 reps=int8"]
     assert data.colour.nunique() == 4

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from santa_bench import plots
+from santa_bench.plots import score_tables
+from santa_bench.plots.rows import accuracy_rows
 
 
 def _row(task, method, value, *, S=None, model="qwen", device="cuda", n=50, family=None):
@@ -14,7 +15,7 @@ def _row(task, method, value, *, S=None, model="qwen", device="cuda", n=50, fami
 
 
 def _scores(rows):
-    return plots._accuracy_rows(pd.DataFrame(rows))
+    return accuracy_rows(pd.DataFrame(rows))
 
 
 def test_uninformative_tasks_are_left_out_of_the_averages_and_named():
@@ -27,13 +28,13 @@ def test_uninformative_tasks_are_left_out_of_the_averages_and_named():
         _row("ruler-fwe", "santa-prop", 0.04, S=128),
     ]
     scores = _scores(rows)
-    assert plots.uninformative_tasks(scores) == ["ruler-fwe", "ruler-niah_multikey_3"]
-    table = plots._ruler_table(scores).set_index("kernel")
+    assert score_tables.uninformative_tasks(scores) == ["ruler-fwe", "ruler-niah_multikey_3"]
+    table = score_tables.ruler_table(scores).set_index("kernel")
     assert table.loc["SDPA", "NIAH ours"] == "100.00"  # multikey_3 (dense 10%) left out
     prop = table[table.S == 128].iloc[0]
     assert prop["NIAH ours"] == "90.00" and prop["FWE ours"] == "4.00 (uninf.)"
     assert table[table.S == 256].iloc[0]["NIAH ours"] == "–"  # not measured
-    note = plots._scores_note(scores, "ruler")
+    note = score_tables.scores_note(scores, "ruler")
     assert "qwen (cuda; n = 50 a task and method)" in note
     assert "left out of the averages and marked (uninf.) where alone: fwe, niah_multikey_3" in note
 
@@ -43,6 +44,6 @@ def test_tables_take_one_model_gpu_runs_first():
             _row("gsm8k", "dense", 0.9, model="tiny", device="cpu"),
             _row("gsm8k", "dense", 0.8, model="tiny", device="cpu")]
     scores = _scores(rows)
-    assert plots.table_model(scores) == "big"
-    table = plots._gsm8k_table(scores)
+    assert score_tables.table_model(scores) == "big"
+    table = score_tables.gsm8k_table(scores)
     assert table.loc[0, "santa-sys ours"] == "50.00"

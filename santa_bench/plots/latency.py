@@ -1,0 +1,116 @@
+"""latency-vs-ctx: median decode latency against context length."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+from santa_bench.plots.output import Rendered
+from santa_bench.plots.rows import (
+    BUDGET_COLUMNS,
+    NoData,
+    caption,
+    concat_points,
+    kernel_rows,
+    ok_rows,
+    ordered_series,
+    panel_title,
+    select,
+    series_colour,
+    unique,
+    with_series,
+)
+from santa_bench.plots.style import (
+    figure_legend,
+    label_axes,
+    line_style,
+    log_axis,
+    new_figure,
+    size_axis,
+    styled,
+)
+
+NAME = "latency-vs-ctx"
+PRODUCER = (
+    "santa-bench kernel --ctx 8k,32k,128k --batch 1,8 --S 128 "
+    "--methods santa-prop,santa-flash,triton-splitkv --baselines auto (on a GPU)"
+)
+
+
+@styled
+def latency_vs_ctx(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rendered:
+    """Return median decode latency vs context, log-log, one panel per (timing, batch).
+
+    Sampled methods are drawn at one budget (S=128 when present, else the smallest);
+    narrow the rows with --where to pick another. Error bars are the IQR.
+    """
+    data = with_series(ok_rows(kernel_rows(frame), "latency"))
+    if data.empty or "ctx" not in data.columns:
+        raise NoData(NAME, PRODUCER)
+    data, note = _one_budget_per_series(data)
+    timings, batches = unique(data, "timing"), unique(data, "batch")
+    fig, axes = new_figure(
+        len(timings),
+        len(batches),
+        f"Decode attention latency vs context{note}",
+        caption(data, runs),
+        sharex=True,
+    )
+    points = []
+    for i, timing in enumerate(timings):
+        for j, batch in enumerate(batches):
+            ax = axes[i, j]
+            panel = select(data, timing=timing, batch=batch)
+            for series, method, family in ordered_series(panel):
+                rows = panel[panel.series == series].sort_values("ctx")
+                rows = rows.groupby("ctx", as_index=False).agg(
+                    value=("value", "median"),
+                    q1=("q1_us", "median") if "q1_us" in rows else ("value", "median"),
+                    q3=("q3_us", "median") if "q3_us" in rows else ("value", "median"),
+                )
+                low = (rows.value - rows.q1.fillna(rows.value)).clip(lower=0)
+                high = (rows.q3.fillna(rows.value) - rows.value).clip(lower=0)
+                ax.errorbar(
+                    rows.ctx,
+                    rows.value,
+                    yerr=[low, high],
+                    label=series,
+                    color=series_colour(panel, series, method, family),
+                    **line_style(family, method),
+                )
+                points.append(
+                    rows.rename(
+                        columns={"value": "latency_us", "q1": "q1_us", "q3": "q3_us"}
+                    ).assign(
+                        timing=timing, batch=batch, series=series, method=method, family=family
+                    )
+                )
+            log_axis(ax, "y")
+            size_axis(ax, data.ctx)
+            ax.set_title(panel_title(batch=batch, timing=timing))
+    label_axes(axes, "context length (tokens)", "latency per decode step (µs)")
+    figure_legend(fig, axes.flat, "method")
+    return Rendered(fig, concat_points(points))
+
+
+def _one_budget_per_series(data: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """Return rows of each sampled series at one budget (128 if measured, else its smallest)."""
+    sampled = data[data.budget.notna()]
+    if sampled.empty:
+        return data, ""
+    chosen = sampled.groupby("series").budget.agg(
+        lambda b: 128.0 if (b == 128).any() else float(b.min())
+    )
+    keep = data.budget.isna() | (data.budget == data.series.map(chosen))
+    notes = []
+    for name in BUDGET_COLUMNS:  # e.g. "S=128, M=32"
+        if name not in sampled.columns:
+            continue
+        series = sampled[sampled[name].notna()].series.unique()
+        values = sorted({chosen[s] for s in series})
+        if values:
+            notes.append(f"{name}={int(values[0])}" if len(values) == 1 else f"{name}=128 or min")
+    note = ", ".join(notes)
+    return data[keep], f" (sampled methods at {note})"
