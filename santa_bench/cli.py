@@ -257,7 +257,10 @@ def kernel(
         bool,
         typer.Option(
             "--cold/--warm",
-            help="GPU: keep L2 cold by rotating input copies (recorded as l2_state); "
+            help="GPU: keep L2 cold by rotating copies of the inputs, as many as the "
+            "bytes one call touches (the method's byte model) need to pass 3x the L2 "
+            "between two uses of a copy; the copies share the method's workspace, as a "
+            "decode step's layers do (rows record l2_state, copies, rotated_bytes). "
             "--warm reuses one copy.",
         ),
     ] = True,

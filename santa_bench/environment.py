@@ -1,4 +1,6 @@
-"""The environment record of a run: device, versions, git SHA, command, date.
+"""The environment record of a run: device, versions, git SHA, command, date; on a GPU its
+clocks, power and temperature at the run's start (``gpu_*_start``; ``gpu_*_end`` is added
+when the run ends, see :mod:`santa_bench.gpu_state`).
 
 Stored as `run.json` beside a run's Parquet parts and joined to the rows by `run_id`.
 Collecting it never fails: whatever cannot be found is recorded as None.
@@ -47,6 +49,10 @@ def collect_environment(command: list[str] | str | None = None) -> dict[str, Any
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "copy_bandwidth_gbps": None,  # measured later by the GPU timing code
     }
+    if env["device"] == "cuda":  # clocks, power, temperature (None without nvidia-ml-py)
+        from santa_bench.gpu_state import gpu_state_record
+
+        env.update(gpu_state_record("start"))
     return env
 
 

@@ -430,6 +430,10 @@ def run_cases(
                 rows = worker.write(case, worker.run(case))
                 outcome.results.append((case, rows))
                 progress.done("local", rows)
+    if "cuda" in devices_of_cases and options.executor != "ray":
+        from santa_bench.gpu_state import gpu_state_record
+
+        store.annotate_run(run.run_id, gpu_state_record("end"))
     print_outcome(outcome, console)
     return outcome
 

@@ -31,7 +31,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from santa_bench.environment import environment_fingerprint
+from santa_bench.environment import FINGERPRINT_FIELDS, environment_fingerprint
 
 FIXED_COLUMNS: tuple[str, ...] = (
     "metric",
@@ -175,6 +175,19 @@ class ResultStore:
         text = json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
         _atomic_write(directory / "run.json", lambda tmp: Path(tmp).write_text(text))
         return Run(directory, run_id, fingerprint, str(env.get("command") or ""))
+
+    def annotate_run(self, run_id: str, fields: dict[str, Any]) -> None:
+        """Adds ``fields`` to the run.json of ``run_id`` (fields of the fingerprint may not
+        change: they identify the environment the rows were measured in)."""
+        path = self.root / run_id / "run.json"
+        record = _read_json(path)
+        if record is None:
+            raise ValueError(f"run {run_id!r} has no run.json under {self.root}")
+        if changed := sorted(f for f in FINGERPRINT_FIELDS if f in fields
+                             and fields[f] != record.get(f)):
+            raise ValueError(f"run {run_id!r}: fingerprint fields may not change: {changed}")
+        text = json.dumps({**record, **fields}, indent=2, sort_keys=True, default=str) + "\n"
+        _atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
     def runs(self) -> list[dict[str, Any]]:
         """Return the run.json records under the root, sorted by run_id."""

@@ -18,12 +18,18 @@ cpu-wall   ``time.perf_counter`` around one call on the CPU (``l2_state = "n/a"`
 =========  ===========================================================================
 
 Cold L2 (GPU): the caller passes ``make_copy(i)``, a no-argument callable bound to its
-own copy ``i`` of the inputs (``i >= 1``; copy 0 is ``fn`` itself). ``cold_l2_plan``
-picks ``k = ceil(4 * L2 / inputs_bytes)`` copies (1..64) and labels the run ``cold``
-only when the bytes rotated through reach 3x the L2 size; inputs that alone reach 3x L2
-need one copy and are cold. Too few copies (no ``make_copy``, memory, the 64 cap) give
-``warm``: a warm run is never labelled cold. ``l2_state`` records what was measured,
-not what was asked: ``cold_l2=False`` on inputs of 3x L2 or more still reads ``cold``.
+own copy ``i`` of the inputs (``i >= 1``; copy 0 is ``fn`` itself), and
+``touched_bytes``, the bytes one call touches by the method's byte model (K/V rows read,
+tables, q, the output; workspace traffic too where the copies do not share one).
+``cold_l2_plan`` picks ``k = ceil(4 * L2 / touched_bytes)`` copies (1..64) and labels the
+run ``cold`` only when the bytes rotated through (``k * touched_bytes``) reach 3x the L2
+size; a call that alone touches 3x L2 needs one copy and is cold. Too few copies (no
+``make_copy``, memory, the 64 cap) give ``warm``: a warm run is never labelled cold.
+``l2_state`` records what was measured, not what was asked: ``cold_l2=False`` on calls
+touching 3x L2 or more still reads ``cold``. The copies' memory is ``copy_bytes`` each
+(what one copy allocates: q and the whole cache, which a sampled call reads in part).
+Whether the copies share the method's workspace and random state is ``make_copy``'s
+choice: the kernel runner shares them, as the layers of a decode step do.
 
 Sampled kernels under graph replay: a graph replays the same launch arguments, so a
 kernel that draws random numbers must read its seed/offset from device memory and
@@ -65,7 +71,9 @@ class Timing:
     mode: str  # "graph" | "events" | "cpu-wall"
     l2_state: str  # "cold" | "warm" | "n/a"
     n_copies: int = 1
-    calls_per_sample: int = 1
+    calls_per_sample: int = 1  # graph mode: calls per replay
+    touched_bytes: int = 0  # bytes one call touches that the copies rotate
+    rotated_bytes: int = 0  # n_copies * touched_bytes: what passes L2 between two uses
 
     @classmethod
     def from_samples(
@@ -76,6 +84,7 @@ class Timing:
         l2_state: str,
         n_copies: int = 1,
         calls_per_sample: int = 1,
+        touched_bytes: int = 0,
     ) -> Timing:
         """Returns a Timing with median and quartiles (inclusive method) of ``samples_us``."""
         samples = [float(s) for s in samples_us]
@@ -97,35 +106,47 @@ class Timing:
             l2_state=l2_state,
             n_copies=n_copies,
             calls_per_sample=calls_per_sample,
+            touched_bytes=touched_bytes,
+            rotated_bytes=n_copies * touched_bytes,
         )
 
 
 # ----------------------------------------------------------------- cold L2
 def cold_l2_plan(
-    inputs_bytes: int,
+    touched_bytes: int,
     l2_bytes: int | None,
     *,
     cold_l2: bool = True,
     can_copy: bool = True,
     max_copies: int = MAX_COPIES,
+    copies: int | None = None,
 ) -> tuple[int, str]:
-    """Returns ``(n_copies, l2_state)`` for inputs of ``inputs_bytes`` bytes per copy.
+    """Returns ``(n_copies, l2_state)`` for calls touching ``touched_bytes`` bytes each.
 
-    ``cold`` needs the bytes rotated through (``n_copies * inputs_bytes``) to reach 3x
-    L2; an unknown L2 size can never be certified cold.
+    ``cold`` needs the bytes rotated through (``n_copies * touched_bytes``) to reach 3x
+    L2; an unknown L2 size can never be certified cold. ``copies`` forces the count
+    (diagnostics), still labelled by what it rotates.
     """
-    if inputs_bytes <= 0:
-        raise ValueError(f"inputs_bytes: must be > 0, got {inputs_bytes}")
+    if touched_bytes <= 0:
+        raise ValueError(f"touched_bytes: must be > 0, got {touched_bytes}")
+    if copies is not None:
+        if copies < 1:
+            raise ValueError(f"copies: must be >= 1, got {copies}")
+        if copies > 1 and not can_copy:
+            raise ValueError("copies: more than one needs make_copy")
+        cold = l2_bytes is not None and l2_bytes > 0 and (
+            copies * touched_bytes >= COLD_FACTOR * l2_bytes)
+        return copies, "cold" if cold else "warm"
     if l2_bytes is None or l2_bytes <= 0:
         return 1, "warm"
-    if inputs_bytes >= COLD_FACTOR * l2_bytes:
+    if touched_bytes >= COLD_FACTOR * l2_bytes:
         return 1, "cold"
     if not cold_l2:
         return 1, "warm"
-    wanted = min(max(math.ceil(TARGET_FACTOR * l2_bytes / inputs_bytes), 1), MAX_COPIES)
-    copies = max(1, min(wanted, max_copies if can_copy else 1))
-    state = "cold" if copies * inputs_bytes >= COLD_FACTOR * l2_bytes else "warm"
-    return copies, state
+    wanted = min(max(math.ceil(TARGET_FACTOR * l2_bytes / touched_bytes), 1), MAX_COPIES)
+    n = max(1, min(wanted, max_copies if can_copy else 1))
+    state = "cold" if n * touched_bytes >= COLD_FACTOR * l2_bytes else "warm"
+    return n, state
 
 
 def l2_cache_bytes(device: torch.device | str) -> int | None:
@@ -157,11 +178,14 @@ def nbytes_of(*objs: Any) -> int:
 def measure(
     fn: Callable[[], object],
     *,
-    inputs_bytes: int,
+    touched_bytes: int,
     l2_bytes: int | None,
     make_copy: Callable[[int], Callable[[], object]] | None,
+    copy_bytes: int | None = None,
     graph: bool = True,
     cold_l2: bool = True,
+    copies: int | None = None,
+    calls_per_replay: int | None = None,
     warmup_ms: float = 25.0,
     budget_ms: float = 200.0,
     min_reps: int = 10,
@@ -172,11 +196,16 @@ def measure(
 
     ``device`` picks the clock: CUDA events on a CUDA device, the wall clock on the CPU;
     None means CUDA when available. ``l2_bytes`` None reads the device's L2 size.
-    Repeats run until ``budget_ms`` (estimated from warm-up), within
-    ``[min_reps, max_reps]``.
+    ``copy_bytes`` (default ``touched_bytes``) is the memory one input copy takes.
+    ``copies`` and ``calls_per_replay`` override the plan (diagnostics): the number of
+    input copies, and the calls one graph replay holds (default: the copies in turn,
+    repeated to at least ``MIN_CALLS_PER_GRAPH``). Repeats run until ``budget_ms``
+    (estimated from warm-up), within ``[min_reps, max_reps]``.
     """
     if min_reps < 1 or max_reps < min_reps:
         raise ValueError(f"need 1 <= min_reps <= max_reps, got {min_reps}, {max_reps}")
+    if calls_per_replay is not None and calls_per_replay < 1:
+        raise ValueError(f"calls_per_replay: must be >= 1, got {calls_per_replay}")
     dev = (
         torch.device(device)
         if device is not None
@@ -189,21 +218,23 @@ def measure(
         if l2_bytes is None:
             l2_bytes = l2_cache_bytes(dev)
         free_bytes, _ = torch.cuda.mem_get_info(dev)
-        affordable = 1 + int(COPY_MEMORY_FRACTION * free_bytes) // max(inputs_bytes, 1)
-        copies, l2_state = cold_l2_plan(
-            inputs_bytes,
+        per_copy = max(copy_bytes if copy_bytes is not None else touched_bytes, 1)
+        affordable = 1 + int(COPY_MEMORY_FRACTION * free_bytes) // per_copy
+        n_copies, l2_state = cold_l2_plan(
+            touched_bytes,
             l2_bytes,
             cold_l2=cold_l2,
             can_copy=make_copy is not None,
             max_copies=affordable,
+            copies=copies,
         )
         calls: list[Callable[[], object]] = [fn]
         if make_copy is not None:
-            calls += [make_copy(i) for i in range(1, copies)]
+            calls += [make_copy(i) for i in range(1, n_copies)]
         with torch.cuda.device(dev):
             if graph:
                 samples, per_sample = _graph_samples(
-                    calls, warmup_ms, budget_ms, min_reps, max_reps
+                    calls, warmup_ms, budget_ms, min_reps, max_reps, calls_per_replay
                 )
             else:
                 samples, per_sample = _eager_samples(
@@ -215,6 +246,7 @@ def measure(
             l2_state=l2_state,
             n_copies=len(calls),
             calls_per_sample=per_sample,
+            touched_bytes=touched_bytes,
         )
 
 
@@ -256,8 +288,12 @@ def _graph_samples(
     budget_ms: float,
     min_reps: int,
     max_reps: int,
+    per_graph: int | None = None,
 ) -> tuple[list[float], int]:
-    per_graph = len(calls) * max(1, math.ceil(MIN_CALLS_PER_GRAPH / len(calls)))
+    """Per-call samples of graph replays holding ``per_graph`` calls (``calls`` in turn;
+    default: every call, repeated to at least ``MIN_CALLS_PER_GRAPH``)."""
+    if per_graph is None:
+        per_graph = len(calls) * max(1, math.ceil(MIN_CALLS_PER_GRAPH / len(calls)))
     _warm_on_side_stream(calls)
     cuda_graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(cuda_graph):

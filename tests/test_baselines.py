@@ -80,7 +80,7 @@ def test_copier_builds_independent_copies_that_agree():
 def test_sdpa_math_times_on_cpu():
     q, kv = _inputs(torch.float32, None, seed=5)
     prepared = get("sdpa-math").prepare(q, kv)
-    t = measure(prepared, inputs_bytes=prepared.inputs_bytes, l2_bytes=None, make_copy=None,
+    t = measure(prepared, touched_bytes=prepared.inputs_bytes, l2_bytes=None, make_copy=None,
                 device="cpu", warmup_ms=1, budget_ms=5, min_reps=3, max_reps=20)
     assert t.mode == "cpu-wall" and 3 <= t.n <= 20
 
@@ -156,7 +156,7 @@ def test_gpu_backends_time_cold_in_both_modes(name: str):
     except Unsupported as exc:
         pytest.skip(str(exc))
     for graph in (True, False):
-        t = measure(prepared, inputs_bytes=prepared.inputs_bytes, l2_bytes=None,
+        t = measure(prepared, touched_bytes=prepared.inputs_bytes, l2_bytes=None,
                     make_copy=baseline.copier(q, kv), graph=graph, device="cuda",
                     budget_ms=50)
         assert t.l2_state == "cold" and t.n_copies > 1 and t.median_us > 0

@@ -1,4 +1,5 @@
-"""The timing core: wall-clock samples, quartiles, cold-L2 planning, bootstrap CIs."""
+"""The timing core: wall-clock samples, quartiles, cold-L2 planning (sized by the method's
+byte model), bootstrap CIs."""
 
 from __future__ import annotations
 
@@ -7,6 +8,16 @@ import pytest
 import torch
 
 import santa_kernels as sk
+from santa_bench import timing
+from santa_bench.gpu_state import CASE_FIELDS
+from santa_bench.methods import REGISTRY
+from santa_bench.runners.kernel import (
+    KernelGrid,
+    KernelRunner,
+    call_bytes,
+    expand_cases,
+    time_prepared,
+)
 from santa_bench.timing import (
     MAX_COPIES,
     Timing,
@@ -16,6 +27,7 @@ from santa_bench.timing import (
     measure,
     nbytes_of,
 )
+from santa_kernels.reads import ReadCounts
 
 MB = 1024 * 1024
 L2 = 50 * MB
@@ -30,7 +42,7 @@ def _tiny_work() -> torch.Tensor:
 # ------------------------------------------------------------------ cpu-wall
 def test_cpu_wall_returns_samples_and_sane_quantiles():
     t = measure(
-        _tiny_work, inputs_bytes=64 * 64 * 4, l2_bytes=None, make_copy=None,
+        _tiny_work, touched_bytes=64 * 64 * 4, l2_bytes=None, make_copy=None,
         device="cpu", warmup_ms=1, budget_ms=20, min_reps=5, max_reps=200,
     )
     assert t.mode == "cpu-wall" and t.l2_state == "n/a"
@@ -41,14 +53,14 @@ def test_cpu_wall_returns_samples_and_sane_quantiles():
 
 
 def test_cpu_wall_respects_min_and_max_reps():
-    few = measure(_tiny_work, inputs_bytes=1, l2_bytes=None, make_copy=None, device="cpu",
+    few = measure(_tiny_work, touched_bytes=1, l2_bytes=None, make_copy=None, device="cpu",
                   warmup_ms=0, budget_ms=0, min_reps=7, max_reps=50)
     assert few.n == 7
-    capped = measure(lambda: None, inputs_bytes=1, l2_bytes=None, make_copy=None,
+    capped = measure(lambda: None, touched_bytes=1, l2_bytes=None, make_copy=None,
                      device="cpu", warmup_ms=0, budget_ms=10_000, min_reps=1, max_reps=13)
     assert capped.n == 13
     with pytest.raises(ValueError):
-        measure(lambda: None, inputs_bytes=1, l2_bytes=None, make_copy=None, device="cpu",
+        measure(lambda: None, touched_bytes=1, l2_bytes=None, make_copy=None, device="cpu",
                 min_reps=5, max_reps=2)
 
 
@@ -82,6 +94,110 @@ def test_cold_l2_plan_labels_warm_when_too_few_copies():
     assert cold_l2_plan(10 * MB, None) == (1, "warm")  # unknown L2 is never cold
     with pytest.raises(ValueError):
         cold_l2_plan(0, L2)
+
+
+def test_cold_l2_plan_forced_copies_are_labelled_by_what_they_rotate():
+    assert cold_l2_plan(10 * MB, L2, copies=2) == (2, "warm")  # 20 MB < 3 x L2
+    assert cold_l2_plan(10 * MB, L2, copies=16) == (16, "cold")
+    assert cold_l2_plan(200 * MB, L2, copies=1) == (1, "cold")
+    assert cold_l2_plan(10 * MB, None, copies=64) == (64, "warm")
+    with pytest.raises(ValueError, match="make_copy"):
+        cold_l2_plan(10 * MB, L2, copies=2, can_copy=False)
+    with pytest.raises(ValueError, match="copies"):
+        cold_l2_plan(10 * MB, L2, copies=0)
+
+
+def test_timing_records_the_bytes_rotated_through():
+    t = Timing.from_samples([2.0, 1.0], mode="graph", l2_state="cold", n_copies=3,
+                            calls_per_sample=12, touched_bytes=5 * MB)
+    assert (t.touched_bytes, t.rotated_bytes, t.calls_per_sample) == (5 * MB, 15 * MB, 12)
+
+
+# ------------------------------------------------------------------ byte model -> plan
+def _prop_reads(context: list[int], hkv: int = 2, d: int = 8, v_rows: int = 3) -> ReadCounts:
+    lengths = torch.tensor(context)
+    rows = lengths[:, None].expand(-1, hkv).contiguous()
+    return ReadCounts(k_rows=rows, k_features=rows * d, v_rows=torch.full_like(rows, v_rows),
+                      context=lengths, head_dim=d)
+
+
+@pytest.mark.parametrize(("stash", "score_bytes"), [("fp16", 2), ("fp32", 4)])
+def test_call_bytes_splits_the_byte_model_into_inputs_and_workspace(stash, score_bytes):
+    method = REGISTRY.get("santa-prop")
+    q = torch.zeros(2, 4, 8, dtype=torch.bfloat16)
+    reads = _prop_reads([100, 60])
+    inputs, workspace = call_bytes(method, reads, q, {"stash": stash}, tables=10)
+    kv = ((100 + 60) * 2 * 8 + 4 * 3 * 8) * 2  # every K row of both KV heads, 3 V rows each
+    q_bytes = 2 * q.numel() * 2  # q read, the output written (bf16)
+    assert inputs == kv + 10 + q_bytes
+    assert workspace == 2 * score_bytes * 4 * (100 + 60)  # stash written and read back
+    assert inputs + workspace == method.bytes_read(reads, 2, 4, {"stash": stash}) + 10 + q_bytes
+    dense, none = call_bytes(REGISTRY.get("sdpa-cudnn"), reads, q, {})
+    assert none == 0 and dense == kv + q_bytes
+
+
+class _Prepared:
+    """A prepared call with a byte model, with or without ``rebind``."""
+
+    def __init__(self, reads: ReadCounts, rebind: bool) -> None:
+        self._reads = reads
+        self.inputs_bytes = 1000
+        self.rebind = (lambda q, kv: _Prepared(reads, rebind)) if rebind else None
+
+    def __call__(self) -> None:
+        return None
+
+    def reads(self) -> ReadCounts:
+        return self._reads
+
+
+@pytest.mark.parametrize("rebind", [True, False])
+@pytest.mark.parametrize("workspace", ["shared", "per-copy"])
+def test_time_prepared_sizes_the_rotation_by_the_bytes_a_call_touches(monkeypatch, rebind,
+                                                                       workspace):
+    seen = {}
+
+    def fake_measure(fn, **kw):
+        seen.update(kw)
+        return "timing"
+
+    monkeypatch.setattr(timing, "measure", fake_measure)
+    method = REGISTRY.get("santa-prop")
+    q = torch.zeros(1, 4, 8, dtype=torch.bfloat16)
+    kv = sk.KVCache.contiguous(torch.zeros(1, 100, 2, 8, dtype=torch.bfloat16),
+                               torch.zeros(1, 100, 2, 8, dtype=torch.bfloat16))
+    reads = _prop_reads([100])
+    params = {"stash": "fp16"}
+    assert time_prepared(method, _Prepared(reads, rebind), q, kv, 0, params, graph=True,
+                         cold_l2=True, budget_ms=1.0, workspace=workspace) == "timing"
+    inputs, stash = call_bytes(method, reads, q, params)
+    shared = rebind and workspace == "shared"
+    assert seen["touched_bytes"] == (inputs if shared else inputs + stash)  # not q+K+V
+    assert seen["touched_bytes"] < nbytes_of(q, kv) == seen["copy_bytes"] - 1000
+    assert seen["make_copy"] is None  # CPU tensors: no copies
+
+
+def test_kernel_rows_record_the_rotation(monkeypatch):
+    """A device timing's latency row says how many copies rotated how many bytes (the
+    timing core is stubbed with a graph-mode result: this runs on the CPU)."""
+
+    def fake_measure(fn, *, touched_bytes, **kw):
+        fn()
+        return Timing.from_samples([10.0, 11.0, 12.0], mode="graph", l2_state="cold",
+                                   n_copies=3, calls_per_sample=12, touched_bytes=touched_bytes)
+
+    monkeypatch.setattr(timing, "measure", fake_measure)
+    grid = KernelGrid(methods=[(REGISTRY.get("sdpa-math"), {})], ctx=[64], batch=[2], S=[8],
+                      heads=4, kv_heads=2, head_dim=16, dtype="fp32")
+    (case,) = expand_cases(grid)
+    rows = KernelRunner().run(case)
+    latency = next(r for r in rows if r["metric"] == "latency")
+    kv_bytes = 2 * 64 * 2 * 16 * 4 * 2  # K and V of both sequences, fp32
+    assert latency["touched_bytes"] == kv_bytes + 2 * (2 * 4 * 16 * 4)
+    assert latency["rotated_bytes"] == 3 * latency["touched_bytes"]
+    assert (latency["copies"], latency["calls_per_replay"]) == (3, 12)
+    assert latency["workspace"] == "per-copy"  # SDPA has no workspace to share
+    assert set(CASE_FIELDS) <= set(latency)
 
 
 def test_nbytes_of_counts_kv_cache_and_nesting():
@@ -126,7 +242,7 @@ def test_graph_and_event_modes_on_gpu():
         return lambda: torch.mul(copies[i], 2.0, out=y)
 
     for graph in (True, False):
-        t = measure(lambda: torch.mul(x, 2.0, out=y), inputs_bytes=2 * x.numel() * 4,
+        t = measure(lambda: torch.mul(x, 2.0, out=y), touched_bytes=2 * x.numel() * 4,
                     l2_bytes=None, make_copy=make_copy, graph=graph, device="cuda",
                     budget_ms=20)
         assert t.mode == ("graph" if graph else "events")

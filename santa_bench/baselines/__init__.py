@@ -31,13 +31,18 @@ class Unsupported(RuntimeError):
 class Prepared:
     """A no-argument callable computing ``[B, Hq, d]``, with what its setup did.
 
-    ``inputs_bytes`` counts the tensors the call reads (for ``timing.measure``);
+    ``inputs_bytes`` counts the tensors the call is given (q and the cache, or the copy
+    it was converted to): the memory of one input copy for ``timing.measure``.
     ``notes`` records conversions done outside the timed region (layout, masks, pages).
+    ``rebind(q, kv)``, where set, returns the same call over other inputs of the same
+    shape, sharing this one's workspace and random state (the timing copies share them
+    as the layers of a decode step do); None: prepare each copy anew.
     """
 
     run: Callable[[], torch.Tensor]
     inputs_bytes: int
     notes: dict[str, Any] = field(default_factory=dict)
+    rebind: Callable[[torch.Tensor, KVCache], Prepared] | None = None
 
     def __call__(self) -> torch.Tensor:
         return self.run()
@@ -178,18 +183,22 @@ class _TritonSplitKV:
         workspace = module.SplitKVWorkspace.for_inputs(q, kv, num_splits)
         out = torch.empty_like(q)
 
-        def run() -> torch.Tensor:
-            return splitkv_decode(
-                q, kv, scale=scale, num_splits=num_splits, out=out, workspace=workspace
-            )
+        def bind(q: torch.Tensor, kv: KVCache) -> Prepared:
+            def run() -> torch.Tensor:
+                return splitkv_decode(
+                    q, kv, scale=scale, num_splits=num_splits, out=out, workspace=workspace
+                )
 
-        trial_run(run, q, "triton-splitkv")
+            return Prepared(run, nbytes_of(q, kv), notes, rebind=bind)
+
         notes = {
             "num_splits": num_splits,
             "workspace_splits": workspace.num_splits,
             "mode": module.splitkv_available()[1],
         }
-        return Prepared(run, nbytes_of(q, kv), notes)
+        prepared = bind(q, kv)
+        trial_run(prepared.run, q, "triton-splitkv")
+        return prepared
 
 
 TRITON_SPLITKV = _TritonSplitKV()

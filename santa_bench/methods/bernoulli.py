@@ -110,8 +110,11 @@ def bernoulli_prepare(
             float(needed) / float(context.sum() * hkv * kv.head_dim), "ratio")
         return counts
 
+    def rebind(q: torch.Tensor, kv: KVCache) -> Prepared:  # the same workspaces
+        return Prepared(lambda: call(q, kv), nbytes_of(q, kv), prepared.notes, rebind=rebind)
+
     trial_run(run, q, "bernoulli")
-    prepared = Prepared(run, nbytes_of(q, kv), {"value_stage": value_stage})
+    prepared = Prepared(run, nbytes_of(q, kv), {"value_stage": value_stage}, rebind=rebind)
     prepared.reads = reads  # type: ignore[attr-defined]
     prepared.reset_rng = call.reset_rng  # type: ignore[attr-defined]
     prepared.metrics = metrics  # type: ignore[attr-defined]

@@ -146,8 +146,13 @@ def santa_prepare(function: str) -> PrepareFn:
             _, info = kernel(q, kv, S, **kwargs, **extra)
             return info.read_counts(kv.head_dim)
 
+        def rebind(q: torch.Tensor, kv: KVCache) -> Prepared:  # the same workspace
+            return Prepared(lambda: kernel(q, kv, S, **kwargs)[0], nbytes_of(q, kv),
+                            prepared.notes, rebind=rebind)
+
         trial_run(run, q, function)
-        prepared = Prepared(run, nbytes_of(q, kv), {"num_splits": workspace.num_splits})
+        prepared = Prepared(run, nbytes_of(q, kv), {"num_splits": workspace.num_splits},
+                            rebind=rebind)
         prepared.reads = reads  # type: ignore[attr-defined]
         prepared.reset_rng = workspace.reset_rng  # type: ignore[attr-defined]
         return prepared

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 import santa_kernels as sk
+from santa_bench.gpu_state import gpu_state_columns
 from santa_bench.inputs import DecodeShape, make_decode_inputs, parse_dtype
 from santa_bench.methods import REGISTRY, Method, Registry
 from santa_bench.units import format_size
@@ -184,6 +185,56 @@ def _median(values: list[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
+WORKSPACES = ("shared", "per-copy")
+
+
+def shares_workspace(prepared: Any, workspace: str = "shared") -> bool:
+    """Whether the timing copies of ``prepared`` share its workspace (``rebind``)."""
+    return workspace == "shared" and getattr(prepared, "rebind", None) is not None
+
+
+def call_bytes(
+    method: Method, reads: ReadCounts, q: torch.Tensor, params: dict[str, Any],
+    tables: float = 0.0,
+) -> tuple[int, int]:
+    """Returns ``(inputs, workspace)``: the bytes one call touches by the method's byte
+    model. ``inputs``: the K/V bytes read, ``tables`` (bytes read besides the cache, e.g.
+    SANTA++'s representatives), q read and the output written; ``workspace``: the rest
+    of :meth:`Method.bytes_read` (the logit stash, written and read back)."""
+    element = q.element_size()
+    kv_bytes = reads.kv_bytes(element)
+    workspace = method.bytes_read(reads, element, q.shape[1], params) - kv_bytes
+    return int(kv_bytes + tables + 2 * q.numel() * element), int(workspace)
+
+
+def input_copier(
+    method: Method,
+    prepared: Any,
+    q: torch.Tensor,
+    kv: sk.KVCache,
+    seed: int,
+    params: dict[str, Any],
+    workspace: str = "shared",
+) -> Callable[[int], Any]:
+    """Returns ``make_copy(i)`` for :func:`santa_bench.timing.measure`: the call over its
+    own clone of q and the cache. ``shared``: through ``prepared.rebind`` (one workspace
+    and random state serve every copy, as the layers of a decode step share them);
+    ``per-copy``, or a method without ``rebind``: prepared anew with seed ``seed + i``."""
+    from santa_bench.baselines import clone_kv
+
+    if workspace not in WORKSPACES:
+        raise ValueError(f"workspace: expected one of {WORKSPACES}, got {workspace!r}")
+    rebind = getattr(prepared, "rebind", None) if workspace == "shared" else None
+
+    def make_copy(index: int):
+        q_copy, kv_copy = q.clone(), clone_kv(kv)
+        if rebind is not None:
+            return rebind(q_copy, kv_copy)
+        return method.prepare(q_copy, kv_copy, seed=seed + index, **params)
+
+    return make_copy
+
+
 def time_prepared(
     method: Method,
     prepared: Any,
@@ -195,22 +246,36 @@ def time_prepared(
     graph: bool,
     cold_l2: bool,
     budget_ms: float,
+    reads: ReadCounts | None = None,
+    workspace: str = "shared",
+    copies: int | None = None,
+    calls_per_replay: int | None = None,
 ) -> Any:
     """Times a prepared method as the kernel harness does: :func:`santa_bench.timing.measure`
-    over input copies prepared alike (copy ``i`` with seed ``seed + i``; on a GPU only)."""
-    from santa_bench.baselines import clone_kv
-    from santa_bench.timing import measure
+    over input copies (on a GPU only; see :func:`input_copier`), as many as the bytes one
+    call touches by the method's byte model (:func:`call_bytes` of ``reads``; None: one
+    more call's) need for a cold L2. A shared workspace is not rotated: only the inputs'
+    bytes count. ``copies`` and ``calls_per_replay`` override the plan (diagnostics)."""
+    from santa_bench.timing import measure, nbytes_of
 
-    def make_copy(index: int):
-        return method.prepare(q.clone(), clone_kv(kv), seed=seed + index, **params)
-
+    if reads is None:
+        reads = prepared.reads() if hasattr(prepared, "reads") else _dense_reads(kv)
+    tables = getattr(prepared, "metrics", {}).get("bytes_read_tables", (0.0, "B"))[0]
+    inputs, workspace_bytes = call_bytes(method, reads, q, params, tables)
+    shared = shares_workspace(prepared, workspace)
+    on_gpu = q.device.type == "cuda"
     return measure(
         prepared,
-        inputs_bytes=prepared.inputs_bytes,
+        touched_bytes=inputs if shared else inputs + workspace_bytes,
+        # a copy's memory, at most: the clones, and what a prepare converts them to
+        copy_bytes=nbytes_of(q, kv) + int(getattr(prepared, "inputs_bytes", 0)),
         l2_bytes=None,
-        make_copy=make_copy if q.device.type == "cuda" else None,
+        make_copy=input_copier(method, prepared, q, kv, seed, params, workspace)
+        if on_gpu else None,
         graph=graph,
         cold_l2=cold_l2,
+        copies=copies if on_gpu else None,
+        calls_per_replay=calls_per_replay,
         budget_ms=budget_ms,
         device=q.device,
     )
@@ -328,14 +393,30 @@ class KernelRunner:
         out = prepared().clone()
         second = prepared().clone()
         reads = prepared.reads() if hasattr(prepared, "reads") else _dense_reads(kv)
-
+        quality = [
+            *_quality_rows(out, dense, reads, method, q, params),
+            # method-specific metrics the adapter measured (e.g. santapp: index_build_ms)
+            *(_row(k, v, unit) for k, (v, unit) in getattr(prepared, "metrics", {}).items()),
+        ]
         timing = time_prepared(
             method, prepared, q, kv, seed, params,
             graph=case["timing"] == "graph",
             cold_l2=case["l2"] == "cold",
             budget_ms=self.gpu_budget_ms if case["device"] == "cuda" else self.cpu_budget_s * 1e3,
+            reads=reads,
         )
         samples = [round(s, 3) for s in timing.samples_us]
+        plan = (  # how the device timing rotated inputs, and the GPU's state after it
+            {
+                "copies": timing.n_copies,
+                "calls_per_replay": timing.calls_per_sample,
+                "touched_bytes": timing.touched_bytes,
+                "rotated_bytes": timing.rotated_bytes,
+                "workspace": "shared" if shares_workspace(prepared) else "per-copy",
+                **gpu_state_columns(q.device),
+            }
+            if timing.mode != "cpu-wall" else {}
+        )
         rows = [
             _row(
                 "latency",
@@ -347,10 +428,9 @@ class KernelRunner:
                 l2_state=timing.l2_state,
                 samples_us=json.dumps(samples),
                 timing_mode=timing.mode,
+                **plan,
             ),
-            *_quality_rows(out, dense, reads, method, q, params),
-            # method-specific metrics the adapter measured (e.g. santapp: index_build_ms)
-            *(_row(k, v, unit) for k, (v, unit) in getattr(prepared, "metrics", {}).items()),
+            *quality,
         ]
         bandwidth = moved_bytes(rows, q) / (timing.median_us * 1e-6) / 1e9
         rows.append(_row("bandwidth", bandwidth, "GB/s"))

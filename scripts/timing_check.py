@@ -1,0 +1,253 @@
+"""The kernel harness under several timing plans beside plain timing loops (GPU).
+
+Run on the GPU:  python scripts/timing_check.py [--methods M] [--shapes S] [--out CSV]
+
+Per method and shape (Llama-3.1-8B heads by default, bf16, the harness's inputs), each
+row is one timing of the same prepared call, in us per call:
+
+- ``harness``: ``runners.kernel.time_prepared`` as ``santa-bench kernel`` runs it, then
+  with one knob changed: the input copies (1, 2, 16), each copy prepared with its own
+  workspace and seed (``per-copy``) instead of sharing the first's (``shared``), the
+  calls one graph replay holds (1, 8, 32);
+- ``loop``: a CUDA graph of 16 calls written here, each over its own copy of the inputs,
+  events around each replay: sharing one workspace (``decode``: what a decode step's
+  layers do), or one per call (``per-call``); and 16 calls over one input copy;
+- for a method with a logit stash, the same with the stash's L2 ``evict_last`` policy
+  switched off (``stash-l2 off``), which keeps a stash of up to 12 MiB in L2 between
+  calls that share it.
+
+``vs decode`` divides by the decode loop (timed first and last; their spread is the
+clock drift over the shape). The GPU's clocks, power and temperature are printed before
+and after. About 1-2 minutes for the defaults (3 shapes x 2 methods) on an H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from santa_bench.baselines import clone_kv
+from santa_bench.gpu_state import gpu_state
+from santa_bench.inputs import DecodeShape, make_decode_inputs
+from santa_bench.methods import Method, parse_method_specs
+from santa_bench.runners.kernel import time_prepared
+from santa_bench.timing import l2_cache_bytes
+from santa_bench.units import parse_size
+
+LOOP_CALLS = 16
+REPLAYS = 100
+
+
+@dataclass(frozen=True)
+class Row:
+    """One timing: what was timed and how, in us per call."""
+
+    method: str
+    shape: str
+    what: str
+    copies: int
+    calls: int
+    workspace: str
+    rotated_mb: float
+    us: float
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """``"1x32k,8x32k"`` -> ``[(1, 32768), (8, 32768)]`` (batch x context)."""
+    shapes = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        batch, sep, ctx = item.partition("x")
+        if not sep:
+            raise ValueError(f"--shapes: expected BATCHxCTX (e.g. 1x32k), got {item!r}")
+        shapes.append((int(batch), parse_size(ctx)))
+    if not shapes:
+        raise ValueError("--shapes: no shape given")
+    return shapes
+
+
+@contextlib.contextmanager
+def stash_l2_off() -> Iterator[None]:
+    """The SANTA kernels' stash stored and loaded without an L2 policy, meanwhile."""
+    import santa_kernels.triton_santa as ts
+
+    saved = {dim: dict(config) for dim, config in ts.HOPPER_CONFIGS.items()}
+    for config in ts.HOPPER_CONFIGS.values():
+        config["stash_evict"] = ""
+    try:
+        yield
+    finally:
+        for dim, config in saved.items():
+            ts.HOPPER_CONFIGS[dim].clear()
+            ts.HOPPER_CONFIGS[dim].update(config)
+
+
+def loop_calls(method: Method, params: dict, q: torch.Tensor, kv, *, shared: bool,
+               copies: int = LOOP_CALLS) -> list:
+    """LOOP_CALLS prepared calls over ``copies`` clones of the inputs (in turn); ``shared``:
+    one workspace and random state (the first call's ``rebind``), else one per call."""
+    clones = [(q.clone(), clone_kv(kv)) for _ in range(copies)]
+    first = method.prepare(*clones[0], seed=100, **params)
+    calls = [first]
+    for i in range(1, LOOP_CALLS):
+        q_i, kv_i = clones[i % copies]
+        if shared and first.rebind is not None:
+            calls.append(first.rebind(q_i, kv_i))
+        else:
+            calls.append(method.prepare(q_i, kv_i, seed=100 + i, **params))
+    return calls
+
+
+def loop_us(calls: list) -> float:
+    """Median us per call: CUDA events around each replay of a graph of ``calls``."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            for call in calls:
+                call()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    for _ in range(5):
+        graph.replay()
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+             for _ in range(REPLAYS)]
+    for start, end in pairs:
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 / len(calls) for s, e in pairs)
+
+
+def check(method: Method, params: dict, label: str, batch: int, ctx: int, heads: int,
+          kv_heads: int, head_dim: int, budget_ms: float) -> list[Row]:
+    """Every row of one method at one shape."""
+    shape = f"{ctx // 1024}k B={batch}"
+    q, kv = make_decode_inputs(DecodeShape(batch, ctx, heads, kv_heads, head_dim), seed=0,
+                               device="cuda")
+    rows: list[Row] = []
+
+    def harness(what: str, **plan) -> None:
+        prepared = method.prepare(q, kv, seed=0, **params)
+        t = time_prepared(method, prepared, q, kv, 0, params, graph=True, cold_l2=True,
+                          budget_ms=budget_ms, **plan)
+        shared = plan.get("workspace", "shared") == "shared" and prepared.rebind is not None
+        rows.append(Row(label, shape, what, t.n_copies, t.calls_per_sample,
+                        "shared" if shared else "per-copy", t.rotated_bytes / 1e6, t.median_us))
+
+    def loop(what: str, shared: bool, copies: int = LOOP_CALLS) -> None:
+        calls = loop_calls(method, params, q, kv, shared=shared, copies=copies)
+        shared = shared and calls[0].rebind is not None
+        rows.append(Row(label, shape, what, copies, LOOP_CALLS,
+                        "shared" if shared else "per-call", float("nan"), loop_us(calls)))
+        del calls
+        torch.cuda.empty_cache()
+
+    loop("loop decode", shared=True)
+    harness("harness")
+    harness("harness per-copy", workspace="per-copy")
+    for copies in (1, 2, 16):
+        harness(f"harness copies={copies}", copies=copies)
+    harness("harness copies=16 per-copy", copies=16, workspace="per-copy")
+    for calls in (1, 8, 32):
+        harness(f"harness calls={calls}", calls_per_replay=calls)
+    loop("loop per-call", shared=False)
+    loop("loop decode, one input copy", shared=True, copies=1)
+    if method.has_stash:
+        with stash_l2_off():
+            harness("harness, stash-l2 off")
+            loop("loop decode, stash-l2 off", shared=True)
+            loop("loop per-call, stash-l2 off", shared=False)
+    loop("loop decode (again)", shared=True)
+    return rows
+
+
+def print_rows(rows: list[Row]) -> None:
+    """One table per (method, shape), each row against the mean of its decode loops."""
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for row in rows:
+        groups.setdefault((row.method, row.shape), []).append(row)
+    for (method, shape), members in groups.items():
+        decode = statistics.mean(r.us for r in members if r.what.startswith("loop decode")
+                                 and "one input" not in r.what and "off" not in r.what)
+        print(f"\n{method} at {shape}")
+        print(f"  {'what':<30} {'copies':>6} {'calls':>5} {'workspace':>9} "
+              f"{'rotated MB':>10} {'us/call':>8} {'vs decode':>9}")
+        for r in members:
+            rotated = "-" if r.rotated_mb != r.rotated_mb else f"{r.rotated_mb:.0f}"
+            print(f"  {r.what:<30} {r.copies:>6} {r.calls:>5} {r.workspace:>9} "
+                  f"{rotated:>10} {r.us:>8.2f} {r.us / decode:>9.3f}")
+
+
+def state_line(when: str) -> str:
+    s = gpu_state()
+    return (f"{when}: SM {s['sm_clock_mhz']}/{s['sm_clock_max_mhz']} MHz, memory "
+            f"{s['mem_clock_mhz']}/{s['mem_clock_max_mhz']} MHz, {s['power_w']} of "
+            f"{s['power_limit_w']} W, {s['temperature_c']} C, clocks-event reasons "
+            f"{s['clocks_event_reasons']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--methods", default="santa-prop:S=128,sdpa-cudnn",
+                        help="methods as santa-bench kernel names them (default: %(default)s)")
+    parser.add_argument("--shapes", default="1x32k,8x32k,1x128k",
+                        help="BATCHxCTX, comma-separated (default: %(default)s)")
+    parser.add_argument("--heads", type=int, default=32, help="query heads (default: 32)")
+    parser.add_argument("--kv-heads", type=int, default=8, help="KV heads (default: 8)")
+    parser.add_argument("--head-dim", type=int, default=128, help="head dim (default: 128)")
+    parser.add_argument("--budget-ms", type=float, default=100.0,
+                        help="timing budget of each harness row (default: %(default)s)")
+    parser.add_argument("--out", type=Path, help="also write the rows to this CSV file")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("timing_check.py: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    try:
+        methods = parse_method_specs(args.methods)
+        shapes = parse_shapes(args.shapes)
+    except ValueError as exc:
+        print(f"timing_check.py: {exc}", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    print(f"{torch.cuda.get_device_name()}, L2 {l2_cache_bytes('cuda') / 2**20:.0f} MiB, "
+          f"torch {torch.__version__}")
+    print(state_line("before"))
+    rows: list[Row] = []
+    for batch, ctx in shapes:
+        for method, overrides in methods:
+            ok, why = method.kernel_available()
+            if not ok:
+                print(f"{method.name}: skipped ({why})")
+                continue
+            params = method.resolve_params(overrides)
+            label = method.name + "".join(f" {k}={v}" for k, v in overrides.items())
+            rows += check(method, params, label, batch, ctx, args.heads, args.kv_heads,
+                          args.head_dim, args.budget_ms)
+            torch.cuda.empty_cache()  # the shape's inputs and copies
+    print_rows(rows)
+    print("\n" + state_line("after"))
+    print(f"{time.perf_counter() - started:.0f} s")
+    if args.out:
+        with args.out.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(Row.__dataclass_fields__))
+            writer.writeheader()
+            writer.writerows(vars(r) for r in rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
