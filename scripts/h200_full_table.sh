@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The full kernel table (issue 4) on an H200, resumable across machines.
+# The full kernel table on an H200, resumable across machines.
 # Usage (.whl/ and .git_sha in the tree): source scripts/h200_setup.sh;
 #   bash scripts/h200_full_table.sh RUN_ID SECONDS CTX [BATCH]
 # Runs every SANTA method at S = 64..2048 with every dense baseline for the given

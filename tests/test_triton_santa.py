@@ -319,7 +319,7 @@ def check_flash_unbiased(draw, S=16, calls=2):
      ("prop-fp16-stash", 2, "needle"), ("flash-group", 3, "gaussian")],
 )
 def test_unbiased_and_reference_mse(method, calls, kind):
-    """Issue 4: accuracy is not traded silently: on Gaussian, peaked and needle inputs
+    """Accuracy is not traded silently: on Gaussian, peaked and needle inputs
     the kernel is unbiased and its error against dense matches its reference's."""
     q, kv = replicated_cache(kind=kind)
     S = 16
