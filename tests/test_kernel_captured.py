@@ -32,12 +32,12 @@ LABEL = "captured:tiny:L3,7"
 runner = CliRunner()
 
 
-def _layer(layer: int) -> LayerCapture:
+def _layer(layer: int, n: int = N, hq: int = HQ, hkv: int = HKV, d: int = D) -> LayerCapture:
     gen = torch.Generator().manual_seed(layer)
-    key = torch.randn(N, HKV, D, generator=gen)
+    key = torch.randn(n, hkv, d, generator=gen)
     key[:4] *= 4  # heavy first keys: the softmax mass sits on a few sinks
-    return LayerCapture(layer, torch.randn(P, HQ, D, generator=gen) * 2, key,
-                        torch.randn(N, HKV, D, generator=gen), scale=0.5 * D**-0.5)
+    return LayerCapture(layer, torch.randn(P, hq, d, generator=gen) * 2, key,
+                        torch.randn(n, hkv, d, generator=gen), scale=0.5 * d**-0.5)
 
 
 @pytest.fixture()
@@ -231,15 +231,19 @@ def test_captured_and_gaussian_cases_compare_against_their_own_baselines(capture
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_kernels_time_captured_inputs_against_a_baseline_of_the_same_inputs(
-        capture_file, tmp_path):
-    args = ["kernel", "--inputs", str(capture_file), "--ctx", "8k", "--batch", "1,4", "--S",
+def test_gpu_kernels_time_captured_inputs_against_a_baseline_of_the_same_inputs(tmp_path):
+    # Qwen2.5-Coder-0.5B's attention shape, 4k captured keys tiled to 32k
+    layers = [_layer(x, n=4096, hq=14, hkv=2, d=64) for x in LAYERS]
+    capture_file = save_capture(tmp_path / "qwen-shape.safetensors", layers, model="tiny",
+                                text="ruler-haystack", dtype="bf16")
+    args = ["kernel", "--inputs", str(capture_file), "--ctx", "32k", "--batch", "1,4", "--S",
             "128", "--methods", "santa-prop,santa-flash", "--baselines", "sdpa-flash,sdpa-math",
             "--device", "cuda", "--gpu-budget-ms", "50", "--results", str(tmp_path)]
     done = _invoke(*args)
     assert done.exit_code == 0, done.output
     frame = ResultStore(tmp_path).load()
     assert set(frame.inputs) == {LABEL} and set(frame.inputs_tiled) == {True}
+    assert set(frame.heads) == {14} and set(frame.head_dim) == {64}
     speedups = frame[frame.metric == "speedup_vs_best_dense"]
     assert len(speedups) == 4 and set(speedups.status) == {"ok"}
     assert set(speedups.best_dense) <= {"sdpa-flash", "sdpa-math"}
