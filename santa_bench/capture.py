@@ -7,11 +7,13 @@ for K, ``[Hkv, N, d]``, without the GQA repeat). ``save_capture`` writes them to
 safetensors file (``L<layer>.query`` ``[P, Hq, d]``, ``L<layer>.key`` / ``.value``
 ``[N, Hkv, d]``) with metadata (model, ctx, layers, dtype, scale, text). The fidelity
 runner reads such a file as patterns ``captured:<model>:L<layer>`` (``load_captured``):
-position ``p`` of the ``P`` is one sequence of a batch attending to its causal prefix.
+position ``p`` of the ``P`` is one sequence of a batch attending to its causal prefix;
+``santa-bench kernel --inputs`` times the kernels on them (``santa_bench.captured``).
 """
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import math
@@ -95,9 +97,12 @@ def capture_attention(
     AttentionMaskInterface.register(name, sdpa_mask)
     previous = getattr(model.config, "_attn_implementation", None) or "sdpa"
     model.set_attn_implementation(name)
+    # the logits of the last position only: all N of them would take N x vocab floats
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(
+        model.forward).parameters else {}
     try:
         with torch.no_grad():
-            model(input_ids.to(model.device), use_cache=False)
+            model(input_ids.to(model.device), use_cache=False, **keep)
     finally:
         model.set_attn_implementation(previous)
     missing = sorted(wanted - set(found))
@@ -113,8 +118,10 @@ def save_capture(
     model: str,
     text: str,
     dtype: str = "fp32",
+    extra: dict[str, str] | None = None,
 ) -> Path:
-    """Writes the captures to a safetensors file with their metadata; returns its path."""
+    """Writes the captures to a safetensors file with their metadata (``extra``: more
+    metadata entries, such as the device the model ran on); returns its path."""
     from safetensors.torch import save_file
 
     if dtype not in _DTYPES:
@@ -122,7 +129,7 @@ def save_capture(
     tensors = {}
     for c in captures:
         for part in ("query", "key", "value"):
-            tensor = getattr(c, part).to(_DTYPES[dtype]).contiguous()
+            tensor = getattr(c, part).to(device="cpu", dtype=_DTYPES[dtype]).contiguous()
             tensors[f"L{c.layer}.{part}"] = tensor
     first = captures[0]
     metadata = {
@@ -137,6 +144,7 @@ def save_capture(
         "dtype": dtype,
         "scales": json.dumps({str(c.layer): c.scale for c in captures}),
         "text": text,
+        **(extra or {}),
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -186,17 +194,36 @@ def file_digest(path: str | Path) -> str:
     return sha256_of(Path(path))[:12]
 
 
+def read_layer(
+    path: str | Path, layer: int | str, *, dtype: torch.dtype = torch.float64
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns one captured layer's ``(query [P, Hq, d], key [N, Hkv, d], value)``.
+
+    ``query`` is rescaled so that the default softmax scale ``1/sqrt(d)`` equals the
+    layer's own.
+    """
+    from safetensors import safe_open
+
+    meta = read_metadata(path)
+    layer = str(layer)
+    if layer not in meta["layers"].split(","):
+        raise ValueError(f"layer {layer}: not in {path} (layers {meta['layers']})")
+    with safe_open(str(path), framework="pt") as handle:
+        query = handle.get_tensor(f"L{layer}.query").to(dtype)
+        key = handle.get_tensor(f"L{layer}.key").to(dtype)
+        value = handle.get_tensor(f"L{layer}.value").to(dtype)
+    scale = float(json.loads(meta["scales"])[layer])
+    return query * (scale * math.sqrt(query.shape[-1])), key, value
+
+
 def load_captured(
     path: str | Path, pattern: str, *, dtype: torch.dtype = torch.float64
 ) -> tuple[torch.Tensor, sk.KVCache]:
     """Returns ``(q [P, Hq, d], kv)`` of a captured pattern for the reference kernels.
 
     Position ``p`` (of the last ``P``) is sequence ``p``: it sees the first
-    ``N - P + 1 + p`` keys. ``q`` is rescaled so that the default softmax scale
-    ``1/sqrt(d)`` equals the layer's own.
+    ``N - P + 1 + p`` keys. ``q`` is rescaled as in :func:`read_layer`.
     """
-    from safetensors import safe_open
-
     meta = read_metadata(path)
     match = re.fullmatch(rf"{re.escape(CAPTURED_PREFIX)}(.+):L(\d+)", pattern)
     if not match or match.group(1) != meta["model"]:
@@ -204,17 +231,29 @@ def load_captured(
     layer = match.group(2)
     if layer not in meta["layers"].split(","):
         raise ValueError(f"pattern {pattern!r}: layer {layer} not in {path}")
-    with safe_open(str(path), framework="pt") as handle:
-        query = handle.get_tensor(f"L{layer}.query").to(dtype)
-        key = handle.get_tensor(f"L{layer}.key").to(dtype)
-        value = handle.get_tensor(f"L{layer}.value").to(dtype)
-    scale = float(json.loads(meta["scales"])[layer])
-    query = query * (scale * math.sqrt(query.shape[-1]))
+    query, key, value = read_layer(path, layer, dtype=dtype)
     positions, n = query.shape[0], key.shape[0]
     lengths = torch.arange(n - positions + 1, n + 1)
     k = key.unsqueeze(0).expand(positions, -1, -1, -1).contiguous()
     v = value.unsqueeze(0).expand(positions, -1, -1, -1).contiguous()
     return query, sk.KVCache.contiguous(k, v, lengths if positions > 1 else None)
+
+
+MODEL_DTYPES = {"cpu": "float32", "cuda": "bfloat16"}
+"""The weights' dtype on each device the capture runs on."""
+
+
+def capture_device(requested: str) -> str:
+    """Returns ``cpu`` or ``cuda`` for ``--device auto|cpu|cuda`` (ValueError if unusable)."""
+    if requested not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"--device: expected auto, cpu or cuda, got {requested!r}")
+    if requested == "cpu":
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    if requested == "cuda":
+        raise ValueError("--device cuda: no CUDA device is visible")
+    return "cpu"
 
 
 def default_layers(count: int) -> list[int]:
@@ -237,6 +276,13 @@ def capture_command(
     ] = RULER_HAYSTACK,
     positions: Annotated[int, typer.Option(help="Last positions whose query is kept.")] = 1,
     dtype: Annotated[str, typer.Option(help="Stored dtype: fp32, bf16 or fp16.")] = "fp32",
+    device: Annotated[
+        str,
+        typer.Option(
+            help="Where the model runs: auto (a GPU when present), cpu (fp32 weights) or "
+            "cuda (bf16 weights; 32k tokens in seconds where a CPU takes minutes)."
+        ),
+    ] = "auto",
     out: Annotated[Path, typer.Option(help="Output safetensors file.")] = Path(
         "captured.safetensors"
     ),
@@ -244,7 +290,8 @@ def capture_command(
     """Capture a model's post-RoPE query, K and V at chosen layers on real text.
 
     The file feeds `santa-bench accuracy fidelity --inputs FILE` (patterns
-    captured:<model>:L<layer>).
+    captured:<model>:L<layer>) and `santa-bench kernel --inputs FILE` (kernel timings on
+    real attention).
     """
     from rich.markup import escape
 
@@ -262,6 +309,7 @@ def capture_command(
         chosen = parse_list(layers, int)
         if dtype not in _DTYPES:
             raise ValueError(f"--dtype: expected one of {list(_DTYPES)}, got {dtype!r}")
+        where = capture_device(device)
         if text == RULER_HAYSTACK:
             body = haystack_text()
         elif Path(text).is_file():
@@ -273,7 +321,7 @@ def capture_command(
         return
     from santa_bench.accuracy.models import load_model
 
-    model_obj, tokenizer = load_model(model)
+    model_obj, tokenizer = load_model(model, dtype=MODEL_DTYPES[where], device=where)
     ids = tokenizer(body, return_tensors="pt").input_ids
     if ids.shape[1] < size:
         fail(f"--text: {ids.shape[1]} tokens, fewer than --ctx {size}")
@@ -283,9 +331,11 @@ def capture_command(
     except ValueError as exc:
         fail(str(exc))
         return
-    path = save_capture(out, captures, model=model, text=text, dtype=dtype)
+    path = save_capture(out, captures, model=model, text=text, dtype=dtype,
+                        extra={"device": where, "model_dtype": MODEL_DTYPES[where]})
     first = captures[0]
     console.print(
         f"wrote {path}: {model}, ctx {size}, layers {','.join(map(str, chosen))}, "
-        f"q {list(first.query.shape)}, K/V {list(first.key.shape)}, {dtype}"
+        f"q {list(first.query.shape)}, K/V {list(first.key.shape)}, {dtype} (the model in "
+        f"{MODEL_DTYPES[where]} on {where})"
     )

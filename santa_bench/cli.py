@@ -198,8 +198,12 @@ def _device(requested: str) -> str:
 @app.command("kernel")
 def kernel(
     ctx: Annotated[
-        str, typer.Option(help="Context length(s), comma list; accepts 4k, 32k, 1m or integers.")
-    ] = "4k",
+        str | None,
+        typer.Option(
+            help="Context length(s), comma list; accepts 4k, 32k, 1m or integers (default: "
+            "4k; with --inputs, the captured length)."
+        ),
+    ] = None,
     S: Annotated[
         str, typer.Option("--S", help="Sample budget(s) S for the sampling methods, comma list.")
     ] = "128",
@@ -231,9 +235,28 @@ def kernel(
             "at most shapes; the same estimator)."
         ),
     ] = None,
-    heads: Annotated[int, typer.Option(help="Query heads Hq (default: Llama-3.1-8B).")] = 32,
-    kv_heads: Annotated[int, typer.Option(help="KV heads Hkv; Hq must be a multiple.")] = 8,
-    head_dim: Annotated[int, typer.Option(help="Head dimension d.")] = 128,
+    heads: Annotated[
+        int | None,
+        typer.Option(help="Query heads Hq (default: 32, Llama-3.1-8B; with --inputs, the file's).")
+    ] = None,
+    kv_heads: Annotated[
+        int | None,
+        typer.Option(help="KV heads Hkv; Hq must be a multiple (default: 8; with --inputs, "
+                     "the file's).")
+    ] = None,
+    head_dim: Annotated[
+        int | None, typer.Option(help="Head dimension d (default: 128; with --inputs, the file's).")
+    ] = None,
+    inputs: Annotated[
+        Path | None,
+        typer.Option(
+            help="Time on a model's real q, K, V (a `santa-bench capture` file) instead of "
+            "Gaussian noise: the attention shape is the file's; a batch element per captured "
+            "layer (cycling), the query of the last captured position; a --ctx above the "
+            "captured length tiles K/V (rows say inputs_tiled), below it keeps the first "
+            "ctx keys."
+        ),
+    ] = None,
     dtype: Annotated[
         str, typer.Option(help="Storage dtype of Q/K/V: bf16, fp16 or fp32.")
     ] = "bf16",
@@ -276,8 +299,10 @@ def kernel(
     Each (ctx, batch, method, S) is a case; finished cases already in the store are
     skipped (so an interrupted run resumes), unless --force.
     """
+    from santa_bench.captured import describe_capture
     from santa_bench.runners.kernel import (
         KernelGrid,
+        attention_shape,
         check_grid,
         describe_dropped,
         expand_cases,
@@ -285,6 +310,13 @@ def kernel(
 
     try:
         on_device = _device(device)
+        shape = attention_shape(
+            str(inputs) if inputs else None,
+            {"heads": heads, "kv_heads": kv_heads, "head_dim": head_dim},
+            _flag,
+        )
+        if ctx is None:
+            ctx = str(describe_capture(inputs, digest=False).ctx) if inputs else "4k"
         grid = KernelGrid(
             methods=_with_baselines(
                 _with_team_options(parse_method_specs(methods or default_methods(on_device)),
@@ -295,9 +327,7 @@ def kernel(
             ctx=_sizes("--ctx", ctx),
             batch=option_list("--batch", batch),
             S=option_list("--S", S),
-            heads=heads,
-            kv_heads=kv_heads,
-            head_dim=head_dim,
+            **shape,
             dtype=dtype,
             layout=layout,
             page_size=page_size,
@@ -305,8 +335,9 @@ def kernel(
             device=on_device,
             graph=graph,
             cold_l2=cold,
+            inputs=str(inputs) if inputs else None,
         )
-        check_grid(grid, lambda name: "--" + name.replace("_", "-"))
+        check_grid(grid, _flag)
         dropped: list[dict] = []
         cases = expand_cases(grid, dropped)
     except (MethodError, ValueError) as exc:
@@ -423,6 +454,11 @@ def sweep(
     if outcome.results:
         console.print(f"rows written to {outcome.run_path}")
     exit_if_every_case_failed(outcome, console)
+
+
+def _flag(name: str) -> str:
+    """The command-line option of a case key: ``kv_heads`` -> ``--kv-heads``."""
+    return "--" + name.replace("_", "-")
 
 
 def _sizes(option: str, text: str) -> list[int]:

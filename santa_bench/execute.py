@@ -261,7 +261,7 @@ def local_device_id(case_device: str) -> str:
 def work_units(cases: list[dict[str, Any]]) -> list[list[int]]:
     """Returns case indices grouped into work units (see the module docstring)."""
     from santa_bench.methods import REGISTRY
-    from santa_bench.runners.kernel import GROUP_KEYS
+    from santa_bench.runners.kernel import group_key
 
     def vendor(case: dict[str, Any]) -> bool:
         return case["method"] in REGISTRY.names() and (
@@ -269,7 +269,7 @@ def work_units(cases: list[dict[str, Any]]) -> list[list[int]]:
         )
 
     def key(case: dict[str, Any]) -> tuple:
-        return tuple(case.get(k) for k in GROUP_KEYS)
+        return group_key(case)
 
     grouped = {key(c) for c in cases if vendor(c)}
     units: list[list[int]] = []

@@ -9,6 +9,12 @@ fraction (on the model's attention and on the kernel run's inputs) and the index
 cost; it marks the Pareto front (speedup against retention) and names per task family the
 fastest configuration within one point and 99% retention of dense.
 
+Kernel rows are timed on Gaussian inputs, and may also be timed on the model's own
+attention (``santa-bench kernel --inputs``, rows with ``inputs`` =
+``captured:<model>:...``): a sampled kernel's time and reads depend on where the softmax
+mass sits. Where the model's captured rows exist, both speedups are shown; the verdict
+(matched, faster than dense, the front) is the Gaussian inputs' as before.
+
 A task is *informative* where dense scores at least :data:`INFORMATIVE` (a task the model
 cannot do at all says nothing about what a method keeps): only those count.
 """
@@ -26,6 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from santa_bench.captured import GAUSSIAN
 from santa_bench.methods import REGISTRY, MethodError
 
 INFORMATIVE = 0.20  # dense score below which a task is left out
@@ -224,13 +231,34 @@ class Timing:
     read_fraction: float
     index_build_ms: float
     run_id: str
+    inputs: str = GAUSSIAN
+    tiled: bool = False  # captured K/V tiled to the context
+    command: str = ""
+
+
+def captured_prefix(model: str) -> str:
+    """The ``inputs`` prefix of kernel rows on ``model``'s captured attention."""
+    from santa_bench.capture import CAPTURED_PREFIX
+
+    return f"{CAPTURED_PREFIX}{model}:"
+
+
+def with_inputs(rows: pd.DataFrame, inputs: str) -> pd.DataFrame:
+    """The kernel rows on ``inputs``: ``gaussian`` (rows without an ``inputs`` value too),
+    or the rows whose ``inputs`` starts with the given prefix."""
+    if "inputs" not in rows:
+        return rows if inputs == GAUSSIAN else rows.iloc[0:0]
+    labels = rows["inputs"].where(rows["inputs"].notna(), GAUSSIAN).astype(str)
+    keep = labels == GAUSSIAN if inputs == GAUSSIAN else labels.str.startswith(inputs)
+    return rows[keep]
 
 
 def kernel_rows(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], shape: Shape, ctx: int,
-                gpu: str | None) -> dict[tuple[str, int], Timing]:
+                gpu: str | None, inputs: str = GAUSSIAN) -> dict[tuple[str, int], Timing]:
     """Per (configuration key, batch), the newest kernel row at ``shape`` and ``ctx`` on
-    ``gpu`` (a GPU name from run.json; None: any)."""
-    rows = frame[(frame.get("kind") == "kernel") & (frame.status == "ok")]
+    ``gpu`` (a GPU name from run.json; None: any) and on ``inputs`` (see
+    :func:`with_inputs`)."""
+    rows = with_inputs(frame[(frame.get("kind") == "kernel") & (frame.status == "ok")], inputs)
     for column, value in (("heads", shape.heads), ("kv_heads", shape.kv_heads),
                           ("head_dim", shape.head_dim), ("ctx", ctx)):
         if column not in rows:
@@ -276,15 +304,21 @@ def kernel_rows(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], shape: Shap
             read_fraction=value("kv_read_fraction"),
             index_build_ms=value("index_build_ms"),
             run_id=str(newest.run_id.iloc[0]),
+            inputs=str(newest.inputs.iloc[0]) if "inputs" in newest
+            and isinstance(newest.inputs.iloc[0], str) else GAUSSIAN,
+            tiled=bool(newest.inputs_tiled.iloc[0]) if "inputs_tiled" in newest
+            and _present(newest.inputs_tiled.iloc[0]) else False,
+            command=str(newest.command.iloc[0]) if "command" in newest else "",
         )
     return out
 
 
-def best_dense_latency(frame: pd.DataFrame, shape: Shape, ctx: int,
-                       batch: int) -> tuple[str, float] | None:
+def best_dense_latency(frame: pd.DataFrame, shape: Shape, ctx: int, batch: int,
+                       inputs: str = GAUSSIAN) -> tuple[str, float] | None:
     """The fastest dense baseline's latency (``baseline`` family) at a shape, if timed."""
     rows = frame[(frame.get("kind") == "kernel") & (frame.status == "ok")
                  & (frame.get("family") == "baseline") & (frame.metric == "latency")]
+    rows = with_inputs(rows, inputs)
     for column, value in (("heads", shape.heads), ("kv_heads", shape.kv_heads),
                           ("head_dim", shape.head_dim), ("ctx", ctx), ("batch", batch)):
         if column not in rows:
@@ -309,6 +343,7 @@ class Point:
     front: set[int] = field(default_factory=set)  # batches where it is on the front
     # on the informative tasks it has, where it lacks some (not on the front, no verdict)
     partial: Retention | None = None
+    captured: dict[int, Timing] = field(default_factory=dict)  # on the model's attention
 
 
 @dataclass
@@ -329,6 +364,13 @@ class Verdict:
     kernel_runs: list[str]
     environments: list[dict[str, Any]]
     dense_latency: dict[int, tuple[str, float] | None]
+    captured_inputs: list[str] = field(default_factory=list)  # the labels of captured rows
+    captured_dense_latency: dict[int, tuple[str, float] | None] = field(default_factory=dict)
+
+    @property
+    def has_captured(self) -> bool:
+        """Whether kernel rows on the model's captured attention were joined."""
+        return bool(self.captured_inputs)
 
     def fastest(self, family: str, batch: int) -> Point | None:
         """The fastest configuration matching dense (within one point and 99% retention)
@@ -363,6 +405,21 @@ def kernel_command(config: str, shape: Shape, ctx: int, batches: Sequence[int]) 
             f"--methods {config} --baselines auto")
 
 
+def captured_kernel_command(config: str, shape: Shape, ctx: int, batches: Sequence[int],
+                            timings: Sequence[Timing]) -> str:
+    """The command that times ``config`` on the capture file the other captured rows used
+    (read from their stored commands; ``FILE`` when none names one)."""
+    import shlex
+
+    path = "FILE"
+    for timing in timings:
+        args = shlex.split(timing.command) if timing.command else []
+        if "--inputs" in args[:-1]:
+            path = args[args.index("--inputs") + 1]
+            break
+    return kernel_command(config, shape, ctx, batches) + f" --inputs {shlex.quote(path)}"
+
+
 def accuracy_command(config: str, model: str, ctx: int, tasks: Sequence[str], n: int) -> str:
     """The command that scores ``config`` on the RULER tasks of the verdict."""
     names = ",".join(t.removeprefix("ruler-") for t in tasks if t.startswith("ruler-"))
@@ -393,6 +450,7 @@ def verdict(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
     for task in tasks:
         families.setdefault(task_family(task), []).append(task)
     timings = kernel_rows(frame, runs, shape, ctx, gpu)
+    captured = kernel_rows(frame, runs, shape, ctx, gpu, captured_prefix(model))
     configs = sorted(set(acc) | {c for c, _ in timings}, key=lambda c: (c != "dense", c))
     points: list[Point] = []
     missing: list[tuple[str, str, str]] = []
@@ -415,6 +473,12 @@ def verdict(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
         if lacking_b := [b for b in batches if b not in by_batch]:
             missing.append((config, f"kernel rows at B={','.join(map(str, lacking_b))}",
                             kernel_command(config, shape, ctx, lacking_b)))
+        on_model = {b: t for (c, b), t in captured.items() if c == config and b in batches}
+        if captured and (lacking_c := [b for b in batches if b not in on_model]):
+            missing.append((config, "kernel rows on captured inputs at "
+                            f"B={','.join(map(str, lacking_c))}",
+                            captured_kernel_command(config, shape, ctx, lacking_c,
+                                                    list(captured.values()))))
         has = [t for t in tasks if score and t in score.per_task]
         points.append(Point(
             config,
@@ -423,15 +487,21 @@ def verdict(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
             score.read_fraction if score else math.nan,
             by_batch,
             partial=retention(score, dense, has) if score and len(has) < len(tasks) else None,
+            captured=on_model,
         ))
     for batch in batches:
         _front([p for p in points if p.config != "dense"], batch)
-    kernel_runs = sorted({t.run_id for p in points for t in p.timings.values()})
+    kernel_runs = sorted({t.run_id for p in points
+                          for t in [*p.timings.values(), *p.captured.values()]})
     used = set(accuracy_runs) | set(kernel_runs)
+    labels = sorted({t.inputs for p in points for t in p.captured.values()})
     return Verdict(model, shape, ctx, tuple(batches), gpu or "any GPU", dense, tasks, families,
                    points, missing, accuracy_runs, kernel_runs,
                    [run_env[r] for r in sorted(used) if r in run_env],
-                   {b: best_dense_latency(frame, shape, ctx, b) for b in batches})
+                   {b: best_dense_latency(frame, shape, ctx, b) for b in batches},
+                   labels,
+                   {b: best_dense_latency(frame, shape, ctx, b, captured_prefix(model))
+                    for b in batches} if labels else {})
 
 
 # ----------------------------------------------------------------- outputs
@@ -453,6 +523,12 @@ def _ret(ret: Retention | None) -> str:
 
 def _points(ret: Retention) -> str:
     return "0.0" if abs(ret.drop_points) < 0.05 else f"{-ret.drop_points:+.1f}"
+
+
+def _mean_reads(timings: dict[int, Timing]) -> str:
+    """The mean KV read fraction over the batches timed, or ``–``."""
+    reads = [t.read_fraction for t in timings.values() if not math.isnan(t.read_fraction)]
+    return _pct(float(np.mean(reads))) if reads else "–"
 
 
 def _overall(point: Point, total: int) -> str:
@@ -489,6 +565,13 @@ def table_frame(result: Verdict) -> pd.DataFrame:
             record[f"kv_read_kernel_b{batch}"] = t.read_fraction if t else math.nan
             record[f"index_build_ms_b{batch}"] = t.index_build_ms if t else math.nan
             record[f"front_b{batch}"] = batch in p.front
+        for batch in result.batches if result.has_captured else ():
+            c = p.captured.get(batch)
+            record[f"speedup_b{batch}_captured"] = c.speedup if c else math.nan
+            record[f"speedup_b{batch}_captured_low"] = c.low if c else math.nan
+            record[f"speedup_b{batch}_captured_high"] = c.high if c else math.nan
+            record[f"latency_us_b{batch}_captured"] = c.latency_us if c else math.nan
+            record[f"kv_read_captured_b{batch}"] = c.read_fraction if c else math.nan
         records.append(record)
     return pd.DataFrame(records)
 
@@ -535,6 +618,17 @@ def markdown(result: Verdict, command: str = "") -> str:
     for batch, best in result.dense_latency.items():
         if best is not None:
             lines.append(f"- Fastest dense at B={batch}: {best[0]}, {best[1]:.1f} us")
+    if result.has_captured:
+        tiled = any(t.tiled for p in result.points for t in p.captured.values())
+        lines.append(
+            f"- Captured inputs: {', '.join(f'`{x}`' for x in result.captured_inputs)}: the "
+            "model's post-RoPE q, K, V on real text (`santa-bench capture`), a batch element "
+            "per captured layer" + (", K/V tiled to the context" if tiled else "")
+            + "; the *(captured)* columns are timed on them, the others on Gaussian inputs")
+        for batch, best in result.captured_dense_latency.items():
+            if best is not None:
+                lines.append(f"- Fastest dense at B={batch} (captured): {best[0]}, "
+                             f"{best[1]:.1f} us")
     lines += ["", "## Verdict", "",
               "| task family | tasks | dense score | "
               + " | ".join(f"fastest matched, B={b}" for b in result.batches) + " |",
@@ -552,19 +646,24 @@ def markdown(result: Verdict, command: str = "") -> str:
             timing = best.timings[batch]
             text = (f"`{best.config}` {timing.speedup:.2f}x [{timing.low:.2f}, "
                     f"{timing.high:.2f}], retention {ret.retention:.3f}")
+            if batch in best.captured:
+                text += f", captured inputs {_speed(best.captured[batch])}"
             cells.append(text if timing.low > 1.0 else f"dense (the fastest matched, {text}, "
                          "is not faster)")
         label = "all informative" if family == "all" else family
         dense_score = f"{100 * base.dense:.1f}%" if base else "–"
         lines.append(f"| {label} | {len(tasks)} | {dense_score} | " + " | ".join(cells) + " |")
+    captured = result.batches if result.has_captured else ()
     lines += ["", "## Every configuration", "",
               "| config | retention [95%] | score vs dense (points) | KV read (model) | "
               + " | ".join(f"speedup B={b} [95%]" for b in result.batches)
-              + " | KV read (kernel inputs) | index build | front |",
-              "|---|---|---|---|" + "---|" * len(result.batches) + "---|---|---|"]
+              + "".join(f" | speedup B={b} (captured) [95%]" for b in captured)
+              + (" | KV read (Gaussian inputs) | KV read (captured)" if captured
+                 else " | KV read (kernel inputs)")
+              + " | index build | front |",
+              "|---|---|---|---|" + "---|" * (len(result.batches) + len(captured))
+              + "---|" * (2 if captured else 1) + "---|---|"]
     for p in result.points:
-        kernel_reads = [t.read_fraction for t in p.timings.values()
-                        if not math.isnan(t.read_fraction)]
         builds = [t.index_build_ms for t in p.timings.values()
                   if not math.isnan(t.index_build_ms)]
         front = ", ".join(f"B={b}" for b in sorted(p.front)) or ""
@@ -573,8 +672,10 @@ def markdown(result: Verdict, command: str = "") -> str:
             f"{'–' if (r := p.overall or p.partial) is None else _points(r)} | "
             f"{_pct(p.read_fraction)} | "
             + " | ".join(_speed(p.timings.get(b)) for b in result.batches)
-            + f" | {_pct(float(np.mean(kernel_reads))) if kernel_reads else '–'} | "
-            f"{f'{max(builds):.2f} ms' if builds else '–'} | {front} |")
+            + "".join(f" | {_speed(p.captured.get(b))}" for b in captured)
+            + f" | {_mean_reads(p.timings)}"
+            + (f" | {_mean_reads(p.captured)}" if captured else "")
+            + f" | {f'{max(builds):.2f} ms' if builds else '–'} | {front} |")
     lines += ["", "Per task family (retention):", "",
               "| config | " + " | ".join(result.families) + " |",
               "|---|" + "---|" * len(result.families)]
@@ -587,11 +688,18 @@ def markdown(result: Verdict, command: str = "") -> str:
                   "the command that measures the rest:", "",
                   "| config | missing | command |", "|---|---|---|"]
         lines += [f"| `{c}` | {what} | `{cmd}` |" for c, what, cmd in result.missing]
-        lacking = [c for c, what, _ in result.missing if what.startswith("kernel")]
+        lacking = [c for c, what, _ in result.missing if what.startswith("kernel rows at")]
         if lacking:
             lines += ["", "Every missing kernel row in one run:", "", "```bash",
                       kernel_command(",".join(lacking), result.shape, result.ctx,
                                      result.batches), "```"]
+        lacking = [c for c, what, _ in result.missing if what.startswith("kernel rows on")]
+        if lacking:
+            timed = [t for p in result.points for t in p.captured.values()]
+            lines += ["", "Every missing kernel row on captured inputs in one run:", "",
+                      "```bash", captured_kernel_command(",".join(lacking), result.shape,
+                                                         result.ctx, result.batches, timed),
+                      "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -606,6 +714,7 @@ def figure(result: Verdict, path: Path) -> Path:
     fig, axes = plt.subplots(1, len(result.batches), figsize=(6.0 * len(result.batches), 4.6),
                              squeeze=False)
     for ax, batch in zip(axes[0], result.batches, strict=True):
+        captured_shown = False
         points = [p for p in result.points if p.overall is not None and batch in p.timings
                   and not math.isnan(p.timings[batch].speedup)]
         for p in points:
@@ -620,6 +729,14 @@ def figure(result: Verdict, path: Path) -> Path:
                         markersize=6, alpha=0.9)
             ax.annotate(p.config, (p.overall.retention, t.speedup), fontsize=6,
                         xytext=(3, 3), textcoords="offset points")
+            c = p.captured.get(batch)
+            if c is not None and not math.isnan(c.speedup):  # open: on captured inputs
+                ax.plot([p.overall.retention] * 2, [t.speedup, c.speedup], color=style.colour
+                        or "grey", lw=0.6, alpha=0.6)
+                ax.plot(p.overall.retention, c.speedup, marker=style.marker or "o",
+                        mfc="none", color=style.colour or None, markersize=6, ls="none",
+                        label="captured inputs (open)" if not captured_shown else None)
+                captured_shown = True
         front = sorted((p for p in points if batch in p.front),
                        key=lambda p: p.overall.retention)
         if front:

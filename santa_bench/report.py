@@ -1,4 +1,9 @@
-"""Markdown tables from the result store (the tables of docs/benchmarks.md)."""
+"""Markdown tables from the result store (the tables of docs/benchmarks.md).
+
+Kernel rows on a model's captured attention (``santa-bench kernel --inputs``) get tables
+of their own, named by their ``inputs``, beside those of the Gaussian inputs; a store
+with Gaussian rows alone prints as before.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import math
 
 import pandas as pd
 
+from santa_bench.captured import GAUSSIAN
 from santa_bench.methods import DEFAULT_TILE
 from santa_bench.units import format_size
 
@@ -16,6 +22,36 @@ KERNEL_METRICS = (
     "rel_l2_vs_dense",
     "kv_read_fraction",
 )
+
+
+def _with_inputs_column(kernel: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The rows with ``inputs`` filled (``gaussian`` where absent) and the table keys:
+    ``timing, l2``, and ``inputs`` when some rows are not Gaussian."""
+    labels = (kernel["inputs"].where(kernel["inputs"].notna(), GAUSSIAN).astype(str)
+              if "inputs" in kernel else pd.Series(GAUSSIAN, index=kernel.index, dtype=object))
+    kernel = kernel.assign(inputs=labels)
+    keys = ["timing", "l2"] + (["inputs"] if set(labels) != {GAUSSIAN} else [])
+    return kernel, keys
+
+
+def _groups(rows: pd.DataFrame, keys: list[str]) -> list[tuple[tuple, pd.DataFrame]]:
+    """The rows grouped by ``keys``, in order, the Gaussian inputs' before captured ones."""
+    groups = list(rows.groupby(keys, dropna=False, sort=True))
+    if "inputs" in keys:
+        groups.sort(key=lambda g: (str(g[0][0]), str(g[0][1]), g[0][2] != GAUSSIAN, g[0][2]))
+    return groups
+
+
+def _title(key: tuple, keys: list[str]) -> str:
+    """``timing: graph, L2: cold`` (and ``, inputs: captured:...``)."""
+    names = {"timing": "timing", "l2": "L2", "inputs": "inputs"}
+    return ", ".join(f"{names[k]}: {v}" for k, v in zip(keys, key, strict=True))
+
+
+def _ctx_cell(row: pd.Series) -> str:
+    """The context, ``(tiled)`` where captured K/V were tiled to it."""
+    tiled = row.get("inputs_tiled")
+    return format_size(int(row.ctx)) + (" (tiled)" if tiled is True or tiled == 1.0 else "")
 
 
 def case_metrics(rows: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
@@ -76,12 +112,13 @@ def kernel_table(frame: pd.DataFrame) -> str:
     kernel = frame[(frame.get("kind") == "kernel") & frame.metric.isin(KERNEL_METRICS)]
     if kernel.empty:
         return "(no kernel rows)\n"
+    kernel, keys = _with_inputs_column(kernel)
     lines: list[str] = []
     latency = kernel[kernel.metric == "latency"]
     runs = "run_id" in kernel and kernel.run_id.nunique() > 1  # name each line's run
-    for (timing, l2), group in latency.groupby(["timing", "l2"], dropna=False, sort=True):
+    for key, group in _groups(latency, keys):
         lines += [
-            f"\n**timing: {timing}, L2: {l2}**\n",
+            f"\n**{_title(key, keys)}**\n",
             "| ctx | B | method | latency (us) [IQR] | speedup vs best dense [95% CI] "
             "| bandwidth (TB/s) | rel. L2 vs dense | KV read |" + (" run |" if runs else ""),
             "|---|---|---|---|---|---|---|---|" + ("---|" if runs else ""),
@@ -104,7 +141,7 @@ def _kernel_line(row: pd.Series, case: pd.DataFrame) -> str:
     error = metric_value(case, "rel_l2_vs_dense")
     reads = metric_value(case, "kv_read_fraction")
     cells = [
-        format_size(int(row.ctx)),
+        _ctx_cell(row),
         str(int(row.batch)),
         _label(row),
         latency,
@@ -127,16 +164,22 @@ def speedup_matrix(frame: pd.DataFrame) -> str:
     kernel = frame[(frame.get("kind") == "kernel") & frame.metric.isin(KERNEL_METRICS)]
     if "S" not in kernel:
         return "(no sampled kernel rows)\n"
+    kernel, keys = _with_inputs_column(kernel)
     every_latency = kernel[kernel.metric == "latency"]
     latency = every_latency[every_latency.S.notna()]
     if latency.empty:
         return "(no sampled kernel rows)\n"
     lines: list[str] = []
-    for (timing, l2), group in latency.groupby(["timing", "l2"], dropna=False, sort=True):
+    for key, group in _groups(latency, keys):
         budgets = sorted({int(s) for s in group.S})
-        dense = _best_dense_latency(kernel, every_latency, timing, l2)
+        same = dict(zip(keys, key, strict=True))
+        inputs = same.get("inputs")
+        dense = _best_dense_latency(
+            kernel if inputs is None else kernel[kernel.inputs == inputs],
+            every_latency if inputs is None else every_latency[every_latency.inputs == inputs],
+            same["timing"], same["l2"])
         lines += [
-            f"\n**timing: {timing}, L2: {l2}** (latency, speedup vs best dense)\n",
+            f"\n**{_title(key, keys)}** (latency, speedup vs best dense)\n",
             "| ctx | B | method | best dense | " + " | ".join(f"S={s}" for s in budgets) + " |",
             "|---|---|---|---|" + "---|" * len(budgets),
         ]

@@ -14,6 +14,9 @@ Keys are the runner's case keys (for ``kernel``: the ``santa-bench kernel`` opti
 ``method`` for a registry spec such as ``santa-prop:S=128,tile=32``) and method
 parameters (``tile``, ``alloc``, ``draws``, ...). Sizes accept ``32k``; ``S`` also
 accepts a ratio of the context (``0.4%`` -> ``round(ctx * 0.004)``, at least 1).
+A kernel suite's ``inputs`` is a capture file (a path from the working directory, as
+``--inputs``): its cases take the file's attention shape and, without ``ctx``, its
+captured length; in ``where`` and ``--only``, ``inputs`` is ``captured:<model>:L<layers>``.
 As in ``santa-bench kernel``, ``S`` and other method parameters apply to the methods
 that have them (a method's own spec wins) and equal cases are kept once. A
 misspelt key, an unknown method, a parameter no method of the suite has, or a bad
@@ -78,6 +81,7 @@ RUNNERS: dict[str, RunnerSpec] = {
             "device": "str",
             "graph": "bool",
             "cold": "bool",
+            "inputs": "str",
         },
         options={"cpu_budget": float, "gpu_budget_ms": float},
         derived=("kind", "family", "timing", "l2"),
@@ -502,7 +506,13 @@ def suite_from_dict(data: Any, path: Path | str = "<suite>") -> Suite:
     cases: list[dict[str, Any]] = []
     hashes: set[str] = set()
     for parts in itertools.product(*axes):
-        combo = {**spec.defaults, **{k: v for part in parts for k, v in part.items()}}
+        given = {k: v for part in parts for k, v in part.items()}
+        combo = {**spec.defaults, **given}
+        if runner == "kernel" and given.get("inputs") and "ctx" not in given:
+            try:  # a capture file's cases default to its captured length
+                combo["ctx"] = _captured_ctx(str(given["inputs"]))
+            except ValueError as exc:
+                raise fail(_describe(combo), str(exc)) from None
         try:
             built = _build(runner, combo)
         except (ValueError, MethodError) as exc:
@@ -668,30 +678,43 @@ def _e2e_cases(
     return expand_cases(grid)
 
 
+def _captured_ctx(path: str) -> int:
+    """The captured length of a capture file (ValueError if it is not one)."""
+    from santa_bench.captured import describe_capture
+
+    return describe_capture(path, digest=False).ctx
+
+
 def _kernel_case(
     method: Method, overrides: dict[str, Any], budget: int | None, combo: dict[str, Any]
 ) -> list[dict[str, Any]]:
     import torch
 
-    from santa_bench.runners.kernel import KernelGrid, check_grid, expand_cases
+    from santa_bench.runners.kernel import (
+        KernelGrid,
+        attention_shape,
+        check_grid,
+        expand_cases,
+    )
 
     device = combo.get("device", "auto")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device: expected auto, cpu or cuda, got {device!r}")
+    inputs = str(combo["inputs"]) if combo.get("inputs") else None
+    shape = attention_shape(inputs, {k: combo.get(k) for k in ("heads", "kv_heads", "head_dim")})
     grid = KernelGrid(
         methods=[(method, overrides)],
         ctx=[combo["ctx"]],
         batch=[combo["batch"]],
         S=[budget if budget is not None else 128],
         device=device,
+        inputs=inputs,
+        **shape,
         **{
             k: combo[k]
             for k in (
-                "heads",
-                "kv_heads",
-                "head_dim",
                 "dtype",
                 "layout",
                 "page_size",

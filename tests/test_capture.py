@@ -103,3 +103,50 @@ def test_capture_command_feeds_fidelity(tiny, tmp_path):
     assert bad.exit_code == 2 and "fewer than --ctx" in bad.output
     wrong = CliRunner().invoke(app, [*fid[:2], "--inputs", str(text)], catch_exceptions=False)
     assert wrong.exit_code == 2 and "safetensors file" in " ".join(wrong.output.split())
+
+
+def test_capture_device_option(tiny, tmp_path):
+    from typer.testing import CliRunner
+
+    from santa_bench.capture import read_metadata
+    from santa_bench.cli import app
+
+    folder, text = tiny
+    base = ["capture", "--model", str(folder), "--ctx", "64", "--layers", "1", "--text",
+            str(text)]
+    out = tmp_path / "cpu.safetensors"
+    done = CliRunner().invoke(app, [*base, "--device", "cpu", "--out", str(out)],
+                              catch_exceptions=False)
+    assert done.exit_code == 0, done.output
+    meta = read_metadata(out)
+    assert (meta["device"], meta["model_dtype"]) == ("cpu", "float32")
+    bad = CliRunner().invoke(app, [*base, "--device", "tpu"], catch_exceptions=False)
+    assert bad.exit_code == 2 and "--device: expected auto, cpu or cuda" in bad.output
+    if not torch.cuda.is_available():
+        gpu = CliRunner().invoke(app, [*base, "--device", "cuda"], catch_exceptions=False)
+        assert gpu.exit_code == 2 and "no CUDA device" in gpu.output
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_cuda_capture_matches_the_cpu_one_to_bf16_rounding(tiny, tmp_path):
+    from typer.testing import CliRunner
+
+    from santa_bench.capture import read_layer, read_metadata
+    from santa_bench.cli import app
+
+    folder, text = tiny
+    base = ["capture", "--model", str(folder), "--ctx", "256", "--layers", "0,2", "--text",
+            str(text)]
+    paths = {}
+    for device in ("cpu", "cuda"):
+        paths[device] = tmp_path / f"{device}.safetensors"
+        done = CliRunner().invoke(app, [*base, "--device", device, "--out",
+                                        str(paths[device])], catch_exceptions=False)
+        assert done.exit_code == 0, done.output
+    assert read_metadata(paths["cuda"])["model_dtype"] == "bfloat16"
+    for layer in (0, 2):
+        for ours, theirs in zip(read_layer(paths["cuda"], layer), read_layer(paths["cpu"], layer),
+                                strict=True):
+            error = (ours - theirs).norm() / theirs.norm()
+            assert error < 3e-2  # bf16 weights and activations against fp32

@@ -1,6 +1,8 @@
 """The kernel runner: one decode step of attention per case, timed and checked.
 
 A case is a flat dict (method, its parameters, shape, dtype, layout, seed, device).
+Its inputs are Gaussian noise, or a model's real q, K and V from a capture file
+(``inputs``: ``gaussian`` or ``captured:<model>:L<layers>``, see santa_bench.captured).
 Each case yields tidy rows: latency, error against dense (relative L2, cosine), read
 fractions and the byte model. On a CPU the exact PyTorch references are timed with
 the wall clock (``timing=cpu-wall``); GPU timing plugs in through ``time_case``.
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 
 import santa_kernels as sk
+from santa_bench.captured import GAUSSIAN, SHAPE_OPTIONS, capture_shape, describe_capture
 from santa_bench.gpu_state import gpu_state_columns
 from santa_bench.inputs import DecodeShape, make_decode_inputs, parse_dtype
 from santa_bench.methods import REGISTRY, Method, Registry
@@ -27,6 +30,7 @@ from santa_bench.units import format_size
 from santa_kernels.reads import ReadCounts
 
 SHAPE_KEYS = ("batch", "ctx", "heads", "kv_heads", "head_dim")
+DEFAULT_SHAPE = {"heads": 32, "kv_heads": 8, "head_dim": 128}  # Llama-3.1-8B
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,24 @@ class KernelGrid:
     device: str = "cpu"
     graph: bool = True
     cold_l2: bool = True
+    inputs: str | None = None  # a `santa-bench capture` file; None: Gaussian inputs
+
+
+def attention_shape(
+    inputs: str | None, given: dict[str, int | None], option: Callable[[str], str] = str
+) -> dict[str, int]:
+    """Returns ``heads``, ``kv_heads``, ``head_dim``: the capture file's (a value in
+    ``given`` that contradicts it raises ValueError), else ``given`` over the defaults."""
+    if inputs:
+        return capture_shape(describe_capture(inputs, digest=False), given, option)
+    return {k: given.get(k) if given.get(k) is not None else DEFAULT_SHAPE[k]
+            for k in SHAPE_OPTIONS}
+
+
+def inputs_of(case: dict[str, Any]) -> str:
+    """Returns a case's (or row's) ``inputs``: ``gaussian`` where the key is absent."""
+    value = case.get("inputs")
+    return value if isinstance(value, str) and value else GAUSSIAN
 
 
 def check_grid(grid: KernelGrid, option: Callable[[str], str] = str) -> None:
@@ -73,6 +95,8 @@ def check_grid(grid: KernelGrid, option: Callable[[str], str] = str) -> None:
         raise ValueError(f"{option('layout')}: expected contiguous or paged, got {grid.layout!r}")
     if grid.dtype not in ("bf16", "fp16", "fp32"):
         raise ValueError(f"{option('dtype')}: expected bf16, fp16 or fp32, got {grid.dtype!r}")
+    if grid.inputs:
+        attention_shape(grid.inputs, {k: getattr(grid, k) for k in SHAPE_OPTIONS}, option)
 
 
 def timing_mode(grid: KernelGrid) -> tuple[str, str]:
@@ -88,10 +112,13 @@ def expand_cases(
     """Returns one case per (ctx, batch, method, budget); methods without S ignore ``S``.
 
     Cases whose budget exceeds the context are dropped (they would be dense in disguise);
-    ``dropped``, when given, receives ``{"method", "S", "ctx", "batch"}`` of each.
+    ``dropped``, when given, receives ``{"method", "S", "ctx", "batch"}`` of each. Cases on
+    a capture file carry its keys (``inputs``, ``inputs_digest``, ``inputs_tiled``); cases
+    on Gaussian inputs carry none, so their hashes are those of runs before captured inputs.
     """
     cases = []
     timing, l2 = timing_mode(grid)
+    capture = describe_capture(grid.inputs) if grid.inputs else None
     # vendor baselines first: later cases report their speedup against the best of them
     ordered = sorted(grid.methods, key=lambda m: m[0].kernel_kind != "baseline")
     for ctx, batch in itertools.product(grid.ctx, grid.batch):
@@ -131,6 +158,7 @@ def expand_cases(
                     "device": grid.device,
                     "timing": timing,
                     "l2": l2,
+                    **(capture.case_keys(ctx) if capture is not None else {}),
                 }
                 cases.append(case)
     return cases
@@ -282,6 +310,15 @@ def time_prepared(
 
 
 GROUP_KEYS = (*SHAPE_KEYS, "dtype", "layout", "page_size", "device", "timing", "l2")
+
+
+def group_key(case: dict[str, Any]) -> tuple:
+    """Returns the group of a case (or stored row) whose vendor baselines its speedup is
+    taken against: the same :data:`GROUP_KEYS` and the same inputs (the same capture)."""
+    digest = case.get("inputs_digest")
+    return (*(case.get(k) for k in GROUP_KEYS), inputs_of(case),
+            digest if isinstance(digest, str) else "")
+
 BASELINE_TOLERANCE = {"bf16": 1e-2, "fp16": 5e-3, "fp32": 1e-4}  # rel. L2 vs fp32 dense
 
 
@@ -309,21 +346,27 @@ class KernelRunner:
         self._inputs: tuple[torch.Tensor, sk.KVCache, torch.Tensor] | None = None
 
     def inputs(self, case: dict[str, Any]) -> tuple[torch.Tensor, sk.KVCache, torch.Tensor]:
-        """Returns ``(q, kv, dense_out)`` for the case's shape, reusing the last ones."""
-        key = tuple(
-            case[k] for k in (*SHAPE_KEYS, "dtype", "layout", "page_size", "seed", "device")
+        """Returns ``(q, kv, dense_out)`` for the case's shape and inputs (Gaussian, or the
+        capture file the case names), reusing the last ones."""
+        key = (
+            *(case[k] for k in (*SHAPE_KEYS, "dtype", "layout", "page_size", "seed", "device")),
+            inputs_of(case),
+            case.get("inputs_digest"),
         )
         if key != self._inputs_key:
             self._inputs = None  # free the previous cache first
             shape = DecodeShape(**{k: case[k] for k in SHAPE_KEYS})
-            q, kv = make_decode_inputs(
-                shape,
+            made = dict(
                 dtype=parse_dtype(case["dtype"]),
                 layout=case["layout"],
                 page_size=case["page_size"] or 16,
                 seed=case["seed"],
                 device=case["device"],
             )
+            if inputs_of(case) == GAUSSIAN:
+                q, kv = make_decode_inputs(shape, **made)
+            else:
+                q, kv = _captured_inputs(case, shape, made)
             dense = sk.dense_attention(q, kv).out
             self._inputs, self._inputs_key = (q, kv, dense), key
         assert self._inputs is not None
@@ -331,7 +374,7 @@ class KernelRunner:
 
     def remember_baseline(self, case: dict[str, Any], samples_us: list[float]) -> None:
         """Records a vendor baseline's samples if it is the fastest of its group so far."""
-        key = tuple(case[k] for k in GROUP_KEYS)
+        key = group_key(case)
         best = self.best_dense.get(key)
         if best is None or _median(samples_us) < _median(best[1]):
             self.best_dense[key] = (case["method"], list(samples_us))
@@ -357,7 +400,11 @@ class KernelRunner:
                 self.remember_baseline(record, json.loads(record["samples_us"]))
 
     def run(self, case: dict[str, Any]) -> list[dict[str, Any]]:
-        """Returns the case's rows (``skipped`` with a reason when the method can't run)."""
+        """Returns the case's rows (``skipped`` with a reason when the method can't run);
+        every row names the case's ``inputs``."""
+        return [{**row, "inputs": inputs_of(case)} for row in self._run(case)]
+
+    def _run(self, case: dict[str, Any]) -> list[dict[str, Any]]:
         method = self.registry.get(case["method"])
         ok, reason = method.available()
         if not ok:
@@ -464,7 +511,7 @@ class KernelRunner:
     def _speedup_rows(self, case: dict[str, Any], samples_us: list[float]) -> list[dict]:
         from santa_bench.timing import bootstrap_ratio_ci
 
-        best = self.best_dense.get(tuple(case[k] for k in GROUP_KEYS))
+        best = self.best_dense.get(group_key(case))
         if best is None:
             return [
                 _row(
@@ -480,6 +527,20 @@ class KernelRunner:
         return [
             _row("speedup_vs_best_dense", ratio, "x", ci_low=low, ci_high=high, best_dense=name)
         ]
+
+
+def _captured_inputs(
+    case: dict[str, Any], shape: DecodeShape, made: dict[str, Any]
+) -> tuple[torch.Tensor, sk.KVCache]:
+    """The decode inputs of a case on a capture file (checked to be the file it names)."""
+    from santa_bench.captured import make_captured_inputs
+
+    path = case.get("_inputs")
+    if not path:
+        raise ValueError(f"inputs {case['inputs']}: the case names no capture file")
+    if describe_capture(path).digest != case.get("inputs_digest"):
+        raise ValueError(f"{path}: not the capture this case names ({case['inputs']})")
+    return make_captured_inputs(path, batch=shape.batch, ctx=shape.ctx, **made)
 
 
 def rows_bytes(rows: list[dict[str, Any]]) -> float:
@@ -553,6 +614,8 @@ def case_command(case: dict[str, Any], registry: Registry = REGISTRY) -> str:
     if case["layout"] == "paged":
         args += ["--page-size", str(case["page_size"])]
     args += ["--seed", str(case["seed"]), "--device", str(case["device"])]
+    if case.get("_inputs"):
+        args += ["--inputs", str(case["_inputs"])]
     if case["device"] != "cpu":
         args.append("--graph" if case["timing"] == "graph" else "--no-graph")
         args.append("--cold" if case["l2"] == "cold" else "--warm")
