@@ -297,3 +297,13 @@ def test_variants_split_into_series_with_their_own_shades():
                                    "santapp team_size=64", "santapp team_size=64 reps=int8"]
     assert data.colour.nunique() == 4
     assert plots.method_colour("santapp", "santapp") in set(data.colour)
+
+
+def test_figures_leave_out_kernel_rows_timed_on_captured_attention():
+    import pandas as pd
+
+    from santa_bench.plots.rows import kernel_rows
+
+    frame = pd.DataFrame({"kind": ["kernel"] * 3, "inputs": ["gaussian", None, "captured:m:L1"],
+                          "value": [1.0, 2.0, 3.0]})
+    assert kernel_rows(frame).value.tolist() == [1.0, 2.0]

@@ -44,7 +44,11 @@ def ok_rows(frame: pd.DataFrame, metrics: str | Sequence[str]) -> pd.DataFrame:
 
 
 def kernel_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """Return the kernel rows (all rows when the store has no `kind` column)."""
+    """Return the kernel rows on Gaussian inputs (all rows when the store has no `kind`
+    column); rows timed on a model's captured attention (`inputs` = captured:...) are
+    left to `santa-bench pareto` and `report`, which show them apart."""
+    if "inputs" in frame.columns:
+        frame = frame[frame.inputs.isna() | (frame.inputs == "gaussian")]
     if "kind" not in frame.columns:
         return frame
     return frame[frame.kind.isna() | (frame.kind == "kernel")]
