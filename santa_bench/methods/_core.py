@@ -17,7 +17,7 @@ import torch
 import santa_kernels as sk
 from santa_kernels.reads import ReadCounts
 
-FAMILIES = ("dense", "baseline", "santa", "santapp", "bernoulli", "oracle")
+FAMILIES = ("dense", "baseline", "santa", "santapp", "bernoulli", "oracle", "lsh")
 
 
 class MethodError(ValueError):
