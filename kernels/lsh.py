@@ -23,8 +23,10 @@ Decisions where MagicPIG's code differs or is silent:
 - the weights are exactly ``1 / P_i`` (the released CPU kernel adds ``1e-4`` to ``P_i``
   inside the log, a small bias); ``P_i`` is clamped at the smallest positive number of the
   compute dtype only so that an event of smaller probability cannot divide by zero;
-- the hyperplanes are Gaussian, drawn from the call's seed on the CPU (shared by every
-  head; MagicPIG's code also shares them across layers);
+- the hyperplanes are Gaussian, drawn from a seed on the CPU and shared by every head
+  (MagicPIG's code also shares them across layers); :func:`magicpig` draws one set per
+  call, a decode run one set per sequence (:func:`stack_lsh_indexes` then lets one call
+  serve sequences indexed one by one);
 - reads: K and V rows of the sampled keys and the exact set (union over the GQA group);
   the hash codes are counted apart, ``ceil(K L / 8)`` bytes per hashed key and KV head
   (``index_bytes``), as if stored as packed bits and scanned whole: an upper bound of the
@@ -46,9 +48,9 @@ from santa_kernels.validate import InputError, check_positive_int, check_query, 
 CENTERS = ("mean", "none")
 MAX_BITS = 31  # bits per table: a code is an int16 (K <= 15) or int32
 HASH_CHUNK = 8192  # keys hashed at a time (bounds the [chunk, Hkv, K L] projections)
-MATCH_ELEMENTS = 1 << 26  # code comparisons held at once ([chunk, Hq, L] booleans)
+MATCH_ELEMENTS = 1 << 28  # code comparisons held at once ([B, Hq, chunk, L] booleans)
 TAIL_TERMS = 24  # binomial tail terms summed where they shrink fast (ratio <= 1/4)
-TAIL_CHUNK = 1 << 18  # probabilities computed at a time
+TAIL_CHUNK = 1 << 19  # probabilities computed at a time (~100 MB of float64 terms)
 INDEX_ELEMENT_BYTES = 2  # index_read_fraction is against a 16-bit (bf16/fp16) cache
 
 
@@ -120,8 +122,16 @@ def simhash_planes(
 
 def simhash_codes(x: torch.Tensor, planes: torch.Tensor, K: int, L: int) -> torch.Tensor:
     """Returns the ``[..., L]`` SimHash codes of vectors ``x [..., d]``: per table, bit ``j``
-    set where ``x`` lies on the positive side of the table's ``j``-th hyperplane."""
-    bits = (x @ planes > 0).reshape(*x.shape[:-1], L, K)
+    set where ``x`` lies on the positive side of the table's ``j``-th hyperplane.
+
+    ``planes``: ``[d, L K]`` for every vector, or ``[B, d, L K]`` with ``x [B, ..., d]``
+    (hyperplanes of their own per sequence)."""
+    if planes.dim() == 2:
+        projected = x @ planes
+    else:
+        flat = x.reshape(x.shape[0], -1, x.shape[-1])
+        projected = torch.bmm(flat, planes).reshape(*x.shape[:-1], planes.shape[-1])
+    bits = (projected > 0).reshape(*x.shape[:-1], L, K)
     weights = 2 ** torch.arange(K, device=x.device, dtype=torch.int32)
     codes = (bits.to(torch.int32) * weights).sum(dim=-1, dtype=torch.int32)
     return codes.to(torch.int16 if K <= 15 else torch.int32)
@@ -135,14 +145,15 @@ class LSHIndex:
     ``codes [B, Hkv, Nidx, L]``: the codes of the centred keys (rows outside a sequence's
     hashed span are zero and unused); ``span_end [B]``: the hashed span of sequence ``b``
     is ``[sink, span_end[b])``, everything else is exact; ``center [B, Hkv, d]``: the mean
-    key subtracted before hashing (zeros for ``center="none"``); ``planes [d, L K]``.
+    key subtracted before hashing (zeros for ``center="none"``); ``planes [B, d, L K]``:
+    each sequence's hyperplanes (drawn from ``seeds[b]``; one draw serves every head).
     """
 
     K: int
     L: int
     sink: int
     window: int
-    seed: int
+    seeds: tuple[int, ...]
     planes: torch.Tensor
     center: torch.Tensor
     codes: torch.Tensor
@@ -207,14 +218,38 @@ def build_lsh_index(
     else:
         mean = keys.new_zeros(batch, hkv, d)
     planes = simhash_planes(d, K, L, seed, dtype=compute_dtype, device=keys.device)
+    planes = planes[None].expand(batch, -1, -1)  # one draw for the whole call
     code_dtype = torch.int16 if K <= 15 else torch.int32
     codes = torch.zeros(batch, hkv, n, L, dtype=code_dtype, device=keys.device)
     for start in range(0, n, HASH_CHUNK):
         part = keys[:, start : start + HASH_CHUNK] - mean[:, None]  # [B, c, Hkv, d]
         codes[:, :, start : start + HASH_CHUNK] = simhash_codes(part, planes, K, L).transpose(1, 2)
     codes = codes.masked_fill(~hashed[:, None, :, None], 0)
-    return LSHIndex(K=K, L=L, sink=sink, window=window, seed=seed, planes=planes,
-                    center=mean, codes=codes, span_end=span_end)
+    return LSHIndex(K=K, L=L, sink=sink, window=window, seeds=(seed,) * batch,
+                    planes=planes, center=mean, codes=codes, span_end=span_end)
+
+
+def stack_lsh_indexes(indexes: list[LSHIndex]) -> LSHIndex:
+    """Returns one index over the sequences of ``indexes`` (in order; codes padded to the
+    longest), so that one :func:`lsh_attention` call serves caches indexed one by one."""
+    if not indexes:
+        raise InputError("indexes: expected at least one LSHIndex")
+    first = indexes[0]
+    shape = (first.K, first.L, first.sink, first.window)
+    for index in indexes:
+        if (index.K, index.L, index.sink, index.window) != shape:
+            raise InputError("indexes: K, L, sink and window must agree to be stacked")
+    n = max(index.codes.shape[2] for index in indexes)
+    codes = torch.cat([torch.nn.functional.pad(index.codes, (0, 0, 0, n - index.codes.shape[2]))
+                       for index in indexes])
+    return LSHIndex(
+        K=first.K, L=first.L, sink=first.sink, window=first.window,
+        seeds=tuple(seed for index in indexes for seed in index.seeds),
+        planes=torch.cat([index.planes for index in indexes]),
+        center=torch.cat([index.center for index in indexes]),
+        codes=codes,
+        span_end=torch.cat([index.span_end for index in indexes]),
+    )
 
 
 # ------------------------------------------------------------------ attention
@@ -223,9 +258,9 @@ class LSHOutput(AttentionOutput):
     """A MagicPIG decode step: ``out``, ``reads`` (sampled and exact rows, GQA union),
     ``weights [B, Hq, N]`` (normalised, ``out = sum w_i v_i``), the importance-weighted
     sums ``num [B, Hq, d]`` and ``den [B, Hq]`` relative to ``shift [B, Hq]`` (the largest
-    score of all valid keys, read or not), ``inclusion [B, Hq, N]`` (``P_i`` for hashed
-    keys, 1 for exact ones, 0 past the length), ``sampled [B, Hq, N]`` (the keys read) and
-    ``index_bytes [B, Hkv]`` (hash-code bytes scanned)."""
+    score of all valid keys, read or not), ``inclusion [B, Hq, N]`` (``P_i`` for the
+    sampled keys, 1 for exact ones, 0 for keys not read), ``sampled [B, Hq, N]`` (the keys
+    read) and ``index_bytes [B, Hkv]`` (hash-code bytes scanned)."""
 
     num: torch.Tensor
     den: torch.Tensor
@@ -280,9 +315,10 @@ def lsh_attention(
     group = check_query(q, kv.batch, kv.num_kv_heads, kv.head_dim)
     check_lsh_params(index.K, index.L, min_hits, index.sink, index.window)
     tau = check_scale(scale, kv.head_dim)
-    if index.codes.shape[:2] != (kv.batch, kv.num_kv_heads):
-        raise InputError(f"index: built for {tuple(index.codes.shape[:2])} (B, Hkv), the "
-                         f"cache has {(kv.batch, kv.num_kv_heads)}")
+    built = (*index.codes.shape[:2], index.planes.shape[1])
+    if built != (kv.batch, kv.num_kv_heads, kv.head_dim):
+        raise InputError(f"index: built for (B, Hkv, d) = {built}, the cache has "
+                         f"{(kv.batch, kv.num_kv_heads, kv.head_dim)}")
     keys, values, valid = kv.padded(compute_dtype)  # [B, N, Hkv, d], [B, N]
     batch, n, hkv, d = keys.shape
     query = q.to(compute_dtype).reshape(batch, hkv, group, d)
@@ -305,20 +341,24 @@ def lsh_attention(
     span_end = index.span_end.to(device)
     hashed = (positions[None] >= index.sink) & (positions[None] < span_end[:, None]) & valid
     exact = valid & ~hashed  # [B, N]
-    q_codes = simhash_codes(q.to(compute_dtype), index.planes.to(device, compute_dtype),
-                            index.K, index.L)
+    planes = index.planes.to(device, compute_dtype)
+    q_codes = simhash_codes(q.to(compute_dtype), planes, index.K, index.L)  # [B, Hq, L]
     hits = _collision_counts(q_codes, index.codes[:, :, :n].to(device), group)  # [B, Hq, <=N]
     if n_idx < n:  # tokens past the index (decode tokens) are exact, never hashed
         hits = torch.nn.functional.pad(hits, (0, n - n_idx))
     sampled = (hits >= min_hits) & hashed[:, None]
     read = sampled | exact[:, None]
 
-    # importance weights: exactly 1 for exact keys, 1 / P for sampled ones
-    prob = collision_probability(cos, index.K, index.L, min_hits)
+    # importance weights: exactly 1 for exact keys, 1 / P for sampled ones (P of those only)
+    chosen = sampled.nonzero(as_tuple=True)
+    prob = collision_probability(cos[chosen], index.K, index.L, min_hits)
     prob = prob.clamp_min(torch.finfo(compute_dtype).tiny).to(compute_dtype)
-    inclusion = torch.where(hashed[:, None], prob, exact[:, None].to(compute_dtype))
+    inclusion = exact[:, None].to(compute_dtype).expand_as(scores).clone()
+    inclusion[chosen] = prob
+    log_p = torch.zeros_like(scores)
+    log_p[chosen] = prob.log()
     shift = scores.masked_fill(~valid[:, None], float("-inf")).amax(dim=-1)  # [B, Hq]
-    log_w = scores - shift[..., None] - torch.where(hashed[:, None], prob.log(), 0.0)
+    log_w = scores - shift[..., None] - log_p
     raw = torch.where(read, log_w.exp(), 0.0)  # [B, Hq, N]
     v = values.permute(0, 2, 1, 3)  # [B, Hkv, N, d]
     num = torch.einsum("bkgn,bknd->bkgd", raw.reshape(batch, hkv, group, n), v)
@@ -328,14 +368,15 @@ def lsh_attention(
     safe = torch.where(den > 0, den, 1.0)[..., None]
     out, weights = num / safe, raw / safe
 
-    rows = read.reshape(batch, hkv, group, n).any(dim=2).sum(dim=-1)  # [B, Hkv]
-    lengths = kv.lengths.cpu()
-    hashed_count = hashed.sum(dim=1).cpu()  # [B]
+    # one device-to-host copy: rows read per (sequence, KV head), then hashed keys
+    rows_read = read.reshape(batch, hkv, group, n).any(dim=2).sum(dim=-1)  # [B, Hkv]
+    counts = torch.cat([rows_read, hashed.sum(dim=1, keepdim=True)], dim=1).long().cpu()
+    rows, hashed_count = counts[:, :hkv], counts[:, hkv]
     reads = ReadCounts(
-        k_rows=rows.long().cpu(),
-        k_features=(rows * d).long().cpu(),
-        v_rows=rows.long().cpu(),
-        context=lengths,
+        k_rows=rows,
+        k_features=rows * d,
+        v_rows=rows.clone(),
+        context=kv.lengths.cpu(),
         head_dim=d,
     )
     index_bytes = (hashed_count[:, None] * index.code_bytes).expand(-1, hkv).contiguous()

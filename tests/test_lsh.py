@@ -19,6 +19,7 @@ from santa_kernels.lsh import (
     magicpig,
     simhash_codes,
     simhash_planes,
+    stack_lsh_indexes,
 )
 from santa_kernels.validate import InputError
 
@@ -131,8 +132,9 @@ def test_sink_window_and_tokens_past_the_index_are_exact():
             exact[n - 7 : n] = True
             assert res.sampled[b][:, exact].all() and (res.inclusion[b][:, exact] == 1).all()
             assert (res.inclusion[b][:, n:] == 0).all() and not res.sampled[b][:, n:].any()
-            hashed = res.inclusion[b][:, ~exact][:, : n - 12]
-            assert ((hashed > 0) & (hashed < 1)).all()
+            hashed = res.inclusion[b][:, ~exact][:, : n - 12]  # P of the sampled ones
+            picked = res.sampled[b][:, ~exact][:, : n - 12]
+            assert ((hashed > 0) & (hashed < 1) == picked).all() and picked.any()
     # nothing left to hash: the output is dense attention, whatever the seed
     dense = sk.dense_attention(q, kv, compute_dtype=torch.float64).out
     for seed in range(3):
@@ -169,6 +171,30 @@ def test_a_fresh_call_is_its_index_then_attention_and_reads_add_up():
     # paged caches give the same draw
     paged = kv.to_paged(16, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(magicpig(q, paged, **params, seed=11, scale=0.3).out, res.out)
+
+
+def test_stacked_indexes_serve_a_batch_in_one_call():
+    """Sequences indexed one by one (hyperplanes of their own) and attended in one call
+    give what one call per sequence gives."""
+    q, kv = decode_problem(batch=3, heads=4, kv_heads=2, n=50, d=8, seed=9,
+                           lengths=[50, 31, 44])
+    rows = [sk.KVCache.contiguous(kv.k[b : b + 1, :n], kv.v[b : b + 1, :n])
+            for b, n in enumerate([50, 31, 44])]
+    indexes = [build_lsh_index(row, K=4, L=6, sink=2, window=5, seed=10 + b,
+                               compute_dtype=torch.float64) for b, row in enumerate(rows)]
+    stacked = stack_lsh_indexes(indexes)
+    assert stacked.seeds == (10, 11, 12) and stacked.codes.shape[:3] == (3, 2, 50)
+    together = lsh_attention(q, kv, stacked, min_hits=1, compute_dtype=torch.float64)
+    for b, (row, index) in enumerate(zip(rows, indexes, strict=True)):
+        alone = lsh_attention(q[b : b + 1], row, index, min_hits=1,
+                              compute_dtype=torch.float64)
+        n = row.max_len
+        torch.testing.assert_close(together.out[b], alone.out[0], rtol=1e-12, atol=1e-12)
+        assert torch.equal(together.sampled[b, :, :n], alone.sampled[0])
+        assert torch.equal(together.reads.v_rows[b], alone.reads.v_rows[0])
+    other = build_lsh_index(rows[0], K=5, L=6, sink=2, window=5)
+    with pytest.raises(InputError, match="must agree"):
+        stack_lsh_indexes([indexes[0], other])
 
 
 def test_more_tables_sample_more_keys_and_err_less():
@@ -259,37 +285,39 @@ def test_fidelity_command_runs_magicpig(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_gpu_reference_matches_the_cpu_and_times_a_32k_decode_call():
+def test_gpu_reference_matches_the_cpu_and_times_32k_decode_calls():
     """At Qwen2.5-Coder-0.5B's shape (14/2/64) and 32k: the GPU reference samples what the
-    CPU one does (float64 both); then one decode call as the accuracy engine makes it
-    (float32, one sequence, the prompt indexed once) is timed and printed (pytest -s)."""
+    CPU one does (float64 both); then decode calls as the accuracy engine makes them
+    (float32, the prompts indexed once, one call for the batch) are timed and printed
+    (pytest -s)."""
     import time
 
     gen = torch.Generator().manual_seed(13)
-    n = 32768
-    q = 3 * torch.randn(1, 14, 64, generator=gen)
-    k = torch.randn(1, n, 2, 64, generator=gen).to(torch.bfloat16)
-    v = torch.randn(1, n, 2, 64, generator=gen).to(torch.bfloat16)
-    cpu_kv = sk.KVCache.contiguous(k, v)
-    gpu_kv = sk.KVCache.contiguous(k.cuda(), v.cuda())
-    q_gpu = q.to("cuda", torch.bfloat16)
+    n, batch = 32768, 16
+    q = (3 * torch.randn(batch, 14, 64, generator=gen)).to(torch.bfloat16)
+    k = torch.randn(batch, n, 2, 64, generator=gen).to(torch.bfloat16)
+    v = torch.randn(batch, n, 2, 64, generator=gen).to(torch.bfloat16)
     runs = []
-    for query, kv in ((q_gpu.cpu(), cpu_kv), (q_gpu, gpu_kv)):
+    for device in ("cpu", "cuda"):
+        kv = sk.KVCache.contiguous(k[:1].to(device), v[:1].to(device))
         index = build_lsh_index(kv, seed=3, compute_dtype=torch.float64)
-        runs.append(lsh_attention(query, kv, index, compute_dtype=torch.float64))
+        runs.append(lsh_attention(q[:1].to(device), kv, index, compute_dtype=torch.float64))
     cpu, gpu = runs
     assert float((gpu.sampled.cpu() == cpu.sampled).double().mean()) > 0.9999
     assert float((gpu.out.cpu() - cpu.out).norm() / cpu.out.norm()) < 1e-2
-    index = build_lsh_index(gpu_kv, seed=3)
-    for _ in range(3):
-        lsh_attention(q_gpu, gpu_kv, index)
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    calls = 20
-    for _ in range(calls):
-        result = lsh_attention(q_gpu, gpu_kv, index)
-        float(result.reads.kv_read_fraction)  # the engine reads this every call
-    torch.cuda.synchronize()
-    per_call_ms = (time.perf_counter() - started) * 1e3 / calls
-    print(f"magicpig reference, 32k, 14/2/64, one sequence: {per_call_ms:.2f} ms per call")
-    assert result.out.isfinite().all() and 0 < result.reads.kv_read_fraction < 1
+    for rows in (1, batch):
+        kv = sk.KVCache.contiguous(k[:rows].cuda(), v[:rows].cuda())
+        query = q[:rows].cuda()
+        index = build_lsh_index(kv, seed=3)
+        for _ in range(3):
+            lsh_attention(query, kv, index)
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        calls = 20
+        for _ in range(calls):
+            result = lsh_attention(query, kv, index)
+            float(result.reads.kv_read_fraction)  # the engine reads the counts every call
+        torch.cuda.synchronize()
+        per_call_ms = (time.perf_counter() - started) * 1e3 / calls
+        print(f"magicpig reference, 32k, 14/2/64, batch {rows}: {per_call_ms:.2f} ms a call")
+        assert result.out.isfinite().all() and 0 < result.reads.kv_read_fraction < 1

@@ -341,7 +341,9 @@ class ReferenceDecode(DecodeAttention):
     sequence ``b`` uses ``seed + row_seeds[b] + 1_000_003 * c``, so a sequence decodes
     alike in any batch. A method with a ``prefill_index`` (SANTA++: its teams) indexes
     each layer's prompt once after the prefill and runs its ``indexed_reference``;
-    decode tokens stay exact. ``reads`` collects every call's KV read fraction.
+    decode tokens stay exact. Where the method also has ``stack_indexes`` (its randomness
+    is all in the per-sequence indexes), one call per layer and step serves the whole
+    batch. ``reads`` collects every call's KV read fraction, one per sequence.
     """
 
     graph_safe = False
@@ -353,6 +355,7 @@ class ReferenceDecode(DecodeAttention):
         self.name = "reference"
         self.calls = 0
         self.indexes: list[Any] = []  # per layer: one index, or one per sequence
+        self.stacked = False  # one index per layer over the batch's sequences
         self.reads: list[float] = []
 
     def _rows(self, layer: int) -> list[tuple[Any, int]]:
@@ -369,9 +372,13 @@ class ReferenceDecode(DecodeAttention):
         build = self.method.prefill_index
         if build is None:
             return
-        self.indexes = [[build(kv, self.params, self.seed + offset)
-                         for kv, offset in self._rows(layer)]
-                        for layer in range(cache.num_layers)]
+        stack = self.method.stack_indexes if self.row_seeds is not None else None
+        self.stacked = stack is not None
+        self.indexes = []
+        for layer in range(cache.num_layers):
+            indexes = [build(kv, self.params, self.seed + offset)
+                       for kv, offset in self._rows(layer)]
+            self.indexes.append([stack(indexes)] if stack is not None else indexes)
 
     def reset(self) -> None:
         self.calls = 0
@@ -380,6 +387,13 @@ class ReferenceDecode(DecodeAttention):
     def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         call = self.calls
         self.calls += 1
+        if self.stacked:
+            assert self.method.indexed_reference is not None
+            result = self.method.indexed_reference(q, self.cache.layers[layer],
+                                                   self.indexes[layer][0], self.params,
+                                                   scale=self.scale, seed=self.seed + call)
+            self.reads.extend(_per_sequence_fractions(result.reads))
+            return result.out.to(q.dtype)
         units = self._rows(layer)
         queries = [q] if self.row_seeds is None else list(q.split(1))
         outs = []
@@ -398,6 +412,13 @@ class ReferenceDecode(DecodeAttention):
                 self.reads.append(float(result.reads.kv_read_fraction))
             outs.append(result.out.to(q.dtype))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+
+
+def _per_sequence_fractions(reads: Any) -> list[float]:
+    """Each sequence's KV read fraction of a batched call's read counts."""
+    d, hkv = reads.head_dim, reads.k_rows.shape[1]
+    read = reads.k_features.sum(dim=1) + reads.v_rows.sum(dim=1) * d
+    return (read / (2 * reads.context * hkv * d)).tolist()
 
 
 class TritonSantaPPDecode(DecodeAttention):

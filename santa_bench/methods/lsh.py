@@ -4,8 +4,10 @@ query and importance-weighted by their collision probability.
 Reference only (no GPU kernel): ``santa_kernels.lsh``. A sampler a serving system can run
 (its hash tables are built once, after the prefill), so not an oracle; hence its own
 family. Decoding (``accuracy`` runs, ``e2e`` on a CPU) indexes each layer's prompt once
-after the prefill with hyperplanes fixed for the whole generation, as MagicPIG does;
-decode tokens, like the sink and the window, are attended exactly. Other runners
+after the prefill with hyperplanes fixed for the whole generation (drawn from the
+prompt's seed), as MagicPIG does; decode tokens, like the sink and the window, are
+attended exactly. The sequences' indexes are stacked, so one reference call per layer and
+step serves a whole batch (the attention itself draws no random numbers). Other runners
 (``kernel``, ``accuracy fidelity``) hash the cache afresh on every call, with hyperplanes
 drawn from the call's seed.
 """
@@ -19,7 +21,14 @@ import torch
 import santa_kernels as sk
 from santa_bench.methods._core import Method, Param, PlotStyle, register
 from santa_kernels.kv import KVCache
-from santa_kernels.lsh import CENTERS, LSHIndex, build_lsh_index, lsh_attention, magicpig
+from santa_kernels.lsh import (
+    CENTERS,
+    LSHIndex,
+    build_lsh_index,
+    lsh_attention,
+    magicpig,
+    stack_lsh_indexes,
+)
 
 REFERENCE_ONLY = "reference only: no GPU kernel"
 
@@ -59,5 +68,6 @@ def magicpig_method() -> Method:
         reference=magicpig,  # no prepare: kernel_available() says "reference only"
         prefill_index=prompt_index,
         indexed_reference=indexed_reference,
+        stack_indexes=stack_lsh_indexes,  # one call per layer and step for the batch
         plot=PlotStyle(colour="#8c564b", marker="P", linestyle="-."),
     )
