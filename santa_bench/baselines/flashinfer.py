@@ -3,11 +3,11 @@
 ``flashinfer-tc`` builds the wrapper with ``use_tensor_cores=True`` (the prefill-style
 FlashAttention-2 kernel, faster for large GQA groups), ``flashinfer-cuda`` with ``False``
 (the CUDA-core decode kernel), ``flashinfer-fa3`` with ``use_tensor_cores=True,
-backend="fa3"``: FlashInfer's FlashAttention-3 kernel for Hopper (sm90 only; TMA and
-warp-specialised wgmma), run with one query row per sequence. Its sm90 scheduler
-(``PrefillSM90Plan``) splits work by (sequence, query head, query tile) only: no split
-over the context and no packing of a GQA group into one tile, so each query head of a
-decode step reads its whole context in one CTA. All use ``kv_layout="NHD"``: K and V pages are
+backend="fa3"``: FlashInfer's FlashAttention-3 kernel (sm90 only), run with one query
+row per sequence. Its sm90 scheduler (``PrefillSM90Plan`` in FlashInfer 0.6.6) splits
+work by (sequence, query head, query tile) only: no split over the context and no
+packing of a GQA group into one tile, so each query head of a decode step reads its
+whole context in one CTA. All use ``kv_layout="NHD"``: K and V pages are
 ``[num_pages, page_size, Hkv, d]``, passed to ``run`` as a ``(k_pages, v_pages)`` tuple.
 A contiguous cache, or a paged one of another page size, is re-paged once outside the
 timed region (``notes["kv_conversion"]``). ``plan()`` runs in ``prepare``; the wrapper
