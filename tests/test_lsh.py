@@ -26,7 +26,7 @@ from santa_kernels.validate import InputError
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    """Tiny tensors, thousands of calls: one thread spares the pool's hand-offs (10x here)."""
+    """Tiny tensors, thousands of calls: one thread spares the thread pool's hand-offs."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
