@@ -222,8 +222,9 @@ def kernel(
         typer.Option(
             help="Dense baselines to time beside the methods: 'auto' (every vendor baseline "
             "plus triton-splitkv on a GPU; none on a CPU), 'none', or a comma list "
-            "(sdpa-math, sdpa-flash, sdpa-cudnn, flashinfer-tc, flashinfer-cuda, flash-attn, "
-            "triton-splitkv)."
+            "(sdpa-math, sdpa-flash, sdpa-cudnn, flashinfer-tc, flashinfer-cuda, "
+            "flashinfer-fa3, flash-attn, triton-splitkv); those that cannot run here are "
+            "recorded as skipped with the reason (flashinfer-fa3: Hopper GPUs only)."
         ),
     ] = "auto",
     methods: Annotated[

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import ClassVar
+
 import pytest
 import torch
 
@@ -9,7 +12,8 @@ import santa_kernels as sk
 from santa_bench.baselines import BASELINES, Prepared, Unsupported, get
 from santa_bench.timing import measure
 
-GPU_ONLY = ("sdpa-flash", "sdpa-cudnn", "flashinfer-tc", "flashinfer-cuda", "flash-attn")
+GPU_ONLY = ("sdpa-flash", "sdpa-cudnn", "flashinfer-tc", "flashinfer-cuda", "flashinfer-fa3",
+            "flash-attn")
 B, HQ, HKV, D, N = 3, 8, 2, 16, 37  # GQA group 4
 
 
@@ -31,6 +35,7 @@ def test_registry_lists_every_baseline():
     for name, baseline in BASELINES.items():
         assert baseline.name == name and baseline.description and baseline.target
     assert get("flashinfer-tc").params == {"page_size": 16}
+    assert get("flashinfer-fa3").params == {"page_size": 16}
     with pytest.raises(KeyError, match="known"):
         get("nope")
 
@@ -93,6 +98,98 @@ def test_gpu_only_backends_report_unavailable_on_cpu(name: str):
     q, kv = _inputs(torch.float32, None, seed=6)
     with pytest.raises(Unsupported):
         get(name).prepare(q, kv)
+
+
+@pytest.mark.parametrize(
+    ("capability", "cuda", "why"),
+    [((9, 0), "12.4", ""), ((9, 0), "13.0", ""), ((8, 0), "12.4", "Hopper GPU (sm90), this one"),
+     ((10, 0), "12.8", "sm100"), ((9, 0), "12.1", "CUDA >= 12.3"), ((9, 0), None, "CUDA >= 12.3")],
+)
+def test_fa3_needs_hopper_and_cuda_12_3(capability, cuda, why):
+    from santa_bench.baselines.flashinfer import fa3_support
+
+    ok, reason = fa3_support(capability, cuda)
+    assert ok == (why == "") and why in reason
+
+
+def test_flashinfer_fa3_entry_says_why_it_cannot_run_on_a_cpu():
+    from santa_bench.methods import REGISTRY
+
+    method = REGISTRY.get("flashinfer-fa3")
+    assert method.family == "baseline" and method.kernel_kind == "baseline"
+    assert method.plot.colour is not None
+    ok, reason = method.kernel_available()
+    if not torch.cuda.is_available():
+        assert not ok and reason.startswith("flashinfer-fa3: ")
+        assert "flashinfer not installed" in reason or "needs CUDA" in reason
+
+
+class _FakeWrapper:
+    """Records how the FlashInfer decode wrapper is built, planned and run."""
+
+    made: ClassVar[list[_FakeWrapper]] = []
+
+    def __init__(self, workspace, layout, **kwargs):
+        self.layout, self.kwargs, self.plans, self.runs = layout, kwargs, [], []
+        _FakeWrapper.made.append(self)
+
+    def plan(self, *args, **kwargs):
+        self.plans.append((args, kwargs))
+
+    def run(self, q, pages, out):
+        self.runs.append((q, pages))
+        return out.fill_(1.0)
+
+
+def _fake_flashinfer(monkeypatch, wrapper: type) -> None:
+    """FlashInfer replaced by ``wrapper``, available on any device (no GPU needed)."""
+    from santa_bench.baselines import flashinfer as fi
+
+    monkeypatch.setattr(fi, "flashinfer", SimpleNamespace(
+        BatchDecodeWithPagedKVCacheWrapper=wrapper))
+    monkeypatch.setattr(fi, "gpu_available", lambda name, device, backend: (True, ""))
+    monkeypatch.setattr(fi, "workspace", lambda device: torch.zeros(8, dtype=torch.uint8))
+
+
+def test_flashinfer_fa3_passes_backend_fa3_and_plans_outside_the_call(monkeypatch):
+    _fake_flashinfer(monkeypatch, _FakeWrapper)
+    _FakeWrapper.made.clear()
+    q, kv = _inputs(torch.bfloat16, [37, 20, 5], seed=10)
+    prepared = get("flashinfer-fa3").prepare(q, kv, scale=0.25)
+    (wrapper,) = _FakeWrapper.made
+    assert wrapper.layout == "NHD"
+    assert wrapper.kwargs == {"use_tensor_cores": True, "backend": "fa3"}
+    (args, kwargs), = wrapper.plans
+    indptr, indices, last_page_len, hq, hkv, d, page_size = args
+    assert (hq, hkv, d, page_size) == (HQ, HKV, D, 16)
+    assert indptr.tolist() == [0, 3, 5, 6] and last_page_len.tolist() == [5, 4, 5]
+    assert indices.numel() == 6
+    assert kwargs["q_data_type"] == kwargs["kv_data_type"] == torch.bfloat16
+    assert kwargs["sm_scale"] == 0.25 and kwargs["pos_encoding_mode"] == "NONE"
+    assert len(wrapper.runs) == 1  # the trial call of prepare
+    out = prepared()
+    assert len(wrapper.plans) == 1 and len(wrapper.runs) == 2  # no plan() in the timed call
+    assert out.shape == (B, HQ, D) and out.dtype == torch.bfloat16
+    assert prepared.notes["flashinfer_backend"] == "fa3"
+    assert prepared.notes["baseline"] == "flashinfer-fa3"
+    k_pages, v_pages = wrapper.runs[-1][1]
+    assert k_pages.shape[1:] == (16, HKV, D) and v_pages.shape == k_pages.shape
+    # the other paths keep FlashInfer's default backend
+    get("flashinfer-tc").prepare(q, kv)
+    assert _FakeWrapper.made[-1].kwargs == {"use_tensor_cores": True, "backend": "auto"}
+    get("flashinfer-cuda").prepare(q, kv)
+    assert _FakeWrapper.made[-1].kwargs == {"use_tensor_cores": False, "backend": "auto"}
+
+
+def test_flashinfer_plan_failure_is_unsupported(monkeypatch):
+    class Broken(_FakeWrapper):
+        def plan(self, *args, **kwargs):
+            raise RuntimeError("no kernel for head_dim 16")
+
+    _fake_flashinfer(monkeypatch, Broken)
+    q, kv = _inputs(torch.bfloat16, None, seed=11)
+    with pytest.raises(Unsupported, match="flashinfer-fa3: RuntimeError: no kernel"):
+        get("flashinfer-fa3").prepare(q, kv)
 
 
 def test_triton_splitkv_availability_does_not_crash():
@@ -160,3 +257,28 @@ def test_gpu_backends_time_cold_in_both_modes(name: str):
                     make_copy=baseline.copier(q, kv), graph=graph, device="cuda",
                     budget_ms=50)
         assert t.l2_state == "cold" and t.n_copies > 1 and t.median_us > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(("hq", "hkv", "d"), [(14, 2, 64), (32, 8, 128)])
+def test_gpu_flashinfer_fa3_matches_sdpa_at_32k(hq: int, hkv: int, d: int):
+    """FlashInfer's FA3 decode against fp32 SDPA at 32k: two sequences of unequal length."""
+    import torch.nn.functional as F
+
+    baseline = get("flashinfer-fa3")
+    ok, reason = baseline.available("cuda")
+    if not ok:
+        pytest.skip(reason)
+    gen = torch.Generator().manual_seed(12)
+    n, lengths = 32768, [32768, 20000]
+    q = (3 * torch.randn(2, hq, d, generator=gen)).to("cuda", torch.bfloat16)
+    k = torch.randn(2, n, hkv, d, generator=gen).to("cuda", torch.bfloat16)
+    v = torch.randn(2, n, hkv, d, generator=gen).to("cuda", torch.bfloat16)
+    kv = sk.KVCache.contiguous(k, v, torch.tensor(lengths, device="cuda"))
+    out = baseline.prepare(q, kv)().float()
+    for b, length in enumerate(lengths):
+        keys = k[b, :length].float().transpose(0, 1).repeat_interleave(hq // hkv, dim=0)
+        values = v[b, :length].float().transpose(0, 1).repeat_interleave(hq // hkv, dim=0)
+        ref = F.scaled_dot_product_attention(q[b].float()[:, None], keys, values)[:, 0]
+        assert _rel_err(out[b], ref) < 2e-2, (b, _rel_err(out[b], ref))

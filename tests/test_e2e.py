@@ -445,7 +445,8 @@ def test_gpu_cli_run_on_a_small_config(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("name", ["triton-splitkv", "flashinfer-tc", "flash-attn"])
+@pytest.mark.parametrize("name", ["triton-splitkv", "flashinfer-tc", "flashinfer-fa3",
+                                  "flash-attn"])
 @pytest.mark.parametrize("layout", ["contiguous", "paged"])
 def test_gpu_dense_backends_agree_with_sdpa_under_graphs(name, layout):
     """Last in the file: a vendor backend that breaks graph capture cannot fail the rest."""

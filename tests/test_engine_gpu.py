@@ -51,6 +51,18 @@ def test_every_kernel_method_decodes_ragged_batches(engine, spec):
     assert out.kv_read_fraction and all(0 < f <= 1.0 + 1e-6 for f in out.kv_read_fraction)
 
 
+def test_a_reference_only_method_decodes_through_its_reference(engine):
+    """MagicPIG has no kernel: the engine runs its PyTorch reference on the GPU (each
+    layer's prompt hashed once after the prefill), without --reference."""
+    method = REGISTRY.get("magicpig")
+    out = engine.generate(method, method.resolve_params({}), _prompts(), seed=1)
+    assert len(out.tokens) == 4 and all(1 <= len(t) <= 12 for t in out.tokens)
+    calls = len(out.kv_read_fraction)  # one per sequence, layer and step
+    assert calls and all(0 < f <= 1.0 for f in out.kv_read_fraction)
+    print(f"magicpig reference decode: {out.decode_s:.2f} s for {calls} per-sequence calls "
+          f"({1e3 * out.decode_s / calls:.2f} ms each, at 1.8k-3k tokens)")
+
+
 def test_a_near_exact_budget_follows_dense(engine):
     prompts = [Prompt(p.ids, 1) for p in _prompts((1500, 1200))]
     dense = engine.generate(REGISTRY.get("dense"), {}, prompts, keep_logits=True)

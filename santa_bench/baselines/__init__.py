@@ -237,6 +237,13 @@ BASELINES: dict[str, Baseline] = {
             "santa_bench.baselines.flashinfer:CUDA_CORE",
         ),
         Baseline(
+            "flashinfer-fa3",
+            "FlashInfer's FlashAttention-3 kernel (Hopper only): the decode wrapper with "
+            "backend=fa3 (NHD pages; no split over the context)",
+            {"page_size": 16},
+            "santa_bench.baselines.flashinfer:FA3",
+        ),
+        Baseline(
             "flash-attn",
             "flash_attn_with_kvcache: num_splits=1 FlashAttention, 0 FlashDecoding heuristic",
             {"num_splits": 0, "page_size": 0},

@@ -11,8 +11,9 @@ layers: the caller consumes each one before the next call.
 
 Dense (exact) backends: ``sdpa`` (torch SDPA over the whole static cache with a length
 mask, the GQA group as query rows: what a plain PyTorch decoder does), ``triton-splitkv``
-(the suite's FlashDecoding), ``flashinfer-tc`` / ``flashinfer-cuda`` (paged decode,
-``plan()`` before each step, as serving engines do) and ``flash-attn``
+(the suite's FlashDecoding), ``flashinfer-tc`` / ``flashinfer-cuda`` /
+``flashinfer-fa3`` (paged decode, ``plan()`` before each step, as serving engines do;
+fa3: FlashInfer's FlashAttention-3 kernel, Hopper only) and ``flash-attn``
 (``flash_attn_with_kvcache``). Sampled methods run the Triton kernels of
 ``santa_kernels.triton_santa`` on a GPU (one workspace shared by all layers; its device
 step counter gives fresh numbers per step and layer, graph replays included), SANTA++
@@ -34,7 +35,8 @@ from santa_bench.baselines import Unsupported
 from santa_bench.e2e.cache import StaticKVCache
 from santa_bench.methods import REGISTRY, Method
 
-DENSE_BACKENDS = ("sdpa", "triton-splitkv", "flashinfer-tc", "flashinfer-cuda", "flash-attn")
+DENSE_BACKENDS = ("sdpa", "triton-splitkv", "flashinfer-tc", "flashinfer-cuda",
+                  "flashinfer-fa3", "flash-attn")
 GPU_AUTO_DENSE = DENSE_BACKENDS
 CPU_AUTO_DENSE = ("sdpa",)
 SANTAPP_KERNEL_MODULE = "santa_kernels.triton_santapp"
@@ -143,19 +145,20 @@ class FlashInferDecode(DecodeAttention):
     (no copy).
     """
 
-    def __init__(self, scale: float, use_tensor_cores: bool) -> None:
+    def __init__(self, scale: float, use_tensor_cores: bool, backend: str = "auto") -> None:
         self.scale = scale
-        self.use_tensor_cores = use_tensor_cores
-        self.name = "flashinfer-tc" if use_tensor_cores else "flashinfer-cuda"
+        self.backend = backend
+        self.use_tensor_cores = use_tensor_cores or backend == "fa3"
+        self.name = ("flashinfer-fa3" if backend == "fa3"
+                     else "flashinfer-tc" if use_tensor_cores else "flashinfer-cuda")
 
     def setup(self, cache: StaticKVCache, q: torch.Tensor) -> None:
         super().setup(cache, q)
         from santa_bench.baselines import flashinfer as fi
 
-        if not fi.HAS_FLASHINFER:
-            raise Unsupported(f"{self.name}: {fi.REASON}")
-        if q.device.type != "cuda":
-            raise Unsupported(f"{self.name}: needs CUDA")
+        ok, why = fi.gpu_available(self.name, q.device, self.backend)
+        if not ok:
+            raise Unsupported(why)
         if q.dtype not in (torch.float16, torch.bfloat16) or cache.dtype != q.dtype:
             raise Unsupported(f"{self.name}: needs fp16/bf16 q and K/V of one dtype")
         batch, hq, d = q.shape
@@ -179,7 +182,7 @@ class FlashInferDecode(DecodeAttention):
         try:
             self.wrapper = fi.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 fi.workspace(device), "NHD", use_cuda_graph=True,
-                use_tensor_cores=self.use_tensor_cores,
+                use_tensor_cores=self.use_tensor_cores, backend=self.backend,
                 paged_kv_indptr_buffer=self.indptr, paged_kv_indices_buffer=self.indices,
                 paged_kv_last_page_len_buffer=self.last_page_len,
             )
@@ -242,6 +245,8 @@ def dense_backend(name: str, scale: float) -> DecodeAttention:
         return TritonSplitKVDecode(scale)
     if name in ("flashinfer-tc", "flashinfer-cuda"):
         return FlashInferDecode(scale, use_tensor_cores=name == "flashinfer-tc")
+    if name == "flashinfer-fa3":
+        return FlashInferDecode(scale, use_tensor_cores=True, backend="fa3")
     if name == "flash-attn":
         return FlashAttnDecode(scale)
     raise ValueError(f"unknown dense backend {name!r}; known: {', '.join(DENSE_BACKENDS)}")
@@ -336,7 +341,9 @@ class ReferenceDecode(DecodeAttention):
     sequence ``b`` uses ``seed + row_seeds[b] + 1_000_003 * c``, so a sequence decodes
     alike in any batch. A method with a ``prefill_index`` (SANTA++: its teams) indexes
     each layer's prompt once after the prefill and runs its ``indexed_reference``;
-    decode tokens stay exact. ``reads`` collects every call's KV read fraction.
+    decode tokens stay exact. Where the method also has ``stack_indexes`` (its randomness
+    is all in the per-sequence indexes), one call per layer and step serves the whole
+    batch. ``reads`` collects every call's KV read fraction, one per sequence.
     """
 
     graph_safe = False
@@ -348,6 +355,7 @@ class ReferenceDecode(DecodeAttention):
         self.name = "reference"
         self.calls = 0
         self.indexes: list[Any] = []  # per layer: one index, or one per sequence
+        self.stacked = False  # one index per layer over the batch's sequences
         self.reads: list[float] = []
 
     def _rows(self, layer: int) -> list[tuple[Any, int]]:
@@ -364,9 +372,13 @@ class ReferenceDecode(DecodeAttention):
         build = self.method.prefill_index
         if build is None:
             return
-        self.indexes = [[build(kv, self.params, self.seed + offset)
-                         for kv, offset in self._rows(layer)]
-                        for layer in range(cache.num_layers)]
+        stack = self.method.stack_indexes if self.row_seeds is not None else None
+        self.stacked = stack is not None
+        self.indexes = []
+        for layer in range(cache.num_layers):
+            indexes = [build(kv, self.params, self.seed + offset)
+                       for kv, offset in self._rows(layer)]
+            self.indexes.append([stack(indexes)] if stack is not None else indexes)
 
     def reset(self) -> None:
         self.calls = 0
@@ -375,6 +387,13 @@ class ReferenceDecode(DecodeAttention):
     def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         call = self.calls
         self.calls += 1
+        if self.stacked:
+            assert self.method.indexed_reference is not None
+            result = self.method.indexed_reference(q, self.cache.layers[layer],
+                                                   self.indexes[layer][0], self.params,
+                                                   scale=self.scale, seed=self.seed + call)
+            self.reads.extend(_per_sequence_fractions(result.reads))
+            return result.out.to(q.dtype)
         units = self._rows(layer)
         queries = [q] if self.row_seeds is None else list(q.split(1))
         outs = []
@@ -393,6 +412,13 @@ class ReferenceDecode(DecodeAttention):
                 self.reads.append(float(result.reads.kv_read_fraction))
             outs.append(result.out.to(q.dtype))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+
+
+def _per_sequence_fractions(reads: Any) -> list[float]:
+    """Each sequence's KV read fraction of a batched call's read counts."""
+    d, hkv = reads.head_dim, reads.k_rows.shape[1]
+    read = reads.k_features.sum(dim=1) + reads.v_rows.sum(dim=1) * d
+    return (read / (2 * reads.context * hkv * d)).tolist()
 
 
 class TritonSantaPPDecode(DecodeAttention):

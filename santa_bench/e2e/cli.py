@@ -71,7 +71,8 @@ def e2e_command(
         str,
         typer.Option(
             help="Exact backends that 'dense' runs: auto (GPU: sdpa, triton-splitkv, "
-            "flashinfer-tc, flashinfer-cuda, flash-attn, those missing recorded as skipped; "
+            "flashinfer-tc, flashinfer-cuda, flashinfer-fa3 (Hopper only), flash-attn, "
+            "those missing recorded as skipped; "
             "CPU: sdpa) or a comma list of them."
         ),
     ] = "auto",

@@ -9,8 +9,8 @@ that registered it. Method specs on the command line read
 
 Each family has its module here, which registers its methods with :func:`register`
 when the package is imported: :mod:`.dense`, :mod:`.santa`, :mod:`.bernoulli`,
-:mod:`.santapp`, :mod:`.baseline` (the vendor dense kernels). A new method is a new
-module, imported below (``docs/adding-a-method.md``).
+:mod:`.santapp`, :mod:`.lsh` (MagicPIG), :mod:`.baseline` (the vendor dense kernels). A
+new method is a new module, imported below (``docs/adding-a-method.md``).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from santa_bench.methods import dense
 from santa_bench.methods import santa
 from santa_bench.methods import bernoulli
 from santa_bench.methods import santapp
+from santa_bench.methods import lsh
 from santa_bench.methods import baseline
 # isort: on
 
@@ -61,6 +62,7 @@ __all__ = [
     "baseline",
     "bernoulli",
     "dense",
+    "lsh",
     "parse_method_specs",
     "register",
     "santa",

@@ -17,7 +17,7 @@ import torch
 import santa_kernels as sk
 from santa_kernels.reads import ReadCounts
 
-FAMILIES = ("dense", "baseline", "santa", "santapp", "bernoulli", "oracle")
+FAMILIES = ("dense", "baseline", "santa", "santapp", "bernoulli", "oracle", "lsh")
 
 
 class MethodError(ValueError):
@@ -104,6 +104,10 @@ class Method:
     # indexed_reference(q, kv, index, params, scale=, seed=) -> AttentionOutput
     prefill_index: Callable[..., Any] | None = None
     indexed_reference: Callable[..., sk.AttentionOutput] | None = None
+    # reference decode of a method whose randomness lives in its index alone (the indexed
+    # reference draws no numbers): joins the sequences' indexes, so that one call per
+    # layer and step serves the batch: stack_indexes([index, ...]) -> index
+    stack_indexes: Callable[[list[Any]], Any] | None = None
     plot: PlotStyle = PlotStyle()
 
     @property

@@ -25,6 +25,7 @@ COLOURS = {
     "sdpa-math": "#9db4d6",
     "flashinfer-tc": "#138d90",
     "flashinfer-cuda": "#72c7cf",
+    "flashinfer-fa3": "#0b5d5f",
     "flash-attn": "#5b6c8f",
     "triton-splitkv": "#555555",
 }

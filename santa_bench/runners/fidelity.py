@@ -4,7 +4,8 @@ A case is (pattern, method and its parameters, shape, seeds). Its rows: the mean
 relative L2 error and cosine over seeds, the bias (relative, and the largest |z| of
 the seed mean against the exact output), the spread over seeds, the KL divergence of
 the attention distribution where the method estimates one (Bernoulli scores with a
-dense value stage), and the read fractions. References run in float64.
+dense value stage), and the read fractions (with the hash-code bytes of a method that
+scans an index, as ``index_read_fraction``). References run in float64.
 """
 
 from __future__ import annotations
@@ -153,6 +154,9 @@ class FidelityRunner:
         for metric in ("k_read_fraction", "v_read_fraction", "kv_read_fraction"):
             value = _mean([getattr(d.reads, metric) for d in draws])
             rows.append(_row(metric, value))
+        if all(hasattr(d, "index_read_fraction") for d in draws):  # MagicPIG's hash codes
+            rows.append(_row("index_read_fraction",
+                             _mean([d.index_read_fraction for d in draws])))
         kl = _attention_kl(exact.weights, [d.weights for d in draws], params)
         rows.append(
             _row("attention_kl", kl)
