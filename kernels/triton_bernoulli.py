@@ -201,8 +201,7 @@ class BernoulliDecode:
         check_positive_int(S, "S")
         flash = value_stage == "flash"
         stash = {} if flash else {"stash_dtype": stash_dtype}
-        self.value_ws = ts.SantaWorkspace.for_inputs(q, kv, S, tile, seed=seed + 1,
-                                                     store_counts=flash, **stash)
+        self.value_ws = ts.SantaWorkspace.for_inputs(q, kv, S, tile, seed=seed + 1, **stash)
         self._kernel = {"prop": ts.santa_prop, "sys": ts.santa_sys, "strat": ts.santa_strat,
                         "iid": ts.santa_iid, "flash": ts.santa_flash}[value_stage]
         self._kw = {"tile": tile, "scale": scale, "workspace": self.value_ws, **stash}

@@ -13,9 +13,10 @@ Two families share one split-KV skeleton (the same as ``triton_splitkv``):
   by a local CDF inside each tile, and gathers only the sampled V rows. On Hopper it is
   launched as a programmatic dependent of pass 1 (``pdl_available``): its launch and
   prologue overlap pass 1's last wave, ``griddepcontrol.wait`` precedes its reads.
-* ``santa_flash``: one fused pass (scores, local CDF, per-tile systematic draw,
-  gather, running FlashDecoding merge) and a small merge kernel over the splits
-  (``triton_santa_flash2`` splits the gather into a second pass: same counts).
+* ``santa_flash``: one streaming pass (scores, local CDF, per-tile systematic draw,
+  compact V gathers, running FlashDecoding merge) and a small merge kernel over the
+  splits; it lives in ``triton_santa_flash`` and shares this module's workspace, info
+  and loaders.
 
 Nothing in the hot path allocates, synchronises with the host or sorts: every buffer
 lives in a reusable :class:`SantaWorkspace`, and the Philox step counter lives on the
@@ -28,8 +29,7 @@ Byte model (bf16 K/V, ``E`` = element size, ``Hkv`` KV heads, ``G`` group size,
 * prop pass 2: reads ``B*Hq*4*T`` (twice, L2) + ``B*Hq*4*T`` (prefix, written and
   searched) + at most ``B*Hq*S*tile*E_s`` stash + ``<= B*Hq*S*d*E`` V rows (HBM traffic
   is the unique rows of each group); writes ``B*Hq*(d*E + 4*S)``.
-* flash main: reads ``B*Hkv*N*d*E`` (K) + ``<= B*Hkv*(union of sampled rows)*d*E`` (V);
-  writes ``B*Hq*splits*(d+2)*4``; merge reads the same and writes ``B*Hq*d*E``.
+* flash: see ``triton_santa_flash``.
 """
 
 from __future__ import annotations
@@ -57,12 +57,12 @@ from santa_kernels.reads import ReadCounts
 from santa_kernels.validate import InputError, check_positive_int
 
 # -------------------------------------------------------------------- configs
-# Hopper (H200, 132 SMs) launch configurations per head dim. The score pass and the
-# flash pass are pure HBM streams of K: 4 warps and a 3-4 deep software pipeline keep
-# ~32-48 KB in flight per program. The sample pass is latency bound (binary search,
+# Hopper (H200, 132 SMs) launch configurations per head dim. The score pass is a pure
+# HBM stream of K: 4 warps and a 3-4 deep software pipeline keep ~32-48 KB in flight
+# per program. The sample pass is latency bound (binary search,
 # gathers): 8 warps and one stage; SAMPLE_BLOCK samples are handled per iteration.
 HOPPER_CONFIGS = {
-    # head_dim: score/flash (num_warps, num_stages), sample (num_warps, SAMPLE_BLOCK),
+    # head_dim: score (num_warps, num_stages), sample (num_warps, SAMPLE_BLOCK),
     # subs: tiles per K load in the score pass (2 measured within 2% of 1 at d=128, 32k)
     # narrow: the score pass's tail (statistics, exp, stash stores) on the G real query
     # rows instead of the dot's 16 padded rows. Measured and not kept (H200,
@@ -242,7 +242,6 @@ class SantaWorkspace:
         stash_dtype: torch.dtype = torch.float32,
         num_splits: int | None = None,
         seed: int = 0,
-        store_counts: bool = False,
     ) -> None:
         for name, value in (("batch", batch), ("num_q_heads", num_q_heads),
                             ("num_kv_heads", num_kv_heads), ("max_len", max_len),
@@ -262,8 +261,6 @@ class SantaWorkspace:
         self.num_splits = check_positive_int(num_splits, "num_splits")
         rows = batch * num_q_heads
         f32 = {"dtype": torch.float32, "device": device}
-        self.tile_max = torch.empty(rows, self.max_tiles, **f32)  # m_t (flash two-pass)
-        self.tile_mass = torch.empty(rows, self.max_tiles, **f32)  # l_t (flash two-pass)
         # prop's tile log-masses m_t + log l_t, group-major [B * Hkv, T, stats_rows]
         self.stats_rows = _stats_rows(max(1, num_q_heads // num_kv_heads), head_dim)
         self.tile_lse = torch.empty(batch * num_kv_heads * self.max_tiles * self.stats_rows,
@@ -277,14 +274,6 @@ class SantaWorkspace:
         self.part_m = torch.empty(rows, self.num_splits, **f32)
         self.part_l = torch.empty(rows, self.num_splits, **f32)
         self.part_o = torch.empty(rows, self.num_splits, head_dim, **f32)
-        # counts rows padded (a multiple of 512, +2048): wide readers load whole blocks
-        # (and the next one) without a column mask (vector loads), never past the row
-        counts_width = -(-max_len // 512) * 512 + 2048
-        self.counts = (torch.zeros(rows, counts_width, dtype=torch.int16, device=device)
-                       if store_counts else None)
-        # the two-pass flash kernel's row lists (triton_santa_flash2._entry_buffers)
-        self.entry_rows: torch.Tensor | None = None
-        self.entry_count: torch.Tensor | None = None
         self.rng = torch.zeros(2, dtype=torch.int64, device=device)
         # the sample pass's per-program partial sums and per-head tickets (zero between calls)
         self.sample_part = torch.empty(rows, MAX_SAMPLE_SPLITS, _next_pow2(head_dim), **f32)
@@ -325,7 +314,7 @@ class SantaWorkspace:
                                            dtype=dtype, device=self.device)
         return self._out[dtype]
 
-    def check(self, q: torch.Tensor, kv: KVCache, S: int, tile: int, counts: bool = False) -> None:
+    def check(self, q: torch.Tensor, kv: KVCache, S: int, tile: int) -> None:
         """Raises unless a call with these inputs fits the workspace."""
         if q.shape[0] > self.batch or q.shape[1] != self.num_q_heads:
             raise InputError(f"workspace: sized for batch {self.batch} x {self.num_q_heads} "
@@ -340,8 +329,6 @@ class SantaWorkspace:
                              f"got S={S}, tile={tile}")
         if q.device != self.device:
             raise InputError(f"workspace: on {self.device}, inputs on {q.device}")
-        if counts and self.counts is None:
-            raise InputError("workspace: built without store_counts=True")
 
 
 @dataclass(frozen=True)
@@ -412,21 +399,6 @@ def _pdl_trigger(ON: tl.constexpr):
     program of this one has started. Nothing without it."""
     if ON:
         gdc_launch_dependents()
-
-
-@triton.jit
-def _flash_program(lengths_ptr, S, num_kv_heads, tiles_per_split, TILE: tl.constexpr):
-    """A flash program's tiles: ``(b, kvh, length, per_tile, t_begin, t_end)`` for the
-    grid ``(splits, B * Hkv)``, tiles ``[t_begin, t_end)`` of sequence ``b``'s KV head
-    ``kvh``, each drawing ``per_tile = S_tile = max(1, S // T_b)`` samples."""
-    b = tl.program_id(1) // num_kv_heads
-    kvh = tl.program_id(1) % num_kv_heads
-    length = tl.load(lengths_ptr + b)
-    n_tiles = tl.cdiv(length, TILE).to(tl.int32)
-    per_tile = tl.maximum(S // n_tiles, 1).to(tl.float32)
-    t_begin = tl.program_id(0) * tiles_per_split
-    t_end = tl.minimum(t_begin + tiles_per_split, n_tiles)
-    return b, kvh, length, per_tile, t_begin, t_end
 
 
 @triton.jit
@@ -913,346 +885,6 @@ def _sample_pass_kernel(
             tl.store(ticket_ptr + head_row, 0)  # ready for the next call (graph replay)
 
 
-# ------------------------------------------------------ flash: fused pass
-# Launch table for santa_flash (d=128, bf16, H200):
-# (max S, num_warps, num_stages, SUB, maxnreg).
-# SUB tiles are handled per loop iteration (one K block of SUB*tile rows, one score dot,
-# one gather); the first row whose max S covers the call's S is used. num_stages=1
-# selects hand-written prefetching (K block i+1 and the V gather of block i-1 in flight
-# during block i, in registers); num_stages >= 2 leaves it to Triton's pipeliner.
-# Measured on the H200 with the previous kernel (fp32 FMA counts@V dot for S > 256,
-# a [tile, tile] difference matmul): (4, 3) best for S=128, (8, 2) best for S=2048.
-# maxnreg caps registers per thread (None: ptxas' choice, ~255 at 4 warps = 2 programs
-# per SM); (8, 2) fits 128 without spills (offline sm_90 compile): 2 programs of 8 warps.
-# H200, 2026-11-29 (results/h200/tune-2026-11-29-s4, S=2048): (4, 3) beats (8, 2, maxnreg 128)
-# at every shape (32k B=1 60.4 vs 67.1 us, B=8 535 vs 577, 128k B=1 205 vs 235); the
-# hand pipeline (stages=1) was within 5% of it, and a variant that loads V one iteration
-# ahead of its dot was no faster (removed; code at commit a05c5a2).
-FLASH_CONFIGS = (
-    (1 << 62, 4, 3, 1, None),
-)
-FLASH_W_BITS = 30  # integer tile weights: a tile's total stays below 2**FLASH_W_BITS
-
-
-@dataclass(frozen=True)
-class FlashLaunch:
-    """Launch parameters of the flash pass (``stages == 1``: the hand-written pipeline)."""
-
-    warps: int
-    stages: int
-    sub: int = 1
-    maxnreg: int | None = None
-
-
-def flash_launch_for(S: int) -> FlashLaunch:
-    """Returns the ``FLASH_CONFIGS`` launch for budget ``S``."""
-    for max_s, warps, stages, sub, maxnreg in FLASH_CONFIGS:
-        if max_s >= S:
-            return FlashLaunch(warps, stages, sub, maxnreg)
-    return FlashLaunch(*FLASH_CONFIGS[-1][1:])
-
-
-@triton.jit
-def _flash_queries(q_ptr, b, kvh, group, head_dim, stride_qb, stride_qh,
-                   HALF: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr):
-    """[G_PAD, D_PAD] queries: row ``r`` holds head ``r % HALF`` of the group and serves
-    sub-tile ``r // HALF`` of a block (zero rows for ``r % HALF >= group``)."""
-    offs_r = tl.arange(0, G_PAD)
-    offs_d = tl.arange(0, D_PAD)
-    g = offs_r % HALF
-    mask_g = g < group
-    heads = kvh * group + g
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=mask_g[:, None] & (offs_d[None, :] < head_dim), other=0.0)
-    return q, heads, mask_g, offs_r // HALF
-
-
-@triton.jit
-def _flash_rows(page_table_ptr, b, offs_n, stride_pt, page_size, PAGED: tl.constexpr):
-    """(block, slot) indices of sequence ``b``'s rows ``offs_n``: the row of a
-    [X, Y, Hkv, d] cache is at ``block * stride_x + slot * stride_y``."""
-    if PAGED:
-        page = tl.load(page_table_ptr + b * stride_pt + offs_n // page_size)
-        return page.to(tl.int64), (offs_n % page_size).to(tl.int64)
-    return (offs_n * 0 + b).to(tl.int64), offs_n.to(tl.int64)
-
-
-@triton.jit
-def _flash_load_k(k_ptr, page_table_ptr, b, t0, limit, offs_c, offs_d, mask_d, stride_kx,
-                  stride_ky, stride_pt, page_size, PAGED: tl.constexpr, TILE: tl.constexpr):
-    """Loads the K block of tiles starting at ``t0`` (zero rows past ``limit``)."""
-    offs_n = t0 * TILE + offs_c
-    mask_n = offs_n < limit
-    x, y = _flash_rows(page_table_ptr, b, tl.where(mask_n, offs_n, 0), stride_pt, page_size,
-                       PAGED)
-    return tl.load(k_ptr + (x * stride_kx + y * stride_ky)[:, None] + offs_d[None, :],
-                   mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-
-
-@triton.jit
-def _counts_dot(c, v, CNT_MODE: tl.constexpr):
-    """Returns ``c @ v`` (fp32 [G_PAD, D_PAD]) for fp32 counts ``c``. CNT_MODE 0: fp32 dot
-    (fp32 V, interpreter); 1: one tensor-core dot with the counts in V's 16-bit dtype
-    (exact: counts <= 256 bf16 / 2048 fp16); 2: counts split as ``256 * hi + lo`` (both
-    exact in 16 bits), two dots."""
-    if CNT_MODE == 0:
-        o = tl.dot(c, v.to(tl.float32), input_precision="ieee")
-    elif CNT_MODE == 1:
-        o = tl.dot(c.to(v.dtype), v)
-    else:
-        hi = tl.floor(c * (1.0 / 256.0))
-        o = tl.dot(hi.to(v.dtype), v) * 256.0 + tl.dot((c - 256.0 * hi).to(v.dtype), v)
-    return o
-
-
-@triton.jit
-def _flash_count_dot(counts, v, per_tile, CNT_MODE: tl.constexpr):
-    """``_counts_dot``, where CNT_MODE 2 takes one dot when this call's ``per_tile`` (>=
-    every count) is <= 256."""
-    c = counts.to(tl.float32)
-    if CNT_MODE == 2:
-        if per_tile <= 256.0:  # noqa: SIM108 (a runtime branch: one dot runs, not both)
-            o = _counts_dot(c, v, 1)
-        else:
-            o = _counts_dot(c, v, 2)
-    else:
-        o = _counts_dot(c, v, CNT_MODE)
-    return o
-
-
-@triton.jit
-def _flash_gather_dot(v_ptr, rows, needed, counts, offs_d, mask_d, per_tile,
-                      CNT_MODE: tl.constexpr):
-    """Returns ``counts @ V[rows]`` [G_PAD, D_PAD] (fp32), reading only ``needed`` rows
-    (predicated loads skip the rest: no memory traffic for rows no head sampled)."""
-    v = tl.load(v_ptr + rows[:, None] + offs_d[None, :],
-                mask=needed[:, None] & mask_d[None, :], other=0.0)
-    return _flash_count_dot(counts, v, per_tile, CNT_MODE)
-
-
-@triton.jit
-def _flash_rng_base(step, head_rows, b, kvh, num_kv_heads, rng_stride,
-                    GROUP_RNG: tl.constexpr):
-    """Philox offsets of the rows' tile draws (section 8: keyed by (step, b, head, tile));
-    GROUP_RNG: one offset per (step, b, KV head, tile), shared by the group's heads."""
-    if GROUP_RNG:
-        base = (step << 32) + (head_rows * 0 + b * num_kv_heads + kvh) * rng_stride
-    else:
-        base = (step << 32) + head_rows * rng_stride
-    return base
-
-
-@triton.jit
-def _flash_narrow_group(q_ptr, lengths_ptr, rng_ptr, S, num_kv_heads, num_q_heads, group,
-                        head_dim, tiles_per_split, rng_stride, stride_qb, stride_qh,
-                        TILE: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr,
-                        D_PAD: tl.constexpr, GROUP_RNG: tl.constexpr):
-    """The prologue of a flash program whose tail runs on the ``ROWS`` real rows of the
-    group (the dot on its ``G_PAD`` rows): :func:`_flash_program`'s tiles, the group's
-    queries ``q`` [G_PAD, D_PAD], and per real row its head row id, mask and Philox base
-    (the step from ``rng_ptr``, advanced by the call's last kernel). Returns ``(b, kvh,
-    length, per_tile, t_begin, t_end, q, head_rows, mask_g, rng_base)``."""
-    b, kvh, length, per_tile, t_begin, t_end = _flash_program(lengths_ptr, S, num_kv_heads,
-                                                              tiles_per_split, TILE)
-    step = tl.load(rng_ptr)
-    q, heads, mask_g = _group_queries(q_ptr, b, kvh, group, head_dim, stride_qb, stride_qh,
-                                      G_PAD, D_PAD)
-    if ROWS < G_PAD:
-        heads = kvh * group + tl.arange(0, ROWS)
-        mask_g = tl.arange(0, ROWS) < group
-    head_rows = (b * num_q_heads + heads).to(tl.int64)
-    rng_base = _flash_rng_base(step, head_rows, b, kvh, num_kv_heads, rng_stride, GROUP_RNG)
-    return b, kvh, length, per_tile, t_begin, t_end, q, head_rows, mask_g, rng_base
-
-
-@triton.jit
-def _flash_local_weights(s, W_SCALE: tl.constexpr):
-    """Section 4 (flash): per row the local max ``m_t`` (``-inf``: no valid column),
-    ``row_ok``, and integer weights ``w`` (step ``1 / W_SCALE`` of the row's max, the
-    resolution an fp32 CDF has near 1) with their total ``mass``."""
-    m_t = tl.max(s, axis=1)
-    row_ok = m_t > float("-inf")
-    m_safe = tl.where(row_ok, m_t, 0.0)
-    w = (tl.exp(s - m_safe[:, None]) * W_SCALE + 0.5).to(tl.int32)
-    return m_t, row_ok, w, tl.sum(w, axis=1)
-
-
-@triton.jit
-def _tile_merge(m_run, l_run, m_t, mass):
-    """FlashDecoding's running merge of one tile into per-row ``(m_run, l_run)``: the
-    tile's max ``m_t`` and mass ``sum e^{s - m_t}``. Returns ``(m_new, l_new, alpha,
-    w_t)``: the running state, the factor rescaling what was accumulated so far, and the
-    tile's weight ``e^{m_t - m_new} * mass`` (0 where ``m_t = -inf``: no valid column)."""
-    m_new = tl.maximum(m_run, m_t)
-    m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
-    alpha = tl.exp(m_run - m_ref)
-    w_t = tl.where(m_t > float("-inf"), tl.exp(m_t - m_ref) * mass, 0.0)
-    return m_new, l_run * alpha + w_t, alpha, w_t
-
-
-@triton.jit
-def _flash_counts(w, mass, a, per_tile):
-    """Systematic counts ``c_i = floor(a + S_tile F_i) - floor(a + S_tile F_{i-1})`` of the
-    local CDF of integer weights ``w``. Integer partial sums are exact and order-free, so
-    ``cum - w`` is bit-for-bit the previous column's ``cum``: both floors come from
-    identical values and the counts of a row telescope to ``S_tile``."""
-    cum = tl.cumsum(w, axis=1)
-    inv = 1.0 / tl.maximum(mass, 1).to(tl.float32)
-    prev = cum - w
-    cdf_in = tl.where(cum >= mass[:, None], 1.0, cum.to(tl.float32) * inv[:, None])
-    cdf_ex = tl.where(prev >= mass[:, None], 1.0, prev.to(tl.float32) * inv[:, None])
-    return tl.floor(a[:, None] + per_tile * cdf_in) - tl.floor(a[:, None] + per_tile * cdf_ex)
-
-
-@triton.jit
-def _flash_kernel(
-    q_ptr, k_ptr, v_ptr, lengths_ptr, page_table_ptr,
-    part_m_ptr, part_l_ptr, part_o_ptr, counts_ptr, uniforms_ptr, rng_ptr, seed,
-    scale, S, num_kv_heads, num_q_heads, group, head_dim: tl.constexpr, tiles_per_split,
-    num_splits,
-    counts_stride, uniform_stride, rng_stride,
-    stride_qb, stride_qh, stride_kx, stride_ky, stride_kh, stride_vx, stride_vy, stride_vh,
-    stride_pt, page_size,
-    PAGED: tl.constexpr, TILE: tl.constexpr, SUB: tl.constexpr, G_PAD: tl.constexpr,
-    D_PAD: tl.constexpr, HAS_UNIFORMS: tl.constexpr, STORE_COUNTS: tl.constexpr,
-    CNT_MODE: tl.constexpr, CARRY_FP16: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    W_BITS: tl.constexpr, PREFETCH: tl.constexpr, GROUP_RNG: tl.constexpr = False,
-):
-    # One program: tiles [t_begin, t_end) of one (sequence, KV head), all G query heads.
-    # A loop iteration handles a block of SUB tiles: query row r = sub * HALF + g is head
-    # g restricted to sub-tile `sub` (its columns), so every row sees one tile's local
-    # distribution and keeps its own running merge; rows of one head are merged at the end.
-    BLOCK_N: tl.constexpr = SUB * TILE
-    HALF: tl.constexpr = G_PAD // SUB
-    W_SCALE: tl.constexpr = (1 << W_BITS) // TILE
-    split = tl.program_id(0)
-    b, kvh, length, per_tile, t_begin, t_end = _flash_program(lengths_ptr, S, num_kv_heads,
-                                                              tiles_per_split, TILE)
-    limit = tl.minimum(length, t_end * TILE)  # rows of this split
-    step = tl.load(rng_ptr)
-    q, heads, mask_g, sub = _flash_queries(q_ptr, b, kvh, group, head_dim, stride_qb,
-                                           stride_qh, HALF, G_PAD, D_PAD)
-    head_rows = (b * num_q_heads + heads).to(tl.int64)
-    rng_base = _flash_rng_base(step, head_rows, b, kvh, num_kv_heads, rng_stride, GROUP_RNG)
-    offs_d = tl.arange(0, D_PAD)
-    mask_d = offs_d < head_dim
-    offs_c = tl.arange(0, BLOCK_N)
-    own = (offs_c[None, :] // TILE) == sub[:, None]  # [G_PAD, BLOCK_N]: the row's tile
-    m_run = tl.full([G_PAD], float("-inf"), tl.float32)
-    l_run = tl.zeros([G_PAD], dtype=tl.float32)
-    acc = tl.zeros([G_PAD, D_PAD], dtype=tl.float32)
-    # the last block's draw (counts, V row offsets, rows any head sampled, W_t / S_tile).
-    # PREFETCH (launch with num_stages=1) pipelines by hand, in registers: K of block i+1
-    # is loaded during block i, and the V rows of block i are gathered and multiplied at
-    # the top of iteration i+1. Otherwise (num_stages >= 2) Triton's pipeliner stages the
-    # K loads through shared memory and the V gather waits inside its own iteration.
-    if CARRY_FP16:
-        p_counts = tl.zeros([G_PAD, BLOCK_N], dtype=tl.float16)
-    else:
-        p_counts = tl.zeros([G_PAD, BLOCK_N], dtype=tl.float32)
-    p_rows = tl.zeros([BLOCK_N], dtype=tl.int64)
-    p_needed = offs_c < 0
-    p_coef = tl.zeros([G_PAD], dtype=tl.float32)
-    k_base = k_ptr + kvh * stride_kh
-    v_base = v_ptr + kvh * stride_vh
-    if PREFETCH:
-        k_next = _flash_load_k(k_base, page_table_ptr, b, t_begin, limit, offs_c, offs_d,
-                               mask_d, stride_kx, stride_ky, stride_pt, page_size, PAGED,
-                               TILE)
-    for t0 in range(t_begin, t_end, SUB):
-        offs_n = t0 * TILE + offs_c
-        mask_n = offs_n < limit
-        x, y = _flash_rows(page_table_ptr, b, tl.where(mask_n, offs_n, 0), stride_pt,
-                           page_size, PAGED)
-        if PREFETCH:  # issue the next K block and the previous block's V gather first
-            k = k_next
-            k_next = _flash_load_k(k_base, page_table_ptr, b, t0 + SUB, limit, offs_c,
-                                   offs_d, mask_d, stride_kx, stride_ky, stride_pt,
-                                   page_size, PAGED, TILE)
-            o = _flash_gather_dot(v_base, p_rows, p_needed, p_counts, offs_d, mask_d,
-                                  per_tile, CNT_MODE)
-        else:
-            k = tl.load(k_base + (x * stride_kx + y * stride_ky)[:, None] + offs_d[None, :],
-                        mask=mask_n[:, None] & mask_d[None, :], other=0.0)
-        # this block's scores: one K read serves all heads and sub-tiles
-        if DOT_PRECISION == "ieee":
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q.to(k.dtype), tl.trans(k))
-        valid = own & mask_n[None, :]
-        s = tl.where(valid, s * scale, float("-inf"))
-        # row_ok false: the row's sub-tile lies past t_end
-        m_t, row_ok, w, mass = _flash_local_weights(s, W_SCALE)
-        if HAS_UNIFORMS:
-            a = tl.load(uniforms_ptr + head_rows * uniform_stride + t0 + sub,
-                        mask=mask_g & row_ok, other=0.0)
-        else:
-            a = tl.rand(seed, rng_base + t0 + sub)
-        counts = _flash_counts(w, mass, a, per_tile)
-        counts = tl.where(mask_g[:, None] & row_ok[:, None], counts, 0.0)
-        if STORE_COUNTS:
-            tl.store(counts_ptr + head_rows[:, None] * counts_stride + offs_n[None, :],
-                     counts.to(tl.int16), mask=mask_g[:, None] & valid)
-        needed = tl.max(counts, axis=0) > 0  # rows some head sampled
-        rows = x * stride_vx + y * stride_vy
-        # fold in the previous block (PREFETCH), then this block's tile weights e^{m_t} l_t
-        if PREFETCH:
-            acc += p_coef[:, None] * o
-        m_run, l_run, alpha, w_t = _tile_merge(m_run, l_run, m_t,
-                                               mass.to(tl.float32) / W_SCALE)
-        acc = acc * alpha[:, None]
-        p_needed = needed
-        p_rows = rows
-        p_coef = w_t / per_tile
-        p_counts = counts.to(tl.float16) if CARRY_FP16 else counts
-        if not PREFETCH:
-            acc += p_coef[:, None] * _flash_gather_dot(v_base, p_rows, p_needed, p_counts,
-                                                       offs_d, mask_d, per_tile, CNT_MODE)
-    if PREFETCH:
-        acc += p_coef[:, None] * _flash_gather_dot(v_base, p_rows, p_needed, p_counts,
-                                                   offs_d, mask_d, per_tile, CNT_MODE)
-    # merge the SUB rows of every head (FlashDecoding rule); empty rows hold m = -inf
-    m_rows = tl.reshape(m_run, [SUB, HALF])
-    m_head = tl.max(m_rows, axis=0)
-    f = tl.exp(m_rows - tl.where(m_head > float("-inf"), m_head, 0.0)[None, :])
-    l_head = tl.sum(tl.reshape(l_run, [SUB, HALF]) * f, axis=0)
-    o_head = tl.sum(tl.reshape(acc, [SUB, HALF, D_PAD]) * f[:, :, None], axis=0)
-    offs_h = tl.arange(0, HALF)
-    mask_h = offs_h < group
-    part = (b * num_q_heads + kvh * group + offs_h).to(tl.int64) * num_splits + split
-    tl.store(part_m_ptr + part, m_head, mask=mask_h)
-    tl.store(part_l_ptr + part, l_head, mask=mask_h)
-    tl.store(part_o_ptr + part[:, None] * head_dim + offs_d[None, :], o_head,
-             mask=mask_h[:, None] & mask_d[None, :])
-
-
-@triton.jit
-def _merge_kernel(
-    part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, rng_ptr,
-    num_q_heads, num_splits, part_stride, head_dim: tl.constexpr, stride_ob, stride_oh,
-    SPLIT_PAD: tl.constexpr, D_PAD: tl.constexpr, PDL: tl.constexpr = False,
-):
-    _pdl_wait(PDL)  # launched with launch_pdl: wait for the partials
-    pid = tl.program_id(0)
-    b = pid // num_q_heads
-    h = pid % num_q_heads
-    offs_sp = tl.arange(0, SPLIT_PAD)
-    offs_d = tl.arange(0, D_PAD)
-    mask_sp = offs_sp < num_splits
-    mask_d = offs_d < head_dim
-    part = pid.to(tl.int64) * part_stride + offs_sp
-    m = tl.load(part_m_ptr + part, mask=mask_sp, other=float("-inf"))
-    l_s = tl.load(part_l_ptr + part, mask=mask_sp, other=0.0)
-    o = tl.load(part_o_ptr + part[:, None] * head_dim + offs_d[None, :],
-                mask=mask_sp[:, None] & mask_d[None, :], other=0.0)
-    weight = tl.exp(m - tl.max(m, axis=0))  # empty splits hold m = -inf: weight 0
-    out = tl.sum(weight[:, None] * o, axis=0) / tl.sum(weight * l_s, axis=0)
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d,
-             out.to(out_ptr.dtype.element_ty), mask=mask_d)
-    if pid == 0:  # the call's last kernel advances the step counter (section 8)
-        tl.store(rng_ptr, tl.load(rng_ptr) + 1)
-
-
 # ------------------------------------------------------------------ host side
 def _capacity(kv: KVCache) -> int:
     """Rows addressable per sequence, known without a device sync."""
@@ -1279,9 +911,9 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
-def _prepare(q, kv, S, tile, scale, workspace, counts=False, new_workspace=None, **ws_kw):
+def _prepare(q, kv, S, tile, scale, workspace, new_workspace=None, **ws_kw):
     """Checks the inputs; returns ``(workspace, scale)``. Without ``workspace``, one for
-    these inputs from ``new_workspace(q, kv, S, tile, store_counts=, **ws_kw)`` (default
+    these inputs from ``new_workspace(q, kv, S, tile, **ws_kw)`` (default
     ``SantaWorkspace.for_inputs``: a kernel with its own split rule passes its own)."""
     if not isinstance(kv, KVCache):
         raise InputError(f"kv: expected a santa_kernels.KVCache, got {type(kv).__name__}")
@@ -1297,8 +929,8 @@ def _prepare(q, kv, S, tile, scale, workspace, counts=False, new_workspace=None,
         raise InputError("q/k/v: the head dim must be contiguous")
     if workspace is None:
         new_workspace = new_workspace or SantaWorkspace.for_inputs
-        workspace = new_workspace(q, kv, S, tile, store_counts=counts, **ws_kw)
-    workspace.check(q, kv, S, tile, counts)
+        workspace = new_workspace(q, kv, S, tile, **ws_kw)
+    workspace.check(q, kv, S, tile)
     scale = d**-0.5 if scale is None else float(scale)
     return workspace, scale
 
@@ -1561,69 +1193,9 @@ def santa_iid(
                    pdl_chain=pdl_chain)
 
 
-def santa_flash(
-    q: torch.Tensor, kv: KVCache, S: int, *, tile: int = 64, scale: float | None = None,
-    seed: int | None = None, uniforms: torch.Tensor | None = None,
-    workspace: SantaWorkspace | None = None, return_counts: bool = False,
-    group_offsets: bool = False, launch: FlashLaunch | None = None,
-) -> tuple[torch.Tensor, SantaInfo]:
-    """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash (section 4).
+def santa_flash(q: torch.Tensor, kv: KVCache, S: int, **kw) -> tuple[torch.Tensor, SantaInfo]:
+    """Returns S²ANTA-flash (section 4): :func:`santa_kernels.triton_santa_flash.santa_flash`
+    (its own module: one streaming pass with compact V gathers and the split merge)."""
+    from santa_kernels.triton_santa_flash import santa_flash as flash
 
-    Every tile draws ``max(1, S // T_b)`` systematic samples from its local
-    distribution (``uniforms [B, Hq, T]``: one offset per tile overrides Philox);
-    ``return_counts`` also stores per-row counts (a workspace built with
-    ``store_counts=True``), off the hot path. ``group_offsets`` draws one Philox offset
-    per (KV head, tile) shared by the group's query heads: every head's estimator is
-    unchanged in distribution, but similar heads sample the same rows, so the group's
-    union of V rows (the bytes read) shrinks. ``launch`` overrides ``FLASH_CONFIGS``.
-    """
-    ws, scale = _prepare(q, kv, S, tile, scale, workspace, counts=return_counts)
-    batch, hq, d = q.shape
-    hkv = kv.num_kv_heads
-    n_tiles = _tile_count(kv, tile)
-    uniforms = _check_uniforms(uniforms, (batch, hq, n_tiles))
-    cfg = launch or flash_launch_for(S)
-    extra = ({} if cfg.maxnreg is None or os.environ.get("TRITON_INTERPRET", "0") == "1"
-             else {"maxnreg": cfg.maxnreg})
-    sub = cfg.sub
-    g_pad = max(16, _next_pow2(hq // hkv))
-    while sub > 1 and g_pad // sub < _next_pow2(hq // hkv):
-        sub //= 2  # every sub-tile needs a row per head of the group
-    per_split = -(-n_tiles // ws.num_splits)
-    per_split = -(-per_split // sub) * sub  # whole blocks of sub tiles per program
-    splits = -(-n_tiles // per_split)
-    table, paged, page_size, stride_pt = _cache_args(kv)
-    v_dtype = kv.v.dtype
-    if _dot_precision(v_dtype) == "ieee":
-        cnt_mode = 0  # fp32 counts @ V
-    elif (256 if v_dtype == torch.bfloat16 else 2048) >= S:
-        cnt_mode = 1  # counts <= S_tile <= S are exact in V's 16-bit dtype
-    else:
-        cnt_mode = 2  # 256 * hi + lo, both exact in 16 bits (one dot when S_tile <= 256)
-    _flash_kernel[(splits, batch * hkv)](
-        q, kv.k, kv.v, kv.lengths, table, ws.part_m, ws.part_l, ws.part_o,
-        ws.counts if return_counts else ws.part_m,
-        uniforms if uniforms is not None else ws.part_m, ws.rng,
-        ws.seed if seed is None else int(seed),
-        scale, S, hkv, hq, hq // hkv, d, per_split, ws.num_splits,
-        ws.counts.stride(0) if return_counts else 0, n_tiles,
-        ws.max_tiles,
-        q.stride(0), q.stride(1), kv.k.stride(0), kv.k.stride(1), kv.k.stride(2),
-        kv.v.stride(0), kv.v.stride(1), kv.v.stride(2), stride_pt, page_size,
-        PAGED=paged, TILE=tile, SUB=sub, G_PAD=g_pad, D_PAD=_next_pow2(d),
-        HAS_UNIFORMS=uniforms is not None, STORE_COUNTS=return_counts,
-        CNT_MODE=cnt_mode, CARRY_FP16=S <= 2048, DOT_PRECISION=_dot_precision(kv.k.dtype),
-        W_BITS=FLASH_W_BITS, PREFETCH=cfg.stages == 1,
-        GROUP_RNG=group_offsets, num_warps=cfg.warps, num_stages=cfg.stages, **extra,
-    )
-    out = ws.out(q.dtype)
-    _merge_kernel[(batch * hq,)](
-        ws.part_m, ws.part_l, ws.part_o, out, ws.rng, hq, splits, ws.num_splits, d,
-        out.stride(0), out.stride(1),
-        SPLIT_PAD=max(2, _next_pow2(splits)), D_PAD=_next_pow2(d), num_warps=4,
-    )
-    counts = (ws.counts[: batch * hq, : _capacity(kv)].view(batch, hq, -1)
-              if return_counts else None)
-    info = SantaInfo(method="flash", S=S, tile=tile, lengths=kv.lengths, num_kv_heads=hkv,
-                     max_len=_capacity(kv), counts=counts)
-    return out[:batch], info
+    return flash(q, kv, S, **kw)

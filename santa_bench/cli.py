@@ -34,12 +34,6 @@ app = typer.Typer(
 console = make_console()
 
 DEFAULT_METHODS = "dense,santa-iid,santa-strat,santa-sys,santa-flash,santa-prop"
-# on a GPU the default also times santa-flash's one-pass compact kernel (V rows gathered a
-# tile late): at S=2048 1.11-1.38x against cuDNN at 32k/128k where the two-pass compact
-# kernel gives 0.91-1.25x in the same run; slower than it only at 8k B=8 with S=2048
-# (145.6 against 105.0 us; results/h200/kernels-2026-12-02-s18). On a CPU every
-# santa-flash kernel is the same reference
-GPU_DEFAULT_METHODS = DEFAULT_METHODS + ",santa-flash:gather=compact"
 
 
 CPU_NOTE = (
@@ -231,9 +225,7 @@ def kernel(
         str | None,
         typer.Option(
             help="Methods, comma list; parameters as name:key=value (see `santa-bench list`). "
-            f"Default: {DEFAULT_METHODS}, and on a GPU also santa-flash:gather=compact "
-            "(santa-flash in one pass with compact V gathers, the fastest santa-flash kernel "
-            "at most shapes; the same estimator)."
+            f"Default: {DEFAULT_METHODS}."
         ),
     ] = None,
     heads: Annotated[
@@ -320,7 +312,7 @@ def kernel(
             ctx = str(describe_capture(inputs, digest=False).ctx) if inputs else "4k"
         grid = KernelGrid(
             methods=_with_baselines(
-                _with_team_options(parse_method_specs(methods or default_methods(on_device)),
+                _with_team_options(parse_method_specs(methods or DEFAULT_METHODS),
                                    M, team_size, team_policy),
                 baselines,
                 on_device,
@@ -489,11 +481,6 @@ def _with_team_options(
     return expanded
 
 
-def default_methods(device: str) -> str:
-    """The methods `santa-bench kernel` runs when --methods is not given on ``device``."""
-    return GPU_DEFAULT_METHODS if device == "cuda" else DEFAULT_METHODS
-
-
 def _with_baselines(parsed: list, baselines: str, device: str) -> list:
     """Adds the requested dense baselines (``auto``: all of them on a GPU, none on a CPU)."""
     named = {m.name for m, _ in parsed}
@@ -547,9 +534,8 @@ def _print_summary(summary: list[tuple[dict, list[dict]]]) -> None:
 
         status = latency.get("status", "ok")
         shown = f"{value:,.1f} us" if status == "ok" else f"{status}: {latency.get('reason', '')}"
-        passes = f" passes={case['passes']}" if "passes" in case else ""  # only when not 1
         table.add_row(
-            case["method"] + passes,
+            case["method"],
             str(case.get("S") or _team_label(case)),
             format_size(case["ctx"]),
             str(case["batch"]),

@@ -39,10 +39,10 @@ INFORMATIVE = 0.20  # dense score below which a task is left out
 MATCH_POINTS = 1.0  # "within 1 point of dense": score drop in percentage points
 MATCH_RETENTION = 0.99  # ... and at least 99% retention
 BOOTSTRAP = 2000
-# kernel rows of santa-flash kernels that no longer exist (the masked one-pass and the
-# two-pass kernels): their timings are not those of what santa-flash runs now
-_RETIRED_FLASH = {"gather": ("masked", "inline"), "passes": (2,)}
-# parameters that label a variant in rows but not the estimator (kept out of the key)
+# santa-flash's retired kernel options, which rows stored before its one kernel carry:
+# they label a kernel, not the estimator (kept out of the key). Of those rows only the
+# one-pass compact kernel's (gather=compact, one pass) time what santa-flash runs now;
+# rows since record the function that ran (kernel_function) and no gather
 _NOT_CONFIG = {"gather", "passes", "pairs"}
 
 
@@ -71,6 +71,19 @@ def _present(value: Any) -> bool:
 
 def _text(value: Any) -> str:
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def _retired_flash(rows: pd.DataFrame) -> pd.Series:
+    """Which kernel rows timed a santa-flash kernel that no longer runs (the masked
+    one-pass kernel, its default before, and the two-pass kernel): rows of santa-flash
+    that name neither ``gather=compact`` (in one pass) nor the function that ran."""
+
+    def column(name: str) -> pd.Series:
+        return rows[name] if name in rows else pd.Series(math.nan, index=rows.index)
+
+    current = (column("gather") == "compact") & column("passes").isna()
+    current |= column("kernel_function").notna() & column("gather").isna()
+    return (rows.method == "santa-flash") & ~current
 
 
 def config_key(row: pd.Series | dict[str, Any]) -> str | None:
@@ -270,12 +283,7 @@ def kernel_rows(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], shape: Shap
     dates = {str(r.get("run_id")): str(r.get("date") or "") for r in runs}
     if gpu is not None:
         rows = rows[rows.run_id.map(lambda run: gpus.get(str(run), "")) == gpu]
-    for column, retired in _RETIRED_FLASH.items():
-        if column in rows:
-            gone = (rows.method == "santa-flash") & rows[column].isin(retired)
-            if column == "gather":  # before the compact kernel was the only one, it was
-                gone |= (rows.method == "santa-flash") & rows[column].isna()  # opt-in
-            rows = rows[~gone]
+    rows = rows[~_retired_flash(rows)]
     baselines = {m.name for m in REGISTRY if m.family == "baseline"}
     rows = rows[~rows.method.isin(baselines)]  # the reference of the speedup, not a point
     if rows.empty:

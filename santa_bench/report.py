@@ -81,7 +81,8 @@ def speedup_cell(case: pd.DataFrame, bold: bool = False) -> str:
 
 
 # string parameters stored only away from their defaults (merge: relabelled where its
-# default changed): named in the label so that variants of one method stay apart
+# default changed; gather: santa-flash's kernel in rows stored before it had one): named
+# in the label so that variants of one method stay apart
 _LABEL_TEXT_PARAMS = ("reps", "merge", "gather")
 
 
@@ -94,7 +95,8 @@ def variant_text(row: pd.Series) -> str:
 def _label(row: pd.Series) -> str:
     label = str(row["method"])
     for key, short in (("S", "S"), ("M", "M"), ("team_size", "P"), ("passes", "passes")):
-        if key in row and not pd.isna(row.get(key)):  # passes: stored only when not 1
+        # passes: santa-flash's two-pass kernel, in rows stored before it had one kernel
+        if key in row and not pd.isna(row.get(key)):
             label += f" {short}={int(row[key])}"
     if not pd.isna(row.get("tile", float("nan"))) and int(row["tile"]) != DEFAULT_TILE:
         label += f" tile={int(row['tile'])}"  # always stored: named away from the default

@@ -332,6 +332,11 @@ def _method_params(runner: str) -> dict[str, Param]:
     return {p.name: p for m in REGISTRY for p in m.params}
 
 
+def _retired_params() -> dict[str, str]:
+    """Parameters some method no longer takes: name -> ``"<method> <why>"``."""
+    return {name: f"{m.name} {why}" for m in REGISTRY for name, why in m.retired}
+
+
 def _method(spec: str, runner: str) -> tuple[Method, dict[str, Any]]:
     parsed = parse_method_specs(str(spec))
     if len(parsed) != 1:
@@ -407,6 +412,9 @@ def suite_from_dict(data: Any, path: Path | str = "<suite>") -> Suite:
         where = f"{section}.{key}"
         if not isinstance(key, str):
             raise fail(where, "keys must be strings")
+        retired = _retired_params()
+        if key not in spec.keys and key not in params and key in retired:
+            raise fail(where, f"{retired[key]}; drop {key}")
         if key not in spec.keys and key not in params:
             accepted = sorted({*spec.keys, *params})
             close = difflib.get_close_matches(key, accepted, n=1)

@@ -20,8 +20,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 import santa_kernels.triton_santa as ts
-import santa_kernels.triton_santa_flash2 as tf2
-import santa_kernels.triton_santa_flash_compact as tfc
+import santa_kernels.triton_santa_flash as tsf
 import santa_kernels.triton_santapp as tsp
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -96,7 +95,7 @@ def check_finish() -> int:
 
 
 def check_score() -> int:
-    """The prop score and sample passes, the flash kernel, the reps kernel."""
+    """The prop score and sample passes, the reps kernel."""
     failures = 0
     score_types = ["*bf16", "*bf16", "*i32", "*i32", "*fp32", "*fp16", "*i64", "fp32"]
     score_types += ["i32"] * 13 + ["i32"]  # ..., page_size; seq_rows (k_desc: None)
@@ -170,19 +169,6 @@ def check_score() -> int:
                                   "PROFILE": profile}, {"num_warps": 8, "num_stages": 2})
             print(f"_sample_pass_kernel PROFILE={profile} PHASED={phased}: {err or 'ok'}")
             failures += err is not None
-    flash_types = ["*bf16", "*bf16", "*bf16", "*i32", "*i32", "*fp32", "*fp32", "*fp32", "*i16",
-                   "*fp32", "*i64", "i32", "fp32"] + ["i32"] * 19
-    for prefetch, stages, sub, group_rng in ((False, 3, 1, False), (True, 1, 1, False),
-                                             (True, 1, 2, True)):
-        consts = {"head_dim": 128, "PAGED": False, "TILE": 64, "SUB": sub, "G_PAD": 16,
-                  "D_PAD": 128, "HAS_UNIFORMS": False, "STORE_COUNTS": False, "CNT_MODE": 2,
-                  "CARRY_FP16": True, "DOT_PRECISION": "tf32", "W_BITS": ts.FLASH_W_BITS,
-                  "PREFETCH": prefetch, "GROUP_RNG": group_rng}
-        err = compile_kernel(ts._flash_kernel, flash_types, consts,
-                             {"num_warps": 4, "num_stages": stages})
-        print(f"_flash_kernel PREFETCH={prefetch} SUB={sub} GROUP_RNG={group_rng}: "
-              f"{err or 'ok'}")
-        failures += err is not None
     reps_types = ["*bf16", "*bf16", "*i32", "i32", "i32"] + ["i32"] * 6
     for team_size, mean in ((16, False), (64, True), (4, False)):
         consts = {"NUM_KV_HEADS": 8, "P": team_size, "HEAD_DIM": 128, "D_PAD": 128,
@@ -322,110 +308,54 @@ def check_decode_linear() -> int:
     return failures
 
 
-def check_flash_two_pass() -> int:
-    """The two passes of triton_santa_flash2 at their FLASH2_CONFIG launch options, with
-    the strides a real cache has (multiples of 16): the K / V loads must be pipelined."""
-    failures = 0
-    divisible = ("stride_qb", "stride_qh", "stride_kx", "stride_ky", "stride_kh", "stride_vx",
-                 "stride_vy", "stride_vh", "counts_stride")  # counts rows: padded to 512s
-    for d, group, paged, uniforms in ((128, 4, False, False), (128, 1, True, False),
-                                      (64, 8, False, True), (256, 3, True, False)):
-        cfg = tf2.flash2_config(d)
-        table = "*i32" if paged else "*i64"  # contiguous: the lengths stand in for it
-        types = ["*bf16", "*bf16", "*i64", table, "*fp32", "*fp32", "*i16", "*fp32", "*i64",
-                 "i32", "fp32"] + ["i32"] * 16
-        g_pad = max(16, ts._next_pow2(group))
-        consts = {"head_dim": d, "PAGED": paged, "TILE": 64, "G_PAD": g_pad,
-                  "ROWS": max(2, ts._next_pow2(group)), "D_PAD": d, "HAS_UNIFORMS": uniforms,
-                  "DOT_PRECISION": "tf32", "W_BITS": ts.FLASH_W_BITS, "GROUP_RNG": uniforms,
-                  "DRAW": True}
-        # the compact lists' arguments (unused unless COMPACT)
-        types += ["*i32", "*i32", "i32", "i32", "*fp32", "*fp32", "*fp32", "*bf16", "i32",
-                  "i32", "i32"]
-        warps, stages = cfg["count"]
-        for gather in tf2.GATHERS:
-            lists = {"COMPACT": gather != "masked", "INLINE": gather == "inline",
-                     "BLOCK": 64, "GATHER_G_PAD": g_pad, "W_MODE": 1,
-                     "PDL": gather == "compact"}
-            options = {"num_warps": warps, "num_stages": stages}
-            if gather == "compact" and cfg["compact_maxnreg"]:
-                options["maxnreg"] = cfg["compact_maxnreg"]
-            err = compile_kernel(tf2._flash_count_kernel, types, {**consts, **lists}, options,
-                                 (*divisible, "entry_stride"), stages > 1)
-            print(f"_flash_count_kernel d={d} G={group} paged={paged} uniforms={uniforms} "
-                  f"gather={gather}: {err or 'ok'}")
-            failures += err is not None
-        gather_types = ["*bf16", "*i64", table, "*fp32", "*fp32", "*i16", "*i32", "*i32",
-                        "*fp32", "*fp32"] + ["i32"] * 14
-        warps, stages = cfg["gather"]
-        err = compile_kernel(tf2._compact_gather_kernel, gather_types,
-                             {"head_dim": d, "PAGED": paged, "TILE": 64, "G_PAD": g_pad,
-                              "D_PAD": d, "BLOCK": 64, "W_MODE": 1, "PDL": True},
-                             {"num_warps": warps, "num_stages": stages},
-                             (*divisible, "entry_stride"), stages > 1,
-                             staged=("bf16",) if stages > 1 else ())
-        print(f"_compact_gather_kernel d={d} G={group} paged={paged}: {err or 'ok'}")
-        failures += err is not None
-        for dtype, cnt_mode in (("bf16", 1), ("bf16", 2), ("fp16", 2)):
-            types = [f"*{dtype}", "*i64", table, "*fp32", "*fp32", "*i16", "*fp32", "*fp32",
-                     "*fp32"] + ["i32"] * 13
-            consts = {"head_dim": d, "PAGED": paged, "TILE": 64, "G_PAD": g_pad, "D_PAD": d,
-                      "CNT_MODE": cnt_mode}
-            warps, stages = cfg["gather"]
-            err = compile_kernel(tf2._flash_gather_kernel, types, consts,
-                                 {"num_warps": warps, "num_stages": stages}, divisible,
-                                 stages > 1, staged=("i16", dtype) if stages > 1 else ())
-            print(f"_flash_gather_kernel d={d} G={group} paged={paged} {dtype} "
-                  f"CNT_MODE={cnt_mode}: {err or 'ok'}")
-            failures += err is not None
-    return failures
-
-
-def check_flash_compact() -> int:
-    """The one-pass compact kernel (triton_santa_flash_compact) at its COMPACT_CONFIG
-    launches: K through a tensor descriptor (bulk tensor copies) or pointer loads (paged),
-    one to four samples a head and tile, group sizes 1-8."""
+def check_flash() -> int:
+    """santa-flash's kernel (triton_santa_flash) with the constexprs and launch its host
+    picks by shape: K through a tensor descriptor (bulk tensor copies) or pointer loads
+    (paged); pairs with compares and V loaded twice (P < CLOSED_MIN_SAMPLES) or the closed
+    form and V once; one tile a draw (a large group, or P > 8: unpacked columns); the
+    2-warp launch of many groups; the split merge as a programmatic dependent."""
     failures = 0
     divisible = ("stride_qb", "stride_qh", "stride_kx", "stride_ky", "stride_kh", "stride_vx",
                  "stride_vy", "stride_vh")
-    # the [ROWS, P, TILE] columns (packed_columns=False) at d=256; tiles drawn in pairs
-    # (DRAW_TILES 2, the default where allowed) and one at a time
-    switches = {0: {"DRAW_TILES": 2}, 1: {"DRAW_TILES": 1, "CLOSED_COLUMNS": True},
-                2: {"DRAW_TILES": 2, "LET_MERGE": True},
-                3: {"DRAW_TILES": 2, "V_TWICE": False}, 4: {"PACKED": False, "DRAW_TILES": 1},
-                5: {"DRAW_TILES": 2, "CLOSED_COLUMNS": True}}
-    for case, (d, group, paged, samples) in enumerate(
-            ((128, 4, False, 4), (128, 4, False, 1), (128, 1, True, 4), (64, 8, False, 1),
-             (256, 3, True, 1), (128, 4, False, 4))):
-        warps, stages = tfc.compact_config(d)
+    # (head dim, group, sequences x KV heads, paged, P)
+    for d, group, groups, paged, samples in (
+            (128, 4, 8, False, 4), (128, 4, 8, False, 1), (128, 1, 8, True, 4),
+            (64, 8, 16, False, 1), (256, 3, 16, True, 16), (128, 8, 8, False, 4),
+            (128, 16, 64, False, 2), (128, 4, 64, False, 8)):
+        packed = samples <= 8
+        draw_tiles = tsf.default_draw_tiles(group, samples) if packed else 1
+        closed = samples >= tsf.CLOSED_MIN_SAMPLES
+        warps, stages = tsf.flash_config(d, groups, pairs=draw_tiles == 2)
+        options = {"num_warps": warps, "num_stages": stages}
+        if draw_tiles == 2 and tsf.PAIR_MAXNREG.get(warps):
+            options["maxnreg"] = tsf.PAIR_MAXNREG[warps]
         rows = max(2, ts._next_pow2(group))
         table = "*i32" if paged else "*i64"
         types = ["*bf16"] * 3 + ["*i64", table] + ["*fp32"] * 5 + ["*i64", "i32", "fp32"]
         types += ["i32"] * 19
-        pairs = switches.get(case, {}).get("DRAW_TILES", 1)
         consts = {"head_dim": d, "PAGED": paged, "TILE": 64, "G_PAD": max(16, rows),
-                  "ROWS": rows, "D_PAD": d, "P": samples, "GR": max(16, pairs * rows * samples),
-                  "HAS_UNIFORMS": False, "STORE_COUNTS": False,
-                  "DOT_PRECISION": "tf32", "W_BITS": ts.FLASH_W_BITS, "GROUP_RNG": False,
-                  "TMA": not paged, "HALVES": 2, "PACKED": True, "V_TWICE": True,
-                  "CLOSED_COLUMNS": False, "LET_MERGE": False, **switches.get(case, {})}
+                  "ROWS": rows, "D_PAD": d, "P": samples,
+                  "GR": max(16, draw_tiles * rows * samples), "HAS_UNIFORMS": False,
+                  "STORE_COUNTS": False, "DOT_PRECISION": "tf32", "W_BITS": tsf.W_BITS,
+                  "TMA": not paged, "HALVES": 2, "PACKED": packed, "DRAW_TILES": draw_tiles,
+                  "V_TWICE": not closed, "CLOSED_COLUMNS": closed,
+                  "LET_MERGE": groups < tsf.LARGE_GROUPS}
         if paged:
             consts["k_desc"] = None
             types += ["i32"]
         else:
             types += [f"tensordesc<bf16[64, {d}]>", "i32"]
-        err = compile_kernel(tfc._flash_compact_kernel, types, consts,
-                             {"num_warps": warps, "num_stages": stages}, divisible,
+        err = compile_kernel(tsf._flash_kernel, types, consts, options, divisible,
                              require=None if paged else "ttng.async_tma_copy_global_to_local")
-        print(f"_flash_compact_kernel d={d} G={group} paged={paged} P={samples} "
-              f"{switches.get(case, '')}: {err or 'ok'}")
+        print(f"_flash_kernel d={d} G={group} groups={groups} paged={paged} P={samples} "
+              f"draw_tiles={draw_tiles} ({warps}, {stages}): {err or 'ok'}")
         failures += err is not None
-    # the split merge as a programmatic dependent (pdl=True)
-    err = compile_kernel(ts._merge_kernel, ["*fp32"] * 3 + ["*bf16", "*i64"] + ["i32"] * 5,
-                         {"head_dim": 128, "SPLIT_PAD": 64, "D_PAD": 128, "PDL": True},
-                         {"num_warps": 4})
-    print(f"_merge_kernel PDL: {err or 'ok'}")
-    failures += err is not None
+    for pdl in (False, True):
+        err = compile_kernel(tsf._merge_kernel, ["*fp32"] * 3 + ["*bf16", "*i64"] + ["i32"] * 5,
+                             {"head_dim": 128, "SPLIT_PAD": 64, "D_PAD": 128, "PDL": pdl},
+                             {"num_warps": tsf.MERGE_WARPS})
+        print(f"flash _merge_kernel PDL={pdl}: {err or 'ok'}")
+        failures += err is not None
     return failures
 
 
@@ -440,8 +370,8 @@ def _captured(check: Callable[[], int]) -> tuple[int, str]:
 def main(jobs: int | None = None) -> int:
     """Compiles every group, ``jobs`` processes at a time (default: up to 2 CPUs); 1 on
     any failure."""
-    checks = (check_score, check_finish, check_attend, check_select, check_flash_two_pass,
-              check_flash_compact, check_decode_linear, check_bernoulli)
+    checks = (check_score, check_finish, check_attend, check_select, check_flash,
+              check_decode_linear, check_bernoulli)
     jobs = jobs or min(2, os.cpu_count() or 1)
     if jobs == 1:
         results = [_captured(check) for check in checks]

@@ -16,8 +16,8 @@ model=${MODEL:-qwen2.5-coder-0.5b}
 limit=${LIMIT_S:-560}
 run_id=${RUN_ID:-accuracy-$(date +%F)-h200}
 
-ruler_methods="dense,santa-prop:S=128,santa-prop:S=256,santa-flash:S=2048,gather=compact"
-ruler_methods+=",santa-flash:S=256,gather=compact,santa-sys:S=128,santa-strat:S=128"
+ruler_methods="dense,santa-prop:S=128,santa-prop:S=256,santa-flash:S=2048"
+ruler_methods+=",santa-flash:S=256,santa-sys:S=128,santa-strat:S=128"
 ruler_methods+=",santa-iid:S=128,santapp:M=32,sink=4,window=64"
 # configurations whose runs did not finish on 2026-12-04 (see that README)
 extra_methods="dense,santapp:M=32,santapp:M=64,sink=4,window=64,bernoulli:value_stage=prop,S=128"

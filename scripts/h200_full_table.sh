@@ -12,7 +12,7 @@ mkdir -p /tmp/kroot
 [ -d "results/h200/$run_id" ] && [ ! -d "/tmp/kroot/$run_id" ] && cp -r "results/h200/$run_id" /tmp/kroot/
 timeout "$seconds" santa-bench kernel --ctx "$ctx" --batch "$batch" \
   --S 64,128,256,512,1024,2048 \
-  --methods santa-iid,santa-strat,santa-sys,santa-prop,santa-flash,santa-flash:passes=2,gather=compact \
+  --methods santa-iid,santa-strat,santa-sys,santa-prop,santa-flash \
   --baselines auto --graph --results /tmp/kroot --run-id "$run_id"
 echo "rc=$?"
 tar cf "$OUT/kroot.tar" -C /tmp/kroot "$run_id"

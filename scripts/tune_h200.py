@@ -16,11 +16,10 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
 - ``stores``: the score pass with its statistics and stash stores, statistics only,
   neither (profiling flag ``STORES``), at the default and twice the split count.
 - ``e2e``: prop and split-KV over the e2e loop's cache (32 layers, one workspace).
-- ``flash``: santa-flash S=2048, the fused kernel's launches (Triton's pipeliner, or the
-  hand pipeline; its ``prefetch=2`` variant went at ``a05c5a2``) and the two-pass
-  kernel's (count, gather) launches,
-  each with per-head or group-shared offsets; first checks on the GPU that every
-  variant draws the default's counts given the same uniforms.
+- ``flash``: santa-flash (``triton_santa_flash``) at S=128 and 2048 (env FLASH_BUDGETS),
+  tiles of 64 (FLASH_TILES), over its default split and multiples of it (FLASH_MULTS,
+  fractions too) against cuDNN; every split checked to draw the default split's counts
+  given the same seed and step.
 - ``split``: santa-prop's sample pass over 1-8 programs per head (``sample_splits``), S=128
   and 256: the whole call; first checks that every split draws the same samples.
 - ``sample``: prop's sample pass with parts skipped (``sample_profile`` 1: the binary
@@ -49,8 +48,6 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
 - ``finprof``: the SANTA++ finisher by parts (``"no-union"``, ``"no-search"`` stages).
 - ``reps``: the SANTA++ contiguous index build with the representatives by the torch loop
   or by ``_contiguous_reps_kernel``; first checks both pack the same index.
-- ``flash2``: the two-pass flash kernel stage by stage: pass 1 with and without its draw,
-  pass 2 alone over several split counts and launches, the merge alone.
 - ``harness``: santa-prop S=128 / 256 and cuDNN timed as these sweeps time them and as
   the kernel harness does (its inputs, adapter and copy plan), with the steps between.
 - ``s256``: prop S=256 with the phased sample pass over two programs a head and/or 4
@@ -60,16 +57,15 @@ input copies that one pass reads more than 4x the L2 (cold reads), in us per cal
   (the default) against 128 a block, S=128..2048.
 - ``phased4``: prop where the sample pass runs one loop (e.g. B=4) against the phased
   loops with 256 or 128 samples a block.
-- ``compact``: the two-pass flash kernel's masked pass 2 against its compact row lists
-  (a second kernel, or gathered inline by the count program), by launch and register cap
-  (earlier sweeps of blocks, splits and list forms: results/h200/tune-2026-12-02-s14).
 The sections ``evict``, ``tail`` and ``statsblk`` (results/h200/tune-2026-11-29, commits
 named there), ``wide`` (results/h200/tune-2026-11-29-s4, commit ``a05c5a2``) and
 ``colmask`` (same folder, commit ``be5f18f``), ``fold`` (results/h200/tune-2026-11-29-s5,
 commit ``d6ed554``), ``pipe`` (results/h200/tune-2026-12-01-s10, commit ``964b965``),
-``fstash`` and ``fstashprof`` (results/h200/tune-2026-12-02-s19, commit ``2ccaa4a``)
-went with the kernel knobs they measured; of those only the whole-tile
-stash stores ``colmask`` compared were kept (as the default).
+``fstash`` and ``fstashprof`` (results/h200/tune-2026-12-02-s19, commit ``2ccaa4a``),
+and santa-flash's ``flash`` (its masked and two-pass kernels' launches), ``flash2``,
+``compact`` and ``fcompact`` (results/h200/tune-2026-11-29-s4 to tune-2026-12-03-s24,
+last at commit ``ae66660``) went with the kernels and kernel knobs they measured; of
+those only the whole-tile stash stores ``colmask`` compared were kept (as the default).
 Rows go to OUT_DIR/tune.csv as they are measured (an interrupted run keeps them; a second
 run into the same OUT_DIR appends).
 ``TUNE_SHAPES=4x32768,...`` replaces the shapes (batch x context) every section sweeps.
@@ -91,8 +87,7 @@ import torch
 
 import santa_kernels as sk
 import santa_kernels.triton_santa as ts
-import santa_kernels.triton_santa_flash2 as tf2
-import santa_kernels.triton_santa_flash_compact as tfc
+import santa_kernels.triton_santa_flash as tsf
 import santa_kernels.triton_santapp as tsp
 from santa_bench.timing import graph_call_us
 from santa_kernels.triton_splitkv import SplitKVWorkspace, splitkv_decode
@@ -353,299 +348,49 @@ def e2e_section(rows: Rows, batch: int = 8, ctx: int = 32768, layers: int = 32,
     torch.cuda.empty_cache()
 
 
-FLASH_VARIANTS = {  # name: ("fused", FlashLaunch | None) or ("two", count, gather)
-    "fused-default": ("fused", None),
-    "fused-w4s3": ("fused", ts.FlashLaunch(4, 3)),
-    "fused-w4-pf1": ("fused", ts.FlashLaunch(4, 1)),
-    "two-c43-g43": ("two", (4, 3), (4, 3)),
-    "two-c43-g42": ("two", (4, 3), (4, 2)),
-    "two-c43-g44": ("two", (4, 3), (4, 4)),
-    "two-c43-g83": ("two", (4, 3), (8, 3)),
-    "two-c44-g44": ("two", (4, 4), (4, 4)),
-}
-
-
-def flash_call(variant, q, kv, S, ws, group, uniforms=None, counts=False):
-    kind, *cfg = variant
-    if kind == "fused":
-        return ts.santa_flash(q, kv, S, workspace=ws, launch=cfg[0], group_offsets=group,
-                              uniforms=uniforms, return_counts=counts)
-    return tf2.santa_flash_two_pass(q, kv, S, workspace=ws, count_config=cfg[0],
-                                    gather_config=cfg[1], group_offsets=group,
-                                    uniforms=uniforms, return_counts=counts)
-
-
-def flash_section(rows: Rows, S: int = 2048) -> None:
-    for batch, ctx in SHAPES:
-        tag = f"B={batch} {ctx // 1024}k"
-        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
-        rows.add(section="flash", shape=tag, variant="splitkv", what="call",
-                 us=f"{dense_us(inputs):.2f}", note="")
-        q0, kv0 = inputs[0]
-        uniforms = torch.rand(batch, 32, -(-ctx // 64), device="cuda")
-        base = None
-        for name, variant in FLASH_VARIANTS.items():
-            try:
-                ws0 = ts.SantaWorkspace.for_inputs(q0, kv0, S, 64, store_counts=True)
-                out, info = flash_call(variant, q0, kv0, S, ws0, False, uniforms, True)
-                got = (info.row_counts().clone(), out.float().clone())
-                base = base or got
-                same = (torch.equal(got[0], base[0])
-                        and float((got[1] - base[1]).abs().max()) < 2e-2)
-                for group in (False, True):
-                    wss = [ts.SantaWorkspace.for_inputs(q, kv, S, 64, store_counts=True)
-                           for q, kv in inputs]
-                    _, info = flash_call(variant, q0, kv0, S, wss[0], group, counts=True)
-                    v_frac = info.read_counts(128).v_rows.float().mean().item() / ctx
-                    calls = [lambda q=q, kv=kv, w=w, g=group, v=variant:
-                             flash_call(v, q, kv, S, w, g)
-                             for (q, kv), w in zip(inputs, wss, strict=True)]
-                    rows.add(section="flash", shape=tag, variant=name,
-                             what=f"call S={S} group={int(group)}",
-                             us=f"{graph_call_us(calls):.2f}",
-                             note=f"same={same} V rows {100 * v_frac:.1f}%")
-            except Exception as exc:
-                rows.add(section="flash", shape=tag, variant=name, what="FAILED", us="",
-                         note=f"{type(exc).__name__}: {exc}"[:300])
-        for S_prop in (128, 256):
-            _, full = prop_calls(inputs, S_prop)
-            rows.add(section="flash", shape=tag, variant="prop fp16 stash",
-                     what=f"call S={S_prop}", us=f"{graph_call_us(full):.2f}", note="")
-        del inputs
-        torch.cuda.empty_cache()
-
-
-def flash2_timer(rows: Rows, section: str, tag: str, inputs, wss, S: int, base=None):
-    """Returns ``timed(what, note="", **kw)``: one row, the graph time of
-    ``santa_flash_two_pass(**kw)`` over the input copies. A full call with the same options
-    first writes each copy's counts / lists in place (a stage-only timing reads them).
-    With ``base = (counts, out)`` of the first copy (seed 1, step 0), the note says whether
-    the variant drew those counts and how far its output is from ``out``."""
-
-    def timed(what: str, note: str = "", **kw) -> None:
-        full = {k: v for k, v in kw.items() if k != "stages"}
-        try:
-            for i, ((q, kv), w) in enumerate(zip(inputs, wss, strict=True)):
-                w.reset_rng(0)
-                check = i == 0 and base is not None
-                out, info = tf2.santa_flash_two_pass(q, kv, S, workspace=w, seed=1,
-                                                     return_counts=check, **full)
-                if check:
-                    same = torch.equal(info.row_counts(), base[0])
-                    diff = float((out.float() - base[1]).abs().max())
-                    note = f"same={same} maxdiff={diff:.2e} {note}".strip()
-            calls = [lambda q=q, kv=kv, w=w: tf2.santa_flash_two_pass(q, kv, S, workspace=w,
-                                                                      **kw)
-                     for (q, kv), w in zip(inputs, wss, strict=True)]
-            rows.add(section=section, shape=tag, variant=what, what=str(kw)[:80],
-                     us=f"{graph_call_us(calls):.2f}", note=note)
-        except Exception as exc:  # report and go on
-            rows.add(section=section, shape=tag, variant=what, what="FAILED", us="",
-                     note=f"{type(exc).__name__}: {exc}"[:300])
-
-    return timed
-
-
-def flash2_section(rows: Rows, S: int = 2048) -> None:
-    for batch, ctx in SHAPES:
-        tag = f"B={batch} {ctx // 1024}k"
-        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
-        default = ts.num_splits_for(batch * 8, ctx // 64)
-        wss = [ts.SantaWorkspace.for_inputs(q, kv, S, 64, store_counts=True,
-                                            num_splits=8 * default) for q, kv in inputs]
-        timed = flash2_timer(rows, "flash2", tag, inputs, wss, S)
-        score, _ = prop_calls(inputs, 128)
-        rows.add(section="flash2", shape=tag, variant="prop score pass", what="",
-                 us=f"{graph_call_us(score):.2f}", note="")
-        timed("full")
-        timed("count", stages=("count",))
-        timed("count no draw", stages=("count",), draw=False)
-        # (4, 4), (8, 3), (8, 4): slower than (4, 3) everywhere (tune-2026-11-29-s5)
-        for cfg in ((4, 3), (2, 4), (2, 3), (2, 5), (1, 4), (1, 6)):
-            for mult in (1, 2, 4, 8):
-                timed("gather", gather_config=cfg, gather_splits=mult * default,
-                      stages=("gather",))
-        timed("merge", stages=("merge",))
-        for mult in (2, 4):
-            timed("full", gather_splits=mult * default)
-        del inputs, wss
-        torch.cuda.empty_cache()
-
-
-def compact_section(rows: Rows, S: int = 2048) -> None:
-    """santa-flash two-pass at S=2048: the masked pass 2 against the compact lists (a
-    second kernel, or inline in the count program), by launch and register cap; each
-    variant checked to draw the masked kernel's counts."""
-    for batch, ctx in SHAPES:
-        tag = f"B={batch} {ctx // 1024}k"
-        inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
-        default = ts.num_splits_for(batch * 8, ctx // 64)
-        wss = [tf2.two_pass_workspace(q, kv, S, 64, num_splits=4 * default)
-               for q, kv in inputs]
-        (q0, kv0), ws0 = inputs[0], wss[0]
-        ws0.reset_rng(0)
-        out, info = tf2.santa_flash_two_pass(q0, kv0, S, workspace=ws0, seed=1,
-                                             return_counts=True)
-        counts = info.row_counts().clone()
-        v_frac = float((counts.view(batch, 8, -1, ctx).amax(2) > 0).float().mean())
-        timed = flash2_timer(rows, "compact", tag, inputs, wss, S,
-                             base=(counts, out.float().clone()))
-        note = f"V rows {100 * v_frac:.1f}%"
-        timed("masked", note)
-        timed("masked count", note, stages=("count",))
-        timed("masked gather", note, stages=("gather",))
-        timed("compact", note, gather="compact")
-        timed("compact count", note, gather="compact", stages=("count",))
-        timed("compact gather", note, gather="compact", stages=("gather",))
-        timed("compact uncapped", note, gather="compact", count_maxnreg=None)
-        timed("compact no PDL", note, gather="compact", pdl=False)
-        timed("inline", note, gather="inline")
-        # (the lists and launches swept before, at the commits named in
-        # results/h200/tune-2026-12-02-s14/README.md)
-        del inputs, wss
-        torch.cuda.empty_cache()
-
-
-FCOMPACT_VARIANTS = {  # santa_flash_compact keyword arguments (round 1 at 6d374e6: the
-    # launches (4, 4), (8, 3), (2, 4) 1.5-1.7x slower than (4, 3) at B=1, within 6% at
-    # 32k B=8; no TMA 3-57% slower; maxnreg 96 within 2%;
-    # tune-2026-12-02-s18/1-fcompact-6d374e6.csv)
-    # (lags 0 and 2, 2-fcompact-88559cc.csv, ran at 88559cc..43ab94e and are removed)
-    "(4, 3)": {},
-    "(4, 2)": {"config": (4, 2)},
-    "(4, 4)": {"config": (4, 4)},
-    "(4, 3) maxnreg 128": {"maxnreg": 128},
-    "maxnreg 96": {"maxnreg": 96},  # five programs an SM (tune-2026-12-03-s22)
-    "(4, 2) maxnreg 128": {"config": (4, 2), "maxnreg": 128},
-    "(1, 3)": {"config": (1, 3)},
-    "(1, 2)": {"config": (1, 2)},
-    "(2, 3)": {"config": (2, 3)},
-    "(2, 2)": {"config": (2, 2)},
-    # P (3-fcompact-pdl-P-*.csv in results/h200/tune-2026-12-02-s19, round 3; the
-    # split merge as a programmatic dependent, measured there too: within +-1 us, removed)
-    "P2": {"samples": 2},
-    "P4": {"samples": 4},
-    "P8": {"samples": 8},
-    "P32": {"samples": 32},
-    # the tile uniforms read from memory instead of drawn by Philox in the loop (the
-    # counts then differ from the two-pass kernel's: a timing row)
-    "uniforms": {"uniforms": "rand"},
-    # V element by element (the kernel before tune-2026-12-02-s20) against 32-bit words
-    # (default)
-    "elements": {"words": False},
-    # tune-2026-12-03-s22 (H200, 2026-12-03): the columns through the [ROWS, P, TILE] block (the
-    # default before; packed now). Measured there and removed, code at 99057a3: "entries"
-    # (accumulators and running merge per gathered entry), "scan-mass" (the tile mass from
-    # its scan), "fused merge" (the split merge by each group's last program): all slower
-    "unpacked": {"packed_columns": False},
-    # tune-2026-12-03-s23 (H200, 2026-12-03): tiles drawn in pairs (draw_tiles 2, the
-    # default where allowed) against one at a time
-    "dt1": {"draw_tiles": 1},
-    "dt2": {"draw_tiles": 2},
-    "dt2 nocap": {"draw_tiles": 2, "maxnreg": 255},
-    "dt1 (2, 3)": {"draw_tiles": 1, "config": (2, 3)},
-    "dt2 (2, 3)": {"draw_tiles": 2, "config": (2, 3)},
-    "dt2 (2, 3) maxnreg 200": {"draw_tiles": 2, "config": (2, 3), "maxnreg": 200},
-    "dt2 maxnreg 120": {"draw_tiles": 2, "maxnreg": 120},
-    "dt2 (4, 3)": {"draw_tiles": 2, "config": (4, 3)},
-    "dt2 (4, 2)": {"draw_tiles": 2, "config": (4, 2)},
-    "dt2 once": {"draw_tiles": 2, "v_twice": False},
-    "dt2 (4, 3) once": {"draw_tiles": 2, "config": (4, 3), "v_twice": False},
-    # tune-2026-12-03-s24 (H200, 2026-12-03): the packed columns by the closed form
-    # (offline: 903 instructions in the pair loop against 948, 561 against 588 one tile
-    # at a time); default from P = 4 on since that run (with V once), so "closed" /
-    # "old" pin both switches
-    "closed": {"closed_columns": True},
-    "old": {"closed_columns": False, "v_twice": True},
-    "twice closed": {"closed_columns": True, "v_twice": True},
-    "pdl": {"pdl": True},
-    "merge 1w": {"merge_warps": 1},
-    "merge 2w": {"merge_warps": 2},
-    "merge 8w": {"merge_warps": 8},
-    # more programs an SM: 2 stages (29.7 KB of shared memory) hold 5 programs of 2 warps
-    # at 200 registers, 6 at 168 (17 spill instructions in the pair loop, offline)
-    "dt2 (2, 2)": {"draw_tiles": 2, "config": (2, 2)},
-    "dt2 (2, 2) maxnreg 168": {"draw_tiles": 2, "config": (2, 2), "maxnreg": 168},
-    "dt2 (2, 2) pdl 2w": {"draw_tiles": 2, "config": (2, 2), "pdl": True, "merge_warps": 2},
-    "pdl 2w": {"pdl": True, "merge_warps": 2},
-    # the 4-warp launch for large groups (pairs at 128 registers: four programs an SM, as
-    # the 2-warp launch at 200, twice the warps)
-    "4w": {"config": (4, 3)},
-    "4w merge 2w": {"config": (4, 3), "merge_warps": 2},
-    "4w pdl 2w": {"config": (4, 3), "pdl": True, "merge_warps": 2},
-    "dt1 closed": {"draw_tiles": 1, "closed_columns": True},
-    "dt2 (4, 3) once closed": {"draw_tiles": 2, "config": (4, 3), "v_twice": False,
-                               "closed_columns": True},
-}
-
-
-def fcompact_section(rows: Rows) -> None:
-    """santa-flash in one pass with compact lagged V gathers (triton_santa_flash_compact)
-    against the two-pass compact kernel (the harness's santa-flash default on a GPU) and
-    cuDNN, S=2048 (env FCOMPACT_BUDGETS), tiles of 64 (FCOMPACT_TILES) over the default
-    split, twice and four times it (FCOMPACT_MULTS, fractions too; FCOMPACT_ONLY=a;b: those variants
-    only); each variant
-    checked to draw the two-pass kernel's counts given the same seed and step."""
-    budgets = [int(x) for x in os.environ.get("FCOMPACT_BUDGETS", "2048").split(",")]
-    tiles = [int(x) for x in os.environ.get("FCOMPACT_TILES", "64").split(",")]
-    only = [x for x in os.environ.get("FCOMPACT_ONLY", "").split(";") if x]
+def flash_section(rows: Rows) -> None:
+    """santa-flash (triton_santa_flash) against cuDNN over its default split and multiples
+    of it; each split checked to draw the default split's counts given the same seed and
+    step (the Philox offsets are a tile's, whatever the split)."""
+    budgets = [int(x) for x in os.environ.get("FLASH_BUDGETS", "128,2048").split(",")]
+    tiles = [int(x) for x in os.environ.get("FLASH_TILES", "64").split(",")]
     # split multipliers of the default split (fractions allowed: 0.5 halves it)
-    mults = [float(x) for x in os.environ.get("FCOMPACT_MULTS", "1,2,4").split(",")]
+    mults = [float(x) for x in os.environ.get("FLASH_MULTS", "1").split(",")]
+    from santa_bench.baselines.sdpa import CUDNN
+
     for batch, ctx in SHAPES:
         tag = f"B={batch} {ctx // 1024}k"
         inputs = [gpu_inputs(batch, ctx, i) for i in range(3)]
-        from santa_bench.baselines.sdpa import CUDNN
-
         cudnn = [CUDNN.prepare(q, kv).run for q, kv in inputs]
-        rows.add(section="fcompact", shape=tag, variant="sdpa-cudnn", what="call",
+        rows.add(section="flash", shape=tag, variant="sdpa-cudnn", what="call",
                  us=f"{graph_call_us(cudnn):.2f}", note="")
         del cudnn
+        (q0, kv0) = inputs[0]
         for tile, S in itertools.product(tiles, budgets):
-            default = tfc.compact_splits(batch * 8, ctx // tile, 128, tile)
-            wss2 = [tf2.two_pass_workspace(q, kv, S, tile) for q, kv in inputs]
-            (q0, kv0) = inputs[0]
-            wss2[0].reset_rng(0)
-            out, info = tf2.santa_flash_two_pass(q0, kv0, S, workspace=wss2[0], seed=1,
-                                                 gather="compact", return_counts=True,
-                                                 tile=tile)
-            base = (info.row_counts().clone(), out.float().clone())
-            v_frac = float((base[0].view(batch, 8, -1, ctx).amax(2) > 0).float().mean())
-            calls = [lambda q=q, kv=kv, w=w, S=S, t=tile: tf2.santa_flash_two_pass(
-                q, kv, S, workspace=w, gather="compact", tile=t)
-                for (q, kv), w in zip(inputs, wss2, strict=True)]
-            rows.add(section="fcompact", shape=tag, variant="two-pass compact",
-                     what=f"S={S} tile={tile}", us=f"{graph_call_us(calls):.2f}",
-                     note=f"V rows {100 * v_frac:.1f}%")
+            default = tsf.flash_workspace(q0, kv0, S, tile).num_splits
+            base = None
             for mult in mults:
                 splits = max(1, round(mult * default))
-                wss = [ts.SantaWorkspace.for_inputs(q, kv, S, tile, num_splits=splits)
-                       for q, kv in inputs]
-                for name, kw in FCOMPACT_VARIANTS.items():
-                    if (mult > 1 and "(4, 4)" in name) or (only and name not in only):
-                        continue
-                    if kw.get("uniforms") == "rand":
-                        kw = {**kw, "uniforms": torch.rand(batch, 32, ctx // tile,
-                                                           device="cuda")}
-                    try:
-                        wss[0].reset_rng(0)
-                        out, info = tfc.santa_flash_compact(q0, kv0, S, workspace=wss[0],
-                                                            seed=1, return_counts=True,
-                                                            tile=tile, **kw)
-                        same = torch.equal(info.row_counts(), base[0])
-                        diff = float((out.float() - base[1]).abs().max())
-                        calls = [lambda q=q, kv=kv, w=w, S=S, kw=kw, t=tile:
-                                 tfc.santa_flash_compact(q, kv, S, workspace=w, tile=t, **kw)
-                            for (q, kv), w in zip(inputs, wss, strict=True)]
-                        rows.add(section="fcompact", shape=tag,
-                                 variant=f"{name} splits x{mult:g} ({splits})",
-                                 what=f"S={S} tile={tile}",
-                                 us=f"{graph_call_us(calls):.2f}",
-                                 note=f"same={same} maxdiff={diff:.2e}")
-                    except Exception as exc:  # report and go on
-                        rows.add(section="fcompact", shape=tag, variant=name, what="FAILED",
-                                 us="", note=f"{type(exc).__name__}: {exc}"[:300])
-                del wss
-            del wss2
+                try:
+                    wss = [ts.SantaWorkspace.for_inputs(q, kv, S, tile, num_splits=splits)
+                           for q, kv in inputs]
+                    out, info = tsf.santa_flash(q0, kv0, S, workspace=wss[0], seed=1,
+                                                return_counts=True, tile=tile)
+                    counts = info.row_counts().clone()
+                    base = base or (counts, out.float().clone())
+                    same = torch.equal(counts, base[0])
+                    diff = float((out.float() - base[1]).abs().max())
+                    v_frac = float((counts.view(batch, 8, -1, ctx).amax(2) > 0).float().mean())
+                    calls = [lambda q=q, kv=kv, w=w, S=S, t=tile:
+                             tsf.santa_flash(q, kv, S, workspace=w, tile=t)
+                             for (q, kv), w in zip(inputs, wss, strict=True)]
+                    rows.add(section="flash", shape=tag, variant=f"splits x{mult:g} ({splits})",
+                             what=f"S={S} tile={tile}", us=f"{graph_call_us(calls):.2f}",
+                             note=f"same={same} maxdiff={diff:.2e} V rows {100 * v_frac:.1f}%")
+                    del wss
+                except Exception as exc:  # report and go on
+                    rows.add(section="flash", shape=tag, variant=f"splits x{mult:g}",
+                             what="FAILED", us="", note=f"{type(exc).__name__}: {exc}"[:300])
         del inputs
         torch.cuda.empty_cache()
 
@@ -1130,8 +875,7 @@ def main() -> None:
     for name in sections:
         sections_by_name = {"santapp": santapp_section, "flat": flat_section,
                             "prop": prop_section, "stores": stores_section, "e2e": e2e_section,
-                            "flash": flash_section, "flash2": flash2_section,
-                            "compact": compact_section, "fcompact": fcompact_section,
+                            "flash": flash_section,
                             "split": split_section, "sample": sample_section,
                             "pdl": pdl_section, "occupancy": occupancy_section,
                             "tma": tma_section, "tmastream": tmastream_section,

@@ -143,15 +143,14 @@ def test_killed_run_resumes_with_only_the_unfinished_cases(tmp_path: Path):
     )
 
 
-def test_default_methods_add_the_fastest_flash_kernel_on_a_gpu():
-    """On a GPU the default also times santa-flash's one-pass compact kernel (the masked
-    fused one stays as `santa-flash`); on a CPU both are one reference, so it is left
-    out."""
-    from santa_bench.cli import default_methods
-    from santa_bench.methods import parse_method_specs
-
-    cpu = [(m.name, params) for m, params in parse_method_specs(default_methods("cpu"))]
-    gpu = [(m.name, params) for m, params in parse_method_specs(default_methods("cuda"))]
-    assert gpu[: len(cpu)] == cpu
-    assert gpu[len(cpu):] == [("santa-flash", {"gather": "compact"})]
-    assert ("santa-flash", {}) in cpu
+def test_retired_flash_options_fail_in_one_line(tmp_path):
+    """`--methods santa-flash:gather=compact` (santa-flash's kernel option before it had
+    one kernel) fails before any case runs, in one line naming what to drop."""
+    result = runner.invoke(app, ["kernel", "--device", "cpu", "--ctx", "64", "--batch", "1",
+                                 "--methods", "santa-flash:S=16,gather=compact",
+                                 "--results", str(tmp_path), "--run-id", "r"])
+    assert result.exit_code != 0
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert "santa-flash has one kernel now" in lines[0] and "drop gather=compact" in lines[0]
+    assert not (tmp_path / "r").exists()

@@ -166,23 +166,39 @@ def test_kernel_backend_through_the_interpreter(monkeypatch):
 
 
 def test_e2e_santa_flash_runs_the_kernel_its_row_records(monkeypatch):
+    """The decode backend of santa-flash (end-to-end and accuracy runs) calls the function
+    the kernel harness times and names in its rows, ``triton_santa_flash.santa_flash``,
+    on a workspace split by that kernel's rule; any other kernel fails here."""
+    import santa_kernels.triton_santa_flash as tsf
     from santa_bench.e2e.attention import TritonSampledDecode
     from santa_bench.e2e.cache import StaticKVCache
+    from santa_bench.methods.santa import kernel_function, santa_prepare
 
     if not _interpreted():
         pytest.skip("the Triton kernels were imported without TRITON_INTERPRET=1")
+    ran = []
+    real = tsf.santa_flash
+    assert kernel_function(real) == "triton_santa_flash.santa_flash"
+
+    def spy(*args, **kw):
+        ran.append(kw["workspace"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(tsf, "santa_flash", spy)
     method = REGISTRY.get("santa-flash")
+    params = method.resolve_params({"S": 32, "tile": 16})
     cache = StaticKVCache(num_layers=1, batch=1, capacity=256, num_kv_heads=2, head_dim=16,
                           dtype=torch.float32, device="cpu")
     cache.set_lengths(200)
-    q = torch.zeros(1, 4, 16)
-    variants = {}
-    for gather in ("compact", "masked"):
-        backend = TritonSampledDecode(method, method.resolve_params({"gather": gather}),
-                                      0.25, 0)
-        backend.setup(cache, q)
-        variants[gather] = backend.variant
-    assert variants == {"compact": "santa_flash_compact", "masked": "santa_flash"}
+    q = torch.randn(1, 4, 16, generator=torch.Generator().manual_seed(0))
+    backend = TritonSampledDecode(method, params, 0.25, 0)
+    backend.setup(cache, q)
+    out = backend(0, q)
+    assert ran == [backend.workspace] and torch.isfinite(out).all()
+    harness = santa_prepare("santa_flash")(q, cache.layers[0], seed=0, **params)
+    assert backend.kernel_function == harness.kernel_function == "test_engine.spy"
+    assert backend.workspace.num_splits == tsf.flash_workspace(q, cache.layers[0], 32,
+                                                               16).num_splits
 
 
 def test_a_failing_method_gives_a_failed_row_and_the_run_goes_on(tmp_path, monkeypatch):

@@ -17,8 +17,8 @@ transformers = pytest.importorskip("transformers")
 
 # the configurations of the committed GPU accuracy runs
 SPECS = [
-    "santa-prop:S=128", "santa-prop:S=256", "santa-flash:S=2048,gather=compact",
-    "santa-flash:S=256,gather=compact", "santa-sys:S=128", "santa-strat:S=128",
+    "santa-prop:S=128", "santa-prop:S=256", "santa-flash:S=2048",
+    "santa-flash:S=256", "santa-sys:S=128", "santa-strat:S=128",
     "santa-iid:S=128", "santapp:M=32", "santapp:M=32,sink=4,window=64",
     "santapp:M=64,team_size=32,policy=kmeans", "bernoulli:value_stage=prop,S=128",
 ]

@@ -108,70 +108,40 @@ def test_kernel_adapter_honours_the_stash_dtype(monkeypatch):
         prepare(q, kv, S=8, tile=16, stash="fp8")
 
 
-def test_flash_adapter_two_passes_routes_to_the_two_pass_kernel(monkeypatch):
-    """``santa-flash:passes=2`` runs ``triton_santa_flash2.santa_flash_two_pass`` and
-    ``santa-flash:gather=compact`` ``triton_santa_flash_compact.santa_flash_compact``
-    (whose draws equal the fused kernel's: tests/test_triton_santa_flash2.py and
-    tests/test_triton_santa_flash_compact.py)."""
-    import santa_kernels.triton_santa as ts
-    import santa_kernels.triton_santa_flash2 as tf2
+def test_flash_adapter_runs_the_one_kernel_and_old_options_fail(monkeypatch):
+    """``santa-flash`` runs ``triton_santa_flash.santa_flash`` on a workspace split by
+    its own rule (``flash_workspace``), and its rows name that function; the options of
+    the kernels it had before (gather, passes, pairs) fail with one line naming what to
+    drop, in a spec as in the registry; the other SANTA methods never took them."""
+    import santa_kernels.triton_santa_flash as tsf
     from santa_bench.kernel_adapters import santa_prepare
-    from santa_kernels.validate import InputError
+    from santa_bench.methods.santa import kernel_function
 
+    assert kernel_function(tsf.santa_flash) == "triton_santa_flash.santa_flash"
     calls = []
 
-    def spy(name):
-        def kernel(q, kv, S, **kw):
-            calls.append((name, kw["workspace"].counts is not None, kw.get("gather")))
-            return torch.zeros_like(q), None
-        return kernel
+    def spy(q, kv, S, **kw):
+        calls.append(kw["workspace"].num_splits)
+        return torch.zeros_like(q), None
 
-    import santa_kernels.triton_santa_flash_compact as tfc
-
-    monkeypatch.setattr(tf2, "santa_flash_two_pass", spy("two-pass"))
-    monkeypatch.setattr(ts, "santa_flash", spy("fused"))
-    monkeypatch.setattr(tfc, "santa_flash_compact", spy("one-pass compact"))
+    monkeypatch.setattr(tsf, "santa_flash", spy)
     q = torch.randn(1, 4, 16)
     k, v = torch.randn(2, 1, 40, 2, 16)
     kv = sk.KVCache.contiguous(k, v)
-    santa_prepare("santa_flash")(q, kv, S=8, tile=16, passes=2).run()
-    santa_prepare("santa_flash")(q, kv, S=8, tile=16).run()
-    santa_prepare("santa_flash")(q, kv, S=8, tile=16, passes=2, gather="inline").run()
-    santa_prepare("santa_flash")(q, kv, S=8, tile=16, gather="compact").run()
-    santa_prepare("santa_flash")(q, kv, S=8, tile=16, passes=1, gather="compact").run()
-    assert calls == ([("two-pass", True, None)] * 2 + [("fused", True, None)] * 2
-                     + [("two-pass", True, "inline")] * 2
-                     + [("one-pass compact", False, None)] * 4)  # prepare runs once
-    tiles = []
-    monkeypatch.setattr(tfc, "santa_flash_compact",
-                        lambda q, kv, S, **kw: tiles.append(kw.get("draw_tiles"))
-                        or (torch.zeros_like(q), None))
-    for pairs, expected in (("on", 2), ("off", 1), ("auto", None)):
-        santa_prepare("santa_flash")(q, kv, S=8, tile=16, gather="compact", pairs=pairs).run()
-        assert tiles[-1] == expected, pairs
-    with pytest.raises(InputError, match="pairs"):  # one-pass compact only
-        santa_prepare("santa_flash")(q, kv, S=8, tile=16, pairs="on")
-    with pytest.raises(InputError, match="pairs"):
-        santa_prepare("santa_flash")(q, kv, S=8, tile=16, gather="compact", pairs="yes")
-    with pytest.raises(InputError, match="passes"):
-        santa_prepare("santa_prop")(q, kv, S=8, tile=16, passes=2)
-    with pytest.raises(InputError, match="gather"):  # a pass-2 option
-        santa_prepare("santa_flash")(q, kv, S=8, tile=16, gather="inline")
-    with pytest.raises(InputError, match="gather"):  # santa-flash only
-        santa_prepare("santa_prop")(q, kv, S=8, tile=16, gather="compact")
+    prepared = santa_prepare("santa_flash")(q, kv, S=8, tile=16)
+    prepared.run()
+    assert calls == [tsf.flash_workspace(q, kv, 8, 16).num_splits] * 2  # prepare runs once
+    assert prepared.kernel_function == "test_methods.spy"  # the rows name what ran
     flash = REGISTRY.get("santa-flash")
-    assert flash.resolve_params({"passes": 2, "S": 8})["passes"] == 2
-    assert "passes" not in flash.resolve_params({})  # the default stays out of the case hash
-    assert "gather" not in flash.resolve_params({"passes": 2})
-    assert flash.resolve_params({"passes": 2, "gather": "compact"})["gather"] == "compact"
-    assert "pairs" not in flash.resolve_params({"gather": "compact"})  # auto: old hashes hold
-    assert flash.resolve_params({"gather": "compact", "pairs": "off"})["pairs"] == "off"
-    with pytest.raises(MethodError, match="pairs"):
-        flash.resolve_params({"gather": "compact", "pairs": "maybe"})
-    with pytest.raises(MethodError, match="gather"):
-        flash.resolve_params({"passes": 2, "gather": "dense"})
-    with pytest.raises(MethodError, match="passes"):
-        flash.resolve_params({"passes": 3})
-    # the reference has no kernel passes: the same estimator either way
-    out = flash.run_reference(q, kv, flash.resolve_params({"passes": 2, "S": 8, "tile": 16}))
-    assert out.out.shape == q.shape
+    assert flash.resolve_params({"S": 8}) == {"S": 8, "tile": 64, "min_ctx": 0}
+    for spec, drop in (("santa-flash:gather=compact", "gather=compact"),
+                       ("santa-flash:S=2048,passes=2", "passes=2"),
+                       ("santa-flash:pairs=on", "pairs=on"),
+                       ("santa-flash:passes=2,gather=inline", "passes=2, gather=inline")):
+        (method, overrides), = parse_method_specs(spec)
+        with pytest.raises(MethodError) as err:
+            method.resolve_params(overrides)
+        assert str(err.value) == (
+            f"santa-flash has one kernel now (one pass with compact V gathers); drop {drop}")
+    with pytest.raises(MethodError, match="unknown parameter"):
+        REGISTRY.get("santa-prop").resolve_params({"gather": "compact"})

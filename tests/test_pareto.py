@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -90,6 +91,29 @@ def test_config_key_fills_defaults_and_ignores_retired_options():
     assert pareto.config_key({"method": "santa-flash", "S": 2048, "gather": "compact"}) == \
         pareto.config_key({"method": "santa-flash", "S": 2048})
     assert pareto.config_key({"method": "no-such-method"}) is None
+
+
+def test_only_the_current_flash_kernel_times_santa_flash():
+    """Kernel rows stored before santa-flash had one kernel carry gather / passes: only
+    the one-pass compact kernel's (gather=compact, one pass) time what santa-flash runs
+    now, as do rows since, which name the function that ran and no gather; the masked
+    kernel (its default then, no gather) and the two-pass kernels are left out."""
+    nan = float("nan")
+    rows = pd.DataFrame([
+        {"method": "santa-flash", "gather": None, "passes": nan},  # masked, the old default
+        {"method": "santa-flash", "gather": "masked", "passes": nan},
+        {"method": "santa-flash", "gather": "compact", "passes": 2.0},
+        {"method": "santa-flash", "gather": "inline", "passes": 2.0},
+        {"method": "santa-flash", "gather": "compact", "passes": nan},
+        {"method": "santa-flash", "gather": None, "passes": nan,
+         "kernel_function": "triton_santa_flash.santa_flash"},
+        {"method": "santa-prop", "gather": None, "passes": nan},
+    ])
+    assert list(pareto._retired_flash(rows)) == [True, True, True, True, False, False, False]
+    fresh = pd.DataFrame([{"method": "santa-flash", "kernel_function": "x"},
+                          {"method": "santa-prop", "kernel_function": None}])
+    assert not pareto._retired_flash(fresh).any()  # a store without the old columns
+    assert pareto._retired_flash(pd.DataFrame([{"method": "santa-flash"}])).all()
 
 
 def test_verdict_joins_marks_the_front_and_picks_the_fastest_matched(store):

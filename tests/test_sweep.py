@@ -157,6 +157,12 @@ def test_method_parameters_apply_to_the_methods_that_have_them():
          "case", "heads 6 is not a multiple of kv_heads 4"),
         ({"runner": "kernel", "fixed": {"method": "santa-pp"}}, "fixed.method",
          "unknown method 'santa-pp'"),
+        ({"runner": "kernel", "fixed": {"method": "santa-flash:gather=compact"}},
+         "fixed.method", "santa-flash has one kernel now (one pass with compact V gathers); "
+         "drop gather=compact"),
+        ({"runner": "kernel", "fixed": {"method": "santa-flash"}, "grid": {"passes": [1, 2]}},
+         "grid.passes", "santa-flash has one kernel now (one pass with compact V gathers); "
+         "drop passes"),
     ],
 )
 def test_validation_errors_name_the_file_and_key(tmp_path, suite, where, message):

@@ -266,9 +266,9 @@ def _require_santa_kernels(params: dict[str, Any]) -> None:
 
 
 class TritonSampledDecode(DecodeAttention):
-    """A SANTA-family Triton kernel, ``santa_kernels.triton_santa.<function>`` (by default
-    the function named like the method: santa-prop -> santa_prop); one
-    :class:`SantaWorkspace` serves every layer."""
+    """A SANTA-family Triton kernel, the one the kernel harness times for the method
+    (:func:`santa_bench.methods.santa.santa_kernel` of ``function``, by default the one
+    named like the method: santa-prop -> santa_prop); one workspace serves every layer."""
 
     def __init__(self, method: Method, params: dict[str, Any], scale: float, seed: int,
                  function: str | None = None) -> None:
@@ -278,16 +278,13 @@ class TritonSampledDecode(DecodeAttention):
 
     def setup(self, cache: StaticKVCache, q: torch.Tensor) -> None:
         super().setup(cache, q)
-        from santa_bench.methods.santa import STASH_DTYPES
+        from santa_bench.methods.santa import STASH_DTYPES, kernel_function, santa_kernel
 
         _require_santa_kernels(self.params)
-        module = importlib.import_module("santa_kernels.triton_santa")
-        self.kernel = getattr(module, self.function)
         self.S = int(self.params["S"])
         tile = int(self.params.get("tile", 64))
         self.kwargs: dict[str, Any] = {"tile": tile, "scale": self.scale}
         flash = self.function == "santa_flash"
-        two_pass = flash and self.params.get("passes", 1) == 2
         # the global-CDF samplers join the loop's PDL chain (flash has no entry wait)
         self.chains = not flash
         stash = STASH_DTYPES[self.params.get("stash", "fp32")]
@@ -295,35 +292,15 @@ class TritonSampledDecode(DecodeAttention):
             self.kwargs["stash_dtype"] = stash
         if "alloc" in self.params:
             self.kwargs["alloc"] = self.params["alloc"]
-        batch, hq, d = q.shape
-        # santa-flash:gather=compact (one pass): triton_santa_flash_compact, as the kernel
-        # runner times it
-        compact = flash and not two_pass and self.params.get("gather") == "compact"
         try:
-            if two_pass:  # santa-flash:passes=2[,gather=...]: triton_santa_flash2
-                flash2 = importlib.import_module("santa_kernels.triton_santa_flash2")
-                self.kernel = flash2.santa_flash_two_pass
-                self.kwargs["gather"] = self.params.get("gather", "masked")
-                self.workspace = flash2.two_pass_workspace(q, cache.layers[0], self.S, tile,
-                                                           seed=self.seed)
-            elif compact:
-                module_c = importlib.import_module("santa_kernels.triton_santa_flash_compact")
-                self.kernel = module_c.santa_flash_compact
-                draw_tiles = {"on": 2, "off": 1}.get(self.params.get("pairs") or "auto")
-                if draw_tiles is not None:
-                    self.kwargs["draw_tiles"] = draw_tiles
-                self.workspace = module_c.compact_workspace(q, cache.layers[0], self.S, tile,
-                                                            seed=self.seed,
-                                                            draw_tiles=draw_tiles)
-            else:
-                self.workspace = module.SantaWorkspace(
-                    batch, hq, cache.num_kv_heads, cache.capacity, d, self.S, tile,
-                    device=q.device, stash_dtype=stash, seed=self.seed,
-                )
+            self.kernel, self.workspace = santa_kernel(self.function, q, cache.layers[0],
+                                                       self.S, tile, seed=self.seed,
+                                                       stash_dtype=stash)
         except ValueError as exc:
             raise Unsupported(f"{self.method.name}: {exc}") from exc
         self.kwargs["workspace"] = self.workspace
-        self.variant = self.kernel.__name__  # the kernel that runs (rows record it)
+        # the kernel that runs, named as the kernel harness's rows name it
+        self.kernel_function = kernel_function(self.kernel)
 
     def reset(self) -> None:
         self.workspace.reset_rng(0)

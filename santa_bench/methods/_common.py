@@ -42,7 +42,7 @@ STASH = Param(
 )
 
 # knobs of the fast kernels that the reference does not have
-KERNEL_ONLY_PARAMS = ("stash", "passes", "gather", "pairs")
+KERNEL_ONLY_PARAMS = ("stash",)
 
 
 def value_reference(value: str) -> Callable[..., sk.AttentionOutput]:

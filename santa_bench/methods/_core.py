@@ -109,6 +109,9 @@ class Method:
     # layer and step serves the batch: stack_indexes([index, ...]) -> index
     stack_indexes: Callable[[list[Any]], Any] | None = None
     plot: PlotStyle = PlotStyle()
+    # parameters the method no longer takes, (name, why) pairs: rows stored before may
+    # still carry them; a spec naming one fails with the reason and what to drop
+    retired: tuple[tuple[str, str], ...] = ()
 
     @property
     def has_e2e_kernel(self) -> bool:
@@ -118,6 +121,11 @@ class Method:
     def resolve_params(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         """Returns every parameter with defaults filled and ``overrides`` validated."""
         overrides = dict(overrides or {})
+        retired = dict(self.retired)
+        gone = [name for name in overrides if name in retired]
+        if gone:
+            drop = ", ".join(f"{name}={overrides[name]}" for name in gone)
+            raise MethodError(f"{self.name} {retired[gone[0]]}; drop {drop}")
         known = {p.name: p for p in self.params}
         unknown = sorted(set(overrides) - set(known))
         if unknown:

@@ -2,7 +2,7 @@
 (``santa-iid``, ``-strat``, ``-sys``, ``-flash``, ``-prop``).
 
 Reference: ``santa_kernels.attention(value=...)``. Kernel: ``santa_kernels.triton_santa``
-(santa-flash also its two-pass and compact variants). End-to-end decode:
+(santa-flash: ``santa_kernels.triton_santa_flash``). End-to-end decode:
 :class:`santa_bench.e2e.attention.TritonSampledDecode`.
 """
 
@@ -29,36 +29,11 @@ from santa_bench.timing import nbytes_of
 from santa_kernels.kv import KVCache
 from santa_kernels.validate import InputError
 
-PASSES = Param(
-    "passes",
-    1,
-    int,
-    "santa-flash Triton kernel: 1 = one fused pass; 2 = a counts pass, then a gather pass "
-    "(the same samples: triton_santa_flash2)",
-    choices=(1, 2),
-    omit_default=True,
-)
-GATHER = Param(
-    "gather",
-    "masked",
-    str,
-    "santa-flash Triton kernel: how V is read. masked = each tile's V block with the "
-    "unsampled rows masked off; compact = one pass (passes=1): the sampled rows only, "
-    "loaded a tile late (triton_santa_flash_compact); two passes: pass 1 lists the "
-    "sampled rows, pass 2 reads only those; inline (passes=2) = the same lists, gathered "
-    "by the count program",
-    choices=("masked", "compact", "inline"),
-    omit_default=True,
-)
-PAIRS = Param(
-    "pairs",
-    "auto",
-    str,
-    "santa-flash one-pass compact kernel (gather=compact): draw the tiles in pairs, one "
-    "exchange between warps for two tiles (the same samples). auto = where the group "
-    "allows; on; off = one tile a draw",
-    choices=("auto", "on", "off"),
-    omit_default=True,
+# santa-flash's options of the kernels it had before its one kernel (rows stored then
+# carry them; a spec naming one fails)
+FLASH_RETIRED = tuple(
+    (name, "has one kernel now (one pass with compact V gathers)")
+    for name in ("gather", "passes", "pairs")
 )
 
 
@@ -75,6 +50,27 @@ def santa_kernel_available() -> tuple[bool, str]:
         return False, f"santa_kernels.triton_santa not importable: {exc}"
 
 
+def santa_kernel(function: str, q: torch.Tensor, kv: KVCache, S: int, tile: int, *,
+                 seed: int, stash_dtype: torch.dtype = torch.float32):
+    """Returns ``(kernel, workspace)`` of the SANTA method whose Triton function is
+    ``function`` (``santa_prop``, ..., ``santa_flash``): santa-flash runs
+    ``triton_santa_flash.santa_flash`` on a workspace split by its own rule, the others
+    ``triton_santa.<function>``. The kernel harness and end-to-end decode both take it."""
+    if function == "santa_flash":
+        flash = importlib.import_module("santa_kernels.triton_santa_flash")
+        return flash.santa_flash, flash.flash_workspace(q, kv, S, tile, seed=seed)
+    module = _triton_santa()
+    workspace = module.SantaWorkspace.for_inputs(q, kv, S, tile, seed=seed,
+                                                 stash_dtype=stash_dtype)
+    return getattr(module, function), workspace
+
+
+def kernel_function(kernel) -> str:
+    """``triton_santa_flash.santa_flash``: a kernel function's module (without the
+    package) and name, as kernel rows record it."""
+    return f"{kernel.__module__.removeprefix('santa_kernels.')}.{kernel.__name__}"
+
+
 def santa_prepare(function: str) -> PrepareFn:
     """Returns the adapter of ``santa_kernels.triton_santa.<function>``."""
 
@@ -89,50 +85,16 @@ def santa_prepare(function: str) -> PrepareFn:
         min_ctx: int = 0,
         stash: str | None = None,
         scale: float | None = None,
-        passes: int | None = None,
-        gather: str | None = None,
-        pairs: str | None = None,
     ) -> Prepared:
         if min_ctx:
             raise Unsupported("the Triton kernels do not implement min_ctx; use the reference")
-        module = _triton_santa()
         flash = function == "santa_flash"
-        if passes not in (None, 1, 2) or (passes == 2 and not flash):
-            raise InputError(f"passes: 1 or 2, and 2 only for santa-flash; got {passes!r}")
-        if gather not in (None, "masked") and not flash:
-            raise InputError(f"gather={gather}: an option of santa-flash")
-        if gather == "inline" and passes != 2:
-            raise InputError("gather=inline: an option of the two-pass kernel (passes=2)")
-        # one pass with compact, lagged V gathers (triton_santa_flash_compact)
-        one_pass_compact = flash and passes != 2 and gather == "compact"
-        if pairs not in (None, "auto", "on", "off"):
-            raise InputError(f"pairs: auto, on or off, got {pairs!r}")
-        if pairs not in (None, "auto") and not one_pass_compact:
-            raise InputError("pairs: an option of the one-pass compact santa-flash "
-                             "(santa-flash:gather=compact)")
-        draw_tiles = {"on": 2, "off": 1}.get(pairs or "auto")
         if stash is not None and stash not in STASH_DTYPES:
             raise InputError(f"stash: expected one of {sorted(STASH_DTYPES)}, got {stash!r}")
         stash_dtype = STASH_DTYPES[stash or "fp32"]
-        kernel = getattr(module, function)
-        if passes == 2:  # the same draw in two kernels (a counts pass, a gather pass)
-            two_pass = importlib.import_module("santa_kernels.triton_santa_flash2")
-            kernel = two_pass.santa_flash_two_pass
-            workspace = two_pass.two_pass_workspace(q, kv, S, tile, seed=seed)
-        elif one_pass_compact:
-            compact = importlib.import_module("santa_kernels.triton_santa_flash_compact")
-            kernel = compact.santa_flash_compact
-            workspace = compact.compact_workspace(q, kv, S, tile, seed=seed,
-                                                  draw_tiles=draw_tiles)
-        else:
-            workspace = module.SantaWorkspace.for_inputs(q, kv, S, tile, seed=seed,
-                                                         store_counts=flash,
-                                                         stash_dtype=stash_dtype)
+        kernel, workspace = santa_kernel(function, q, kv, S, tile, seed=seed,
+                                         stash_dtype=stash_dtype)
         kwargs: dict[str, Any] = {"tile": tile, "scale": scale, "workspace": workspace}
-        if passes == 2 and gather is not None:
-            kwargs["gather"] = gather
-        if draw_tiles is not None:
-            kwargs["draw_tiles"] = draw_tiles
         if not flash:  # santa-flash keeps no stash
             kwargs["stash_dtype"] = stash_dtype
         if alloc is not None:
@@ -155,6 +117,8 @@ def santa_prepare(function: str) -> PrepareFn:
                             rebind=rebind)
         prepared.reads = reads  # type: ignore[attr-defined]
         prepared.reset_rng = workspace.reset_rng  # type: ignore[attr-defined]
+        # the kernel rows record the Triton function that ran
+        prepared.kernel_function = kernel_function(kernel)  # type: ignore[attr-defined]
         return prepared
 
     prepare.__doc__ = f"Prepares the Triton kernel {function} (see triton_santa)."
@@ -182,6 +146,7 @@ def _santa(
     function: str,
     colour: str,
     stash: bool = False,
+    retired: tuple[tuple[str, str], ...] = (),
 ) -> Method:
     return Method(
         name,
@@ -195,6 +160,7 @@ def _santa(
         has_stash=stash,
         e2e_backend=e2e_backend(function),
         plot=PlotStyle(colour=colour),
+        retired=retired,
     )
 
 
@@ -231,10 +197,11 @@ def santa_methods() -> tuple[Method, ...]:
         _santa(
             "santa-flash",
             "S2ANTA-flash: equal tile budgets, mass-weighted merge",
-            (S, TILE, PASSES, GATHER, PAIRS, MIN_CTX),
+            (S, TILE, MIN_CTX),
             "flash",
             "santa_flash",
             "#ff7f0e",
+            retired=FLASH_RETIRED,
         ),
         _santa(
             "santa-prop",

@@ -506,6 +506,9 @@ class KernelRunner:
             self.remember_baseline(case, timing.samples_us)
         else:
             rows += self._speedup_rows(case, timing.samples_us)
+        function = getattr(prepared, "kernel_function", None)
+        if function:  # the Triton function that ran (a SANTA method's adapter names it)
+            rows = [{**row, "kernel_function": function} for row in rows]
         return rows
 
     def _speedup_rows(self, case: dict[str, Any], samples_us: list[float]) -> list[dict]:

@@ -1,43 +1,44 @@
-"""S²ANTA-flash in one pass with compact, lagged V gathers (docs/algorithms.md section 4).
+"""S²ANTA-flash (docs/algorithms.md section 4): the ``santa-flash`` kernel, one streaming
+pass with compact, lagged V gathers, and the merge of its splits.
 
-The same estimator as ``triton_santa.santa_flash``, bit-for-bit the same counts given
-the same uniforms (or seed and step), in one streaming kernel plus the split merge.
+Every tile of a sequence draws ``S_tile = max(1, S // T_b)`` systematic samples from its
+local distribution (integer weights: an exact local CDF), and the tiles' partial sums are
+merged by FlashDecoding's running rule, each weighted by its tile's mass. One program
+streams the tiles of one split of one (sequence, KV head) and serves the group's ``G``
+query heads through one ``tl.dot`` a tile, so K is read once a group.
 
-Why another fused kernel. ``_flash_kernel`` turns a tile's draw into counts over the
-tile's ``TILE`` rows and multiplies ``counts @ V`` with V loaded as a whole [TILE, d]
-block, the unsampled rows masked off, in the iteration whose scores chose them: the
-load's latency is exposed once per tile and most of the staged block is empty. Here a
-tile's draw is turned into the ``S_tile`` sampled rows of every head directly (sample
+A tile's draw is turned into the ``S_tile`` sampled rows of every head directly (sample
 ``j`` of a head lies in the column ``i`` with ``f_{i-1} <= j < f_i``, ``f_i = floor(a +
 S_tile F_i)`` the systematic floors of the integer local CDF ``F``, so its column is
 ``#{i : f_i <= j}``), and those ``G * S_tile`` rows are loaded at the end of the tile's
 iteration and summed in the next one: the gather's latency hides behind the next K tile,
 and only sampled rows move (a row sampled twice is loaded twice from the same address;
-HBM moves it once). Loading them at the top of the next iteration instead, or summing
-them two iterations later, was measured slower (H200, 2026-12-02:
-results/h200/tune-2026-12-02-s18). K tiles come through Hopper's bulk tensor copies
-where the cache allows (``SantaWorkspace.k_descriptor``), as in prop's score pass. A
-head's ``P`` columns come out of one reduction over the tile, 8 bits a sample packed in
-one integer that each gathered entry picks its own from
-(:func:`_packed_columns`; through a [ROWS, P, TILE] block and its layout conversions
-instead: 33.7 / 208.6 / 89.6 us against 30.6 / 190.0 / 83.7 at 32k B=1 / 32k B=8 /
-128k B=1, S=2048; H200, 2026-12-03: results/h200/tune-2026-12-03-s22).
+HBM moves it once). K tiles come through Hopper's bulk tensor copies where the cache
+allows (``SantaWorkspace.k_descriptor``), as in prop's score pass. A head's ``P`` columns
+come out of one reduction over the tile, 8 bits a sample packed in one integer that each
+gathered entry picks its own from (:func:`_packed_columns`), without a [ROWS, P, TILE]
+block and its layout conversions.
 
-Tiles are drawn in pairs where the group allows (``draw_tiles``, :func:`default_draw_tiles`):
-the lagged loop keeps streaming one K tile an iteration, and every second iteration draws
-the last two tiles as one [2, ROWS, TILE] block, so that each reduction, the scan and each
+Tiles are drawn in pairs where the group allows (:func:`default_draw_tiles`): the lagged
+loop keeps streaming one K tile an iteration, and every second iteration draws the last
+two tiles as one [2, ROWS, TILE] block, so that each reduction, the scan and each
 exchange between warps serve both tiles (the draws are the same, term for term); the
-accumulator's spare rows (the dot's 16 against 2 x ROWS) hold the pair's second tile until
-the epilogue adds them (32k B=1 / 32k B=8 / 128k B=1, S=2048: 29.2 / 164.8 / 75.8 us
-against 30.6 / 179.2 / 84.1 one tile at a time; H200, 2026-12-03: results/h200/tune-2026-12-03-s23).
+accumulator's spare rows (the dot's 16 against 2 x ROWS) hold the pair's second tile
+until the epilogue adds them.
 
-``S_tile = max(1, S // T_b)`` depends on the sequence's length: the lagged loop holds
-``P`` samples a head and tile (``P`` a power of two, by default the one covering
-``S_tile`` at the cache's capacity, the common decode case); a program whose sequence
-draws more (a shorter sequence) runs the same draw without the lag, ``P`` samples at a
-time. The lagged loop holds no nested loop, so Triton's pipeliner stages its K tiles;
-the other loop's K loads wait in their own iteration (only its inner loop over sample
-chunks is pipelined), the price of a case decode batches rarely hit.
+``S_tile`` depends on the sequence's length: the lagged loop holds ``P`` samples a head
+and tile (``P`` the power of two covering ``S_tile`` at the cache's capacity, the common
+decode case); a program whose sequence draws more (a shorter sequence) runs the same
+draw without the lag, ``P`` samples at a time. The lagged loop holds no nested loop, so
+Triton's pipeliner stages its K tiles; the other loop's K loads wait in their own
+iteration (only its inner loop over sample chunks is pipelined), the price of a case
+decode batches rarely hit.
+
+Each choice above and each launch value below was timed against its alternatives on an
+H200 (the masked-block V gather of an earlier fused kernel, a separate gather pass,
+gathers at other lags, unpacked columns, tiles one at a time, other launches and
+splits); the runs that chose them, with their figures, are the ``tune-*`` and
+``kernels-*`` folders of results/h200 from 2026-11-29 to 2026-12-03 and their READMEs.
 
 Byte model: reads ``B*Hkv*N*d*E`` (K) + the group's union of sampled V rows (HBM
 traffic; ``<= B*Hkv*min(N, G*S)`` rows of ``d*E``); writes ``B*Hq*splits*(d+2)*4``
@@ -54,7 +55,6 @@ import triton.language as tl
 
 from santa_kernels.kv import KVCache
 from santa_kernels.triton_santa import (
-    FLASH_W_BITS,
     H200_SM_COUNT,
     MIN_TILES_PER_SPLIT,
     PROGRAMS_PER_SM,
@@ -64,78 +64,52 @@ from santa_kernels.triton_santa import (
     _capacity,
     _check_uniforms,
     _dot_precision,
-    _flash_local_weights,
-    _flash_narrow_group,
-    _merge_kernel,
+    _group_queries,
     _next_pow2,
     _pdl_trigger,
+    _pdl_wait,
     _prepare,
     _row_offsets,
     _tile_count,
-    _tile_merge,
     _tile_scores,
     pdl_available,
 )
-from santa_kernels.triton_santa_flash2 import _launch_config
-from santa_kernels.validate import InputError, check_positive_int
 
-# (num_warps, num_stages) of the streaming kernel per head dim, and from LARGE_GROUPS
-# (sequences x KV heads) on. d=128 swept on the H200 (S=2048, tile 64, lag 1; results/h200/
-# tune-2026-12-02-s18/3-fcompact-tiles-warps.csv): (4, 3) 33.9 / 92.4 us at 32k B=1 /
-# 128k B=1 (8 groups; (2, 3) 35.0 / 98.9, (4, 2) 34.8 / 99.1, (1, 3) 38.7 / 106.6), at
-# 32k B=8 (64 groups) (2, 3) 210.4 us against 307.3 for (4, 3) (225.5 at four times the
-# split); (4, 4), (8, 3) and (2, 4) 1.5-1.7x slower at B=1, within 6% at 32k B=8
-# (1-fcompact-6d374e6.csv). d=64 and 256 not swept: the count pass's launches.
-COMPACT_CONFIG = {64: (4, 4), 128: (4, 3), 256: (8, 2)}
-COMPACT_CONFIG_LARGE = {128: (2, 3)}
+# (num_warps, num_stages) of the streaming kernel per head dim (d=64 and 256 were not
+# swept), and from LARGE_GROUPS sequences x KV heads on where tiles are drawn one at a
+# time: two warps, more programs an SM
+FLASH_CONFIG = {64: (4, 4), 128: (4, 3), 256: (8, 2)}
+FLASH_CONFIG_LARGE = {128: (2, 3)}
 LARGE_GROUPS = 32
-# A tile's V rows are loaded at the end of its iteration and summed one iteration later:
-# 33.9 / 307.3 / 92.4 us at 32k B=1 / 32k B=8 / 128k B=1 against 37.3 / 363.3 / 106.8
-# loaded at the top of the next iteration (lag 0) and 38.3 / 381.4 / 109.5 summed two
-# iterations later (lag 2) ((4, 3); 2-fcompact-88559cc.csv; both variants removed, code
-# at 43ab94e)
+W_BITS = 30  # integer tile weights: a tile's total stays below 2**W_BITS
 MAX_LAG_SAMPLES = 64  # the lagged loop's samples a head and tile, at most (P)
-LARGE_GROUP_PROGRAMS_PER_SM = 5  # programs of the 2-warp launch an SM holds (compact_splits)
-PAIR_MAX_ENTRIES = 32  # gathered V rows a pair of tiles may carry (draw_tiles 2 by default)
-# the packed columns by the closed form and each pair's V rows loaded once, from this P on
-# (H200, S=2048 vs 128; tune-2026-12-03-s24/1-*: P=4 32k B=1 28.96 / 29.04 us against
-# 29.14, B=8 162.24 / 161.78 against 164.17; P=1 (S=128, and 128k) both slower, by
-# 0.3-2 us; offline the closed form is 903 against 948 pair-loop instructions at P=4,
-# 815 against 780 at P=1, 857 against 845 at P=2)
+LARGE_GROUP_PROGRAMS_PER_SM = 5  # programs of the 2-warp large-group launch an SM holds
+PAIR_MAX_ENTRIES = 32  # gathered V rows a pair of tiles may carry (else one tile a draw)
+# From this P on the packed columns come by a closed form (a few integer operations an
+# element instead of P compares) and a pair's V rows are loaded once, a tile after their
+# draw; below it the compares and a first load at the draw (which brings the rows to L2
+# early; the copy loaded a tile later is summed) are the faster
 CLOSED_MIN_SAMPLES = 4
-# Register caps of the pair loop by warps a program (d=128, G=4, P=4, offline sm_90a
-# compile, triton 3.6; no spills under either): 4 warps 168 uncapped (3 programs an SM),
-# 128 capped (4 an SM); 2 warps 212 uncapped, 200 capped. The 2-warp pair launch's 46 KB
-# of shared memory hold four programs an SM. Measured (S=2048,
-# 32k, tune-2026-12-03-s23/3-* and 4-*): B=8 164.8 us capped against 171.6 uncapped at 8
-# splits; 244.7 at 10 (two waves)
+# Register caps of the pair loop by warps a program: 4 warps at 128 registers (four
+# programs an SM, the count flash_splits plans for), 2 warps at 200; neither spills
 PAIR_MAXNREG = {4: 128, 2: 200}
-# Pairs keep the 4-warp launch at every group count (four programs an SM at 128
-# registers, as the 2-warp launch at 200, twice the warps): S=2048, 32k,
-# results/h200/tune-2026-12-03-s24/3-*: B=4 86.04 us against 87.05, B=8 161.62 against
-# 162.67, B=16 310.41 against 313.09 (2 stages, more programs an SM: slower, 176.97+ at B=8)
-# The split merge as a programmatic dependent of the streaming kernel, below LARGE_GROUPS
-# (32k B=1 S=2048, 2 alternations: 28.71 / 28.69 us against 28.99 / 29.07; at B=8 with the
-# 4-warp launch 162.84 against 161.36: not there), on MERGE_WARPS warps (B=1 29.04 /
-# 29.07 against 28.99 / 29.07 at 4; B=8 161.36 against 161.62)
+# The split merge on MERGE_WARPS warps, launched as a programmatic dependent of the
+# streaming kernel (Hopper) below LARGE_GROUPS sequences x KV heads, where it hides the
+# merge's launch; from there on it is launched after the streaming kernel
 MERGE_WARPS = 2
 
 
-def pair_draws(group: int, samples: int, tile: int = 64, packed_columns: bool = True) -> bool:
+def pair_draws(group: int, samples: int, tile: int = 64) -> bool:
     """Whether the lagged loop may draw its tiles in pairs: packed columns (``samples`` =
     P <= 8, tiles of at most 128 rows) and at most 8 heads a group (twice the group's
     padded rows within the dot's 16: the accumulator's spare rows hold a pair's second
     tile)."""
-    return packed_columns and samples <= 8 and tile <= 128 and group <= 8
+    return samples <= 8 and tile <= 128 and group <= 8
 
 
 def default_draw_tiles(group: int, samples: int, tile: int = 64) -> int:
     """2 (pairs) where :func:`pair_draws` allows and a pair gathers at most
-    :data:`PAIR_MAX_ENTRIES` rows, else 1. Measured against 1 (d=128, G=4; S=2048 / S=128,
-    tune-2026-12-03-s23/2-* to 4-*): 32k B=1 29.2 / 26.1 us against 30.6 / 28.3, 128k B=1
-    75.8 / 75.4 against 84.1 / 84.4, 32k B=8 164.8 / 141.0 against 179.2 / 159.1 (each
-    at its own split), B=2 48.4 against 51.3, B=4 88.0 against 93.4, B=16 321.8 against
-    339.8."""
+    :data:`PAIR_MAX_ENTRIES` rows, else 1."""
     rows = max(2, _next_pow2(group))
     return 2 if pair_draws(group, samples, tile) and 2 * rows * samples <= PAIR_MAX_ENTRIES else 1
 
@@ -147,34 +121,28 @@ def v_words(v: torch.Tensor) -> bool:
             and all(st % 2 == 0 for st in v.stride()[:3]) and v.stride(3) == 1)
 
 
-def compact_config(head_dim: int, groups: int = 1, tile: int = 64,
-                   pairs: bool = False) -> tuple[int, int]:
-    """The default ``(num_warps, num_stages)`` for ``head_dim``, ``groups`` = B * Hkv and
-    ``tile``. Tiles of 128 rows or more: 4 warps, 2 stages (d=128, S=2048: 42.0 / 261.2 /
-    79.8 us at 32k B=1 / 32k B=8 / 128k B=1 against 42.0 / 306.6 / 111.7 for (4, 3); (1, 3)
-    and (2, 3) slower everywhere; 3-fcompact-tiles-warps.csv). ``pairs`` (tiles drawn in
-    pairs): the small-group launch at every group count."""
-    key = min(COMPACT_CONFIG, key=lambda d: (abs(d - head_dim), d))
+def flash_config(head_dim: int, groups: int = 1, tile: int = 64,
+                 pairs: bool = False) -> tuple[int, int]:
+    """Returns the ``(num_warps, num_stages)`` of the streaming kernel for ``head_dim``
+    (the nearest swept one), ``groups`` = B * Hkv and ``tile``: tiles of 128 rows or more
+    take at most 2 stages; ``pairs`` (tiles drawn in pairs) keeps the small-group launch
+    at every group count."""
+    key = min(FLASH_CONFIG, key=lambda d: (abs(d - head_dim), d))
     if tile >= 128:
-        return COMPACT_CONFIG[key][0], min(2, COMPACT_CONFIG[key][1])
-    if groups >= LARGE_GROUPS and key in COMPACT_CONFIG_LARGE and not pairs:
-        return COMPACT_CONFIG_LARGE[key]
-    return COMPACT_CONFIG[key]
+        return FLASH_CONFIG[key][0], min(2, FLASH_CONFIG[key][1])
+    if groups >= LARGE_GROUPS and key in FLASH_CONFIG_LARGE and not pairs:
+        return FLASH_CONFIG_LARGE[key]
+    return FLASH_CONFIG[key]
 
 
-def compact_splits(groups: int, n_tiles: int, head_dim: int = 128, tile: int = 64,
-                   sm_count: int = H200_SM_COUNT, pairs: bool = True) -> int:
-    """The default split count for ``groups`` = B * Hkv sequences x KV heads of ``n_tiles``
-    tiles: as many programs as fit the SMs at once under :func:`compact_config`'s launch
-    (one wave: 4 programs an SM of 4 warps, 5 of the 2-warp large-group launch, whose 41 KB
-    of shared memory allow five), at least MIN_TILES_PER_SPLIT tiles each. Measured on the
-    H200 (S=2048, 32k; tune-2026-12-03-s22/3-* and 4-*): 10 splits at B=8 177.7 us against 188.8
-    for the 9 of ``num_splits_for`` (12: 250.0, 14: 221.0), 20 at B=4 92.6 against 105.6
-    (17; 22: 134.1), 5 at B=16 the same as before (6: 474.6 against 337.2); 64 at B=1
-    (unchanged; 74: 40.0 against 30.6). ``pairs``: the launch draws tiles in pairs
-    (:func:`default_draw_tiles`): :func:`compact_config`'s pair launch (4 warps, four
-    programs an SM)."""
-    warps, _ = compact_config(head_dim, groups, tile, pairs)
+def flash_splits(groups: int, n_tiles: int, head_dim: int = 128, tile: int = 64,
+                 sm_count: int = H200_SM_COUNT, pairs: bool = True) -> int:
+    """Returns the split count for ``groups`` = B * Hkv sequences x KV heads of ``n_tiles``
+    tiles: as many programs as fit the SMs at once under :func:`flash_config`'s launch
+    (one wave: 4 programs an SM of 4 warps, 5 of the 2-warp large-group launch, whose
+    41 KB of shared memory allow five), at least MIN_TILES_PER_SPLIT tiles each.
+    ``pairs``: the launch draws tiles in pairs (:func:`default_draw_tiles`)."""
+    warps, _ = flash_config(head_dim, groups, tile, pairs)
     per_sm = LARGE_GROUP_PROGRAMS_PER_SM if warps == 2 else PROGRAMS_PER_SM
     splits = max(1, min(per_sm * sm_count // max(1, groups),
                         -(-n_tiles // MIN_TILES_PER_SPLIT)))
@@ -183,16 +151,81 @@ def compact_splits(groups: int, n_tiles: int, head_dim: int = 128, tile: int = 6
 
 
 def lag_samples(S: int, capacity: int, tile: int) -> int:
-    """``P``: the power of two covering ``S_tile`` of a sequence at ``capacity`` rows,
-    capped at :data:`MAX_LAG_SAMPLES`."""
+    """Returns ``P``: the power of two covering ``S_tile`` of a sequence at ``capacity``
+    rows, capped at :data:`MAX_LAG_SAMPLES`."""
     per_tile = max(1, S // max(1, -(-capacity // tile)))
     return min(MAX_LAG_SAMPLES, _next_pow2(per_tile))
 
 
 @triton.jit
+def _flash_program(lengths_ptr, S, num_kv_heads, tiles_per_split, TILE: tl.constexpr):
+    """A program's tiles: ``(b, kvh, length, per_tile, t_begin, t_end)`` for the grid
+    ``(splits, B * Hkv)``, tiles ``[t_begin, t_end)`` of sequence ``b``'s KV head ``kvh``,
+    each drawing ``per_tile = S_tile = max(1, S // T_b)`` samples."""
+    b = tl.program_id(1) // num_kv_heads
+    kvh = tl.program_id(1) % num_kv_heads
+    length = tl.load(lengths_ptr + b)
+    n_tiles = tl.cdiv(length, TILE).to(tl.int32)
+    per_tile = tl.maximum(S // n_tiles, 1).to(tl.float32)
+    t_begin = tl.program_id(0) * tiles_per_split
+    t_end = tl.minimum(t_begin + tiles_per_split, n_tiles)
+    return b, kvh, length, per_tile, t_begin, t_end
+
+
+@triton.jit
+def _narrow_group(q_ptr, lengths_ptr, rng_ptr, S, num_kv_heads, num_q_heads, group,
+                  head_dim, tiles_per_split, rng_stride, stride_qb, stride_qh,
+                  TILE: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr,
+                  D_PAD: tl.constexpr):
+    """The prologue of a program whose tail runs on the ``ROWS`` real rows of the group
+    (the dot on its ``G_PAD`` rows): :func:`_flash_program`'s tiles, the group's queries
+    ``q`` [G_PAD, D_PAD], and per real row its head row id, mask and Philox base (section
+    8: keyed by (step, sequence, head, tile); the step from ``rng_ptr``, advanced by the
+    merge). Returns ``(b, kvh, length, per_tile, t_begin, t_end, q, head_rows, mask_g,
+    rng_base)``."""
+    b, kvh, length, per_tile, t_begin, t_end = _flash_program(lengths_ptr, S, num_kv_heads,
+                                                              tiles_per_split, TILE)
+    step = tl.load(rng_ptr)
+    q, heads, mask_g = _group_queries(q_ptr, b, kvh, group, head_dim, stride_qb, stride_qh,
+                                      G_PAD, D_PAD)
+    if ROWS < G_PAD:
+        heads = kvh * group + tl.arange(0, ROWS)
+        mask_g = tl.arange(0, ROWS) < group
+    head_rows = (b * num_q_heads + heads).to(tl.int64)
+    rng_base = (step << 32) + head_rows * rng_stride
+    return b, kvh, length, per_tile, t_begin, t_end, q, head_rows, mask_g, rng_base
+
+
+@triton.jit
+def _local_weights(s, W_SCALE: tl.constexpr):
+    """Per row the local max ``m_t`` (``-inf``: no valid column), ``row_ok``, and integer
+    weights ``w`` (step ``1 / W_SCALE`` of the row's max, the resolution an fp32 CDF has
+    near 1) with their total ``mass``."""
+    m_t = tl.max(s, axis=1)
+    row_ok = m_t > float("-inf")
+    m_safe = tl.where(row_ok, m_t, 0.0)
+    w = (tl.exp(s - m_safe[:, None]) * W_SCALE + 0.5).to(tl.int32)
+    return m_t, row_ok, w, tl.sum(w, axis=1)
+
+
+@triton.jit
+def _tile_merge(m_run, l_run, m_t, mass):
+    """FlashDecoding's running merge of one tile into per-row ``(m_run, l_run)``: the
+    tile's max ``m_t`` and mass ``sum e^{s - m_t}``. Returns ``(m_new, l_new, alpha,
+    w_t)``: the running state, the factor rescaling what was accumulated so far, and the
+    tile's weight ``e^{m_t - m_new} * mass`` (0 where ``m_t = -inf``: no valid column)."""
+    m_new = tl.maximum(m_run, m_t)
+    m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
+    alpha = tl.exp(m_run - m_ref)
+    w_t = tl.where(m_t > float("-inf"), tl.exp(m_t - m_ref) * mass, 0.0)
+    return m_new, l_run * alpha + w_t, alpha, w_t
+
+
+@triton.jit
 def _floors(w, mass, a, per_tile):
-    """``f_i = floor(a + S_tile F_i)`` of the integer local CDF (``_flash_counts``' first
-    term, the same operations: the same floors bit for bit)."""
+    """``f_i = floor(a + S_tile F_i)``, the systematic floors of the integer local CDF
+    (integer partial sums: exact and order-free); sample ``j`` lies in the column ``i``
+    with ``f_{i-1} <= j < f_i``."""
     cum = tl.cumsum(w, axis=1)
     inv = 1.0 / tl.maximum(mass, 1).to(tl.float32)
     cdf_in = tl.where(cum >= mass[:, None], 1.0, cum.to(tl.float32) * inv[:, None])
@@ -280,10 +313,9 @@ def _load_rows(v_base, off, ok, offs_w, mask_w):
     """The V rows at ``off`` [GR] as one [GR, D_PAD // HALVES] block of words (rows not
     ``ok``: zeros; ``v_base`` and ``off`` in words). ``HALVES`` 2 (16-bit elements):
     32-bit words of two elements, which the lagged loop carries to its next iteration in
-    the registers they were loaded into. (Carried as a bf16 block, they were repacked at
-    the end of the loading iteration, ptxas's byte permutes waiting on the load: 18% of
-    the warps' stall samples at 32k B=1, the V latency exposed in the iteration meant to
-    hide it; H200, 2026-12-02: results/h200/tune-2026-12-02-s20.)"""
+    the registers they were loaded into. (Carried as a 16-bit block, they would be
+    repacked at the end of the loading iteration, the byte permutes waiting on the load:
+    the V latency exposed in the iteration meant to hide it.)"""
     return tl.load(v_base + off[:, None] + offs_w[None, :], mask=ok[:, None] & mask_w[None, :],
                    other=0)
 
@@ -356,13 +388,12 @@ def _tile_draw(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale, str
                PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr,
                ROWS: tl.constexpr, D_PAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
                W_SCALE: tl.constexpr, HAS_UNIFORMS: tl.constexpr, TMA: tl.constexpr):
-    """Tile ``t``'s narrowed scores and its draw (``_flash_kernel``'s, term for term):
-    ``(m_t, row_ok, l_t, f)``, ``l_t`` the tile mass and ``f`` the systematic floors of
-    its integer local CDF."""
+    """Tile ``t``'s narrowed scores and its draw: ``(m_t, row_ok, l_t, f)``, ``l_t`` the
+    tile mass and ``f`` the systematic floors of its integer local CDF."""
     s = _narrow_scores(q, k_ptr, page_table_ptr, b, kvh, t, length, head_dim, scale,
                        stride_kx, stride_ky, stride_kh, stride_pt, page_size, k_desc,
                        seq_rows, PAGED, TILE, G_PAD, ROWS, D_PAD, DOT_PRECISION, TMA)
-    m_t, row_ok, w, mass = _flash_local_weights(s, W_SCALE)
+    m_t, row_ok, w, mass = _local_weights(s, W_SCALE)
     if HAS_UNIFORMS:
         a = tl.load(uniforms_ptr + head_rows * uniform_stride + t, mask=mask_g & row_ok,
                     other=0.0)
@@ -428,7 +459,7 @@ def _pair_rows(f, per_tile, rows_ok, t0, page_table_ptr, b, stride_vx, stride_vy
 
 
 @triton.jit
-def _flash_compact_kernel(
+def _flash_kernel(
     q_ptr, k_ptr, v_ptr, lengths_ptr, page_table_ptr,
     part_m_ptr, part_l_ptr, part_o_ptr, counts_ptr, uniforms_ptr, rng_ptr, seed,
     scale, S, num_kv_heads, num_q_heads, group, head_dim: tl.constexpr, tiles_per_split,
@@ -438,7 +469,7 @@ def _flash_compact_kernel(
     PAGED: tl.constexpr, TILE: tl.constexpr, G_PAD: tl.constexpr, ROWS: tl.constexpr,
     D_PAD: tl.constexpr, P: tl.constexpr, GR: tl.constexpr, HAS_UNIFORMS: tl.constexpr,
     STORE_COUNTS: tl.constexpr, DOT_PRECISION: tl.constexpr, W_BITS: tl.constexpr,
-    GROUP_RNG: tl.constexpr = False, k_desc=None, seq_rows=0, TMA: tl.constexpr = False,
+    k_desc=None, seq_rows=0, TMA: tl.constexpr = False,
     HALVES: tl.constexpr = 1, PACKED: tl.constexpr = False, DRAW_TILES: tl.constexpr = 1,
     V_TWICE: tl.constexpr = True, CLOSED_COLUMNS: tl.constexpr = False,
     LET_MERGE: tl.constexpr = False,
@@ -450,9 +481,9 @@ def _flash_compact_kernel(
     _pdl_trigger(LET_MERGE)  # the merge (launch_pdl) may launch as this grid's programs start
     split = tl.program_id(0)
     b, kvh, length, per_tile, t_begin, t_end, q, head_rows, mask_g, rng_base = (
-        _flash_narrow_group(q_ptr, lengths_ptr, rng_ptr, S, num_kv_heads, num_q_heads, group,
-                            head_dim, tiles_per_split, rng_stride, stride_qb, stride_qh, TILE,
-                            G_PAD, ROWS, D_PAD, GROUP_RNG))
+        _narrow_group(q_ptr, lengths_ptr, rng_ptr, S, num_kv_heads, num_q_heads, group,
+                      head_dim, tiles_per_split, rng_stride, stride_qb, stride_qh, TILE, G_PAD,
+                      ROWS, D_PAD))
     # V moves in words of HALVES elements (see _load_rows): D_W of them a row
     D_W: tl.constexpr = D_PAD // HALVES
     offs_w = tl.arange(0, D_W)
@@ -580,104 +611,90 @@ def _flash_compact_kernel(
         tl.store(o_rows + 2 * offs_w[None, :] + 1, acc1, mask=o_mask)
 
 
-def compact_workspace(q: torch.Tensor, kv: KVCache, S: int, tile: int = 64,
-                      draw_tiles: int | None = None, **kw) -> SantaWorkspace:
-    """A workspace for these inputs split by :func:`compact_splits` for calls drawing
-    ``draw_tiles`` tiles at once (default :func:`default_draw_tiles`; ``kw``: the
+
+@triton.jit
+def _merge_kernel(
+    part_m_ptr, part_l_ptr, part_o_ptr, out_ptr, rng_ptr,
+    num_q_heads, num_splits, part_stride, head_dim: tl.constexpr, stride_ob, stride_oh,
+    SPLIT_PAD: tl.constexpr, D_PAD: tl.constexpr, PDL: tl.constexpr = False,
+):
+    # One program a (sequence, query head): the FlashDecoding merge of its splits'
+    # partials; the call's last kernel, so it advances the Philox step (section 8).
+    _pdl_wait(PDL)  # launched with launch_pdl: wait for the partials
+    pid = tl.program_id(0)
+    b = pid // num_q_heads
+    h = pid % num_q_heads
+    offs_sp = tl.arange(0, SPLIT_PAD)
+    offs_d = tl.arange(0, D_PAD)
+    mask_sp = offs_sp < num_splits
+    mask_d = offs_d < head_dim
+    part = pid.to(tl.int64) * part_stride + offs_sp
+    m = tl.load(part_m_ptr + part, mask=mask_sp, other=float("-inf"))
+    l_s = tl.load(part_l_ptr + part, mask=mask_sp, other=0.0)
+    o = tl.load(part_o_ptr + part[:, None] * head_dim + offs_d[None, :],
+                mask=mask_sp[:, None] & mask_d[None, :], other=0.0)
+    weight = tl.exp(m - tl.max(m, axis=0))  # empty splits hold m = -inf: weight 0
+    out = tl.sum(weight[:, None] * o, axis=0) / tl.sum(weight * l_s, axis=0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d,
+             out.to(out_ptr.dtype.element_ty), mask=mask_d)
+    if pid == 0:
+        tl.store(rng_ptr, tl.load(rng_ptr) + 1)
+
+
+def flash_workspace(q: torch.Tensor, kv: KVCache, S: int, tile: int = 64,
+                    **kw) -> SantaWorkspace:
+    """Returns a workspace for these inputs split by :func:`flash_splits` (``kw``: the
     workspace's, e.g. ``seed``)."""
     groups = q.shape[0] * kv.num_kv_heads
-    if draw_tiles is None:
-        draw_tiles = default_draw_tiles(q.shape[1] // max(1, kv.num_kv_heads),
-                                        lag_samples(S, _capacity(kv), tile), tile)
-    pairs = draw_tiles == 2
-    kw.setdefault("num_splits", compact_splits(groups, _tile_count(kv, tile),
-                                               kv.head_dim, tile, pairs=pairs))
+    group = q.shape[1] // max(1, kv.num_kv_heads)
+    pairs = default_draw_tiles(group, lag_samples(S, _capacity(kv), tile), tile) == 2
+    kw.setdefault("num_splits", flash_splits(groups, _tile_count(kv, tile), kv.head_dim,
+                                             tile, pairs=pairs))
     return SantaWorkspace.for_inputs(q, kv, S, tile, **kw)
 
 
-def santa_flash_compact(
+def santa_flash(
     q: torch.Tensor, kv: KVCache, S: int, *, tile: int = 64, scale: float | None = None,
     seed: int | None = None, uniforms: torch.Tensor | None = None,
     workspace: SantaWorkspace | None = None, return_counts: bool = False,
-    group_offsets: bool = False, samples: int | None = None,
-    config: tuple[int, int] | None = None, tma: bool = True, maxnreg: int | None = None,
-    words: bool = True, packed_columns: bool = True, draw_tiles: int | None = None,
-    v_twice: bool | None = None, closed_columns: bool | None = None,
-    pdl: bool | None = None, merge_warps: int = MERGE_WARPS,
 ) -> tuple[torch.Tensor, SantaInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)`` of S²ANTA-flash (section 4), one
     pass, each tile's sampled V rows gathered while the next tile streams.
 
-    Same estimator, arguments and outputs as :func:`santa_kernels.triton_santa.santa_flash`
-    (given the same ``uniforms [B, Hq, T]`` or the same seed and step, the same counts).
-    ``samples``: ``P``, the lagged loop's samples a head and tile (a power of two; default
-    :func:`lag_samples`); sequences drawing more take the loop without the lag.
-    ``config``: ``(num_warps, num_stages)`` (default :func:`compact_config`). ``tma``:
-    K through a tensor descriptor where the cache allows (contiguous, Hopper).
-    ``maxnreg``: a register cap for the streaming kernel (compiled GPU kernels only).
-    ``words``: V in 32-bit words where :func:`v_words` allows (False: element by element).
-    ``packed_columns``: the sampled columns through one packed reduction a head (P <= 8
-    and tiles of at most 128 rows; else, or False, through a [ROWS, P, TILE] block).
-    ``draw_tiles``: 2 draws the lagged loop's tiles in pairs (one block, one exchange for
-    both; packed columns only, twice the group's padded rows within the dot's 16 and at
-    most :data:`PAIR_MAX_ENTRIES` gathered rows), 1 one at a time; default
-    :func:`default_draw_tiles`. ``v_twice`` (pairs): each pair's V rows are loaded at its
-    draw and again a tile later (the copy summed; the first load brings them to L2 early);
-    False: once, a tile after the draw; default: once from :data:`CLOSED_MIN_SAMPLES`
-    samples a tile on. ``closed_columns`` (packed): each element's share of the packed
-    columns in a few integer operations instead of P compares (the same columns); default
-    from :data:`CLOSED_MIN_SAMPLES` on. ``pdl`` (Hopper; ignored where
-    :func:`pdl_available` is false): the merge launched as a programmatic dependent of the
-    streaming kernel (default: below :data:`LARGE_GROUPS` sequences x KV heads);
-    ``merge_warps``: the merge kernel's warps.
-    ``return_counts`` adds per-row counts (an int32 buffer allocated by the call: off the
-    hot path).
+    Every tile draws ``max(1, S // T_b)`` systematic samples from its local distribution,
+    one Philox offset a (step, sequence, head, tile) (``uniforms [B, Hq, T]``: one offset
+    a tile overrides Philox). ``workspace``: reusable buffers (default: one from
+    :func:`flash_workspace`); each call advances its step counter once, so CUDA-graph
+    replays draw fresh samples. ``return_counts`` adds per-row counts to ``info`` (an
+    int32 buffer allocated by the call: off the hot path).
     """
-    ws, scale = _prepare(q, kv, S, tile, scale, workspace, new_workspace=compact_workspace)
+    ws, scale = _prepare(q, kv, S, tile, scale, workspace, new_workspace=flash_workspace)
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
     group = hq // hkv
     n_tiles = _tile_count(kv, tile)
     uniforms = _check_uniforms(uniforms, (batch, hq, n_tiles))
-    if samples is None:
-        samples = lag_samples(S, _capacity(kv), tile)
-    check_positive_int(samples, "samples")
-    if samples & (samples - 1):
-        raise InputError(f"samples: a power of two, got {samples}")
+    samples = lag_samples(S, _capacity(kv), tile)
     rows = max(2, _next_pow2(group))
     per_split = -(-n_tiles // ws.num_splits)
     splits = -(-n_tiles // per_split)
     table, paged, page_size, stride_pt = _cache_args(kv)
-    k_desc = ws.k_descriptor(kv, tile) if tma and kv.k.is_cuda else None
+    k_desc = ws.k_descriptor(kv, tile) if kv.k.is_cuda else None
     # V in 32-bit words of two 16-bit elements where its strides allow (see _load_rows)
-    halves = 2 if words and v_words(kv.v) else 1
-    packed = packed_columns and samples <= 8 and tile <= 128
-    if draw_tiles is None:
-        draw_tiles = default_draw_tiles(group, samples, tile) if packed else 1
-    if draw_tiles not in (1, 2) or (
-            draw_tiles == 2 and not pair_draws(group, samples, tile, packed_columns)):
-        raise InputError(f"draw_tiles: 1, or 2 with packed columns (P <= 8, tiles of at "
-                         f"most 128 rows) and a group of at most 8 heads, got {draw_tiles} "
-                         f"(group {group}, P {samples}, tile {tile})")
-    warps, stages = _launch_config(
-        config, compact_config(d, batch * hkv, tile, pairs=draw_tiles == 2), "config")
-    if v_twice is None:
-        v_twice = samples < CLOSED_MIN_SAMPLES
-    if closed_columns is None:
-        closed_columns = samples >= CLOSED_MIN_SAMPLES
-    if pdl is None:
-        pdl = batch * hkv < LARGE_GROUPS
-    pdl = pdl and pdl_available(q.device)
-    check_positive_int(merge_warps, "merge_warps")
-    if maxnreg is None and draw_tiles == 2:
-        maxnreg = PAIR_MAXNREG.get(warps)  # the programs an SM compact_splits plans for
+    halves = 2 if v_words(kv.v) else 1
+    packed = samples <= 8 and tile <= 128
+    draw_tiles = default_draw_tiles(group, samples, tile) if packed else 1
+    warps, stages = flash_config(d, batch * hkv, tile, pairs=draw_tiles == 2)
+    closed = samples >= CLOSED_MIN_SAMPLES
+    pdl = batch * hkv < LARGE_GROUPS and pdl_available(q.device)
     extra = {}
+    maxnreg = PAIR_MAXNREG.get(warps) if draw_tiles == 2 else None
     if maxnreg is not None and os.environ.get("TRITON_INTERPRET", "0") != "1":
-        extra["maxnreg"] = check_positive_int(maxnreg, "maxnreg")
+        extra["maxnreg"] = maxnreg  # the programs an SM flash_splits plans for
     counts = None
     if return_counts:
         counts = torch.zeros(batch * hq, _capacity(kv), dtype=torch.int32, device=q.device)
-    _flash_compact_kernel[(splits, batch * hkv)](
+    _flash_kernel[(splits, batch * hkv)](
         q, kv.k, kv.v, kv.lengths, table, ws.part_m, ws.part_l, ws.part_o,
         counts if counts is not None else ws.part_m,
         uniforms if uniforms is not None else ws.part_m, ws.rng,
@@ -690,10 +707,9 @@ def santa_flash_compact(
         PAGED=paged, TILE=tile, G_PAD=max(16, _next_pow2(group)),
         ROWS=rows, D_PAD=_next_pow2(d), P=samples, GR=max(16, draw_tiles * rows * samples),
         HAS_UNIFORMS=uniforms is not None, STORE_COUNTS=counts is not None,
-        DOT_PRECISION=_dot_precision(kv.k.dtype), W_BITS=FLASH_W_BITS,
-        GROUP_RNG=group_offsets, k_desc=k_desc, seq_rows=kv.k.shape[1],
-        TMA=k_desc is not None, HALVES=halves,
-        PACKED=packed, DRAW_TILES=draw_tiles, V_TWICE=v_twice, CLOSED_COLUMNS=closed_columns,
+        DOT_PRECISION=_dot_precision(kv.k.dtype), W_BITS=W_BITS,
+        k_desc=k_desc, seq_rows=kv.k.shape[1], TMA=k_desc is not None, HALVES=halves,
+        PACKED=packed, DRAW_TILES=draw_tiles, V_TWICE=not closed, CLOSED_COLUMNS=closed,
         LET_MERGE=pdl, num_warps=warps, num_stages=stages, **extra,
     )
     out = ws.out(q.dtype)
@@ -701,7 +717,7 @@ def santa_flash_compact(
         ws.part_m, ws.part_l, ws.part_o, out, ws.rng, hq, splits, ws.num_splits, d,
         out.stride(0), out.stride(1),
         SPLIT_PAD=max(2, _next_pow2(splits)), D_PAD=_next_pow2(d), PDL=pdl,
-        num_warps=merge_warps, **({"launch_pdl": True} if pdl else {}),
+        num_warps=MERGE_WARPS, **({"launch_pdl": True} if pdl else {}),
     )
     if counts is not None:
         counts = counts.view(batch, hq, -1)
@@ -710,6 +726,6 @@ def santa_flash_compact(
     return out[:batch], info
 
 
-__all__ = ["CLOSED_MIN_SAMPLES", "COMPACT_CONFIG", "compact_config", "compact_splits",
-           "compact_workspace", "default_draw_tiles", "lag_samples", "pair_draws",
-           "santa_flash_compact"]
+__all__ = ["CLOSED_MIN_SAMPLES", "FLASH_CONFIG", "default_draw_tiles", "flash_config",
+           "flash_splits", "flash_workspace", "lag_samples", "pair_draws", "santa_flash",
+           "v_words"]
