@@ -9,7 +9,9 @@ that registered it. Method specs on the command line read
 
 Each family has its module here, which registers its methods with :func:`register`
 when the package is imported: :mod:`.dense`, :mod:`.santa`, :mod:`.bernoulli`,
-:mod:`.santapp`, :mod:`.baseline` (the vendor dense kernels). A new method is a new
+:mod:`.santapp`, :mod:`.selection` (the selection methods users compare against:
+oracle top-k, Quest, vAttention, top-k + S²ANTA), :mod:`.baseline` (the vendor dense
+kernels). A new method is a new
 module, imported below (``docs/adding-a-method.md``).
 """
 
@@ -30,6 +32,7 @@ from santa_bench.methods._core import (
     MethodSpec,
     Param,
     PlotStyle,
+    Promise,
     Registry,
     parse_method_specs,
     register,
@@ -41,6 +44,7 @@ from santa_bench.methods import dense
 from santa_bench.methods import santa
 from santa_bench.methods import bernoulli
 from santa_bench.methods import santapp
+from santa_bench.methods import selection
 from santa_bench.methods import baseline
 # isort: on
 
@@ -57,6 +61,7 @@ __all__ = [
     "Param",
     "PlotStyle",
     "PrepareFn",
+    "Promise",
     "Registry",
     "baseline",
     "bernoulli",
@@ -65,4 +70,5 @@ __all__ = [
     "register",
     "santa",
     "santapp",
+    "selection",
 ]

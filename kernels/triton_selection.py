@@ -1,0 +1,438 @@
+"""Fast paths of the selection methods (docs/algorithms.md section 10): the selection as
+tensor ops on the device, the attention through ``triton_indexed``.
+
+Each method is a *step* object, built once for a query and cache shape (buffers,
+workspace, splits, the seed) and then called as ``step(q, kv, layer=0)`` for one decode
+step of one layer: no host-device sync, static shapes (the cache's capacity, never its
+valid lengths), so a decode loop can capture it in a CUDA graph. Random numbers are
+counter-based, keyed by the seed and a device step counter that every call advances
+first (``rng``; ``reset_rng`` replays a run), so layers, steps and graph replays draw
+fresh numbers:
+
+- :class:`OracleTopKStep`: the scores of every token (``qk_scores``), the softmax, the
+  top-``k`` by the group's summed probability (or per head), indexed attention.
+- :class:`QuestStep`: per layer, the pages' key bounds ``[B, Hkv, P, 2d]`` (max, then
+  min), built after the prefill (:meth:`QuestStep.build`) and extended by every call with
+  the newest token's key (the last page's bounds, not the whole cache); the score bound
+  as one matmul of ``[q⁺, q⁻]`` with the bounds, the top pages, page-block attention.
+- :class:`VAttentionStep`: scores, the sink/window/top-k rows, a base sample's spread
+  and denominator (torch, hash-based uniforms), the CLT budget per KV head, then the
+  indexed kernel draws the uniform tail itself (Philox).
+- :class:`TopKSantaStep`: scores, the group's top-k, each head's systematic samples of
+  the rest (cumulative sum and ``searchsorted``), per-head log-weights so that one
+  indexed call attends to both.
+
+``read_counts`` (untimed, syncs) returns what a call reads, for the byte model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from santa_kernels.kv import KVCache
+from santa_kernels.reads import ReadCounts
+from santa_kernels.selection import normal_quantile
+from santa_kernels.triton_indexed import (
+    IndexedWorkspace,
+    UniformTail,
+    choose_splits,
+    indexed_attention,
+    qk_scores,
+)
+from santa_kernels.triton_splitkv import kv_capacity
+from santa_kernels.validate import InputError, check_positive_int, check_scale
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (``lowbias32``) of int64 values in ``[0, 2^32)``."""
+    x = x ^ (x >> 16)
+    x = (x * 0x21F0AAAD) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x735A2D97) & _M32
+    return x ^ (x >> 15)
+
+
+def counter_uniform(seed: int, step: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``shape`` fp32 uniforms in ``[0, 1)`` from a hash of (``seed``, the device step
+    counter ``step`` [1] int64, the element's index): no generator state, graph-safe."""
+    count = math.prod(shape)
+    index = torch.arange(count, device=step.device, dtype=torch.int64)
+    key = _mix32((step * 0x9E3779B1 + (seed & _M32)) & _M32)
+    x = _mix32(_mix32((index & _M32) ^ key) ^ ((index >> 32) + 0x85EBCA6B))
+    return ((x >> 8).to(torch.float32) * 2.0**-24).view(shape)
+
+
+def _unique_rows(tokens: torch.Tensor, lengths: torch.Tensor, capacity: int) -> torch.Tensor:
+    """``[B, Hkv]``: distinct valid tokens among ``tokens [B, Hkv, R]``."""
+    ok = (tokens >= 0) & (tokens < lengths[:, None, None])
+    slot = torch.where(ok, tokens, torch.full_like(tokens, capacity)).long()
+    mark = torch.zeros(*tokens.shape[:2], capacity + 1, dtype=torch.bool, device=tokens.device)
+    mark.scatter_(2, slot, True)
+    return mark[..., :capacity].sum(-1)
+
+
+class _Step:
+    """Shapes, seed, step counter and output buffer of a selection fast path."""
+
+    def __init__(self, q: torch.Tensor, kv: KVCache, scale: float | None, seed: int) -> None:
+        if not isinstance(kv, KVCache):
+            raise InputError(f"kv: expected a santa_kernels.KVCache, got {type(kv).__name__}")
+        self.batch, self.num_q_heads, self.head_dim = q.shape
+        self.num_kv_heads = kv.num_kv_heads
+        if self.num_q_heads % self.num_kv_heads:
+            raise InputError(f"q: {self.num_q_heads} query heads is not a multiple of "
+                             f"{self.num_kv_heads} KV heads")
+        self.group = self.num_q_heads // self.num_kv_heads
+        self.capacity = kv_capacity(kv)
+        self.scale = check_scale(scale, self.head_dim)
+        self.seed = int(seed)
+        self.device = q.device
+        self.rng = torch.zeros(1, dtype=torch.int64, device=q.device)
+        self.out = torch.empty_like(q)
+        self.positions = torch.arange(self.capacity, device=q.device)
+
+    def reset_rng(self, step: int = 0) -> None:
+        """Sets the device step counter: a run replays exactly."""
+        self.rng.fill_(step)
+
+    def _workspace(self, q: torch.Tensor, kv: KVCache, rows: int) -> IndexedWorkspace:
+        splits = choose_splits(q, kv, rows)
+        return IndexedWorkspace(self.batch, self.num_q_heads, self.head_dim, splits,
+                                device=q.device)
+
+    def _scores(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
+        return qk_scores(q, kv, scale=self.scale, out=self.scores)
+
+    def _group_top(self, probs: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Tensor:
+        """``[B, Hkv, k]`` int64: the ``k`` largest summed group probabilities among
+        ``allowed [B, capacity]`` (-1 where fewer are allowed)."""
+        mass = probs.view(self.batch, self.num_kv_heads, self.group, self.capacity).sum(2)
+        mass = mass.masked_fill(~allowed[:, None, :], -1.0)
+        values, index = mass.topk(k, dim=-1)
+        return torch.where(values < 0, torch.full_like(index, -1), index)
+
+    def _own_segments(self, width: int) -> torch.Tensor:
+        """``[B, Hq, G * width]`` fp32: 0 on each head's own segment of a group list made
+        of the heads' lists one after the other, -inf elsewhere."""
+        own = torch.full((self.group, self.group, width), float("-inf"), device=self.device)
+        own[torch.arange(self.group), torch.arange(self.group)] = 0.0
+        own = own.reshape(1, 1, self.group, self.group * width)
+        return own.expand(self.batch, self.num_kv_heads, -1, -1).reshape(
+            self.batch, self.num_q_heads, self.group * width).contiguous()
+
+    def _reads(self, kv: KVCache, v_rows: torch.Tensor,
+               k_features: torch.Tensor | None = None) -> ReadCounts:
+        lengths = kv.lengths.long()
+        k_rows = lengths[:, None].expand(-1, self.num_kv_heads).contiguous()
+        if k_features is None:
+            k_features = k_rows * self.head_dim
+        return ReadCounts(k_rows=k_rows.cpu(), k_features=k_features.long().cpu(),
+                          v_rows=v_rows.long().cpu(), context=lengths.cpu(),
+                          head_dim=self.head_dim)
+
+
+# ------------------------------------------------------------------ oracle top-k
+class OracleTopKStep(_Step):
+    """Oracle top-``k`` (``shared="group"`` or ``"head"``)."""
+
+    def __init__(self, q: torch.Tensor, kv: KVCache, *, k: int, shared: str = "group",
+                 scale: float | None = None, seed: int = 0) -> None:
+        super().__init__(q, kv, scale, seed)
+        check_positive_int(k, "k")
+        if shared not in ("group", "head"):
+            raise InputError(f"shared: expected group or head, got {shared!r}")
+        self.k, self.shared = min(k, self.capacity), shared
+        self.scores = torch.empty(self.batch, self.num_q_heads, self.capacity,
+                                  dtype=torch.float32, device=q.device)
+        rows = self.k if shared == "group" else self.group * self.k
+        self.log_weights = self._own_segments(self.k) if shared == "head" else None
+        self.workspace = self._workspace(q, kv, rows)
+
+    def select(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
+        """``[B, Hkv, R]`` int32 chosen tokens (-1: none)."""
+        scores = self._scores(q, kv)
+        if self.shared == "group":
+            valid = self.positions[None, :] < kv.lengths[:, None]
+            return self._group_top(torch.softmax(scores, dim=-1), valid, self.k).int()
+        values, index = scores.topk(self.k, dim=-1)  # [B, Hq, k]
+        index = torch.where(values == float("-inf"), torch.full_like(index, -1), index)
+        return index.view(self.batch, self.num_kv_heads, self.group * self.k).int()
+
+    def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
+        return indexed_attention(q, kv, self.select(q, kv), log_weights=self.log_weights,
+                                 scale=self.scale, out=self.out, workspace=self.workspace)
+
+    def read_counts(self, q: torch.Tensor, kv: KVCache) -> ReadCounts:
+        """Every key, and the chosen value rows (their union over the group)."""
+        return self._reads(kv, _unique_rows(self.select(q, kv).long(), kv.lengths.long(),
+                                            self.capacity))
+
+
+# ------------------------------------------------------------------ Quest
+class QuestStep(_Step):
+    """Quest with per-layer page bounds (see the module docstring)."""
+
+    def __init__(self, q: torch.Tensor, kv: KVCache, *, page: int = 16, pages: int = 64,
+                 shared: str = "group", scale: float | None = None, seed: int = 0,
+                 num_layers: int = 1) -> None:
+        super().__init__(q, kv, scale, seed)
+        check_positive_int(page, "page")
+        check_positive_int(pages, "pages")
+        if shared not in ("group", "head"):
+            raise InputError(f"shared: expected group or head, got {shared!r}")
+        self.page, self.shared = page, shared
+        self.page_cap = -(-self.capacity // page)
+        self.pages = min(pages, self.page_cap)
+        shape = (self.batch, self.num_kv_heads, self.page_cap, 2 * self.head_dim)
+        self.bounds = [torch.zeros(shape, dtype=kv.k.dtype, device=q.device)
+                       for _ in range(num_layers)]
+        self.page_index = torch.arange(self.page_cap, device=q.device)
+        self.rows = torch.arange(self.batch, device=q.device)
+        self.log_weights = self._own_segments(self.pages) if shared == "head" else None
+        rows = self.pages * page * (1 if shared == "group" else self.group)
+        self.workspace = self._workspace(q, kv, rows)
+
+    def _keys(self, kv: KVCache, positions: torch.Tensor) -> torch.Tensor:
+        """Keys at token ``positions [B, T]``: ``[B, T, Hkv, d]``."""
+        if kv.layout == "contiguous":
+            return kv.k[self.rows[:, None], positions]
+        pages = kv.page_table[self.rows[:, None], positions // kv.page_size].long()
+        return kv.k[pages, positions % kv.page_size]
+
+    def build(self, kv: KVCache, layer: int = 0) -> None:
+        """Computes every page's bounds from the cache (after the prefill)."""
+        span = self.page_cap * self.page
+        positions = torch.arange(span, device=self.device).clamp(max=self.capacity - 1)
+        keys = self._keys(kv, positions[None, :].expand(self.batch, span))  # [B, span, H, d]
+        valid = (torch.arange(span, device=self.device)[None, :]
+                 < kv.lengths[:, None])[:, :, None, None]
+        shape = (self.batch, self.page_cap, self.page, self.num_kv_heads, self.head_dim)
+        kmax = keys.masked_fill(~valid, float("-inf")).view(shape).amax(2)
+        kmin = keys.masked_fill(~valid, float("inf")).view(shape).amin(2)
+        used = valid.view(self.batch, self.page_cap, self.page, 1, 1).any(2)
+        zero = torch.zeros((), dtype=keys.dtype, device=self.device)
+        both = torch.cat([torch.where(used, kmax, zero), torch.where(used, kmin, zero)], -1)
+        self.bounds[layer].copy_(both.permute(0, 2, 1, 3))
+
+    def append(self, kv: KVCache, layer: int = 0) -> None:
+        """Folds each sequence's newest key (at ``length − 1``) into its page's bounds; a
+        page's first token resets them. Graph-safe; repeating it changes nothing."""
+        last = (kv.lengths.long() - 1).clamp_min(0)
+        key = self._keys(kv, last[:, None])[:, 0]  # [B, Hkv, d]
+        page = last // self.page
+        bounds = self.bounds[layer]
+        current = bounds[self.rows, :, page]  # [B, Hkv, 2d]
+        fresh = (last % self.page == 0)[:, None, None]
+        d = self.head_dim
+        kmax = torch.where(fresh, key, torch.maximum(current[..., :d], key))
+        kmin = torch.where(fresh, key, torch.minimum(current[..., d:], key))
+        bounds[self.rows, :, page] = torch.cat([kmax, kmin], -1)
+
+    def select(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
+        """``[B, Hkv, R]`` int32 chosen pages (-1: none)."""
+        bounds = self.bounds[layer]
+        both = torch.cat([q.clamp_min(0), q.clamp_max(0)], -1).to(bounds.dtype)
+        both = both.view(self.batch, self.num_kv_heads, self.group, 2 * self.head_dim)
+        upper = torch.matmul(both, bounds.transpose(-1, -2)).float()  # [B, Hkv, G, P]
+        if self.shared == "group":
+            upper = upper.amax(2)
+        else:
+            upper = upper.view(self.batch, self.num_q_heads, self.page_cap)
+        used = (kv.lengths.long() + self.page - 1) // self.page
+        upper = upper.masked_fill((self.page_index[None, :] >= used[:, None])[:, None],
+                                  float("-inf"))
+        upper = upper.masked_fill((self.page_index[None, :] == used[:, None] - 1)[:, None],
+                                  float("inf"))  # the last page, always
+        values, index = upper.topk(self.pages, dim=-1)
+        index = torch.where(values == float("-inf"), torch.full_like(index, -1), index)
+        return index.reshape(self.batch, self.num_kv_heads, -1).int()
+
+    def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
+        self.append(kv, layer)
+        return indexed_attention(q, kv, self.select(q, kv, layer), block=self.page,
+                                 log_weights=self.log_weights, scale=self.scale, out=self.out,
+                                 workspace=self.workspace)
+
+    def read_counts(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> ReadCounts:
+        """The bounds (``2 x used pages x d`` per KV head), the chosen pages' K and V rows
+        (their union over the group)."""
+        chosen = self.select(q, kv, layer).long()
+        tokens = chosen[..., None] * self.page + torch.arange(self.page, device=self.device)
+        tokens = torch.where(chosen[..., None] >= 0, tokens, torch.full_like(tokens, -1))
+        rows = _unique_rows(tokens.flatten(2), kv.lengths.long(), self.capacity)
+        used = (kv.lengths.long() + self.page - 1) // self.page
+        return self._reads(kv, rows, (2 * used[:, None] + rows) * self.head_dim)
+
+
+# ------------------------------------------------------------------ vAttention
+class VAttentionStep(_Step):
+    """vAttention with the denominator budget (see the module docstring)."""
+
+    def __init__(self, q: torch.Tensor, kv: KVCache, *, sink: int = 128, window: int = 128,
+                 topk: int = 256, epsilon: float = 0.05, delta: float = 0.05,
+                 base_rate: float = 0.01, mode: str = "denominator",
+                 scale: float | None = None, seed: int = 0) -> None:
+        super().__init__(q, kv, scale, seed)
+        if mode != "denominator":
+            raise InputError(f"mode={mode}: the GPU path computes the denominator budget "
+                             "only (mode=output runs the reference)")
+        for name, value in (("sink", sink), ("window", window), ("topk", topk)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InputError(f"{name}: expected an integer >= 0, got {value!r}")
+        if not (0 < epsilon < 1 and 0 < delta < 1 and 0 <= base_rate <= 1):
+            raise InputError("epsilon, delta: in (0, 1); base_rate: in [0, 1]")
+        self.sink, self.window = min(sink, self.capacity), min(window, self.capacity)
+        self.topk = min(topk, self.capacity)
+        self.epsilon, self.base_rate = float(epsilon), float(base_rate)
+        self.z = normal_quantile(1.0 - delta / 2.0)
+        self.base_cap = max(2, math.ceil(base_rate * self.capacity))
+        self.scores = torch.empty(self.batch, self.num_q_heads, self.capacity,
+                                  dtype=torch.float32, device=q.device)
+        self.exclude = torch.zeros(self.batch, self.num_kv_heads, self.capacity + 1,
+                                   dtype=torch.uint8, device=q.device)
+        self.sink_rows = torch.arange(self.sink, device=q.device)
+        self.window_rows = torch.arange(self.window, device=q.device)
+        listed = self.sink + self.window + self.topk
+        self.workspace = self._workspace(q, kv, listed + self.capacity // 8)
+
+    def plan(self, q: torch.Tensor, kv: KVCache) -> tuple[torch.Tensor, UniformTail]:
+        """The exact rows ``[B, Hkv, R]`` and the uniform tail of one call."""
+        batch, hkv, group, cap = self.batch, self.num_kv_heads, self.group, self.capacity
+        self.rng.add_(1)
+        scores = self._scores(q, kv)
+        n = kv.lengths.long()
+        lo = n.clamp(max=self.sink)
+        hi = torch.maximum(n - self.window, lo)
+        population = hi - lo
+        expo = torch.exp(scores - scores.amax(-1, keepdim=True))  # 0 past each length
+        in_range = (self.positions[None, :] >= lo[:, None]) & (self.positions[None, :]
+                                                              < hi[:, None])
+        outside = (expo * (~in_range)[:, None, :]).sum(-1).view(batch, hkv, group)
+        expo_g = expo.view(batch, hkv, group, cap)
+        parts = [torch.where(self.sink_rows[None, :] < lo[:, None], self.sink_rows[None, :],
+                             -1).expand(batch, self.sink),
+                 torch.where(hi[:, None] + self.window_rows[None, :] < n[:, None],
+                             hi[:, None] + self.window_rows[None, :], -1)]
+        parts = [p[:, None, :].expand(batch, hkv, -1) for p in parts]
+        self.exclude.zero_()
+        exact = outside
+        if self.topk:
+            top = self._group_top(expo / expo.sum(-1, keepdim=True), in_range, self.topk)
+            slot = torch.where(top >= 0, top, torch.full_like(top, cap))
+            self.exclude.scatter_(2, slot, torch.ones_like(slot, dtype=torch.uint8))
+            at_top = expo_g.gather(3, top.clamp_min(0)[:, :, None, :].expand(-1, -1, group, -1))
+            exact = exact + (at_top * (top >= 0)[:, :, None, :]).sum(-1)
+            parts.append(top)
+        listed = torch.cat(parts, -1).int()
+
+        # the base sample: its spread and denominator give each head's CLT budget
+        base = torch.clamp(torch.ceil(self.base_rate * population.float()), min=2.0)  # [B]
+        u0 = counter_uniform(self.seed, self.rng, (batch, hkv, self.base_cap))
+        width = population.float()[:, None, None]
+        pick = torch.minimum(torch.floor(u0 * width), (width - 1).clamp_min(0)).long()
+        draws = (lo[:, None, None] + pick).clamp(max=cap - 1)  # [B, Hkv, base_cap]
+        take = (torch.arange(self.base_cap, device=self.device)[None, :]
+                < base[:, None]).float()[:, None, None, :]  # [B, 1, 1, base_cap]
+        y = expo_g.gather(3, draws[:, :, None, :].expand(-1, -1, group, -1))
+        y = y * (1.0 - self.exclude.gather(2, draws).float())[:, :, None, :]
+        count = base[:, None, None]
+        mean = (y * take).sum(-1) / count
+        var = ((y - mean[..., None]).square() * take).sum(-1) / (count - 1)
+        den = exact + population.float()[:, None, None] * mean
+        need = (self.z * population.float()[:, None, None] * var.sqrt()
+                / (self.epsilon * den).clamp_min(1e-30)).square().ceil()
+        budget = torch.minimum(torch.maximum(need.amax(-1), base[:, None]),
+                               population.float()[:, None])  # [B, Hkv]
+        budget = torch.where(population[:, None] > 0, budget, torch.zeros_like(budget))
+        log_weight = torch.log(population.float()[:, None] / budget.clamp_min(1.0))
+        tail = UniformTail(budget.int(), lo.int(), hi.int(), log_weight.float(), self.exclude,
+                           self.rng, self.seed, cap)
+        return listed, tail
+
+    def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
+        listed, tail = self.plan(q, kv)
+        return indexed_attention(q, kv, listed, tail=tail, scale=self.scale, out=self.out,
+                                 workspace=self.workspace)
+
+    def read_counts(self, q: torch.Tensor, kv: KVCache) -> ReadCounts:
+        """Every key; the value rows of the exact set and of the drawn tail."""
+        listed, tail = self.plan(q, kv)
+        samples = torch.full((self.batch * self.num_kv_heads, self.capacity), -1,
+                             dtype=torch.int32, device=self.device)
+        indexed_attention(q, kv, listed, tail=tail, scale=self.scale, out=self.out,
+                          workspace=self.workspace, samples=samples)
+        drawn = samples.view(self.batch, self.num_kv_heads, -1).long()
+        hit = self.exclude.gather(2, drawn.clamp_min(0)).bool()
+        drawn = torch.where(hit, torch.full_like(drawn, -1), drawn)
+        tokens = torch.cat([listed.long(), drawn], -1)
+        return self._reads(kv, _unique_rows(tokens, kv.lengths.long(), self.capacity))
+
+
+# ------------------------------------------------------------------ top-k + S²ANTA
+class TopKSantaStep(_Step):
+    """Top-``k`` exact plus S²ANTA-sys samples of the rest (see the module docstring)."""
+
+    def __init__(self, q: torch.Tensor, kv: KVCache, *, k: int = 64, S: int = 128,
+                 scale: float | None = None, seed: int = 0) -> None:
+        super().__init__(q, kv, scale, seed)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise InputError(f"k: expected an integer >= 0, got {k!r}")
+        check_positive_int(S, "S")
+        self.k, self.S = min(k, self.capacity), S
+        self.scores = torch.empty(self.batch, self.num_q_heads, self.capacity,
+                                  dtype=torch.float32, device=q.device)
+        # log-weights: 0 on the top-k rows, each head's own samples after them
+        self.log_weights = torch.cat([
+            torch.zeros(self.batch, self.num_q_heads, self.k, device=q.device),
+            self._own_segments(S)], -1).contiguous()
+        self.offsets = torch.arange(S, device=q.device, dtype=torch.float32)
+        self.workspace = self._workspace(q, kv, self.k + self.group * S)
+
+    def plan(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
+        """The rows ``[B, Hkv, k + G S]`` of one call (their log-weights written)."""
+        batch, hkv, group, cap, S = (self.batch, self.num_kv_heads, self.group,
+                                     self.capacity, self.S)
+        self.rng.add_(1)
+        scores = self._scores(q, kv)
+        n = kv.lengths.long()
+        probs = torch.softmax(scores, dim=-1)  # [B, Hq, cap]
+        parts = []
+        rest = probs
+        if self.k:
+            top = self._group_top(probs, self.positions[None, :] < n[:, None], self.k)
+            slot = torch.where(top >= 0, top, torch.full_like(top, cap))
+            chosen = torch.zeros(batch, hkv, cap + 1, dtype=torch.bool, device=self.device)
+            chosen.scatter_(2, slot, True)
+            rest = probs.view(batch, hkv, group, cap).masked_fill(
+                chosen[:, :, None, :cap], 0.0).view(batch, self.num_q_heads, cap)
+            parts.append(top)
+        mass = rest.sum(-1, keepdim=True)  # M per head
+        cdf = rest.cumsum(-1)
+        cdf = cdf / cdf[..., -1:].clamp_min(1e-30)
+        offset = counter_uniform(self.seed, self.rng, (batch, self.num_q_heads, 1))
+        thresholds = (offset + self.offsets) / S  # [B, Hq, S]
+        drawn = torch.searchsorted(cdf, thresholds, right=True)
+        drawn = torch.minimum(drawn, (n - 1)[:, None, None])
+        lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+        log_w = mass.log() + lse - math.log(S) - scores.gather(-1, drawn)  # [B, Hq, S]
+        segments = self.log_weights[..., self.k:].view(batch, hkv, group, group, S)
+        segments.diagonal(0, 2, 3).copy_(log_w.view(batch, hkv, group, S).permute(0, 1, 3, 2))
+        parts.append(drawn.view(batch, hkv, group * S))
+        return torch.cat(parts, -1).int()
+
+    def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
+        return indexed_attention(q, kv, self.plan(q, kv), log_weights=self.log_weights,
+                                 scale=self.scale, out=self.out, workspace=self.workspace)
+
+    def read_counts(self, q: torch.Tensor, kv: KVCache) -> ReadCounts:
+        """Every key; the value rows of the top-k and of the samples (a head's sample of
+        zero weight, when its rest has no mass, is not read)."""
+        rows = self.plan(q, kv).long()
+        live = self.log_weights.view(self.batch, self.num_kv_heads, self.group, -1)
+        live = (live > float("-inf")).any(2)
+        rows = torch.where(live, rows, torch.full_like(rows, -1))
+        return self._reads(kv, _unique_rows(rows, kv.lengths.long(), self.capacity))
