@@ -12,7 +12,7 @@ fresh numbers:
 - :class:`OracleTopKStep`: the scores of every token (``qk_scores``), the softmax, the
   top-``k`` by the group's summed probability (or per head), indexed attention.
 - :class:`QuestStep`: per layer, the pages' key bounds ``[B, Hkv, P, 2d]`` (max, then
-  min), built after the prefill (:meth:`QuestStep.build`) and extended by every call with
+  min; fp32, since bounds rounded to bf16 reorder close pages), built after the prefill (:meth:`QuestStep.build`) and extended by every call with
   the newest token's key (the last page's bounds, not the whole cache); the score bound
   as one matmul of ``[q⁺, q⁻]`` with the bounds, the top pages, page-block attention.
 - :class:`VAttentionStep`: scores, the sink/window/top-k rows, a base sample's spread
@@ -188,7 +188,8 @@ class QuestStep(_Step):
         self.page_cap = -(-self.capacity // page)
         self.pages = min(pages, self.page_cap)
         shape = (self.batch, self.num_kv_heads, self.page_cap, 2 * self.head_dim)
-        self.bounds = [torch.zeros(shape, dtype=kv.k.dtype, device=q.device)
+        # fp32: a bound rounded to bf16 reorders pages whose bounds are close
+        self.bounds = [torch.zeros(shape, dtype=torch.float32, device=q.device)
                        for _ in range(num_layers)]
         self.page_index = torch.arange(self.page_cap, device=q.device)
         self.rows = torch.arange(self.batch, device=q.device)
@@ -216,7 +217,7 @@ class QuestStep(_Step):
         used = valid.view(self.batch, self.page_cap, self.page, 1, 1).any(2)
         zero = torch.zeros((), dtype=keys.dtype, device=self.device)
         both = torch.cat([torch.where(used, kmax, zero), torch.where(used, kmin, zero)], -1)
-        self.bounds[layer].copy_(both.permute(0, 2, 1, 3))
+        self.bounds[layer].copy_(both.permute(0, 2, 1, 3).float())
 
     def append(self, kv: KVCache, layer: int = 0) -> None:
         """Folds each sequence's newest key (at ``length − 1``) into its page's bounds; a
@@ -228,6 +229,7 @@ class QuestStep(_Step):
         current = bounds[self.rows, :, page]  # [B, Hkv, 2d]
         fresh = (last % self.page == 0)[:, None, None]
         d = self.head_dim
+        key = key.float()
         kmax = torch.where(fresh, key, torch.maximum(current[..., :d], key))
         kmin = torch.where(fresh, key, torch.minimum(current[..., d:], key))
         bounds[self.rows, :, page] = torch.cat([kmax, kmin], -1)
@@ -235,9 +237,9 @@ class QuestStep(_Step):
     def select(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
         """``[B, Hkv, R]`` int32 chosen pages (-1: none)."""
         bounds = self.bounds[layer]
-        both = torch.cat([q.clamp_min(0), q.clamp_max(0)], -1).to(bounds.dtype)
+        both = torch.cat([q.clamp_min(0), q.clamp_max(0)], -1).float()
         both = both.view(self.batch, self.num_kv_heads, self.group, 2 * self.head_dim)
-        upper = torch.matmul(both, bounds.transpose(-1, -2)).float()  # [B, Hkv, G, P]
+        upper = torch.matmul(both, bounds.transpose(-1, -2))  # [B, Hkv, G, P]
         if self.shared == "group":
             upper = upper.amax(2)
         else:

@@ -37,6 +37,8 @@ BOOTSTRAP = 2000
 _RETIRED_FLASH = {"gather": ("masked", "inline"), "passes": (2,)}
 # parameters that label a variant in rows but not the estimator (kept out of the key)
 _NOT_CONFIG = {"gather", "passes", "pairs"}
+# budgets: named in the key even at their defaults (santa-prop:S=128, quest:pages=64)
+_BUDGETS = {"S", "M", "k", "pages"}
 
 
 class ParetoError(ValueError):
@@ -84,7 +86,7 @@ def config_key(row: pd.Series | dict[str, Any]) -> str | None:
             continue
         with contextlib.suppress(MethodError, ValueError, TypeError):
             value = param.validate(value, method.name)
-        if param.name in ("S", "M") or value != param.default:
+        if param.name in _BUDGETS or value != param.default:
             parts.append(f"{param.name}={_text(value)}")
     return method.name + (":" + ",".join(parts) if parts else "")
 
