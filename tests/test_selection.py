@@ -247,6 +247,7 @@ def test_the_four_methods_are_registered_with_their_module():
         assert method.module == "santa_bench.methods.selection"
         assert method.kernel_kind == "triton" and method.e2e_backend is not None
         assert method.plot.colour is not None
+        assert method.deterministic == (name in ("oracle-topk", "quest"))
 
 
 def test_fidelity_reports_the_promise():

@@ -112,6 +112,7 @@ class Method:
     availability: Callable[[], tuple[bool, str]] = _always
     kernel_availability: Callable[[], tuple[bool, str]] = _always
     has_stash: bool = False  # the kernel writes and re-reads a per-(head, token) logit stash
+    deterministic: bool = False  # draws no random numbers (an oracle or a fixed selection)
     tags: tuple[str, ...] = field(default_factory=tuple)
     # the module that registered the method (set by :func:`register`)
     module: str = ""

@@ -117,13 +117,15 @@ def selection_backend(build: StepBuilder) -> Callable[..., Any]:
 
 
 def _method(name: str, description: str, params: tuple[Param, ...], reference,
-            build: StepBuilder, plot: PlotStyle, promise=None) -> Method:
+            build: StepBuilder, plot: PlotStyle, promise=None,
+            deterministic: bool = False) -> Method:
     return Method(
         name,
         "oracle",
         description,
         params,
         reference=reference,
+        deterministic=deterministic,
         prepare=selection_prepare(name, build),
         kernel_kind="triton",
         kernel_availability=selection_kernel_available,
@@ -152,6 +154,7 @@ def selection_methods() -> tuple[Method, ...]:
             references.oracle_topk,
             _oracle_step,
             PlotStyle(colour="#4d4d4d", marker="x", linestyle=":"),
+            deterministic=True,
         ),
         _method(
             "quest",
@@ -166,6 +169,7 @@ def selection_methods() -> tuple[Method, ...]:
             references.quest,
             _quest_step,
             PlotStyle(colour="#17becf", marker="P", linestyle="-."),
+            deterministic=True,
         ),
         _method(
             "vattention",
