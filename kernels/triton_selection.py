@@ -12,9 +12,11 @@ fresh numbers:
 - :class:`OracleTopKStep`: the scores of every token (``qk_scores``), the softmax, the
   top-``k`` by the group's summed probability (or per head), indexed attention.
 - :class:`QuestStep`: per layer, the pages' key bounds ``[B, Hkv, P, 2d]`` (max, then
-  min; fp32, since bounds rounded to bf16 reorder close pages), built after the prefill (:meth:`QuestStep.build`) and extended by every call with
-  the newest token's key (the last page's bounds, not the whole cache); the score bound
-  as one matmul of ``[q⁺, q⁻]`` with the bounds, the top pages, page-block attention.
+  min; fp32, since bounds rounded to bf16 reorder close pages), built after the prefill
+  (:meth:`QuestStep.build`); one Triton kernel folds the newest token's key into its page
+  (the last page's bounds, not the whole cache) and writes every page's score bound
+  ``τ (q⁺·max + q⁻·min)`` (the group's largest), then the top pages, page-block
+  attention.
 - :class:`VAttentionStep`: scores, the sink/window/top-k rows, a base sample's spread
   and denominator (torch, hash-based uniforms), the CLT budget per KV head, then the
   indexed kernel draws the uniform tail itself (Philox).
@@ -30,6 +32,8 @@ from __future__ import annotations
 import math
 
 import torch
+import triton
+import triton.language as tl
 
 from santa_kernels.kv import KVCache
 from santa_kernels.reads import ReadCounts
@@ -37,6 +41,7 @@ from santa_kernels.selection import normal_quantile
 from santa_kernels.triton_indexed import (
     IndexedWorkspace,
     UniformTail,
+    _static_for,
     choose_splits,
     indexed_attention,
     qk_scores,
@@ -191,8 +196,10 @@ class QuestStep(_Step):
         # fp32: a bound rounded to bf16 reorders pages whose bounds are close
         self.bounds = [torch.zeros(shape, dtype=torch.float32, device=q.device)
                        for _ in range(num_layers)]
-        self.page_index = torch.arange(self.page_cap, device=q.device)
         self.rows = torch.arange(self.batch, device=q.device)
+        heads = self.num_kv_heads if shared == "group" else self.num_q_heads
+        self.upper = torch.empty(self.batch, heads, self.page_cap, dtype=torch.float32,
+                                 device=q.device)
         self.log_weights = self._own_segments(self.pages) if shared == "head" else None
         rows = self.pages * page * (1 if shared == "group" else self.group)
         self.workspace = self._workspace(q, kv, rows)
@@ -219,45 +226,41 @@ class QuestStep(_Step):
         both = torch.cat([torch.where(used, kmax, zero), torch.where(used, kmin, zero)], -1)
         self.bounds[layer].copy_(both.permute(0, 2, 1, 3).float())
 
-    def append(self, kv: KVCache, layer: int = 0) -> None:
-        """Folds each sequence's newest key (at ``length − 1``) into its page's bounds; a
-        page's first token resets them. Graph-safe; repeating it changes nothing."""
-        last = (kv.lengths.long() - 1).clamp_min(0)
-        key = self._keys(kv, last[:, None])[:, 0]  # [B, Hkv, d]
-        page = last // self.page
+    def page_bounds(self, q: torch.Tensor, kv: KVCache, layer: int = 0,
+                    update: bool = True) -> torch.Tensor:
+        """``[B, Hkv, P]`` (``shared="group"``: the group's largest) or ``[B, Hq, P]``
+        fp32 score bounds, ``-inf`` past the used pages and ``+inf`` on the last one. With
+        ``update``, first folds each sequence's newest key (at ``length − 1``) into its
+        page's bounds (a page's first token resets them); repeating it changes nothing."""
+        st = _static_for(q, kv)
+        out = self.upper
+        page_table = kv.page_table if st.paged else kv.lengths
+        k_strides = kv.k.stride()
         bounds = self.bounds[layer]
-        current = bounds[self.rows, :, page]  # [B, Hkv, 2d]
-        fresh = (last % self.page == 0)[:, None, None]
-        d = self.head_dim
-        key = key.float()
-        kmax = torch.where(fresh, key, torch.maximum(current[..., :d], key))
-        kmin = torch.where(fresh, key, torch.minimum(current[..., d:], key))
-        bounds[self.rows, :, page] = torch.cat([kmax, kmin], -1)
+        block_p = QUEST_BLOCK_P[self.head_dim]
+        _quest_bound_kernel[(-(-self.page_cap // block_p), self.batch * self.num_kv_heads)](
+            q, kv.k, kv.lengths, page_table, bounds, out, self.scale, self.page_cap,
+            q.stride(0), q.stride(1), k_strides[0], k_strides[1], k_strides[2],
+            page_table.stride(0) if st.paged else 0,
+            bounds.stride(0), bounds.stride(1), bounds.stride(2), out.stride(0), out.stride(1),
+            NUM_KV_HEADS=self.num_kv_heads, GROUP=self.group, HEAD_DIM=self.head_dim,
+            BLOCK_H=st.block_h, BLOCK_P=block_p, PAGE=self.page, PAGED=st.paged,
+            PAGE_SIZE=st.page_size, PER_HEAD=self.shared == "head", UPDATE=update,
+            num_warps=4,
+        )  # fmt: skip
+        return out
 
-    def select(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
+    def select(self, q: torch.Tensor, kv: KVCache, layer: int = 0,
+               update: bool = False) -> torch.Tensor:
         """``[B, Hkv, R]`` int32 chosen pages (-1: none)."""
-        bounds = self.bounds[layer]
-        both = torch.cat([q.clamp_min(0), q.clamp_max(0)], -1).float()
-        both = both.view(self.batch, self.num_kv_heads, self.group, 2 * self.head_dim)
-        upper = torch.matmul(both, bounds.transpose(-1, -2))  # [B, Hkv, G, P]
-        if self.shared == "group":
-            upper = upper.amax(2)
-        else:
-            upper = upper.view(self.batch, self.num_q_heads, self.page_cap)
-        used = (kv.lengths.long() + self.page - 1) // self.page
-        upper = upper.masked_fill((self.page_index[None, :] >= used[:, None])[:, None],
-                                  float("-inf"))
-        upper = upper.masked_fill((self.page_index[None, :] == used[:, None] - 1)[:, None],
-                                  float("inf"))  # the last page, always
-        values, index = upper.topk(self.pages, dim=-1)
+        values, index = self.page_bounds(q, kv, layer, update).topk(self.pages, dim=-1)
         index = torch.where(values == float("-inf"), torch.full_like(index, -1), index)
         return index.reshape(self.batch, self.num_kv_heads, -1).int()
 
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
-        self.append(kv, layer)
-        return indexed_attention(q, kv, self.select(q, kv, layer), block=self.page,
-                                 log_weights=self.log_weights, scale=self.scale, out=self.out,
-                                 workspace=self.workspace)
+        return indexed_attention(q, kv, self.select(q, kv, layer, update=True),
+                                 block=self.page, log_weights=self.log_weights,
+                                 scale=self.scale, out=self.out, workspace=self.workspace)
 
     def read_counts(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> ReadCounts:
         """The bounds (``2 x used pages x d`` per KV head), the chosen pages' K and V rows
@@ -269,6 +272,70 @@ class QuestStep(_Step):
         used = (kv.lengths.long() + self.page - 1) // self.page
         return self._reads(kv, rows, (2 * used[:, None] + rows) * self.head_dim)
 
+
+
+# ------------------------------------------------------------------ Quest's page bounds
+QUEST_BLOCK_P = {16: 64, 32: 64, 64: 64, 128: 32, 256: 16}  # pages a program scores
+
+
+@triton.jit
+def _quest_bound_kernel(
+    q_ptr, k_ptr, lengths_ptr, page_table_ptr, bounds_ptr, out_ptr, tau, page_cap,
+    stride_qb, stride_qh, stride_kblk, stride_kn, stride_kh, stride_ptb,
+    stride_bb, stride_bh, stride_bp, stride_ob, stride_oh,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PER_HEAD: tl.constexpr, UPDATE: tl.constexpr,
+):
+    """Quest's score bounds of ``BLOCK_P`` pages of one (sequence, KV head) for its
+    ``G`` query heads, ``τ (q⁺·max + q⁻·min)``; the program holding the sequence's last
+    page first folds the newest key into that page's bounds (its bound is +inf anyway)."""
+    tile = tl.program_id(0)
+    pid = tl.program_id(1)
+    b = pid // NUM_KV_HEADS
+    kv_head = pid % NUM_KV_HEADS
+    offs_p = tile * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_h = tl.arange(0, BLOCK_H)
+    mask_h = offs_h < GROUP
+    heads = kv_head * GROUP + offs_h
+    n = tl.load(lengths_ptr + b).to(tl.int32)
+    used = tl.cdiv(n, PAGE)
+    last_page = used - 1
+    b_base = bounds_ptr + b.to(tl.int64) * stride_bb + kv_head * stride_bh
+    if UPDATE:  # noqa: SIM102 (a compile-time branch around a run-time one)
+        if (n > 0) & (last_page >= tile * BLOCK_P) & (last_page < tile * BLOCK_P + BLOCK_P):
+            t = n - 1
+            if PAGED:
+                phys = tl.load(page_table_ptr + b * stride_ptb + t // PAGE_SIZE).to(tl.int64)
+                k_row = k_ptr + phys * stride_kblk + (t % PAGE_SIZE) * stride_kn
+            else:
+                k_row = k_ptr + b.to(tl.int64) * stride_kblk + t.to(tl.int64) * stride_kn
+            key = tl.load(k_row + kv_head * stride_kh + offs_d).to(tl.float32)
+            row = b_base + last_page.to(tl.int64) * stride_bp
+            kmax = tl.load(row + offs_d)
+            kmin = tl.load(row + HEAD_DIM + offs_d)
+            fresh = (offs_d * 0 + t % PAGE) == 0  # the page's first token: reset
+            tl.store(row + offs_d, tl.where(fresh, key, tl.maximum(kmax, key)))
+            tl.store(row + HEAD_DIM + offs_d, tl.where(fresh, key, tl.minimum(kmin, key)))
+    mask_p = offs_p < page_cap
+    rows = b_base + offs_p[:, None].to(tl.int64) * stride_bp + offs_d[None, :]
+    kmax = tl.load(rows, mask=mask_p[:, None], other=0.0)
+    kmin = tl.load(rows + HEAD_DIM, mask=mask_p[:, None], other=0.0)
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_h[:, None], other=0.0).to(tl.float32)
+    upper = tl.dot(tl.maximum(q, 0.0), tl.trans(kmax), input_precision="ieee")
+    upper = tl.dot(tl.minimum(q, 0.0), tl.trans(kmin), acc=upper, input_precision="ieee")
+    upper = upper * tau
+    upper = tl.where((offs_p >= used)[None, :], float("-inf"), upper)
+    upper = tl.where((offs_p == last_page)[None, :], float("inf"), upper)
+    if PER_HEAD:
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_p[None, :], upper,
+                 mask=mask_h[:, None] & mask_p[None, :])
+    else:
+        group_max = tl.max(tl.where(mask_h[:, None], upper, float("-inf")), axis=0)
+        tl.store(out_ptr + b * stride_ob + kv_head * stride_oh + offs_p, group_max,
+                 mask=mask_p)
 
 # ------------------------------------------------------------------ vAttention
 class VAttentionStep(_Step):

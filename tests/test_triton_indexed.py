@@ -192,7 +192,7 @@ def test_quest_bounds_extended_token_by_token_equal_a_full_build(layout):
     step.build(cache)
     for _ in range(30):  # decode steps append one token each (page starts included)
         cache.lengths.add_(1)
-        step.append(cache)
+        step(q, cache)
     full = ts.QuestStep(q, cache, page=8, pages=4)
     full.build(cache)
     assert torch.equal(step.bounds[0], full.bounds[0])
