@@ -7,7 +7,7 @@ step of one layer: no host-device sync, static shapes (the cache's capacity, nev
 valid lengths), so a decode loop can capture it in a CUDA graph. Random numbers are
 counter-based, keyed by the seed and a device step counter that every call advances
 first (``rng``; ``reset_rng`` replays a run), so layers, steps and graph replays draw
-fresh numbers:
+fresh numbers (Philox, ``tl.rand``, in the kernels):
 
 - :class:`OracleTopKStep`: the scores of every token (``qk_scores``), the softmax, the
   top-``k`` by the group's summed probability (or per head), indexed attention.
@@ -17,9 +17,9 @@ fresh numbers:
   (the last page's bounds, not the whole cache) and writes every page's score bound
   ``τ (q⁺·max + q⁻·min)`` (the group's largest), then the top pages, page-block
   attention.
-- :class:`VAttentionStep`: scores, the sink/window/top-k rows, a base sample's spread
-  and denominator (torch, hash-based uniforms), the CLT budget per KV head, then the
-  indexed kernel draws the uniform tail itself (Philox).
+- :class:`VAttentionStep`: scores, the top-k of the middle range, then one Triton kernel
+  per (sequence, KV head) lists the sink/window/top-k rows, draws the base sample and
+  writes the CLT budget, and the indexed kernel draws the uniform tail itself (Philox).
 - :class:`TopKSantaStep`: scores, the group's top-k, each head's systematic samples of
   the rest (cumulative sum and ``searchsorted``), per-head log-weights so that one
   indexed call attends to both.
@@ -49,26 +49,27 @@ from santa_kernels.triton_indexed import (
 from santa_kernels.triton_splitkv import kv_capacity
 from santa_kernels.validate import InputError, check_positive_int, check_scale
 
-_M32 = 0xFFFFFFFF
+UNIFORM_KEY = 0x5BD1E995  # the tensor-side uniforms' Philox key differs from the kernels'
+UNIFORM_BLOCK = 1024
 
 
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash (``lowbias32``) of int64 values in ``[0, 2^32)``."""
-    x = x ^ (x >> 16)
-    x = (x * 0x21F0AAAD) & _M32
-    x = x ^ (x >> 15)
-    x = (x * 0x735A2D97) & _M32
-    return x ^ (x >> 15)
+@triton.jit
+def _uniform_kernel(out_ptr, rng_ptr, seed, count, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    step = tl.load(rng_ptr)
+    u = tl.rand(seed, (step << 32) + offs.to(tl.int64))
+    tl.store(out_ptr + offs, u, mask=offs < count)
 
 
 def counter_uniform(seed: int, step: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """``shape`` fp32 uniforms in ``[0, 1)`` from a hash of (``seed``, the device step
-    counter ``step`` [1] int64, the element's index): no generator state, graph-safe."""
+    """``shape`` fp32 uniforms in ``[0, 1)``: Philox keyed by ``seed`` and the device step
+    counter ``step`` ([1] int64) and counting the elements; one kernel, no generator
+    state, graph-safe."""
     count = math.prod(shape)
-    index = torch.arange(count, device=step.device, dtype=torch.int64)
-    key = _mix32((step * 0x9E3779B1 + (seed & _M32)) & _M32)
-    x = _mix32(_mix32((index & _M32) ^ key) ^ ((index >> 32) + 0x85EBCA6B))
-    return ((x >> 8).to(torch.float32) * 2.0**-24).view(shape)
+    out = torch.empty(shape, dtype=torch.float32, device=step.device)
+    _uniform_kernel[(max(1, -(-count // UNIFORM_BLOCK)),)](
+        out, step, (seed ^ UNIFORM_KEY) & 0x7FFFFFFF, count, BLOCK=UNIFORM_BLOCK)
+    return out
 
 
 def _unique_rows(tokens: torch.Tensor, lengths: torch.Tensor, capacity: int) -> torch.Tensor:
@@ -338,6 +339,123 @@ def _quest_bound_kernel(
                  mask=mask_p)
 
 # ------------------------------------------------------------------ vAttention
+VATTENTION_BLOCK = 128  # rows of the exact set or draws a step of the plan kernel
+
+
+@triton.jit
+def _ceil_int(x, cap):
+    """``⌈min(x, cap)⌉`` as int32 for ``x >= 0`` (``tl.ceil`` is not in every Triton)."""
+    x = tl.minimum(x, cap)
+    whole = x.to(tl.int32)
+    return tl.where(whole.to(tl.float32) < x, whole + 1, whole)
+
+
+@triton.jit
+def _draw_tokens(j, take, seed, base, lo, width):
+    """Tokens ``lo + ⌊u · width⌋`` of draws ``j`` (Philox at ``base + j``)."""
+    u = tl.rand(seed, base + j)
+    pick = tl.minimum((u * width.to(tl.float32)).to(tl.int32), width - 1)
+    return tl.where(take, lo + tl.maximum(pick, 0), 0)
+
+
+@triton.jit
+def _vattention_plan_kernel(
+    scores_ptr, lse_ptr, top_ptr, lengths_ptr, exclude_ptr,
+    listed_ptr, count_ptr, log_weight_ptr, lo_ptr, hi_ptr, rng_ptr,
+    seed, base_rate, z_over_eps, draw_stride, exclude_stride, stride_sb, stride_sh,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
+    SINK: tl.constexpr, WINDOW: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One (sequence, KV head) of a vAttention step: lists the exact rows (sink, window,
+    top-k), marks the top-k as excluded from the tail, sums the exact set's
+    probabilities per head, draws the base sample (two passes over the same Philox
+    draws: mean, then spread), and writes the tail's CLT budget (the group's largest,
+    within ``[b₀, n_s]``) and its log-weight ``log(n_s / b)``."""
+    pid = tl.program_id(0)
+    b = pid // NUM_KV_HEADS
+    kv_head = pid % NUM_KV_HEADS
+    offs_h = tl.arange(0, BLOCK_H)
+    offs = tl.arange(0, BLOCK)
+    mask_h = offs_h < GROUP
+    heads = kv_head * GROUP + offs_h
+    n = tl.load(lengths_ptr + b).to(tl.int32)
+    lo = tl.minimum(n, SINK)
+    hi = tl.maximum(n - WINDOW, lo)
+    width = hi - lo
+    if kv_head == 0:
+        tl.store(lo_ptr + b, lo)
+        tl.store(hi_ptr + b, hi)
+    lse = tl.load(lse_ptr + b * NUM_KV_HEADS * GROUP + heads, mask=mask_h, other=0.0)
+    s_rows = scores_ptr + b.to(tl.int64) * stride_sb + heads[:, None] * stride_sh
+    exclude_row = exclude_ptr + pid.to(tl.int64) * exclude_stride
+    listed = listed_ptr + pid.to(tl.int64) * (SINK + WINDOW + TOPK)
+    exact = tl.zeros([BLOCK_H], tl.float32)
+    for j0 in range(0, SINK, BLOCK):
+        j = j0 + offs
+        inside = j < SINK
+        ok = inside & (j < lo)
+        tl.store(listed + j, tl.where(ok, j, -1), mask=inside)
+        s = tl.load(s_rows + j[None, :], mask=mask_h[:, None] & ok[None, :],
+                    other=float("-inf"))
+        exact += tl.sum(tl.exp(s - lse[:, None]), axis=1)
+    for j0 in range(0, WINDOW, BLOCK):
+        j = j0 + offs
+        inside = j < WINDOW
+        tok = hi + j
+        ok = inside & (tok < n)
+        tl.store(listed + SINK + j, tl.where(ok, tok, -1), mask=inside)
+        s = tl.load(s_rows + tok[None, :], mask=mask_h[:, None] & ok[None, :],
+                    other=float("-inf"))
+        exact += tl.sum(tl.exp(s - lse[:, None]), axis=1)
+    for j0 in range(0, TOPK, BLOCK):
+        j = j0 + offs
+        inside = j < TOPK
+        tok = tl.load(top_ptr + pid.to(tl.int64) * TOPK + j, mask=inside, other=-1).to(tl.int32)
+        ok = inside & (tok >= 0)
+        tl.store(listed + SINK + WINDOW + j, tl.where(ok, tok, -1), mask=inside)
+        tl.store(exclude_row + tok, tl.full([BLOCK], 1, tl.uint8), mask=ok)
+        s = tl.load(s_rows + tok[None, :], mask=mask_h[:, None] & ok[None, :],
+                    other=float("-inf"))
+        exact += tl.sum(tl.exp(s - lse[:, None]), axis=1)
+    tl.debug_barrier()  # the exclusions are visible to the draws below
+
+    population = width.to(tl.float32)
+    base_count = tl.maximum(_ceil_int(base_rate * population, population + 2.0), 2)
+    draws = tl.where(width > 0, base_count, 0)
+    rng_base = (tl.load(rng_ptr) << 32) + pid.to(tl.int64) * draw_stride
+    total = tl.zeros([BLOCK_H], tl.float32)
+    for j0 in range(0, draws, BLOCK):
+        j = j0 + offs
+        take = j < draws
+        tok = _draw_tokens(j, take, seed, rng_base, lo, width)
+        hit = tl.load(exclude_row + tok, mask=take, other=1)
+        keep = take & (hit == 0)
+        s = tl.load(s_rows + tok[None, :], mask=mask_h[:, None] & keep[None, :],
+                    other=float("-inf"))
+        total += tl.sum(tl.exp(s - lse[:, None]), axis=1)
+    mean = total / base_count.to(tl.float32)
+    spread = tl.zeros([BLOCK_H], tl.float32)
+    for j0 in range(0, draws, BLOCK):
+        j = j0 + offs
+        take = j < draws
+        tok = _draw_tokens(j, take, seed, rng_base, lo, width)
+        hit = tl.load(exclude_row + tok, mask=take, other=1)
+        keep = take & (hit == 0)
+        s = tl.load(s_rows + tok[None, :], mask=mask_h[:, None] & keep[None, :],
+                    other=float("-inf"))
+        centred = tl.where(take[None, :], tl.exp(s - lse[:, None]) - mean[:, None], 0.0)
+        spread += tl.sum(centred * centred, axis=1)
+    sigma = tl.sqrt(spread / (base_count - 1).to(tl.float32))
+    den = exact + population * mean
+    need = z_over_eps * population * sigma / tl.maximum(den, 1e-30)
+    need = tl.where(mask_h, need * need, 0.0)
+    budget = tl.maximum(_ceil_int(tl.max(need, axis=0), population), base_count)
+    budget = tl.where(width > 0, tl.minimum(budget, width), 0)
+    tl.store(count_ptr + pid, budget)
+    tl.store(log_weight_ptr + pid,
+             tl.log(population / tl.maximum(budget, 1).to(tl.float32)))
+
+
 class VAttentionStep(_Step):
     """vAttention with the denominator budget (see the module docstring)."""
 
@@ -352,75 +470,52 @@ class VAttentionStep(_Step):
         for name, value in (("sink", sink), ("window", window), ("topk", topk)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InputError(f"{name}: expected an integer >= 0, got {value!r}")
-        if not (0 < epsilon < 1 and 0 < delta < 1 and 0 <= base_rate <= 1):
-            raise InputError("epsilon, delta: in (0, 1); base_rate: in [0, 1]")
+        if not (0 < epsilon < 1 and 0 < delta < 1 and 0 < base_rate <= 1):
+            raise InputError("epsilon, delta: in (0, 1); base_rate: in (0, 1]")
         self.sink, self.window = min(sink, self.capacity), min(window, self.capacity)
         self.topk = min(topk, self.capacity)
-        self.epsilon, self.base_rate = float(epsilon), float(base_rate)
-        self.z = normal_quantile(1.0 - delta / 2.0)
-        self.base_cap = max(2, math.ceil(base_rate * self.capacity))
-        self.scores = torch.empty(self.batch, self.num_q_heads, self.capacity,
-                                  dtype=torch.float32, device=q.device)
-        self.exclude = torch.zeros(self.batch, self.num_kv_heads, self.capacity + 1,
-                                   dtype=torch.uint8, device=q.device)
-        self.sink_rows = torch.arange(self.sink, device=q.device)
-        self.window_rows = torch.arange(self.window, device=q.device)
-        listed = self.sink + self.window + self.topk
-        self.workspace = self._workspace(q, kv, listed + self.capacity // 8)
+        self.base_rate = float(base_rate)
+        self.z_over_eps = normal_quantile(1.0 - delta / 2.0) / epsilon
+        self.block_h = _static_for(q, kv).block_h
+        batch, hkv = self.batch, self.num_kv_heads
+        self.scores = torch.empty(batch, self.num_q_heads, self.capacity, dtype=torch.float32,
+                                  device=q.device)
+        self.exclude = torch.zeros(batch, hkv, self.capacity + 1, dtype=torch.uint8,
+                                   device=q.device)
+        width = self.sink + self.window + self.topk
+        self.listed = torch.empty(batch, hkv, width, dtype=torch.int32, device=q.device)
+        self.count = torch.empty(batch, hkv, dtype=torch.int32, device=q.device)
+        self.log_weight = torch.empty(batch, hkv, dtype=torch.float32, device=q.device)
+        self.lo = torch.empty(batch, dtype=torch.int32, device=q.device)
+        self.hi = torch.empty(batch, dtype=torch.int32, device=q.device)
+        self.workspace = self._workspace(q, kv, width + self.capacity // 8)
 
     def plan(self, q: torch.Tensor, kv: KVCache) -> tuple[torch.Tensor, UniformTail]:
         """The exact rows ``[B, Hkv, R]`` and the uniform tail of one call."""
-        batch, hkv, group, cap = self.batch, self.num_kv_heads, self.group, self.capacity
         self.rng.add_(1)
         scores = self._scores(q, kv)
-        n = kv.lengths.long()
-        lo = n.clamp(max=self.sink)
-        hi = torch.maximum(n - self.window, lo)
-        population = hi - lo
-        expo = torch.exp(scores - scores.amax(-1, keepdim=True))  # 0 past each length
-        in_range = (self.positions[None, :] >= lo[:, None]) & (self.positions[None, :]
-                                                              < hi[:, None])
-        outside = (expo * (~in_range)[:, None, :]).sum(-1).view(batch, hkv, group)
-        expo_g = expo.view(batch, hkv, group, cap)
-        parts = [torch.where(self.sink_rows[None, :] < lo[:, None], self.sink_rows[None, :],
-                             -1).expand(batch, self.sink),
-                 torch.where(hi[:, None] + self.window_rows[None, :] < n[:, None],
-                             hi[:, None] + self.window_rows[None, :], -1)]
-        parts = [p[:, None, :].expand(batch, hkv, -1) for p in parts]
-        self.exclude.zero_()
-        exact = outside
+        lse = torch.logsumexp(scores, dim=-1)  # [B, Hq]
+        top = self.lo  # a placeholder pointer without a top-k
         if self.topk:
-            top = self._group_top(expo / expo.sum(-1, keepdim=True), in_range, self.topk)
-            slot = torch.where(top >= 0, top, torch.full_like(top, cap))
-            self.exclude.scatter_(2, slot, torch.ones_like(slot, dtype=torch.uint8))
-            at_top = expo_g.gather(3, top.clamp_min(0)[:, :, None, :].expand(-1, -1, group, -1))
-            exact = exact + (at_top * (top >= 0)[:, :, None, :]).sum(-1)
-            parts.append(top)
-        listed = torch.cat(parts, -1).int()
-
-        # the base sample: its spread and denominator give each head's CLT budget
-        base = torch.clamp(torch.ceil(self.base_rate * population.float()), min=2.0)  # [B]
-        u0 = counter_uniform(self.seed, self.rng, (batch, hkv, self.base_cap))
-        width = population.float()[:, None, None]
-        pick = torch.minimum(torch.floor(u0 * width), (width - 1).clamp_min(0)).long()
-        draws = (lo[:, None, None] + pick).clamp(max=cap - 1)  # [B, Hkv, base_cap]
-        take = (torch.arange(self.base_cap, device=self.device)[None, :]
-                < base[:, None]).float()[:, None, None, :]  # [B, 1, 1, base_cap]
-        y = expo_g.gather(3, draws[:, :, None, :].expand(-1, -1, group, -1))
-        y = y * (1.0 - self.exclude.gather(2, draws).float())[:, :, None, :]
-        count = base[:, None, None]
-        mean = (y * take).sum(-1) / count
-        var = ((y - mean[..., None]).square() * take).sum(-1) / (count - 1)
-        den = exact + population.float()[:, None, None] * mean
-        need = (self.z * population.float()[:, None, None] * var.sqrt()
-                / (self.epsilon * den).clamp_min(1e-30)).square().ceil()
-        budget = torch.minimum(torch.maximum(need.amax(-1), base[:, None]),
-                               population.float()[:, None])  # [B, Hkv]
-        budget = torch.where(population[:, None] > 0, budget, torch.zeros_like(budget))
-        log_weight = torch.log(population.float()[:, None] / budget.clamp_min(1.0))
-        tail = UniformTail(budget.int(), lo.int(), hi.int(), log_weight.float(), self.exclude,
-                           self.rng, self.seed, cap)
-        return listed, tail
+            n = kv.lengths
+            lo = n.clamp(max=self.sink)
+            hi = torch.maximum(n - self.window, lo)
+            in_range = (self.positions[None, :] >= lo[:, None]) & (self.positions[None, :]
+                                                                  < hi[:, None])
+            top = self._group_top(torch.exp(scores - lse[..., None]), in_range, self.topk)
+        self.exclude.zero_()
+        _vattention_plan_kernel[(self.batch * self.num_kv_heads,)](
+            scores, lse, top, kv.lengths, self.exclude,
+            self.listed, self.count, self.log_weight, self.lo, self.hi, self.rng,
+            (self.seed ^ UNIFORM_KEY) & 0x7FFFFFFF, self.base_rate, self.z_over_eps,
+            self.capacity, self.exclude.stride(1), scores.stride(0), scores.stride(1),
+            NUM_KV_HEADS=self.num_kv_heads, GROUP=self.group, BLOCK_H=self.block_h,
+            SINK=self.sink, WINDOW=self.window, TOPK=self.topk, BLOCK=VATTENTION_BLOCK,
+            num_warps=4,
+        )  # fmt: skip
+        tail = UniformTail(self.count, self.lo, self.hi, self.log_weight, self.exclude,
+                           self.rng, self.seed, self.capacity)
+        return self.listed, tail
 
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
         listed, tail = self.plan(q, kv)
