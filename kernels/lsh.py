@@ -1,6 +1,6 @@
 """Exact PyTorch reference of MagicPIG: keys sampled by SimHash collisions, importance-weighted.
 
-docs/algorithms.md section 10. A :class:`LSHIndex` hashes every key of a cache's middle
+docs/algorithms.md section 11. A :class:`LSHIndex` hashes every key of a cache's middle
 span (after the first ``sink`` tokens, before the last ``window``) with SimHash: ``L``
 tables of ``K`` random hyperplanes each, one set of hyperplanes for all heads, a key's code
 in a table being its ``K`` sign bits. The keys are centred first (the mean key of the

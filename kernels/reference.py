@@ -7,7 +7,7 @@ V rows. Accumulation is in ``compute_dtype`` (float32 by default; float64 in tes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,6 +34,9 @@ class AttentionOutput:
     out: torch.Tensor
     reads: ReadCounts
     weights: torch.Tensor  # [B, Hq, Nmax]: out = sum_i weights_i v_i
+    # [B, Hq]: log of the method's estimate of the softmax denominator sum_i exp(s_i)
+    # (s_i = scale q.k_i), where the method estimates one (vattention); None otherwise
+    lse: torch.Tensor | None = field(default=None, kw_only=True)
 
 
 def make_generator(seed: int | None, generator: torch.Generator | None) -> torch.Generator:

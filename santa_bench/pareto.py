@@ -44,6 +44,8 @@ BOOTSTRAP = 2000
 # one-pass compact kernel's (gather=compact, one pass) time what santa-flash runs now;
 # rows since record the function that ran (kernel_function) and no gather
 _NOT_CONFIG = {"gather", "passes", "pairs"}
+# budgets: named in the key even at their defaults (santa-prop:S=128, quest:pages=64)
+_BUDGETS = {"S", "M", "k", "pages"}
 
 
 class ParetoError(ValueError):
@@ -104,7 +106,7 @@ def config_key(row: pd.Series | dict[str, Any]) -> str | None:
             continue
         with contextlib.suppress(MethodError, ValueError, TypeError):
             value = param.validate(value, method.name)
-        if param.name in ("S", "M") or value != param.default:
+        if param.name in _BUDGETS or value != param.default:
             parts.append(f"{param.name}={_text(value)}")
     return method.name + (":" + ",".join(parts) if parts else "")
 

@@ -91,6 +91,13 @@ def test_config_key_fills_defaults_and_ignores_retired_options():
     assert pareto.config_key({"method": "santa-flash", "S": 2048, "gather": "compact"}) == \
         pareto.config_key({"method": "santa-flash", "S": 2048})
     assert pareto.config_key({"method": "no-such-method"}) is None
+    # the selection methods: budgets always named, other parameters where not default
+    assert pareto.config_key({"method": "quest", "page": 16, "pages": 64.0,
+                              "shared": "group"}) == "quest:pages=64"
+    assert pareto.config_key({"method": "vattention", "epsilon": 0.1, "delta": 0.05}) == \
+        "vattention:epsilon=0.1"
+    assert pareto.config_key({"method": "topk-santa", "k": 64, "S": 128}) == \
+        "topk-santa:k=64,S=128"
 
 
 def test_only_the_current_flash_kernel_times_santa_flash():

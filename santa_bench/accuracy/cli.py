@@ -95,7 +95,9 @@ def fidelity(
 
     Per (pattern, method, S): mean relative L2 and cosine over seeds, relative bias and
     the largest |z| of the seed mean, spread, KL of the attention distribution where the
-    method estimates one (Bernoulli scores), and read fractions. float64 references.
+    method estimates one (Bernoulli scores), and read fractions. A method with an
+    (epsilon, delta) promise (vattention) adds the share of draws x heads that broke it
+    and whether that share stays within delta. float64 references.
     """
     from santa_bench.accuracy.patterns import PATTERNS
     from santa_bench.capture import captured_patterns
@@ -132,10 +134,12 @@ def fidelity(
         return
     outcome = _run(cases, results_dir, run_id, force, "fidelity")
     if outcome.shown:
+        promised = any(r["metric"] == "promise_held" for _, rows in outcome.shown for r in rows)
         _table(
             "fidelity vs dense",
             outcome,
-            ("rel_l2_vs_dense", "rel_bias", "max_abs_z", "kv_read_fraction", "attention_kl"),
+            ("rel_l2_vs_dense", "rel_bias", "max_abs_z", "kv_read_fraction", "attention_kl")
+            + (("promise_violation_rate", "promise_held") if promised else ()),
             ("pattern", "method", "S"),
         )
     cli_options.exit_if_every_case_failed(outcome, console)

@@ -9,8 +9,10 @@ that registered it. Method specs on the command line read
 
 Each family has its module here, which registers its methods with :func:`register`
 when the package is imported: :mod:`.dense`, :mod:`.santa`, :mod:`.bernoulli`,
-:mod:`.santapp`, :mod:`.lsh` (MagicPIG), :mod:`.baseline` (the vendor dense kernels). A
-new method is a new module, imported below (``docs/adding-a-method.md``).
+:mod:`.santapp`, :mod:`.selection` (the selection methods users compare against:
+oracle top-k, Quest, vAttention, top-k + S²ANTA), :mod:`.lsh` (MagicPIG),
+:mod:`.baseline` (the vendor dense kernels). A new method is a new module, imported
+below (``docs/adding-a-method.md``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from santa_bench.methods._core import (
     MethodSpec,
     Param,
     PlotStyle,
+    Promise,
     Registry,
     parse_method_specs,
     register,
@@ -42,6 +45,7 @@ from santa_bench.methods import santa
 from santa_bench.methods import bernoulli
 from santa_bench.methods import santapp
 from santa_bench.methods import lsh
+from santa_bench.methods import selection
 from santa_bench.methods import baseline
 # isort: on
 
@@ -58,6 +62,7 @@ __all__ = [
     "Param",
     "PlotStyle",
     "PrepareFn",
+    "Promise",
     "Registry",
     "baseline",
     "bernoulli",
@@ -67,4 +72,5 @@ __all__ = [
     "register",
     "santa",
     "santapp",
+    "selection",
 ]

@@ -34,6 +34,8 @@ class Param:
     help: str
     choices: tuple[Any, ...] | None = None
     minimum: int | None = None
+    # an open interval (low, high) the value must lie in (e.g. a probability)
+    within: tuple[float, float] | None = None
     # left out of a case at its default: a parameter added after results were stored
     # keeps those cases' config hashes (the resume key) unchanged
     omit_default: bool = False
@@ -57,6 +59,11 @@ class Param:
             raise MethodError(
                 f"{method}: parameter {self.name} must be >= {self.minimum}, got {value!r}"
             )
+        if self.within is not None and not self.within[0] < converted < self.within[1]:
+            low, high = self.within
+            raise MethodError(
+                f"{method}: parameter {self.name} must be in ({low:g}, {high:g}), got {value!r}"
+            )
         return converted
 
 
@@ -72,6 +79,18 @@ class PlotStyle:
     colour: str | None = None
     marker: str | None = None
     linestyle: str | None = None
+
+
+@dataclass(frozen=True)
+class Promise:
+    """What a method guarantees of each (sequence, query head) output: the relative error
+    of ``quantity`` (``"output"``: the output vector, L2; ``"denominator"``: the softmax
+    denominator the method estimates, its reference's ``lse``) is at most ``epsilon`` with
+    probability at least ``1 - delta``. `santa-bench accuracy fidelity` checks it."""
+
+    epsilon: float
+    delta: float
+    quantity: str = "output"
 
 
 # A decode backend factory: (method, resolved params, softmax scale, seed) -> backend
@@ -93,6 +112,7 @@ class Method:
     availability: Callable[[], tuple[bool, str]] = _always
     kernel_availability: Callable[[], tuple[bool, str]] = _always
     has_stash: bool = False  # the kernel writes and re-reads a per-(head, token) logit stash
+    deterministic: bool = False  # draws no random numbers (an oracle or a fixed selection)
     tags: tuple[str, ...] = field(default_factory=tuple)
     # the module that registered the method (set by :func:`register`)
     module: str = ""
@@ -112,6 +132,9 @@ class Method:
     # parameters the method no longer takes, (name, why) pairs: rows stored before may
     # still carry them; a spec naming one fails with the reason and what to drop
     retired: tuple[tuple[str, str], ...] = ()
+    # promise(resolved params) -> Promise, for a method that guarantees its error
+    # (vattention); None = no guarantee
+    promise: Callable[[dict[str, Any]], Promise] | None = None
 
     @property
     def has_e2e_kernel(self) -> bool:

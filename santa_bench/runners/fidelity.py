@@ -5,7 +5,9 @@ relative L2 error and cosine over seeds, the bias (relative, and the largest |z|
 the seed mean against the exact output), the spread over seeds, the KL divergence of
 the attention distribution where the method estimates one (Bernoulli scores with a
 dense value stage), and the read fractions (with the hash-code bytes of a method that
-scans an index, as ``index_read_fraction``). References run in float64.
+scans an index, as ``index_read_fraction``). A method that promises its error (its
+``promise``: at most epsilon with probability 1 - delta) adds the share of draws that
+broke it and whether that share is within delta. References run in float64.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import santa_kernels as sk
 from santa_bench.accuracy.patterns import make_pattern
 from santa_bench.fidelity import seed_statistics
 from santa_bench.inputs import DecodeShape
-from santa_bench.methods import REGISTRY, Method, Registry
+from santa_bench.methods import REGISTRY, Method, Promise, Registry
 from santa_bench.runners.kernel import cosine, method_params, relative_l2
 
 SHAPE_KEYS = ("batch", "ctx", "heads", "kv_heads", "head_dim")
@@ -157,6 +159,8 @@ class FidelityRunner:
         if all(hasattr(d, "index_read_fraction") for d in draws):  # MagicPIG's hash codes
             rows.append(_row("index_read_fraction",
                              _mean([d.index_read_fraction for d in draws])))
+        if method.promise is not None:
+            rows += _promise_rows(method.promise(params), draws, q, kv, exact.out)
         kl = _attention_kl(exact.weights, [d.weights for d in draws], params)
         rows.append(
             _row("attention_kl", kl)
@@ -169,6 +173,51 @@ class FidelityRunner:
             )
         )
         return rows
+
+
+PROMISE_SLACK_SE = 3.0  # standard errors of the violation rate allowed above delta
+
+
+def _exact_lse(q: torch.Tensor, kv: sk.KVCache) -> torch.Tensor:
+    """``[B, Hq]``: the log of the exact softmax denominator (float64, default scale)."""
+    from santa_kernels.scores import exact_scores
+
+    keys, _, valid = kv.padded(torch.float64)
+    group = q.shape[1] // kv.num_kv_heads
+    scores, _ = exact_scores(q.double(), keys, valid, kv.head_dim**-0.5, group)
+    return torch.logsumexp(scores, dim=-1)
+
+
+def promise_errors(promise: Promise, draws: list[sk.AttentionOutput], q: torch.Tensor,
+                   kv: sk.KVCache, exact_out: torch.Tensor) -> torch.Tensor:
+    """``[draws, B, Hq]``: each draw's relative error of the promised quantity."""
+    if promise.quantity == "denominator":
+        if any(d.lse is None for d in draws):
+            raise ValueError("a denominator promise needs the reference's lse")
+        lse = _exact_lse(q, kv)
+        return torch.stack([(d.lse.double().cpu() - lse.cpu()).exp().sub(1).abs()
+                            for d in draws])
+    norm = exact_out.double().norm(dim=-1).clamp_min(1e-300)
+    return torch.stack([(d.out.double() - exact_out.double()).norm(dim=-1) / norm
+                        for d in draws]).cpu()
+
+
+def _promise_rows(promise: Promise, draws: list[sk.AttentionOutput], q: torch.Tensor,
+                  kv: sk.KVCache, exact_out: torch.Tensor) -> list[dict[str, Any]]:
+    """``promise_violation_rate``: the share of (draw, sequence, head) whose error of the
+    promised quantity exceeds epsilon; ``promise_held``: 1 when that share is at most
+    delta plus :data:`PROMISE_SLACK_SE` binomial standard errors."""
+    errors = promise_errors(promise, draws, q, kv, exact_out)
+    trials = errors.numel()
+    rate = float((errors > promise.epsilon).double().mean())
+    allowed = promise.delta + PROMISE_SLACK_SE * math.sqrt(
+        promise.delta * (1 - promise.delta) / trials)
+    what = (f"{promise.quantity} relative error > {promise.epsilon:g} in {rate:.3f} of "
+            f"{trials} draws x heads (promised at most {promise.delta:g}, allowed "
+            f"{allowed:.3f})")
+    # a broken promise is a measurement, not a failed case (a resumed run keeps it)
+    return [_row("promise_violation_rate", rate, reason=what),
+            _row("promise_held", float(rate <= allowed), reason=what)]
 
 
 def _attention_kl(

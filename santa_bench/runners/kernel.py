@@ -500,7 +500,7 @@ class KernelRunner:
                 )
             else:
                 rows.append(_row("accuracy_check", 1.0, "bool"))
-        else:  # a sampler must draw fresh numbers on every call (and graph replay)
+        elif not method.deterministic:  # a sampler draws fresh numbers every call and replay
             rows.append(_row("fresh_samples", float(not torch.equal(out, second)), "bool"))
         if method.kernel_kind == "baseline":
             self.remember_baseline(case, timing.samples_us)

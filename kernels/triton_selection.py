@@ -1,0 +1,602 @@
+"""Fast paths of the selection methods (docs/algorithms.md section 10): the selection as
+tensor ops on the device, the attention through ``triton_indexed``.
+
+Each method is a *step* object, built once for a query and cache shape (buffers,
+workspace, splits, the seed) and then called as ``step(q, kv, layer=0)`` for one decode
+step of one layer: no host-device sync, static shapes (the cache's capacity, never its
+valid lengths), so a decode loop can capture it in a CUDA graph. Random numbers are
+counter-based, keyed by the seed and a device step counter that every call advances
+first (``rng``; ``reset_rng`` replays a run), so layers, steps and graph replays draw
+fresh numbers (Philox, ``tl.rand``, in the kernels):
+
+- :class:`OracleTopKStep`: the scores of every token (``qk_scores``), the softmax, the
+  top-``k`` by the group's summed probability (or per head), indexed attention.
+- :class:`QuestStep`: per layer, the pages' key bounds ``[B, Hkv, P, 2d]`` (max, then
+  min; fp32, since bounds rounded to bf16 reorder close pages), built after the prefill
+  (:meth:`QuestStep.build`); one Triton kernel folds the newest token's key into its page
+  (the last page's bounds, not the whole cache) and writes every page's score bound
+  ``τ (q⁺·max + q⁻·min)`` (the group's largest), then the top pages, page-block
+  attention.
+- :class:`VAttentionStep`: scores, the top-k of the middle range, then one Triton kernel
+  per (sequence, KV head) lists the sink/window/top-k rows, draws the base sample and
+  writes the CLT budget, and the indexed kernel draws the uniform tail itself (Philox).
+- :class:`TopKSantaStep`: scores, the group's top-k, each head's systematic samples of
+  the rest (cumulative sum and ``searchsorted``), per-head log-weights so that one
+  indexed call attends to both.
+
+``read_counts`` (untimed, syncs) returns what a call reads, for the byte model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from santa_kernels.kv import KVCache
+from santa_kernels.reads import ReadCounts
+from santa_kernels.selection import normal_quantile
+from santa_kernels.triton_indexed import (
+    IndexedWorkspace,
+    UniformTail,
+    _static_for,
+    choose_splits,
+    indexed_attention,
+    qk_scores,
+)
+from santa_kernels.triton_splitkv import kv_capacity
+from santa_kernels.validate import InputError, check_positive_int, check_scale
+
+UNIFORM_KEY = 0x5BD1E995  # the tensor-side uniforms' Philox key differs from the kernels'
+UNIFORM_BLOCK = 1024
+
+
+@triton.jit
+def _uniform_kernel(out_ptr, rng_ptr, seed, count, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    step = tl.load(rng_ptr)
+    u = tl.rand(seed, (step << 32) + offs.to(tl.int64))
+    tl.store(out_ptr + offs, u, mask=offs < count)
+
+
+def counter_uniform(seed: int, step: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``shape`` fp32 uniforms in ``[0, 1)``: Philox keyed by ``seed`` and the device step
+    counter ``step`` ([1] int64) and counting the elements; one kernel, no generator
+    state, graph-safe."""
+    count = math.prod(shape)
+    out = torch.empty(shape, dtype=torch.float32, device=step.device)
+    _uniform_kernel[(max(1, -(-count // UNIFORM_BLOCK)),)](
+        out, step, (seed ^ UNIFORM_KEY) & 0x7FFFFFFF, count, BLOCK=UNIFORM_BLOCK)
+    return out
+
+
+def _unique_rows(tokens: torch.Tensor, lengths: torch.Tensor, capacity: int) -> torch.Tensor:
+    """``[B, Hkv]``: distinct valid tokens among ``tokens [B, Hkv, R]``."""
+    ok = (tokens >= 0) & (tokens < lengths[:, None, None])
+    slot = torch.where(ok, tokens, torch.full_like(tokens, capacity)).long()
+    mark = torch.zeros(*tokens.shape[:2], capacity + 1, dtype=torch.bool, device=tokens.device)
+    mark.scatter_(2, slot, True)
+    return mark[..., :capacity].sum(-1)
+
+
+class _Step:
+    """Shapes, seed, step counter and output buffer of a selection fast path."""
+
+    def __init__(self, q: torch.Tensor, kv: KVCache, scale: float | None, seed: int) -> None:
+        if not isinstance(kv, KVCache):
+            raise InputError(f"kv: expected a santa_kernels.KVCache, got {type(kv).__name__}")
+        self.batch, self.num_q_heads, self.head_dim = q.shape
+        self.num_kv_heads = kv.num_kv_heads
+        if self.num_q_heads % self.num_kv_heads:
+            raise InputError(f"q: {self.num_q_heads} query heads is not a multiple of "
+                             f"{self.num_kv_heads} KV heads")
+        self.group = self.num_q_heads // self.num_kv_heads
+        self.capacity = kv_capacity(kv)
+        self.scale = check_scale(scale, self.head_dim)
+        self.seed = int(seed)
+        self.device = q.device
+        self.rng = torch.zeros(1, dtype=torch.int64, device=q.device)
+        self.out = torch.empty_like(q)
+        self.positions = torch.arange(self.capacity, device=q.device)
+
+    def reset_rng(self, step: int = 0) -> None:
+        """Sets the device step counter: a run replays exactly."""
+        self.rng.fill_(step)
+
+    def _workspace(self, q: torch.Tensor, kv: KVCache, rows: int) -> IndexedWorkspace:
+        splits = choose_splits(q, kv, rows)
+        return IndexedWorkspace(self.batch, self.num_q_heads, self.head_dim, splits,
+                                device=q.device)
+
+    def _scores(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
+        return qk_scores(q, kv, scale=self.scale, out=self.scores)
+
+    def _group_top(self, probs: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Tensor:
+        """``[B, Hkv, k]`` int64: the ``k`` largest summed group probabilities among
+        ``allowed [B, capacity]`` (-1 where fewer are allowed)."""
+        mass = probs.view(self.batch, self.num_kv_heads, self.group, self.capacity).sum(2)
+        mass = mass.masked_fill(~allowed[:, None, :], -1.0)
+        values, index = mass.topk(k, dim=-1)
+        return torch.where(values < 0, torch.full_like(index, -1), index)
+
+    def _own_segments(self, width: int) -> torch.Tensor:
+        """``[B, Hq, G * width]`` fp32: 0 on each head's own segment of a group list made
+        of the heads' lists one after the other, -inf elsewhere."""
+        own = torch.full((self.group, self.group, width), float("-inf"), device=self.device)
+        own[torch.arange(self.group), torch.arange(self.group)] = 0.0
+        own = own.reshape(1, 1, self.group, self.group * width)
+        return own.expand(self.batch, self.num_kv_heads, -1, -1).reshape(
+            self.batch, self.num_q_heads, self.group * width).contiguous()
+
+    def _reads(self, kv: KVCache, v_rows: torch.Tensor,
+               k_features: torch.Tensor | None = None) -> ReadCounts:
+        lengths = kv.lengths.long()
+        k_rows = lengths[:, None].expand(-1, self.num_kv_heads).contiguous()
+        if k_features is None:
+            k_features = k_rows * self.head_dim
+        return ReadCounts(k_rows=k_rows.cpu(), k_features=k_features.long().cpu(),
+                          v_rows=v_rows.long().cpu(), context=lengths.cpu(),
+                          head_dim=self.head_dim)
+
+
+# ------------------------------------------------------------------ oracle top-k
+class OracleTopKStep(_Step):
+    """Oracle top-``k`` (``shared="group"`` or ``"head"``)."""
+
+    def __init__(self, q: torch.Tensor, kv: KVCache, *, k: int, shared: str = "group",
+                 scale: float | None = None, seed: int = 0) -> None:
+        super().__init__(q, kv, scale, seed)
+        check_positive_int(k, "k")
+        if shared not in ("group", "head"):
+            raise InputError(f"shared: expected group or head, got {shared!r}")
+        self.k, self.shared = min(k, self.capacity), shared
+        self.scores = torch.empty(self.batch, self.num_q_heads, self.capacity,
+                                  dtype=torch.float32, device=q.device)
+        rows = self.k if shared == "group" else self.group * self.k
+        self.log_weights = self._own_segments(self.k) if shared == "head" else None
+        self.workspace = self._workspace(q, kv, rows)
+
+    def select(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
+        """``[B, Hkv, R]`` int32 chosen tokens (-1: none)."""
+        scores = self._scores(q, kv)
+        if self.shared == "group":
+            valid = self.positions[None, :] < kv.lengths[:, None]
+            return self._group_top(torch.softmax(scores, dim=-1), valid, self.k).int()
+        values, index = scores.topk(self.k, dim=-1)  # [B, Hq, k]
+        index = torch.where(values == float("-inf"), torch.full_like(index, -1), index)
+        return index.view(self.batch, self.num_kv_heads, self.group * self.k).int()
+
+    def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
+        return indexed_attention(q, kv, self.select(q, kv), log_weights=self.log_weights,
+                                 scale=self.scale, out=self.out, workspace=self.workspace)
+
+    def read_counts(self, q: torch.Tensor, kv: KVCache) -> ReadCounts:
+        """Every key, and the chosen value rows (their union over the group)."""
+        return self._reads(kv, _unique_rows(self.select(q, kv).long(), kv.lengths.long(),
+                                            self.capacity))
+
+
+# ------------------------------------------------------------------ Quest
+class QuestStep(_Step):
+    """Quest with per-layer page bounds (see the module docstring)."""
+
+    def __init__(self, q: torch.Tensor, kv: KVCache, *, page: int = 16, pages: int = 64,
+                 shared: str = "group", scale: float | None = None, seed: int = 0,
+                 num_layers: int = 1) -> None:
+        super().__init__(q, kv, scale, seed)
+        check_positive_int(page, "page")
+        check_positive_int(pages, "pages")
+        if shared not in ("group", "head"):
+            raise InputError(f"shared: expected group or head, got {shared!r}")
+        self.page, self.shared = page, shared
+        self.page_cap = -(-self.capacity // page)
+        self.pages = min(pages, self.page_cap)
+        shape = (self.batch, self.num_kv_heads, self.page_cap, 2 * self.head_dim)
+        # fp32: a bound rounded to bf16 reorders pages whose bounds are close
+        self.bounds = [torch.zeros(shape, dtype=torch.float32, device=q.device)
+                       for _ in range(num_layers)]
+        self.rows = torch.arange(self.batch, device=q.device)
+        heads = self.num_kv_heads if shared == "group" else self.num_q_heads
+        self.upper = torch.empty(self.batch, heads, self.page_cap, dtype=torch.float32,
+                                 device=q.device)
+        self.log_weights = self._own_segments(self.pages) if shared == "head" else None
+        rows = self.pages * page * (1 if shared == "group" else self.group)
+        self.workspace = self._workspace(q, kv, rows)
+
+    def _keys(self, kv: KVCache, positions: torch.Tensor) -> torch.Tensor:
+        """Keys at token ``positions [B, T]``: ``[B, T, Hkv, d]``."""
+        if kv.layout == "contiguous":
+            return kv.k[self.rows[:, None], positions]
+        pages = kv.page_table[self.rows[:, None], positions // kv.page_size].long()
+        return kv.k[pages, positions % kv.page_size]
+
+    def build(self, kv: KVCache, layer: int = 0) -> None:
+        """Computes every page's bounds from the cache (after the prefill)."""
+        span = self.page_cap * self.page
+        positions = torch.arange(span, device=self.device).clamp(max=self.capacity - 1)
+        keys = self._keys(kv, positions[None, :].expand(self.batch, span))  # [B, span, H, d]
+        valid = (torch.arange(span, device=self.device)[None, :]
+                 < kv.lengths[:, None])[:, :, None, None]
+        shape = (self.batch, self.page_cap, self.page, self.num_kv_heads, self.head_dim)
+        kmax = keys.masked_fill(~valid, float("-inf")).view(shape).amax(2)
+        kmin = keys.masked_fill(~valid, float("inf")).view(shape).amin(2)
+        used = valid.view(self.batch, self.page_cap, self.page, 1, 1).any(2)
+        zero = torch.zeros((), dtype=keys.dtype, device=self.device)
+        both = torch.cat([torch.where(used, kmax, zero), torch.where(used, kmin, zero)], -1)
+        self.bounds[layer].copy_(both.permute(0, 2, 1, 3).float())
+
+    def page_bounds(self, q: torch.Tensor, kv: KVCache, layer: int = 0,
+                    update: bool = True) -> torch.Tensor:
+        """``[B, Hkv, P]`` (``shared="group"``: the group's largest) or ``[B, Hq, P]``
+        fp32 score bounds, ``-inf`` past the used pages and ``+inf`` on the last one. With
+        ``update``, first folds each sequence's newest key (at ``length − 1``) into its
+        page's bounds (a page's first token resets them); repeating it changes nothing."""
+        st = _static_for(q, kv)
+        out = self.upper
+        page_table = kv.page_table if st.paged else kv.lengths
+        k_strides = kv.k.stride()
+        bounds = self.bounds[layer]
+        block_p = QUEST_BLOCK_P[self.head_dim]
+        _quest_bound_kernel[(-(-self.page_cap // block_p), self.batch * self.num_kv_heads)](
+            q, kv.k, kv.lengths, page_table, bounds, out, self.scale, self.page_cap,
+            q.stride(0), q.stride(1), k_strides[0], k_strides[1], k_strides[2],
+            page_table.stride(0) if st.paged else 0,
+            bounds.stride(0), bounds.stride(1), bounds.stride(2), out.stride(0), out.stride(1),
+            NUM_KV_HEADS=self.num_kv_heads, GROUP=self.group, HEAD_DIM=self.head_dim,
+            BLOCK_H=st.block_h, BLOCK_P=block_p, PAGE=self.page, PAGED=st.paged,
+            PAGE_SIZE=st.page_size, PER_HEAD=self.shared == "head", UPDATE=update,
+            num_warps=4,
+        )  # fmt: skip
+        return out
+
+    def select(self, q: torch.Tensor, kv: KVCache, layer: int = 0,
+               update: bool = False) -> torch.Tensor:
+        """``[B, Hkv, R]`` int32 chosen pages (-1: none)."""
+        values, index = self.page_bounds(q, kv, layer, update).topk(self.pages, dim=-1)
+        index = torch.where(values == float("-inf"), torch.full_like(index, -1), index)
+        return index.reshape(self.batch, self.num_kv_heads, -1).int()
+
+    def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
+        return indexed_attention(q, kv, self.select(q, kv, layer, update=True),
+                                 block=self.page, log_weights=self.log_weights,
+                                 scale=self.scale, out=self.out, workspace=self.workspace)
+
+    def read_counts(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> ReadCounts:
+        """The bounds (``2 x used pages x d`` per KV head), the chosen pages' K and V rows
+        (their union over the group)."""
+        chosen = self.select(q, kv, layer).long()
+        tokens = chosen[..., None] * self.page + torch.arange(self.page, device=self.device)
+        tokens = torch.where(chosen[..., None] >= 0, tokens, torch.full_like(tokens, -1))
+        rows = _unique_rows(tokens.flatten(2), kv.lengths.long(), self.capacity)
+        used = (kv.lengths.long() + self.page - 1) // self.page
+        return self._reads(kv, rows, (2 * used[:, None] + rows) * self.head_dim)
+
+
+
+# ------------------------------------------------------------------ Quest's page bounds
+QUEST_BLOCK_P = {16: 64, 32: 64, 64: 64, 128: 32, 256: 16}  # pages a program scores
+
+
+@triton.jit
+def _quest_bound_kernel(
+    q_ptr, k_ptr, lengths_ptr, page_table_ptr, bounds_ptr, out_ptr, tau, page_cap,
+    stride_qb, stride_qh, stride_kblk, stride_kn, stride_kh, stride_ptb,
+    stride_bb, stride_bh, stride_bp, stride_ob, stride_oh,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, PER_HEAD: tl.constexpr, UPDATE: tl.constexpr,
+):
+    """Quest's score bounds of ``BLOCK_P`` pages of one (sequence, KV head) for its
+    ``G`` query heads, ``τ (q⁺·max + q⁻·min)``; the program holding the sequence's last
+    page first folds the newest key into that page's bounds (its bound is +inf anyway)."""
+    tile = tl.program_id(0)
+    pid = tl.program_id(1)
+    b = pid // NUM_KV_HEADS
+    kv_head = pid % NUM_KV_HEADS
+    offs_p = tile * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_h = tl.arange(0, BLOCK_H)
+    mask_h = offs_h < GROUP
+    heads = kv_head * GROUP + offs_h
+    n = tl.load(lengths_ptr + b).to(tl.int32)
+    used = tl.cdiv(n, PAGE)
+    last_page = used - 1
+    b_base = bounds_ptr + b.to(tl.int64) * stride_bb + kv_head * stride_bh
+    if UPDATE:  # noqa: SIM102 (a compile-time branch around a run-time one)
+        if (n > 0) & (last_page >= tile * BLOCK_P) & (last_page < tile * BLOCK_P + BLOCK_P):
+            t = n - 1
+            if PAGED:
+                phys = tl.load(page_table_ptr + b * stride_ptb + t // PAGE_SIZE).to(tl.int64)
+                k_row = k_ptr + phys * stride_kblk + (t % PAGE_SIZE) * stride_kn
+            else:
+                k_row = k_ptr + b.to(tl.int64) * stride_kblk + t.to(tl.int64) * stride_kn
+            key = tl.load(k_row + kv_head * stride_kh + offs_d).to(tl.float32)
+            row = b_base + last_page.to(tl.int64) * stride_bp
+            kmax = tl.load(row + offs_d)
+            kmin = tl.load(row + HEAD_DIM + offs_d)
+            fresh = (offs_d * 0 + t % PAGE) == 0  # the page's first token: reset
+            tl.store(row + offs_d, tl.where(fresh, key, tl.maximum(kmax, key)))
+            tl.store(row + HEAD_DIM + offs_d, tl.where(fresh, key, tl.minimum(kmin, key)))
+    mask_p = offs_p < page_cap
+    rows = b_base + offs_p[:, None].to(tl.int64) * stride_bp + offs_d[None, :]
+    kmax = tl.load(rows, mask=mask_p[:, None], other=0.0)
+    kmin = tl.load(rows + HEAD_DIM, mask=mask_p[:, None], other=0.0)
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask_h[:, None], other=0.0).to(tl.float32)
+    upper = tl.dot(tl.maximum(q, 0.0), tl.trans(kmax), input_precision="ieee")
+    upper = tl.dot(tl.minimum(q, 0.0), tl.trans(kmin), acc=upper, input_precision="ieee")
+    upper = upper * tau
+    upper = tl.where((offs_p >= used)[None, :], float("-inf"), upper)
+    upper = tl.where((offs_p == last_page)[None, :], float("inf"), upper)
+    if PER_HEAD:
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_p[None, :], upper,
+                 mask=mask_h[:, None] & mask_p[None, :])
+    else:
+        group_max = tl.max(tl.where(mask_h[:, None], upper, float("-inf")), axis=0)
+        tl.store(out_ptr + b * stride_ob + kv_head * stride_oh + offs_p, group_max,
+                 mask=mask_p)
+
+# ------------------------------------------------------------------ vAttention
+VATTENTION_BLOCK = 128  # rows of the exact set or draws a step of the plan kernel
+
+
+@triton.jit
+def _ceil_int(x, cap):
+    """``⌈min(x, cap)⌉`` as int32 for ``x >= 0`` (``tl.ceil`` is not in every Triton)."""
+    x = tl.minimum(x, cap)
+    whole = x.to(tl.int32)
+    return tl.where(whole.to(tl.float32) < x, whole + 1, whole)
+
+
+@triton.jit
+def _draw_tokens(j, take, seed, base, lo, width):
+    """Tokens ``lo + ⌊u · width⌋`` of draws ``j`` (Philox at ``base + j``)."""
+    u = tl.rand(seed, base + j)
+    pick = tl.minimum((u * width.to(tl.float32)).to(tl.int32), width - 1)
+    return tl.where(take, lo + tl.maximum(pick, 0), 0)
+
+
+@triton.jit
+def _vattention_plan_kernel(
+    scores_ptr, lse_ptr, top_ptr, lengths_ptr, exclude_ptr,
+    listed_ptr, count_ptr, log_weight_ptr, lo_ptr, hi_ptr, rng_ptr,
+    seed, base_rate, z_over_eps, draw_stride, exclude_stride, stride_sb, stride_sh,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
+    SINK: tl.constexpr, WINDOW: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One (sequence, KV head) of a vAttention step: lists the exact rows (sink, window,
+    top-k), marks the top-k as excluded from the tail, sums the exact set's
+    probabilities per head, draws the base sample (two passes over the same Philox
+    draws: mean, then spread), and writes the tail's CLT budget (the group's largest,
+    within ``[b₀, n_s]``) and its log-weight ``log(n_s / b)``."""
+    pid = tl.program_id(0)
+    b = pid // NUM_KV_HEADS
+    kv_head = pid % NUM_KV_HEADS
+    offs_h = tl.arange(0, BLOCK_H)
+    offs = tl.arange(0, BLOCK)
+    mask_h = offs_h < GROUP
+    heads = kv_head * GROUP + offs_h
+    n = tl.load(lengths_ptr + b).to(tl.int32)
+    lo = tl.minimum(n, SINK)
+    hi = tl.maximum(n - WINDOW, lo)
+    width = hi - lo
+    if kv_head == 0:
+        tl.store(lo_ptr + b, lo)
+        tl.store(hi_ptr + b, hi)
+    lse = tl.load(lse_ptr + b * NUM_KV_HEADS * GROUP + heads, mask=mask_h, other=0.0)
+    s_rows = scores_ptr + b.to(tl.int64) * stride_sb + heads[:, None] * stride_sh
+    exclude_row = exclude_ptr + pid.to(tl.int64) * exclude_stride
+    listed = listed_ptr + pid.to(tl.int64) * (SINK + WINDOW + TOPK)
+    exact = tl.zeros([BLOCK_H], tl.float32)
+    for j0 in range(0, SINK, BLOCK):
+        j = j0 + offs
+        inside = j < SINK
+        ok = inside & (j < lo)
+        tl.store(listed + j, tl.where(ok, j, -1), mask=inside)
+        s = tl.load(s_rows + j[None, :], mask=mask_h[:, None] & ok[None, :],
+                    other=float("-inf"))
+        exact += tl.sum(tl.exp(s - lse[:, None]), axis=1)
+    for j0 in range(0, WINDOW, BLOCK):
+        j = j0 + offs
+        inside = j < WINDOW
+        tok = hi + j
+        ok = inside & (tok < n)
+        tl.store(listed + SINK + j, tl.where(ok, tok, -1), mask=inside)
+        s = tl.load(s_rows + tok[None, :], mask=mask_h[:, None] & ok[None, :],
+                    other=float("-inf"))
+        exact += tl.sum(tl.exp(s - lse[:, None]), axis=1)
+    for j0 in range(0, TOPK, BLOCK):
+        j = j0 + offs
+        inside = j < TOPK
+        tok = tl.load(top_ptr + pid.to(tl.int64) * TOPK + j, mask=inside, other=-1).to(tl.int32)
+        ok = inside & (tok >= 0)
+        tl.store(listed + SINK + WINDOW + j, tl.where(ok, tok, -1), mask=inside)
+        tl.store(exclude_row + tok, tl.full([BLOCK], 1, tl.uint8), mask=ok)
+        s = tl.load(s_rows + tok[None, :], mask=mask_h[:, None] & ok[None, :],
+                    other=float("-inf"))
+        exact += tl.sum(tl.exp(s - lse[:, None]), axis=1)
+    tl.debug_barrier()  # the exclusions are visible to the draws below
+
+    population = width.to(tl.float32)
+    base_count = tl.maximum(_ceil_int(base_rate * population, population + 2.0), 2)
+    draws = tl.where(width > 0, base_count, 0)
+    rng_base = (tl.load(rng_ptr) << 32) + pid.to(tl.int64) * draw_stride
+    total = tl.zeros([BLOCK_H], tl.float32)
+    for j0 in range(0, draws, BLOCK):
+        j = j0 + offs
+        take = j < draws
+        tok = _draw_tokens(j, take, seed, rng_base, lo, width)
+        hit = tl.load(exclude_row + tok, mask=take, other=1)
+        keep = take & (hit == 0)
+        s = tl.load(s_rows + tok[None, :], mask=mask_h[:, None] & keep[None, :],
+                    other=float("-inf"))
+        total += tl.sum(tl.exp(s - lse[:, None]), axis=1)
+    mean = total / base_count.to(tl.float32)
+    spread = tl.zeros([BLOCK_H], tl.float32)
+    for j0 in range(0, draws, BLOCK):
+        j = j0 + offs
+        take = j < draws
+        tok = _draw_tokens(j, take, seed, rng_base, lo, width)
+        hit = tl.load(exclude_row + tok, mask=take, other=1)
+        keep = take & (hit == 0)
+        s = tl.load(s_rows + tok[None, :], mask=mask_h[:, None] & keep[None, :],
+                    other=float("-inf"))
+        centred = tl.where(take[None, :], tl.exp(s - lse[:, None]) - mean[:, None], 0.0)
+        spread += tl.sum(centred * centred, axis=1)
+    sigma = tl.sqrt(spread / (base_count - 1).to(tl.float32))
+    den = exact + population * mean
+    need = z_over_eps * population * sigma / tl.maximum(den, 1e-30)
+    need = tl.where(mask_h, need * need, 0.0)
+    budget = tl.maximum(_ceil_int(tl.max(need, axis=0), population), base_count)
+    budget = tl.where(width > 0, tl.minimum(budget, width), 0)
+    tl.store(count_ptr + pid, budget)
+    tl.store(log_weight_ptr + pid,
+             tl.log(population / tl.maximum(budget, 1).to(tl.float32)))
+
+
+class VAttentionStep(_Step):
+    """vAttention with the denominator budget (see the module docstring)."""
+
+    def __init__(self, q: torch.Tensor, kv: KVCache, *, sink: int = 128, window: int = 128,
+                 topk: int = 256, epsilon: float = 0.05, delta: float = 0.05,
+                 base_rate: float = 0.01, mode: str = "denominator",
+                 scale: float | None = None, seed: int = 0) -> None:
+        super().__init__(q, kv, scale, seed)
+        if mode != "denominator":
+            raise InputError(f"mode={mode}: the GPU path computes the denominator budget "
+                             "only (mode=output runs the reference)")
+        for name, value in (("sink", sink), ("window", window), ("topk", topk)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InputError(f"{name}: expected an integer >= 0, got {value!r}")
+        if not (0 < epsilon < 1 and 0 < delta < 1 and 0 < base_rate <= 1):
+            raise InputError("epsilon, delta: in (0, 1); base_rate: in (0, 1]")
+        self.sink, self.window = min(sink, self.capacity), min(window, self.capacity)
+        self.topk = min(topk, self.capacity)
+        self.base_rate = float(base_rate)
+        self.z_over_eps = normal_quantile(1.0 - delta / 2.0) / epsilon
+        self.block_h = _static_for(q, kv).block_h
+        batch, hkv = self.batch, self.num_kv_heads
+        self.scores = torch.empty(batch, self.num_q_heads, self.capacity, dtype=torch.float32,
+                                  device=q.device)
+        self.exclude = torch.zeros(batch, hkv, self.capacity + 1, dtype=torch.uint8,
+                                   device=q.device)
+        width = self.sink + self.window + self.topk
+        self.listed = torch.empty(batch, hkv, width, dtype=torch.int32, device=q.device)
+        self.count = torch.empty(batch, hkv, dtype=torch.int32, device=q.device)
+        self.log_weight = torch.empty(batch, hkv, dtype=torch.float32, device=q.device)
+        self.lo = torch.empty(batch, dtype=torch.int32, device=q.device)
+        self.hi = torch.empty(batch, dtype=torch.int32, device=q.device)
+        self.workspace = self._workspace(q, kv, width + self.capacity // 8)
+
+    def plan(self, q: torch.Tensor, kv: KVCache) -> tuple[torch.Tensor, UniformTail]:
+        """The exact rows ``[B, Hkv, R]`` and the uniform tail of one call."""
+        self.rng.add_(1)
+        scores = self._scores(q, kv)
+        lse = torch.logsumexp(scores, dim=-1)  # [B, Hq]
+        top = self.lo  # a placeholder pointer without a top-k
+        if self.topk:
+            n = kv.lengths
+            lo = n.clamp(max=self.sink)
+            hi = torch.maximum(n - self.window, lo)
+            in_range = (self.positions[None, :] >= lo[:, None]) & (self.positions[None, :]
+                                                                  < hi[:, None])
+            top = self._group_top(torch.exp(scores - lse[..., None]), in_range, self.topk)
+        self.exclude.zero_()
+        _vattention_plan_kernel[(self.batch * self.num_kv_heads,)](
+            scores, lse, top, kv.lengths, self.exclude,
+            self.listed, self.count, self.log_weight, self.lo, self.hi, self.rng,
+            (self.seed ^ UNIFORM_KEY) & 0x7FFFFFFF, self.base_rate, self.z_over_eps,
+            self.capacity, self.exclude.stride(1), scores.stride(0), scores.stride(1),
+            NUM_KV_HEADS=self.num_kv_heads, GROUP=self.group, BLOCK_H=self.block_h,
+            SINK=self.sink, WINDOW=self.window, TOPK=self.topk, BLOCK=VATTENTION_BLOCK,
+            num_warps=4,
+        )  # fmt: skip
+        tail = UniformTail(self.count, self.lo, self.hi, self.log_weight, self.exclude,
+                           self.rng, self.seed, self.capacity)
+        return self.listed, tail
+
+    def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
+        listed, tail = self.plan(q, kv)
+        return indexed_attention(q, kv, listed, tail=tail, scale=self.scale, out=self.out,
+                                 workspace=self.workspace)
+
+    def read_counts(self, q: torch.Tensor, kv: KVCache) -> ReadCounts:
+        """Every key; the value rows of the exact set and of the drawn tail."""
+        listed, tail = self.plan(q, kv)
+        samples = torch.full((self.batch * self.num_kv_heads, self.capacity), -1,
+                             dtype=torch.int32, device=self.device)
+        indexed_attention(q, kv, listed, tail=tail, scale=self.scale, out=self.out,
+                          workspace=self.workspace, samples=samples)
+        drawn = samples.view(self.batch, self.num_kv_heads, -1).long()
+        hit = self.exclude.gather(2, drawn.clamp_min(0)).bool()
+        drawn = torch.where(hit, torch.full_like(drawn, -1), drawn)
+        tokens = torch.cat([listed.long(), drawn], -1)
+        return self._reads(kv, _unique_rows(tokens, kv.lengths.long(), self.capacity))
+
+
+# ------------------------------------------------------------------ top-k + S²ANTA
+class TopKSantaStep(_Step):
+    """Top-``k`` exact plus S²ANTA-sys samples of the rest (see the module docstring)."""
+
+    def __init__(self, q: torch.Tensor, kv: KVCache, *, k: int = 64, S: int = 128,
+                 scale: float | None = None, seed: int = 0) -> None:
+        super().__init__(q, kv, scale, seed)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise InputError(f"k: expected an integer >= 0, got {k!r}")
+        check_positive_int(S, "S")
+        self.k, self.S = min(k, self.capacity), S
+        self.scores = torch.empty(self.batch, self.num_q_heads, self.capacity,
+                                  dtype=torch.float32, device=q.device)
+        # log-weights: 0 on the top-k rows, each head's own samples after them
+        self.log_weights = torch.cat([
+            torch.zeros(self.batch, self.num_q_heads, self.k, device=q.device),
+            self._own_segments(S)], -1).contiguous()
+        self.offsets = torch.arange(S, device=q.device, dtype=torch.float32)
+        self.workspace = self._workspace(q, kv, self.k + self.group * S)
+
+    def plan(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
+        """The rows ``[B, Hkv, k + G S]`` of one call (their log-weights written)."""
+        batch, hkv, group, cap, S = (self.batch, self.num_kv_heads, self.group,
+                                     self.capacity, self.S)
+        self.rng.add_(1)
+        scores = self._scores(q, kv)
+        n = kv.lengths.long()
+        probs = torch.softmax(scores, dim=-1)  # [B, Hq, cap]
+        parts = []
+        rest = probs
+        if self.k:
+            top = self._group_top(probs, self.positions[None, :] < n[:, None], self.k)
+            slot = torch.where(top >= 0, top, torch.full_like(top, cap))
+            chosen = torch.zeros(batch, hkv, cap + 1, dtype=torch.bool, device=self.device)
+            chosen.scatter_(2, slot, True)
+            rest = probs.view(batch, hkv, group, cap).masked_fill(
+                chosen[:, :, None, :cap], 0.0).view(batch, self.num_q_heads, cap)
+            parts.append(top)
+        mass = rest.sum(-1, keepdim=True)  # M per head
+        cdf = rest.cumsum(-1)
+        cdf = cdf / cdf[..., -1:].clamp_min(1e-30)
+        offset = counter_uniform(self.seed, self.rng, (batch, self.num_q_heads, 1))
+        thresholds = (offset + self.offsets) / S  # [B, Hq, S]
+        drawn = torch.searchsorted(cdf, thresholds, right=True)
+        drawn = torch.minimum(drawn, (n - 1)[:, None, None])
+        lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+        log_w = mass.log() + lse - math.log(S) - scores.gather(-1, drawn)  # [B, Hq, S]
+        segments = self.log_weights[..., self.k:].view(batch, hkv, group, group, S)
+        segments.diagonal(0, 2, 3).copy_(log_w.view(batch, hkv, group, S).permute(0, 1, 3, 2))
+        parts.append(drawn.view(batch, hkv, group * S))
+        return torch.cat(parts, -1).int()
+
+    def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
+        return indexed_attention(q, kv, self.plan(q, kv), log_weights=self.log_weights,
+                                 scale=self.scale, out=self.out, workspace=self.workspace)
+
+    def read_counts(self, q: torch.Tensor, kv: KVCache) -> ReadCounts:
+        """Every key; the value rows of the top-k and of the samples (a head's sample of
+        zero weight, when its rest has no mass, is not read)."""
+        rows = self.plan(q, kv).long()
+        live = self.log_weights.view(self.batch, self.num_kv_heads, self.group, -1)
+        live = (live > float("-inf")).any(2)
+        rows = torch.where(live, rows, torch.full_like(rows, -1))
+        return self._reads(kv, _unique_rows(rows, kv.lengths.long(), self.capacity))
