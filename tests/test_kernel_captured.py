@@ -184,9 +184,13 @@ def test_the_committed_gaussian_runs_are_still_finished(monkeypatch):
     monkeypatch.setattr(cli, "run_cases_or_exit", capture_cases)
     monkeypatch.setattr(cli, "_device", lambda requested: requested)  # no GPU here
     parts = frame.drop_duplicates("case_hash")
+    # santa-flash has one kernel now: its cases' hashes changed on purpose, and its old
+    # options (gather=...) no longer parse
+    parts = parts[parts.method != "santa-flash"]
     for part in parts.itertuples():
         expanded.clear()
-        done = _invoke(*shlex.split(part.command)[1:])
+        command = part.command.replace(",gather=compact", "")
+        done = _invoke(*shlex.split(command)[1:])
         assert done.exit_code == 0, done.output
         assert [config_hash(c) for c in expanded] == [part.case_hash], part.command
     failed = set(frame[frame.status == "failed"].case_hash)

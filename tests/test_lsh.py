@@ -242,7 +242,11 @@ def test_registry_entry_is_reference_only_and_listed():
     q, kv = decode_problem(n=120, d=8)
     res = m.run_reference(q, kv, params, seed=2, compute_dtype=torch.float64)
     assert res.out.shape == q.shape and 0 < res.reads.kv_read_fraction < 1
-    listed = CliRunner().invoke(app, ["list"], catch_exceptions=False, env={"COLUMNS": "300"})
+    from santa_bench import cli
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cli.console, "_width", 400)  # no cell folded
+        listed = CliRunner().invoke(app, ["list"], catch_exceptions=False)
     assert listed.exit_code == 0
     line = next(row for row in listed.output.splitlines() if "magicpig" in row)
     assert "santa_bench.methods.lsh" in line and "lsh" in line
