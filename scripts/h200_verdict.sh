@@ -8,7 +8,8 @@
 #   bash scripts/h200_verdict.sh STAGE RESULTS_DIR
 # STAGE: tests, peers, shapes, ruler, fa3, captured, timing. Runs resume where they stopped.
 # ruler and captured need the model and the RULER samples in $SANTA_BENCH_CACHE
-# (models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b.gguf, data/ruler-samples/).
+# (models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b.gguf, data/ruler-samples/); captured reads
+# RULER's essays, or the text file $HAYSTACK on a machine without RULER's data.
 set -uo pipefail
 stage=${1:?stage: tests, peers, shapes, ruler, fa3, captured or timing}
 results=${2:?results folder}
@@ -66,7 +67,8 @@ case "$stage" in
   captured)
     capture="$SANTA_BENCH_CACHE/captures/qwen2.5-coder-0.5b-32k.safetensors"
     [ -f "$capture" ] || santa-bench capture --model qwen2.5-coder-0.5b --ctx 32k \
-      --layers 12,2,5,8,15,18,21,23 --device cuda --dtype bf16 --out "$capture"
+      --layers 12,2,5,8,15,18,21,23 --device cuda --dtype bf16 --out "$capture" \
+      --text "${HAYSTACK:-ruler-haystack}"
     kernel "kernels-$day-h200-captured-qwen" "" "$accuracy,$peers,$kmeans" "$dense" \
       --inputs "$capture" ;;
   timing)
