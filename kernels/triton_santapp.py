@@ -473,6 +473,20 @@ def _contiguous_reps_on_device(kv: KVCache, reps: torch.Tensor, team_end: torch.
     return True
 
 
+def _index_dtype(kv: KVCache, index_dtype: torch.dtype | None, team_size: int,
+                 representative: str, **counts: int) -> torch.dtype:
+    """Checks a device build's parameters (``counts``: integers >= 0) and returns the dtype
+    its means and representatives are computed in: ``index_dtype``, or fp64 on a CPU and
+    fp32 on a GPU."""
+    check_positive_int(team_size, "team_size")
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InputError(f"{name}: expected an integer >= 0, got {value!r}")
+    if representative not in ("leader", "mean"):
+        raise InputError(f"representative: expected 'leader' or 'mean', got {representative!r}")
+    return index_dtype or (torch.float64 if kv.device.type == "cpu" else torch.float32)
+
+
 def _contiguous_packed(
     kv: KVCache,
     team_size: int,
@@ -485,14 +499,8 @@ def _contiguous_packed(
     """Contiguous teams ``[sink + gP, sink + (g+1)P)`` built on the device (no copy of K/V).
     ``reps_kernel``: representatives by ``_contiguous_reps_kernel`` (one read of K)
     instead of the torch loop over sequences (``None``: on a GPU)."""
-    check_positive_int(team_size, "team_size")
-    for name, value in (("sink", sink), ("exact_recent", exact_recent)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise InputError(f"{name}: expected an integer >= 0, got {value!r}")
-    if representative not in ("leader", "mean"):
-        raise InputError(f"representative: expected 'leader' or 'mean', got {representative!r}")
-    device = kv.device
-    dtype = index_dtype or (torch.float64 if device.type == "cpu" else torch.float32)
+    device, dtype = kv.device, _index_dtype(kv, index_dtype, team_size, representative,
+                                            sink=sink, exact_recent=exact_recent)
     lengths = kv.lengths.cpu()
     team_end = team_end_of(lengths, sink, exact_recent)
     lo = torch.minimum(torch.full_like(team_end, sink), team_end)
@@ -567,15 +575,9 @@ def _kmeans_packed(
     :func:`pack_teams` (the same random draws, so the same teams up to rounding), with
     every (sequence, KV head) clustered at once instead of one after another. K and V are
     copied team-major into ``[B, Hkv, R, d]``."""
-    check_positive_int(team_size, "team_size")
     check_positive_int(leaders, "leaders")
-    for name, value in (("sink", sink), ("exact_recent", exact_recent), ("seed", seed)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise InputError(f"{name}: expected an integer >= 0, got {value!r}")
-    if representative not in ("leader", "mean"):
-        raise InputError(f"representative: expected 'leader' or 'mean', got {representative!r}")
-    device = kv.device
-    dtype = index_dtype or (torch.float64 if device.type == "cpu" else torch.float32)
+    device, dtype = kv.device, _index_dtype(kv, index_dtype, team_size, representative,
+                                            sink=sink, exact_recent=exact_recent, seed=seed)
     lengths = kv.lengths.cpu()
     team_end = team_end_of(lengths, sink, exact_recent)
     spans = [(min(sink, int(end)), int(end)) for end in team_end]

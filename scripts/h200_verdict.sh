@@ -6,7 +6,8 @@
 # SANTA++ candidates on Qwen2.5-Coder-0.5B; kernel rows on its captured attention; the
 # harness-against-a-plain-loop timing test. Usage (after `source scripts/h200_setup.sh`):
 #   bash scripts/h200_verdict.sh STAGE RESULTS_DIR
-# STAGE: tests, peers, shapes, ruler, fa3, captured, timing. Runs resume where they stopped.
+# STAGE: tests, peers, shapes, ruler, ruler-lsh, fa3, captured, timing ($GPU names the GPU in
+# the run ids: h200 by default). Runs resume where they stopped.
 # ruler and captured need the model and the RULER samples in $SANTA_BENCH_CACHE
 # (models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b.gguf, data/ruler-samples/); captured reads
 # RULER's essays, or the text file $HAYSTACK on a machine without RULER's data.
@@ -14,6 +15,7 @@ set -uo pipefail
 stage=${1:?stage: tests, peers, shapes, ruler, fa3, captured or timing}
 results=${2:?results folder}
 day=${DAY:-$(date +%F)}
+gpu=${GPU:-h200}  # run ids name the GPU
 budget=${BUDGET_MS:-80}
 qwen05="--heads 14 --kv-heads 2 --head-dim 64"
 qwen7="--heads 28 --kv-heads 4 --head-dim 128"
@@ -42,34 +44,38 @@ kernel() {  # kernel RUN_ID SHAPE METHODS BASELINES [extra options]
 case "$stage" in
   tests)
     TRITON_INTERPRET=0 python3 -m pytest -q -p no:cacheprovider -m gpu \
-      tests/test_selection_gpu.py tests/test_gpu_graphs.py tests/test_engine_gpu.py \
-      tests/test_kernel_captured.py tests/test_lsh.py \
       "tests/test_triton_santapp.py::test_kmeans_index_built_on_the_gpu_matches_the_cpu_build_and_decodes" \
-      -s 2>&1 | tail -40 ;;
+      tests/test_selection_gpu.py tests/test_lsh.py tests/test_kernel_captured.py \
+      tests/test_gpu_graphs.py tests/test_engine_gpu.py -s 2>&1 | tail -40 ;;
   peers)
     for shape in "$qwen05" "$qwen7" "$llama8"; do
-      kernel "kernels-$day-h200-peers" "$shape" "dense,$peers,$kmeans" "$dense"
+      kernel "kernels-$day-$gpu-peers" "$shape" "dense,$peers,$kmeans" "$dense"
     done ;;
   shapes)
-    kernel "kernels-$day-h200-model-shapes" "$qwen7" "$accuracy,$operating" "$dense"
-    kernel "kernels-$day-h200-model-shapes" "$llama8" "$accuracy" "$dense"
-    kernel "kernels-$day-h200-model-shapes" "$qwen05" "$operating" "$dense" ;;
+    # the accuracy runs' configurations at their model's shape, where a GPU lacks them
+    [ "$gpu" = h200 ] || kernel "kernels-$day-$gpu-model-shapes" "$qwen05" "$accuracy" "$dense"
+    kernel "kernels-$day-$gpu-model-shapes" "$qwen7" "$accuracy,$operating" "$dense"
+    kernel "kernels-$day-$gpu-model-shapes" "$llama8" "$accuracy" "$dense"
+    kernel "kernels-$day-$gpu-model-shapes" "$qwen05" "$operating" "$dense" ;;
   fa3)
     for shape in "$qwen05" "$qwen7" "$llama8"; do
-      kernel "kernels-$day-h200-flashinfer" "$shape" dense \
+      kernel "kernels-$day-$gpu-flashinfer" "$shape" dense \
         "sdpa-cudnn,sdpa-flash,flashinfer-tc,flashinfer-cuda,flashinfer-fa3"
     done ;;
-  ruler)
+  ruler|ruler-lsh)
+    # MagicPIG's hash codes take about 24 GB at batch 50: half the batch on an 80 GB GPU
+    methods="dense,$kmeans,$peers" batch=50
+    [ "$stage" = ruler-lsh ] && methods="dense,magicpig" batch=${LSH_BATCH:-50}
     santa-bench accuracy ruler --ctx 32k --n 50 --model qwen2.5-coder-0.5b --device cuda \
-      --batch 50 --results "$results" --run-id "accuracy-$day-h200-peers" \
+      --batch "$batch" --results "$results" --run-id "accuracy-$day-$gpu-peers" \
       --tasks niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multiquery,niah_multivalue,vt,fwe \
-      --methods "dense,$kmeans,$peers,magicpig" 2>&1 | tail -40 ;;
+      --methods "$methods" 2>&1 | tail -40 ;;
   captured)
     capture="$SANTA_BENCH_CACHE/captures/qwen2.5-coder-0.5b-32k.safetensors"
     [ -f "$capture" ] || santa-bench capture --model qwen2.5-coder-0.5b --ctx 32k \
       --layers 12,2,5,8,15,18,21,23 --device cuda --dtype bf16 --out "$capture" \
       --text "${HAYSTACK:-ruler-haystack}"
-    kernel "kernels-$day-h200-captured-qwen" "" "$accuracy,$peers,$kmeans" "$dense" \
+    kernel "kernels-$day-$gpu-captured-qwen" "" "$accuracy,$peers,$kmeans" "$dense" \
       --inputs "$capture" ;;
   timing)
     python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_timing_gpu.py -s 2>&1 | tail -30
