@@ -34,6 +34,19 @@ def _with_inputs_column(kernel: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     return kernel, keys
 
 
+def _with_shape_column(kernel: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, list[str]]:
+    """Adds ``shape`` (``Hq/Hkv/d``) to the table keys where the rows hold several attention
+    shapes, so each shape gets its own table."""
+    if not {"heads", "kv_heads", "head_dim"} <= set(kernel.columns):
+        return kernel, keys
+    shape = (kernel.heads.astype("Int64").astype(str) + "/"
+             + kernel.kv_heads.astype("Int64").astype(str) + "/"
+             + kernel.head_dim.astype("Int64").astype(str))
+    if shape.nunique() < 2:
+        return kernel, keys
+    return kernel.assign(shape=shape), [*keys, "shape"]
+
+
 def _groups(rows: pd.DataFrame, keys: list[str]) -> list[tuple[tuple, pd.DataFrame]]:
     """The rows grouped by ``keys``, in order, the Gaussian inputs' before captured ones."""
     groups = list(rows.groupby(keys, dropna=False, sort=True))
@@ -44,7 +57,7 @@ def _groups(rows: pd.DataFrame, keys: list[str]) -> list[tuple[tuple, pd.DataFra
 
 def _title(key: tuple, keys: list[str]) -> str:
     """``timing: graph, L2: cold`` (and ``, inputs: captured:...``)."""
-    names = {"timing": "timing", "l2": "L2", "inputs": "inputs"}
+    names = {"timing": "timing", "l2": "L2", "inputs": "inputs", "shape": "heads/KV heads/d"}
     return ", ".join(f"{names[k]}: {v}" for k, v in zip(keys, key, strict=True))
 
 
@@ -115,6 +128,7 @@ def kernel_table(frame: pd.DataFrame) -> str:
     if kernel.empty:
         return "(no kernel rows)\n"
     kernel, keys = _with_inputs_column(kernel)
+    kernel, keys = _with_shape_column(kernel, keys)
     lines: list[str] = []
     latency = kernel[kernel.metric == "latency"]
     runs = "run_id" in kernel and kernel.run_id.nunique() > 1  # name each line's run

@@ -363,6 +363,27 @@ def test_kernel_table_with_one_case_in_two_runs():
     assert lines[1].startswith("| 32k | 1 | santa-prop S=128 | 40.0 [39.0-41.0] | 0.95x")
 
 
+def test_kernel_table_gives_each_attention_shape_its_own_table():
+    import pandas as pd
+
+    from santa_bench.report import kernel_table
+
+    def rows(heads: int, kv_heads: int, d: int, latency: float) -> list[dict]:
+        base = {"kind": "kernel", "method": "sdpa-cudnn", "ctx": 32768, "batch": 1,
+                "heads": heads, "kv_heads": kv_heads, "head_dim": d, "timing": "graph",
+                "l2": "cold", "status": "ok", "reason": None, "case_hash": f"h{heads}",
+                "run_id": "r", "q1_us": latency, "q3_us": latency}
+        return [{**base, "metric": "latency", "value": latency}]
+
+    table = kernel_table(pd.DataFrame(rows(14, 2, 64, 13.0) + rows(32, 8, 128, 50.0)))
+    titles = [line for line in table.splitlines() if line.startswith("**")]
+    assert titles == ["**timing: graph, L2: cold, heads/KV heads/d: 14/2/64**",
+                      "**timing: graph, L2: cold, heads/KV heads/d: 32/8/128**"]
+    one = kernel_table(pd.DataFrame(rows(32, 8, 128, 50.0)))
+    assert [line for line in one.splitlines() if line.startswith("**")] == [
+        "**timing: graph, L2: cold**"]  # one shape: the title as before
+
+
 def test_report_label_names_two_pass_flash_only():
     import pandas as pd
 
