@@ -91,13 +91,13 @@ def stash_l2_off() -> Iterator[None]:
 
 
 def loop_calls(method: Method, params: dict, q: torch.Tensor, kv, *, shared: bool,
-               copies: int = LOOP_CALLS) -> list:
-    """LOOP_CALLS prepared calls over ``copies`` clones of the inputs (in turn); ``shared``:
+               copies: int = LOOP_CALLS, n_calls: int = LOOP_CALLS) -> list:
+    """``n_calls`` prepared calls over ``copies`` clones of the inputs (in turn); ``shared``:
     one workspace and random state (the first call's ``rebind``), else one per call."""
     clones = [(q.clone(), clone_kv(kv)) for _ in range(copies)]
     first = method.prepare(*clones[0], seed=100, **params)
     calls = [first]
-    for i in range(1, LOOP_CALLS):
+    for i in range(1, n_calls):
         q_i, kv_i = clones[i % copies]
         if shared and first.rebind is not None:
             calls.append(first.rebind(q_i, kv_i))
@@ -106,7 +106,7 @@ def loop_calls(method: Method, params: dict, q: torch.Tensor, kv, *, shared: boo
     return calls
 
 
-def loop_us(calls: list) -> float:
+def loop_us(calls: list, replays: int = REPLAYS) -> float:
     """Median us per call: CUDA events around each replay of a graph of ``calls``."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -123,7 +123,7 @@ def loop_us(calls: list) -> float:
     for _ in range(5):
         graph.replay()
     pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-             for _ in range(REPLAYS)]
+             for _ in range(replays)]
     for start, end in pairs:
         start.record()
         graph.replay()

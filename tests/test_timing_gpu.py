@@ -19,13 +19,16 @@ temperature before and after), printed when the module's tests end.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import statistics
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 import torch
 
-from santa_bench.baselines import clone_kv
 from santa_bench.gpu_state import gpu_state
 from santa_bench.inputs import DecodeShape, make_decode_inputs
 from santa_bench.methods import REGISTRY
@@ -42,46 +45,28 @@ REPLAYS = 200
 BUDGET_MS = 300.0
 
 
+@functools.cache
+def _plain_loop():
+    """The plain loop of ``scripts/timing_check.py`` (CUDA graphs and events, nothing of
+    the harness's timing code)."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "timing_check.py"
+    spec = importlib.util.spec_from_file_location("timing_check", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
 def loop_calls(method_name: str, params: dict, q: torch.Tensor, kv, shared: bool) -> list:
     """CALLS prepared calls over their own clones of q and the cache; ``shared``: one
     workspace and random state for all (the first call's ``rebind``)."""
-    method = REGISTRY.get(method_name)
-    first = method.prepare(q.clone(), clone_kv(kv), seed=100, **params)
-    calls = [first]
-    for i in range(1, CALLS):
-        q_i, kv_i = q.clone(), clone_kv(kv)
-        if shared and first.rebind is not None:
-            calls.append(first.rebind(q_i, kv_i))
-        else:
-            calls.append(method.prepare(q_i, kv_i, seed=100 + i, **params))
-    return calls
+    return _plain_loop().loop_calls(REGISTRY.get(method_name), params, q, kv, shared=shared,
+                                    copies=CALLS, n_calls=CALLS)
 
 
 def loop_us(calls: list) -> float:
     """Median microseconds per call: events around each replay of a graph of ``calls``."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            for call in calls:
-                call()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    for _ in range(10):
-        graph.replay()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(REPLAYS)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(REPLAYS)]
-    for start, end in zip(starts, ends, strict=True):
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 / len(calls)
-                             for s, e in zip(starts, ends, strict=True))
+    return _plain_loop().loop_us(calls, replays=REPLAYS)
 
 
 def harness(method_name: str, params: dict, q: torch.Tensor, kv, **plan):
