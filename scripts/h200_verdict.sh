@@ -6,13 +6,14 @@
 # SANTA++ candidates on Qwen2.5-Coder-0.5B; kernel rows on its captured attention; the
 # harness-against-a-plain-loop timing test. Usage (after `source scripts/h200_setup.sh`):
 #   bash scripts/h200_verdict.sh STAGE RESULTS_DIR
-# STAGE: tests, peers, shapes, ruler, ruler-lsh, fa3, captured, timing ($GPU names the GPU in
-# the run ids: h200 by default). Runs resume where they stopped.
+# STAGE: tests, peers, shapes, ruler, ruler-peers, ruler-lsh, fa3, captured, timing ($GPU names the GPU in
+# the run ids: h200 by default; $KMEANS overrides the k-means candidates). Runs resume where
+# they stopped.
 # ruler and captured need the model and the RULER samples in $SANTA_BENCH_CACHE
 # (models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b.gguf, data/ruler-samples/); captured reads
 # RULER's essays, or the text file $HAYSTACK on a machine without RULER's data.
 set -uo pipefail
-stage=${1:?stage: tests, peers, shapes, ruler, fa3, captured or timing}
+stage=${1:?stage: tests, peers, shapes, ruler, ruler-peers, ruler-lsh, fa3, captured or timing}
 results=${2:?results folder}
 day=${DAY:-$(date +%F)}
 gpu=${GPU:-h200}  # run ids name the GPU
@@ -30,6 +31,7 @@ accuracy+=",santapp:M=32,team_size=64,bernoulli:value_stage=prop,S=128"
 # the methods users compare against, and SANTA++ with k-means teams
 peers="oracle-topk:k=1024,quest:pages=64,quest:pages=256,vattention,topk-santa"
 kmeans="santapp:M=32,policy=kmeans,santapp:M=64,policy=kmeans"
+kmeans=${KMEANS:-$kmeans}
 # the SANTA++ paper's operating point: 31 or 32 teams, the team size reading 16-22% of the KV
 operating="santapp:M=31,santapp:M=31,team_size=32,santapp:M=32,team_size=32"
 operating+=",santapp:M=31,team_size=64"
@@ -62,14 +64,18 @@ case "$stage" in
       kernel "kernels-$day-$gpu-flashinfer" "$shape" dense \
         "sdpa-cudnn,sdpa-flash,flashinfer-tc,flashinfer-cuda,flashinfer-fa3"
     done ;;
-  ruler|ruler-lsh)
-    # MagicPIG's hash codes take about 24 GB at batch 50: half the batch on an 80 GB GPU
-    methods="dense,$kmeans,$peers" batch=50
+  ruler|ruler-peers|ruler-lsh)
+    # ruler: SANTA++ with k-means teams on RULER's eight NIAH tasks; ruler-peers: the peers;
+    # ruler-lsh: MagicPIG, whose hash codes take about 24 GB at batch 50 (half on an 80 GB GPU).
+    # $TASKS overrides the task list.
+    tasks=niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2
+    tasks+=,niah_multikey_3,niah_multiquery,niah_multivalue
+    methods="dense,$kmeans" batch=50
+    [ "$stage" = ruler-peers ] && methods="dense,$peers"
     [ "$stage" = ruler-lsh ] && methods="dense,magicpig" batch=${LSH_BATCH:-50}
     santa-bench accuracy ruler --ctx 32k --n 50 --model qwen2.5-coder-0.5b --device cuda \
       --batch "$batch" --results "$results" --run-id "accuracy-$day-$gpu-peers" \
-      --tasks niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2,niah_multiquery,niah_multivalue,vt,fwe \
-      --methods "$methods" 2>&1 | tail -40 ;;
+      --tasks "${TASKS:-$tasks}" --methods "$methods" 2>&1 | tail -40 ;;
   captured)
     capture="$SANTA_BENCH_CACHE/captures/qwen2.5-coder-0.5b-32k.safetensors"
     [ -f "$capture" ] || santa-bench capture --model qwen2.5-coder-0.5b --ctx 32k \
