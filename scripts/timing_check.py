@@ -26,10 +26,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import gc
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,28 +134,50 @@ def loop_us(calls: list, replays: int = REPLAYS) -> float:
 
 
 def check(method: Method, params: dict, label: str, batch: int, ctx: int, heads: int,
-          kv_heads: int, head_dim: int, budget_ms: float) -> list[Row]:
-    """Every row of one method at one shape."""
+          kv_heads: int, head_dim: int, budget_ms: float,
+          emit: Callable[[Row], None] = lambda row: None) -> list[Row]:
+    """Every row of one method at one shape; ``emit`` sees each row as it is measured. A
+    row that runs out of GPU memory is kept with ``us`` NaN and the rest still run."""
     shape = f"{ctx // 1024}k B={batch}"
     q, kv = make_decode_inputs(DecodeShape(batch, ctx, heads, kv_heads, head_dim), seed=0,
                                device="cuda")
     rows: list[Row] = []
 
+    def keep(row: Row) -> None:
+        rows.append(row)
+        emit(row)
+
+    def out_of_memory(what: str, copies: int | None) -> None:
+        keep(Row(label, shape, f"{what} (out of memory)", copies or 0, 0, "-", float("nan"),
+                 float("nan")))
+
     def harness(what: str, **plan) -> None:
-        prepared = method.prepare(q, kv, seed=0, **params)
-        t = time_prepared(method, prepared, q, kv, 0, params, graph=True, cold_l2=True,
-                          budget_ms=budget_ms, **plan)
-        shared = plan.get("workspace", "shared") == "shared" and prepared.rebind is not None
-        rows.append(Row(label, shape, what, t.n_copies, t.calls_per_sample,
-                        "shared" if shared else "per-copy", t.rotated_bytes / 1e6, t.median_us))
+        try:
+            prepared = method.prepare(q, kv, seed=0, **params)
+            t = time_prepared(method, prepared, q, kv, 0, params, graph=True, cold_l2=True,
+                              budget_ms=budget_ms, **plan)
+        except torch.OutOfMemoryError:
+            out_of_memory(what, plan.get("copies"))
+        else:
+            shared = plan.get("workspace", "shared") == "shared" and prepared.rebind is not None
+            keep(Row(label, shape, what, t.n_copies, t.calls_per_sample,
+                     "shared" if shared else "per-copy", t.rotated_bytes / 1e6, t.median_us))
+        prepared = t = None
+        free_memory()
 
     def loop(what: str, shared: bool, copies: int = LOOP_CALLS) -> None:
-        calls = loop_calls(method, params, q, kv, shared=shared, copies=copies)
-        shared = shared and calls[0].rebind is not None
-        rows.append(Row(label, shape, what, copies, LOOP_CALLS,
-                        "shared" if shared else "per-call", float("nan"), loop_us(calls)))
-        del calls
-        torch.cuda.empty_cache()
+        calls = None
+        try:
+            calls = loop_calls(method, params, q, kv, shared=shared, copies=copies)
+            us = loop_us(calls)
+        except torch.OutOfMemoryError:
+            out_of_memory(what, copies)
+        else:
+            shared = shared and calls[0].rebind is not None
+            keep(Row(label, shape, what, copies, LOOP_CALLS,
+                     "shared" if shared else "per-call", float("nan"), us))
+        calls = None
+        free_memory()
 
     loop("loop decode", shared=True)
     harness("harness")
@@ -175,14 +198,21 @@ def check(method: Method, params: dict, label: str, batch: int, ctx: int, heads:
     return rows
 
 
+def free_memory() -> None:
+    """Returns what the last timing held (its input copies, graph pools) to the device."""
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def print_rows(rows: list[Row]) -> None:
     """One table per (method, shape), each row against the mean of its decode loops."""
     groups: dict[tuple[str, str], list[Row]] = {}
     for row in rows:
         groups.setdefault((row.method, row.shape), []).append(row)
     for (method, shape), members in groups.items():
-        decode = statistics.mean(r.us for r in members if r.what.startswith("loop decode")
-                                 and "one input" not in r.what and "off" not in r.what)
+        decodes = [r.us for r in members if r.what.startswith("loop decode")
+                   and "one input" not in r.what and "off" not in r.what and r.us == r.us]
+        decode = statistics.mean(decodes) if decodes else float("nan")
         print(f"\n{method} at {shape}")
         print(f"  {'what':<30} {'copies':>6} {'calls':>5} {'workspace':>9} "
               f"{'rotated MB':>10} {'us/call':>8} {'vs decode':>9}")
@@ -227,6 +257,17 @@ def main(argv: list[str] | None = None) -> int:
           f"torch {torch.__version__}")
     print(state_line("before"))
     rows: list[Row] = []
+    handle = args.out.open("w", newline="") if args.out else None
+    writer = csv.DictWriter(handle, fieldnames=list(Row.__dataclass_fields__)) if handle else None
+    if writer:
+        writer.writeheader()
+
+    def emit(row: Row) -> None:  # as it is measured: a run cut short keeps its rows
+        print(f"  {row.method} {row.shape}: {row.what}: {row.us:.2f} us", flush=True)
+        if writer:
+            writer.writerow(vars(row))
+            handle.flush()
+
     for batch, ctx in shapes:
         for method, overrides in methods:
             ok, why = method.kernel_available()
@@ -236,16 +277,13 @@ def main(argv: list[str] | None = None) -> int:
             params = method.resolve_params(overrides)
             label = method.name + "".join(f" {k}={v}" for k, v in overrides.items())
             rows += check(method, params, label, batch, ctx, args.heads, args.kv_heads,
-                          args.head_dim, args.budget_ms)
-            torch.cuda.empty_cache()  # the shape's inputs and copies
+                          args.head_dim, args.budget_ms, emit)
+            free_memory()  # the shape's inputs and copies
     print_rows(rows)
     print("\n" + state_line("after"))
     print(f"{time.perf_counter() - started:.0f} s")
-    if args.out:
-        with args.out.open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(Row.__dataclass_fields__))
-            writer.writeheader()
-            writer.writerows(vars(r) for r in rows)
+    if handle:
+        handle.close()
     return 0
 
 

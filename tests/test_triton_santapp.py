@@ -678,10 +678,14 @@ def test_llama_shapes_match_reference_on_gpu(ctx, batch, M, team_size):
 @pytest.mark.gpu
 @gpu
 def test_kmeans_index_built_on_the_gpu_matches_the_cpu_build_and_decodes():
-    """32k B=2 at the Qwen2.5-Coder-0.5B attention shape: the GPU k-means build (fp32)
-    packs nearly every row where the CPU build (fp64, the same draws) does, takes well
-    under a second, and the kernel decodes on it (the CPU tests check the kernel against
-    the reference on k-means packs, and the device build against the reference index)."""
+    """32k B=2 at the Qwen2.5-Coder-0.5B attention shape: the GPU k-means build takes well
+    under a second, clusters as well as the CPU build of the same draws, and the kernel
+    decodes on it. The two builds are not row-for-row equal: the k-means distances sum in
+    another order on the GPU, a near-tie flips, and the mini-batch updates after it
+    differ (about 8% of the packed rows moved on an H100, 2026-12-06). So the test compares
+    what a clustering is judged by: the mean squared distance of a key to its team's mean
+    within 1% (seeds 0-3 of the CPU build spread 0.6% at 8k), the team count within 3%
+    (seeds: 2%). The CPU tests check the device build against the reference exactly."""
     import time
 
     from santa_bench.inputs import DecodeShape, make_decode_inputs
@@ -696,15 +700,49 @@ def test_kmeans_index_built_on_the_gpu_matches_the_cpu_build_and_decodes():
     fast = build_packed(kv, **params)
     torch.cuda.synchronize()
     build_s = time.perf_counter() - started
-    print(f"k-means index, 32k B=2 14/2/64: {1e3 * build_s:.1f} ms, {fast.max_teams} teams")
-    assert build_s < 1.0
     index = build_team_index(kv, **params)
     cpu_kv = sk.KVCache.contiguous(kv.k.cpu(), kv.v.cpu(), kv.lengths.cpu())
     ref_packed = pack_teams(cpu_kv, index, copy=True)
     rows_same = (fast.packed_k.cpu() == ref_packed.packed_k).all(-1).float().mean()
-    assert rows_same > 0.99, rows_same
+    fast_spread, ref_spread = _team_spread(fast), _team_spread(ref_packed)
+    fast_teams, ref_teams = int((fast.team_len > 0).sum()), int((ref_packed.team_len > 0).sum())
+    print(f"k-means index, 32k B=2 14/2/64: {1e3 * build_s:.1f} ms; spread {fast_spread:.4f} "
+          f"(CPU {ref_spread:.4f}), {fast_teams} teams (CPU {ref_teams}), longest "
+          f"{fast.max_team_len} (CPU {ref_packed.max_team_len}), rows in place {rows_same:.3f}")
+    assert build_s < 1.0
+    assert abs(fast_spread - ref_spread) <= 0.01 * ref_spread
+    assert abs(fast_teams - ref_teams) <= 0.03 * ref_teams
     out, info = santapp_decode(q, kv, fast, 32)
     assert torch.isfinite(out.float()).all() and int(info.selected().sum(-1).min()) == 32
+
+
+def _team_spread(packed) -> float:
+    """Mean squared distance of a packed key to its team's mean (fp64, on the CPU)."""
+    total, rows = 0.0, 0
+    batch, hkv, _, d = packed.packed_k.shape
+    for b in range(batch):
+        for h in range(hkv):
+            lens = packed.team_len[b, h].long().cpu()
+            n = int(lens.sum())
+            k = packed.packed_k[b, h, :n].double().cpu()
+            ids = torch.repeat_interleave(torch.arange(len(lens)), lens)
+            sums = torch.zeros(len(lens), d, dtype=torch.float64).index_add_(0, ids, k)
+            mean = sums / lens.clamp_min(1)[:, None]
+            total += float(((k - mean[ids]) ** 2).sum())
+            rows += n
+    return total / max(rows, 1)
+
+
+def test_team_spread_tells_kmeans_teams_from_contiguous_ones():
+    """The GPU test's clustering measure can fail: contiguous teams of Gaussian keys
+    (no clustering) spread far more than k-means teams of the same keys."""
+    from santa_bench.inputs import DecodeShape, make_decode_inputs
+
+    _, kv = make_decode_inputs(DecodeShape(batch=1, ctx=2048, heads=4, kv_heads=1,
+                                           head_dim=32))
+    kmeans = build_packed(kv, policy="kmeans", team_size=16, leaders=4, seed=0)
+    contiguous = build_packed(kv, policy="contiguous", team_size=16, copy=True)
+    assert _team_spread(kmeans) < 0.9 * _team_spread(contiguous)
 
 
 @pytest.mark.gpu
