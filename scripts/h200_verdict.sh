@@ -48,7 +48,8 @@ case "$stage" in
     TRITON_INTERPRET=0 python3 -m pytest -q -p no:cacheprovider -m gpu \
       "tests/test_triton_santapp.py::test_kmeans_index_built_on_the_gpu_matches_the_cpu_build_and_decodes" \
       tests/test_selection_gpu.py tests/test_lsh.py tests/test_kernel_captured.py \
-      tests/test_gpu_graphs.py tests/test_engine_gpu.py -s 2>&1 | tail -40 ;;
+      tests/test_gpu_graphs.py tests/test_engine_gpu.py -s -rA 2>&1 \
+      | tee "$results/gpu-tests.txt" | tail -40 ;;
   peers)
     for shape in "$qwen05" "$qwen7" "$llama8"; do
       kernel "kernels-$day-$gpu-peers" "$shape" "dense,$peers,$kmeans" "$dense"
@@ -84,7 +85,9 @@ case "$stage" in
     kernel "kernels-$day-$gpu-captured-qwen" "" "$accuracy,$peers,$kmeans" "$dense" \
       --inputs "$capture" ;;
   timing)
-    python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_timing_gpu.py -s 2>&1 | tail -30
-    python3 scripts/timing_check.py --out "$results/timing_check.csv" 2>&1 | tail -40 ;;
+    python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_timing_gpu.py -s -rA 2>&1 \
+      | tee "$results/timing-test.txt" | tail -30
+    python3 scripts/timing_check.py --out "$results/timing_check.csv" 2>&1 \
+      | tee "$results/timing-check.txt" | tail -40 ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
