@@ -397,13 +397,15 @@ class Verdict:
 
 
 def _front(points: list[Point], batch: int) -> None:
-    """Marks the points on the Pareto front (higher speedup, higher retention) at batch."""
+    """Marks the points on the Pareto front (higher speedup, higher retention) at batch.
+    Dense itself (speedup 1, retention 1) competes without being marked: a configuration
+    slower than dense and no more accurate is dominated by not using it."""
     scored = [(p, p.timings[batch].speedup, p.overall.retention) for p in points
               if p.overall is not None and batch in p.timings
               and not math.isnan(p.timings[batch].speedup)]
+    rivals = [(s, r) for _, s, r in scored] + [(1.0, 1.0)]
     for point, speed, ret in scored:
-        dominated = any(s >= speed and r >= ret and (s > speed or r > ret)
-                        for _, s, r in scored)
+        dominated = any(s >= speed and r >= ret and (s > speed or r > ret) for s, r in rivals)
         if not dominated:
             point.front.add(batch)
 

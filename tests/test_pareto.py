@@ -161,6 +161,26 @@ def test_a_dominated_point_is_off_the_front(store, tmp_path):
     assert points["santa-sys:S=64"].front == set()
 
 
+def test_a_point_slower_than_dense_and_less_accurate_is_off_the_front(tmp_path):
+    """Dense (speedup 1, retention 1) dominates what is slower and no more accurate, also
+    where no other configuration does: here the only configuration besides dense."""
+    results = ResultStore(tmp_path / "results")
+    acc = results.start_run({**ENV, "command": "santa-bench accuracy ruler"}, "acc")
+    rates = {"niah_single_1": 0.95, "niah_multikey_1": 0.8, "vt": 0.6, "qa_1": 0.05}
+    _accuracy(acc, "dense", {}, rates, seed=1)
+    _accuracy(acc, "quest", {"pages": 64}, {t: r * 0.8 for t, r in rates.items()}, seed=3)
+    kern = results.start_run({**ENV, "command": "santa-bench kernel"}, "kern")
+    for batch in (1, 8):
+        _kernel(kern, "sdpa-cudnn", {"family": "baseline"}, batch, 30.0, 1.0)
+        _kernel(kern, "quest", {"pages": 64}, batch, 60.0, 0.5)  # half dense's speed
+        _kernel(kern, "santa-prop", {"S": 128}, batch, 20.0, 1.5)  # fast, no accuracy rows
+    store = StoreSet(tmp_path / "results")
+    points = {p.config: p for p in pareto.verdict(store.load(), store.runs(), MODEL).points}
+    quest = points["quest:pages=64"]
+    assert quest.overall.retention < 1.0 and quest.timings[1].speedup == pytest.approx(0.5)
+    assert quest.front == set()
+
+
 def test_retention_interval_covers_and_narrows():
     rng = np.random.default_rng(0)
     dense = rng.random(200) < 0.7
