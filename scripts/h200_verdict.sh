@@ -4,7 +4,8 @@
 # the peers (oracle top-k, Quest, vAttention, top-k + S2ANTA) and SANTA++'s operating
 # points; FlashInfer's decode kernels (FA3 among them); RULER at 32k for the peers and the
 # SANTA++ candidates on Qwen2.5-Coder-0.5B; kernel rows on its captured attention; the
-# harness-against-a-plain-loop timing test. Usage (after `source scripts/h200_setup.sh`):
+# harness-against-a-plain-loop timing test and SANTA's stages against the byte limit.
+# Usage (after `source scripts/h200_setup.sh`):
 #   bash scripts/h200_verdict.sh STAGE RESULTS_DIR
 # STAGE: tests, peers, shapes, ruler, ruler-peers, ruler-lsh, fa3, captured, timing ($GPU names the GPU in
 # the run ids: h200 by default; $KMEANS overrides the k-means candidates). Runs resume where
@@ -88,6 +89,8 @@ case "$stage" in
     python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_timing_gpu.py -s -rA 2>&1 \
       | tee "$results/timing-test.txt" | tail -30
     python3 scripts/timing_check.py --out "$results/timing_check.csv" 2>&1 \
-      | tee "$results/timing-check.txt" | tail -40 ;;
+      | tee "$results/timing-check.txt" | tail -40
+    python3 scripts/profile_santa.py --out "$results/santa-stages.csv" 2>&1 \
+      | tee "$results/santa-stages.txt" | tail -30 ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
