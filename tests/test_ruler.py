@@ -271,3 +271,30 @@ def test_cli_runs_long_contexts_from_the_cache_without_ruler_data(monkeypatch):
     long = runner.invoke(app, ["accuracy", "ruler", "--tasks", "niah_single_2", "--ctx", "32k"])
     assert long.exit_code == 0, long.output
     assert "cached samples" in long.output and ran and ran[0]
+
+
+def test_the_methods_of_a_task_share_its_tokenized_prompts(monkeypatch):
+    """Tokenizing 50 RULER prompts at 32k takes seconds: once a sample set, not once a
+    method; another sample set or another generation length tokenizes again."""
+    import santa_bench.accuracy.tasks as accuracy_tasks
+    from santa_bench.runners.tasks import TaskRunner
+
+    calls = []
+
+    def fake_prompts(task, tokenizer, items, max_new_tokens):
+        calls.append((task, max_new_tokens))
+        return [f"{task}/{item}/{max_new_tokens}" for item in items]
+
+    monkeypatch.setattr(accuracy_tasks, "task_prompts", fake_prompts)
+    runner = TaskRunner()
+    items = ["a", "b"]
+    runner._samples = (("ruler-niah_single_2", "m", "32768", "2", "0", "None"), items)
+    case = {"task": "ruler-niah_single_2", "max_new_tokens": None}
+    first = runner.prompts(case, None, items)
+    assert runner.prompts(case, None, items) is first and len(calls) == 1
+    assert runner.prompts({**case, "max_new_tokens": 32}, None, items) == [
+        "ruler-niah_single_2/a/32", "ruler-niah_single_2/b/32"]
+    other = ["c"]
+    runner._samples = (("ruler-vt", "m", "32768", "1", "0", "None"), other)
+    assert runner.prompts({"task": "ruler-vt"}, None, other) == ["ruler-vt/c/256"]
+    assert len(calls) == 3

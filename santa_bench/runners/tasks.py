@@ -111,6 +111,7 @@ class TaskRunner:
         self._model: Any = None
         self.dense: dict[tuple, list[bool]] = {}
         self._samples: tuple[tuple, list] | None = None  # the last sample set
+        self._prompts: tuple[tuple, list] | None = None  # its token ids
         self.prefills: Any = None  # the engine's PrefillStore (or a PrefillCache)
         self._engine: tuple | None = None  # ((model, device), Engine | None, why)
         self.on_samples: Any = None  # progress: called with each batch's sample count
@@ -129,6 +130,17 @@ class TaskRunner:
         if self._samples is None or self._samples[0] != key:
             self._samples = (key, self._make_samples(case))
         return self._samples[1]
+
+    def prompts(self, case: dict[str, Any], tokenizer: Any, items: list) -> list:
+        """The case's prompts as token ids; the methods of one task share them (tokenized
+        once: 50 RULER prompts at 32k take seconds)."""
+        from santa_bench.accuracy.tasks import task_prompts
+
+        samples_key = self._samples[0] if self._samples is not None else None
+        key = (samples_key, id(items), int(case.get("max_new_tokens") or 256))
+        if self._prompts is None or self._prompts[0] != key:
+            self._prompts = (key, task_prompts(case["task"], tokenizer, items, key[2]))
+        return self._prompts[1]
 
     def _make_samples(self, case: dict[str, Any]) -> list:
         from santa_bench.accuracy import datasets
@@ -212,7 +224,7 @@ class TaskRunner:
 
     def run(self, case: dict[str, Any]) -> list[dict[str, Any]]:
         from santa_bench.accuracy.engine import resolve_backend
-        from santa_bench.accuracy.tasks import retention_ci, task_prompts, task_scores
+        from santa_bench.accuracy.tasks import retention_ci, task_scores
 
         method = self.registry.get(case["method"])
         params = {p.name: case[p.name] for p in method.params if p.name in case}
@@ -228,8 +240,7 @@ class TaskRunner:
         if engine is None:  # a model family the suite's decoder does not run: transformers
             correct, reads = self._run_hf(case, method, params, items, layers, ruler_task)
         else:
-            prompts = task_prompts(case["task"], tokenizer, items,
-                                   int(case.get("max_new_tokens") or 256))
+            prompts = self.prompts(case, tokenizer, items)
             generation = engine.generate(
                 method, method.resolve_params(params), prompts, seed=case["seed"],
                 dense_layers=layers, backend=None if method.name == "dense" else backend,
