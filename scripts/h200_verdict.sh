@@ -7,9 +7,9 @@
 # harness-against-a-plain-loop timing test and SANTA's stages against the byte limit.
 # Usage (after `source scripts/h200_setup.sh`):
 #   bash scripts/h200_verdict.sh STAGE RESULTS_DIR
-# STAGE: tests, peers, shapes, ruler, ruler-peers, ruler-lsh, fa3, captured, timing ($GPU names the GPU in
-# the run ids: h200 by default; $KMEANS overrides the k-means candidates). Runs resume where
-# they stopped.
+# STAGE: tests, peers, shapes, ruler, ruler-peers, ruler-lsh, fa3, captured, timing ($GPU
+# names the GPU in the run ids: h200 by default; $KMEANS overrides the k-means candidates,
+# $TASKS the RULER tasks). Runs resume where they stopped.
 # ruler and captured need the model and the RULER samples in $SANTA_BENCH_CACHE
 # (models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b.gguf, data/ruler-samples/); captured reads
 # RULER's essays, or the text file $HAYSTACK on a machine without RULER's data.
@@ -76,7 +76,7 @@ case "$stage" in
     [ "$stage" = ruler-peers ] && methods="dense,$peers"
     [ "$stage" = ruler-lsh ] && methods="dense,magicpig" batch=${LSH_BATCH:-50}
     santa-bench accuracy ruler --ctx 32k --n 50 --model qwen2.5-coder-0.5b --device cuda \
-      --batch "$batch" --results "$results" --run-id "accuracy-$day-$gpu-peers" \
+      --batch "$batch" --results "$results" --run-id "accuracy-$day-$gpu-niah" \
       --tasks "${TASKS:-$tasks}" --methods "$methods" 2>&1 | tail -40 ;;
   captured)
     capture="$SANTA_BENCH_CACHE/captures/qwen2.5-coder-0.5b-32k.safetensors"
