@@ -9,7 +9,7 @@ each row is one stage with the bytes it must move (the byte model below), its ti
 layers do; the same median-of-replays loop as ``santa_bench.timing.graph_call_us``), its
 achieved bandwidth, and the time those bytes take at the device's measured copy
 bandwidth (the floor). A method's ``total`` row gives its speedup over cuDNN SDPA timed
-the same way, the speedup at the floor, and the issue's target.
+the same way, the speedup at the floor, and the target figure it is held to.
 
 Byte model (bytes a call must read or write, never fewer):
 
@@ -51,7 +51,7 @@ TILE = 64
 STASH_BLOCK = 512
 MIN_COPIES, MAX_COPIES = 4, 16
 REPLAYS = 100
-# issue targets, speedup over cuDNN: (method, batch, ctx) -> figure
+# the targets held to, speedup over cuDNN: (method, batch, ctx) -> figure
 TARGETS = {("prop", 1, 32768): 1.6, ("prop", 8, 32768): 1.85, ("prop", 1, 131072): 1.85,
            ("flash", 1, 32768): 1.45, ("flash", 8, 32768): 1.7, ("flash", 1, 131072): 1.8}
 
