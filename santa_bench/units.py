@@ -44,3 +44,16 @@ def format_size(tokens: int) -> str:
         if tokens % mult == 0:
             return f"{tokens // mult}{suffix}"
     return str(tokens)
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """Returns ``[(batch, ctx), ...]`` for a comma list such as ``"1x32k,8x32k"``."""
+    shapes = []
+    for item in parse_list(text):
+        batch, sep, ctx = item.partition("x")
+        if not sep or not batch.isdigit() or int(batch) < 1:
+            raise ValueError(f"expected BATCHxCTX (e.g. 1x32k), got {item!r}")
+        shapes.append((int(batch), parse_size(ctx)))
+    if not shapes:
+        raise ValueError("no shape given (e.g. 1x32k,8x32k)")
+    return shapes

@@ -5,8 +5,8 @@ Run on the GPU:  python scripts/profile_santa.py [--shapes 1x32k,8x32k,1x128k] [
 SANTA reads all of K, so at equal bandwidth it is at most 2x a dense kernel that reads
 K and V once. Per shape (Llama-3.1-8B heads by default, bf16, Gaussian q scaled x3, K, V),
 each row is one stage with the bytes it must move (the byte model below), its time
-(CUDA-graph replays over several input copies sharing one workspace, as a decode step's
-layers do; the same median-of-replays loop as ``santa_bench.timing.graph_call_us``), its
+(``santa_bench.timing.graph_call_us``: the harness's CUDA-graph replays, here over
+several input copies sharing one workspace, as a decode step's layers do), its
 achieved bandwidth, and the time those bytes take at the device's measured copy
 bandwidth (the floor). A method's ``total`` row gives its speedup over cuDNN SDPA timed
 the same way, the speedup at the floor, and the target figure it is held to.
@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,13 +43,12 @@ import santa_kernels.triton_santa as ts
 import santa_kernels.triton_santa_flash as tsf
 from santa_bench.baselines import BASELINES, clone_kv
 from santa_bench.inputs import DecodeShape, make_decode_inputs
-from santa_bench.timing import copy_bandwidth_gbps, l2_cache_bytes
-from santa_bench.units import parse_size
+from santa_bench.timing import copy_bandwidth_gbps, graph_call_us, l2_cache_bytes
+from santa_bench.units import parse_shapes
 
 TILE = 64
 STASH_BLOCK = 512
 MIN_COPIES, MAX_COPIES = 4, 16
-REPLAYS = 100
 # the targets held to, speedup over cuDNN: (method, batch, ctx) -> figure
 TARGETS = {("prop", 1, 32768): 1.6, ("prop", 8, 32768): 1.85, ("prop", 1, 131072): 1.85,
            ("flash", 1, 32768): 1.45, ("flash", 8, 32768): 1.7, ("flash", 1, 131072): 1.8}
@@ -70,45 +68,6 @@ class Row:
     speedup: float = math.nan  # total rows: cuDNN time / this time
     floor_speedup: float = math.nan  # total rows: cuDNN time / floor time
     target: float = math.nan
-
-
-def parse_shapes(text: str) -> list[tuple[int, int]]:
-    """``"1x32k,8x32k"`` -> ``[(1, 32768), (8, 32768)]`` (batch x context)."""
-    shapes = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        batch, sep, ctx = item.partition("x")
-        if not sep or not batch.isdigit():
-            raise ValueError(f"--shapes: expected BATCHxCTX (e.g. 1x32k), got {item!r}")
-        shapes.append((int(batch), parse_size(ctx)))
-    if not shapes:
-        raise ValueError("--shapes: no shape given")
-    return shapes
-
-
-def graph_us(calls: list[Callable[[], object]], replays: int = REPLAYS) -> float:
-    """Median us per call: CUDA events around replays of one graph of ``calls``."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            for call in calls:
-                call()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    for _ in range(5):
-        graph.replay()
-    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-             for _ in range(replays)]
-    for start, end in pairs:
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 / len(calls) for s, e in pairs)
 
 
 def copies_for(kv_bytes: int, l2_bytes: int | None) -> int:
@@ -145,7 +104,7 @@ def flash_bytes(q: torch.Tensor, kv, ws: ts.SantaWorkspace, v_rows: int) -> int:
 
 def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int, S_prop: int,
                   S_flash: int, copy_tbps: float, *, device: str = "cuda",
-                  timer: Callable[[list], float] = graph_us,
+                  timer: Callable[[list], float] = graph_call_us,
                   dense: str = "sdpa-cudnn") -> list[Row]:
     """Every row of one shape (``device``, ``timer`` and ``dense`` let a CPU test run it
     through the Triton interpreter)."""
@@ -236,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         shapes = parse_shapes(args.shapes)
     except ValueError as exc:
-        print(f"profile_santa.py: {exc}", file=sys.stderr)
+        print(f"profile_santa.py: --shapes: {exc}", file=sys.stderr)
         return 2
     copy_tbps = copy_bandwidth_gbps("cuda") / 1e3
     print(f"{torch.cuda.get_device_name()}, copy bandwidth {copy_tbps:.2f} TB/s, "

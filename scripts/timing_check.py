@@ -42,7 +42,7 @@ from santa_bench.inputs import DecodeShape, make_decode_inputs
 from santa_bench.methods import Method, parse_method_specs
 from santa_bench.runners.kernel import time_prepared
 from santa_bench.timing import l2_cache_bytes
-from santa_bench.units import parse_size
+from santa_bench.units import parse_shapes
 
 LOOP_CALLS = 16
 REPLAYS = 100
@@ -60,19 +60,6 @@ class Row:
     workspace: str
     rotated_mb: float
     us: float
-
-
-def parse_shapes(text: str) -> list[tuple[int, int]]:
-    """``"1x32k,8x32k"`` -> ``[(1, 32768), (8, 32768)]`` (batch x context)."""
-    shapes = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        batch, sep, ctx = item.partition("x")
-        if not sep:
-            raise ValueError(f"--shapes: expected BATCHxCTX (e.g. 1x32k), got {item!r}")
-        shapes.append((int(batch), parse_size(ctx)))
-    if not shapes:
-        raise ValueError("--shapes: no shape given")
-    return shapes
 
 
 @contextlib.contextmanager
@@ -143,41 +130,35 @@ def check(method: Method, params: dict, label: str, batch: int, ctx: int, heads:
                                device="cuda")
     rows: list[Row] = []
 
-    def keep(row: Row) -> None:
+    def measured(what: str, copies: int | None, timing: Callable[[], Row]) -> None:
+        """Keeps ``timing()``'s row (an out-of-memory row if it runs out), then frees
+        what the timing held before the next one allocates."""
+        try:
+            row = timing()
+        except torch.OutOfMemoryError:
+            row = Row(label, shape, f"{what} (out of memory)", copies or 0, 0, "-",
+                      float("nan"), float("nan"))
         rows.append(row)
         emit(row)
-
-    def out_of_memory(what: str, copies: int | None) -> None:
-        keep(Row(label, shape, f"{what} (out of memory)", copies or 0, 0, "-", float("nan"),
-                 float("nan")))
+        free_memory()
 
     def harness(what: str, **plan) -> None:
-        try:
+        def timing() -> Row:
             prepared = method.prepare(q, kv, seed=0, **params)
             t = time_prepared(method, prepared, q, kv, 0, params, graph=True, cold_l2=True,
                               budget_ms=budget_ms, **plan)
-        except torch.OutOfMemoryError:
-            out_of_memory(what, plan.get("copies"))
-        else:
             shared = plan.get("workspace", "shared") == "shared" and prepared.rebind is not None
-            keep(Row(label, shape, what, t.n_copies, t.calls_per_sample,
-                     "shared" if shared else "per-copy", t.rotated_bytes / 1e6, t.median_us))
-        prepared = t = None
-        free_memory()
+            return Row(label, shape, what, t.n_copies, t.calls_per_sample,
+                       "shared" if shared else "per-copy", t.rotated_bytes / 1e6, t.median_us)
+        measured(what, plan.get("copies"), timing)
 
     def loop(what: str, shared: bool, copies: int = LOOP_CALLS) -> None:
-        calls = None
-        try:
+        def timing() -> Row:
             calls = loop_calls(method, params, q, kv, shared=shared, copies=copies)
-            us = loop_us(calls)
-        except torch.OutOfMemoryError:
-            out_of_memory(what, copies)
-        else:
-            shared = shared and calls[0].rebind is not None
-            keep(Row(label, shape, what, copies, LOOP_CALLS,
-                     "shared" if shared else "per-call", float("nan"), us))
-        calls = None
-        free_memory()
+            workspace = "shared" if shared and calls[0].rebind is not None else "per-call"
+            return Row(label, shape, what, copies, LOOP_CALLS, workspace, float("nan"),
+                       loop_us(calls))
+        measured(what, copies, timing)
 
     loop("loop decode", shared=True)
     harness("harness")
@@ -248,9 +229,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         methods = parse_method_specs(args.methods)
+    except ValueError as exc:
+        print(f"timing_check.py: --methods: {exc}", file=sys.stderr)
+        return 2
+    try:
         shapes = parse_shapes(args.shapes)
     except ValueError as exc:
-        print(f"timing_check.py: {exc}", file=sys.stderr)
+        print(f"timing_check.py: --shapes: {exc}", file=sys.stderr)
         return 2
     started = time.perf_counter()
     print(f"{torch.cuda.get_device_name()}, L2 {l2_cache_bytes('cuda') / 2**20:.0f} MiB, "

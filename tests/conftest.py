@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -44,3 +47,14 @@ def decode_problem(
     v = torch.randn(batch, n, kv_heads, d, generator=gen, dtype=torch.float64).to(dtype)
     lens = None if lengths is None else torch.tensor(lengths)
     return q, sk.KVCache.contiguous(k, v, lens)
+
+
+def load_script(name: str) -> ModuleType:
+    """Imports ``scripts/<name>.py`` (the scripts are no package), registered under
+    ``name`` so that its dataclasses can look their module up."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

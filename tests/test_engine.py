@@ -266,15 +266,10 @@ def test_the_progress_bar_counts_samples_times_methods():
 
 
 def test_the_accuracy_table_script_reads_a_store(tmp_path):
-    import importlib.util
-    from pathlib import Path
-
+    from conftest import load_script
     from santa_bench import results
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "accuracy_table.py"
-    spec = importlib.util.spec_from_file_location("accuracy_table", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("accuracy_table")
     store = results.ResultStore(tmp_path)
     run = store.start_run({"command": "t"}, run_id="r")
     base = {"kind": "accuracy", "task": "ruler-vt", "model": "m", "n": 2, "seed": 0,

@@ -1,21 +1,13 @@
 """scripts/team_stats.py: the team-size summary of an index."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
+from conftest import load_script
 from santa_bench.inputs import DecodeShape, make_decode_inputs
 
 
 def _script():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "team_stats.py"
-    spec = importlib.util.spec_from_file_location("team_stats", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("team_stats")
 
 
 def test_contiguous_teams_are_full_and_kmeans_teams_many_and_uneven():

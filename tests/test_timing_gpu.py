@@ -20,16 +20,13 @@ temperature before and after), printed when the module's tests end.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import statistics
-import sys
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 import torch
 
-from santa_bench.gpu_state import gpu_state
+from conftest import load_script
 from santa_bench.inputs import DecodeShape, make_decode_inputs
 from santa_bench.methods import REGISTRY
 from santa_bench.runners.kernel import time_prepared
@@ -49,12 +46,7 @@ BUDGET_MS = 300.0
 def _plain_loop():
     """The plain loop of ``scripts/timing_check.py`` (CUDA graphs and events, nothing of
     the harness's timing code)."""
-    path = Path(__file__).resolve().parents[1] / "scripts" / "timing_check.py"
-    spec = importlib.util.spec_from_file_location("timing_check", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("timing_check")
 
 
 def loop_calls(method_name: str, params: dict, q: torch.Tensor, kv, shared: bool) -> list:
@@ -76,25 +68,17 @@ def harness(method_name: str, params: dict, q: torch.Tensor, kv, **plan):
                          budget_ms=BUDGET_MS, **plan)
 
 
-def _state_line(when: str) -> str:
-    s = gpu_state()
-    return (f"{when}: SM {s['sm_clock_mhz']}/{s['sm_clock_max_mhz']} MHz, memory "
-            f"{s['mem_clock_mhz']}/{s['mem_clock_max_mhz']} MHz, {s['power_w']} W of "
-            f"{s['power_limit_w']} W, {s['temperature_c']} C, clocks-event reasons "
-            f"{s['clocks_event_reasons']}")
-
-
 @pytest.fixture(scope="module")
 def table():
     """Collects one line per case; prints the table when the module's tests end."""
-    start = _state_line("before")
+    start = _plain_loop().state_line("before")
     lines: list[str] = []
     yield lines
     header = [
         f"harness vs a plain loop of {CALLS} calls a replay, {torch.cuda.get_device_name()}, "
         f"{datetime.now(UTC).date()}, torch {torch.__version__}",
         start,
-        _state_line("after"),
+        _plain_loop().state_line("after"),
         "| method | ctx | B | harness us | decode loop us | ratio | copies | rotated MB "
         "| harness per-copy us | per-call loop us | ratio |",
         "|---|---|---|---|---|---|---|---|---|---|---|",

@@ -16,10 +16,10 @@ from santa_bench.plots.rows import (
     concat_points,
     ok_rows,
     ordered_series,
+    panel_grid,
     panel_title,
     select,
     series_colour,
-    unique,
     with_series,
 )
 from santa_bench.plots.style import (
@@ -28,7 +28,6 @@ from santa_bench.plots.style import (
     label_axes,
     line_style,
     log_axis,
-    new_figure,
     size_axis,
     styled,
 )
@@ -52,67 +51,64 @@ def error_vs_S(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rend
     floor = data[data.budget.isna() & data.family.isin(DENSE_FAMILIES) & (data.method != "dense")]
     by_pattern = "pattern" in sampled.columns and sampled.pattern.notna().any()
     row_key = "pattern" if by_pattern else "batch"
-    batches, contexts = unique(sampled, row_key), unique(sampled, "ctx")
-    fig, axes = new_figure(
-        len(batches),
-        len(contexts),
+    fig, axes, panels = panel_grid(
+        sampled,
+        row_key,
+        "ctx",
         "Relative L2 error vs dense attention",
         caption(sampled, runs),
         sharex=True,
         sharey=True,
     )
     points = []
-    for i, batch in enumerate(batches):
-        for j, ctx in enumerate(contexts):
-            ax = axes[i, j]
-            panel = select(sampled, **{row_key: batch}, ctx=ctx)
-            for series, method, family in ordered_series(panel):
-                rows = (
-                    panel[panel.series == series]
-                    .groupby("budget", as_index=False)
-                    .agg(rel_l2=("value", "mean"), cases=("value", "size"))
-                )
-                ax.plot(
-                    rows.budget,
-                    rows.rel_l2,
-                    label=series,
-                    color=series_colour(panel, series, method, family),
-                    **line_style(family, method),
-                )
-                points.append(
-                    rows.assign(
-                        **{row_key: batch}, ctx=ctx, series=series, method=method, family=family
-                    )
-                )
-            if not panel.empty:
-                s0 = panel.budget.min()
-                y0 = float(np.exp(np.log(panel[panel.budget == s0].value).mean()))
-                s = np.array(sorted(panel.budget.unique()))
-                ax.plot(
-                    s,
-                    y0 * (s / s0) ** -0.5,
-                    color="#888888",
-                    linestyle=":",
-                    marker="",
-                    linewidth=1.2,
-                    label=r"$\propto S^{-1/2}$ guide",
-                )
-            dense = select(floor, batch=batch, ctx=ctx) if not by_pattern else floor[:0]
-            if not dense.empty:
-                ax.axhline(
-                    float(dense.value.median()),
-                    color="#1f4e99",
-                    linestyle="-.",
-                    linewidth=0.9,
-                    label="dense kernels (bf16 rounding)",
-                )
-            log_axis(ax, "y")
-            size_axis(ax, sampled.budget, tokens=False)
-            ax.set_title(
-                f"{batch} · {panel_title(ctx=ctx)}"
-                if by_pattern
-                else panel_title(ctx=ctx, batch=batch)
+    for ax, batch, ctx, panel in panels:
+        for series, method, family in ordered_series(panel):
+            rows = (
+                panel[panel.series == series]
+                .groupby("budget", as_index=False)
+                .agg(rel_l2=("value", "mean"), cases=("value", "size"))
             )
+            ax.plot(
+                rows.budget,
+                rows.rel_l2,
+                label=series,
+                color=series_colour(panel, series, method, family),
+                **line_style(family, method),
+            )
+            points.append(
+                rows.assign(
+                    **{row_key: batch}, ctx=ctx, series=series, method=method, family=family
+                )
+            )
+        if not panel.empty:
+            s0 = panel.budget.min()
+            y0 = float(np.exp(np.log(panel[panel.budget == s0].value).mean()))
+            s = np.array(sorted(panel.budget.unique()))
+            ax.plot(
+                s,
+                y0 * (s / s0) ** -0.5,
+                color="#888888",
+                linestyle=":",
+                marker="",
+                linewidth=1.2,
+                label=r"$\propto S^{-1/2}$ guide",
+            )
+        dense = select(floor, batch=batch, ctx=ctx) if not by_pattern else floor[:0]
+        if not dense.empty:
+            ax.axhline(
+                float(dense.value.median()),
+                color="#1f4e99",
+                linestyle="-.",
+                linewidth=0.9,
+                label="dense kernels (bf16 rounding)",
+            )
+        log_axis(ax, "y")
+        size_axis(ax, sampled.budget, tokens=False)
+        ax.set_title(
+            f"{batch} · {panel_title(ctx=ctx)}"
+            if by_pattern
+            else panel_title(ctx=ctx, batch=batch)
+        )
     label_axes(axes, f"{budget_name(sampled)} (samples per head)", "rel. L2 error vs dense")
     figure_legend(fig, axes.flat, "method")
     return Rendered(fig, concat_points(points).rename(columns={"budget": "S"}))

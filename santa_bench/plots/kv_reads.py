@@ -16,17 +16,15 @@ from santa_bench.plots.rows import (
     concat_points,
     ok_rows,
     ordered_series,
+    panel_grid,
     panel_title,
-    select,
     series_colour,
-    unique,
     with_series,
 )
 from santa_bench.plots.style import (
     figure_legend,
     label_axes,
     line_style,
-    new_figure,
     size_axis,
     styled,
 )
@@ -45,44 +43,41 @@ def reads(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> Rendered:
     sampled = data[data.budget.notna()]
     if sampled.empty:
         raise NoData(NAME, PRODUCER)
-    batches, contexts = unique(sampled, "batch"), unique(sampled, "ctx")
-    fig, axes = new_figure(
-        len(batches),
-        len(contexts),
+    fig, axes, panels = panel_grid(
+        sampled,
+        "batch",
+        "ctx",
         "KV-cache bytes read vs sample budget",
         caption(sampled, runs),
         sharex=True,
         sharey=True,
     )
     points = []
-    for i, batch in enumerate(batches):
-        for j, ctx in enumerate(contexts):
-            ax = axes[i, j]
-            panel = select(sampled, batch=batch, ctx=ctx)
-            ax.axhline(1.0, color="#000000", linestyle="--", linewidth=0.9, label="dense (100%)")
-            ax.axhline(
-                0.5, color="#888888", linestyle=":", linewidth=0.9, label="all of K, no V (50%)"
+    for ax, batch, ctx, panel in panels:
+        ax.axhline(1.0, color="#000000", linestyle="--", linewidth=0.9, label="dense (100%)")
+        ax.axhline(
+            0.5, color="#888888", linestyle=":", linewidth=0.9, label="all of K, no V (50%)"
+        )
+        for series, method, family in ordered_series(panel):
+            rows = (
+                panel[panel.series == series]
+                .groupby("budget", as_index=False)
+                .agg(kv_read_fraction=("value", "mean"))
             )
-            for series, method, family in ordered_series(panel):
-                rows = (
-                    panel[panel.series == series]
-                    .groupby("budget", as_index=False)
-                    .agg(kv_read_fraction=("value", "mean"))
-                )
-                ax.plot(
-                    rows.budget,
-                    rows.kv_read_fraction,
-                    label=series,
-                    color=series_colour(panel, series, method, family),
-                    **line_style(family, method),
-                )
-                points.append(
-                    rows.assign(batch=batch, ctx=ctx, series=series, method=method, family=family)
-                )
-            size_axis(ax, sampled.budget, tokens=False)
-            ax.set_ylim(0, 1.08)
-            ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-            ax.set_title(panel_title(ctx=ctx, batch=batch))
+            ax.plot(
+                rows.budget,
+                rows.kv_read_fraction,
+                label=series,
+                color=series_colour(panel, series, method, family),
+                **line_style(family, method),
+            )
+            points.append(
+                rows.assign(batch=batch, ctx=ctx, series=series, method=method, family=family)
+            )
+        size_axis(ax, sampled.budget, tokens=False)
+        ax.set_ylim(0, 1.08)
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax.set_title(panel_title(ctx=ctx, batch=batch))
     label_axes(axes, f"budget {budget_name(sampled)}", "KV bytes read / dense")
     figure_legend(fig, axes.flat, "method")
     return Rendered(fig, concat_points(points))

@@ -16,10 +16,9 @@ from santa_bench.plots.rows import (
     kernel_rows,
     ok_rows,
     ordered_series,
+    panel_grid,
     panel_title,
-    select,
     series_colour,
-    unique,
     with_series,
 )
 from santa_bench.plots.style import (
@@ -27,7 +26,6 @@ from santa_bench.plots.style import (
     label_axes,
     line_style,
     log_axis,
-    new_figure,
     size_axis,
     styled,
 )
@@ -50,46 +48,43 @@ def latency_vs_ctx(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> 
     if data.empty or "ctx" not in data.columns:
         raise NoData(NAME, PRODUCER)
     data, note = _one_budget_per_series(data)
-    timings, batches = unique(data, "timing"), unique(data, "batch")
-    fig, axes = new_figure(
-        len(timings),
-        len(batches),
+    fig, axes, panels = panel_grid(
+        data,
+        "timing",
+        "batch",
         f"Decode attention latency vs context{note}",
         caption(data, runs),
         sharex=True,
     )
     points = []
-    for i, timing in enumerate(timings):
-        for j, batch in enumerate(batches):
-            ax = axes[i, j]
-            panel = select(data, timing=timing, batch=batch)
-            for series, method, family in ordered_series(panel):
-                rows = panel[panel.series == series].sort_values("ctx")
-                rows = rows.groupby("ctx", as_index=False).agg(
-                    value=("value", "median"),
-                    q1=("q1_us", "median") if "q1_us" in rows else ("value", "median"),
-                    q3=("q3_us", "median") if "q3_us" in rows else ("value", "median"),
+    for ax, timing, batch, panel in panels:
+        for series, method, family in ordered_series(panel):
+            rows = panel[panel.series == series].sort_values("ctx")
+            rows = rows.groupby("ctx", as_index=False).agg(
+                value=("value", "median"),
+                q1=("q1_us", "median") if "q1_us" in rows else ("value", "median"),
+                q3=("q3_us", "median") if "q3_us" in rows else ("value", "median"),
+            )
+            low = (rows.value - rows.q1.fillna(rows.value)).clip(lower=0)
+            high = (rows.q3.fillna(rows.value) - rows.value).clip(lower=0)
+            ax.errorbar(
+                rows.ctx,
+                rows.value,
+                yerr=[low, high],
+                label=series,
+                color=series_colour(panel, series, method, family),
+                **line_style(family, method),
+            )
+            points.append(
+                rows.rename(
+                    columns={"value": "latency_us", "q1": "q1_us", "q3": "q3_us"}
+                ).assign(
+                    timing=timing, batch=batch, series=series, method=method, family=family
                 )
-                low = (rows.value - rows.q1.fillna(rows.value)).clip(lower=0)
-                high = (rows.q3.fillna(rows.value) - rows.value).clip(lower=0)
-                ax.errorbar(
-                    rows.ctx,
-                    rows.value,
-                    yerr=[low, high],
-                    label=series,
-                    color=series_colour(panel, series, method, family),
-                    **line_style(family, method),
-                )
-                points.append(
-                    rows.rename(
-                        columns={"value": "latency_us", "q1": "q1_us", "q3": "q3_us"}
-                    ).assign(
-                        timing=timing, batch=batch, series=series, method=method, family=family
-                    )
-                )
-            log_axis(ax, "y")
-            size_axis(ax, data.ctx)
-            ax.set_title(panel_title(batch=batch, timing=timing))
+            )
+        log_axis(ax, "y")
+        size_axis(ax, data.ctx)
+        ax.set_title(panel_title(batch=batch, timing=timing))
     label_axes(axes, "context length (tokens)", "latency per decode step (µs)")
     figure_legend(fig, axes.flat, "method")
     return Rendered(fig, concat_points(points))

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from santa_bench.plots.style import family_rank, method_colour, shade
+from santa_bench.plots.style import family_rank, method_colour, new_figure, shade
 from santa_bench.units import format_size
 
 BUDGET_COLUMNS = ("S", "M")  # S: samples per head (SANTA); M: teams (SANTA++)
@@ -155,6 +155,18 @@ def select(frame: pd.DataFrame, **where: Any) -> pd.DataFrame:
             continue
         mask &= frame[name].isna() if value is None else frame[name] == value
     return frame[mask]
+
+
+def panel_grid(data: pd.DataFrame, row_key: str, col_key: str, title: str, caption: str,
+               **subplots: Any) -> tuple[Any, np.ndarray, list[tuple[Any, Any, Any, pd.DataFrame]]]:
+    """A figure of one panel per (row value, column value) of ``data``: returns
+    ``(figure, axes, panels)``, ``panels`` listing ``(ax, row value, column value, the
+    panel's rows)`` row by row (``subplots``: as :func:`new_figure` takes them)."""
+    rows, cols = unique(data, row_key), unique(data, col_key)
+    fig, axes = new_figure(len(rows), len(cols), title, caption, **subplots)
+    panels = [(axes[i, j], r, c, select(data, **{row_key: r, col_key: c}))
+              for i, r in enumerate(rows) for j, c in enumerate(cols)]
+    return fig, axes, panels
 
 
 def concat_points(parts: list[pd.DataFrame]) -> pd.DataFrame:

@@ -132,14 +132,15 @@ class TaskRunner:
         return self._samples[1]
 
     def prompts(self, case: dict[str, Any], tokenizer: Any, items: list) -> list:
-        """The case's prompts as token ids; the methods of one task share them (tokenized
-        once: 50 RULER prompts at 32k take seconds)."""
+        """The prompts of ``items`` (the sample set :meth:`samples` last returned) as token
+        ids; the methods of one task share them (tokenized once: 50 RULER prompts at 32k
+        take seconds)."""
         from santa_bench.accuracy.tasks import task_prompts
 
-        samples_key = self._samples[0] if self._samples is not None else None
-        key = (samples_key, id(items), int(case.get("max_new_tokens") or 256))
+        max_new = int(case.get("max_new_tokens") or 256)
+        key = (self._samples[0] if self._samples is not None else None, max_new)
         if self._prompts is None or self._prompts[0] != key:
-            self._prompts = (key, task_prompts(case["task"], tokenizer, items, key[2]))
+            self._prompts = (key, task_prompts(case["task"], tokenizer, items, max_new))
         return self._prompts[1]
 
     def _make_samples(self, case: dict[str, Any]) -> list:
