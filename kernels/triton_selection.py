@@ -359,6 +359,19 @@ def _draw_tokens(j, take, seed, base, lo, width):
 
 
 @triton.jit
+def _base_draws(j, draws, seed, rng_base, lo, width, exclude_row, s_rows, lse, mask_h):
+    """Probabilities ``[BLOCK_H, BLOCK]`` of the base sample's draws ``j`` (0 for a draw
+    that hits an exact token or lies past ``draws``), and which draws are taken."""
+    take = j < draws
+    tok = _draw_tokens(j, take, seed, rng_base, lo, width)
+    hit = tl.load(exclude_row + tok, mask=take, other=1)
+    keep = take & (hit == 0)
+    s = tl.load(s_rows + tok[None, :], mask=mask_h[:, None] & keep[None, :],
+                other=float("-inf"))
+    return tl.exp(s - lse[:, None]), take
+
+
+@triton.jit
 def _vattention_plan_kernel(
     scores_ptr, lse_ptr, top_ptr, lengths_ptr, exclude_ptr,
     listed_ptr, count_ptr, log_weight_ptr, lo_ptr, hi_ptr, rng_ptr,
@@ -423,27 +436,19 @@ def _vattention_plan_kernel(
     base_count = tl.maximum(_ceil_int(base_rate * population, population + 2.0), 2)
     draws = tl.where(width > 0, base_count, 0)
     rng_base = (tl.load(rng_ptr) << 32) + pid.to(tl.int64) * draw_stride
+    # two passes over the same draws (mean, then spread about it): the one-pass sum of
+    # squares loses the spread of small probabilities to cancellation
     total = tl.zeros([BLOCK_H], tl.float32)
     for j0 in range(0, draws, BLOCK):
-        j = j0 + offs
-        take = j < draws
-        tok = _draw_tokens(j, take, seed, rng_base, lo, width)
-        hit = tl.load(exclude_row + tok, mask=take, other=1)
-        keep = take & (hit == 0)
-        s = tl.load(s_rows + tok[None, :], mask=mask_h[:, None] & keep[None, :],
-                    other=float("-inf"))
-        total += tl.sum(tl.exp(s - lse[:, None]), axis=1)
+        p, _ = _base_draws(j0 + offs, draws, seed, rng_base, lo, width, exclude_row, s_rows,
+                           lse, mask_h)
+        total += tl.sum(p, axis=1)
     mean = total / base_count.to(tl.float32)
     spread = tl.zeros([BLOCK_H], tl.float32)
     for j0 in range(0, draws, BLOCK):
-        j = j0 + offs
-        take = j < draws
-        tok = _draw_tokens(j, take, seed, rng_base, lo, width)
-        hit = tl.load(exclude_row + tok, mask=take, other=1)
-        keep = take & (hit == 0)
-        s = tl.load(s_rows + tok[None, :], mask=mask_h[:, None] & keep[None, :],
-                    other=float("-inf"))
-        centred = tl.where(take[None, :], tl.exp(s - lse[:, None]) - mean[:, None], 0.0)
+        p, take = _base_draws(j0 + offs, draws, seed, rng_base, lo, width, exclude_row,
+                              s_rows, lse, mask_h)
+        centred = tl.where(take[None, :], p - mean[:, None], 0.0)
         spread += tl.sum(centred * centred, axis=1)
     sigma = tl.sqrt(spread / (base_count - 1).to(tl.float32))
     den = exact + population * mean
