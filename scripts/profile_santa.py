@@ -23,8 +23,7 @@ Byte model (bytes a call must read or write, never fewer):
 - ``cudnn``: K and V, q, out.
 
 Times of a stage alone come from launching it alone (the prop score pass); the prop
-sample pass is the call's time minus its score pass. About a minute for the defaults on
-an H200.
+sample pass is the call's time minus its score pass.
 """
 
 from __future__ import annotations

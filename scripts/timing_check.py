@@ -18,7 +18,7 @@ row is one timing of the same prepared call, in us per call:
 
 ``vs decode`` divides by the decode loop (timed first and last; their spread is the
 clock drift over the shape). The GPU's clocks, power and temperature are printed before
-and after. About 1-2 minutes for the defaults (3 shapes x 2 methods) on an H200.
+and after.
 """
 
 from __future__ import annotations
