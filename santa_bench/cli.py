@@ -275,8 +275,9 @@ def kernel(
             "--cold/--warm",
             help="GPU: keep L2 cold by rotating copies of the inputs, as many as the "
             "bytes one call touches (the method's byte model) need to pass 3x the L2 "
-            "between two uses of a copy; the copies share the method's workspace, as a "
-            "decode step's layers do (rows record l2_state, copies, rotated_bytes). "
+            "between two uses of a copy, each copy with its own workspace (scratch such as "
+            "SANTA's logit stash), enough of them to pass the L2 size too (rows record "
+            "l2_state, copies, rotated_bytes, workspace_bytes). "
             "--warm reuses one copy.",
         ),
     ] = True,

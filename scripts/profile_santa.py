@@ -5,8 +5,8 @@ Run on the GPU:  python scripts/profile_santa.py [--shapes 1x32k,8x32k,1x128k] [
 SANTA reads all of K, so at equal bandwidth it is at most 2x a dense kernel that reads
 K and V once. Per shape (Llama-3.1-8B heads by default, bf16, Gaussian q scaled x3, K, V),
 each row is one stage with the bytes it must move (the byte model below), its time
-(``santa_bench.timing.graph_call_us``: the harness's CUDA-graph replays, here over
-several input copies sharing one workspace, as a decode step's layers do), its
+(``santa_bench.timing.graph_call_us``: the harness's CUDA-graph replays over input
+copies, each with its own workspace, as many as the harness's cold-L2 plan takes), its
 achieved bandwidth, and the time those bytes take at the device's measured copy
 bandwidth (the floor). A method's ``total`` row gives its speedup over cuDNN SDPA timed
 the same way, the speedup at the floor, and the target figure it is held to.
@@ -42,12 +42,11 @@ import santa_kernels.triton_santa as ts
 import santa_kernels.triton_santa_flash as tsf
 from santa_bench.baselines import BASELINES, clone_kv
 from santa_bench.inputs import DecodeShape, make_decode_inputs
-from santa_bench.timing import copy_bandwidth_gbps, graph_call_us, l2_cache_bytes
+from santa_bench.timing import cold_l2_plan, copy_bandwidth_gbps, graph_call_us, l2_cache_bytes
 from santa_bench.units import parse_shapes
 
 TILE = 64
 STASH_BLOCK = 512
-MIN_COPIES, MAX_COPIES = 4, 16
 # the targets held to, speedup over cuDNN: (method, batch, ctx) -> figure
 TARGETS = {("prop", 1, 32768): 1.6, ("prop", 8, 32768): 1.85, ("prop", 1, 131072): 1.85,
            ("flash", 1, 32768): 1.45, ("flash", 8, 32768): 1.7, ("flash", 1, 131072): 1.8}
@@ -67,12 +66,6 @@ class Row:
     speedup: float = math.nan  # total rows: cuDNN time / this time
     floor_speedup: float = math.nan  # total rows: cuDNN time / floor time
     target: float = math.nan
-
-
-def copies_for(kv_bytes: int, l2_bytes: int | None) -> int:
-    """Input copies: enough for three L2 sizes between two uses, at least MIN_COPIES."""
-    need = math.ceil(3 * (l2_bytes or 0) / max(kv_bytes, 1))
-    return max(MIN_COPIES, min(MAX_COPIES, need))
 
 
 def prop_bytes(q: torch.Tensor, kv, ws: ts.SantaWorkspace, v_rows: int,
@@ -111,7 +104,9 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
     q, kv = make_decode_inputs(DecodeShape(batch, ctx, heads, kv_heads, head_dim), seed=0,
                                device=device)
     kv_bytes = 2 * kv.k.numel() * kv.k.element_size()
-    n_copies = copies_for(kv_bytes // 2, l2_cache_bytes(device))
+    stash_bytes = batch * heads * -(-ctx // STASH_BLOCK) * STASH_BLOCK * 4
+    n_copies, _ = cold_l2_plan(kv_bytes // 2 + stash_bytes, l2_cache_bytes(device),
+                               workspace_bytes=stash_bytes)
     inputs = [(q.clone(), clone_kv(kv)) for _ in range(n_copies)]
     rows: list[Row] = []
 
@@ -125,24 +120,25 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
     dense_bytes = kv_bytes + 2 * q.numel() * q.element_size()
     rows.append(row(dense, "total", dense_bytes, dense_us, dense_us))
 
-    # prop: the whole call, and its score pass alone on the same workspace
-    ws = ts.SantaWorkspace.for_inputs(q, kv, S_prop, TILE)
+    # prop: the whole call, and its score pass alone, each copy on its own workspace
+    spaces = [ts.SantaWorkspace.for_inputs(q, kv, S_prop, TILE) for _ in inputs]
+    ws = spaces[0]
     _, info = ts.santa_prop(q, kv, S_prop, workspace=ws)
     reads = info.read_counts(head_dim)
     index = info.sample_index.reshape(batch * heads, S_prop).long()
     tiles_sampled = sum(int(torch.unique(r // TILE).numel()) for r in index)
     score_b, sample_b = prop_bytes(q, kv, ws, int(reads.v_rows.sum()), tiles_sampled)
-    full = timer([lambda qi=qi, kvi=kvi: ts.santa_prop(qi, kvi, S_prop, workspace=ws)
-                  for qi, kvi in inputs])
+    full = timer([lambda qi=qi, kvi=kvi, w=w: ts.santa_prop(qi, kvi, S_prop, workspace=w)
+                  for (qi, kvi), w in zip(inputs, spaces, strict=True)])
     cfg = ts._config(head_dim)
     pdl = bool(cfg.get("pdl")) and ts.pdl_available(q.device)
     evict = ts._stash_evict(cfg, batch * heads, ts._capacity(kv), ws.stash)
     scale = head_dim**-0.5
 
     def score_pass(stores: int) -> float:  # 2: as a call runs it; 0: no stores (profiling)
-        return timer([lambda qi=qi, kvi=kvi: ts._score_pass(
-            qi, kvi, ws, scale, TILE, stores=stores, pdl=pdl, entry_pdl=False,
-            stash_evict=evict) for qi, kvi in inputs])
+        return timer([lambda qi=qi, kvi=kvi, w=w: ts._score_pass(
+            qi, kvi, w, scale, TILE, stores=stores, pdl=pdl, entry_pdl=False,
+            stash_evict=evict) for (qi, kvi), w in zip(inputs, spaces, strict=True)])
 
     score, bare = score_pass(2), score_pass(0)
     k_only = batch * int(kv.lengths.max()) * kv_heads * head_dim * kv.k.element_size()
@@ -153,11 +149,13 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
              row("prop", "total", score_b + sample_b, full, dense_us, target)]
 
     # flash: the whole call (its merge kernel reads a few KB)
-    wsf = tsf.flash_workspace(q, kv, S_flash, TILE)
+    spaces.clear()
+    flash_spaces = [tsf.flash_workspace(q, kv, S_flash, TILE) for _ in inputs]
+    wsf = flash_spaces[0]
     _, finfo = tsf.santa_flash(q, kv, S_flash, workspace=wsf, return_counts=True)
     f_rows = int(finfo.read_counts(head_dim).v_rows.sum())
-    flash = timer([lambda qi=qi, kvi=kvi: tsf.santa_flash(qi, kvi, S_flash, workspace=wsf)
-                   for qi, kvi in inputs])
+    flash = timer([lambda qi=qi, kvi=kvi, w=w: tsf.santa_flash(qi, kvi, S_flash, workspace=w)
+                   for (qi, kvi), w in zip(inputs, flash_spaces, strict=True)])
     rows.append(row("flash", "total", flash_bytes(q, kv, wsf, f_rows), flash, dense_us,
                     TARGETS.get(("flash", batch, ctx), math.nan)))
     inputs.clear()

@@ -5,18 +5,19 @@ Run on the GPU:  python scripts/timing_check.py [--methods M] [--shapes S] [--ou
 Per method and shape (Llama-3.1-8B heads by default, bf16, the harness's inputs), each
 row is one timing of the same prepared call, in us per call:
 
-- ``harness``: ``runners.kernel.time_prepared`` as ``santa-bench kernel`` runs it, then
-  with one knob changed: the input copies (1, 2, 16), each copy prepared with its own
-  workspace and seed (``per-copy``) instead of sharing the first's (``shared``), the
-  calls one graph replay holds (1, 8, 32);
+- ``harness``: ``runners.kernel.time_prepared`` as ``santa-bench kernel`` runs it (each
+  input copy with its own workspace and seed), then with one knob changed: the input
+  copies (1, 2, 16), the copies sharing the first's workspace (``shared``), the calls
+  one graph replay holds (1, 8, 32);
 - ``loop``: a CUDA graph of 16 calls written here, each over its own copy of the inputs,
-  events around each replay: sharing one workspace (``decode``: what a decode step's
-  layers do), or one per call (``per-call``); and 16 calls over one input copy;
+  events around each replay: each call prepared anew (``per-call``), or the calls sharing
+  one workspace (``decode``: what a decode step's layers do); and 16 calls over one
+  input copy;
 - for a method with a logit stash, the same with the stash's L2 ``evict_last`` policy
   switched off (``stash-l2 off``), which keeps a stash of up to 12 MiB in L2 between
   calls that share it.
 
-``vs decode`` divides by the decode loop (timed first and last; their spread is the
+``vs loop`` divides by the per-call loop (timed first and last; their spread is the
 clock drift over the shape). The GPU's clocks, power and temperature are printed before
 and after.
 """
@@ -147,7 +148,7 @@ def check(method: Method, params: dict, label: str, batch: int, ctx: int, heads:
             prepared = method.prepare(q, kv, seed=0, **params)
             t = time_prepared(method, prepared, q, kv, 0, params, graph=True, cold_l2=True,
                               budget_ms=budget_ms, **plan)
-            shared = plan.get("workspace", "shared") == "shared" and prepared.rebind is not None
+            shared = plan.get("workspace") == "shared" and prepared.rebind is not None
             return Row(label, shape, what, t.n_copies, t.calls_per_sample,
                        "shared" if shared else "per-copy", t.rotated_bytes / 1e6, t.median_us)
         measured(what, plan.get("copies"), timing)
@@ -160,22 +161,22 @@ def check(method: Method, params: dict, label: str, batch: int, ctx: int, heads:
                        loop_us(calls))
         measured(what, copies, timing)
 
-    loop("loop decode", shared=True)
+    loop("loop per-call", shared=False)
     harness("harness")
-    harness("harness per-copy", workspace="per-copy")
+    harness("harness shared", workspace="shared")
     for copies in (1, 2, 16):
         harness(f"harness copies={copies}", copies=copies)
-    harness("harness copies=16 per-copy", copies=16, workspace="per-copy")
+    harness("harness copies=16 shared", copies=16, workspace="shared")
     for calls in (1, 8, 32):
         harness(f"harness calls={calls}", calls_per_replay=calls)
-    loop("loop per-call", shared=False)
+    loop("loop decode", shared=True)
     loop("loop decode, one input copy", shared=True, copies=1)
     if method.has_stash:
         with stash_l2_off():
             harness("harness, stash-l2 off")
             loop("loop decode, stash-l2 off", shared=True)
             loop("loop per-call, stash-l2 off", shared=False)
-    loop("loop decode (again)", shared=True)
+    loop("loop per-call (again)", shared=False)
     return rows
 
 
@@ -186,21 +187,21 @@ def free_memory() -> None:
 
 
 def print_rows(rows: list[Row]) -> None:
-    """One table per (method, shape), each row against the mean of its decode loops."""
+    """One table per (method, shape), each row against the mean of its per-call loops."""
     groups: dict[tuple[str, str], list[Row]] = {}
     for row in rows:
         groups.setdefault((row.method, row.shape), []).append(row)
     for (method, shape), members in groups.items():
-        decodes = [r.us for r in members if r.what.startswith("loop decode")
-                   and "one input" not in r.what and "off" not in r.what and r.us == r.us]
-        decode = statistics.mean(decodes) if decodes else float("nan")
+        loops = [r.us for r in members if r.what.startswith("loop per-call")
+                 and "off" not in r.what and r.us == r.us]
+        loop = statistics.mean(loops) if loops else float("nan")
         print(f"\n{method} at {shape}")
         print(f"  {'what':<30} {'copies':>6} {'calls':>5} {'workspace':>9} "
-              f"{'rotated MB':>10} {'us/call':>8} {'vs decode':>9}")
+              f"{'rotated MB':>10} {'us/call':>8} {'vs loop':>9}")
         for r in members:
             rotated = "-" if r.rotated_mb != r.rotated_mb else f"{r.rotated_mb:.0f}"
             print(f"  {r.what:<30} {r.copies:>6} {r.calls:>5} {r.workspace:>9} "
-                  f"{rotated:>10} {r.us:>8.2f} {r.us / decode:>9.3f}")
+                  f"{rotated:>10} {r.us:>8.2f} {r.us / loop:>9.3f}")
 
 
 def state_line(when: str) -> str:

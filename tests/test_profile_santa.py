@@ -16,13 +16,6 @@ def _script():
     return load_script("profile_santa")
 
 
-def test_input_copies():
-    ps = _script()
-    assert ps.copies_for(10**9, 60 * 2**20) == ps.MIN_COPIES
-    assert ps.copies_for(2**20, 60 * 2**20) == ps.MAX_COPIES
-    assert ps.copies_for(10**6, None) == ps.MIN_COPIES
-
-
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                     reason="the kernels on a CPU need the interpreter")
 def test_one_shape_through_the_interpreter():

@@ -86,7 +86,7 @@ def test_cold_l2_plan_large_inputs_need_one_copy():
 
 
 def test_cold_l2_plan_labels_warm_when_too_few_copies():
-    copies, state = cold_l2_plan(1 * MB, L2)  # would need 200 copies; capped at 64
+    copies, state = cold_l2_plan(MB // 2, L2)  # would need 400 copies; capped
     assert copies == MAX_COPIES and state == "warm"
     assert cold_l2_plan(10 * MB, L2, max_copies=5) == (5, "warm")  # memory-limited
     assert cold_l2_plan(10 * MB, L2, can_copy=False) == (1, "warm")  # no make_copy
@@ -105,6 +105,22 @@ def test_cold_l2_plan_forced_copies_are_labelled_by_what_they_rotate():
         cold_l2_plan(10 * MB, L2, copies=2, can_copy=False)
     with pytest.raises(ValueError, match="copies"):
         cold_l2_plan(10 * MB, L2, copies=0)
+
+
+def test_cold_l2_plan_rotates_the_copies_workspaces_past_the_l2():
+    """A workspace kept in L2 by an eviction hint outlives any stream of other bytes: the
+    plan rotates 4x L2 of it too, and only a rotation past the L2 size is cold."""
+    # 68 MB a call, 4.2 MB of it the stash: 3 copies by the inputs, 48 by the stash
+    assert cold_l2_plan(68 * MB, L2, workspace_bytes=42 * MB // 10) == (48, "cold")
+    assert cold_l2_plan(68 * MB, L2, workspace_bytes=42 * MB // 10, copies=3) == (3, "warm")
+    assert cold_l2_plan(68 * MB, L2, workspace_bytes=42 * MB // 10, copies=16) == (16, "cold")
+    # one call past 3x L2 still needs copies when its stash alone fits the L2
+    assert cold_l2_plan(286 * MB, L2, workspace_bytes=17 * MB) == (12, "cold")
+    assert cold_l2_plan(286 * MB, L2, workspace_bytes=17 * MB, cold_l2=False) == (1, "warm")
+    assert cold_l2_plan(600 * MB, L2, workspace_bytes=60 * MB) == (1, "cold")
+    assert cold_l2_plan(68 * MB, L2, workspace_bytes=4 * MB, max_copies=10) == (10, "warm")
+    with pytest.raises(ValueError, match="workspace_bytes"):
+        cold_l2_plan(10 * MB, L2, workspace_bytes=11 * MB)
 
 
 def test_timing_records_the_bytes_rotated_through():
@@ -173,8 +189,24 @@ def test_time_prepared_sizes_the_rotation_by_the_bytes_a_call_touches(monkeypatc
     inputs, stash = call_bytes(method, reads, q, params)
     shared = rebind and workspace == "shared"
     assert seen["touched_bytes"] == (inputs if shared else inputs + stash)  # not q+K+V
-    assert seen["touched_bytes"] < nbytes_of(q, kv) == seen["copy_bytes"] - 1000
+    assert seen["workspace_bytes"] == (0 if shared else stash)
+    assert seen["touched_bytes"] < nbytes_of(q, kv) == seen["copy_bytes"] - 1000 - (
+        0 if shared else stash)
     assert seen["make_copy"] is None  # CPU tensors: no copies
+
+
+def test_time_prepared_gives_each_copy_its_own_workspace_by_default(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(timing, "measure", lambda fn, **kw: seen.update(kw))
+    method = REGISTRY.get("santa-prop")
+    q = torch.zeros(1, 4, 8, dtype=torch.bfloat16)
+    kv = sk.KVCache.contiguous(torch.zeros(1, 100, 2, 8, dtype=torch.bfloat16),
+                               torch.zeros(1, 100, 2, 8, dtype=torch.bfloat16))
+    reads = _prop_reads([100])
+    time_prepared(method, _Prepared(reads, rebind=True), q, kv, 0, {}, graph=True,
+                  cold_l2=True, budget_ms=1.0)
+    _, stash = call_bytes(method, reads, q, {})
+    assert stash > 0 and seen["workspace_bytes"] == stash
 
 
 def test_kernel_rows_record_the_rotation(monkeypatch):
@@ -196,7 +228,8 @@ def test_kernel_rows_record_the_rotation(monkeypatch):
     assert latency["touched_bytes"] == kv_bytes + 2 * (2 * 4 * 16 * 4)
     assert latency["rotated_bytes"] == 3 * latency["touched_bytes"]
     assert (latency["copies"], latency["calls_per_replay"]) == (3, 12)
-    assert latency["workspace"] == "per-copy"  # SDPA has no workspace to share
+    assert latency["workspace"] == "per-copy"
+    assert latency["workspace_bytes"] == 0  # SDPA has no workspace
     assert set(CASE_FIELDS) <= set(latency)
 
 

@@ -216,7 +216,7 @@ def _median(values: list[float]) -> float:
 WORKSPACES = ("shared", "per-copy")
 
 
-def shares_workspace(prepared: Any, workspace: str = "shared") -> bool:
+def shares_workspace(prepared: Any, workspace: str = "per-copy") -> bool:
     """Whether the timing copies of ``prepared`` share its workspace (``rebind``)."""
     return workspace == "shared" and getattr(prepared, "rebind", None) is not None
 
@@ -242,7 +242,7 @@ def input_copier(
     kv: sk.KVCache,
     seed: int,
     params: dict[str, Any],
-    workspace: str = "shared",
+    workspace: str = "per-copy",
 ) -> Callable[[int], Any]:
     """Returns ``make_copy(i)`` for :func:`santa_bench.timing.measure`: the call over its
     own clone of q and the cache. ``shared``: through ``prepared.rebind`` (one workspace
@@ -275,15 +275,18 @@ def time_prepared(
     cold_l2: bool,
     budget_ms: float,
     reads: ReadCounts | None = None,
-    workspace: str = "shared",
+    workspace: str = "per-copy",
     copies: int | None = None,
     calls_per_replay: int | None = None,
 ) -> Any:
     """Times a prepared method as the kernel harness does: :func:`santa_bench.timing.measure`
     over input copies (on a GPU only; see :func:`input_copier`), as many as the bytes one
     call touches by the method's byte model (:func:`call_bytes` of ``reads``; None: one
-    more call's) need for a cold L2. A shared workspace is not rotated: only the inputs'
-    bytes count. ``copies`` and ``calls_per_replay`` override the plan (diagnostics)."""
+    more call's) need for a cold L2. Each copy has its own workspace (``per-copy``, the
+    default), rotated with the inputs; ``shared`` (diagnostics) lets the copies share
+    one, as a decode step's layers do, which a kernel may keep in L2 from call to call,
+    and counts only the inputs' bytes. ``copies`` and ``calls_per_replay`` override the
+    plan (diagnostics)."""
     from santa_bench.timing import measure, nbytes_of
 
     if reads is None:
@@ -292,11 +295,13 @@ def time_prepared(
     inputs, workspace_bytes = call_bytes(method, reads, q, params, tables)
     shared = shares_workspace(prepared, workspace)
     on_gpu = q.device.type == "cuda"
+    own_workspace = 0 if shared else workspace_bytes
     return measure(
         prepared,
-        touched_bytes=inputs if shared else inputs + workspace_bytes,
-        # a copy's memory, at most: the clones, and what a prepare converts them to
-        copy_bytes=nbytes_of(q, kv) + int(getattr(prepared, "inputs_bytes", 0)),
+        touched_bytes=inputs + own_workspace,
+        workspace_bytes=own_workspace,
+        # a copy's memory, at most: the clones, what a prepare converts them to, its stash
+        copy_bytes=nbytes_of(q, kv) + int(getattr(prepared, "inputs_bytes", 0)) + own_workspace,
         l2_bytes=None,
         make_copy=input_copier(method, prepared, q, kv, seed, params, workspace)
         if on_gpu else None,
@@ -459,7 +464,8 @@ class KernelRunner:
                 "calls_per_replay": timing.calls_per_sample,
                 "touched_bytes": timing.touched_bytes,
                 "rotated_bytes": timing.rotated_bytes,
-                "workspace": "shared" if shares_workspace(prepared) else "per-copy",
+                "workspace_bytes": timing.workspace_bytes,
+                "workspace": "per-copy",
                 **gpu_state_columns(q.device),
             }
             if timing.mode != "cpu-wall" else {}
