@@ -91,11 +91,6 @@ case "$stage" in
     python3 scripts/timing_check.py --out "$results/timing_check.csv" 2>&1 \
       | tee "$results/timing-check.txt" | tail -40
     python3 scripts/profile_santa.py --out "$results/santa-stages.csv" 2>&1 \
-      | tee "$results/santa-stages.txt" | tail -30
-    # the stash at half the bytes: what it would take off prop's time
-    COLUMNS=160 santa-bench kernel --ctx 32k,128k --batch 1,8 $llama8 \
-      --methods "santa-prop:S=128,santa-prop:S=128,stash=fp16,santa-flash:S=2048" \
-      --baselines sdpa-cudnn --gpu-budget-ms "$budget" --results "$results" \
-      --run-id "kernels-$day-$gpu-stash" 2>&1 | tail -30 ;;
+      | tee "$results/santa-stages.txt" | tail -30 ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac

@@ -13,9 +13,9 @@ the same way, the speedup at the floor, and the target figure it is held to.
 
 Byte model (bytes a call must read or write, never fewer):
 
-- ``prop score``: K (every row), q; writes the fp32 logit stash (rows padded to whole
-  512-column blocks) and the per-tile log-masses. The same pass without its stores
-  (``stores=0``, profiling only) shows what reading K alone costs.
+- ``prop score``: K (every row), q; writes the logit stash (santa-prop's default dtype,
+  rows padded to whole 512-column blocks) and the per-tile log-masses. The same pass
+  without its stores (``stores=0``, profiling only) shows what reading K alone costs.
 - ``prop sample``: the per-tile log-masses, the stash tiles its samples fall in (one
   64-row tile a distinct sampled tile), the unique V rows of each GQA group; writes out.
 - ``flash``: K, q, the unique V rows it samples (its own counts), the split partials
@@ -42,6 +42,8 @@ import santa_kernels.triton_santa as ts
 import santa_kernels.triton_santa_flash as tsf
 from santa_bench.baselines import BASELINES, clone_kv
 from santa_bench.inputs import DecodeShape, make_decode_inputs
+from santa_bench.methods import REGISTRY
+from santa_bench.methods._common import STASH_DTYPES
 from santa_bench.timing import cold_l2_plan, copy_bandwidth_gbps, graph_call_us, l2_cache_bytes
 from santa_bench.units import parse_shapes
 
@@ -104,9 +106,10 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
     q, kv = make_decode_inputs(DecodeShape(batch, ctx, heads, kv_heads, head_dim), seed=0,
                                device=device)
     kv_bytes = 2 * kv.k.numel() * kv.k.element_size()
-    stash_bytes = batch * heads * -(-ctx // STASH_BLOCK) * STASH_BLOCK * 4
-    n_copies, _ = cold_l2_plan(kv_bytes // 2 + stash_bytes, l2_cache_bytes(device),
-                               workspace_bytes=stash_bytes)
+    stash = STASH_DTYPES[REGISTRY.get("santa-prop").resolve_params({})["stash"]]  # its default
+    stash_traffic = 2 * batch * heads * -(-ctx // STASH_BLOCK) * STASH_BLOCK * stash.itemsize
+    n_copies, _ = cold_l2_plan(kv_bytes // 2 + stash_traffic, l2_cache_bytes(device),
+                               workspace_bytes=stash_traffic)
     inputs = [(q.clone(), clone_kv(kv)) for _ in range(n_copies)]
     rows: list[Row] = []
 
@@ -121,7 +124,8 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
     rows.append(row(dense, "total", dense_bytes, dense_us, dense_us))
 
     # prop: the whole call, and its score pass alone, each copy on its own workspace
-    spaces = [ts.SantaWorkspace.for_inputs(q, kv, S_prop, TILE) for _ in inputs]
+    spaces = [ts.SantaWorkspace.for_inputs(q, kv, S_prop, TILE, stash_dtype=stash)
+              for _ in inputs]
     ws = spaces[0]
     _, info = ts.santa_prop(q, kv, S_prop, workspace=ws)
     reads = info.read_counts(head_dim)

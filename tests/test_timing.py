@@ -109,15 +109,17 @@ def test_cold_l2_plan_forced_copies_are_labelled_by_what_they_rotate():
 
 def test_cold_l2_plan_rotates_the_copies_workspaces_past_the_l2():
     """A workspace kept in L2 by an eviction hint outlives any stream of other bytes: the
-    plan rotates 4x L2 of it too, and only a rotation past the L2 size is cold."""
+    plan rotates 4x L2 of it too, and only 2x L2 of it (its footprint past L2) is cold."""
     # 68 MB a call, 4.2 MB of it the stash: 3 copies by the inputs, 48 by the stash
     assert cold_l2_plan(68 * MB, L2, workspace_bytes=42 * MB // 10) == (48, "cold")
     assert cold_l2_plan(68 * MB, L2, workspace_bytes=42 * MB // 10, copies=3) == (3, "warm")
-    assert cold_l2_plan(68 * MB, L2, workspace_bytes=42 * MB // 10, copies=16) == (16, "cold")
+    assert cold_l2_plan(68 * MB, L2, workspace_bytes=42 * MB // 10, copies=16) == (16, "warm")
+    assert cold_l2_plan(68 * MB, L2, workspace_bytes=42 * MB // 10, copies=24) == (24, "cold")
     # one call past 3x L2 still needs copies when its stash alone fits the L2
     assert cold_l2_plan(286 * MB, L2, workspace_bytes=17 * MB) == (12, "cold")
     assert cold_l2_plan(286 * MB, L2, workspace_bytes=17 * MB, cold_l2=False) == (1, "warm")
-    assert cold_l2_plan(600 * MB, L2, workspace_bytes=60 * MB) == (1, "cold")
+    assert cold_l2_plan(600 * MB, L2, workspace_bytes=60 * MB) == (4, "cold")
+    assert cold_l2_plan(600 * MB, L2, workspace_bytes=100 * MB) == (1, "cold")
     assert cold_l2_plan(68 * MB, L2, workspace_bytes=4 * MB, max_copies=10) == (10, "warm")
     with pytest.raises(ValueError, match="workspace_bytes"):
         cold_l2_plan(10 * MB, L2, workspace_bytes=11 * MB)
