@@ -324,10 +324,14 @@ def kernel_rows(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], shape: Shap
 
 
 def best_dense_latency(frame: pd.DataFrame, shape: Shape, ctx: int, batch: int,
-                       inputs: str = GAUSSIAN) -> tuple[str, float] | None:
-    """The fastest dense baseline's latency (``baseline`` family) at a shape, if timed."""
+                       inputs: str = GAUSSIAN,
+                       runs: set[str] | None = None) -> tuple[str, float] | None:
+    """The fastest dense baseline's latency (``baseline`` family) at a shape, if timed;
+    ``runs``: only in these kernel runs (those the speedups come from)."""
     rows = frame[(frame.get("kind") == "kernel") & (frame.status == "ok")
                  & (frame.get("family") == "baseline") & (frame.metric == "latency")]
+    if runs is not None:
+        rows = rows[rows.run_id.astype(str).isin(runs)]
     rows = with_inputs(rows, inputs)
     for column, value in (("heads", shape.heads), ("kv_heads", shape.kv_heads),
                           ("head_dim", shape.head_dim), ("ctx", ctx), ("batch", batch)):
@@ -503,16 +507,19 @@ def verdict(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
         ))
     for batch in batches:
         _front([p for p in points if p.config != "dense"], batch)
-    kernel_runs = sorted({t.run_id for p in points
-                          for t in [*p.timings.values(), *p.captured.values()]})
+    gaussian_runs = {t.run_id for p in points for t in p.timings.values()}
+    captured_runs = {t.run_id for p in points for t in p.captured.values()}
+    kernel_runs = sorted(gaussian_runs | captured_runs)
     used = set(accuracy_runs) | set(kernel_runs)
     labels = sorted({t.inputs for p in points for t in p.captured.values()})
     return Verdict(model, shape, ctx, tuple(batches), gpu or "any GPU", dense, tasks, families,
                    points, missing, accuracy_runs, kernel_runs,
                    [run_env[r] for r in sorted(used) if r in run_env],
-                   {b: best_dense_latency(frame, shape, ctx, b) for b in batches},
+                   {b: best_dense_latency(frame, shape, ctx, b, runs=gaussian_runs)
+                    for b in batches},
                    labels,
-                   {b: best_dense_latency(frame, shape, ctx, b, captured_prefix(model))
+                   {b: best_dense_latency(frame, shape, ctx, b, captured_prefix(model),
+                                          runs=captured_runs)
                     for b in batches} if labels else {})
 
 
@@ -629,7 +636,8 @@ def markdown(result: Verdict, command: str = "") -> str:
         lines.append(f"- Command: `{command}`")
     for batch, best in result.dense_latency.items():
         if best is not None:
-            lines.append(f"- Fastest dense at B={batch}: {best[0]}, {best[1]:.1f} us")
+            lines.append(f"- Fastest dense at B={batch} in these kernel runs: {best[0]}, "
+                         f"{best[1]:.1f} us")
     if result.has_captured:
         tiled = any(t.tiled for p in result.points for t in p.captured.values())
         lines.append(

@@ -23,11 +23,12 @@ own copy ``i`` of the inputs (``i >= 1``; copy 0 is ``fn`` itself), and
 tables, q, the output, the copy's workspace traffic). ``cold_l2_plan`` picks
 ``k = ceil(4 * L2 / touched_bytes)`` copies (1..256) and labels the run ``cold`` only
 when the bytes rotated through (``k * touched_bytes``) reach 3x the L2 size; a call that
-alone touches 3x L2 (and 2x L2 of workspace, if it has one) needs one copy and is cold. Too few copies (no ``make_copy``,
-memory, the cap) give ``warm``: a warm run is never labelled cold. ``l2_state`` records
-what was measured, not what was asked: ``cold_l2=False`` on calls touching 3x L2 or more
-still reads ``cold``. The copies' memory is ``copy_bytes`` each (what one copy
-allocates: q and the whole cache, which a sampled call reads in part, and its workspace).
+alone touches 3x L2 (and 2x L2 of workspace, if it has one) needs one copy and is cold.
+Too few copies (no ``make_copy``, memory, the cap) give ``warm``: a warm run is never
+labelled cold. ``l2_state`` records what was measured, not what was asked:
+``cold_l2=False`` on such a call still reads ``cold``. The copies' memory is
+``copy_bytes`` each (what one copy allocates: q and the whole cache, which a sampled call
+reads in part, and its workspace).
 
 A copy's workspace (``workspace_bytes``: its traffic by the byte model, e.g. SANTA's
 logit stash written and read back, twice the stash's size) counts apart: a kernel may ask

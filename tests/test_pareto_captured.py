@@ -123,3 +123,17 @@ def test_report_tables_keep_the_inputs_apart(tmp_path):
     matrix = speedup_matrix(both)
     part = matrix.split(f"inputs: {LABEL}**")[1]
     assert "sdpa-cudnn 31.0 us" in part and "25.0 us, 1.20x" in part
+
+
+def test_the_fastest_dense_line_comes_from_the_kernel_runs_the_speedups_come_from(tmp_path):
+    """A faster dense row in a run no point's speedup comes from is not the header's."""
+    root = tmp_path / "results"
+    _store(root, captured=False)
+    other = ResultStore(root).start_run({**ENV, "command": "santa-bench kernel"}, "dense-only")
+    _kernel(other, "sdpa-cudnn", {"family": "baseline"}, 1, 20.0, 1.0)
+    store = StoreSet(root)
+    result = pareto.verdict(store.load(), store.runs(), MODEL)
+    assert result.kernel_runs == ["kern"]
+    assert result.dense_latency[1] == ("sdpa-cudnn", 30.0)  # not dense-only's 20.0
+    assert "Fastest dense at B=1 in these kernel runs: sdpa-cudnn, 30.0 us" in \
+        pareto.markdown(result)
