@@ -59,72 +59,41 @@ from santa_kernels.validate import InputError, check_positive_int
 # -------------------------------------------------------------------- configs
 # Hopper (H200, 132 SMs) launch configurations per head dim. The score pass is a pure
 # HBM stream of K: 4 warps and a 3-4 deep software pipeline keep ~32-48 KB in flight
-# per program. The sample pass is latency bound (binary search,
-# gathers): 8 warps and one stage; SAMPLE_BLOCK samples are handled per iteration.
+# per program. The sample pass is latency bound (binary search, gathers): 8 warps and
+# one stage; SAMPLE_BLOCK samples are handled per iteration. Each value was chosen by
+# timing its alternatives on an H200 (harness calls and the e2e decode loop at 8k-128k);
+# the runs that chose them, with their figures and what lost, are the results/h200
+# folders named below and their READMEs.
+#   stream: (num_warps, num_stages) of the score pass; sample: (num_warps, SAMPLE_BLOCK)
+#   subs: tiles per K load in the score pass
+#   narrow: the score pass's tail (statistics, exp, stash stores) on the G real query
+#     rows instead of the dot's 16 padded rows (kernels-2026-11-29-s3)
+#   sample_splits: programs per head in the sample pass (None: sample_splits_for)
+#   sample_small_rows / sample_small_warps: the sample pass's warps when B * Hq is at most
+#     sample_small_rows
+#   pdl: the sample pass is launched as a programmatic dependent of the score pass (its
+#     launch and prologue overlap the score pass's last wave; it waits for the score
+#     pass's writes with griddepcontrol.wait)
+#   stream_large / large_groups: (num_warps, num_stages, programs per SM) of the score
+#     pass from large_groups (B * Hkv) on (tune-2026-11-29-s5, e2e-variants-2026-12-01-s9)
+#   stash_l2_bytes: calls whose stash (B * Hq * rows * element size) is at most this
+#     store and load it with an L2 evict_last policy, so that a stash rewritten at the
+#     same addresses by the next call, or the next layer's, can stay in L2 while K streams
+#     past (e2e-variants-2026-12-01-s9; kernel timings give each call its own stash:
+#     results/h100/timing-2026-12-06-h100)
+#   tma: the score pass loads K tiles through a tensor descriptor (bulk tensor copies
+#     into shared memory, completing on an mbarrier) where the cache allows one
+#     (_k_descriptor); per-thread async copies otherwise (tune-2026-12-01-s10)
+#   sample_phased: the sample pass as three loops (tile search; stash rows; V rows
+#     pipelined through shared memory, summed by a product with ones) with this many
+#     stages, except where sample_phased_skip's (lo, hi) holds B * Hq and the block is
+#     under sample_phased_skip_block samples; sample_phased_block: the phased loops'
+#     samples a block (tune-2026-12-01-s10, tune-2026-12-02-s16)
+#   index_scaled_rows / index_scaled_block: up to this many heads (B * Hq), or from this
+#     many samples a block, the row search inside a sampled tile compares the running
+#     sums with one rescaled threshold a sample instead of building the tile's CDF
+#     (SCALED in _block_index; tune-2026-12-02-s15, -s16)
 HOPPER_CONFIGS = {
-    # head_dim: score (num_warps, num_stages), sample (num_warps, SAMPLE_BLOCK),
-    # subs: tiles per K load in the score pass (2 measured within 2% of 1 at d=128, 32k)
-    # narrow: the score pass's tail (statistics, exp, stash stores) on the G real query
-    # rows instead of the dot's 16 padded rows. Measured and not kept (H200,
-    # 2026-11-29, results/h200/kernels-2026-11-29-s3): L2 eviction hints on the K loads
-    # and a streaming hint on the stash stores (no effect; evict_last on the stash is
-    # stash_l2_bytes below), the statistics of 64 tiles kept in registers and stored
-    # once (18% slower at 32k B=8)
-    # sample_splits: programs per head in the sample pass (None: sample_splits_for);
-    # sample_small_warps: the sample pass's warps when B * Hq <= sample_small_rows (H200,
-    # prop S=128: 4 warps 28.2 vs 28.5 us at 32k B=1, 154.2 vs 153.0 at B=8)
-    # pdl: the sample pass is launched as a programmatic dependent of the score pass (its
-    # launch and prologue overlap the score pass's last wave; it waits for the score
-    # pass's writes with griddepcontrol.wait)
-    # stream_large: (num_warps, num_stages, programs per SM) of the score pass where
-    # B * Hkv >= large_groups. H200, prop S=128 (results/h200/tune-2026-11-29-s5/6-warps.csv):
-    # (1, 4, 8) at 32k B=8 score 137.4 / call 148.0 us against 140.6 / 151.8 for (4, 3, 4);
-    # at B=1 it is slower (32k: 30.9 against 26.9, 128k: 85.1 against 77.6). From 32 groups
-    # (H200, 2026-12-01): inside the e2e loop at 32k B=4 (32 groups) the step is 6.58 ms
-    # against 6.79 with (4, 3, 4) (results/h200/e2e-variants-2026-12-01-s9)
-    # stash_l2_bytes: calls whose stash (B * Hq * rows * element size) is at most this
-    # store and load it with an L2 evict_last policy, so that the stash (rewritten at the
-    # same addresses by every call) stays in L2 while K streams past: in the e2e loop at
-    # 32k B=4 (8.4 MB) 6.58 -> 6.45 ms a step, at B=8 (16.8 MB) 8.97 -> 9.03 (same run)
-    # tma: the score pass loads K tiles through a tensor descriptor (bulk tensor copies into
-    # shared memory, completing on an mbarrier) where the cache allows one (_k_descriptor);
-    # per-thread async copies otherwise. H200, prop S=128, two rounds (results/h200/
-    # tune-2026-12-01-s10/2-tma.csv): score pass 138.7 -> 134.9 us at 32k B=8 (3.87 -> 3.98
-    # TB/s of K), 71.4 -> 70.0 at B=4, 19.3-20.2 -> 19.0 at B=1, 69.8 -> 69.3 at 128k B=1;
-    # the launches stay those of the copies (3-tmastream.csv: no other launch was faster)
-    # sample_phased: the sample pass as three loops (tile search; stash rows; V rows
-    # pipelined through shared memory, summed by a product with ones: 48 registers a thread
-    # instead of 255), 2 stages, 128 samples a block, except for 64 < B * Hq < 256. H200,
-    # prop, call S=128 / S=256, three rounds (results/h200/tune-2026-12-01-s10/7-phased.csv):
-    # 32k B=8 148.5 -> 147.0 / 155.9 -> 153.7 us (256 programs: two an SM, one wave), 32k
-    # B=1 25.6 -> 25.45 / 26.73 -> 26.38, 128k B=1 78.6 -> 78.6 / 80.1 -> 79.7; at 32k B=4
-    # (128 programs of 8 warps) slower, 79.4 -> 80.0 / 84.5 -> 86.2 (6-phased.csv, one round)
-    # sample at d=128: 128 samples an iteration, not 256 (which spills: 328 bytes at 255
-    # registers, offline sm_90 compile). H200, prop S=256 at 32k B=8 165.1 -> 159.1 us;
-    # S=128 and B=1 unchanged; a register cap (maxnreg 80-128, two or three programs an
-    # SM; knob removed, code at 4f2d924) is slower everywhere
-    # (results/h200/tune-2026-12-01-s10/1-occupancy.csv)
-    # index_scaled_rows: up to this many heads (B * Hq) the row search inside a sampled tile
-    # compares the running sums with one rescaled threshold a sample instead of building
-    # the tile's CDF (SCALED in _block_index). H200, prop, call S=128 / S=256, three rounds
-    # (results/h200/tune-2026-12-02-s15/8-index.csv): 128k B=1 77.47 -> 76.93 / 78.53 ->
-    # 78.04 us, 32k B=1 24.9 -> 24.9 / 26.21 -> 26.12; at 32k B=8 slower, 144.5 -> 145.7 /
-    # 151.3 -> 153.4, although the kernel alone is faster there (Nsight Compute, no PDL:
-    # 20.8 -> 19.2 us, 7% fewer instructions, 80 registers instead of 100, so 3 programs fit
-    # an SM instead of 2; not profiled inside the call)
-    # index_scaled_block: the scaled row search also where a block holds at least this many
-    # samples; with sample_phased_block 256 (the phased loops' samples a block, capped by
-    # the samples a program takes: 256 from S=256 at one program a head, from S=1024 at
-    # B=1's four). H200, prop S=256 at 32k B=8, three rounds
-    # (results/h200/tune-2026-12-02-s16/3-s256.csv):
-    # 128 a block 153.7 us, 256 a block 159.7, scaled 128 a block 155.8, scaled 256 a
-    # block 150.5; over S=128..2048 at B=8-16 equal or faster (32k B=8 S=2048 242.9 ->
-    # 209.8, 4-block.csv there)
-    # sample_phased_skip_block: the phased loops run inside sample_phased_skip too where
-    # their block holds this many samples. H200, B=4 (128 heads), one loop -> phased 256 a
-    # block, scaled (5-phased4-block128k.csv there): 32k S=256 84.5 -> 83.1 us, S=1024
-    # 114.4 -> 108.1, S=2048 153.7 -> 141.7; 8k S=256 33.4 -> 32.6, S=2048 102 -> 91.9;
-    # at S=128 (128 a block) the one loop stays (79.3 against 80.0 phased)
     64: {"stream": (4, 4), "sample": (8, 256), "subs": 1, "narrow": True,
          "sample_splits": None, "pdl": True},
     128: {"stream": (4, 3), "sample": (8, 128), "subs": 1, "narrow": True,
