@@ -1,7 +1,7 @@
 """Triton kernels for SANTA++ decode attention (docs/algorithms.md sections 6 and 8).
 
-One decode step for ``q [B, Hq, d]`` runs four kernels (one fewer with
-``fuse_select=True``, one fewer with the atomic merge), none of which synchronises with
+One decode step for ``q [B, Hq, d]`` runs four kernels (one fewer with the atomic
+merge), none of which synchronises with
 the host, so a call can be captured in a CUDA graph; the Philox step counter lives on
 the device (``rng``, advanced by the last kernel) so every replay draws fresh Gumbel
 noise.
@@ -15,12 +15,12 @@ noise.
    candidates (threshold found by the search below); in direct selection it stores
    each head's ``j``-th largest ``z`` of its block (``bracket``, ``j = ceil((M+1) /
    splits) <= 3``): the finisher's search bracket.
-   **finish** (default: its own kernel, grid ``(B*Hkv, G)``, one program per query head;
-   ``finish_heads=0``: one program per KV group; ``fuse_select``: the last select
-   program of the group) finds ``kappa`` = the ``(M+1)``-th largest ``z`` by a k-ary
-   search on order-preserving integer keys (:func:`_kth_search`: 4 or 8 thresholds a
-   step, one packed reduction each, ~3-5 dependent steps instead of ~11 for bisection;
-   from the select programs' bracket, or from the row's least finite and largest key).
+   **finish** (its own kernel, grid ``(B*Hkv, G)``, one program per query head;
+   ``finish_heads=0``: one program per KV group) finds ``kappa`` = the ``(M+1)``-th
+   largest ``z`` by a k-ary search on order-preserving integer keys (:func:`_kth_search`:
+   4 or 8 thresholds a step, one packed reduction each, ~3-5 dependent steps instead of
+   ~11 for bisection; from the select programs' bracket, or from the row's least finite
+   and largest key).
    With ``compact`` (the per-head finisher's default in direct selection) the select
    programs leave their split's top ``j`` z: the (M+1)-th largest of those bounds kappa
    from below, and the ~M+5 keys at or above the bound are compacted and ranked by one
@@ -128,20 +128,17 @@ KEY_PAD = -2147483648  # below every real key: slots that hold no team
 FINISH_CAP = 8192  # heads x candidates one finishing program keeps in registers
 MAX_TEAMS_PER_SPLIT = 1024  # representatives one select program scores (local mode)
 MAX_GROUP = 64
-# finish the selection in the last select program (True) or in its own kernel (False):
-# the separate kernel timed equal or faster at every H200 shape (results/h200/santapp-profile*)
-FUSE_SELECT = False
 H200_SM_COUNT = 132
 PROGRAMS_PER_SM = 2  # select/attend grids aim for about this many programs per SM
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _REPS_AS = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}  # int8 codes
 STAGES = ("select", "attend", "merge")
 # Hopper launch parameters. Every kernel here is latency bound at B=1 (a few KB per
-# program): 4 warps, one stage; the select program needs 8 warps when its finisher
-# holds more than 2048 keys. Each value was chosen by timing its alternatives on an H200
-# (harness calls and the e2e decode loop at 32k-128k); the runs that chose them, with
-# their figures, are the tune-* and e2e-variants-* folders of results/h200 and their
-# READMEs.
+# program): 4 warps, one stage; the finisher needs 8 warps when it holds more than 2048
+# keys (select_warps_*, the finisher's default). Each value was chosen by timing its
+# alternatives on an H200 (harness calls and the e2e decode loop at 32k-128k); the runs
+# that chose them, with their figures, are the tune-* and e2e-variants-* folders of
+# results/h200 and their READMEs.
 HOPPER = {
     "select_warps_small": 4,
     "select_warps_large": 8,
@@ -151,8 +148,8 @@ HOPPER = {
     "many_groups": 32,
     "select_teams_many": 128,
     "score_warps_many": 4,
-    # the select kernel's warps where it does not finish the selection and there are
-    # fewer groups (the finisher keeps select_warps)
+    # the select kernel's warps where there are fewer groups (the finisher keeps
+    # select_warps)
     "score_warps_few": 4,
     # the finisher's kth search tests 8 thresholds a step (~4 steps) while each thread
     # holds at most this many keys, else 4 (~6 steps): the compares cost per key
@@ -776,8 +773,8 @@ class SantaPPPlan:
     exact_programs: int
     exact_rows: int  # BLOCK_E
     num_parts: int
-    select_warps: int
-    score_warps: int  # the select kernel's warps when it does not finish the selection
+    select_warps: int  # the finisher's warps unless finish_warps is given
+    score_warps: int  # the select kernel's warps
     search_ways: int  # thresholds per step of the finisher's kth-largest search (4 or 8)
     bracket: int  # j > 0: select programs leave each split's j-th largest z (search bracket)
     head_lists: bool  # the per-head finisher writes M slots a head, no union step
@@ -1454,14 +1451,12 @@ def _finish_selection(
 @triton.jit
 def _select_kernel(
     q_ptr, reps_ptr, log_n_ptr, reps_scale_ptr, gumbel_ptr, rng_ptr, seed,
-    phi_ptr, z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, ticket_ptr,
-    kappa_ptr, union_ptr, count_ptr,
+    phi_ptr, z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, union_ptr,
     scale, M, num_splits, n_cand, t_cap, union_cap, stride_qb, stride_qh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr, G_PAD: tl.constexpr, G_ROWS: tl.constexpr, TB: tl.constexpr,
-    C_PAD: tl.constexpr, M1_PAD: tl.constexpr, S_PAD: tl.constexpr,
-    LOCAL: tl.constexpr, FUSED: tl.constexpr, HAS_GUMBELS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, WAYS: tl.constexpr, PDL: tl.constexpr = False,
+    M1_PAD: tl.constexpr, LOCAL: tl.constexpr, HAS_GUMBELS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False,
     ENTRY_PDL: tl.constexpr = False, REPS_AS: tl.constexpr = "", BRACKET: tl.constexpr = 0,
     HEAD_LISTS: tl.constexpr = False, TOPS: tl.constexpr = False,
 ):
@@ -1561,17 +1556,6 @@ def _select_kernel(
             offs_l = tl.arange(0, M1_PAD)[None, :]
             tl.store(union_ptr + bkv.to(tl.int64) * union_cap + offs_h[:, None] * M + offs_l,
                      -1 + 0 * offs_l, mask=mask_h[:, None] & (offs_l < M))
-    if FUSED:
-        # the last program of this (b, kv head) finishes the selection: every thread's
-        # stores above are ordered before the ticket (barrier + acq_rel atomic)
-        tl.debug_barrier()
-        ticket = tl.atomic_add(ticket_ptr + bkv, 1, sem="acq_rel")
-        if ticket == num_splits - 1:
-            _finish_selection(z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, kappa_ptr,
-                              union_ptr, count_ptr, b, kvh, bkv, M, num_splits, n_cand,
-                              t_cap, union_cap, NUM_KV_HEADS, GROUP, G_ROWS, C_PAD, S_PAD,
-                              LOCAL, WAYS, BRACKET)
-            tl.store(ticket_ptr + bkv, 0)  # ready for the next call (graph replay)
 
 
 @triton.jit
@@ -2218,12 +2202,7 @@ def _check_call(q, kv, packed, M, workspace) -> None:
             raise InputError("workspace: planned for shorter teams (pack changed)")
 
 
-def _head_lists(plan: SantaPPPlan, fuse_select: bool) -> bool:
-    """Whether the finishers write per-head lists (the fused selection writes the union)."""
-    return plan.head_lists and not fuse_select
-
-
-def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
+def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
             pdl_chain: bool = False) -> torch.Tensor:
     """Launches the call's kernels (``stages``: a subset of :data:`STAGES`, for profiling;
     the output is only meaningful with all of them; ``("score",)`` runs the select kernel
@@ -2246,30 +2225,29 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
     early = pdl or (can_pdl and bool(before_merge))
     dep_early = {"launch_pdl": True} if early else {}
     chain = pdl_chain and can_pdl
-    lists = _head_lists(p, fuse_select) and "score" not in stages
+    lists = p.head_lists and "score" not in stages
     # the profiling stages "no-union" / "no-search" time the search's parts
     stages_full = "no-union" not in stages and "no-search" not in stages
     if "score" in stages:  # profiling: the select kernel alone, without its finisher
-        fuse_select, stages = False, (*stages, "select")
+        stages = (*stages, "select")
     if "select" in stages:
         _select_kernel[(p.num_splits, batch * hkv)](
             q, packed.reps, packed.log_n,
             packed.reps_scale if packed.reps_scale is not None else packed.log_n,
             gumbels if gumbels is not None else ws.phi, ws.rng,
             (ws.seed if seed is None else int(seed)) & 0xFFFFFFFF,
-            ws.phi, ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.ticket,
-            ws.kappa, ws.union, ws.count,
+            ws.phi, ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.union,
             tau, M, p.num_splits, p.n_cand, p.max_teams, p.union_cap, q.stride(0), q.stride(1),
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad, G_PAD=p.g_pad,
-            G_ROWS=p.g_rows, TB=p.teams_per_split, C_PAD=p.c_pad, M1_PAD=p.m1_pad, S_PAD=p.s_pad,
-            LOCAL=p.local, FUSED=fuse_select, HAS_GUMBELS=gumbels is not None,
-            DOT_PRECISION=precision, WAYS=p.search_ways, PDL=early, ENTRY_PDL=chain,
+            G_ROWS=p.g_rows, TB=p.teams_per_split, M1_PAD=p.m1_pad,
+            LOCAL=p.local, HAS_GUMBELS=gumbels is not None,
+            DOT_PRECISION=precision, PDL=early, ENTRY_PDL=chain,
             REPS_AS=_REPS_AS[kv.dtype] if packed.reps_scale is not None else "",
             BRACKET=p.bracket, HEAD_LISTS=lists, TOPS=lists and p.compact > 0, num_stages=1,
-            num_warps=p.select_warps if fuse_select else p.score_warps,
+            num_warps=p.score_warps,
             **({"launch_pdl": True} if chain else {}),
         )  # fmt: skip
-    if not fuse_select and "select" in stages and "score" not in stages and p.finish_heads:
+    if "select" in stages and "score" not in stages and p.finish_heads:
         _finish_heads_kernel[(batch * hkv, p.finish_parts)](
             ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count, ws.ticket,
             ws.scratch_key, ws.scratch_id,
@@ -2281,7 +2259,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, stages,
             COMPACT=p.compact if lists and stages_full else 0, TOPS_PAD=p.tops_pad,
             **dep_early,
         )  # fmt: skip
-    elif not fuse_select and "select" in stages and "score" not in stages:
+    elif "select" in stages and "score" not in stages:
         _finish_kernel[(batch * hkv,)](
             ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count,
             M, p.num_splits, p.n_cand, p.max_teams, p.union_cap,
@@ -2339,13 +2317,11 @@ def santapp_decode(
     seed: int | None = None,
     gumbels: torch.Tensor | None = None,
     workspace: SantaPPWorkspace | None = None,
-    fuse_select: bool = FUSE_SELECT,
     pdl_chain: bool = False,
 ) -> tuple[torch.Tensor, SantaPPInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)``: one SANTA++ decode step (section 6,
     gumbel-topk, exact set = the pack's). ``gumbels [B, Hq, T]`` replaces the Philox
-    Gumbel noise (tests); ``fuse_select=False`` finishes the selection in its own kernel
-    instead of the last select program. With a ``workspace`` the call allocates nothing
+    Gumbel noise (tests). With a ``workspace`` the call allocates nothing
     and never synchronises (CUDA-graph capturable). ``pdl_chain``: the call sits between
     kernels that launch as programmatic dependents (the e2e step's gemm rest): where
     :func:`pdl_available`, its first kernel launches as a dependent of the kernel before
@@ -2363,7 +2339,7 @@ def santapp_decode(
                 f"gumbels: expected shape {(batch, hq, p.max_teams)}, got {tuple(gumbels.shape)}"
             )
         gumbels = gumbels.to(device=q.device, dtype=torch.float32).contiguous()
-    out = _launch(q, kv, packed, M, ws, tau, seed, gumbels, fuse_select, STAGES, pdl_chain)
+    out = _launch(q, kv, packed, M, ws, tau, seed, gumbels, STAGES, pdl_chain)
     info = SantaPPInfo(
         M=M,
         packed=packed,
@@ -2373,7 +2349,7 @@ def santapp_decode(
         union=ws.union.view(batch, hkv, p.union_cap),
         count=ws.count.view(batch, hkv),
         lengths=kv.lengths,
-        head_lists=_head_lists(p, fuse_select),
+        head_lists=p.head_lists,
     )
     return out, info
 

@@ -252,12 +252,11 @@ def check_select() -> int:
     for reps, local, entry in (("bf16", False, False), ("i8", False, True),
                                ("i8", True, True), ("bf16", True, False)):
         types = ["*bf16", f"*{reps}", "*fp32", "*fp32", "*fp32", "*i64", "i32", "*fp32",
-                 "*fp32", "*fp32", "*i32", "*i32", "*i32", "*fp32", "*i32", "*i32", "fp32"]
+                 "*fp32", "*fp32", "*i32", "*i32", "*i32", "fp32"]
         types += ["i32"] * 7
         consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "G_PAD": 16,
-                  "G_ROWS": 4, "TB": 128, "C_PAD": 2048, "M1_PAD": 64, "S_PAD": 16,
-                  "LOCAL": local, "FUSED": False, "HAS_GUMBELS": False,
-                  "DOT_PRECISION": "tf32", "WAYS": 8, "PDL": True, "ENTRY_PDL": entry,
+                  "G_ROWS": 4, "TB": 128, "M1_PAD": 64, "LOCAL": local, "HAS_GUMBELS": False,
+                  "DOT_PRECISION": "tf32", "PDL": True, "ENTRY_PDL": entry,
                   "REPS_AS": "bf16" if reps == "i8" else "",
                   "BRACKET": 0 if local else (2 if reps == "bf16" else 3),
                   "HEAD_LISTS": reps == "i8", "TOPS": reps == "i8" and not local}

@@ -4,12 +4,12 @@ Run on the H200:  python3 scripts/profile_santapp.py OUT_DIR [--quick]
 Llama-3.1-8B shape (Hq=32, Hkv=8, d=128, bf16), contiguous teams. Per shape (B, ctx) and
 (M, P): the index build + pack time (``build_ms``, prefill-time work) against a dense
 causal SDPA prefill of one layer at the same context (``prefill_ms``), CUDA-graph latency
-of the full call (fused selection and the four-kernel variant), of its stage prefixes
-(select, select+attend), the speedup over the faster of triton-splitkv and cuDNN SDPA in
-the same graph mode, KV read fraction / read-equivalent, rel. L2 against fp32 dense, and
+of the full call, of its stage prefixes (select, select+attend, the select kernel
+alone), the speedup over the faster of triton-splitkv and cuDNN SDPA in the same graph
+mode, KV read fraction / read-equivalent, rel. L2 against fp32 dense, and
 the bandwidth of the byte model against a measured device copy. Every latency is the
 median of graph replays rotating enough input copies that the bytes *read* exceed 4x L2.
-Writes OUT_DIR/santapp_profile.csv and .json; prints a table and the issue's bars.
+Writes OUT_DIR/santapp_profile.csv and .json; prints a table and the speedup bars (BARS).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from santa_kernels.triton_splitkv import SplitKVWorkspace, splitkv_decode
 
 SHAPES = [(1, 32768), (8, 32768), (1, 131072)]
 CONFIGS = [(32, 16), (32, 64), (64, 16), (64, 64)]  # (M, team size P)
-BARS = {(1, 32768): 2.0, (8, 32768): 2.5, (1, 131072): 3.0}  # speedup at M=32 (issue #5)
+BARS = {(1, 32768): 2.0, (8, 32768): 2.5, (1, 131072): 3.0}  # speedup held to at M=32
 MAX_COPIES = 24
 
 
@@ -82,28 +82,22 @@ def profile_config(inputs, dense_ref, M: int, P: int) -> dict:
            for i, ((q, kv), p) in enumerate(zip(inputs, packs, strict=True))]
     row: dict = {"M": M, "P": P, "build_ms": build, "plan": str(wss[0].plan)}
     q0, kv0 = inputs[0]
-    for fuse in (True, False):
-        tag = "fused" if fuse else "unfused"
 
-        def calls(stages, fuse=fuse):
-            return [
-                lambda q=q, kv=kv, p=p, w=w: tsp._launch(
-                    q, kv, p, M, w, 128**-0.5, None, None, fuse, stages)
-                for (q, kv), p, w in zip(inputs, packs, wss, strict=True)
-            ]  # fmt: skip
+    def calls(stages):
+        return [
+            lambda q=q, kv=kv, p=p, w=w: tsp._launch(q, kv, p, M, w, 128**-0.5, None, None,
+                                                     stages)
+            for (q, kv), p, w in zip(inputs, packs, wss, strict=True)
+        ]  # fmt: skip
 
-        row[f"us_{tag}"] = graph_call_us(calls(tsp.STAGES))
-        select = graph_call_us(calls(("select",)))
-        select_attend = graph_call_us(calls(("select", "attend")))
-        row[f"select_us_{tag}"] = select
-        row[f"attend_us_{tag}"] = select_attend - select
-        row[f"merge_us_{tag}"] = row[f"us_{tag}"] - select_attend
-    # the select kernel without its finisher: select_us_unfused - score_us = the finish
-    row["score_us"] = graph_call_us([
-        lambda q=q, kv=kv, p=p, w=w: tsp._launch(q, kv, p, M, w, 128**-0.5, None, None,
-                                                 False, ("score",))
-        for (q, kv), p, w in zip(inputs, packs, wss, strict=True)
-    ])  # fmt: skip
+    row["us"] = graph_call_us(calls(tsp.STAGES))
+    select = graph_call_us(calls(("select",)))
+    select_attend = graph_call_us(calls(("select", "attend")))
+    row["select_us"] = select
+    row["attend_us"] = select_attend - select
+    row["merge_us"] = row["us"] - select_attend
+    # the select kernel without its finisher: select_us - score_us = the finish
+    row["score_us"] = graph_call_us(calls(("score",)))
     out, info = tsp.santapp_decode(q0, kv0, packs[0], M, workspace=wss[0])
     reads = info.read_counts()
     row["kv_read_fraction"] = reads.kv_read_fraction
@@ -151,19 +145,17 @@ def main() -> None:
             except Exception as exc:  # report and go on with the next configuration
                 print(f"{tag} M={M} P={P} FAILED {type(exc).__name__}: {exc}", flush=True)
                 continue
-            gbps = row["bytes_moved"] / (row["us_fused"] * 1e-6) / 1e9
+            gbps = row["bytes_moved"] / (row["us"] * 1e-6) / 1e9
             row.update(shape=tag, batch=batch, ctx=ctx, copies=len(inputs),
                        best_dense=best_name, best_dense_us=best_us, prefill_ms=fill,
                        build_pct_of_prefill=100 * row["build_ms"] / fill,
-                       speedup=best_us / row["us_fused"],
-                       speedup_unfused=best_us / row["us_unfused"],
+                       speedup=best_us / row["us"],
                        gbps=gbps, pct_of_copy_bw=100 * gbps / copy_bw, copy_gbps=copy_bw,
                        **{f"dense_{k}_us": v for k, v in dense.items()})
             rows.append(row)
-            print(f"{tag} M={M:3d} P={P:3d} | {row['us_fused']:6.1f} us fused "
-                  f"({row['select_us_fused']:.1f} select + {row['attend_us_fused']:.1f} attend + "
-                  f"{row['merge_us_fused']:.1f} merge; score {row['score_us']:.1f}), "
-                  f"{row['us_unfused']:6.1f} unfused | "
+            print(f"{tag} M={M:3d} P={P:3d} | {row['us']:6.1f} us "
+                  f"({row['select_us']:.1f} select + {row['attend_us']:.1f} attend + "
+                  f"{row['merge_us']:.1f} merge; score {row['score_us']:.1f}) | "
                   f"x{row['speedup']:.2f} vs {best_name} | KV {100 * row['kv_read_fraction']:.1f}%"
                   f" (+reps {100 * row['read_equivalent']:.1f}%) | {gbps:.0f} GB/s = "
                   f"{row['pct_of_copy_bw']:.0f}% of copy | build {row['build_ms']:.2f} ms = "
@@ -179,7 +171,7 @@ def main() -> None:
         writer.writeheader()
         writer.writerows(rows)
     (out_dir / "santapp_profile.json").write_text(json.dumps(rows, indent=1))
-    print("\nbars (issue #5; M=32, fused, graph mode):")
+    print("\nbars (M=32, graph mode):")
     for row in rows:
         bar = BARS.get((row["batch"], row["ctx"]))
         if row["M"] != 32 or bar is None:

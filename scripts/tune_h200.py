@@ -186,8 +186,7 @@ def same_selection(got, base) -> bool:
 
 
 def santapp_calls(inputs, packs, wss, stages=tsp.STAGES):
-    return [lambda q=q, kv=kv, p=p, w=w: tsp._launch(q, kv, p, 32, w, TAU, None, None, False,
-                                                     stages)
+    return [lambda q=q, kv=kv, p=p, w=w: tsp._launch(q, kv, p, 32, w, TAU, None, None, stages)
             for (q, kv), p, w in zip(inputs, packs, wss, strict=True)]
 
 

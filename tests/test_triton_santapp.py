@@ -109,29 +109,29 @@ def _compare(q, kv, index, packed, M, *, atol=2e-5, seed=0, rep_share=1.0, **kw)
     [
         (4, 4, 32, 0, 0, 7, {}),  # direct selection, 16 rows of 4 teams per program
         (8, 8, 64, 3, 5, 6, {"local": True, "teams_per_split": 16}),
-        (16, 6, 32, 0, 9, 5, {"local": True, "teams_per_split": 16, "fuse": False}),
-        (8, 4, 64, 2, 0, 9, {"fuse": False, "teams_per_block": 2}),
+        (16, 6, 32, 0, 9, 5, {"local": True, "teams_per_split": 16}),
+        (8, 4, 64, 2, 0, 9, {"teams_per_block": 2}),
         # team programs walking several tiles: 18 list slots over 8 a program (the last
         # program's tile past the list), teams of 2 chunks (80 rows, 64-row fp32 slots),
         # and the union list (ticket) instead of head lists
-        (8, 4, 64, 2, 0, 9, {"fuse": False, "teams_per_block": 2, "attend_loops": 4}),
-        (80, 4, 32, 0, 9, 2, {"fuse": False, "attend_loops": 2}),
-        (8, 6, 32, 0, 4, 5, {"fuse": False, "head_lists": False, "attend_loops": 3,
+        (8, 4, 64, 2, 0, 9, {"teams_per_block": 2, "attend_loops": 4}),
+        (80, 4, 32, 0, 9, 2, {"attend_loops": 2}),
+        (8, 6, 32, 0, 4, 5, {"head_lists": False, "attend_loops": 3,
                              "teams_per_block": 2}),
         # ... one team a tile, its list entries, rows and weights loaded before the loop:
         # over 2 chunks, and 3 tiles of a 4-slot block (the last slot is the next
         # program's), head lists and the union list
-        (80, 4, 32, 0, 9, 2, {"fuse": False, "attend_loops": 2, "attend_preload": True}),
-        (16, 4, 32, 2, 0, 9, {"fuse": False, "teams_per_block": 1, "attend_loops": 3,
+        (80, 4, 32, 0, 9, 2, {"attend_loops": 2, "attend_preload": True}),
+        (16, 4, 32, 2, 0, 9, {"teams_per_block": 1, "attend_loops": 3,
                               "attend_preload": True}),
-        (16, 6, 32, 0, 4, 5, {"fuse": False, "head_lists": False, "teams_per_block": 1,
+        (16, 6, 32, 0, 4, 5, {"head_lists": False, "teams_per_block": 1,
                               "attend_loops": 3, "attend_preload": True}),
         # the finisher: one program per group (0), per head (1, default), per 2 heads
-        (8, 6, 32, 0, 4, 5, {"fuse": False, "finish_heads": 0}),
-        (8, 6, 32, 2, 0, 6, {"fuse": False, "finish_heads": 2}),
-        (16, 6, 32, 0, 9, 5, {"local": True, "teams_per_split": 16, "fuse": False,
+        (8, 6, 32, 0, 4, 5, {"finish_heads": 0}),
+        (8, 6, 32, 2, 0, 6, {"finish_heads": 2}),
+        (16, 6, 32, 0, 9, 5, {"local": True, "teams_per_split": 16,
                               "finish_heads": 0}),
-        (8, 8, 64, 3, 5, 6, {"local": True, "teams_per_split": 16, "fuse": False,
+        (8, 8, 64, 3, 5, 6, {"local": True, "teams_per_split": 16,
                              "finish_heads": 2}),
     ],
 )
@@ -142,8 +142,6 @@ def test_matches_reference_given_the_same_gumbels(team_size, heads, d, sink, win
     index = build_team_index(kv, team_size=team_size, sink=sink, exact_recent=window)
     packed = pack_teams(kv, index)
     assert packed.regular and packed.packed_k is None  # contiguous teams: views of the cache
-    plan = dict(plan)
-    fuse = plan.pop("fuse", True)
     workspace = SantaPPWorkspace.for_inputs(q, kv, packed, M, **plan)
     assert workspace.plan.local == plan.get("local", False)
     loops = plan.get("attend_loops", 1)
@@ -153,7 +151,7 @@ def test_matches_reference_given_the_same_gumbels(team_size, heads, d, sink, win
         assert workspace.plan.team_programs == -(-tiles // loops) < tiles
         assert workspace.plan.chunks == -(-team_size // workspace.plan.slot)
         assert (workspace.plan.chunks > 1) == (team_size == 80)
-    _compare(q, kv, index, packed, M, workspace=workspace, fuse_select=fuse)
+    _compare(q, kv, index, packed, M, workspace=workspace)
 
 
 @pytest.mark.parametrize(
@@ -175,7 +173,7 @@ def test_search_bracket_of_the_select_programs(M, lengths, rank):
                                                 bracket=fast, head_lists=fast, local=False)
         assert workspace.plan.bracket == (rank if fast else 0)
         assert workspace.plan.head_lists == fast
-        out, info = _compare(q, kv, index, packed, M, workspace=workspace, fuse_select=False)
+        out, info = _compare(q, kv, index, packed, M, workspace=workspace)
         assert info.head_lists == fast
         outs.append((out.clone(), info.kappa.clone()))
     assert torch.equal(outs[0][1], outs[1][1])  # the same kappas with and without
@@ -208,7 +206,7 @@ def test_compact_finisher_matches_the_search(case, lengths, M, rank):
                                                 compact=compact, local=False)
         assert (workspace.plan.compact > 0) == compact and workspace.plan.bracket == rank
         out, info = santapp_decode(q, kv, packed, M, gumbels=gumbels, workspace=workspace,
-                                   fuse_select=False)
+                                   )
         lists = info.union.view(*info.union.shape[:2], -1, M)
         got[compact] = (out.clone(), info.kappa.clone(), lists.clone(), info.union_sets())
     assert torch.equal(got[True][1], got[False][1])
@@ -244,7 +242,7 @@ def test_atomic_merge_matches_the_merge_kernel(q_scale, sums_in_range):
     for atomic in (True, False):
         workspace = SantaPPWorkspace.for_inputs(q, kv, packed, M, merge_atomic=atomic)
         assert workspace.plan.merge_atomic == atomic
-        out, info = _compare(q, kv, index, packed, M, workspace=workspace, fuse_select=False,
+        out, info = _compare(q, kv, index, packed, M, workspace=workspace,
                              atol=2e-5 * (1 if sums_in_range else 4))
         got[atomic] = out.clone()
         assert int(workspace.rng) == 1  # advanced once, by the call's last kernel
@@ -261,8 +259,8 @@ def test_atomic_merge_matches_the_merge_kernel(q_scale, sums_in_range):
 
 @pytest.mark.parametrize(("plan", "dtype"), [
     ({}, torch.float32),
-    ({"local": True, "teams_per_split": 16, "fuse": False}, torch.float32),
-    ({"fuse": False}, torch.bfloat16),
+    ({"local": True, "teams_per_split": 16}, torch.float32),
+    ({}, torch.bfloat16),
 ])
 def test_int8_reps_match_the_reference_on_the_rounded_keys(plan, dtype):
     """int8 representatives: the kernel selects and weighs exactly as the reference does
@@ -272,13 +270,11 @@ def test_int8_reps_match_the_reference_on_the_rounded_keys(plan, dtype):
     packed = quantize_packed(pack_teams(kv, index))
     assert packed.reps.dtype == torch.int8 and packed.reps_format == "int8"
     assert packed.nbytes < pack_teams(kv, index).nbytes
-    plan = dict(plan)
-    fuse = plan.pop("fuse", True)
     workspace = SantaPPWorkspace.for_inputs(q, kv, packed, 6, **plan)
     share = (64 + 4) / (64 * kv.k.element_size())
     _compare(q, kv, with_reps_format(index, "int8", kv.dtype), packed, 6,
              atol=2e-5 if dtype == torch.float32 else 2e-2, rep_share=share,
-             workspace=workspace, fuse_select=fuse)
+             workspace=workspace)
 
 
 def test_int8_quantization_is_the_same_on_every_device():
@@ -662,16 +658,11 @@ def test_llama_shapes_match_reference_on_gpu(ctx, batch, M, team_size):
     same = (fast.reps == packed.reps).all(dim=-1).float().mean()
     assert same > 0.999 and torch.equal(fast.team_len, packed.team_len)
     gumbels = _gumbels(batch, q.shape[1], packed.max_teams, 0).cuda()
-    outs = {}
-    for fuse in (True, False):
-        out, info = santapp_decode(q, kv, packed, M, gumbels=gumbels, fuse_select=fuse)
-        outs[fuse] = (out.clone(), info.selected().clone(), info.kappa.clone())
-    assert torch.equal(outs[True][1], outs[False][1])
-    assert torch.equal(outs[True][2], outs[False][2])
+    out, info = santapp_decode(q, kv, packed, M, gumbels=gumbels)
     ref = santapp_attention(q, kv, index, M, gumbels=gumbels)
-    agree = (outs[True][1] == (ref.team_weights > 0)).float().mean()
+    agree = (info.selected() == (ref.team_weights > 0)).float().mean()
     assert agree > 0.999  # fp32 vs bf16-rounded representatives may flip near-ties
-    error = (outs[True][0].float() - ref.out.float()).norm() / ref.out.float().norm()
+    error = (out.float() - ref.out.float()).norm() / ref.out.float().norm()
     assert error < 2e-2
 
 
