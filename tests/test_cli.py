@@ -86,6 +86,10 @@ def test_kernel_writes_tidy_rows_and_resumes(tmp_path: Path):
         (["--methods", "santa-magic"], "unknown method 'santa-magic'"),
         (["--methods", "santa-prop:T=3"], "unknown parameter(s) ['T']"),
         (["--methods", "santa-prop:alloc=round"], "alloc must be one of"),
+        # a default spelled out is the same configuration: both would store one case
+        (["--methods", "santa-prop:S=128,santa-prop:S=128,stash=fp16"],
+         "'santa-prop:S=128' and 'santa-prop:S=128,stash=fp16' are the same configuration "
+         "(stash=fp16: the default)"),
         (["--heads", "6", "--kv-heads", "4"], "--heads 6 is not a multiple of --kv-heads 4"),
         (["--layout", "ragged"], "--layout"),
         (["--dtype", "int8"], "--dtype"),

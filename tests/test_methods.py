@@ -43,6 +43,8 @@ def test_parse_specs_with_parameters():
         ("santa-prop:alloc=nearest", "alloc must be one of"),
         ("bernoulli:grouping=union", "grouping must be one of"),
         ("", "no method named"),
+        ("dense,dense", "'dense' and 'dense' are the same configuration"),
+        ("santapp:M=32,santapp:sink=4,M=32", "(sink=4: the default)"),
     ],
 )
 def test_bad_specs_raise_clear_errors(spec, message):
