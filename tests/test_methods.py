@@ -31,6 +31,12 @@ def test_parse_specs_with_parameters():
     }
 
 
+def test_a_spec_left_to_the_grid_options_is_not_a_repeat():
+    # santa-prop takes --S's values, santa-prop:S=128 keeps its own: both can run
+    assert len(parse_method_specs("santa-prop:S=128,santa-prop")) == 2
+    assert len(parse_method_specs("santapp:M=32,santapp")) == 2
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
