@@ -90,6 +90,8 @@ def test_kernel_writes_tidy_rows_and_resumes(tmp_path: Path):
         (["--methods", "santa-prop:S=128,santa-prop:S=128,stash=fp16"],
          "'santa-prop:S=128' and 'santa-prop:S=128,stash=fp16' are the same configuration "
          "(stash=fp16: the default)"),
+        (["--methods", "santa-prop:S=128,santa-prop", "--S", "128,256"],
+         "santa-prop (S=128) at ctx 4k, batch 1 is asked twice"),
         (["--heads", "6", "--kv-heads", "4"], "--heads 6 is not a multiple of --kv-heads 4"),
         (["--layout", "ragged"], "--layout"),
         (["--dtype", "int8"], "--dtype"),
