@@ -377,6 +377,7 @@ def run_cases(
     else:
         env = env if env is not None else environment.collect_environment()
         _check_devices(options.devices, devices_of_cases)
+    _refuse_repeats(cases)
     fingerprint = environment.environment_fingerprint(env)
     done = set() if options.force else store.completed(fingerprint)
     todo = [c for c in cases if results.config_hash(c) not in done]
@@ -467,6 +468,20 @@ def stored_rows(
             rows = [{k: v for k, v in r.items() if v is not None} for r in newest[1]]
             found.append((case, rows))
     return found
+
+
+def _refuse_repeats(cases: list[dict[str, Any]]) -> None:
+    """ExecutorError where two cases are one (the same config hash): the second would
+    overwrite the first's stored rows."""
+    seen: set[str] = set()
+    for case in cases:
+        key = results.config_hash(case)
+        if key in seen:
+            raise ExecutorError(
+                f"{case_label(case)} is asked twice: two method specs "
+                "that are one configuration once defaults are filled, or a spec's own value "
+                "and a grid option's (--S, --M, ...); name it once")
+        seen.add(key)
 
 
 def print_outcome(outcome: Outcome, console: Console) -> None:

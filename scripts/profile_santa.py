@@ -70,6 +70,11 @@ class Row:
     target: float = math.nan
 
 
+def stash_bytes(batch: int, heads: int, n: int, itemsize: int) -> int:
+    """The logit stash one S²ANTA-prop call writes: rows padded to whole STASH_BLOCKs."""
+    return batch * heads * -(-n // STASH_BLOCK) * STASH_BLOCK * itemsize
+
+
 def prop_bytes(q: torch.Tensor, kv, ws: ts.SantaWorkspace, v_rows: int,
                tiles_sampled: int) -> tuple[int, int]:
     """(score pass, sample pass) bytes of one S²ANTA-prop call (the module's byte model)."""
@@ -78,7 +83,7 @@ def prop_bytes(q: torch.Tensor, kv, ws: ts.SantaWorkspace, v_rows: int,
     n = int(kv.lengths.max())
     n_tiles = -(-n // TILE)
     k_bytes = batch * n * kv.num_kv_heads * d * es
-    stash = batch * hq * -(-n // STASH_BLOCK) * STASH_BLOCK * ws.stash.element_size()
+    stash = stash_bytes(batch, hq, n, ws.stash.element_size())
     stats = batch * kv.num_kv_heads * n_tiles * ws.stats_rows * 4
     q_out = batch * hq * d * es
     score = k_bytes + q_out + stash + stats
@@ -107,7 +112,7 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
                                device=device)
     kv_bytes = 2 * kv.k.numel() * kv.k.element_size()
     stash = STASH_DTYPES[REGISTRY.get("santa-prop").resolve_params({})["stash"]]  # its default
-    stash_traffic = 2 * batch * heads * -(-ctx // STASH_BLOCK) * STASH_BLOCK * stash.itemsize
+    stash_traffic = 2 * stash_bytes(batch, heads, ctx, stash.itemsize)  # written, read back
     n_copies, _ = cold_l2_plan(kv_bytes // 2 + stash_traffic, l2_cache_bytes(device),
                                workspace_bytes=stash_traffic)
     inputs = [(q.clone(), clone_kv(kv)) for _ in range(n_copies)]

@@ -25,6 +25,7 @@ import torch
 import santa_kernels as sk
 from santa_bench.capture import read_layer, read_metadata
 from santa_bench.methods import MethodError, parse_method_specs
+from santa_bench.pareto import config_key
 from santa_kernels.santapp import build_team_index, santapp_attention
 
 
@@ -32,11 +33,7 @@ def heaviest_keys(q: torch.Tensor, kv: sk.KVCache, first: int,
                   last: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per query head of ``q [1, Hq, d]``: the position of the key with the most attention
     mass among positions ``[first, N - last)``, and that mass's share (float64)."""
-    keys = kv.k[0].double()  # [N, Hkv, d]
-    group = q.shape[1] // keys.shape[1]
-    per_head = keys.repeat_interleave(group, dim=1)  # [N, Hq, d]
-    scores = torch.einsum("hd,nhd->hn", q[0].double(), per_head) / q.shape[-1] ** 0.5
-    weights = torch.softmax(scores, dim=-1)
+    weights = sk.dense_attention(q, kv, compute_dtype=torch.float64).weights[0]  # [Hq, N]
     n = weights.shape[-1]
     if not 0 <= first < n - last:
         raise ValueError(f"no position left between the first {first} and last {last} of {n}")
@@ -106,10 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         kv = sk.KVCache.contiguous(key[None].contiguous(), value[None].contiguous())
         positions, share = heaviest_keys(q, kv, args.skip_first, args.skip_last)
         for method, params in specs:
-            label = f"M={params['M']}" + "".join(
-                f" {k}={v}" for k, v in params.items()
-                if k != "M" and any(p.name == k and p.default != v for p in method.params))
-            rows.setdefault(label, []).append(
+            rows.setdefault(config_key({"method": method.name, **params}), []).append(
                 (inclusion(q, kv, params, positions, args.seeds), share))
         print(f"layer {layer}: heaviest key's share per head "
               + " ".join(f"{s:.2f}" for s in share.tolist()), flush=True)

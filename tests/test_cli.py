@@ -86,12 +86,11 @@ def test_kernel_writes_tidy_rows_and_resumes(tmp_path: Path):
         (["--methods", "santa-magic"], "unknown method 'santa-magic'"),
         (["--methods", "santa-prop:T=3"], "unknown parameter(s) ['T']"),
         (["--methods", "santa-prop:alloc=round"], "alloc must be one of"),
-        # a default spelled out is the same configuration: both would store one case
+        # a default spelled out, or a spec's S and --S's: one stored case asked twice
         (["--methods", "santa-prop:S=128,santa-prop:S=128,stash=fp16"],
-         "'santa-prop:S=128' and 'santa-prop:S=128,stash=fp16' are the same configuration "
-         "(stash=fp16: the default)"),
+         "santa-prop S=128 ctx=4k B=1 is asked twice"),
         (["--methods", "santa-prop:S=128,santa-prop", "--S", "128,256"],
-         "santa-prop (S=128) at ctx 4k, batch 1 is asked twice"),
+         "santa-prop S=128 ctx=4k B=1 is asked twice"),
         (["--heads", "6", "--kv-heads", "4"], "--heads 6 is not a multiple of --kv-heads 4"),
         (["--layout", "ragged"], "--layout"),
         (["--dtype", "int8"], "--dtype"),

@@ -287,3 +287,19 @@ def test_the_accuracy_table_script_reads_a_store(tmp_path):
     assert list(table.config) == ["dense", "santa-prop S=128"]
     assert table.loc[1, "vt"] == "50.0 [10, 90] r=0.50"
     assert module.main([str(tmp_path), "--csv", str(tmp_path / "t.csv")]) == 0
+
+
+def test_a_case_asked_twice_is_refused_before_anything_runs(tmp_path):
+    """Two cases with one config hash would write one stored case twice, whatever the
+    command that made them (here an accuracy case: a default spelled out)."""
+    from santa_bench import environment, execute, results
+    from santa_bench.runners.tasks import expand_task_cases
+
+    methods = [(REGISTRY.get("santa-prop"), {"S": 8}),
+               (REGISTRY.get("santa-prop"), {"S": 8, "stash": "fp16"})]
+    cases = expand_task_cases("gsm8k", "tiny", methods, n=2, seed=0, max_new_tokens=3,
+                              data_dir=str(tmp_path), device="cpu")
+    store = results.ResultStore(tmp_path / "res")
+    with pytest.raises(execute.ExecutorError, match="santa-prop S=8 is asked twice"):
+        execute.run_cases(cases, store, environment.collect_environment("test"))
+    assert not (tmp_path / "res").exists() or not any((tmp_path / "res").rglob("*.parquet"))

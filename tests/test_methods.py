@@ -31,12 +31,6 @@ def test_parse_specs_with_parameters():
     }
 
 
-def test_a_spec_left_to_the_grid_options_is_not_a_repeat():
-    # santa-prop takes --S's values, santa-prop:S=128 keeps its own: both can run
-    assert len(parse_method_specs("santa-prop:S=128,santa-prop")) == 2
-    assert len(parse_method_specs("santapp:M=32,santapp")) == 2
-
-
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
@@ -49,8 +43,6 @@ def test_a_spec_left_to_the_grid_options_is_not_a_repeat():
         ("santa-prop:alloc=nearest", "alloc must be one of"),
         ("bernoulli:grouping=union", "grouping must be one of"),
         ("", "no method named"),
-        ("dense,dense", "'dense' and 'dense' are the same configuration"),
-        ("santapp:M=32,santapp:sink=4,M=32", "(sink=4: the default)"),
     ],
 )
 def test_bad_specs_raise_clear_errors(spec, message):

@@ -312,37 +312,4 @@ def parse_method_specs(
         parsed.append((registry.get(name.strip()), overrides))
     if not parsed:
         raise MethodError("no method named")
-    _refuse_repeats(parsed)
     return parsed
-
-
-# parameters the commands' grid options (--S, --M, --team-size, --team-policy) fill in
-# where a spec leaves them out
-GRID_PARAMS = ("S", "M", "team_size", "policy")
-
-
-def _refuse_repeats(parsed: list[tuple[Method, dict[str, Any]]]) -> None:
-    """Raises MethodError where two specs are one configuration once defaults are filled
-    (e.g. a default value spelled out): their runs would share a stored case. A spec
-    that leaves a grid parameter (:data:`GRID_PARAMS`) to the command's option is
-    compared only with specs that leave it too."""
-    seen: dict[tuple, tuple[str, dict[str, Any]]] = {}
-    for method, overrides in parsed:
-        try:
-            resolved = method.resolve_params(overrides)
-        except MethodError:
-            continue  # reported where the parameters are used
-        key = (method.name, tuple(sorted((k, repr(v)) for k, v in resolved.items())),
-               frozenset(k for k in GRID_PARAMS if k in overrides))
-        text = method.name + "".join(
-            f"{',' if i else ':'}{k}={v}" for i, (k, v) in enumerate(overrides.items()))
-        if key in seen:
-            first, given = seen[key]
-            defaults = {p.name: p.default for p in method.params}
-            spelled = [f"{k}={v}" for k, v in (*given.items(), *overrides.items())
-                       if k not in given or k not in overrides
-                       if k in defaults and defaults[k] == v]
-            why = f" ({', '.join(spelled)}: the default)" if spelled else ""
-            raise MethodError(f"{first!r} and {text!r} are the same configuration{why}; "
-                              "name it once")
-        seen[key] = (text, overrides)

@@ -26,7 +26,6 @@ from santa_bench.captured import GAUSSIAN, SHAPE_OPTIONS, capture_shape, describ
 from santa_bench.gpu_state import gpu_state_columns
 from santa_bench.inputs import DecodeShape, make_decode_inputs, parse_dtype
 from santa_bench.methods import REGISTRY, Method, Registry
-from santa_bench.results import config_hash
 from santa_bench.units import format_size
 from santa_kernels.reads import ReadCounts
 
@@ -118,7 +117,6 @@ def expand_cases(
     on Gaussian inputs carry none, so their hashes are those of runs before captured inputs.
     """
     cases = []
-    seen: set[str] = set()
     timing, l2 = timing_mode(grid)
     capture = describe_capture(grid.inputs) if grid.inputs else None
     # vendor baselines first: later cases report their speedup against the best of them
@@ -162,14 +160,6 @@ def expand_cases(
                     "l2": l2,
                     **(capture.case_keys(ctx) if capture is not None else {}),
                 }
-                key = config_hash(case)
-                if key in seen:
-                    given = ", ".join(f"{k}={v}" for k, v in params.items()) or "defaults"
-                    raise ValueError(
-                        f"{method.name} ({given}) at ctx {format_size(ctx)}, batch {batch} "
-                        "is asked twice (a spec's own value and a grid option's, e.g. --S): "
-                        "the second run would overwrite the first's stored case; name it once")
-                seen.add(key)
                 cases.append(case)
     return cases
 
