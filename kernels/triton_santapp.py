@@ -344,7 +344,7 @@ def build_packed(
     policy: str = "contiguous",
     team_size: int = 16,
     leaders: int = 4,
-    representative: str = "leader",
+    representative: str = "mean",
     seed: int = 0,
     sink: int = 0,
     exact_recent: int = 0,

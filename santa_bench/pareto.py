@@ -88,16 +88,16 @@ def _retired_flash(rows: pd.DataFrame) -> pd.Series:
     return (rows.method == "santa-flash") & ~current
 
 
-def config_key(row: pd.Series | dict[str, Any]) -> str | None:
-    """The configuration a row measured, as a method spec: ``santa-prop:S=128``,
-    ``santapp:M=32,sink=4,window=64``, ``dense``. Parameters at their defaults are left
-    out, so a row that omits one and a row that records its default get the same key.
-    None for a method the registry does not hold."""
+def config_params(row: pd.Series | dict[str, Any]) -> list[tuple[str, str]] | None:
+    """``[("M", "32"), ("policy", "kmeans")]``: the parameters a row's configuration names,
+    in the method's order (budgets always, the rest away from their defaults, so a row
+    that omits one and a row that records its default name the same ones). None for a
+    method the registry does not hold."""
     try:
         method = REGISTRY.get(str(row["method"]))
     except MethodError:
         return None
-    parts = []
+    named = []
     for param in method.params:
         if param.name in _NOT_CONFIG:
             continue
@@ -107,8 +107,19 @@ def config_key(row: pd.Series | dict[str, Any]) -> str | None:
         with contextlib.suppress(MethodError, ValueError, TypeError):
             value = param.validate(value, method.name)
         if param.name in _BUDGETS or value != param.default:
-            parts.append(f"{param.name}={_text(value)}")
-    return method.name + (":" + ",".join(parts) if parts else "")
+            named.append((param.name, _text(value)))
+    return named
+
+
+def config_key(row: pd.Series | dict[str, Any]) -> str | None:
+    """The configuration a row measured, as a method spec: ``santa-prop:S=128``,
+    ``santapp:M=32,sink=4,window=64``, ``dense`` (:func:`config_params`). None for a
+    method the registry does not hold."""
+    named = config_params(row)
+    if named is None:
+        return None
+    parts = ",".join(f"{name}={text}" for name, text in named)
+    return REGISTRY.get(str(row["method"])).name + (":" + parts if parts else "")
 
 
 def _samples(cell: Any) -> np.ndarray:

@@ -13,6 +13,7 @@ import pandas as pd
 
 from santa_bench.captured import GAUSSIAN
 from santa_bench.methods import DEFAULT_TILE
+from santa_bench.pareto import config_params
 from santa_bench.units import format_size
 
 KERNEL_METRICS = (
@@ -99,10 +100,19 @@ def speedup_cell(case: pd.DataFrame, bold: bool = False) -> str:
 _LABEL_TEXT_PARAMS = ("reps", "merge", "gather")
 
 
+# named in the label's head (S, M, P=team_size) or by their own rule
+_LABEL_HEAD_PARAMS = ("S", "M", "team_size", "tile", "passes")
+
+
 def variant_text(row: pd.Series) -> str:
-    """`` reps=int8 merge=kernel``: the row's stored string variant parameters, or ``""``."""
-    return "".join(f" {key}={row[key]}" for key in _LABEL_TEXT_PARAMS
-                   if isinstance(row.get(key), str) and row[key])
+    """`` policy=kmeans reps=int8``: the row's configuration parameters away from their
+    defaults (and budgets such as ``k``, ``pages``) that the label's head does not name, and
+    its stored string variant parameters, or ``""``."""
+    named = [(key, text) for key, text in (config_params(row) or [])
+             if key not in _LABEL_HEAD_PARAMS and key not in _LABEL_TEXT_PARAMS]
+    named += [(key, row[key]) for key in _LABEL_TEXT_PARAMS
+              if isinstance(row.get(key), str) and row[key]]
+    return "".join(f" {key}={text}" for key, text in named)
 
 
 def _label(row: pd.Series) -> str:

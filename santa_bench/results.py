@@ -151,6 +151,17 @@ class Run:
         return {**params, **extra, **filled}
 
 
+def _invocation(record: dict[str, Any]) -> dict[str, Any]:
+    return {key: record.get(key) for key in ("date", "command", "git_sha")}
+
+
+def _invocations(old: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The invocations an existing run.json lists (one made before the list: its own)."""
+    if old is None:
+        return []
+    return list(old.get("invocations") or [_invocation(old)])
+
+
 class ResultStore:
     """A folder of runs; answers which cases are done and loads rows as one DataFrame."""
 
@@ -171,7 +182,8 @@ class ResultStore:
         if old is not None and old.get("env_fingerprint") != fingerprint:
             raise ValueError(f"run {run_id!r} exists with a different environment fingerprint")
         directory.mkdir(parents=True, exist_ok=True)
-        record = {**env, "run_id": run_id, "env_fingerprint": fingerprint}
+        record = {**env, "run_id": run_id, "env_fingerprint": fingerprint,
+                  "invocations": _invocations(old) + [_invocation(env)]}
         text = json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
         _atomic_write(directory / "run.json", lambda tmp: Path(tmp).write_text(text))
         return Run(directory, run_id, fingerprint, str(env.get("command") or ""))

@@ -16,26 +16,22 @@ from pathlib import Path
 import pandas as pd
 
 from santa_bench.methods import REGISTRY
+from santa_bench.pareto import config_params
 from santa_bench.results import ResultStore
 
 
 def config_label(row: pd.Series) -> str:
-    """``santa-prop S=128`` / ``santapp M=32 sink=4 window=64``: non-default parameters."""
-    method = REGISTRY.get(row["method"])
-    parts = [method.name]
-    for param in method.params:
-        value = row.get(param.name)
-        if value is None or (isinstance(value, float) and pd.isna(value)):
-            continue
-        if param.name in ("S", "M") or value != param.default:
-            text = int(value) if isinstance(value, float) and value.is_integer() else value
-            parts.append(f"{param.name}={text}")
-    return " ".join(parts)
+    """``santa-prop S=128`` / ``santapp M=32 policy=kmeans``: the method and the parameters
+    its configuration names (budgets, and the rest away from their defaults)."""
+    named = config_params(row) or []
+    return " ".join([REGISTRY.get(row["method"]).name] + [f"{k}={v}" for k, v in named])
 
 
 def accuracy_table(frame: pd.DataFrame, model: str | None = None) -> pd.DataFrame:
     """Returns the table (a row per configuration, a column per task)."""
-    rows = frame[(frame.get("kind") == "accuracy") & (frame.status == "ok")].copy()
+    if frame.empty or "kind" not in frame:
+        return pd.DataFrame()
+    rows = frame[(frame["kind"] == "accuracy") & (frame.status == "ok")].copy()
     if model is not None:
         rows = rows[rows.model == model]
     if rows.empty:
@@ -70,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     table = accuracy_table(ResultStore(args.results).load(), args.model)
     if table.empty:
-        print("no accuracy rows", file=sys.stderr)
+        print(f"no accuracy rows in {args.results} (give the result store: the folder that "
+              "holds the run folders)", file=sys.stderr)
         return 1
     header = "| " + " | ".join(table.columns) + " |"
     print(header)

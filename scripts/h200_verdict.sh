@@ -8,7 +8,7 @@
 # Usage (after `source scripts/h200_setup.sh`):
 #   bash scripts/h200_verdict.sh STAGE RESULTS_DIR
 # STAGE: tests, peers, shapes, ruler, ruler-peers, ruler-lsh, fa3, captured, timing ($GPU
-# names the GPU in the run ids: h200 by default; $KMEANS overrides the k-means candidates,
+# names the GPU in the run ids: h200 by default; $CANDIDATES overrides the SANTA++ candidates,
 # $TASKS the RULER tasks). Runs resume where they stopped.
 # ruler and captured need the model and the RULER samples in $SANTA_BENCH_CACHE
 # (models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b.gguf, data/ruler-samples/); captured reads
@@ -24,15 +24,19 @@ qwen7="--heads 28 --kv-heads 4 --head-dim 128"
 llama8="--heads 32 --kv-heads 8 --head-dim 128"
 dense="sdpa-cudnn,sdpa-flash,triton-splitkv"
 
-# the configurations of the committed accuracy runs (accuracy-2026-12-04-h200-ruler*, -santapp)
+# the configurations of the committed accuracy runs (accuracy-2026-12-04-h200-ruler*, -santapp:
+# SANTA++ with the leader as representative, the default then)
+leader="representative=leader"
 accuracy="santa-prop:S=128,santa-prop:S=256,santa-flash:S=2048,santa-flash:S=256,santa-sys:S=128"
-accuracy+=",santa-strat:S=128,santa-iid:S=128,santapp:M=32,santapp:M=32,sink=0,window=0"
-accuracy+=",santapp:M=64,santapp:M=128,santapp:M=64,team_size=8,santapp:M=128,team_size=8"
-accuracy+=",santapp:M=32,team_size=64,bernoulli:value_stage=prop,S=128"
-# the methods users compare against, and SANTA++ with k-means teams
+accuracy+=",santa-strat:S=128,santa-iid:S=128,santapp:M=32,$leader,santapp:M=32,sink=0,window=0,$leader"
+accuracy+=",santapp:M=64,$leader,santapp:M=128,$leader,santapp:M=64,team_size=8,$leader"
+accuracy+=",santapp:M=128,team_size=8,$leader,santapp:M=32,team_size=64,$leader"
+accuracy+=",bernoulli:value_stage=prop,S=128"
+# the methods users compare against, and the SANTA++ candidates (the mean as representative:
+# accuracy-2026-12-06-h100-niah-mean's closest to dense, contiguous and k-means teams)
 peers="oracle-topk:k=1024,quest:pages=64,quest:pages=256,vattention,topk-santa"
-kmeans="santapp:M=32,policy=kmeans,santapp:M=64,policy=kmeans"
-kmeans=${KMEANS:-$kmeans}
+candidates="santapp:M=256,santapp:M=256,policy=kmeans,santapp:M=64,policy=kmeans"
+candidates=${CANDIDATES:-$candidates}
 # the SANTA++ paper's operating point: 31 or 32 teams, the team size reading 16-22% of the KV
 operating="santapp:M=31,santapp:M=31,team_size=32,santapp:M=32,team_size=32"
 operating+=",santapp:M=31,team_size=64"
@@ -53,7 +57,7 @@ case "$stage" in
       | tee "$results/gpu-tests.txt" | tail -40 ;;
   peers)
     for shape in "$qwen05" "$qwen7" "$llama8"; do
-      kernel "kernels-$day-$gpu-peers" "$shape" "dense,$peers,$kmeans" "$dense"
+      kernel "kernels-$day-$gpu-peers" "$shape" "dense,$peers,$candidates" "$dense"
     done ;;
   shapes)
     # the accuracy runs' configurations at their model's shape, where a GPU lacks them
@@ -67,12 +71,12 @@ case "$stage" in
         "sdpa-cudnn,sdpa-flash,flashinfer-tc,flashinfer-cuda,flashinfer-fa3"
     done ;;
   ruler|ruler-peers|ruler-lsh)
-    # ruler: SANTA++ with k-means teams on RULER's eight NIAH tasks; ruler-peers: the peers;
+    # ruler: the SANTA++ candidates on RULER's eight NIAH tasks; ruler-peers: the peers;
     # ruler-lsh: MagicPIG, whose hash codes take about 24 GB at batch 50 (half on an 80 GB GPU).
     # $TASKS overrides the task list.
     tasks=niah_single_1,niah_single_2,niah_single_3,niah_multikey_1,niah_multikey_2
     tasks+=,niah_multikey_3,niah_multiquery,niah_multivalue
-    methods="dense,$kmeans" batch=50
+    methods="dense,$candidates" batch=50
     [ "$stage" = ruler-peers ] && methods="dense,$peers"
     [ "$stage" = ruler-lsh ] && methods="dense,magicpig" batch=${LSH_BATCH:-50}
     santa-bench accuracy ruler --ctx 32k --n 50 --model qwen2.5-coder-0.5b --device cuda \
@@ -83,7 +87,7 @@ case "$stage" in
     [ -f "$capture" ] || santa-bench capture --model qwen2.5-coder-0.5b --ctx 32k \
       --layers 12,2,5,8,15,18,21,23 --device cuda --dtype bf16 --out "$capture" \
       --text "${HAYSTACK:-ruler-haystack}"
-    kernel "kernels-$day-$gpu-captured-qwen" "" "$accuracy,$peers,$kmeans" "$dense" \
+    kernel "kernels-$day-$gpu-captured-qwen" "" "$accuracy,$peers,$candidates" "$dense" \
       --inputs "$capture" ;;
   timing)
     python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_timing_gpu.py -s -rA 2>&1 \

@@ -287,6 +287,7 @@ def test_the_accuracy_table_script_reads_a_store(tmp_path):
     assert list(table.config) == ["dense", "santa-prop S=128"]
     assert table.loc[1, "vt"] == "50.0 [10, 90] r=0.50"
     assert module.main([str(tmp_path), "--csv", str(tmp_path / "t.csv")]) == 0
+    assert module.main([str(tmp_path / "r")]) == 1  # a run folder, not a store: a message
 
 
 def test_a_case_asked_twice_is_refused_before_anything_runs(tmp_path):

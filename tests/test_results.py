@@ -133,10 +133,29 @@ def test_run_json_holds_environment(tmp_path):
     store = ResultStore(tmp_path)
     run = store.start_run(ENV)
     record = json.loads((tmp_path / run.run_id / "run.json").read_text())
-    assert record == {**ENV, "run_id": run.run_id, "env_fingerprint": run.env_fingerprint}
+    first = {key: ENV.get(key) for key in ("date", "command", "git_sha")}
+    assert record == {**ENV, "run_id": run.run_id, "env_fingerprint": run.env_fingerprint,
+                      "invocations": [first]}
     assert store.runs() == [record]
     with pytest.raises(ValueError, match="fingerprint"):
         store.start_run({**ENV, "device": "cuda"}, run_id=run.run_id)
+
+
+def test_a_reopened_run_keeps_every_invocation(tmp_path):
+    """Two commands writing one run id: run.json's top-level command is the last one's,
+    and ``invocations`` lists both (a run.json written before the list counts as one)."""
+    store = ResultStore(tmp_path)
+    store.start_run({**ENV, "command": "santa-bench a", "date": "d1"}, run_id="r")
+    store.start_run({**ENV, "command": "santa-bench b", "date": "d2"}, run_id="r")
+    record = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert record["command"] == "santa-bench b"
+    assert [i["command"] for i in record["invocations"]] == ["santa-bench a", "santa-bench b"]
+    assert [i["date"] for i in record["invocations"]] == ["d1", "d2"]
+    old = {key: value for key, value in record.items() if key != "invocations"}
+    (tmp_path / "r" / "run.json").write_text(json.dumps(old))  # as written before the list
+    store.start_run({**ENV, "command": "santa-bench c"}, run_id="r")
+    again = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert [i["command"] for i in again["invocations"]] == ["santa-bench b", "santa-bench c"]
 
 
 def test_skipped_and_failed_rows(tmp_path):
@@ -410,6 +429,14 @@ def test_report_label_names_santapp_variants():
         "santapp M=32 P=16 merge=kernel")
     assert _label(pd.Series({**row, "reps": "int8", "merge": "atomic"})) == (
         "santapp M=32 P=16 reps=int8 merge=atomic")
+    # the team policy, representative and exact set, away from their defaults: two
+    # configurations never share a label
+    assert _label(pd.Series({**row, "policy": "kmeans", "representative": "leader",
+                             "sink": 4.0, "window": 64.0})) == (
+        "santapp M=32 P=16 policy=kmeans representative=leader")
+    assert _label(pd.Series({**row, "policy": "contiguous", "sink": 0.0, "window": 0.0})) == (
+        "santapp M=32 P=16 sink=0 window=0")
+    assert _label(pd.Series({"method": "quest", "pages": 64.0})) == "quest pages=64"
     prop = {"method": "santa-prop", "S": 128.0}
     assert _label(pd.Series({**prop, "tile": 64.0})) == "santa-prop S=128"
     assert _label(pd.Series({**prop, "tile": 128.0})) == "santa-prop S=128 tile=128"

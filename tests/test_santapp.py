@@ -185,9 +185,8 @@ def test_kmeans_index_partitions_the_tokens(duplicates):
         k = kv.k.clone()
         k[:, 20:80] = k[:, 20:21]
         kv = sk.KVCache.contiguous(k, kv.v, kv.lengths)
-    index = build_team_index(
-        kv, policy="kmeans", team_size=16, leaders=4, sink=3, exact_recent=5, seed=2
-    )
+    index = build_team_index(kv, policy="kmeans", team_size=16, leaders=4, sink=3,
+                             exact_recent=5, seed=2, representative="leader")
     for b, length in enumerate(kv.lengths.tolist()):
         for h in range(kv.num_kv_heads):
             valid = index.team_valid[b, h]

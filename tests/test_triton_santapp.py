@@ -388,11 +388,17 @@ def test_paged_cache_gives_the_contiguous_result(team_size, plan):
     torch.testing.assert_close(outs[1], outs[3], rtol=0, atol=1e-6)
 
 
-def test_bf16_cache_matches_reference():
+@pytest.mark.parametrize("representative", ["mean", "leader"])
+def test_bf16_cache_matches_reference(representative):
+    """A bf16 cache: the kernel scores representatives stored in bf16, so the reference
+    runs on the same rounded keys (a leader is a cache row: rounding leaves it as is)."""
     q, kv = _problem(heads=8, n=200, d=32, lengths=[200, 150], q_scale=2.0,
                            dtype=torch.bfloat16, seed=4)
-    index = build_team_index(kv, team_size=4)
-    out, _ = _compare(q, kv, index, pack_teams(kv, index), 7, atol=2e-2)
+    index = build_team_index(kv, team_size=4, representative=representative)
+    packed = pack_teams(kv, index)
+    assert packed.reps.dtype == torch.bfloat16
+    index = dataclasses.replace(index, rep_keys=packed.reps.to(index.rep_keys.dtype))
+    out, _ = _compare(q, kv, index, packed, 7, atol=2e-2)
     assert out.dtype == torch.bfloat16
 
 
