@@ -2132,8 +2132,9 @@ class SantaPPInfo:
         return read / (2 * reads.dense_rows * d)
 
 
-def check_scheme(scheme: str = "gumbel-topk", mix: float = 0.0) -> None:
-    """Raises unless the kernel implements this selection (gumbel-topk without mixing)."""
+def check_scheme(scheme: str = "gumbel-topk", mix: float = 0.0, top: int = 0) -> None:
+    """Raises unless the kernel implements this selection (gumbel-topk without mixing,
+    without teams taken exactly by ``top``)."""
     if scheme != "gumbel-topk":
         raise InputError(
             f"scheme: the SANTA++ kernel implements 'gumbel-topk' only, got {scheme!r} "
@@ -2143,6 +2144,11 @@ def check_scheme(scheme: str = "gumbel-topk", mix: float = 0.0) -> None:
         raise InputError(
             f"mix: the SANTA++ kernel has no defensive mixing, got {mix!r} "
             "(use santa_kernels.santapp for mix > 0)"
+        )
+    if top:
+        raise InputError(
+            f"top: the SANTA++ kernel draws every team, got top={top!r} "
+            "(reference only: santa_kernels.santapp; accuracy runs: --reference)"
         )
 
 

@@ -24,6 +24,7 @@ from santa_bench.cli_options import (
     run_cases_or_exit,
 )
 from santa_bench.methods import REGISTRY, MethodError, parse_method_specs
+from santa_bench.pareto import config_params
 from santa_bench.units import format_size, parse_list, parse_size_list
 
 app = typer.Typer(
@@ -499,16 +500,13 @@ def _with_baselines(parsed: list, baselines: str, device: str) -> list:
 
 
 def _team_label(case: dict) -> str:
-    """``M=..,P=..`` (and the team policy when it is not contiguous, the representatives'
-    format when they are not in the cache dtype) of a SANTA++ case."""
+    """``M=..,P=..`` and the SANTA++ case's other parameters away from their defaults
+    (``policy=kmeans``, ``top=8``, ``reps=int8``, ...)."""
     if "M" not in case:
         return "-"
-    label = f"M={case['M']},P={case['team_size']}"
-    if case.get("policy", "contiguous") != "contiguous":
-        label += f",{case['policy']}"
-    if case.get("reps", "model") != "model":
-        label += f",{case['reps']}"
-    return label
+    extra = [f"{name}={text}" for name, text in (config_params(case) or [])
+             if name not in ("M", "team_size")]
+    return ",".join([f"M={case['M']}", f"P={case['team_size']}", *extra])
 
 
 def _print_summary(summary: list[tuple[dict, list[dict]]]) -> None:

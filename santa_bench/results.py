@@ -183,7 +183,7 @@ class ResultStore:
             raise ValueError(f"run {run_id!r} exists with a different environment fingerprint")
         directory.mkdir(parents=True, exist_ok=True)
         record = {**env, "run_id": run_id, "env_fingerprint": fingerprint,
-                  "invocations": _invocations(old) + [_invocation(env)]}
+                  "invocations": [*_invocations(old), _invocation(env)]}
         text = json.dumps(record, indent=2, sort_keys=True, default=str) + "\n"
         _atomic_write(directory / "run.json", lambda tmp: Path(tmp).write_text(text))
         return Run(directory, run_id, fingerprint, str(env.get("command") or ""))

@@ -7,14 +7,14 @@
 # harness-against-a-plain-loop timing test and SANTA's stages against the byte limit.
 # Usage (after `source scripts/h200_setup.sh`):
 #   bash scripts/h200_verdict.sh STAGE RESULTS_DIR
-# STAGE: tests, peers, shapes, ruler, ruler-peers, ruler-lsh, fa3, captured, timing ($GPU
+# STAGE: tests, peers, shapes, ruler, ruler-peers, ruler-lsh, ruler-top, fa3, captured, timing ($GPU
 # names the GPU in the run ids: h200 by default; $CANDIDATES overrides the SANTA++ candidates,
 # $TASKS the RULER tasks). Runs resume where they stopped.
 # ruler and captured need the model and the RULER samples in $SANTA_BENCH_CACHE
 # (models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b.gguf, data/ruler-samples/); captured reads
 # RULER's essays, or the text file $HAYSTACK on a machine without RULER's data.
 set -uo pipefail
-stage=${1:?stage: tests, peers, shapes, ruler, ruler-peers, ruler-lsh, fa3, captured or timing}
+stage=${1:?stage: tests, peers, shapes, ruler, ruler-peers, ruler-lsh, ruler-top, fa3, captured or timing}
 results=${2:?results folder}
 day=${DAY:-$(date +%F)}
 gpu=${GPU:-h200}  # run ids name the GPU
@@ -70,7 +70,7 @@ case "$stage" in
       kernel "kernels-$day-$gpu-flashinfer" "$shape" dense \
         "sdpa-cudnn,sdpa-flash,flashinfer-tc,flashinfer-cuda,flashinfer-fa3"
     done ;;
-  ruler|ruler-peers|ruler-lsh)
+  ruler|ruler-peers|ruler-lsh|ruler-top)
     # ruler: the SANTA++ candidates on RULER's eight NIAH tasks; ruler-peers: the peers;
     # ruler-lsh: MagicPIG, whose hash codes take about 24 GB at batch 50 (half on an 80 GB GPU).
     # $TASKS overrides the task list.
@@ -79,9 +79,14 @@ case "$stage" in
     methods="dense,$candidates" batch=50
     [ "$stage" = ruler-peers ] && methods="dense,$peers"
     [ "$stage" = ruler-lsh ] && methods="dense,magicpig" batch=${LSH_BATCH:-50}
+    # ruler-top: SANTA++ with its top teams exact (reference only: the PyTorch reference
+    # on the GPU, every decode step)
+    reference=()
+    [ "$stage" = ruler-top ] && reference=(--reference) \
+      && methods="dense,santapp:M=32,top=32,santapp:M=64,top=64,santapp:M=128,top=128"
     santa-bench accuracy ruler --ctx 32k --n 50 --model qwen2.5-coder-0.5b --device cuda \
       --batch "$batch" --results "$results" --run-id "accuracy-$day-$gpu-niah" \
-      --tasks "${TASKS:-$tasks}" --methods "$methods" 2>&1 | tail -40 ;;
+      --tasks "${TASKS:-$tasks}" --methods "$methods" "${reference[@]}" 2>&1 | tail -40 ;;
   captured)
     capture="$SANTA_BENCH_CACHE/captures/qwen2.5-coder-0.5b-32k.safetensors"
     [ -f "$capture" ] || santa-bench capture --model qwen2.5-coder-0.5b --ctx 32k \

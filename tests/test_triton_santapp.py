@@ -581,6 +581,15 @@ def test_reference_only_schemes_raise_clearly():
         check_scheme("multinomial")
     with pytest.raises(sk.InputError, match=r"^mix: the SANTA\+\+ kernel has no"):
         check_scheme("gumbel-topk", 0.1)
+    with pytest.raises(sk.InputError, match=r"^top: the SANTA\+\+ kernel draws every team"):
+        check_scheme("gumbel-topk", 0.0, 4)
+    # the registry's kernel adapter and the decode backend skip such a case with that reason
+    from santa_bench.baselines import Unsupported
+    from santa_bench.methods.santapp import santapp_prepare
+
+    q, kv = _problem(heads=4, n=64, d=32, dtype=torch.float32, seed=0)
+    with pytest.raises(Unsupported, match=r"^top:"):
+        santapp_prepare(q, kv, M=2, top=2)
     with pytest.raises(sk.InputError, match=r"^teams_per_split"):
         make_plan(1, 4, 2, 32, 64, 20, 8, 0, local=True, teams_per_split=16)
 

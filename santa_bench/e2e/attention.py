@@ -420,7 +420,8 @@ class TritonSantaPPDecode(DecodeAttention):
             raise Unsupported(why)
         self.module = importlib.import_module(SANTAPP_KERNEL_MODULE)
         try:
-            self.module.check_scheme(self.params["scheme"], self.params["mix"])
+            self.module.check_scheme(self.params["scheme"], self.params["mix"],
+                                     self.params.get("top", 0))
         except ValueError as exc:
             raise Unsupported(str(exc)) from exc
         self.query = q

@@ -60,6 +60,7 @@ def santapp_prepare(
     mix: float = 0.0,
     sink: int = 0,
     window: int = 0,
+    top: int = 0,
     reps: str = "model",
     merge: str = "auto",
     scale: float | None = None,
@@ -70,7 +71,7 @@ def santapp_prepare(
     ``bytes_read_tables`` (the representatives' bytes, counted in the bandwidth)."""
     module = _triton_santapp()
     try:
-        module.check_scheme(scheme, mix)
+        module.check_scheme(scheme, mix, top)
     except ValueError as exc:
         raise Unsupported(str(exc)) from exc
     params = {
@@ -149,7 +150,8 @@ def indexed_reference(q: torch.Tensor, kv: KVCache, index: Any, params: dict[str
 
     p = params
     return santapp_attention(q, kv, index, p["M"], scheme=p["scheme"], mix=p["mix"],
-                             sink=p["sink"], window=p["window"], scale=scale, seed=seed)
+                             sink=p["sink"], window=p["window"], top=p.get("top", 0),
+                             scale=scale, seed=seed)
 
 
 # ------------------------------------------------------------------ the method
@@ -181,6 +183,9 @@ def santapp() -> Method:
             # better on NIAH than none, at no measured kernel cost
             Param("sink", 4, int, "first tokens attended exactly", minimum=0),
             Param("window", 64, int, "recent tokens attended exactly", minimum=0),
+            Param("top", 0, int, "teams of largest phi a query head reads exactly "
+                  "(weight 1) besides the M drawn from the rest (reference only)",
+                  minimum=0, omit_default=True),
             Param(
                 "reps",
                 "model",
