@@ -1451,7 +1451,7 @@ def _finish_selection(
 @triton.jit
 def _select_kernel(
     q_ptr, reps_ptr, log_n_ptr, reps_scale_ptr, gumbel_ptr, rng_ptr, seed,
-    phi_ptr, z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, union_ptr,
+    phi_ptr, z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, union_ptr, forced_ptr,
     scale, M, num_splits, n_cand, t_cap, union_cap, stride_qb, stride_qh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr, G_PAD: tl.constexpr, G_ROWS: tl.constexpr, TB: tl.constexpr,
@@ -1459,6 +1459,7 @@ def _select_kernel(
     DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False,
     ENTRY_PDL: tl.constexpr = False, REPS_AS: tl.constexpr = "", BRACKET: tl.constexpr = 0,
     HEAD_LISTS: tl.constexpr = False, TOPS: tl.constexpr = False,
+    HAS_FORCED: tl.constexpr = False,
 ):
     _pdl_enter(PDL, False)  # the next kernel may launch as this grid's last wave starts
     split = tl.program_id(0)
@@ -1517,6 +1518,12 @@ def _select_kernel(
             u = tl.where(row == 3, u3[None, :], u)
         gumbel = -tl.log(-tl.log(tl.maximum(u, 1e-12)))
     z = tl.where(valid, phi + gumbel, float("-inf"))
+    if HAS_FORCED:
+        # teams taken exactly (``top``): z = +inf selects them before any drawn team, and
+        # phi = +inf gives them pi = 1 (weight 1) wherever the weights are computed
+        forced = tl.load(forced_ptr + cells, mask=valid, other=0) != 0
+        phi = tl.where(forced, float("inf"), phi)
+        z = tl.where(forced, float("inf"), z)
     tl.store(phi_ptr + cells, phi, mask=valid)
     tl.store(z_ptr + cells, z, mask=valid)
     if LOCAL:
@@ -2132,9 +2139,8 @@ class SantaPPInfo:
         return read / (2 * reads.dense_rows * d)
 
 
-def check_scheme(scheme: str = "gumbel-topk", mix: float = 0.0, top: int = 0) -> None:
-    """Raises unless the kernel implements this selection (gumbel-topk without mixing,
-    without teams taken exactly by ``top``)."""
+def check_scheme(scheme: str = "gumbel-topk", mix: float = 0.0) -> None:
+    """Raises unless the kernel implements this selection (gumbel-topk without mixing)."""
     if scheme != "gumbel-topk":
         raise InputError(
             f"scheme: the SANTA++ kernel implements 'gumbel-topk' only, got {scheme!r} "
@@ -2144,11 +2150,6 @@ def check_scheme(scheme: str = "gumbel-topk", mix: float = 0.0, top: int = 0) ->
         raise InputError(
             f"mix: the SANTA++ kernel has no defensive mixing, got {mix!r} "
             "(use santa_kernels.santapp for mix > 0)"
-        )
-    if top:
-        raise InputError(
-            f"top: the SANTA++ kernel draws every team, got top={top!r} "
-            "(reference only: santa_kernels.santapp; accuracy runs: --reference)"
         )
 
 
@@ -2209,13 +2210,13 @@ def _check_call(q, kv, packed, M, workspace) -> None:
 
 
 def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
-            pdl_chain: bool = False) -> torch.Tensor:
+            pdl_chain: bool = False, forced: torch.Tensor | None = None) -> torch.Tensor:
     """Launches the call's kernels (``stages``: a subset of :data:`STAGES`, for profiling;
     the output is only meaningful with all of them; ``("score",)`` runs the select kernel
     without finishing the selection; ``"no-union"`` added: the finisher does not write the
     union (or the head lists), ``"no-search"``: nor does it search kappa (profiling: wrong
-    outputs); ``pdl_chain``: see
-    :func:`santapp_decode`). Returns the output buffer."""
+    outputs); ``pdl_chain``: see :func:`santapp_decode`; ``forced [B*Hq, T]`` (int8):
+    teams taken exactly, ``M`` counting them). Returns the output buffer."""
     p = ws.plan
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
@@ -2243,13 +2244,15 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
             gumbels if gumbels is not None else ws.phi, ws.rng,
             (ws.seed if seed is None else int(seed)) & 0xFFFFFFFF,
             ws.phi, ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.union,
+            forced if forced is not None else ws.union,
             tau, M, p.num_splits, p.n_cand, p.max_teams, p.union_cap, q.stride(0), q.stride(1),
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad, G_PAD=p.g_pad,
             G_ROWS=p.g_rows, TB=p.teams_per_split, M1_PAD=p.m1_pad,
             LOCAL=p.local, HAS_GUMBELS=gumbels is not None,
             DOT_PRECISION=precision, PDL=early, ENTRY_PDL=chain,
             REPS_AS=_REPS_AS[kv.dtype] if packed.reps_scale is not None else "",
-            BRACKET=p.bracket, HEAD_LISTS=lists, TOPS=lists and p.compact > 0, num_stages=1,
+            BRACKET=p.bracket, HEAD_LISTS=lists, TOPS=lists and p.compact > 0,
+            HAS_FORCED=forced is not None, num_stages=1,
             num_warps=p.score_warps,
             **({"launch_pdl": True} if chain else {}),
         )  # fmt: skip
@@ -2313,12 +2316,31 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
     return out
 
 
+def forced_teams(q: torch.Tensor, packed: PackedTeams, top: int, tau: float) -> torch.Tensor:
+    """``[B*Hq, T]`` int8: each query head's ``top`` teams of largest ``phi = tau q.r +
+    log n`` (fp32, from the packed representatives), the teams ``top`` takes exactly.
+    Any set fixed before the Gumbel draw keeps the estimator's identity; this one reads
+    the representatives once more (torch ops, no host synchronisation)."""
+    batch, hq, d = q.shape
+    hkv = packed.num_kv_heads
+    reps = packed.reps.float()
+    if packed.reps_scale is not None:
+        reps = reps * packed.reps_scale[..., None]
+    query = q.float().view(batch, hkv, hq // hkv, d)
+    phi = tau * torch.einsum("bkgd,bktd->bkgt", query, reps) + packed.log_n[:, :, None]
+    first = torch.topk(phi, top, dim=-1).indices
+    forced = torch.zeros(phi.shape, dtype=torch.int8, device=q.device)
+    forced.scatter_(-1, first, 1)
+    return forced.view(batch * hq, -1)
+
+
 def santapp_decode(
     q: torch.Tensor,
     kv: KVCache,
     packed: PackedTeams,
     M: int,
     *,
+    top: int = 0,
     scale: float | None = None,
     seed: int | None = None,
     gumbels: torch.Tensor | None = None,
@@ -2326,15 +2348,20 @@ def santapp_decode(
     pdl_chain: bool = False,
 ) -> tuple[torch.Tensor, SantaPPInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)``: one SANTA++ decode step (section 6,
-    gumbel-topk, exact set = the pack's). ``gumbels [B, Hq, T]`` replaces the Philox
-    Gumbel noise (tests). With a ``workspace`` the call allocates nothing
-    and never synchronises (CUDA-graph capturable). ``pdl_chain``: the call sits between
-    kernels that launch as programmatic dependents (the e2e step's gemm rest): where
+    gumbel-topk, exact set = the pack's). ``top``: each query head also takes its ``top``
+    teams of largest phi with weight 1 (:func:`forced_teams`; the workspace is planned for
+    ``M + top`` teams a head). ``gumbels [B, Hq, T]`` replaces the Philox Gumbel noise
+    (tests). With a ``workspace`` the call allocates nothing (``top``: its mask's torch
+    ops do) and never synchronises (CUDA-graph capturable). ``pdl_chain``: the call sits
+    between kernels that launch as programmatic dependents (the e2e step's gemm rest): where
     :func:`pdl_available`, its first kernel launches as a dependent of the kernel before
     and loads the representatives before waiting for it, and its last lets the next kernel
     launch early (no effect elsewhere)."""
-    _check_call(q, kv, packed, M, workspace)
-    ws = workspace or SantaPPWorkspace.for_inputs(q, kv, packed, M)
+    if isinstance(top, bool) or not isinstance(top, int) or top < 0:
+        raise InputError(f"top: expected an integer >= 0, got {top!r}")
+    taken = M + top if isinstance(M, int) and not isinstance(M, bool) else M
+    _check_call(q, kv, packed, taken, workspace)
+    ws = workspace or SantaPPWorkspace.for_inputs(q, kv, packed, taken)
     p = ws.plan
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
@@ -2345,9 +2372,10 @@ def santapp_decode(
                 f"gumbels: expected shape {(batch, hq, p.max_teams)}, got {tuple(gumbels.shape)}"
             )
         gumbels = gumbels.to(device=q.device, dtype=torch.float32).contiguous()
-    out = _launch(q, kv, packed, M, ws, tau, seed, gumbels, STAGES, pdl_chain)
+    forced = forced_teams(q, packed, top, tau) if top else None
+    out = _launch(q, kv, packed, taken, ws, tau, seed, gumbels, STAGES, pdl_chain, forced)
     info = SantaPPInfo(
-        M=M,
+        M=taken,
         packed=packed,
         z=ws.z.view(batch, hq, p.max_teams),
         phi=ws.phi.view(batch, hq, p.max_teams),
@@ -2367,6 +2395,7 @@ __all__ = [
     "SantaPPWorkspace",
     "build_packed",
     "check_scheme",
+    "forced_teams",
     "make_plan",
     "pack_teams",
     "santapp_decode",

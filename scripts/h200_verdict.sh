@@ -37,6 +37,8 @@ accuracy+=",bernoulli:value_stage=prop,S=128"
 peers="oracle-topk:k=1024,quest:pages=64,quest:pages=256,vattention,topk-santa"
 candidates="santapp:M=256,santapp:M=256,policy=kmeans,santapp:M=64,policy=kmeans"
 candidates=${CANDIDATES:-$candidates}
+# SANTA++ with its top teams read exactly (results/cpu-fidelity/captured-qwen-8k-ruler-top)
+tops="santapp:M=32,top=32,santapp:M=64,top=64,santapp:M=128,top=128"
 # the SANTA++ paper's operating point: 31 or 32 teams, the team size reading 16-22% of the KV
 operating="santapp:M=31,santapp:M=31,team_size=32,santapp:M=32,team_size=32"
 operating+=",santapp:M=31,team_size=64"
@@ -57,7 +59,7 @@ case "$stage" in
       | tee "$results/gpu-tests.txt" | tail -40 ;;
   peers)
     for shape in "$qwen05" "$qwen7" "$llama8"; do
-      kernel "kernels-$day-$gpu-peers" "$shape" "dense,$peers,$candidates" "$dense"
+      kernel "kernels-$day-$gpu-peers" "$shape" "dense,$peers,$candidates,$tops" "$dense"
     done ;;
   shapes)
     # the accuracy runs' configurations at their model's shape, where a GPU lacks them
@@ -79,20 +81,16 @@ case "$stage" in
     methods="dense,$candidates" batch=50
     [ "$stage" = ruler-peers ] && methods="dense,$peers"
     [ "$stage" = ruler-lsh ] && methods="dense,magicpig" batch=${LSH_BATCH:-50}
-    # ruler-top: SANTA++ with its top teams exact (reference only: the PyTorch reference
-    # on the GPU, every decode step)
-    reference=()
-    [ "$stage" = ruler-top ] && reference=(--reference) \
-      && methods="dense,santapp:M=32,top=32,santapp:M=64,top=64,santapp:M=128,top=128"
+    [ "$stage" = ruler-top ] && methods="dense,$tops"  # SANTA++ with its top teams exact
     santa-bench accuracy ruler --ctx 32k --n 50 --model qwen2.5-coder-0.5b --device cuda \
       --batch "$batch" --results "$results" --run-id "accuracy-$day-$gpu-niah" \
-      --tasks "${TASKS:-$tasks}" --methods "$methods" "${reference[@]}" 2>&1 | tail -40 ;;
+      --tasks "${TASKS:-$tasks}" --methods "$methods" 2>&1 | tail -40 ;;
   captured)
     capture="$SANTA_BENCH_CACHE/captures/qwen2.5-coder-0.5b-32k.safetensors"
     [ -f "$capture" ] || santa-bench capture --model qwen2.5-coder-0.5b --ctx 32k \
       --layers 12,2,5,8,15,18,21,23 --device cuda --dtype bf16 --out "$capture" \
       --text "${HAYSTACK:-ruler-haystack}"
-    kernel "kernels-$day-$gpu-captured-qwen" "" "$accuracy,$peers,$candidates" "$dense" \
+    kernel "kernels-$day-$gpu-captured-qwen" "" "$accuracy,$peers,$candidates,$tops" "$dense" \
       --inputs "$capture" ;;
   timing)
     python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_timing_gpu.py -s -rA 2>&1 \

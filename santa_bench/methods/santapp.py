@@ -71,7 +71,7 @@ def santapp_prepare(
     ``bytes_read_tables`` (the representatives' bytes, counted in the bandwidth)."""
     module = _triton_santapp()
     try:
-        module.check_scheme(scheme, mix, top)
+        module.check_scheme(scheme, mix)
     except ValueError as exc:
         raise Unsupported(str(exc)) from exc
     params = {
@@ -85,19 +85,21 @@ def santapp_prepare(
     }
     try:
         packed, build_ms = _santapp_packed(module, kv, params)
-        workspace = module.SantaPPWorkspace.for_inputs(q, kv, packed, M, seed=seed,
+        workspace = module.SantaPPWorkspace.for_inputs(q, kv, packed, M + top, seed=seed,
                                                        merge_atomic=merge_atomic_of(merge))
 
         def run() -> torch.Tensor:
-            return module.santapp_decode(q, kv, packed, M, scale=scale, workspace=workspace)[0]
+            return module.santapp_decode(q, kv, packed, M, top=top, scale=scale,
+                                         workspace=workspace)[0]
 
-        module.santapp_decode(q, kv, packed, M, scale=scale, workspace=workspace)
+        run()
     except Exception as exc:
         raise Unsupported(f"santapp: {type(exc).__name__}: {exc}") from exc
     metrics: dict[str, tuple[float, str]] = {"index_build_ms": (build_ms, "ms")}
 
     def reads():
-        _, info = module.santapp_decode(q, kv, packed, M, scale=scale, workspace=workspace)
+        _, info = module.santapp_decode(q, kv, packed, M, top=top, scale=scale,
+                                        workspace=workspace)
         metrics["read_equivalent"] = (info.read_equivalent(), "ratio")
         counts = info.read_counts()
         # representatives (and log n, int8 scales): read every call besides the K/V rows
@@ -111,11 +113,13 @@ def santapp_prepare(
         is the same (as the decode loop's layers share one)."""
         own, _ = _santapp_packed(module, kv, params)
         merge_atomic = merge_atomic_of(merge)
-        same = module._plan_for(q, kv, own, M, merge_atomic=merge_atomic) == workspace.plan
+        same = (module._plan_for(q, kv, own, M + top, merge_atomic=merge_atomic)
+                == workspace.plan)
         ws = workspace if same else module.SantaPPWorkspace.for_inputs(
-            q, kv, own, M, seed=seed, merge_atomic=merge_atomic)
+            q, kv, own, M + top, seed=seed, merge_atomic=merge_atomic)
         return Prepared(
-            lambda: module.santapp_decode(q, kv, own, M, scale=scale, workspace=ws)[0],
+            lambda: module.santapp_decode(q, kv, own, M, top=top, scale=scale,
+                                          workspace=ws)[0],
             nbytes_of(q, kv), notes, rebind=rebind)
 
     notes = {"plan": workspace.plan, "teams_read_from": packed.what_is_read()}
@@ -184,7 +188,7 @@ def santapp() -> Method:
             Param("sink", 4, int, "first tokens attended exactly", minimum=0),
             Param("window", 64, int, "recent tokens attended exactly", minimum=0),
             Param("top", 0, int, "teams of largest phi a query head reads exactly "
-                  "(weight 1) besides the M drawn from the rest (reference only)",
+                  "(weight 1) besides the M drawn from the rest",
                   minimum=0, omit_default=True),
             Param(
                 "reps",
