@@ -2357,9 +2357,10 @@ def santapp_decode(
     :func:`pdl_available`, its first kernel launches as a dependent of the kernel before
     and loads the representatives before waiting for it, and its last lets the next kernel
     launch early (no effect elsewhere)."""
+    check_positive_int(M, "M")
     if isinstance(top, bool) or not isinstance(top, int) or top < 0:
         raise InputError(f"top: expected an integer >= 0, got {top!r}")
-    taken = M + top if isinstance(M, int) and not isinstance(M, bool) else M
+    taken = M + top  # the teams a head reads: the plan's M
     _check_call(q, kv, packed, taken, workspace)
     ws = workspace or SantaPPWorkspace.for_inputs(q, kv, packed, taken)
     p = ws.plan
