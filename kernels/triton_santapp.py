@@ -105,6 +105,7 @@ from santa_kernels.reads import ReadCounts
 from santa_kernels.santapp import (
     REPS_FORMATS,
     TeamIndex,
+    _check_count,
     _check_kv,
     build_team_index,
     kmeans_groups,
@@ -2318,16 +2319,19 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
 
 def forced_teams(q: torch.Tensor, packed: PackedTeams, top: int, tau: float) -> torch.Tensor:
     """``[B*Hq, T]`` int8: each query head's ``top`` teams of largest ``phi = tau q.r +
-    log n`` (fp32, from the packed representatives), the teams ``top`` takes exactly.
-    Any set fixed before the Gumbel draw keeps the estimator's identity; this one reads
-    the representatives once more (torch ops, no host synchronisation)."""
+    log n`` (the dot in the cache dtype, from the packed representatives), the teams
+    ``top`` takes exactly. Any set fixed before the Gumbel draw keeps the estimator's
+    identity, so the dot's rounding only decides near-ties; this reads the
+    representatives once more than the select pass (torch ops, no host synchronisation)."""
     batch, hq, d = q.shape
     hkv = packed.num_kv_heads
-    reps = packed.reps.float()
-    if packed.reps_scale is not None:
-        reps = reps * packed.reps_scale[..., None]
-    query = q.float().view(batch, hkv, hq // hkv, d)
-    phi = tau * torch.einsum("bkgd,bktd->bkgt", query, reps) + packed.log_n[:, :, None]
+    int8 = packed.reps_scale is not None
+    reps = packed.reps.to(q.dtype) if int8 else packed.reps  # int8 codes: exact in 16 bits
+    query = q.to(reps.dtype).view(batch, hkv, hq // hkv, d)
+    dots = torch.einsum("bkgd,bktd->bkgt", query, reps).float()
+    if int8:
+        dots = dots * packed.reps_scale[:, :, None]
+    phi = tau * dots + packed.log_n[:, :, None]
     first = torch.topk(phi, top, dim=-1).indices
     forced = torch.zeros(phi.shape, dtype=torch.int8, device=q.device)
     forced.scatter_(-1, first, 1)
@@ -2357,10 +2361,7 @@ def santapp_decode(
     :func:`pdl_available`, its first kernel launches as a dependent of the kernel before
     and loads the representatives before waiting for it, and its last lets the next kernel
     launch early (no effect elsewhere)."""
-    check_positive_int(M, "M")
-    if isinstance(top, bool) or not isinstance(top, int) or top < 0:
-        raise InputError(f"top: expected an integer >= 0, got {top!r}")
-    taken = M + top  # the teams a head reads: the plan's M
+    taken = check_positive_int(M, "M") + _check_count(top, "top")  # the plan's M
     _check_call(q, kv, packed, taken, workspace)
     ws = workspace or SantaPPWorkspace.for_inputs(q, kv, packed, taken)
     p = ws.plan

@@ -24,7 +24,6 @@ from santa_bench.cli_options import (
     run_cases_or_exit,
 )
 from santa_bench.methods import REGISTRY, MethodError, parse_method_specs
-from santa_bench.pareto import config_params
 from santa_bench.units import format_size, parse_list, parse_size_list
 
 app = typer.Typer(
@@ -502,6 +501,8 @@ def _with_baselines(parsed: list, baselines: str, device: str) -> list:
 def _team_label(case: dict) -> str:
     """``M=..,P=..`` and the SANTA++ case's other parameters away from their defaults
     (``policy=kmeans``, ``top=8``, ``reps=int8``, ...)."""
+    from santa_bench.pareto import config_params  # the summary only: not at start-up
+
     if "M" not in case:
         return "-"
     extra = [f"{name}={text}" for name, text in (config_params(case) or [])
