@@ -519,18 +519,14 @@ def gumbel_topk_select(
     M: int,
     generator: torch.Generator | None,
     gumbels: torch.Tensor | None = None,
-    top: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(selected, pi)`` for logits ``phi [..., T]`` (-inf: no team).
 
     ``z = phi + Gumbel``; the top ``M`` are selected; ``pi_g = 1 - exp(-exp(phi_g - kappa))``
     with ``kappa`` the ``(M+1)``-th largest ``z`` (``pi = 1`` where a row has at most ``M``
     teams): the inclusion probability of ``g`` given the other teams' ``z``; ``pi`` is 0 where not
-    selected. ``E[1{g selected} / pi_g] = 1`` for every team (section 6). ``top``: the
-    ``top`` teams of largest ``phi`` are taken first with ``pi = 1`` and the ``M`` are
-    drawn from the rest as above (``kappa`` the rest's ``(M+1)``-th largest ``z``), so the
-    identity still holds. ``gumbels`` (shape of ``phi``) replaces the drawn noise, so a
-    kernel can be checked on the same draw.
+    selected. ``E[1{g selected} / pi_g] = 1`` for every team (section 6). ``gumbels`` (shape
+    of ``phi``) replaces the drawn noise, so a kernel can be checked on the same draw.
     """
     if gumbels is not None:
         if tuple(gumbels.shape) != tuple(phi.shape):
@@ -542,23 +538,16 @@ def gumbel_topk_select(
         u = torch.rand(phi.shape, generator=generator, dtype=torch.float64).to(phi.device)
         gumbel = -torch.log(-torch.log(u.clamp(min=1e-300, max=1 - 2**-53)))
     z = phi + gumbel.to(phi.dtype)
-    forced = torch.zeros_like(phi, dtype=torch.bool)
-    if top:
-        first = torch.topk(phi, min(top, phi.shape[-1]), dim=-1).indices
-        forced = forced.scatter(-1, first, True) & torch.isfinite(phi)
-        z = torch.where(forced, torch.full_like(z, math.inf), z)
-    taken = M + top
     n_teams = torch.isfinite(phi).sum(dim=-1, keepdim=True)
-    k = min(taken + 1, phi.shape[-1])
-    best = torch.topk(z, k, dim=-1)
-    selected = torch.zeros_like(phi, dtype=torch.bool).scatter(-1, best.indices[..., :taken],
-                                                               True)
+    k = min(M + 1, phi.shape[-1])
+    top = torch.topk(z, k, dim=-1)
+    selected = torch.zeros_like(phi, dtype=torch.bool).scatter(-1, top.indices[..., :M], True)
     selected &= torch.isfinite(phi)
-    everything = n_teams <= taken
-    kappa = best.values[..., -1:] if k > taken else torch.full_like(z[..., :1], -math.inf)
+    everything = n_teams <= M
+    kappa = top.values[..., -1:] if k > M else torch.full_like(z[..., :1], -math.inf)
     kappa = torch.where(everything, torch.full_like(kappa, -math.inf), kappa)
     pi = -torch.expm1(-torch.exp(phi - kappa))
-    pi = torch.where(everything | forced, torch.ones_like(pi), pi)
+    pi = torch.where(everything, torch.ones_like(pi), pi)
     return selected, torch.where(selected, pi, torch.zeros_like(pi))
 
 
@@ -582,7 +571,6 @@ def santapp_attention(
     mix: float = 0.0,
     sink: int = 0,
     window: int = 0,
-    top: int = 0,
     scale: float | None = None,
     seed: int | None = None,
     generator: torch.Generator | None = None,
@@ -598,8 +586,6 @@ def santapp_attention(
     ``num / den`` with ``num = sum_sel w_g sum_{i in g \\ E} e^{s_i-m} v_i +
     sum_{j in E} e^{s_j-m} v_j`` (``den`` likewise). ``E``: tokens in no team, the first
     ``sink`` and the last ``window`` tokens (masked out of their teams' sums).
-    ``top`` (gumbel-topk only): each query head also reads its ``top`` teams of largest
-    ``phi`` with weight 1, the ``M`` drawn from the rest.
     ``gumbels [B, Hq, T]`` (gumbel-topk only) replaces the drawn Gumbel noise.
     """
     kv = _check_kv(kv)
@@ -611,17 +597,13 @@ def santapp_attention(
         raise InputError(f"mix: expected a number in [0, 1), got {mix!r}")
     _check_count(sink, "sink")
     _check_count(window, "window")
-    _check_count(top, "top")
-    if top and scheme != "gumbel-topk":
-        raise InputError(f"top: only for scheme 'gumbel-topk', got {scheme!r}")
     if compute_dtype not in COMPUTE_DTYPES:
         raise InputError(f"compute_dtype: expected float32 or float64, got {compute_dtype}")
     fewest = int(index.num_teams.min())
-    if fewest < M + top:
+    if fewest < M:
         b, h = divmod(int(index.num_teams.argmin()), kv.num_kv_heads)
-        asked = f"{M} teams" if not top else f"{M} + top {top} teams"
         raise InputError(
-            f"M: {asked} requested but sequence {b}, KV head {h} has only {fewest} teams"
+            f"M: {M} teams requested but sequence {b}, KV head {h} has only {fewest} teams"
         )
     tau = check_scale(scale, kv.head_dim)
     gen = make_generator(seed, generator)
@@ -655,7 +637,7 @@ def santapp_attention(
     if gumbels is not None and scheme != "gumbel-topk":
         raise InputError(f"gumbels: only for scheme 'gumbel-topk', got {scheme!r}")
     if scheme == "gumbel-topk":
-        selected, pi = gumbel_topk_select(log_p, M, gen, gumbels, top=top)
+        selected, pi = gumbel_topk_select(log_p, M, gen, gumbels)
         team_w = torch.where(selected, 1 / torch.where(selected, pi, 1), 0)
     else:
         probs = torch.softmax(log_p, dim=-1)
@@ -752,7 +734,6 @@ def santapp(
     mix: float = 0.0,
     sink: int = 0,
     window: int = 0,
-    top: int = 0,
     index_seed: int = 0,
     reps: str = "model",
     merge: str = "auto",
@@ -783,7 +764,6 @@ def santapp(
         mix=mix,
         sink=sink,
         window=window,
-        top=top,
         **kw,  # type: ignore[arg-type]
     )
 

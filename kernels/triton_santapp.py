@@ -105,7 +105,6 @@ from santa_kernels.reads import ReadCounts
 from santa_kernels.santapp import (
     REPS_FORMATS,
     TeamIndex,
-    _check_count,
     _check_kv,
     build_team_index,
     kmeans_groups,
@@ -1452,7 +1451,7 @@ def _finish_selection(
 @triton.jit
 def _select_kernel(
     q_ptr, reps_ptr, log_n_ptr, reps_scale_ptr, gumbel_ptr, rng_ptr, seed,
-    phi_ptr, z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, union_ptr, forced_ptr,
+    phi_ptr, z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, union_ptr,
     scale, M, num_splits, n_cand, t_cap, union_cap, stride_qb, stride_qh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr, G_PAD: tl.constexpr, G_ROWS: tl.constexpr, TB: tl.constexpr,
@@ -1460,7 +1459,6 @@ def _select_kernel(
     DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False,
     ENTRY_PDL: tl.constexpr = False, REPS_AS: tl.constexpr = "", BRACKET: tl.constexpr = 0,
     HEAD_LISTS: tl.constexpr = False, TOPS: tl.constexpr = False,
-    HAS_FORCED: tl.constexpr = False,
 ):
     _pdl_enter(PDL, False)  # the next kernel may launch as this grid's last wave starts
     split = tl.program_id(0)
@@ -1519,12 +1517,6 @@ def _select_kernel(
             u = tl.where(row == 3, u3[None, :], u)
         gumbel = -tl.log(-tl.log(tl.maximum(u, 1e-12)))
     z = tl.where(valid, phi + gumbel, float("-inf"))
-    if HAS_FORCED:
-        # teams taken exactly (``top``): z = +inf selects them before any drawn team, and
-        # phi = +inf gives them pi = 1 (weight 1) wherever the weights are computed
-        forced = tl.load(forced_ptr + cells, mask=valid, other=0) != 0
-        phi = tl.where(forced, float("inf"), phi)
-        z = tl.where(forced, float("inf"), z)
     tl.store(phi_ptr + cells, phi, mask=valid)
     tl.store(z_ptr + cells, z, mask=valid)
     if LOCAL:
@@ -2211,13 +2203,13 @@ def _check_call(q, kv, packed, M, workspace) -> None:
 
 
 def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
-            pdl_chain: bool = False, forced: torch.Tensor | None = None) -> torch.Tensor:
+            pdl_chain: bool = False) -> torch.Tensor:
     """Launches the call's kernels (``stages``: a subset of :data:`STAGES`, for profiling;
     the output is only meaningful with all of them; ``("score",)`` runs the select kernel
     without finishing the selection; ``"no-union"`` added: the finisher does not write the
     union (or the head lists), ``"no-search"``: nor does it search kappa (profiling: wrong
-    outputs); ``pdl_chain``: see :func:`santapp_decode`; ``forced [B*Hq, T]`` (int8):
-    teams taken exactly, ``M`` counting them). Returns the output buffer."""
+    outputs); ``pdl_chain``: see
+    :func:`santapp_decode`). Returns the output buffer."""
     p = ws.plan
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
@@ -2245,15 +2237,13 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
             gumbels if gumbels is not None else ws.phi, ws.rng,
             (ws.seed if seed is None else int(seed)) & 0xFFFFFFFF,
             ws.phi, ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.union,
-            forced if forced is not None else ws.union,
             tau, M, p.num_splits, p.n_cand, p.max_teams, p.union_cap, q.stride(0), q.stride(1),
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad, G_PAD=p.g_pad,
             G_ROWS=p.g_rows, TB=p.teams_per_split, M1_PAD=p.m1_pad,
             LOCAL=p.local, HAS_GUMBELS=gumbels is not None,
             DOT_PRECISION=precision, PDL=early, ENTRY_PDL=chain,
             REPS_AS=_REPS_AS[kv.dtype] if packed.reps_scale is not None else "",
-            BRACKET=p.bracket, HEAD_LISTS=lists, TOPS=lists and p.compact > 0,
-            HAS_FORCED=forced is not None, num_stages=1,
+            BRACKET=p.bracket, HEAD_LISTS=lists, TOPS=lists and p.compact > 0, num_stages=1,
             num_warps=p.score_warps,
             **({"launch_pdl": True} if chain else {}),
         )  # fmt: skip
@@ -2317,34 +2307,12 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
     return out
 
 
-def forced_teams(q: torch.Tensor, packed: PackedTeams, top: int, tau: float) -> torch.Tensor:
-    """``[B*Hq, T]`` int8: each query head's ``top`` teams of largest ``phi = tau q.r +
-    log n`` (the dot in the cache dtype, from the packed representatives), the teams
-    ``top`` takes exactly. Any set fixed before the Gumbel draw keeps the estimator's
-    identity, so the dot's rounding only decides near-ties; this reads the
-    representatives once more than the select pass (torch ops, no host synchronisation)."""
-    batch, hq, d = q.shape
-    hkv = packed.num_kv_heads
-    int8 = packed.reps_scale is not None
-    reps = packed.reps.to(q.dtype) if int8 else packed.reps  # int8 codes: exact in 16 bits
-    query = q.to(reps.dtype).view(batch, hkv, hq // hkv, d)
-    dots = torch.einsum("bkgd,bktd->bkgt", query, reps).float()
-    if int8:
-        dots = dots * packed.reps_scale[:, :, None]
-    phi = tau * dots + packed.log_n[:, :, None]
-    first = torch.topk(phi, top, dim=-1).indices
-    forced = torch.zeros(phi.shape, dtype=torch.int8, device=q.device)
-    forced.scatter_(-1, first, 1)
-    return forced.view(batch * hq, -1)
-
-
 def santapp_decode(
     q: torch.Tensor,
     kv: KVCache,
     packed: PackedTeams,
     M: int,
     *,
-    top: int = 0,
     scale: float | None = None,
     seed: int | None = None,
     gumbels: torch.Tensor | None = None,
@@ -2352,18 +2320,15 @@ def santapp_decode(
     pdl_chain: bool = False,
 ) -> tuple[torch.Tensor, SantaPPInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)``: one SANTA++ decode step (section 6,
-    gumbel-topk, exact set = the pack's). ``top``: each query head also takes its ``top``
-    teams of largest phi with weight 1 (:func:`forced_teams`; the workspace is planned for
-    ``M + top`` teams a head). ``gumbels [B, Hq, T]`` replaces the Philox Gumbel noise
-    (tests). With a ``workspace`` the call allocates nothing (``top``: its mask's torch
-    ops do) and never synchronises (CUDA-graph capturable). ``pdl_chain``: the call sits
-    between kernels that launch as programmatic dependents (the e2e step's gemm rest): where
+    gumbel-topk, exact set = the pack's). ``gumbels [B, Hq, T]`` replaces the Philox
+    Gumbel noise (tests). With a ``workspace`` the call allocates nothing
+    and never synchronises (CUDA-graph capturable). ``pdl_chain``: the call sits between
+    kernels that launch as programmatic dependents (the e2e step's gemm rest): where
     :func:`pdl_available`, its first kernel launches as a dependent of the kernel before
     and loads the representatives before waiting for it, and its last lets the next kernel
     launch early (no effect elsewhere)."""
-    taken = check_positive_int(M, "M") + _check_count(top, "top")  # the plan's M
-    _check_call(q, kv, packed, taken, workspace)
-    ws = workspace or SantaPPWorkspace.for_inputs(q, kv, packed, taken)
+    _check_call(q, kv, packed, M, workspace)
+    ws = workspace or SantaPPWorkspace.for_inputs(q, kv, packed, M)
     p = ws.plan
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
@@ -2374,10 +2339,9 @@ def santapp_decode(
                 f"gumbels: expected shape {(batch, hq, p.max_teams)}, got {tuple(gumbels.shape)}"
             )
         gumbels = gumbels.to(device=q.device, dtype=torch.float32).contiguous()
-    forced = forced_teams(q, packed, top, tau) if top else None
-    out = _launch(q, kv, packed, taken, ws, tau, seed, gumbels, STAGES, pdl_chain, forced)
+    out = _launch(q, kv, packed, M, ws, tau, seed, gumbels, STAGES, pdl_chain)
     info = SantaPPInfo(
-        M=taken,
+        M=M,
         packed=packed,
         z=ws.z.view(batch, hq, p.max_teams),
         phi=ws.phi.view(batch, hq, p.max_teams),
@@ -2397,7 +2361,6 @@ __all__ = [
     "SantaPPWorkspace",
     "build_packed",
     "check_scheme",
-    "forced_teams",
     "make_plan",
     "pack_teams",
     "santapp_decode",

@@ -500,7 +500,7 @@ def _with_baselines(parsed: list, baselines: str, device: str) -> list:
 
 def _team_label(case: dict) -> str:
     """``M=..,P=..`` and the SANTA++ case's other parameters away from their defaults
-    (``policy=kmeans``, ``top=8``, ``reps=int8``, ...)."""
+    (``policy=kmeans``, ``reps=int8``, ...)."""
     from santa_bench.pareto import config_params  # the summary only: not at start-up
 
     if "M" not in case:

@@ -247,24 +247,22 @@ def check_attend() -> int:
 
 def check_select() -> int:
     """The SANTA++ select kernel: bf16 or int8 representatives, direct or local selection,
-    launched as a programmatic dependent (ENTRY_PDL) or not, with teams taken exactly
-    (HAS_FORCED: ``top``) or not."""
+    launched as a programmatic dependent (ENTRY_PDL) or not."""
     failures = 0
-    for reps, local, entry, forced in (("bf16", False, False, False), ("i8", False, True, True),
-                                       ("i8", True, True, False), ("bf16", True, False, True)):
+    for reps, local, entry in (("bf16", False, False), ("i8", False, True),
+                               ("i8", True, True), ("bf16", True, False)):
         types = ["*bf16", f"*{reps}", "*fp32", "*fp32", "*fp32", "*i64", "i32", "*fp32",
-                 "*fp32", "*fp32", "*i32", "*i32", "*i32", "*i8", "fp32"]
+                 "*fp32", "*fp32", "*i32", "*i32", "*i32", "fp32"]
         types += ["i32"] * 7
         consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "G_PAD": 16,
                   "G_ROWS": 4, "TB": 128, "M1_PAD": 64, "LOCAL": local, "HAS_GUMBELS": False,
                   "DOT_PRECISION": "tf32", "PDL": True, "ENTRY_PDL": entry,
                   "REPS_AS": "bf16" if reps == "i8" else "",
                   "BRACKET": 0 if local else (2 if reps == "bf16" else 3),
-                  "HEAD_LISTS": reps == "i8", "TOPS": reps == "i8" and not local,
-                  "HAS_FORCED": forced}
+                  "HEAD_LISTS": reps == "i8", "TOPS": reps == "i8" and not local}
         err = compile_kernel(tsp._select_kernel, types, consts, {"num_warps": 4})
         print(f"_select_kernel reps={reps} local={local} entry_pdl={entry} "
-              f"bracket={consts['BRACKET']} forced={forced}: {err or 'ok'}")
+              f"bracket={consts['BRACKET']}: {err or 'ok'}")
         failures += err is not None
     return failures
 

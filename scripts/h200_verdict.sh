@@ -7,14 +7,14 @@
 # harness-against-a-plain-loop timing test and SANTA's stages against the byte limit.
 # Usage (after `source scripts/h200_setup.sh`):
 #   bash scripts/h200_verdict.sh STAGE RESULTS_DIR
-# STAGE: tests, peers, shapes, ruler, ruler-peers, ruler-lsh, ruler-top, fa3, captured, timing ($GPU
+# STAGE: tests, peers, shapes, ruler, ruler-peers, ruler-lsh, fa3, captured, timing ($GPU
 # names the GPU in the run ids: h200 by default; $CANDIDATES overrides the SANTA++ candidates,
 # $TASKS the RULER tasks). Runs resume where they stopped.
 # ruler and captured need the model and the RULER samples in $SANTA_BENCH_CACHE
 # (models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b.gguf, data/ruler-samples/); captured reads
 # RULER's essays, or the text file $HAYSTACK on a machine without RULER's data.
 set -uo pipefail
-stage=${1:?stage: tests, peers, shapes, ruler, ruler-peers, ruler-lsh, ruler-top, fa3, captured or timing}
+stage=${1:?stage: tests, peers, shapes, ruler, ruler-peers, ruler-lsh, fa3, captured or timing}
 results=${2:?results folder}
 day=${DAY:-$(date +%F)}
 gpu=${GPU:-h200}  # run ids name the GPU
@@ -37,8 +37,6 @@ accuracy+=",bernoulli:value_stage=prop,S=128"
 peers="oracle-topk:k=1024,quest:pages=64,quest:pages=256,vattention,topk-santa"
 candidates="santapp:M=256,santapp:M=256,policy=kmeans,santapp:M=64,policy=kmeans"
 candidates=${CANDIDATES:-$candidates}
-# SANTA++ with its top teams read exactly (results/cpu-fidelity/captured-qwen-8k-ruler-top)
-tops="santapp:M=32,top=32,santapp:M=64,top=64,santapp:M=128,top=128"
 # the SANTA++ paper's operating point: 31 or 32 teams, the team size reading 16-22% of the KV
 operating="santapp:M=31,santapp:M=31,team_size=32,santapp:M=32,team_size=32"
 operating+=",santapp:M=31,team_size=64"
@@ -59,7 +57,7 @@ case "$stage" in
       | tee "$results/gpu-tests.txt" | tail -40 ;;
   peers)
     for shape in "$qwen05" "$qwen7" "$llama8"; do
-      kernel "kernels-$day-$gpu-peers" "$shape" "dense,$peers,$candidates,$tops" "$dense"
+      kernel "kernels-$day-$gpu-peers" "$shape" "dense,$peers,$candidates" "$dense"
     done ;;
   shapes)
     # the accuracy runs' configurations at their model's shape, where a GPU lacks them
@@ -72,7 +70,7 @@ case "$stage" in
       kernel "kernels-$day-$gpu-flashinfer" "$shape" dense \
         "sdpa-cudnn,sdpa-flash,flashinfer-tc,flashinfer-cuda,flashinfer-fa3"
     done ;;
-  ruler|ruler-peers|ruler-lsh|ruler-top)
+  ruler|ruler-peers|ruler-lsh)
     # ruler: the SANTA++ candidates on RULER's eight NIAH tasks; ruler-peers: the peers;
     # ruler-lsh: MagicPIG, whose hash codes take about 24 GB at batch 50 (half on an 80 GB GPU).
     # $TASKS overrides the task list.
@@ -81,7 +79,6 @@ case "$stage" in
     methods="dense,$candidates" batch=50
     [ "$stage" = ruler-peers ] && methods="dense,$peers"
     [ "$stage" = ruler-lsh ] && methods="dense,magicpig" batch=${LSH_BATCH:-50}
-    [ "$stage" = ruler-top ] && methods="dense,$tops"  # SANTA++ with its top teams exact
     santa-bench accuracy ruler --ctx 32k --n 50 --model qwen2.5-coder-0.5b --device cuda \
       --batch "$batch" --results "$results" --run-id "accuracy-$day-$gpu-niah" \
       --tasks "${TASKS:-$tasks}" --methods "$methods" 2>&1 | tail -40 ;;
@@ -90,7 +87,7 @@ case "$stage" in
     [ -f "$capture" ] || santa-bench capture --model qwen2.5-coder-0.5b --ctx 32k \
       --layers 12,2,5,8,15,18,21,23 --device cuda --dtype bf16 --out "$capture" \
       --text "${HAYSTACK:-ruler-haystack}"
-    kernel "kernels-$day-$gpu-captured-qwen" "" "$accuracy,$peers,$candidates,$tops" "$dense" \
+    kernel "kernels-$day-$gpu-captured-qwen" "" "$accuracy,$peers,$candidates" "$dense" \
       --inputs "$capture" ;;
   timing)
     python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_timing_gpu.py -s -rA 2>&1 \

@@ -57,8 +57,7 @@ def inclusion(q: torch.Tensor, kv: sk.KVCache, params: dict, positions: torch.Te
     for seed in range(seeds):
         out = santapp_attention(q, kv, index, params["M"], scheme=params["scheme"],
                                 mix=params["mix"], sink=params["sink"],
-                                window=params["window"], top=params.get("top", 0),
-                                seed=seed)
+                                window=params["window"], seed=seed)
         chosen = out.team_weights[0, heads, team.clamp_min(0)] > 0
         read += (exact | chosen).double()
     return read / seeds

@@ -211,13 +211,6 @@ def test_triton_kernels_in_the_loop_through_the_interpreter():
     assert torch.equal(result.tokens, dense.tokens)
     assert teams.workspaces[0] is teams.workspaces[1]  # layers of one plan share it
     assert int(teams.workspaces[0].rng[0]) == calls
-    # with top: one team drawn and two taken exactly is every team too (all rows read)
-    topped = TritonSantaPPDecode(santapp.resolve_params({"M": 1, "top": 2, "sink": 0,
-                                                         "window": 0}), session.scale, seed=0)
-    assert torch.equal(_decode(session, topped).tokens, dense.tokens)
-    c = model.config
-    q = torch.randn(1, c.num_heads, c.head_dim, generator=torch.Generator().manual_seed(0))
-    assert topped.read_fraction(0, q) == teams.read_fraction(0, q) == 1.0
 
 
 def test_agreement_counts_equal_tokens_and_the_prefix():

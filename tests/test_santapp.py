@@ -132,59 +132,6 @@ def test_gumbel_topk_horvitz_thompson_identity():
     assert z_count < Z_BOUND
 
 
-def test_gumbel_topk_with_top_teams_keeps_the_identity():
-    """``top``: the teams of largest phi are always taken with pi = 1, M more drawn from
-    the rest, and E[1{g selected} / pi_g] = 1 still holds for every team."""
-    gen = torch.Generator().manual_seed(2)
-    teams, M, top, draws = 20, 4, 3, 20000
-    phi = torch.randn(teams, generator=gen, dtype=F64) * 2
-    phi[7] = -float("inf")
-    selected, pi = gumbel_topk_select(phi.expand(draws, teams), M, gen, top=top)
-    first = torch.topk(phi, top).indices
-    assert torch.all(selected.sum(-1) == M + top) and not selected[:, 7].any()
-    assert torch.all(selected[:, first]) and torch.all(pi[:, first] == 1)
-    rest = torch.ones(teams, dtype=torch.bool)
-    rest[first] = False
-    rest &= torch.isfinite(phi)
-    assert torch.all(pi[:, rest][selected[:, rest]] < 1)
-    ht = torch.where(selected, 1 / torch.where(selected, pi, 1), 0)
-    mean, se = ht.mean(0), ht.std(0).clamp_min(1e-12) / draws**0.5
-    z = (mean[rest] - 1).abs() / se[rest]
-    assert float(z.max()) < Z_BOUND, z
-    # the same draws without top: the forced teams' weights vary, here they are 1
-    plain, plain_pi = gumbel_topk_select(phi.expand(draws, teams), M + top, gen)
-    assert float(plain_pi[:, first][plain[:, first]].min()) < 1
-
-
-def test_top_teams_read_a_needle_that_draws_miss():
-    """A needle key holding about a third of head 0's mass, in a team whose mean it lifts
-    only a little: drawing 8 of 32 teams reads it in under half the draws; taking the 4
-    teams of largest phi exactly and drawing 4 more reads it in every draw and cuts the
-    error against dense (60 seeds)."""
-    q, kv = decode_problem(batch=1, heads=2, kv_heads=1, n=512, d=16, seed=11)
-    k, needle = kv.k.clone(), 300
-    k[0, needle, 0] = q[0, 0] / q[0, 0].norm() ** 2 * 6.0 * 16**0.5  # its score: 6
-    kv = sk.KVCache.contiguous(k, kv.v)
-    index = build_team_index(kv, team_size=16)  # 32 teams
-    exact = _dense(q, kv)[0, 0]
-
-    def run(M: int, top: int) -> tuple[float, float]:
-        outs = [santapp_attention(q, kv, index, M, top=top, seed=s, compute_dtype=F64)
-                for s in range(60)]
-        error = sum(float((o.out[0, 0] - exact).norm() / exact.norm()) for o in outs) / 60
-        read = sum(float(o.team_weights[0, 0, needle // 16] > 0) for o in outs) / 60
-        return error, read
-
-    (drawn, drawn_read), (mixed, mixed_read) = run(8, 0), run(4, 4)
-    print(f"M=8: error {drawn:.3f}, needle read {drawn_read:.2f}; "
-          f"M=4 + top=4: {mixed:.3f}, {mixed_read:.2f}")
-    assert drawn_read < 0.5 and mixed_read == 1.0
-    assert mixed < 0.6 * drawn
-    # every team read: exact whatever the split
-    assert _max_err(santapp_attention(q, kv, index, 20, top=12, compute_dtype=F64).out,
-                    _dense(q, kv)) < 1e-10
-
-
 def test_gumbel_topk_inclusion_matches_selection_frequency():
     # the unconditional inclusion probability is E[pi_g(kappa_g)], kappa_g the M-th largest
     # perturbed logit of the other teams: compare it with the selection frequency
@@ -319,9 +266,6 @@ def test_reads_never_exceed_one_and_shrink_with_M():
         ({"mix": -0.1}, "mix: expected"),
         ({"sink": -1}, "sink: expected an integer >= 0"),
         ({"window": -2}, "window: expected an integer >= 0"),
-        ({"top": -1}, "top: expected an integer >= 0"),
-        ({"M": 12, "top": 2}, r"M: 12 \+ top 2 teams requested but sequence"),
-        ({"top": 2, "scheme": "multinomial"}, "top: only for scheme 'gumbel-topk'"),
         ({"compute_dtype": torch.float16}, "compute_dtype:"),
     ],
 )

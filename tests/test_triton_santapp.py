@@ -73,19 +73,19 @@ def _gumbels(batch: int, heads: int, teams: int, seed: int) -> torch.Tensor:
     return -torch.log(-torch.log(u))
 
 
-def _compare(q, kv, index, packed, M, *, atol=2e-5, seed=0, rep_share=1.0, top=0, **kw):
+def _compare(q, kv, index, packed, M, *, atol=2e-5, seed=0, rep_share=1.0, **kw):
     """Runs kernel and reference on the same noise; checks everything they share
     (``rep_share``: a representative's bytes as a share of a K row's, for the
     read-equivalent: the reference counts whole rows)."""
     gumbels = _gumbels(q.shape[0], q.shape[1], packed.max_teams, seed)
-    out, info = santapp_decode(q, kv, packed, M, gumbels=gumbels, top=top, **kw)
+    out, info = santapp_decode(q, kv, packed, M, gumbels=gumbels, **kw)
     ref = santapp_attention(
         q.float(), kv, index, M, sink=index.sink, window=index.exact_recent,
-        gumbels=gumbels, compute_dtype=F64, top=top,
+        gumbels=gumbels, compute_dtype=F64,
     )  # fmt: skip
     chosen = (ref.team_weights > 0).cpu()
     assert torch.equal(info.selected().cpu(), chosen)
-    assert torch.equal(chosen.sum(-1), torch.full_like(chosen.sum(-1), M + top))
+    assert torch.equal(chosen.sum(-1), torch.full_like(chosen.sum(-1), M))
     torch.testing.assert_close(
         info.team_weights().cpu(), ref.team_weights.cpu(), rtol=1e-4, atol=0
     )
@@ -152,30 +152,6 @@ def test_matches_reference_given_the_same_gumbels(team_size, heads, d, sink, win
         assert workspace.plan.chunks == -(-team_size // workspace.plan.slot)
         assert (workspace.plan.chunks > 1) == (team_size == 80)
     _compare(q, kv, index, packed, M, workspace=workspace)
-
-
-@pytest.mark.parametrize(
-    ("team_size", "heads", "sink", "window", "M", "top", "plan"),
-    [
-        (4, 4, 0, 0, 5, 3, {}),  # direct selection, bracket and compact finisher
-        (8, 6, 0, 4, 4, 2, {"head_lists": False}),  # the union list
-        (8, 6, 2, 0, 3, 4, {"finish_heads": 0}),  # one finisher a group
-        (16, 6, 0, 9, 3, 2, {"local": True, "teams_per_split": 16}),  # block candidates
-    ],
-)
-def test_top_teams_match_the_reference(team_size, heads, sink, window, M, top, plan):
-    """``top``: the kernel takes each head's top teams by phi with weight 1 and draws M
-    more, as the reference does on the same noise (selection, weights, output, reads)."""
-    q, kv = _problem(heads=heads, n=330, d=32, lengths=[330, 271], q_scale=2.0,
-                     dtype=torch.float32, seed=3)
-    index = build_team_index(kv, team_size=team_size, sink=sink, exact_recent=window)
-    packed = pack_teams(kv, index)
-    workspace = SantaPPWorkspace.for_inputs(q, kv, packed, M + top, **plan)
-    _, info = _compare(q, kv, index, packed, M, top=top, workspace=workspace)
-    weights = info.team_weights().cpu()
-    assert int((weights == 1).sum(-1).min()) >= top  # the taken teams: weight 1
-    with pytest.raises(sk.InputError, match=r"^top: expected an integer"):
-        santapp_decode(q, kv, packed, M, top=-1)
 
 
 @pytest.mark.parametrize(

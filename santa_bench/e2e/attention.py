@@ -439,7 +439,7 @@ class TritonSantaPPDecode(DecodeAttention):
                     kv, policy=p["policy"], team_size=p["team_size"], leaders=p["leaders"],
                     representative=p["representative"], seed=self.seed, sink=p["sink"],
                     exact_recent=p["window"], reps=p.get("reps", "model"))
-                plan = module._plan_for(self.query, kv, packed, p["M"] + p.get("top", 0),
+                plan = module._plan_for(self.query, kv, packed, p["M"],
                                         merge_atomic=merge_atomic_of(p.get("merge", "auto")))
                 if plan not in by_plan:
                     by_plan[plan] = module.SantaPPWorkspace(
@@ -456,15 +456,13 @@ class TritonSantaPPDecode(DecodeAttention):
     def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         return self.module.santapp_decode(
             q, self.cache.layers[layer], self.packed[layer], self.params["M"],
-            top=self.params.get("top", 0), scale=self.scale, workspace=self.workspaces[layer],
-            pdl_chain=self.pdl_chain)[0]
+            scale=self.scale, workspace=self.workspaces[layer], pdl_chain=self.pdl_chain)[0]
 
     def read_fraction(self, layer: int, q: torch.Tensor) -> float:
         """The KV read fraction of one more call of the kernel on ``q`` (off the hot path)."""
         _, info = self.module.santapp_decode(
             q, self.cache.layers[layer], self.packed[layer], self.params["M"],
-            top=self.params.get("top", 0), scale=self.scale,
-            workspace=self.workspaces[layer])
+            scale=self.scale, workspace=self.workspaces[layer])
         return float(info.read_counts().kv_read_fraction)
 
 

@@ -60,7 +60,6 @@ def santapp_prepare(
     mix: float = 0.0,
     sink: int = 0,
     window: int = 0,
-    top: int = 0,
     reps: str = "model",
     merge: str = "auto",
     scale: float | None = None,
@@ -85,21 +84,19 @@ def santapp_prepare(
     }
     try:
         packed, build_ms = _santapp_packed(module, kv, params)
-        workspace = module.SantaPPWorkspace.for_inputs(q, kv, packed, M + top, seed=seed,
+        workspace = module.SantaPPWorkspace.for_inputs(q, kv, packed, M, seed=seed,
                                                        merge_atomic=merge_atomic_of(merge))
 
         def run() -> torch.Tensor:
-            return module.santapp_decode(q, kv, packed, M, top=top, scale=scale,
-                                         workspace=workspace)[0]
+            return module.santapp_decode(q, kv, packed, M, scale=scale, workspace=workspace)[0]
 
-        run()
+        module.santapp_decode(q, kv, packed, M, scale=scale, workspace=workspace)
     except Exception as exc:
         raise Unsupported(f"santapp: {type(exc).__name__}: {exc}") from exc
     metrics: dict[str, tuple[float, str]] = {"index_build_ms": (build_ms, "ms")}
 
     def reads():
-        _, info = module.santapp_decode(q, kv, packed, M, top=top, scale=scale,
-                                        workspace=workspace)
+        _, info = module.santapp_decode(q, kv, packed, M, scale=scale, workspace=workspace)
         metrics["read_equivalent"] = (info.read_equivalent(), "ratio")
         counts = info.read_counts()
         # representatives (and log n, int8 scales): read every call besides the K/V rows
@@ -113,13 +110,11 @@ def santapp_prepare(
         is the same (as the decode loop's layers share one)."""
         own, _ = _santapp_packed(module, kv, params)
         merge_atomic = merge_atomic_of(merge)
-        same = (module._plan_for(q, kv, own, M + top, merge_atomic=merge_atomic)
-                == workspace.plan)
+        same = module._plan_for(q, kv, own, M, merge_atomic=merge_atomic) == workspace.plan
         ws = workspace if same else module.SantaPPWorkspace.for_inputs(
-            q, kv, own, M + top, seed=seed, merge_atomic=merge_atomic)
+            q, kv, own, M, seed=seed, merge_atomic=merge_atomic)
         return Prepared(
-            lambda: module.santapp_decode(q, kv, own, M, top=top, scale=scale,
-                                          workspace=ws)[0],
+            lambda: module.santapp_decode(q, kv, own, M, scale=scale, workspace=ws)[0],
             nbytes_of(q, kv), notes, rebind=rebind)
 
     notes = {"plan": workspace.plan, "teams_read_from": packed.what_is_read()}
@@ -154,8 +149,7 @@ def indexed_reference(q: torch.Tensor, kv: KVCache, index: Any, params: dict[str
 
     p = params
     return santapp_attention(q, kv, index, p["M"], scheme=p["scheme"], mix=p["mix"],
-                             sink=p["sink"], window=p["window"], top=p.get("top", 0),
-                             scale=scale, seed=seed)
+                             sink=p["sink"], window=p["window"], scale=scale, seed=seed)
 
 
 # ------------------------------------------------------------------ the method
@@ -187,9 +181,6 @@ def santapp() -> Method:
             # better on NIAH than none, at no measured kernel cost
             Param("sink", 4, int, "first tokens attended exactly", minimum=0),
             Param("window", 64, int, "recent tokens attended exactly", minimum=0),
-            Param("top", 0, int, "teams of largest phi a query head reads exactly "
-                  "(weight 1) besides the M drawn from the rest",
-                  minimum=0, omit_default=True),
             Param(
                 "reps",
                 "model",
