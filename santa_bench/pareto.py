@@ -167,14 +167,24 @@ class Accuracy:
     read_fraction: float
 
 
+def with_dense_layers(rows: pd.DataFrame) -> pd.Series:
+    """Whether each accuracy row kept some layers exact (``--dense-layers``): its decode
+    step mixes dense and sampled layers, so one kernel row does not time it."""
+    if "dense_layers" not in rows:
+        return pd.Series(False, index=rows.index)
+    return rows.dense_layers.map(lambda v: _present(v) and str(v).strip() != "")
+
+
 def accuracy_rows(frame: pd.DataFrame, model: str, ctx: int) -> dict[str, Accuracy]:
     """Per configuration key, its per-sample scores on each RULER task at ``ctx`` (the
-    newest row of a task)."""
+    newest row of a task). Rows run with dense layers are left out
+    (:func:`with_dense_layers`)."""
     rows = frame[(frame.get("kind") == "accuracy") & (frame.status == "ok")
                  & (frame.model == model)]
     if "ctx" not in rows or "task" not in rows:
         return {}
     rows = rows[rows.task.astype(str).str.startswith("ruler-") & (rows.ctx == ctx)]
+    rows = rows[~with_dense_layers(rows)]
     if rows.empty:
         return {}
     rows = rows.assign(config=[config_key(r) for _, r in rows.iterrows()])
@@ -391,6 +401,7 @@ class Verdict:
     dense_latency: dict[int, tuple[str, float] | None]
     captured_inputs: list[str] = field(default_factory=list)  # the labels of captured rows
     captured_dense_latency: dict[int, tuple[str, float] | None] = field(default_factory=dict)
+    set_aside: list[str] = field(default_factory=list)  # configs run with dense layers
 
     @property
     def has_captured(self) -> bool:
@@ -467,6 +478,10 @@ def verdict(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
     run_env = {str(r.get("run_id")): r for r in runs}
     acc_rows = frame[(frame.get("kind") == "accuracy") & (frame.model == model)
                      & frame.task.astype(str).str.startswith("ruler-") & (frame.ctx == ctx)]
+    layered = acc_rows[with_dense_layers(acc_rows)]
+    set_aside = sorted({f"{config_key(r)} (dense layers {r.dense_layers})"
+                        for _, r in layered.iterrows() if config_key(r) is not None})
+    acc_rows = acc_rows[~with_dense_layers(acc_rows)]
     accuracy_runs = sorted(set(acc_rows.run_id.astype(str)))
     if gpu is None:
         names = {str(run_env.get(r, {}).get("gpu_name") or "") for r in accuracy_runs} - {""}
@@ -531,7 +546,8 @@ def verdict(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
                    labels,
                    {b: best_dense_latency(frame, shape, ctx, b, captured_prefix(model),
                                           runs=captured_runs)
-                    for b in batches} if labels else {})
+                    for b in batches} if labels else {},
+                   set_aside)
 
 
 # ----------------------------------------------------------------- outputs
@@ -731,6 +747,10 @@ def markdown(result: Verdict, command: str = "") -> str:
                       "```bash", captured_kernel_command(",".join(lacking), result.shape,
                                                          result.ctx, result.batches, timed),
                       "```"]
+    if result.set_aside:
+        lines += ["", "Left out: accuracy rows run with some layers dense (`--dense-layers`), "
+                  "whose decode step one kernel row does not time: "
+                  + ", ".join(f"`{c}`" for c in result.set_aside) + "."]
     return "\n".join(lines) + "\n"
 
 

@@ -24,6 +24,9 @@ def config_label(row: pd.Series) -> str:
     """``santa-prop S=128`` / ``santapp M=32 policy=kmeans``: the method and the parameters
     its configuration names (budgets, and the rest away from their defaults)."""
     named = config_params(row) or []
+    layers = row.get("dense_layers")
+    if isinstance(layers, str) and layers.strip():  # some layers kept exact
+        named = [*named, ("dense_layers", layers.strip())]
     return " ".join([REGISTRY.get(row["method"]).name] + [f"{k}={v}" for k, v in named])
 
 

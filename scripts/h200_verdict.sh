@@ -9,7 +9,8 @@
 #   bash scripts/h200_verdict.sh STAGE RESULTS_DIR
 # STAGE: tests, peers, shapes, ruler, ruler-peers, ruler-lsh, fa3, captured, timing ($GPU
 # names the GPU in the run ids: h200 by default; $CANDIDATES overrides the SANTA++ candidates,
-# $TASKS the RULER tasks). Runs resume where they stopped.
+# $TASKS the RULER tasks, $DENSE_LAYERS keeps those layers exact in the RULER stages, e.g. 0,1,
+# in a run of its own). Runs resume where they stopped.
 # ruler and captured need the model and the RULER samples in $SANTA_BENCH_CACHE
 # (models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b.gguf, data/ruler-samples/); captured reads
 # RULER's essays, or the text file $HAYSTACK on a machine without RULER's data.
@@ -79,9 +80,11 @@ case "$stage" in
     methods="dense,$candidates" batch=50
     [ "$stage" = ruler-peers ] && methods="dense,$peers"
     [ "$stage" = ruler-lsh ] && methods="dense,magicpig" batch=${LSH_BATCH:-50}
+    layers=${DENSE_LAYERS:-}
     santa-bench accuracy ruler --ctx 32k --n 50 --model qwen2.5-coder-0.5b --device cuda \
-      --batch "$batch" --results "$results" --run-id "accuracy-$day-$gpu-niah" \
-      --tasks "${TASKS:-$tasks}" --methods "$methods" 2>&1 | tail -40 ;;
+      --batch "$batch" --results "$results" --run-id "accuracy-$day-$gpu-niah${layers:+-dense${layers//,/}}" \
+      ${layers:+--dense-layers "$layers"} --tasks "${TASKS:-$tasks}" --methods "$methods" \
+      2>&1 | tail -40 ;;
   captured)
     capture="$SANTA_BENCH_CACHE/captures/qwen2.5-coder-0.5b-32k.safetensors"
     [ -f "$capture" ] || santa-bench capture --model qwen2.5-coder-0.5b --ctx 32k \

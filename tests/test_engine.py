@@ -283,8 +283,12 @@ def test_the_accuracy_table_script_reads_a_store(tmp_path):
             rows.append({"metric": "retention", "value": 0.5, "unit": "ratio",
                          "ci_low": 0.2, "ci_high": 0.8})
         run.write_case(case, rows, command="c")
+    layered = {**base, "method": "santa-prop", "dense_layers": "0,1",
+               **REGISTRY.get("santa-prop").resolve_params({"S": 128})}
+    run.write_case(layered, [{"metric": "score", "value": 0.75, "unit": "ratio"}], command="c")
     table = module.accuracy_table(store.load())
-    assert list(table.config) == ["dense", "santa-prop S=128"]
+    # a run with dense layers is its own row, not merged into the all-sampled one
+    assert list(table.config) == ["dense", "santa-prop S=128", "santa-prop S=128 dense_layers=0,1"]
     assert table.loc[1, "vt"] == "50.0 [10, 90] r=0.50"
     assert module.main([str(tmp_path), "--csv", str(tmp_path / "t.csv")]) == 0
     assert module.main([str(tmp_path / "r")]) == 1  # a run folder, not a store: a message

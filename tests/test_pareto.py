@@ -149,6 +149,37 @@ def test_verdict_joins_marks_the_front_and_picks_the_fastest_matched(store):
     assert "santa-sys:S=64" not in {p.config for p in result.points if p.front}
 
 
+def test_rows_run_with_dense_layers_are_set_aside_not_merged(store, tmp_path):
+    """A configuration run with some layers dense (``--dense-layers``) scores as another
+    configuration: its rows must not replace the all-sampled ones (written later, they
+    would), and the Markdown names them as left out; an empty ``dense_layers`` is none."""
+    def verdict_with(rows_of: dict) -> pareto.Verdict:
+        extra = ResultStore(tmp_path / str(len(list(tmp_path.iterdir()))))
+        run = extra.start_run({**ENV, "command": "santa-bench accuracy ruler"}, "later")
+        for layers, rate in rows_of.items():
+            _accuracy(run, "santapp", {"M": 32, "dense_layers": layers},
+                      dict.fromkeys(TASKS, rate), seed=5)
+        frame = pd.concat([store.load(), extra.load()], ignore_index=True)
+        return pareto.verdict(frame, [*store.runs(), *extra.runs()], MODEL)
+
+    def santapp(result: pareto.Verdict) -> float:
+        return {p.config: p for p in result.points}["santapp:M=32"].overall.retention
+
+    plain = pareto.verdict(store.load(), store.runs(), MODEL)
+    assert santapp(plain) < 0.7 and not plain.set_aside
+    assert "dense layers" not in pareto.markdown(plain)
+    layered = verdict_with({"0,1": 0.99})
+    assert santapp(layered) == pytest.approx(santapp(plain))
+    assert layered.set_aside == ["santapp:M=32 (dense layers 0,1)"]
+    assert "`santapp:M=32 (dense layers 0,1)`" in pareto.markdown(layered)
+    assert santapp(verdict_with({"": 0.99})) > 1.0  # no dense layer: the newest rows
+    only = ResultStore(tmp_path / "only")
+    run = only.start_run({**ENV, "command": "santa-bench accuracy ruler"}, "o")
+    _accuracy(run, "dense", {"dense_layers": "0"}, dict.fromkeys(TASKS, 0.9), seed=1)
+    with pytest.raises(pareto.ParetoError, match="no RULER accuracy rows"):
+        pareto.verdict(only.load(), only.runs(), MODEL)
+
+
 def test_a_dominated_point_is_off_the_front(store, tmp_path):
     results = ResultStore(tmp_path / "results")
     kern = results.start_run({**ENV, "command": "santa-bench kernel"}, "slow")
