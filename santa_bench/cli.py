@@ -123,8 +123,9 @@ def pareto(
     batch: Annotated[str, typer.Option(help="Kernel batch sizes to report, comma list.")
                      ] = "1,8",
     shape: Annotated[str | None, typer.Option(
-        help="Attention shape of the kernel rows, HEADS/KV_HEADS/HEAD_DIM (default: the "
-        "catalog model's).")] = None,
+        help="Attention shape of the kernel rows, HEADS/KV_HEADS/HEAD_DIM, and /LAYERS, the "
+        "model's layer count, to time runs with --dense-layers (default: the catalog "
+        "model's).")] = None,
     gpu: Annotated[str | None, typer.Option(
         help="GPU name of the runs to join (default: the accuracy runs' GPU).")] = None,
     out: Annotated[Path | None, typer.Option(

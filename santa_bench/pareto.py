@@ -15,6 +15,11 @@ attention (``santa-bench kernel --inputs``, rows with ``inputs`` =
 mass sits. Where the model's captured rows exist, both speedups are shown; the verdict
 (matched, faster than dense, the front) is the Gaussian inputs' as before.
 
+A configuration run with some of the model's ``L`` layers dense (``--dense-layers``, ``d``
+of them) is its own configuration (``santapp:M=256 dense_layers=21,22,23``); its kernel
+time is that of the mean layer of such a step, from its sampled configuration's kernel
+row and the best dense latency of the same run (:func:`with_dense_layers`).
+
 A task is *informative* where dense scores at least :data:`INFORMATIVE` (a task the model
 cannot do at all says nothing about what a method keeps): only those count.
 """
@@ -130,20 +135,24 @@ def _samples(cell: Any) -> np.ndarray:
 
 @dataclass
 class Shape:
-    """An attention shape: query heads, KV heads, head dimension."""
+    """An attention shape: query heads, KV heads, head dimension (and the model's layer
+    count, which times a configuration run with some layers dense; None: unknown)."""
 
     heads: int
     kv_heads: int
     head_dim: int
+    layers: int | None = None
 
     @classmethod
     def parse(cls, text: str) -> Shape:
         try:
-            h, kvh, d = (int(p) for p in text.replace("x", "/").split("/"))
+            fields = [int(p) for p in text.replace("x", "/").split("/")]
+            if len(fields) not in (3, 4) or min(fields) < 1:
+                raise ValueError
         except ValueError:
             raise ParetoError(
-                f"--shape: expected HEADS/KV_HEADS/HEAD_DIM, got {text!r}") from None
-        return cls(h, kvh, d)
+                f"--shape: expected HEADS/KV_HEADS/HEAD_DIM[/LAYERS], got {text!r}") from None
+        return cls(*fields)
 
     def __str__(self) -> str:
         return f"{self.heads}/{self.kv_heads}/{self.head_dim}"
@@ -155,7 +164,7 @@ def model_shape(model: str) -> Shape:
 
     if model not in CATALOG:
         raise ParetoError(f"{model}: not a catalog model; give its attention shape with --shape")
-    return Shape(*CATALOG[model].attention)
+    return Shape(*CATALOG[model].attention, CATALOG[model].layers)
 
 
 # ----------------------------------------------------------------- accuracy side
@@ -167,27 +176,47 @@ class Accuracy:
     read_fraction: float
 
 
-def with_dense_layers(rows: pd.DataFrame) -> pd.Series:
-    """Whether each accuracy row kept some layers exact (``--dense-layers``): its decode
-    step mixes dense and sampled layers, so one kernel row does not time it."""
-    if "dense_layers" not in rows:
-        return pd.Series(False, index=rows.index)
-    return rows.dense_layers.map(lambda v: _present(v) and str(v).strip() != "")
+DENSE_LAYERS = " dense_layers="  # joins a configuration key and the layers it kept dense
+
+
+def dense_layers_of(row: pd.Series | dict[str, Any]) -> tuple[int, ...]:
+    """The layers an accuracy row kept exact (``--dense-layers``), sorted; () for none."""
+    value = row.get("dense_layers")
+    if not _present(value) or not str(value).strip():
+        return ()
+    try:
+        return tuple(sorted({int(x) for x in str(value).split(",") if x.strip()}))
+    except ValueError:
+        return ()
+
+
+def layered_key(row: pd.Series | dict[str, Any]) -> str | None:
+    """:func:`config_key`, with ``dense_layers=0,1`` appended where the row kept layers
+    exact: such a run's decode step mixes dense and sampled layers."""
+    key = config_key(row)
+    layers = dense_layers_of(row)
+    if key is None or not layers or key == "dense":  # dense with dense layers is dense
+        return key
+    return key + DENSE_LAYERS + ",".join(map(str, layers))
+
+
+def split_layers(config: str) -> tuple[str, tuple[int, ...]]:
+    """``("santapp:M=256", (21, 22, 23))`` from ``santapp:M=256 dense_layers=21,22,23``."""
+    base, _, layers = config.partition(DENSE_LAYERS)
+    return base, tuple(int(x) for x in layers.split(",") if x)
 
 
 def accuracy_rows(frame: pd.DataFrame, model: str, ctx: int) -> dict[str, Accuracy]:
-    """Per configuration key, its per-sample scores on each RULER task at ``ctx`` (the
-    newest row of a task). Rows run with dense layers are left out
-    (:func:`with_dense_layers`)."""
+    """Per configuration key (:func:`layered_key`), its per-sample scores on each RULER
+    task at ``ctx`` (the newest row of a task)."""
     rows = frame[(frame.get("kind") == "accuracy") & (frame.status == "ok")
                  & (frame.model == model)]
     if "ctx" not in rows or "task" not in rows:
         return {}
     rows = rows[rows.task.astype(str).str.startswith("ruler-") & (rows.ctx == ctx)]
-    rows = rows[~with_dense_layers(rows)]
     if rows.empty:
         return {}
-    rows = rows.assign(config=[config_key(r) for _, r in rows.iterrows()])
+    rows = rows.assign(config=[layered_key(r) for _, r in rows.iterrows()])
     rows = rows[rows.config.notna()]
     out: dict[str, Accuracy] = {}
     for config, group in rows.groupby("config"):
@@ -365,6 +394,39 @@ def best_dense_latency(frame: pd.DataFrame, shape: Shape, ctx: int, batch: int,
     return str(best.method), float(best.value)
 
 
+def with_dense_layers(timing: Timing, dense: int, layers: int) -> Timing:
+    """A configuration's kernel row as the mean layer of a step that runs ``dense`` of the
+    model's ``layers`` layers dense: time ``((L - d) t + d t_dense) / L`` with ``t_dense``
+    the run's best dense latency (``t s``), speedup ``L / ((L - d) / s + d)`` (the
+    interval's ends alike), KV read ``((L - d) r + d) / L``, index build ``(L - d) / L``."""
+    sampled = (layers - dense) / layers
+
+    def speed(s: float) -> float:
+        return layers / ((layers - dense) / s + dense) if s > 0 else math.nan
+
+    dense_us = timing.latency_us * timing.speedup
+    return Timing(
+        latency_us=sampled * timing.latency_us + (1 - sampled) * dense_us,
+        speedup=speed(timing.speedup), low=speed(timing.low), high=speed(timing.high),
+        best_dense=timing.best_dense,
+        read_fraction=sampled * timing.read_fraction + (1 - sampled),
+        index_build_ms=sampled * timing.index_build_ms,
+        run_id=timing.run_id, inputs=timing.inputs, tiled=timing.tiled, command=timing.command,
+    )
+
+
+def _timings_of(config: str, timings: dict[tuple[str, int], Timing], batches: Sequence[int],
+                layers: int | None) -> dict[int, Timing]:
+    """The kernel rows of ``config`` per batch: its own, or for a configuration with dense
+    layers its sampled configuration's mixed with dense (:func:`with_dense_layers`)."""
+    base, dense = split_layers(config)
+    rows = {b: t for (c, b), t in timings.items() if c == base and b in batches}
+    if not dense:
+        return rows
+    return {b: with_dense_layers(t, len(dense), layers) for b, t in rows.items()} \
+        if layers else {}
+
+
 # ----------------------------------------------------------------- the join
 @dataclass
 class Point:
@@ -461,8 +523,10 @@ def captured_kernel_command(config: str, shape: Shape, ctx: int, batches: Sequen
 def accuracy_command(config: str, model: str, ctx: int, tasks: Sequence[str], n: int) -> str:
     """The command that scores ``config`` on the RULER tasks of the verdict."""
     names = ",".join(t.removeprefix("ruler-") for t in tasks if t.startswith("ruler-"))
+    base, dense = split_layers(config)
+    layers = f" --dense-layers {','.join(map(str, dense))}" if dense else ""
     return (f"santa-bench accuracy ruler --tasks {names} --ctx {ctx // 1024}k --n {n} "
-            f"--model {model} --methods {config} --device cuda")
+            f"--model {model} --methods {base}{layers} --device cuda")
 
 
 def verdict(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
@@ -478,10 +542,10 @@ def verdict(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
     run_env = {str(r.get("run_id")): r for r in runs}
     acc_rows = frame[(frame.get("kind") == "accuracy") & (frame.model == model)
                      & frame.task.astype(str).str.startswith("ruler-") & (frame.ctx == ctx)]
-    layered = acc_rows[with_dense_layers(acc_rows)]
-    set_aside = sorted({f"{config_key(r)} (dense layers {r.dense_layers})"
-                        for _, r in layered.iterrows() if config_key(r) is not None})
-    acc_rows = acc_rows[~with_dense_layers(acc_rows)]
+    set_aside: list[str] = []
+    if shape.layers is None:  # a step with dense layers cannot be timed without the count
+        set_aside = sorted(c for c in acc if split_layers(c)[1])
+        acc = {c: a for c, a in acc.items() if c not in set_aside}
     accuracy_runs = sorted(set(acc_rows.run_id.astype(str)))
     if gpu is None:
         names = {str(run_env.get(r, {}).get("gpu_name") or "") for r in accuracy_runs} - {""}
@@ -498,7 +562,8 @@ def verdict(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
     missing: list[tuple[str, str, str]] = []
     n = max((len(s) for s in dense.per_task.values()), default=0)
     for config in configs:
-        by_batch = {b: t for (c, b), t in timings.items() if c == config and b in batches}
+        base = split_layers(config)[0]
+        by_batch = _timings_of(config, timings, batches, shape.layers)
         if config == "dense":
             points.append(Point(config, retention(dense, dense, tasks),
                                 {f: retention(dense, dense, ts) for f, ts in families.items()},
@@ -514,12 +579,12 @@ def verdict(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
                 accuracy_command(config, model, ctx, lacking, n)))
         if lacking_b := [b for b in batches if b not in by_batch]:
             missing.append((config, f"kernel rows at B={','.join(map(str, lacking_b))}",
-                            kernel_command(config, shape, ctx, lacking_b)))
-        on_model = {b: t for (c, b), t in captured.items() if c == config and b in batches}
+                            kernel_command(base, shape, ctx, lacking_b)))
+        on_model = _timings_of(config, captured, batches, shape.layers)
         if captured and (lacking_c := [b for b in batches if b not in on_model]):
             missing.append((config, "kernel rows on captured inputs at "
                             f"B={','.join(map(str, lacking_c))}",
-                            captured_kernel_command(config, shape, ctx, lacking_c,
+                            captured_kernel_command(base, shape, ctx, lacking_c,
                                                     list(captured.values()))))
         has = [t for t in tasks if score and t in score.per_task]
         points.append(Point(
@@ -748,8 +813,9 @@ def markdown(result: Verdict, command: str = "") -> str:
                                                          result.ctx, result.batches, timed),
                       "```"]
     if result.set_aside:
-        lines += ["", "Left out: accuracy rows run with some layers dense (`--dense-layers`), "
-                  "whose decode step one kernel row does not time: "
+        lines += ["", "Left out: configurations run with some layers dense (`--dense-layers`), "
+                  "whose step time needs the model's layer count (give `--shape "
+                  "HEADS/KV_HEADS/HEAD_DIM/LAYERS`): "
                   + ", ".join(f"`{c}`" for c in result.set_aside) + "."]
     return "\n".join(lines) + "\n"
 

@@ -9,7 +9,7 @@
 #   bash scripts/h200_verdict.sh STAGE RESULTS_DIR
 # STAGE: tests, peers, shapes, ruler, ruler-peers, ruler-lsh, fa3, captured, timing ($GPU
 # names the GPU in the run ids: h200 by default; $CANDIDATES overrides the SANTA++ candidates,
-# $TASKS the RULER tasks, $DENSE_LAYERS keeps those layers exact in the RULER stages, e.g. 0,1,
+# $TASKS the RULER tasks, $DENSE_LAYERS keeps those layers exact in the RULER stages, e.g. 21,22,23,
 # in a run of its own). Runs resume where they stopped.
 # ruler and captured need the model and the RULER samples in $SANTA_BENCH_CACHE
 # (models/qwen2.5-coder-0.5b/qwen2.5-coder-0.5b.gguf, data/ruler-samples/); captured reads

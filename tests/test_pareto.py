@@ -19,6 +19,7 @@ ENV = {"device": "cuda", "gpu_name": "NVIDIA H200", "torch": "2.11.0", "triton":
        "date": "2026-12-04T10:00:00+00:00", "git_sha": "abcdef1234567"}
 TASKS = ("niah_single_1", "niah_multikey_1", "vt", "qa_1")
 N = 40
+DENSE_RATES = {"niah_single_1": 0.95, "niah_multikey_1": 0.8, "vt": 0.6, "qa_1": 0.05}
 
 
 def _scores(rng: np.random.Generator, rate: float) -> list[int]:
@@ -56,7 +57,7 @@ def store(tmp_path):
     root = tmp_path / "results"
     results = ResultStore(root)
     acc = results.start_run({**ENV, "command": "santa-bench accuracy ruler"}, "acc")
-    dense_rates = {"niah_single_1": 0.95, "niah_multikey_1": 0.8, "vt": 0.6, "qa_1": 0.05}
+    dense_rates = DENSE_RATES
     _accuracy(acc, "dense", {}, dense_rates, seed=1)
     # the same samples decoded by an accurate sampler: dense's scores, one sample flipped
     rng = np.random.default_rng(1)
@@ -149,35 +150,50 @@ def test_verdict_joins_marks_the_front_and_picks_the_fastest_matched(store):
     assert "santa-sys:S=64" not in {p.config for p in result.points if p.front}
 
 
-def test_rows_run_with_dense_layers_are_set_aside_not_merged(store, tmp_path):
-    """A configuration run with some layers dense (``--dense-layers``) scores as another
-    configuration: its rows must not replace the all-sampled ones (written later, they
-    would), and the Markdown names them as left out; an empty ``dense_layers`` is none."""
-    def verdict_with(rows_of: dict) -> pareto.Verdict:
+def test_a_configuration_with_dense_layers_is_its_own_point_timed_as_a_mixed_step(
+        store, tmp_path):
+    """Rows run with some layers dense (``--dense-layers``) must not replace the
+    all-sampled rows of the same method configuration (written later, they would): they
+    make a point of their own whose time is the mean layer of a step with d of the
+    model's 24 layers dense; dense with dense layers is dense; an empty value is none;
+    without a layer count (a ``--shape`` of three fields) they are set aside and named."""
+    def verdict_with(rows_of: dict, **kw) -> pareto.Verdict:
         extra = ResultStore(tmp_path / str(len(list(tmp_path.iterdir()))))
         run = extra.start_run({**ENV, "command": "santa-bench accuracy ruler"}, "later")
         for layers, rate in rows_of.items():
             _accuracy(run, "santapp", {"M": 32, "dense_layers": layers},
                       dict.fromkeys(TASKS, rate), seed=5)
+        _accuracy(run, "dense", {"dense_layers": "1,0"}, DENSE_RATES, seed=1)  # dense's
         frame = pd.concat([store.load(), extra.load()], ignore_index=True)
-        return pareto.verdict(frame, [*store.runs(), *extra.runs()], MODEL)
-
-    def santapp(result: pareto.Verdict) -> float:
-        return {p.config: p for p in result.points}["santapp:M=32"].overall.retention
+        return pareto.verdict(frame, [*store.runs(), *extra.runs()], MODEL, **kw)
 
     plain = pareto.verdict(store.load(), store.runs(), MODEL)
-    assert santapp(plain) < 0.7 and not plain.set_aside
-    assert "dense layers" not in pareto.markdown(plain)
-    layered = verdict_with({"0,1": 0.99})
-    assert santapp(layered) == pytest.approx(santapp(plain))
-    assert layered.set_aside == ["santapp:M=32 (dense layers 0,1)"]
-    assert "`santapp:M=32 (dense layers 0,1)`" in pareto.markdown(layered)
-    assert santapp(verdict_with({"": 0.99})) > 1.0  # no dense layer: the newest rows
-    only = ResultStore(tmp_path / "only")
-    run = only.start_run({**ENV, "command": "santa-bench accuracy ruler"}, "o")
-    _accuracy(run, "dense", {"dense_layers": "0"}, dict.fromkeys(TASKS, 0.9), seed=1)
-    with pytest.raises(pareto.ParetoError, match="no RULER accuracy rows"):
-        pareto.verdict(only.load(), only.runs(), MODEL)
+    before = {p.config: p for p in plain.points}["santapp:M=32"]
+    assert before.overall.retention < 0.7 and not plain.set_aside
+    result = verdict_with({"1,0": 0.99})
+    points = {p.config: p for p in result.points}
+    assert points["santapp:M=32"].overall.retention == pytest.approx(before.overall.retention)
+    assert points["dense"].overall.retention == 1.0  # the layered dense rows are dense's
+    layered = points["santapp:M=32 dense_layers=0,1"]
+    assert layered.overall.retention > 1.0
+    for batch, s in ((1, 2.5), (8, 4.0)):  # the kernel rows of santapp:M=32
+        mixed = layered.timings[batch]
+        assert mixed.speedup == pytest.approx(24 / (22 / s + 2))
+        assert mixed.low == pytest.approx(24 / (22 / (s * 0.98) + 2))
+        dense_us = {1: 30.0, 8: 150.0}[batch]
+        assert mixed.latency_us == pytest.approx((22 * dense_us / s + 2 * dense_us) / 24)
+        assert mixed.read_fraction == pytest.approx((22 * 0.5 + 2) / 24)
+    assert "santapp:M=32 dense_layers=0,1" in pareto.markdown(result)
+    assert pareto.accuracy_command("santapp:M=32 dense_layers=0,1", MODEL, 32768,
+                                   ["ruler-vt"], 50).endswith(
+        "--methods santapp:M=32 --dense-layers 0,1 --device cuda")
+    assert "santapp:M=32 dense_layers" not in {
+        p.config for p in verdict_with({"": 0.99}).points}  # no dense layer: plain rows
+    blind = verdict_with({"0,1": 0.99}, shape=pareto.Shape.parse("14/2/64"))
+    assert blind.set_aside == ["santapp:M=32 dense_layers=0,1"]
+    assert "santapp:M=32 dense_layers=0,1" not in {p.config for p in blind.points}
+    assert "`santapp:M=32 dense_layers=0,1`" in pareto.markdown(blind)
+    assert pareto.Shape.parse("14/2/64/24").layers == 24
 
 
 def test_a_dominated_point_is_off_the_front(store, tmp_path):

@@ -32,6 +32,7 @@ class CatalogModel:
     context: int
     description: str
     attention: tuple[int, int, int]  # query heads, KV heads, head dimension
+    layers: int  # decoder layers (attention layers)
 
 
 def _parts(prefix: str, count: int) -> tuple[str, ...]:
@@ -50,6 +51,7 @@ CATALOG: dict[str, CatalogModel] = {
             8192,
             "SmolLM2-135M-Instruct (Q4_1), 9 query / 3 KV heads, head dim 64",
             (9, 3, 64),
+            30,
         ),
         CatalogModel(
             "qwen2.5-coder-0.5b",
@@ -60,6 +62,7 @@ CATALOG: dict[str, CatalogModel] = {
             32768,
             "Qwen2.5-Coder-0.5B, GQA group 7",
             (14, 2, 64),
+            24,
         ),
         CatalogModel(
             "qwen2.5-coder-1.5b",
@@ -70,6 +73,7 @@ CATALOG: dict[str, CatalogModel] = {
             32768,
             "Qwen2.5-Coder-1.5B, head dim 128",
             (12, 2, 128),
+            28,
         ),
     )
 }
