@@ -159,3 +159,14 @@ def test_retired_flash_options_fail_in_one_line(tmp_path):
     assert len(lines) == 1, result.output
     assert "santa-flash has one kernel now" in lines[0] and "drop gather=compact" in lines[0]
     assert not (tmp_path / "r").exists()
+
+
+def test_santapps_removed_top_fails_in_one_line(tmp_path):
+    """`santapp:...,top=32` (removed: no gain on RULER, a slower kernel) names what to drop."""
+    result = runner.invoke(app, ["kernel", "--device", "cpu", "--ctx", "64", "--batch", "1",
+                                 "--methods", "santapp:M=2,top=2",
+                                 "--results", str(tmp_path), "--run-id", "r"])
+    assert result.exit_code != 0
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert "santapp takes no teams exactly" in lines[0] and "drop top=2" in lines[0]

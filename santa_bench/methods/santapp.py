@@ -212,4 +212,7 @@ def santapp() -> Method:
         prefill_index=team_index,
         indexed_reference=indexed_reference,
         plot=PlotStyle(),  # its family's green
+        # results/h100/santapp-top-2026-12-06-h100
+        retired=(("top", "takes no teams exactly besides the M drawn since 2026-12-06 (no "
+                  "gain on RULER NIAH at 32k, a slower kernel)"),),
     )
