@@ -25,7 +25,7 @@ def config_label(row: pd.Series) -> str:
     its configuration names (budgets, and the rest away from their defaults)."""
     named = config_params(row) or []
     layers = row.get("dense_layers")
-    if isinstance(layers, str) and layers.strip():  # some layers kept exact
+    if row["method"] != "dense" and isinstance(layers, str) and layers.strip():  # kept exact
         named = [*named, ("dense_layers", layers.strip())]
     return " ".join([REGISTRY.get(row["method"]).name] + [f"{k}={v}" for k, v in named])
 
