@@ -180,14 +180,12 @@ DENSE_LAYERS = " dense_layers="  # joins a configuration key and the layers it k
 
 
 def dense_layers_of(row: pd.Series | dict[str, Any]) -> tuple[int, ...]:
-    """The layers an accuracy row kept exact (``--dense-layers``), sorted; () for none."""
+    """The layers an accuracy row kept exact (``--dense-layers``, parsed by the runner
+    before the row was written), sorted; () for none."""
     value = row.get("dense_layers")
-    if not _present(value) or not str(value).strip():
+    if not _present(value):
         return ()
-    try:
-        return tuple(sorted({int(x) for x in str(value).split(",") if x.strip()}))
-    except ValueError:
-        return ()
+    return tuple(sorted({int(x) for x in str(value).split(",") if x.strip()}))
 
 
 def layered_key(row: pd.Series | dict[str, Any]) -> str | None:

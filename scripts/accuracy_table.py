@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from santa_bench.methods import REGISTRY
-from santa_bench.pareto import config_params
+from santa_bench.pareto import config_params, dense_layers_of
 from santa_bench.results import ResultStore
 
 
@@ -24,9 +24,8 @@ def config_label(row: pd.Series) -> str:
     """``santa-prop S=128`` / ``santapp M=32 policy=kmeans``: the method and the parameters
     its configuration names (budgets, and the rest away from their defaults)."""
     named = config_params(row) or []
-    layers = row.get("dense_layers")
-    if row["method"] != "dense" and isinstance(layers, str) and layers.strip():  # kept exact
-        named = [*named, ("dense_layers", layers.strip())]
+    if row["method"] != "dense" and (layers := dense_layers_of(row)):  # as pareto keys it
+        named = [*named, ("dense_layers", ",".join(map(str, layers)))]
     return " ".join([REGISTRY.get(row["method"]).name] + [f"{k}={v}" for k, v in named])
 
 

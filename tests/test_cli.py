@@ -148,25 +148,19 @@ def test_killed_run_resumes_with_only_the_unfinished_cases(tmp_path: Path):
     )
 
 
-def test_retired_flash_options_fail_in_one_line(tmp_path):
-    """`--methods santa-flash:gather=compact` (santa-flash's kernel option before it had
-    one kernel) fails before any case runs, in one line naming what to drop."""
+@pytest.mark.parametrize(("spec", "why", "drop"), [
+    # santa-flash's kernel option before it had one kernel
+    ("santa-flash:S=16,gather=compact", "santa-flash has one kernel now", "drop gather=compact"),
+    # SANTA++'s top teams taken exactly (no gain on RULER, a slower kernel)
+    ("santapp:M=2,top=2", "santapp takes no teams exactly", "drop top=2"),
+])
+def test_retired_options_fail_in_one_line(tmp_path, spec, why, drop):
+    """A method option that was removed fails before any case runs, in one line naming
+    why and what to drop."""
     result = runner.invoke(app, ["kernel", "--device", "cpu", "--ctx", "64", "--batch", "1",
-                                 "--methods", "santa-flash:S=16,gather=compact",
-                                 "--results", str(tmp_path), "--run-id", "r"])
+                                 "--methods", spec, "--results", str(tmp_path), "--run-id", "r"])
     assert result.exit_code != 0
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1, result.output
-    assert "santa-flash has one kernel now" in lines[0] and "drop gather=compact" in lines[0]
+    assert why in lines[0] and drop in lines[0]
     assert not (tmp_path / "r").exists()
-
-
-def test_santapps_removed_top_fails_in_one_line(tmp_path):
-    """`santapp:...,top=32` (removed: no gain on RULER, a slower kernel) names what to drop."""
-    result = runner.invoke(app, ["kernel", "--device", "cpu", "--ctx", "64", "--batch", "1",
-                                 "--methods", "santapp:M=2,top=2",
-                                 "--results", str(tmp_path), "--run-id", "r"])
-    assert result.exit_code != 0
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1, result.output
-    assert "santapp takes no teams exactly" in lines[0] and "drop top=2" in lines[0]
