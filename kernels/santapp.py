@@ -581,7 +581,8 @@ def santapp_attention(
 
     Every query head scores the representatives (``phi_g = tau q.r_g + log n_g``), selects
     ``M`` teams by ``scheme`` from ``(1 - mix) softmax(phi) + mix / n_teams`` (gumbel-topk:
-    the Gumbel trick on the log of the mixed probabilities; weights ``1/pi_g``;
+    every team, ``pi = 1``, where a (sequence, KV head) has ``M`` or fewer; the Gumbel
+    trick on the log of the mixed probabilities; weights ``1/pi_g``;
     multinomial: ``M`` draws, weights ``c_g / (M p_g)``), and returns
     ``num / den`` with ``num = sum_sel w_g sum_{i in g \\ E} e^{s_i-m} v_i +
     sum_{j in E} e^{s_j-m} v_j`` (``den`` likewise). ``E``: tokens in no team, the first
@@ -599,12 +600,6 @@ def santapp_attention(
     _check_count(window, "window")
     if compute_dtype not in COMPUTE_DTYPES:
         raise InputError(f"compute_dtype: expected float32 or float64, got {compute_dtype}")
-    fewest = int(index.num_teams.min())
-    if fewest < M:
-        b, h = divmod(int(index.num_teams.argmin()), kv.num_kv_heads)
-        raise InputError(
-            f"M: {M} teams requested but sequence {b}, KV head {h} has only {fewest} teams"
-        )
     tau = check_scale(scale, kv.head_dim)
     gen = make_generator(seed, generator)
     device = kv.device

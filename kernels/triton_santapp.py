@@ -1056,7 +1056,15 @@ class SantaPPWorkspace:
         return self._out[dtype]
 
 
+def teams_selected(M: int, packed: PackedTeams) -> int:
+    """The ``M`` a call plans for: at most the tables' team count ``T``. A (sequence, KV
+    head) with ``M`` teams or fewer reads every one of them (``pi = 1``: exact there), so
+    ``M`` above ``T`` selects what ``T`` does."""
+    return min(M, packed.max_teams)
+
+
 def _plan_for(q, kv, packed: PackedTeams, M: int, **plan_kw) -> SantaPPPlan:
+    M = teams_selected(M, packed)
     sms = _sm_count(q.device)
     return make_plan(
         q.shape[0],
@@ -2181,11 +2189,7 @@ def _check_call(q, kv, packed, M, workspace) -> None:
     if packed.reps.device != kv.device or packed.reps.dtype != reps_dtype:
         raise InputError("packed: not on the cache's device or in its dtype (pack it again)")
     check_positive_int(M, "M")
-    if packed.min_teams < M:
-        raise InputError(
-            f"M: {M} teams requested but some (sequence, KV head) has only "
-            f"{packed.min_teams} teams"
-        )
+    M = teams_selected(M, packed)
     if workspace is not None:
         if not isinstance(workspace, SantaPPWorkspace):
             raise InputError("workspace: expected a SantaPPWorkspace")
@@ -2328,6 +2332,7 @@ def santapp_decode(
     and loads the representatives before waiting for it, and its last lets the next kernel
     launch early (no effect elsewhere)."""
     _check_call(q, kv, packed, M, workspace)
+    M = teams_selected(M, packed)
     ws = workspace or SantaPPWorkspace.for_inputs(q, kv, packed, M)
     p = ws.plan
     batch, hq, d = q.shape

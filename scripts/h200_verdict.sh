@@ -34,9 +34,10 @@ accuracy+=",santapp:M=64,$leader,santapp:M=128,$leader,santapp:M=64,team_size=8,
 accuracy+=",santapp:M=128,team_size=8,$leader,santapp:M=32,team_size=64,$leader"
 accuracy+=",bernoulli:value_stage=prop,S=128"
 # the methods users compare against, and the SANTA++ candidates (the mean as representative:
-# accuracy-2026-12-06-h100-niah-mean's closest to dense, contiguous and k-means teams)
+# the default M=512, within 1 point of dense in accuracy-2026-12-06-h100-niah-teams; M=256
+# and k-means teams, the closest below it in accuracy-2026-12-06-h100-niah-mean)
 peers="oracle-topk:k=1024,quest:pages=64,quest:pages=256,vattention,topk-santa"
-candidates="santapp:M=256,santapp:M=256,policy=kmeans,santapp:M=64,policy=kmeans"
+candidates="santapp:M=512,santapp:M=256,santapp:M=256,policy=kmeans,santapp:M=64,policy=kmeans"
 candidates=${CANDIDATES:-$candidates}
 # the SANTA++ paper's operating point: 31 or 32 teams, the team size reading 16-22% of the KV
 operating="santapp:M=31,santapp:M=31,team_size=32,santapp:M=32,team_size=32"
