@@ -818,6 +818,21 @@ def markdown(result: Verdict, command: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def spread_labels(ax: Any, labels: list[Any]) -> None:
+    """Moves annotations up, a label's height at a time, until none overlaps one placed
+    before it (the labels of near points otherwise print over each other)."""
+    renderer = ax.figure.canvas.get_renderer()
+    placed: list[Any] = []
+    for label in sorted(labels, key=lambda t: t.xy[1]):
+        for _ in range(len(labels) + 1):
+            box = label.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in placed):
+                break
+            x, y = label.get_position()
+            label.set_position((x, y + box.height * 72 / ax.figure.dpi + 1))
+        placed.append(label.get_window_extent(renderer))
+
+
 def figure(result: Verdict, path: Path) -> Path:
     """Speedup against retention, one point per configuration and a panel per batch, the
     Pareto front drawn; saved to ``path`` (PNG)."""
@@ -828,10 +843,13 @@ def figure(result: Verdict, path: Path) -> Path:
 
     fig, axes = plt.subplots(1, len(result.batches), figsize=(6.0 * len(result.batches), 4.6),
                              squeeze=False)
+    panels = []
     for ax, batch in zip(axes[0], result.batches, strict=True):
         captured_shown = False
         points = [p for p in result.points if p.overall is not None and batch in p.timings
                   and not math.isnan(p.timings[batch].speedup)]
+        labels: list[Any] = []
+        panels.append((ax, labels))
         for p in points:
             method = REGISTRY.get(p.config.split(":")[0])
             style = method.plot
@@ -842,8 +860,8 @@ def figure(result: Verdict, path: Path) -> Path:
                         yerr=[[max(t.speedup - t.low, 0)], [max(t.high - t.speedup, 0)]],
                         fmt=style.marker or "o", color=style.colour or None, capsize=2,
                         markersize=6, alpha=0.9)
-            ax.annotate(p.config, (p.overall.retention, t.speedup), fontsize=6,
-                        xytext=(3, 3), textcoords="offset points")
+            labels.append(ax.annotate(p.config, (p.overall.retention, t.speedup), fontsize=6,
+                                      xytext=(3, 3), textcoords="offset points"))
             c = p.captured.get(batch)
             if c is not None and not math.isnan(c.speedup):  # open: on captured inputs
                 ax.plot([p.overall.retention] * 2, [t.speedup, c.speedup], color=style.colour
@@ -867,6 +885,8 @@ def figure(result: Verdict, path: Path) -> Path:
                  f"({result.shape.heads}/{result.shape.kv_heads}/{result.shape.head_dim})",
                  fontsize=10)
     fig.tight_layout()
+    for ax, labels in panels:
+        spread_labels(ax, labels)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=150)
     plt.close(fig)

@@ -279,3 +279,28 @@ def test_a_matched_configuration_slower_than_dense_leaves_dense_the_verdict(tmp_
     assert result.fastest("all", 1).config == "santa-prop:S=128"
     verdict_rows = pareto.markdown(result).split("## Every configuration")[0]
     assert "dense (the fastest matched, `santa-prop:S=128` 0.90x" in verdict_rows
+
+
+def test_labels_of_near_points_do_not_overlap():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    points = [(0.5, 0.50), (0.51, 0.505), (0.49, 0.495), (0.1, 0.1)]
+    labels = [ax.annotate(f"config {i}", xy, xytext=(3, 3), textcoords="offset points",
+                          fontsize=6) for i, xy in enumerate(points)]
+    renderer = fig.canvas.get_renderer()
+
+    def overlaps() -> int:
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        return sum(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+    assert overlaps() > 0
+    pareto.spread_labels(ax, labels)
+    assert overlaps() == 0
+    assert labels[3].get_position() == (3, 3)  # a label alone stays where it was
+    plt.close(fig)
