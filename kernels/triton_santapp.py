@@ -2154,7 +2154,8 @@ def check_scheme(scheme: str = "gumbel-topk", mix: float = 0.0) -> None:
         )
 
 
-def _check_call(q, kv, packed, M, workspace) -> None:
+def _check_call(q, kv, packed, M, workspace) -> int:
+    """Validates a call; returns the ``M`` it plans for (:func:`teams_selected`)."""
     if not isinstance(kv, KVCache):
         raise InputError(f"kv: expected a santa_kernels.KVCache, got {type(kv).__name__}")
     if not isinstance(packed, PackedTeams):
@@ -2188,8 +2189,7 @@ def _check_call(q, kv, packed, M, workspace) -> None:
     reps_dtype = kv.dtype if packed.reps_scale is None else torch.int8
     if packed.reps.device != kv.device or packed.reps.dtype != reps_dtype:
         raise InputError("packed: not on the cache's device or in its dtype (pack it again)")
-    check_positive_int(M, "M")
-    M = teams_selected(M, packed)
+    M = teams_selected(check_positive_int(M, "M"), packed)
     if workspace is not None:
         if not isinstance(workspace, SantaPPWorkspace):
             raise InputError("workspace: expected a SantaPPWorkspace")
@@ -2204,6 +2204,7 @@ def _check_call(q, kv, packed, M, workspace) -> None:
             raise InputError(f"workspace: on {workspace.device}, inputs on {q.device}")
         if p.slot * p.chunks < packed.max_team_len:
             raise InputError("workspace: planned for shorter teams (pack changed)")
+    return M
 
 
 def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
@@ -2331,8 +2332,7 @@ def santapp_decode(
     :func:`pdl_available`, its first kernel launches as a dependent of the kernel before
     and loads the representatives before waiting for it, and its last lets the next kernel
     launch early (no effect elsewhere)."""
-    _check_call(q, kv, packed, M, workspace)
-    M = teams_selected(M, packed)
+    M = _check_call(q, kv, packed, M, workspace)  # at most the tables' team count
     ws = workspace or SantaPPWorkspace.for_inputs(q, kv, packed, M)
     p = ws.plan
     batch, hq, d = q.shape
