@@ -1063,6 +1063,14 @@ def teams_selected(M: int, packed: PackedTeams) -> int:
     return min(M, packed.max_teams)
 
 
+def reads_every_team(M: int, packed: PackedTeams) -> bool:
+    """Whether a call with ``M`` reads every team of every (sequence, KV head): ``M`` at or
+    above the tables' team count. Such a call is dense attention (exact everywhere), which a
+    dense decode kernel computes faster than the selection's kernels; callers that want
+    the output alone may run one instead."""
+    return packed.max_teams <= M
+
+
 def _plan_for(q, kv, packed: PackedTeams, M: int, **plan_kw) -> SantaPPPlan:
     M = teams_selected(M, packed)
     sms = _sm_count(q.device)
@@ -2368,6 +2376,7 @@ __all__ = [
     "check_scheme",
     "make_plan",
     "pack_teams",
+    "reads_every_team",
     "santapp_decode",
     "santapp_triton_available",
     "time_index_build",

@@ -204,13 +204,18 @@ def test_triton_kernels_in_the_loop_through_the_interpreter():
     result = _decode(session, one)
     assert one.kernel_function == "triton_santa_flash.santa_flash"
     assert int(one.workspace.rng[0]) == calls
-    # SANTA++: teams packed after the prefill; M = every team (40 tokens / 16) is exact
-    teams = TritonSantaPPDecode(santapp.resolve_params({"M": 3, "sink": 0, "window": 0}),
+    # SANTA++: teams packed after the prefill, 2 of the 3 (40 tokens / 16) drawn a call
+    no_exact = {"sink": 0, "window": 0}
+    teams = TritonSantaPPDecode(santapp.resolve_params({"M": 2, **no_exact}),
                                 session.scale, seed=0)
-    result = _decode(session, teams)
-    assert torch.equal(result.tokens, dense.tokens)
+    _decode(session, teams)
     assert teams.workspaces[0] is teams.workspaces[1]  # layers of one plan share it
     assert int(teams.workspaces[0].rng[0]) == calls
+    # M = every team: each layer reads every token, through the split-KV dense kernel
+    every = TritonSantaPPDecode(santapp.resolve_params({"M": 3, **no_exact}),
+                                session.scale, seed=0)
+    assert torch.equal(_decode(session, every).tokens, dense.tokens)
+    assert every.packed == [None] * model.config.num_layers
 
 
 def test_agreement_counts_equal_tokens_and_the_prefix():

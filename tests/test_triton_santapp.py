@@ -434,6 +434,25 @@ def test_every_team_selected_is_exact():
     assert info.read_counts().kv_read_fraction == 1.0
 
 
+def test_the_method_runs_dense_attention_where_M_covers_every_team():
+    from santa_bench.methods import REGISTRY
+
+    method = REGISTRY.get("santapp")
+    q, kv = _problem(heads=4, n=200, d=32, lengths=[200, 120], q_scale=2.0,
+                     dtype=torch.float32, seed=6)
+    teams = build_packed(kv, team_size=16, sink=4, exact_recent=64).max_teams
+    dense = sk.dense_attention(q, kv, compute_dtype=F64).out
+    for M, covered in ((teams, True), (teams + 100, True), (teams - 1, False)):
+        params = method.resolve_params({"M": M})
+        prepared = method.prepare(q, kv, seed=0, **params)
+        plan = prepared.notes["plan"]
+        assert isinstance(plan, str) == covered, (M, plan)
+        assert hasattr(prepared, "reads") != covered  # the runner counts a dense read
+        if covered:
+            assert plan.startswith("dense") and str(teams) in plan
+            assert float((prepared().double() - dense).abs().max()) < 1e-5
+
+
 # ------------------------------------------------------------ Philox noise
 def _same_draw(out, first, merge_atomic: bool) -> bool:
     """A replayed call's output: bitwise the first with the merge kernel; with the atomic

@@ -403,8 +403,10 @@ class TritonSantaPPDecode(DecodeAttention):
 
     After the prefill every layer's prompt is indexed into teams and packed (prefill-time
     work, untimed); decode tokens join the exact tail, which the kernel reads up to the
-    device lengths. Layers whose packs plan alike share one workspace, whose device step
-    counter advances per call; a workspace of another plan gets another seed.
+    device lengths. A layer whose prompt has at most ``M`` teams reads every token: it
+    runs the split-KV dense kernel. Layers whose packs plan alike share one workspace,
+    whose device step counter advances per call; a workspace of another plan gets another
+    seed.
     """
 
     def __init__(self, params: dict[str, Any], scale: float, seed: int) -> None:
@@ -426,6 +428,13 @@ class TritonSantaPPDecode(DecodeAttention):
         self.query = q
         self.packed: list[Any] = []
         self.workspaces: list[Any] = []
+        # the layers whose prompt has at most M teams read every token: dense attention
+        self.dense = TritonSplitKVDecode(self.scale)
+        self.dense.setup(cache, q)
+
+    def set_pdl_chain(self, on: bool) -> None:
+        super().set_pdl_chain(on)
+        self.dense.set_pdl_chain(on)
 
     def after_prefill(self, cache: StaticKVCache) -> None:
         from santa_bench.methods.santapp import merge_atomic_of
@@ -439,6 +448,10 @@ class TritonSantaPPDecode(DecodeAttention):
                     kv, policy=p["policy"], team_size=p["team_size"], leaders=p["leaders"],
                     representative=p["representative"], seed=self.seed, sink=p["sink"],
                     exact_recent=p["window"], reps=p.get("reps", "model"))
+                if module.reads_every_team(p["M"], packed):  # dense attention there
+                    self.packed.append(None)
+                    self.workspaces.append(None)
+                    continue
                 plan = module._plan_for(self.query, kv, packed, p["M"],
                                         merge_atomic=merge_atomic_of(p.get("merge", "auto")))
                 if plan not in by_plan:
@@ -446,20 +459,24 @@ class TritonSantaPPDecode(DecodeAttention):
                         plan, device=self.query.device, seed=self.seed + len(by_plan))
                 self.packed.append(packed)
                 self.workspaces.append(by_plan[plan])
-        except ValueError as exc:  # e.g. M above the team count of a short context
+        except ValueError as exc:
             raise Unsupported(f"santapp: {exc}") from exc
 
     def reset(self) -> None:
-        for workspace in {id(w): w for w in self.workspaces}.values():
+        for workspace in {id(w): w for w in self.workspaces if w is not None}.values():
             workspace.reset_rng(0)
 
     def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        if self.packed[layer] is None:
+            return self.dense(layer, q)
         return self.module.santapp_decode(
             q, self.cache.layers[layer], self.packed[layer], self.params["M"],
             scale=self.scale, workspace=self.workspaces[layer], pdl_chain=self.pdl_chain)[0]
 
     def read_fraction(self, layer: int, q: torch.Tensor) -> float:
         """The KV read fraction of one more call of the kernel on ``q`` (off the hot path)."""
+        if self.packed[layer] is None:
+            return 1.0
         _, info = self.module.santapp_decode(
             q, self.cache.layers[layer], self.packed[layer], self.params["M"],
             scale=self.scale, workspace=self.workspaces[layer])

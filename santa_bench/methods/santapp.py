@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 import santa_kernels as sk
-from santa_bench.baselines import Prepared, Unsupported
+from santa_bench.baselines import TRITON_SPLITKV, Prepared, Unsupported
 from santa_bench.methods._core import Method, Param, PlotStyle, register
 from santa_bench.timing import nbytes_of
 from santa_kernels.kv import KVCache
@@ -46,6 +46,15 @@ def merge_atomic_of(merge: str) -> bool | None:
     return {"auto": None, "atomic": True, "kernel": False}[merge]
 
 
+def _every_team_read(q: torch.Tensor, kv: KVCache, scale: float | None, teams: int) -> Prepared:
+    """The call where ``M`` covers every team of every (sequence, KV head): it reads every
+    token, so it is dense attention, run by the split-KV decode kernel (its rows count a
+    dense read)."""
+    prepared = TRITON_SPLITKV.prepare(q, kv, scale=scale)
+    prepared.notes["plan"] = f"dense: M covers all {teams} teams (split-KV kernel)"
+    return prepared
+
+
 def santapp_prepare(
     q: torch.Tensor,
     kv: KVCache,
@@ -66,6 +75,7 @@ def santapp_prepare(
 ) -> Prepared:
     """Prepares the Triton SANTA++ kernel: builds and packs the team index outside the timed
     region (its time goes to the ``index_build_ms`` metric), plans the workspace, runs once.
+    Where ``M`` covers every team the call is dense attention and runs the split-KV kernel.
     Extra metrics: ``index_build_ms`` and, after ``reads()``, ``read_equivalent`` and
     ``bytes_read_tables`` (the representatives' bytes, counted in the bandwidth)."""
     module = _triton_santapp()
@@ -84,6 +94,8 @@ def santapp_prepare(
     }
     try:
         packed, build_ms = _santapp_packed(module, kv, params)
+        if module.reads_every_team(M, packed):
+            return _every_team_read(q, kv, scale, packed.max_teams)
         workspace = module.SantaPPWorkspace.for_inputs(q, kv, packed, M, seed=seed,
                                                        merge_atomic=merge_atomic_of(merge))
 
