@@ -429,12 +429,12 @@ class TritonSantaPPDecode(DecodeAttention):
         self.packed: list[Any] = []
         self.workspaces: list[Any] = []
         # the layers whose prompt has at most M teams read every token: dense attention
-        self.dense = TritonSplitKVDecode(self.scale)
-        self.dense.setup(cache, q)
+        self.dense: TritonSplitKVDecode | None = None
 
     def set_pdl_chain(self, on: bool) -> None:
         super().set_pdl_chain(on)
-        self.dense.set_pdl_chain(on)
+        if self.dense is not None:
+            self.dense.set_pdl_chain(on)
 
     def after_prefill(self, cache: StaticKVCache) -> None:
         from santa_bench.methods.santapp import merge_atomic_of
@@ -449,6 +449,10 @@ class TritonSantaPPDecode(DecodeAttention):
                     representative=p["representative"], seed=self.seed, sink=p["sink"],
                     exact_recent=p["window"], reps=p.get("reps", "model"))
                 if module.reads_every_team(p["M"], packed):  # dense attention there
+                    if self.dense is None:
+                        self.dense = TritonSplitKVDecode(self.scale)
+                        self.dense.setup(cache, self.query)
+                        self.dense.set_pdl_chain(self.pdl_chain)
                     self.packed.append(None)
                     self.workspaces.append(None)
                     continue
