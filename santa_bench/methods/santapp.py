@@ -51,7 +51,7 @@ def _every_team_read(q: torch.Tensor, kv: KVCache, scale: float | None, teams: i
     token, so it is dense attention, run by the split-KV decode kernel (its rows count a
     dense read)."""
     prepared = TRITON_SPLITKV.prepare(q, kv, scale=scale)
-    prepared.notes["plan"] = f"dense: M covers all {teams} teams (split-KV kernel)"
+    prepared.notes["every_team_read"] = teams  # the tables' team count, at most M
     return prepared
 
 
