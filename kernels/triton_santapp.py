@@ -11,10 +11,10 @@ noise.
    ``-inf`` for padding teams), adds Gumbel noise (32-bit Philox keyed by ``(seed, step)``,
    counter ``(b, block of 4 heads, team)``, ``rand4x``; ``gumbels=`` overrides it) and
    writes ``phi`` and ``z = phi + Gumbel``. In *local* mode (many teams: ``G * T``
-   above :data:`FINISH_CAP`) it also keeps its block's top ``M+1`` per head as
-   candidates (threshold found by the search below); in direct selection it stores
-   each head's ``j``-th largest ``z`` of its block (``bracket``, ``j = ceil((M+1) /
-   splits) <= 3``): the finisher's search bracket.
+   above ``FINISH_MAX_SCALE *`` :data:`FINISH_CAP`) it also keeps its block's top
+   ``M+1`` per head as candidates (threshold found by the search below); in direct
+   selection it stores each head's ``j``-th largest ``z`` of its block (``bracket``,
+   ``j = ceil((M+1) / splits) <= 3``): the finisher's search bracket.
    **finish** (its own kernel, grid ``(B*Hkv, G)``, one program per query head;
    ``finish_heads=0``: one program per KV group) finds ``kappa`` = the ``(M+1)``-th
    largest ``z`` by a k-ary search on order-preserving integer keys (:func:`_kth_search`:
@@ -125,7 +125,9 @@ from santa_kernels.validate import InputError, check_positive_int, check_scale
 # -------------------------------------------------------------------- constants
 KEY_NEG_INF = -2139095041  # order-preserving int32 key of -inf (bits 0xFF800000 ^ 0x7FFFFFFF)
 KEY_PAD = -2147483648  # below every real key: slots that hold no team
-FINISH_CAP = 8192  # heads x candidates one finishing program keeps in registers
+FINISH_CAP = 8192  # heads x candidates a finishing program of 8 warps keeps in registers
+# direct selection up to this many x FINISH_CAP keys, the finisher's warps scaled with them
+FINISH_MAX_SCALE = 2
 MAX_TEAMS_PER_SPLIT = 1024  # representatives one select program scores (local mode)
 MAX_GROUP = 64
 H200_SM_COUNT = 132
@@ -828,8 +830,9 @@ def make_plan(
     bkv = batch * num_kv_heads
     m1 = M + 1
     target = PROGRAMS_PER_SM * sms
+    direct_keys = g_rows * _next_pow2(max_teams)  # the direct finisher's union step
     if local is None:
-        local = g_rows * _next_pow2(max_teams) > FINISH_CAP
+        local = direct_keys > FINISH_MAX_SCALE * FINISH_CAP
     if teams_per_split is None:
         if not local:
             wanted = max(1, -(-target // bkv))
@@ -910,8 +913,9 @@ def make_plan(
         raise InputError(f"finish_heads: must be >= 0, got {finish_heads}")
     h_rows = _next_pow2(min(finish_heads, group)) if finish_heads else g_rows
     finish_parts = -(-group // h_rows) if finish_heads else 1
-    if finish_warps is None:
-        finish_warps = select_warps  # the union step holds G x C_PAD keys either way
+    if finish_warps is None:  # the union step holds G x C_PAD keys either way
+        scale = 1 if local else max(1, -(-direct_keys // FINISH_CAP))
+        finish_warps = select_warps * scale
     check_positive_int(finish_warps, "finish_warps")
     finish_ways = (
         8 if h_rows * c_pad // (32 * finish_warps) <= HOPPER["search_8way_keys_per_thread"]

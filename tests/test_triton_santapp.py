@@ -31,6 +31,7 @@ from santa_kernels.santapp import (
 )
 from santa_kernels.triton_santapp import (
     FINISH_CAP,
+    FINISH_MAX_SCALE,
     KEY_NEG_INF,
     KEY_PAD,
     SantaPPWorkspace,
@@ -526,10 +527,17 @@ def test_plans_fit_llama_shapes(d, team_size):
         assert plan.num_splits * plan.teams_per_split >= teams
         if plan.local:
             assert plan.teams_per_split >= M + 1
-        if plan.g_rows * _pow2(teams) <= FINISH_CAP or plan.teams_per_split < 1024:
+        if not plan.local:  # the finisher's warps grow with the keys it holds
+            assert plan.g_rows * plan.c_pad <= FINISH_MAX_SCALE * FINISH_CAP
+            assert plan.finish_warps * FINISH_CAP >= 8 * plan.g_rows * plan.c_pad
+        elif plan.teams_per_split < 1024:
             assert plan.g_rows * plan.c_pad <= FINISH_CAP
     assert make_plan(1, 32, 8, 128, 2048, 32, 16, 0).local is False  # 32k / 16: direct
     assert make_plan(1, 32, 8, 128, 8192, 32, 16, 0).local is True  # 128k / 16: local
+    # a GQA group of 7 (8 padded rows) at 32k: direct, the finisher with 16 warps
+    qwen = make_plan(1, 14, 2, 64, 2048, 512, 16, 64)
+    assert qwen.local is False and qwen.finish_warps == 16
+    assert make_plan(1, 14, 2, 64, 8192, 512, 16, 64).local is True  # 128k
     # the atomic merge up to 16 (sequence, KV head) groups, the merge kernel above
     assert make_plan(2, 32, 8, 128, 2048, 32, 16, 0).merge_atomic is True
     assert make_plan(4, 32, 8, 128, 2048, 32, 16, 0).merge_atomic is False
@@ -689,12 +697,18 @@ def test_graph_replays_draw_fresh_teams_and_reset_reproduces(merge_atomic):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize(("ctx", "batch", "M", "team_size"),
-                         [(32768, 1, 32, 16), (32768, 2, 64, 64), (131072, 1, 32, 16)])
-def test_llama_shapes_match_reference_on_gpu(ctx, batch, M, team_size):
+@pytest.mark.parametrize(("ctx", "batch", "M", "team_size", "heads"), [
+    (32768, 1, 32, 16, (32, 8, 128)),
+    (32768, 2, 64, 64, (32, 8, 128)),
+    (131072, 1, 32, 16, (32, 8, 128)),
+    (32768, 2, 512, 16, (14, 2, 64)),  # a group of 7: direct, the finisher's 16 warps
+])
+def test_llama_shapes_match_reference_on_gpu(ctx, batch, M, team_size, heads):
     from santa_bench.inputs import DecodeShape, make_decode_inputs
 
-    q, kv = make_decode_inputs(DecodeShape(batch=batch, ctx=ctx), device="cuda")
+    hq, hkv, d = heads
+    shape = DecodeShape(batch=batch, ctx=ctx, heads=hq, kv_heads=hkv, head_dim=d)
+    q, kv = make_decode_inputs(shape, device="cuda")
     index = build_team_index(kv, team_size=team_size)
     packed = pack_teams(kv, index)
     fast = build_packed(kv, team_size=team_size)  # fp32 on the GPU: near-ties may differ
