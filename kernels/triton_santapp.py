@@ -126,7 +126,10 @@ from santa_kernels.validate import InputError, check_positive_int, check_scale
 KEY_NEG_INF = -2139095041  # order-preserving int32 key of -inf (bits 0xFF800000 ^ 0x7FFFFFFF)
 KEY_PAD = -2147483648  # below every real key: slots that hold no team
 FINISH_CAP = 8192  # heads x candidates a finishing program of 8 warps keeps in registers
-# direct selection up to this many x FINISH_CAP keys, the finisher's warps scaled with them
+# direct selection while its union step holds up to this many x FINISH_CAP keys (a GQA
+# group of 7 at 32k: 128 select programs a KV head instead of local selection's one, the
+# call 9.8x faster; 8 finishing warps beat 16 and 32; H100, 2026-12-06,
+# results/h100/tune-2026-12-06-h100-santapp-direct)
 FINISH_MAX_SCALE = 2
 MAX_TEAMS_PER_SPLIT = 1024  # representatives one select program scores (local mode)
 MAX_GROUP = 64
@@ -913,9 +916,8 @@ def make_plan(
         raise InputError(f"finish_heads: must be >= 0, got {finish_heads}")
     h_rows = _next_pow2(min(finish_heads, group)) if finish_heads else g_rows
     finish_parts = -(-group // h_rows) if finish_heads else 1
-    if finish_warps is None:  # the union step holds G x C_PAD keys either way
-        scale = 1 if local else max(1, -(-direct_keys // FINISH_CAP))
-        finish_warps = select_warps * scale
+    if finish_warps is None:
+        finish_warps = select_warps  # the union step holds G x C_PAD keys either way
     check_positive_int(finish_warps, "finish_warps")
     finish_ways = (
         8 if h_rows * c_pad // (32 * finish_warps) <= HOPPER["search_8way_keys_per_thread"]
