@@ -3,6 +3,8 @@ byte model), bootstrap CIs."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -233,6 +235,19 @@ def test_kernel_rows_record_the_rotation(monkeypatch):
     assert latency["workspace"] == "per-copy"
     assert latency["workspace_bytes"] == 0  # SDPA has no workspace
     assert set(CASE_FIELDS) <= set(latency)
+    launch = json.loads(latency["launch"])  # what the prepared call launched
+    assert launch["baseline"] == "sdpa-math" and launch["resolved_backend"] == "sdpa-math"
+
+
+def test_launch_record_keeps_a_kernel_plan_field_by_field():
+    from santa_bench.runners.kernel import launch_record
+    from santa_kernels.triton_santapp import make_plan
+
+    plan = make_plan(1, 14, 2, 64, 2048, 512, 16, 64)
+    record = json.loads(launch_record({"plan": plan, "teams_read_from": "cache",
+                                       "dtype": torch.bfloat16, "sizes": (1, 2)}))
+    assert record["plan"]["local"] is False and record["plan"]["num_splits"] == plan.num_splits
+    assert record["dtype"] == "torch.bfloat16" and record["sizes"] == [1, 2]
 
 
 def test_nbytes_of_counts_kv_cache_and_nesting():

@@ -10,6 +10,7 @@ the wall clock (``timing=cpu-wall``); GPU timing plugs in through ``time_case``.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -314,6 +315,25 @@ def time_prepared(
     )
 
 
+def launch_record(notes: dict[str, Any]) -> str:
+    """A prepared call's notes as JSON for its latency row (``launch``): what it launched
+    (a kernel plan's fields, a dense dispatch, conversions done outside the timed region),
+    so a row says which plan it timed after the planner changes."""
+
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, dict):
+            return {str(k): plain(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        if value is None or isinstance(value, str | int | float | bool):
+            return value
+        return str(value)
+
+    return json.dumps(plain(notes), sort_keys=True)
+
+
 GROUP_KEYS = (*SHAPE_KEYS, "dtype", "layout", "page_size", "device", "timing", "l2")
 
 
@@ -481,6 +501,7 @@ class KernelRunner:
                 l2_state=timing.l2_state,
                 samples_us=json.dumps(samples),
                 timing_mode=timing.mode,
+                launch=launch_record(getattr(prepared, "notes", {})),
                 **plan,
             ),
             *quality,
