@@ -128,7 +128,7 @@ KEY_PAD = -2147483648  # below every real key: slots that hold no team
 FINISH_CAP = 8192  # heads x candidates a finishing program of 8 warps keeps in registers
 # direct selection while its union step holds up to this many x FINISH_CAP keys (a GQA
 # group of 7 at 32k: 128 select programs a KV head instead of local selection's one, the
-# call 9.8x faster; 8 finishing warps beat 16 and 32; H100, 2026-12-06,
+# call 10.5x faster at B=1; 8 finishing warps beat 16 and 32; H100, 2026-12-06,
 # results/h100/tune-2026-12-06-h100-santapp-direct)
 FINISH_MAX_SCALE = 2
 MAX_TEAMS_PER_SPLIT = 1024  # representatives one select program scores (local mode)
@@ -833,9 +833,8 @@ def make_plan(
     bkv = batch * num_kv_heads
     m1 = M + 1
     target = PROGRAMS_PER_SM * sms
-    direct_keys = g_rows * _next_pow2(max_teams)  # the direct finisher's union step
-    if local is None:
-        local = direct_keys > FINISH_MAX_SCALE * FINISH_CAP
+    if local is None:  # the direct finisher's union step holds G_ROWS x next_pow2(T) keys
+        local = g_rows * _next_pow2(max_teams) > FINISH_MAX_SCALE * FINISH_CAP
     if teams_per_split is None:
         if not local:
             wanted = max(1, -(-target // bkv))

@@ -31,7 +31,6 @@ from santa_kernels.santapp import (
 )
 from santa_kernels.triton_santapp import (
     FINISH_CAP,
-    FINISH_MAX_SCALE,
     KEY_NEG_INF,
     KEY_PAD,
     SantaPPWorkspace,
@@ -153,6 +152,19 @@ def test_matches_reference_given_the_same_gumbels(team_size, heads, d, sink, win
         assert workspace.plan.chunks == -(-team_size // workspace.plan.slot)
         assert (workspace.plan.chunks > 1) == (team_size == 80)
     _compare(q, kv, index, packed, M, workspace=workspace)
+
+
+def test_direct_selection_up_to_twice_the_finishers_cap_matches_the_reference():
+    """A GQA group of 7 (8 padded rows) with 1025-2048 teams: the union step holds
+    2 x FINISH_CAP keys; the planner keeps direct selection there."""
+    q, kv = _problem(batch=2, heads=7, kv_heads=1, n=1100, d=16, lengths=[1100, 1030],
+                     q_scale=2.0, dtype=torch.float32, seed=3)
+    index = build_team_index(kv, team_size=1, sink=0, exact_recent=0)
+    packed = pack_teams(kv, index)
+    workspace = SantaPPWorkspace.for_inputs(q, kv, packed, 5)
+    plan = workspace.plan
+    assert not plan.local and FINISH_CAP < plan.g_rows * plan.c_pad <= 2 * FINISH_CAP
+    _compare(q, kv, index, packed, 5, workspace=workspace)
 
 
 @pytest.mark.parametrize(
@@ -527,9 +539,7 @@ def test_plans_fit_llama_shapes(d, team_size):
         assert plan.num_splits * plan.teams_per_split >= teams
         if plan.local:
             assert plan.teams_per_split >= M + 1
-        if not plan.local:
-            assert plan.g_rows * plan.c_pad <= FINISH_MAX_SCALE * FINISH_CAP
-        elif plan.teams_per_split < 1024:
+        if plan.local and plan.teams_per_split < 1024:
             assert plan.g_rows * plan.c_pad <= FINISH_CAP
     assert make_plan(1, 32, 8, 128, 2048, 32, 16, 0).local is False  # 32k / 16: direct
     assert make_plan(1, 32, 8, 128, 8192, 32, 16, 0).local is True  # 128k / 16: local

@@ -317,21 +317,15 @@ def time_prepared(
 
 def launch_record(notes: dict[str, Any]) -> str:
     """A prepared call's notes as JSON for its latency row (``launch``): what it launched
-    (a kernel plan's fields, a dense dispatch, conversions done outside the timed region),
-    so a row says which plan it timed after the planner changes."""
+    (a kernel plan field by field, a dense dispatch, conversions done outside the timed
+    region), so a row says which plan it timed after the planner changes."""
 
-    def plain(value: Any) -> Any:
+    def fields_or_text(value: Any) -> Any:
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-        if isinstance(value, dict):
-            return {str(k): plain(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [plain(v) for v in value]
-        if value is None or isinstance(value, str | int | float | bool):
-            return value
+            return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
         return str(value)
 
-    return json.dumps(plain(notes), sort_keys=True)
+    return json.dumps(notes, sort_keys=True, default=fields_or_text)
 
 
 GROUP_KEYS = (*SHAPE_KEYS, "dtype", "layout", "page_size", "device", "timing", "l2")

@@ -1,6 +1,7 @@
 """SANTA++ M=512 at the Qwen shapes under alternative select plans (GPU timing probe).
 
-Run on the GPU (tree installed):  python3 results/h100/tune-2026-12-06-h100-santapp-direct/plan_probe.py OUT.csv
+Run on the GPU (tree installed), from the repository root:
+    python3 results/h100/tune-2026-12-06-h100-santapp-direct/plan_probe.py OUT.csv
 --dry: build the plans on the CPU only (no timing).
 """
 import csv
@@ -31,7 +32,8 @@ for batch, hq, hkv, d in SHAPES:
     dev = "cpu" if dry else "cuda"
     first = make_decode_inputs(shape, device=dev, seed=0)
     kv_bytes = 2 * first[1].k.numel() * first[1].k.element_size()
-    n = 1 if dry else max(3, min(16, math.ceil(4 * torch.cuda.get_device_properties(0).L2_cache_size / kv_bytes)))
+    l2 = 0 if dry else torch.cuda.get_device_properties(0).L2_cache_size
+    n = 1 if dry else max(3, min(16, math.ceil(4 * l2 / kv_bytes)))
     inputs = [first] + [make_decode_inputs(shape, device=dev, seed=i) for i in range(1, n)]
     packs = [tsp.build_packed(kv, team_size=16, sink=4, exact_recent=64) for _, kv in inputs]
     base = {"B": batch, "shape": f"{hq}/{hkv}/{d}", "copies": n}
@@ -43,7 +45,7 @@ for batch, hq, hkv, d in SHAPES:
     for name, kw in PLANS.items():
         try:
             wss = [tsp.SantaPPWorkspace(tsp._plan_for(q, kv, p, M, **kw), device=q.device, seed=i)
-                   for i, ((q, kv), p) in enumerate(zip(inputs, packs))]
+                   for i, ((q, kv), p) in enumerate(zip(inputs, packs, strict=True))]
         except Exception as exc:
             print(name, "plan failed:", exc, flush=True)
             continue
@@ -52,9 +54,10 @@ for batch, hq, hkv, d in SHAPES:
                "tb": p0.teams_per_split, "c_pad": p0.c_pad, "select_warps": p0.select_warps,
                "finish_warps": p0.finish_warps}
         if not dry:
-            def calls(stages):
-                return [lambda q=q, kv=kv, p=p, w=w: tsp._launch(q, kv, p, M, w, d**-0.5, None, None, stages)
-                        for (q, kv), p, w in zip(inputs, packs, wss)]
+            def calls(stages, inputs=inputs, packs=packs, wss=wss, tau=d**-0.5):
+                return [lambda q=q, kv=kv, p=p, w=w: tsp._launch(q, kv, p, M, w, tau, None, None,
+                                                                  stages)
+                        for (q, kv), p, w in zip(inputs, packs, wss, strict=True)]
             try:
                 row["us"] = round(graph_call_us(calls(tsp.STAGES)), 2)
                 row["select_us"] = round(graph_call_us(calls(("select",))), 2)
