@@ -582,10 +582,6 @@ def test_attend_tiles_a_program_by_the_grid():
         make_plan(8, 32, 8, 128, 512, 32, 64, 128, attend_loops=0)
 
 
-def _pow2(x: int) -> int:
-    return 1 << (x - 1).bit_length()
-
-
 # ------------------------------------------------------------ validation
 @pytest.fixture(scope="module")
 def small():
@@ -712,7 +708,7 @@ def test_graph_replays_draw_fresh_teams_and_reset_reproduces(merge_atomic):
     (131072, 1, 32, 16, (32, 8, 128)),
     (32768, 2, 512, 16, (14, 2, 64)),  # a group of 7: direct selection
 ])
-def test_llama_shapes_match_reference_on_gpu(ctx, batch, M, team_size, heads):
+def test_decode_shapes_match_reference_on_gpu(ctx, batch, M, team_size, heads):
     from santa_bench.inputs import DecodeShape, make_decode_inputs
 
     hq, hkv, d = heads
