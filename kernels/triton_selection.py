@@ -264,14 +264,17 @@ class QuestStep(_Step):
                                  scale=self.scale, out=self.out, workspace=self.workspace)
 
     def read_counts(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> ReadCounts:
-        """The bounds (``2 x used pages x d`` per KV head), the chosen pages' K and V rows
-        (their union over the group)."""
+        """The bounds (``2 x used pages x d`` fp32 values per KV head, counted at their
+        size in cache elements), the chosen pages' K and V rows (their union over the
+        group)."""
         chosen = self.select(q, kv, layer).long()
         tokens = chosen[..., None] * self.page + torch.arange(self.page, device=self.device)
         tokens = torch.where(chosen[..., None] >= 0, tokens, torch.full_like(tokens, -1))
         rows = _unique_rows(tokens.flatten(2), kv.lengths.long(), self.capacity)
         used = (kv.lengths.long() + self.page - 1) // self.page
-        return self._reads(kv, rows, (2 * used[:, None] + rows) * self.head_dim)
+        # the bounds at their own dtype (fp32), in elements of the cache dtype
+        per_bound = max(1, self.bounds[0].element_size() // kv.dtype.itemsize)
+        return self._reads(kv, rows, (2 * per_bound * used[:, None] + rows) * self.head_dim)
 
 
 

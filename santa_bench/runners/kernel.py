@@ -361,6 +361,7 @@ class KernelRunner:
         self.gpu_budget_ms = gpu_budget_ms
         self.copy_bandwidth_gbps = copy_bandwidth_gbps
         self.best_dense: dict[tuple, tuple[str, list[float]]] = {}
+        self.dense_bandwidth: dict[tuple, float | None] = {}
         self._inputs_key: tuple | None = None
         self._inputs: tuple[torch.Tensor, sk.KVCache, torch.Tensor] | None = None
 
@@ -391,12 +392,16 @@ class KernelRunner:
         assert self._inputs is not None
         return self._inputs
 
-    def remember_baseline(self, case: dict[str, Any], samples_us: list[float]) -> None:
-        """Records a vendor baseline's samples if it is the fastest of its group so far."""
+    def remember_baseline(
+        self, case: dict[str, Any], samples_us: list[float], bandwidth_gbps: float | None = None
+    ) -> None:
+        """Records a vendor baseline's samples (and achieved bandwidth: the byte floor of
+        the group's other calls) if it is the fastest of its group so far."""
         key = group_key(case)
         best = self.best_dense.get(key)
         if best is None or _median(samples_us) < _median(best[1]):
             self.best_dense[key] = (case["method"], list(samples_us))
+            self.dense_bandwidth[key] = bandwidth_gbps
 
     def recall_baselines(self, frame, fingerprint: str) -> None:
         """Loads finished vendor-baseline samples from the store (for resumed runs)."""
@@ -409,6 +414,10 @@ class KernelRunner:
             & (frame.env_fingerprint == fingerprint)
             & frame.samples_us.notna()
         ]
+        bandwidth = {
+            h: v for h, v in frame.loc[(frame.metric == "bandwidth") & (frame.status == "ok"),
+                                       ["case_hash", "value"]].itertuples(index=False)
+        } if "case_hash" in frame.columns else {}
         for record in rows.to_dict("records"):
             method = (
                 self.registry.get(record["method"])
@@ -416,7 +425,8 @@ class KernelRunner:
                 else None
             )
             if method is not None and method.kernel_kind == "baseline":
-                self.remember_baseline(record, json.loads(record["samples_us"]))
+                self.remember_baseline(record, json.loads(record["samples_us"]),
+                                       bandwidth.get(record.get("case_hash")))
 
     def run(self, case: dict[str, Any]) -> list[dict[str, Any]]:
         """Returns the case's rows (``skipped`` with a reason when the method can't run);
@@ -500,7 +510,8 @@ class KernelRunner:
             ),
             *quality,
         ]
-        bandwidth = moved_bytes(rows, q) / (timing.median_us * 1e-6) / 1e9
+        moved = moved_bytes(rows, q)
+        bandwidth = moved / (timing.median_us * 1e-6) / 1e9
         rows.append(_row("bandwidth", bandwidth, "GB/s"))
         if self.copy_bandwidth_gbps:
             rows.append(
@@ -524,13 +535,25 @@ class KernelRunner:
         elif not method.deterministic:  # a sampler draws fresh numbers every call and replay
             rows.append(_row("fresh_samples", float(not torch.equal(out, second)), "bool"))
         if method.kernel_kind == "baseline":
-            self.remember_baseline(case, timing.samples_us)
+            self.remember_baseline(case, timing.samples_us, bandwidth)
         else:
             rows += self._speedup_rows(case, timing.samples_us)
+        if case["device"] != "cpu" and method.kernel_kind != "baseline":
+            rows += self._floor_rows(case, moved, timing.median_us)
         function = getattr(prepared, "kernel_function", None)
         if function:  # the Triton function that ran (a SANTA method's adapter names it)
             rows = [{**row, "kernel_function": function} for row in rows]
         return rows
+
+    def _floor_rows(self, case: dict[str, Any], moved: float, median_us: float) -> list[dict]:
+        """``floor_us`` / ``floor_ratio``: the call's bytes at the achieved bandwidth of the
+        fastest vendor baseline of its group so far (santa_bench.roofline)."""
+        from santa_bench.roofline import floor_rows
+
+        key = group_key(case)
+        best = self.best_dense.get(key)
+        return floor_rows(moved, median_us, self.dense_bandwidth.get(key),
+                          best[0] if best else "")
 
     def _speedup_rows(self, case: dict[str, Any], samples_us: list[float]) -> list[dict]:
         from santa_bench.timing import bootstrap_ratio_ci
