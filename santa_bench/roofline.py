@@ -48,6 +48,29 @@ def _row(metric: str, value: float, unit: str, status: str = "ok", reason: str =
             "reason": reason, **extra}
 
 
+def kernel_group_columns() -> list[str]:
+    """The columns of a kernel row's speed group (the kernel runner's ``GROUP_KEYS``, and
+    its inputs): one dense baseline floors the calls of one group."""
+    from santa_bench.runners.kernel import GROUP_KEYS
+
+    return [*GROUP_KEYS, "inputs", "inputs_digest"]
+
+
+def floor_by_case(frame: pd.DataFrame) -> dict[tuple[str, str], tuple[float, float]]:
+    """``(run_id, case_hash) -> (floor_us, floor_ratio)`` of the kernel rows of ``frame``,
+    stored or derived (:func:`with_floor`)."""
+    rows = with_floor(frame, kernel_group_columns())
+    if rows.empty or "metric" not in rows.columns:
+        return {}
+    ok = rows[rows.metric.isin(FLOOR_METRICS) & (rows.status == "ok")]
+    table = ok.pivot_table(index=["run_id", "case_hash"], columns="metric", values="value",
+                           aggfunc="first")
+    if not set(FLOOR_METRICS) <= set(table.columns):
+        return {}
+    return {key: (float(r.floor_us), float(r.floor_ratio))
+            for key, r in zip(table.index, table.itertuples(), strict=True)}
+
+
 def with_floor(frame: pd.DataFrame, group_columns: list[str]) -> pd.DataFrame:
     """``frame`` (kernel rows) with ``floor_us`` / ``floor_ratio`` rows derived for every
     timed case that has none, from its ``latency`` and ``bandwidth`` rows and the fastest

@@ -42,11 +42,14 @@ def latency_vs_ctx(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> 
     """Return median decode latency vs context, log-log, one panel per (timing, batch).
 
     Sampled methods are drawn at one budget (S=128 when present, else the smallest);
-    narrow the rows with --where to pick another. Error bars are the IQR.
+    narrow the rows with --where to pick another. Error bars are the IQR; a dotted line of
+    a series' colour is its byte floor (its bytes at the fastest dense kernel's achieved
+    bandwidth in the same run; santa_bench.roofline), and the CSV holds ``floor_ratio``.
     """
     data = with_series(ok_rows(kernel_rows(frame), "latency"))
     if data.empty or "ctx" not in data.columns:
         raise NoData(NAME, PRODUCER)
+    data = _with_floor_us(data, frame)
     data, note = _one_budget_per_series(data)
     fig, axes, panels = panel_grid(
         data,
@@ -64,6 +67,7 @@ def latency_vs_ctx(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> 
                 value=("value", "median"),
                 q1=("q1_us", "median") if "q1_us" in rows else ("value", "median"),
                 q3=("q3_us", "median") if "q3_us" in rows else ("value", "median"),
+                floor_us=("floor_us", "median"),
             )
             low = (rows.value - rows.q1.fillna(rows.value)).clip(lower=0)
             high = (rows.q3.fillna(rows.value) - rows.value).clip(lower=0)
@@ -75,11 +79,16 @@ def latency_vs_ctx(frame: pd.DataFrame, runs: Sequence[dict[str, Any]] = ()) -> 
                 color=series_colour(panel, series, method, family),
                 **line_style(family, method),
             )
+            if rows.floor_us.notna().any():  # the byte floor: the same bytes at dense's rate
+                ax.plot(rows.ctx, rows.floor_us, color=series_colour(panel, series, method,
+                                                                    family),
+                        linestyle=(0, (1, 2)), linewidth=0.8, alpha=0.6)
             points.append(
                 rows.rename(
                     columns={"value": "latency_us", "q1": "q1_us", "q3": "q3_us"}
                 ).assign(
-                    timing=timing, batch=batch, series=series, method=method, family=family
+                    timing=timing, batch=batch, series=series, method=method, family=family,
+                    floor_ratio=rows.value / rows.floor_us,
                 )
             )
         log_axis(ax, "y")
@@ -109,3 +118,13 @@ def _one_budget_per_series(data: pd.DataFrame) -> tuple[pd.DataFrame, str]:
             notes.append(f"{name}={int(values[0])}" if len(values) == 1 else f"{name}=128 or min")
     note = ", ".join(notes)
     return data[keep], f" (sampled methods at {note})"
+
+
+def _with_floor_us(data: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
+    """The latency rows with ``floor_us`` (NaN where no dense baseline floors them)."""
+    from santa_bench.roofline import floor_by_case
+
+    floors = floor_by_case(kernel_rows(frame)) if {"run_id", "case_hash"} <= set(data) else {}
+    keys = zip(data.get("run_id", []), data.get("case_hash", []), strict=False)
+    values = [floors.get(key, (float("nan"), 0.0))[0] for key in keys]
+    return data.assign(floor_us=values if len(values) == len(data) else float("nan"))
