@@ -7,7 +7,10 @@ over the best dense baseline of the kernel run (with the run's bootstrap interva
 retention against dense on the same samples (a paired bootstrap interval), the KV read
 fraction (on the model's attention and on the kernel run's inputs) and the index build
 cost; it marks the Pareto front (speedup against retention) and names per task family the
-fastest configuration within one point and 99% retention of dense.
+fastest configuration *matched* to dense: non-inferior by a paired test (the 95% paired
+bootstrap interval of its score minus dense's lies above -:data:`MARGIN_POINTS` points),
+and the fastest configuration at each retention band (:data:`RETENTION_BANDS`). A
+difference whose interval holds 0 is *not separable* from dense, and is said so.
 
 Kernel rows are timed on Gaussian inputs, and may also be timed on the model's own
 attention (``santa-bench kernel --inputs``, rows with ``inputs`` =
@@ -41,8 +44,8 @@ from santa_bench.captured import GAUSSIAN
 from santa_bench.methods import REGISTRY, MethodError
 
 INFORMATIVE = 0.20  # dense score below which a task is left out
-MATCH_POINTS = 1.0  # "within 1 point of dense": score drop in percentage points
-MATCH_RETENTION = 0.99  # ... and at least 99% retention
+MARGIN_POINTS = 2.0  # non-inferiority margin: score minus dense's, percentage points
+RETENTION_BANDS = (0.99, 0.95, 0.90)  # the verdict's retention bands (point estimates)
 BOOTSTRAP = 2000
 # santa-flash's retired kernel options, which rows stored before its one kernel carry:
 # they label a kernel, not the estimator (kept out of the key). Of those rows only the
@@ -242,6 +245,8 @@ class Retention:
     retention: float
     low: float
     high: float
+    diff_low: float = math.nan  # score minus dense, points: paired bootstrap 95% interval
+    diff_high: float = math.nan
 
     @property
     def drop_points(self) -> float:
@@ -249,7 +254,19 @@ class Retention:
 
     @property
     def matched(self) -> bool:
-        return self.drop_points <= MATCH_POINTS and self.retention >= MATCH_RETENTION
+        """Non-inferior to dense: the interval of score minus dense's lies above the
+        margin (a paired one-sided test at 2.5%)."""
+        return self.diff_low >= -MARGIN_POINTS
+
+    @property
+    def versus_dense(self) -> str:
+        """``below`` / ``above`` dense where the difference's interval excludes 0, else
+        ``not separable`` (the data cannot rank them)."""
+        if self.diff_high < 0:
+            return "below"
+        if self.diff_low > 0:
+            return "above"
+        return "not separable"
 
 
 def retention(config: Accuracy, dense: Accuracy, tasks: Sequence[str],
@@ -278,7 +295,10 @@ def retention(config: Accuracy, dense: Accuracy, tasks: Sequence[str],
         dense_boot += theirs[idx].mean(axis=1)
     ratio = ours_boot / np.maximum(dense_boot, 1e-12)
     low, high = np.quantile(ratio, [0.025, 0.975])
-    return Retention(list(tasks), score, base, score / base, float(low), float(high))
+    diff = 100 * (ours_boot - dense_boot) / len(pairs)
+    diff_low, diff_high = np.quantile(diff, [0.025, 0.975])
+    return Retention(list(tasks), score, base, score / base, float(low), float(high),
+                     float(diff_low), float(diff_high))
 
 
 # ----------------------------------------------------------------- kernel side
@@ -468,14 +488,19 @@ class Verdict:
         """Whether kernel rows on the model's captured attention were joined."""
         return bool(self.captured_inputs)
 
-    def fastest(self, family: str, batch: int) -> Point | None:
-        """The fastest configuration matching dense (within one point and 99% retention)
-        on ``family`` at ``batch`` (None when there is none; see :meth:`beats_dense`)."""
+    def fastest(self, family: str, batch: int, band: float | None = None) -> Point | None:
+        """The fastest configuration matched to dense (non-inferior: see
+        :attr:`Retention.matched`) on ``family`` at ``batch``, or with ``band`` the fastest
+        whose retention is at least ``band`` (None when there is none)."""
         best: Point | None = None
         for point in self.points:
+            if point.config == "dense":
+                continue
             ret = point.overall if family == "all" else point.families.get(family)
             timing = point.timings.get(batch)
-            if ret is None or not ret.matched or timing is None or math.isnan(timing.speedup):
+            if ret is None or timing is None or math.isnan(timing.speedup):
+                continue
+            if not (ret.matched if band is None else ret.retention >= band):
                 continue
             if best is None or timing.speedup > best.timings[batch].speedup:
                 best = point
@@ -631,7 +656,11 @@ def _ret(ret: Retention | None) -> str:
 
 
 def _points(ret: Retention) -> str:
-    return "0.0" if abs(ret.drop_points) < 0.05 else f"{-ret.drop_points:+.1f}"
+    """Score minus dense in points, its interval, and whether the data separate them."""
+    point = "0.0" if abs(ret.drop_points) < 0.05 else f"{-ret.drop_points:+.1f}"
+    if math.isnan(ret.diff_low):
+        return point
+    return f"{point} [{ret.diff_low:+.1f}, {ret.diff_high:+.1f}] {ret.versus_dense}"
 
 
 def _mean_reads(timings: dict[int, Timing]) -> str:
@@ -658,6 +687,10 @@ def table_frame(result: Verdict) -> pd.DataFrame:
             "retention_high": p.overall.high if p.overall else math.nan,
             "score": p.overall.score if p.overall else math.nan,
             "drop_points": p.overall.drop_points if p.overall else math.nan,
+            "diff_points_low": p.overall.diff_low if p.overall else math.nan,
+            "diff_points_high": p.overall.diff_high if p.overall else math.nan,
+            "versus_dense": p.overall.versus_dense if p.overall else "",
+            "matched": bool(p.overall and p.overall.matched),
             "kv_read_model": p.read_fraction,
             "tasks": len(p.overall.tasks if p.overall else p.partial.tasks if p.partial else []),
             "retention_on_its_tasks": p.partial.retention if p.partial else math.nan,
@@ -715,8 +748,11 @@ def markdown(result: Verdict, command: str = "") -> str:
         "of the same configurations on the same GPU; retention = the configuration's "
         "task-averaged score over dense's on the same samples (paired bootstrap 95% "
         f"interval), on the {len(result.tasks)} informative tasks (dense >= "
-        f"{100 * INFORMATIVE:.0f}%). *Matched* = at most {MATCH_POINTS:g} point below dense "
-        f"and retention >= {MATCH_RETENTION:.2f}.",
+        f"{100 * INFORMATIVE:.0f}%). *Matched* = non-inferior to dense by a paired test: "
+        "the 95% paired bootstrap interval of the score minus dense's (the same samples "
+        f"resampled for both) lies above -{MARGIN_POINTS:g} points. Where that interval "
+        "holds 0 the configuration is *not separable* from dense: the data do not rank "
+        "them.",
         "",
         f"- Environment: {_environment_line(result)}",
         f"- Accuracy runs: {', '.join(result.accuracy_runs) or '–'}",
@@ -763,9 +799,23 @@ def markdown(result: Verdict, command: str = "") -> str:
         label = "all informative" if family == "all" else family
         dense_score = f"{100 * base.dense:.1f}%" if base else "–"
         lines.append(f"| {label} | {len(tasks)} | {dense_score} | " + " | ".join(cells) + " |")
+    lines += ["", "Fastest at each retention band (all informative tasks; retention's point "
+              "estimate at least the band, with its interval):", "",
+              "| retention | " + " | ".join(f"B={b}" for b in result.batches) + " |",
+              "|---|" + "---|" * len(result.batches)]
+    for band in RETENTION_BANDS:
+        cells = []
+        for batch in result.batches:
+            best = result.fastest("all", batch, band)
+            if best is None or best.overall is None:
+                cells.append("none timed")
+                continue
+            cells.append(f"`{best.config}` {_speed(best.timings[batch])}, retention "
+                         f"{_ret(best.overall)}")
+        lines.append(f"| >= {band:.2f} | " + " | ".join(cells) + " |")
     captured = result.batches if result.has_captured else ()
     lines += ["", "## Every configuration", "",
-              "| config | retention [95%] | score vs dense (points) | KV read (model) | "
+              "| config | retention [95%] | score vs dense, points [95%] | KV read (model) | "
               + " | ".join(f"speedup B={b} [95%]" for b in result.batches)
               + "".join(f" | speedup B={b} (captured) [95%]" for b in captured)
               + (" | KV read (Gaussian inputs) | KV read (captured)" if captured
@@ -876,7 +926,8 @@ def figure(result: Verdict, path: Path) -> Path:
             ax.plot([p.overall.retention for p in front],
                     [p.timings[batch].speedup for p in front], "k--", lw=1, label="Pareto front")
         ax.axhline(1.0, color="grey", lw=0.8)
-        ax.axvline(MATCH_RETENTION, color="grey", lw=0.8, ls=":")
+        for band in RETENTION_BANDS:
+            ax.axvline(band, color="grey", lw=0.6, ls=":")
         ax.set_xlabel("retention against dense (informative tasks)")
         ax.set_ylabel("speedup over the fastest dense kernel")
         ax.set_title(f"B={batch}", fontsize=10)
