@@ -98,14 +98,25 @@ def report(
             "column per sample budget S: latency and speedup vs the best dense baseline).",
         ),
     ] = False,
+    gpu: Annotated[str | None, typer.Option(
+        help="Only the rows of this GPU (run.json's gpu_name, or CPU); default: every GPU, "
+        "a table per GPU.")] = None,
 ) -> None:
-    """Print Markdown tables of the kernel results in a store (the tables of docs/benchmarks.md)."""
-    from santa_bench.report import kernel_table, speedup_matrix
-    from santa_bench.stores import StoreSet
+    """Print Markdown tables of the kernel results in a store (the tables of docs/benchmarks.md).
+
+    Each line names its GPU (its run's); rows of several GPUs get a table per GPU, so that
+    no speedup or best dense latency is read across GPUs."""
+    from santa_bench.report import GPU, kernel_table, speedup_matrix
+    from santa_bench.stores import check_gpu, open_results, row_gpus
 
     try:
-        frame = StoreSet(results_dir).load(parse_list(run) or None)
-    except ValueError as exc:  # an unknown --run
+        store = open_results(results_dir)
+        frame = store.load(parse_list(run) or None)
+        frame = frame.assign(**{GPU: row_gpus(frame, store.runs())})
+        if gpu is not None:
+            check_gpu(gpu, set(frame[GPU]))
+            frame = frame[frame[GPU] == gpu]
+    except ValueError as exc:  # an unknown --run or --gpu, no such folder
         _fail(str(exc))
         return
     print(speedup_matrix(frame) if matrix else kernel_table(frame))
@@ -127,40 +138,69 @@ def pareto(
         "model's layer count, to time runs with --dense-layers (default: the catalog "
         "model's).")] = None,
     gpu: Annotated[str | None, typer.Option(
-        help="GPU name of the runs to join (default: the accuracy runs' GPU).")] = None,
+        help="GPU name (run.json's gpu_name) of the kernel rows to join (default: one "
+        "verdict per GPU of the kernel rows; accuracy rows come from any GPU).")] = None,
     out: Annotated[Path | None, typer.Option(
         help="Write OUT.md, OUT.csv and OUT.png (speedup against retention, the front "
-        "drawn); default: print the Markdown only.")] = None,
+        "drawn), OUT-<gpu>.* per GPU where the kernel rows span several; default: print "
+        "the Markdown only.")] = None,
+    skip_corrupt: Annotated[bool, typer.Option(
+        "--skip-corrupt", help="Leave out the rows of unreadable (corrupt) result parts, "
+        "named in the verdict, instead of refusing.")] = False,
 ) -> None:
     """The verdict: speedup and retention of the same configurations, the Pareto front, and
     per task family the fastest configuration matched to dense (non-inferior by a paired
-    bootstrap test at a 2-point margin) and the fastest at retention 0.99 / 0.95 / 0.90."""
+    bootstrap test at a 2-point margin) and the fastest at retention 0.99 / 0.95 / 0.90.
+
+    Speed is never joined across GPUs: a verdict's kernel rows are of one GPU, named in its
+    title (one verdict per GPU where the store holds several); accuracy rows may come from
+    any GPU, and the verdict names which."""
+    import warnings
+
     from santa_bench import pareto as verdict_mod
-    from santa_bench.stores import StoreSet
+    from santa_bench.stores import open_results
 
     try:
         ctx_tokens = parse_size_list(ctx)
         batches = [int(b) for b in parse_list(batch)]
         if len(ctx_tokens) != 1 or not batches or min(batches) < 1:
             raise ValueError("--ctx takes one context and --batch positive integers")
-        store = StoreSet(results_dir)
-        result = verdict_mod.verdict(
-            store.load(), store.runs(), model,
+        store = open_results(results_dir)
+        with warnings.catch_warnings():  # an unreadable part: said below, on one line
+            warnings.filterwarnings("ignore", "skipping unreadable result part")
+            frame = store.load()
+        skipped = [str(path) for path in store.unreadable_parts()]
+        if skipped and not skip_corrupt:
+            raise ValueError(
+                f"unreadable result part {skipped[0]}"
+                + (f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else "")
+                + ": remove or move it (or rerun its case into its run), or pass "
+                "--skip-corrupt to leave its rows out")
+        if frame.empty:
+            raise ValueError(f"--results {results_dir}: no result rows there")
+        found = verdict_mod.verdicts(
+            frame, store.runs(), model,
             shape=verdict_mod.Shape.parse(shape) if shape else None,
             ctx=ctx_tokens[0], batches=tuple(batches), gpu=gpu)
     except (ValueError, verdict_mod.ParetoError) as exc:
         _fail(str(exc))
         return
     command = "santa-bench " + shlex.join(sys.argv[1:])
+    for result in found:
+        result.skipped_parts = skipped
     if out is None:
-        print(verdict_mod.markdown(result, command))
+        print("\n".join(verdict_mod.markdown(result, command) for result in found))
         return
     try:
-        paths = verdict_mod.write(result, out, command)
+        paths = [path for result in found for path in verdict_mod.write(
+            result, out if len(found) == 1 else verdict_mod.per_gpu(out, result.gpu),
+            command)]
     except OSError as exc:
         _fail(f"--out {out}: {exc.strerror or exc}")
         return
     print("\n".join(map(str, paths)))
+    if skipped:
+        print("left out, unreadable: " + ", ".join(skipped))
 
 
 from santa_bench.accuracy.cli import app as accuracy_app  # noqa: E402

@@ -2,7 +2,7 @@
 
 Joins a model's accuracy rows (``kind == "accuracy"``: a task's score of a method
 configuration) with the kernel rows (``kind == "kernel"``) of the same configuration at
-the model's attention shape, context and GPU. Per configuration it reports the speedup
+the model's attention shape and context, on one GPU. Per configuration it reports the speedup
 over the best dense baseline of the kernel run (with the run's bootstrap interval), the
 retention against dense on the same samples (a paired bootstrap interval), the KV read
 fraction (on the model's attention and on the kernel run's inputs) and the index build
@@ -11,6 +11,11 @@ fastest configuration *matched* to dense: non-inferior by a paired test (the 95%
 bootstrap interval of its score minus dense's lies above -:data:`MARGIN_POINTS` points),
 and the fastest configuration at each retention band (:data:`RETENTION_BANDS`). A
 difference whose interval holds 0 is *not separable* from dense, and is said so.
+
+Speed is never joined across GPUs: a verdict's kernel rows are all of one GPU (its run's
+``gpu_name``), named in its title; where the store holds kernel rows of several GPUs,
+:func:`verdicts` gives one verdict per GPU. Accuracy rows may come from any GPU (a score
+is the model's and the estimator's): the verdict names the GPUs they came from.
 
 Kernel rows are timed on Gaussian inputs, and may also be timed on the model's own
 attention (``santa-bench kernel --inputs``, rows with ``inputs`` =
@@ -42,6 +47,7 @@ import pandas as pd
 
 from santa_bench.captured import GAUSSIAN
 from santa_bench.methods import REGISTRY, MethodError
+from santa_bench.stores import CPU, check_gpu, row_gpus
 
 INFORMATIVE = 0.20  # dense score below which a task is left out
 MARGIN_POINTS = 2.0  # non-inferiority margin: score minus dense's, percentage points
@@ -56,8 +62,21 @@ _NOT_CONFIG = {"gather", "passes", "pairs"}
 _BUDGETS = {"S", "M", "k", "pages"}
 
 
+NO_KERNEL_ROWS = "no GPU (no kernel rows at this shape)"
+"""A verdict's GPU where no kernel row is in scope."""
+
+
 class ParetoError(ValueError):
     """Bad input (no rows for the model, an unknown shape): a one-line message."""
+
+
+class SeveralGPUs(ParetoError):
+    """The kernel rows in scope span several GPUs, whose speeds are never joined."""
+
+    def __init__(self, gpus: list[str]) -> None:
+        super().__init__(f"kernel rows of {len(gpus)} GPUs ({', '.join(gpus)}): speed is "
+                         "never compared across GPUs; --gpu NAME chooses one")
+        self.gpus = gpus
 
 
 def task_family(task: str) -> str:
@@ -210,10 +229,9 @@ def split_layers(config: str) -> tuple[str, tuple[int, ...]]:
 def accuracy_rows(frame: pd.DataFrame, model: str, ctx: int) -> dict[str, Accuracy]:
     """Per configuration key (:func:`layered_key`), its per-sample scores on each RULER
     task at ``ctx`` (the newest row of a task)."""
-    rows = frame[(frame.get("kind") == "accuracy") & (frame.status == "ok")
-                 & (frame.model == model)]
-    if "ctx" not in rows or "task" not in rows:
+    if not {"kind", "model", "ctx", "task"} <= set(frame.columns):
         return {}
+    rows = frame[(frame.kind == "accuracy") & (frame.status == "ok") & (frame.model == model)]
     rows = rows[rows.task.astype(str).str.startswith("ruler-") & (rows.ctx == ctx)]
     if rows.empty:
         return {}
@@ -336,26 +354,45 @@ def with_inputs(rows: pd.DataFrame, inputs: str) -> pd.DataFrame:
     return rows[keep]
 
 
-def kernel_rows(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], shape: Shape, ctx: int,
-                gpu: str | None, inputs: str = GAUSSIAN) -> dict[tuple[str, int], Timing]:
-    """Per (configuration key, batch), the newest kernel row at ``shape`` and ``ctx`` on
-    ``gpu`` (a GPU name from run.json; None: any) and on ``inputs`` (see
-    :func:`with_inputs`)."""
-    rows = with_inputs(frame[(frame.get("kind") == "kernel") & (frame.status == "ok")], inputs)
+def _timed_rows(frame: pd.DataFrame, shape: Shape, ctx: int, inputs: str) -> pd.DataFrame:
+    """The ok GPU kernel rows of the configurations at ``shape`` and ``ctx`` on ``inputs``
+    (not the dense baselines, which are the reference of a speedup, nor retired kernels)."""
+    if not {"kind", "method"} <= set(frame.columns):
+        return frame.iloc[0:0]
+    rows = with_inputs(frame[(frame.kind == "kernel") & (frame.status == "ok")], inputs)
     for column, value in (("heads", shape.heads), ("kv_heads", shape.kv_heads),
                           ("head_dim", shape.head_dim), ("ctx", ctx)):
         if column not in rows:
-            return {}
+            return rows.iloc[0:0]
         rows = rows[rows[column] == value]
     if "device" in rows:
         rows = rows[rows.device == "cuda"]
-    gpus = {str(r.get("run_id")): str(r.get("gpu_name") or "") for r in runs}
-    dates = {str(r.get("run_id")): str(r.get("date") or "") for r in runs}
-    if gpu is not None:
-        rows = rows[rows.run_id.map(lambda run: gpus.get(str(run), "")) == gpu]
     rows = rows[~_retired_flash(rows)]
     baselines = {m.name for m in REGISTRY if m.family == "baseline"}
-    rows = rows[~rows.method.isin(baselines)]  # the reference of the speedup, not a point
+    return rows[~rows.method.isin(baselines)]
+
+
+def kernel_gpus(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, shape: Shape,
+                ctx: int) -> list[str]:
+    """The GPUs (:func:`santa_bench.stores.row_gpus`) of the kernel rows a verdict of
+    ``model`` at ``shape`` and ``ctx`` would join (on Gaussian or the model's captured
+    inputs), sorted."""
+    found: set[str] = set()
+    for inputs in (GAUSSIAN, captured_prefix(model)):
+        rows = _timed_rows(frame, shape, ctx, inputs)
+        found |= set(row_gpus(rows, list(runs)))
+    return sorted(found)
+
+
+def kernel_rows(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], shape: Shape, ctx: int,
+                gpu: str | None, inputs: str = GAUSSIAN) -> dict[tuple[str, int], Timing]:
+    """Per (configuration key, batch), the newest kernel row at ``shape`` and ``ctx`` on
+    ``gpu`` (a GPU name from run.json, :func:`santa_bench.stores.run_gpu`; None: any, for
+    rows known to be of one GPU) and on ``inputs`` (see :func:`with_inputs`)."""
+    rows = _timed_rows(frame, shape, ctx, inputs)
+    dates = {str(r.get("run_id")): str(r.get("date") or "") for r in runs}
+    if gpu is not None:
+        rows = rows[row_gpus(rows, list(runs)) == gpu]
     if rows.empty:
         return {}
     rows = rows.assign(config=[config_key(r) for _, r in rows.iterrows()],
@@ -482,6 +519,8 @@ class Verdict:
     captured_inputs: list[str] = field(default_factory=list)  # the labels of captured rows
     captured_dense_latency: dict[int, tuple[str, float] | None] = field(default_factory=dict)
     set_aside: list[str] = field(default_factory=list)  # configs run with dense layers
+    accuracy_gpus: list[str] = field(default_factory=list)  # the accuracy runs' GPUs
+    skipped_parts: list[str] = field(default_factory=list)  # unreadable parts left out
 
     @property
     def has_captured(self) -> bool:
@@ -552,16 +591,45 @@ def accuracy_command(config: str, model: str, ctx: int, tasks: Sequence[str], n:
             f"--model {model} --methods {base}{layers} --device cuda")
 
 
+def _gpus_of_rows(frame: pd.DataFrame, runs: Sequence[dict[str, Any]]) -> set[str]:
+    """The GPUs the store's rows were measured on (CPU rows left out)."""
+    return set(row_gpus(frame, list(runs))) - {CPU}
+
+
+def verdicts(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
+             shape: Shape | None = None, ctx: int = 32768, batches: Sequence[int] = (1, 8),
+             gpu: str | None = None) -> list[Verdict]:
+    """:func:`verdict` on ``gpu``; with none, one verdict per GPU of the kernel rows in
+    scope (:func:`kernel_gpus`), in name order (one verdict where there are none)."""
+    try:
+        return [verdict(frame, runs, model, shape=shape, ctx=ctx, batches=batches, gpu=gpu)]
+    except SeveralGPUs as exc:
+        return [verdict(frame, runs, model, shape=shape, ctx=ctx, batches=batches, gpu=one)
+                for one in exc.gpus]
+
+
 def verdict(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
             shape: Shape | None = None, ctx: int = 32768, batches: Sequence[int] = (1, 8),
             gpu: str | None = None) -> Verdict:
-    """Joins accuracy and kernel rows of ``model`` (see the module's docstring)."""
+    """Joins accuracy and kernel rows of ``model`` (see the module's docstring): the kernel
+    rows of ``gpu`` (None: the one GPU of the kernel rows in scope; where they span several,
+    a ParetoError: see :func:`verdicts`), the accuracy rows of any GPU."""
+    if gpu is not None:
+        try:
+            check_gpu(gpu, _gpus_of_rows(frame, runs))
+        except ValueError as exc:
+            raise ParetoError(str(exc)) from None
     acc = accuracy_rows(frame, model, ctx)
     if not acc:
         raise ParetoError(f"no RULER accuracy rows of {model} at ctx {ctx} in the store")
     if "dense" not in acc:
         raise ParetoError(f"no dense accuracy rows of {model}: retention needs them")
     shape = shape or model_shape(model)
+    if gpu is None:
+        found = kernel_gpus(frame, runs, model, shape, ctx)
+        if len(found) > 1:
+            raise SeveralGPUs(found)
+        gpu = found[0] if found else None
     run_env = {str(r.get("run_id")): r for r in runs}
     acc_rows = frame[(frame.get("kind") == "accuracy") & (frame.model == model)
                      & frame.task.astype(str).str.startswith("ruler-") & (frame.ctx == ctx)]
@@ -570,9 +638,7 @@ def verdict(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
         set_aside = sorted(c for c in acc if split_layers(c)[1])
         acc = {c: a for c, a in acc.items() if c not in set_aside}
     accuracy_runs = sorted(set(acc_rows.run_id.astype(str)))
-    if gpu is None:
-        names = {str(run_env.get(r, {}).get("gpu_name") or "") for r in accuracy_runs} - {""}
-        gpu = sorted(names)[0] if len(names) == 1 else None
+    accuracy_gpus = sorted(set(row_gpus(acc_rows, list(runs))))
     dense = acc["dense"]
     tasks = informative_tasks(dense)
     families: dict[str, list[str]] = {}
@@ -626,7 +692,8 @@ def verdict(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
     kernel_runs = sorted(gaussian_runs | captured_runs)
     used = set(accuracy_runs) | set(kernel_runs)
     labels = sorted({t.inputs for p in points for t in p.captured.values()})
-    return Verdict(model, shape, ctx, tuple(batches), gpu or "any GPU", dense, tasks, families,
+    return Verdict(model, shape, ctx, tuple(batches), gpu or NO_KERNEL_ROWS, dense, tasks,
+                   families,
                    points, missing, accuracy_runs, kernel_runs,
                    [run_env[r] for r in sorted(used) if r in run_env],
                    {b: best_dense_latency(frame, shape, ctx, b, runs=gaussian_runs)
@@ -635,7 +702,7 @@ def verdict(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
                    {b: best_dense_latency(frame, shape, ctx, b, captured_prefix(model),
                                           runs=captured_runs)
                     for b in batches} if labels else {},
-                   set_aside)
+                   set_aside, accuracy_gpus)
 
 
 # ----------------------------------------------------------------- outputs
@@ -721,7 +788,7 @@ def table_frame(result: Verdict) -> pd.DataFrame:
 def _environment_line(result: Verdict) -> str:
     envs = result.environments
     parts = []
-    for key, label in (("gpu_name", ""), ("torch", "torch "), ("triton", "triton "),
+    for key, label in (("torch", "torch "), ("triton", "triton "),
                        ("transformers", "transformers ")):
         values = sorted({str(e.get(key)) for e in envs if e.get(key)})
         if values:
@@ -744,8 +811,9 @@ def markdown(result: Verdict, command: str = "") -> str:
         f"Kernel rows at the model's attention shape ({shape.heads} query / "
         f"{shape.kv_heads} KV heads, head dim {shape.head_dim}), ctx {result.ctx}, "
         f"B = {', '.join(map(str, result.batches))}; speedup over the fastest dense baseline "
-        "timed in the same kernel run, with the run's bootstrap interval. Accuracy rows "
-        "of the same configurations on the same GPU; retention = the configuration's "
+        "timed in the same kernel run, with the run's bootstrap interval; every kernel "
+        "row of this GPU. Accuracy rows of the same configurations, from any GPU (a score is "
+        "the model's and the estimator's); retention = the configuration's "
         "task-averaged score over dense's on the same samples (paired bootstrap 95% "
         f"interval), on the {len(result.tasks)} informative tasks (dense >= "
         f"{100 * INFORMATIVE:.0f}%). *Matched* = non-inferior to dense by a paired test: "
@@ -754,12 +822,17 @@ def markdown(result: Verdict, command: str = "") -> str:
         "holds 0 the configuration is *not separable* from dense: the data do not rank "
         "them.",
         "",
+        f"- Speed (kernel rows): {result.gpu}",
+        f"- Accuracy rows from: {', '.join(result.accuracy_gpus) or '–'}",
         f"- Environment: {_environment_line(result)}",
         f"- Accuracy runs: {', '.join(result.accuracy_runs) or '–'}",
         f"- Kernel runs: {', '.join(result.kernel_runs) or '–'}",
     ]
     if command:
         lines.append(f"- Command: `{command}`")
+    if result.skipped_parts:
+        lines.append("- Left out, unreadable (`--skip-corrupt`): "
+                     + ", ".join(f"`{p}`" for p in result.skipped_parts))
     for batch, best in result.dense_latency.items():
         if best is not None:
             lines.append(f"- Fastest dense at B={batch} in these kernel runs: {best[0]}, "
@@ -942,6 +1015,13 @@ def figure(result: Verdict, path: Path) -> Path:
     fig.savefig(path, dpi=150)
     plt.close(fig)
     return path
+
+
+def per_gpu(out: Path, gpu: str) -> Path:
+    """``plots/pareto-nvidia-h200`` from ``plots/pareto``: the output of one GPU's verdict
+    where the kernel rows span several."""
+    slug = "-".join("".join(c if c.isalnum() else " " for c in gpu.lower()).split())
+    return out.with_name(f"{out.name}-{slug}")
 
 
 def write(result: Verdict, out: Path, command: str = "") -> list[Path]:

@@ -3,6 +3,11 @@
 Kernel rows on a model's captured attention (``santa-bench kernel --inputs``) get tables
 of their own, named by their ``inputs``, beside those of the Gaussian inputs; a store
 with Gaussian rows alone prints as before.
+
+Rows carrying their GPU (a ``gpu_name`` column: ``santa-bench report`` fills it from each
+row's run.json, :func:`santa_bench.stores.row_gpus`) show it in a column, and rows of
+several GPUs get a table per GPU: a table, and the best dense latency of the speedup
+matrix, never spans GPUs.
 """
 
 from __future__ import annotations
@@ -35,6 +40,19 @@ def _with_inputs_column(kernel: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     return kernel, keys
 
 
+GPU = "gpu_name"
+"""The column of a row's GPU, where the frame has one."""
+
+
+def _with_gpu_key(kernel: pd.DataFrame, keys: list[str],
+                  always: bool = False) -> tuple[pd.DataFrame, list[str]]:
+    """Adds the GPU to the table keys where the rows hold several GPUs (``always``: where
+    they hold a GPU column), so that a table never spans GPUs."""
+    if GPU not in kernel or (not always and kernel[GPU].nunique(dropna=False) < 2):
+        return kernel, keys
+    return kernel.assign(**{GPU: kernel[GPU].fillna("").astype(str)}), [GPU, *keys]
+
+
 def _with_shape_column(kernel: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, list[str]]:
     """Adds ``shape`` (``Hq/Hkv/d``) to the table keys where the rows hold several attention
     shapes, so each shape gets its own table."""
@@ -52,13 +70,15 @@ def _groups(rows: pd.DataFrame, keys: list[str]) -> list[tuple[tuple, pd.DataFra
     """The rows grouped by ``keys``, in order, the Gaussian inputs' before captured ones."""
     groups = list(rows.groupby(keys, dropna=False, sort=True))
     if "inputs" in keys:
-        groups.sort(key=lambda g: (str(g[0][0]), str(g[0][1]), g[0][2] != GAUSSIAN, g[0][2]))
+        at = keys.index("inputs")
+        groups.sort(key=lambda g: (*map(str, g[0][:at]), g[0][at] != GAUSSIAN, g[0][at]))
     return groups
 
 
 def _title(key: tuple, keys: list[str]) -> str:
     """``timing: graph, L2: cold`` (and ``, inputs: captured:...``)."""
-    names = {"timing": "timing", "l2": "L2", "inputs": "inputs", "shape": "heads/KV heads/d"}
+    names = {GPU: "GPU", "timing": "timing", "l2": "L2", "inputs": "inputs",
+             "shape": "heads/KV heads/d"}
     return ", ".join(f"{names[k]}: {v}" for k, v in zip(keys, key, strict=True))
 
 
@@ -132,26 +152,32 @@ def kernel_table(frame: pd.DataFrame) -> str:
     Rows: (ctx, batch, method[, S]) sorted by latency; columns: median latency with its
     interquartile range, speedup against the best vendor dense baseline of the same
     group with its bootstrap 95% interval, achieved bandwidth on the method's byte
-    model, relative L2 error against dense, and the KV read fraction.
+    model, relative L2 error against dense, the KV read fraction, and the GPU where the
+    rows carry one (a table per GPU where they hold several).
     """
     kernel = frame[(frame.get("kind") == "kernel") & frame.metric.isin(KERNEL_METRICS)]
     if kernel.empty:
         return "(no kernel rows)\n"
     kernel, keys = _with_inputs_column(kernel)
     kernel, keys = _with_shape_column(kernel, keys)
+    kernel, keys = _with_gpu_key(kernel, keys)
     lines: list[str] = []
     latency = kernel[kernel.metric == "latency"]
     runs = "run_id" in kernel and kernel.run_id.nunique() > 1  # name each line's run
+    gpu = GPU in kernel
     for key, group in _groups(latency, keys):
         lines += [
             f"\n**{_title(key, keys)}**\n",
             "| ctx | B | method | latency (us) [IQR] | speedup vs best dense [95% CI] "
-            "| bandwidth (TB/s) | rel. L2 vs dense | KV read |" + (" run |" if runs else ""),
-            "|---|---|---|---|---|---|---|---|" + ("---|" if runs else ""),
+            "| bandwidth (TB/s) | rel. L2 vs dense | KV read |" + (" GPU |" if gpu else "")
+            + (" run |" if runs else ""),
+            "|---|---|---|---|---|---|---|---|" + ("---|" if gpu else "")
+            + ("---|" if runs else ""),
         ]
         for _, row in group.sort_values(["ctx", "batch", "value"]).iterrows():
             case = case_metrics(kernel, row)
-            lines.append(_kernel_line(row, case) + (f" {row.run_id} |" if runs else ""))
+            lines.append(_kernel_line(row, case) + (f" {row[GPU]} |" if gpu else "")
+                         + (f" {row.run_id} |" if runs else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -186,11 +212,13 @@ def speedup_matrix(frame: pd.DataFrame) -> str:
 
     The full table of a sweep at a glance; a case stored by several runs shows the last
     one loaded (one run per call keeps it unambiguous). Methods without S are left out.
+    Rows carrying their GPU get a table per GPU, its best dense latency of that GPU.
     """
     kernel = frame[(frame.get("kind") == "kernel") & frame.metric.isin(KERNEL_METRICS)]
     if "S" not in kernel:
         return "(no sampled kernel rows)\n"
     kernel, keys = _with_inputs_column(kernel)
+    kernel, keys = _with_gpu_key(kernel, keys, always=True)
     every_latency = kernel[kernel.metric == "latency"]
     latency = every_latency[every_latency.S.notna()]
     if latency.empty:
@@ -199,11 +227,12 @@ def speedup_matrix(frame: pd.DataFrame) -> str:
     for key, group in _groups(latency, keys):
         budgets = sorted({int(s) for s in group.S})
         same = dict(zip(keys, key, strict=True))
-        inputs = same.get("inputs")
-        dense = _best_dense_latency(
-            kernel if inputs is None else kernel[kernel.inputs == inputs],
-            every_latency if inputs is None else every_latency[every_latency.inputs == inputs],
-            same["timing"], same["l2"])
+        rows, latencies = kernel, every_latency  # of the group's inputs and GPU
+        for column in ("inputs", GPU):
+            if column in same:
+                rows = rows[rows[column] == same[column]]
+                latencies = latencies[latencies[column] == same[column]]
+        dense = _best_dense_latency(rows, latencies, same["timing"], same["l2"])
         lines += [
             f"\n**{_title(key, keys)}** (latency, speedup vs best dense)\n",
             "| ctx | B | method | best dense | " + " | ".join(f"S={s}" for s in budgets) + " |",

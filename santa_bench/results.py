@@ -249,6 +249,13 @@ class ResultStore:
         params = [c for c in data.columns if c not in FIXED_COLUMNS]
         return data[params + list(FIXED_COLUMNS)]
 
+    def unreadable_parts(self, runs: list[str] | None = None) -> list[Path]:
+        """The part files of the given runs (default: all) that cannot be read (corrupt):
+        :meth:`load` leaves their rows out."""
+        paths = self._parts(runs)
+        return [path for path, table in zip(paths, self._tables_of(paths), strict=True)
+                if table is None and path.is_file()]
+
     def newest_per_case(self, frame: pd.DataFrame) -> pd.DataFrame:
         """The rows of ``frame`` (from this store) that belong, for their case
         (``case_hash``), to the newest run holding the case in ``frame`` (by run.json date,

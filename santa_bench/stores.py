@@ -2,7 +2,10 @@
 
 ``results/`` holds local runs (``results/<run_id>/``) and committed stores one folder
 deeper (``results/h200/<run_id>/``, ``results/smollm2-cpu/<run_id>/``). A
-:class:`StoreSet` reads all of them as one store, for ``plot`` and ``report``.
+:class:`StoreSet` reads all of them as one store, for ``plot``, ``report`` and ``pareto``.
+
+Each row's GPU is its run's (``gpu_name`` in run.json): :func:`row_gpus` names it, so
+that speed rows of different GPUs are never compared.
 """
 
 from __future__ import annotations
@@ -16,6 +19,54 @@ from santa_bench.results import FIXED_COLUMNS, ResultStore
 
 MAX_DEPTH = 3
 """How many folders below the root a nested store may lie."""
+
+CPU = "CPU"
+"""The GPU label of rows measured on a CPU."""
+UNKNOWN_GPU = "unknown GPU"
+"""The GPU label of GPU rows whose run records no GPU name (or has no run.json)."""
+
+
+class StoreError(ValueError):
+    """A result folder or a GPU that cannot be read as asked: a one-line message."""
+
+
+def open_results(root: Path | str) -> StoreSet:
+    """The :class:`StoreSet` at ``root`` (``--results``), which must be an existing folder:
+    a missing one is a typo, not an empty store."""
+    root = Path(root)
+    if not root.is_dir():
+        what = "not a folder" if root.exists() else "no such folder"
+        raise StoreError(f"--results {root}: {what}")
+    return StoreSet(root)
+
+
+def run_gpu(record: dict[str, Any]) -> str:
+    """The GPU a run ran on (its run.json ``record``): ``gpu_name``, :data:`CPU` for a
+    CPU run, else :data:`UNKNOWN_GPU`."""
+    if record.get("gpu_name"):
+        return str(record["gpu_name"])
+    return CPU if record.get("device") == "cpu" else UNKNOWN_GPU
+
+
+def row_gpus(frame: pd.DataFrame, runs: list[dict[str, Any]]) -> pd.Series:
+    """Each row's GPU (:func:`run_gpu` of its run; :data:`CPU` where the row's ``device``
+    is ``cpu``), aligned with ``frame``."""
+    by_run = {str(r.get("run_id")): run_gpu(r) for r in runs}
+    if "run_id" not in frame:
+        gpus = pd.Series(UNKNOWN_GPU, index=frame.index, dtype=object)
+    else:
+        gpus = frame["run_id"].map(lambda run: by_run.get(str(run), UNKNOWN_GPU)).astype(object)
+    if "device" in frame:
+        gpus = gpus.where(frame["device"] != "cpu", CPU)
+    return gpus
+
+
+def check_gpu(gpu: str, present: list[str] | set[str]) -> None:
+    """StoreError unless ``gpu`` (``--gpu``) is one of the GPUs ``present`` (with rows)."""
+    if gpu not in present:
+        names = ", ".join(repr(g) for g in sorted(present)) or "none"
+        raise StoreError(f"--gpu {gpu!r}: no rows of that GPU here; GPUs with rows: {names} "
+                         "(--gpu NAME takes one of these names)")
 
 
 def _is_run(folder: Path) -> bool:
@@ -69,6 +120,10 @@ class StoreSet:
     def runs(self) -> list[dict[str, Any]]:
         """The run.json records of every store."""
         return [record for store in self.stores for record in store.runs()]
+
+    def unreadable_parts(self) -> list[Path]:
+        """The part files of every store that could not be read (corrupt), once loaded."""
+        return [path for store in self.stores for path in store.unreadable_parts()]
 
     def newest_per_case(self, frame: pd.DataFrame) -> pd.DataFrame:
         """The rows of ``frame`` that belong, for their case, to the newest run holding it

@@ -238,6 +238,7 @@ def test_cli_where_and_run_filter(store, tmp_path):
 
 
 def test_cli_without_data_prints_producers(tmp_path):
+    (tmp_path / "empty").mkdir()  # an empty store (a missing folder is an error)
     result = CliRunner().invoke(
         app, ["plot", "--results", str(tmp_path / "empty"), "--out", str(tmp_path / "out")],
         catch_exceptions=False,

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from santa_bench.plots.presets import PRESETS, plot_all
-from santa_bench.stores import StoreSet
+from santa_bench.stores import StoreError, open_results
 from santa_bench.units import parse_list
 
 DEFAULT_OUT = Path("plots/local")
@@ -63,7 +63,11 @@ def plot_command(
             f"error: unknown preset(s) {unknown}; choose from {', '.join(PRESETS)}", err=True
         )
         raise typer.Exit(code=2)
-    store = StoreSet(results_dir)
+    try:
+        store = open_results(results_dir)
+    except StoreError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from None
     try:
         frame = store.load(parse_list(run) or None)
         if where and not frame.empty:
