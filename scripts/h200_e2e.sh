@@ -6,7 +6,7 @@
 #   env: SKIP_TESTS=1 skips the GPU tests; FORCE=1 re-runs cases already in the store;
 #   RUN= the run id; DENSE= our dense backends (default triton-splitkv,sdpa); VENDOR= the vendor dense backends run in their
 #   own process (default flashinfer-tc,flash-attn; flashinfer-cuda is ~1.5x slower at 32k
-#   in results/h200/kernels-graph and costs another JIT build).
+#   in results/h200/2026-11-29-h200-kernels-graph and costs another JIT build).
 set -u
 out=${1:?usage: bash scripts/h200_e2e.sh RESULTS_DIR [steps] [batches]}
 steps=${2:-64}

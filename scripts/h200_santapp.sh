@@ -20,7 +20,7 @@ run() {  # ctx batch
   COLUMNS=160 santa-bench kernel --ctx "$1" --batch "$2" --methods santapp --M 32,64 \
     --team-size 16,64 --team-policy "${POLICIES:-contiguous}" \
     --baselines sdpa-cudnn,triton-splitkv --graph --results results/h200 \
-    --run-id santapp-graph 2>&1 | tail -24
+    --run-id 2026-11-29-h200-kernels-santapp-graph 2>&1 | tail -24
 }
 if [[ " $steps " == *" cli "* ]]; then
   run 32k 1

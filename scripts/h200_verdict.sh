@@ -25,7 +25,7 @@ qwen7="--heads 28 --kv-heads 4 --head-dim 128"
 llama8="--heads 32 --kv-heads 8 --head-dim 128"
 dense="sdpa-cudnn,sdpa-flash,triton-splitkv"
 
-# the configurations of the committed accuracy runs (accuracy-2026-12-04-h200-ruler*, -santapp:
+# the configurations of the committed accuracy runs (2026-12-04-h200-accuracy-ruler*, -santapp:
 # SANTA++ with the leader as representative, the default then)
 leader="representative=leader"
 accuracy="santa-prop:S=128,santa-prop:S=256,santa-flash:S=2048,santa-flash:S=256,santa-sys:S=128"
@@ -34,8 +34,8 @@ accuracy+=",santapp:M=64,$leader,santapp:M=128,$leader,santapp:M=64,team_size=8,
 accuracy+=",santapp:M=128,team_size=8,$leader,santapp:M=32,team_size=64,$leader"
 accuracy+=",bernoulli:value_stage=prop,S=128"
 # the methods users compare against, and the SANTA++ candidates (the mean as representative:
-# the default M=512, within 1 point of dense in accuracy-2026-12-06-h100-niah-teams; M=256
-# and k-means teams, the closest below it in accuracy-2026-12-06-h100-niah-mean)
+# the default M=512, within 1 point of dense in 2026-12-06-h100-accuracy-niah-teams; M=256
+# and k-means teams, the closest below it in 2026-12-06-h100-accuracy-niah-mean)
 peers="oracle-topk:k=1024,quest:pages=64,quest:pages=256,vattention,topk-santa"
 candidates="santapp:M=512,santapp:M=256,santapp:M=256,policy=kmeans,santapp:M=64,policy=kmeans"
 candidates=${CANDIDATES:-$candidates}
