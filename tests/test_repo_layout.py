@@ -77,3 +77,33 @@ def test_benchmarks_doc_is_a_readable_size():
 @pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "scripts").glob("*.sh")))
 def test_shell_scripts_parse(script):
     subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], check=True)
+
+
+TOOLS = {
+    "accuracy_table.py": "tests/test_engine.py",
+    "check_compile.py": "tests/test_compile.py",
+    "profile_santa.py": "tests/test_profile_santa.py",
+    "team_stats.py": "tests/test_team_stats.py",
+    "timing_check.py": "tests/test_timing_gpu.py",
+    "top_key_inclusion.py": "tests/test_top_key_inclusion.py",
+    "h200_accuracy.sh": "test_shell_scripts_parse",
+    "h200_setup.sh": "test_shell_scripts_parse",
+}
+"""The scripts kept beside the package, each with the test that exercises it."""
+
+
+def test_scripts_are_the_tested_tools():
+    assert sorted(p.name for p in (ROOT / "scripts").iterdir()
+                  if p.is_file() and p.suffix in {".py", ".sh"}) == sorted(TOOLS)
+    for script, test in TOOLS.items():
+        if test.startswith("tests/"):
+            assert script.removesuffix(".py") in (ROOT / test).read_text(), (script, test)
+
+
+@pytest.mark.parametrize("script", sorted(s.removesuffix(".py") for s in TOOLS
+                                          if s.endswith(".py") and s != "check_compile.py"))
+def test_python_scripts_import(script):
+    """Each Python tool imports on a CPU (its main guarded), so its --help is reachable."""
+    from conftest import load_script
+
+    assert callable(load_script(script).main)
