@@ -26,13 +26,14 @@ def _tracked(*patterns: str) -> list[Path]:
 
 
 def test_result_folders_are_dated_runs_by_device():
-    """results/ holds a folder a device, each holding dated run folders only."""
-    assert sorted(p.name for p in RESULTS.iterdir()) == sorted(DEVICES)
-    for device in RESULTS.iterdir():
-        for run in device.iterdir():
-            assert run.is_dir() and RUN_NAME.match(run.name), run
-            assert f"-{device.name}-" in run.name, run
-            assert (run / "README.md").is_file(), run
+    """The committed results/ holds a folder a device, each holding dated run folders only
+    (local runs, results/<run-id>/, are not committed)."""
+    tracked = [path.relative_to(RESULTS).parts for path in _tracked("results")]
+    assert {parts[0] for parts in tracked} == set(DEVICES)
+    assert all(len(parts) == 3 for parts in tracked), "a file outside a run folder"
+    for device, run in {parts[:2] for parts in tracked}:
+        assert RUN_NAME.match(run) and f"-{device}-" in run, (device, run)
+        assert (RESULTS / device / run / "README.md").is_file(), (device, run)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -40,7 +41,7 @@ def test_every_result_folder_loads_as_a_store_with_rows(device):
     store = StoreSet(RESULTS / device)
     frame = store.load()
     counts = frame.groupby("run_id").size()
-    runs = sorted(p.name for p in (RESULTS / device).iterdir())
+    runs = sorted({path.parent.name for path in _tracked(f"results/{device}")})
     assert sorted(counts.index) == runs
     assert (counts > 0).all()
     assert sorted(r["run_id"] for r in store.runs()) == runs
