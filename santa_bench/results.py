@@ -202,9 +202,11 @@ class ResultStore:
         _atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
     def runs(self) -> list[dict[str, Any]]:
-        """Return the run.json records under the root, sorted by run_id."""
-        records = (_read_json(path) for path in sorted(self.root.glob("*/run.json")))
-        return [record for record in records if record is not None]
+        """Return the run.json records under the root, sorted by run_id; a record's run_id
+        is its folder's name (as a row's is)."""
+        records = ((path, _read_json(path)) for path in sorted(self.root.glob("*/run.json")))
+        return [{**record, "run_id": path.parent.name} for path, record in records
+                if record is not None]
 
     def completed(self, env_fingerprint: str) -> set[str]:
         """Return the case hashes finished under `env_fingerprint` (in any run).
@@ -367,12 +369,22 @@ def _read_part(path: Path, key: tuple[int, int, int]) -> pa.Table | None:
     """Return the part's table, or None if unreadable, warning once per file version."""
     try:
         with pq.ParquetFile(path) as part:
-            return part.read(use_threads=False)
+            return _with_run_id(part.read(use_threads=False), path.parent.name)
     except (OSError, pa.ArrowException, KeyError) as exc:
         if (path.resolve(), key) not in _REPORTED:
             _REPORTED.add((path.resolve(), key))
             _warn_corrupt(path, exc)
         return None
+
+
+def _with_run_id(table: pa.Table, run_id: str) -> pa.Table:
+    """The table with its ``run_id`` column set to the folder holding the part: a run
+    renamed (its folder moved) keeps every row, under its new name."""
+    index = table.schema.get_field_index("run_id")
+    if index < 0:
+        return table
+    column = pa.array([run_id] * table.num_rows, table.schema.field(index).type)
+    return table.set_column(index, table.schema.field(index), column)
 
 
 _REPORTED: set[tuple[Path, tuple[int, int, int]]] = set()

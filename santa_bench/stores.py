@@ -1,7 +1,7 @@
 """Reading a result folder together with the stores nested inside it.
 
 ``results/`` holds local runs (``results/<run_id>/``) and committed stores one folder
-deeper (``results/h200/<run_id>/``, ``results/smollm2-cpu/<run_id>/``). A
+deeper (``results/h200/<run_id>/``, ``results/cpu/<run_id>/``). A
 :class:`StoreSet` reads all of them as one store, for ``plot``, ``report`` and ``pareto``.
 
 Each row's GPU is its run's (``gpu_name`` in run.json): :func:`row_gpus` names it, so

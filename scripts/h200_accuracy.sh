@@ -5,7 +5,7 @@
 # STAGE: smoke (the GPU engine tests), ruler (13 tasks at 32k, 9 configurations), tasks
 # (GSM8K and MMLU-Redux), extra (SANTA++ without sink/window, M=64, k-means teams and
 # Bernoulli on the 13 RULER tasks; k-means index builds make it slow).
-# results/h200/accuracy-2026-12-04-h200-ruler-b/README.md has what these stages measured.
+# results/h200/2026-12-04-h200-accuracy-ruler/README.md has what these stages measured.
 # Runs resume: a stage killed at its time limit continues where it stopped when re-run.
 # Needs the model and data in $SANTA_BENCH_CACHE (models/<name>/<file>.gguf, data/ruler,
 # data/gsm8k, data/mmlu-redux; data/ruler-samples holds generated 32k samples, optional).

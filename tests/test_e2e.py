@@ -387,7 +387,7 @@ def _gpu_session(dtype, layout="contiguous", steps=8):
     from santa_bench.e2e.configs import ModelConfig
 
     # Llama-3.1-8B's attention shape (GQA group 4, head dim 128): the FlashInfer JIT
-    # kernels built here serve the e2e run that follows in scripts/h200_e2e.sh
+    # kernels built here serve an e2e run that follows on the same machine
     config = ModelConfig("gpu-small", "llama", 2, 512, 8, 2, 128, 512, 512, 4096, 10000.0)
     model = Decoder.random(config, device="cuda", dtype=dtype, std=0.05)
     session = DecodeSession(model, batch=2, ctx=300, steps=steps, layout=layout, page_size=16)

@@ -170,7 +170,7 @@ def test_gaussian_rows_say_so_and_keep_their_case_keys(tmp_path):
 def test_the_committed_gaussian_runs_are_still_finished(monkeypatch):
     """Each stored command of a committed kernel run expands to its stored case hash, and
     the store counts that case finished under the run's fingerprint (unless it failed)."""
-    run_id = "kernels-2026-12-04-h200-model-shapes"
+    run_id = "2026-12-04-h200-kernels-model-shapes"
     store = ResultStore(ROOT / "results" / "h200")
     frame = store.load([run_id])
     fingerprint = json.loads((store.root / run_id / "run.json").read_text())["env_fingerprint"]

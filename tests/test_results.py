@@ -17,6 +17,7 @@ from santa_bench.results import (
     should_skip,
     validate_row,
 )
+from santa_bench.stores import StoreSet
 
 CASE = {"method": "santa", "backend": "triton", "ctx": 4096, "S": 64, "dtype": "bf16", "seed": 0}
 ENV = {
@@ -60,6 +61,22 @@ def test_round_trip(tmp_path):
     assert first.env_fingerprint == environment_fingerprint(ENV)
     assert first.command == ENV["command"]
     assert set(store.load(runs=["r1"]).case_hash) == set(data.case_hash)
+
+
+def test_a_renamed_run_keeps_its_rows_under_its_folder_name(tmp_path):
+    """The run id is the folder's name: a run moved to another folder loads, is listed and
+    is selected under the new name, every row and case hash kept."""
+    store = ResultStore(tmp_path / "h200")
+    store.start_run(ENV, run_id="kernels-s7b").write_case(CASE, rows())
+    before = store.load()
+    (tmp_path / "h200" / "kernels-s7b").rename(tmp_path / "h200" / "2025-01-01-h200-kernels")
+    moved = StoreSet(tmp_path)
+    after = moved.load(["2025-01-01-h200-kernels"])
+    assert set(after.run_id) == {"2025-01-01-h200-kernels"}
+    assert [r["run_id"] for r in moved.runs()] == ["2025-01-01-h200-kernels"]
+    assert after.drop(columns="run_id").equals(before.drop(columns="run_id"))
+    assert list(after.case_hash) == [config_hash(CASE)] * 2
+    assert len(moved.newest_per_case(after)) == 2
 
 
 def test_schema_has_fixed_columns_with_types(tmp_path):

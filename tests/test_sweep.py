@@ -90,7 +90,8 @@ def test_smoke_suite_matches_kernel_command_hashes():
 
 def test_h200_suite_hashes_are_the_committed_results():
     suite = load_suite(ROOT / "suites" / "kernel-latency-vs-ctx.yaml")
-    runs = ["kernels-graph", "kernels-events"]  # the suite's runs (other runs share the store)
+    # the suite's runs (other runs share the store)
+    runs = ["2026-11-29-h200-kernels-graph", "2026-11-29-h200-kernels-events"]
     committed = set(ResultStore(ROOT / "results" / "h200").load(runs)["case_hash"])
     assert {config_hash(c) for c in suite.cases} == committed
 
