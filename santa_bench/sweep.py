@@ -53,7 +53,7 @@ from santa_bench.units import parse_size
 ANNOUNCE_FROM = 10_000
 """Combinations from which :func:`load_suite` announces their count before expanding
 them (about a second)."""
-DRY_RUN_ROWS = 1000
+DRY_RUN_ROWS = 500
 """The most cases a ``--dry-run`` table lists (the title still counts them all)."""
 TOP_LEVEL = ("name", "description", "runner", "fixed", "grid", "zip", "where", "options")
 
