@@ -699,10 +699,11 @@ def cases_table(
     cases: list[dict[str, Any]],
     total: int,
     stored: set[str] | None = None,
-    rows: int = DRY_RUN_ROWS,
+    rows: int | None = None,
 ) -> Any:
     """Returns a rich Table of ``cases``: the keys that vary, the hash, whether stored;
-    of more than ``rows`` cases the first ``rows`` (the title counts them all)."""
+    of more than ``rows`` (default ``DRY_RUN_ROWS``) the first ones (the title counts all)."""
+    rows = DRY_RUN_ROWS if rows is None else rows
     from rich.table import Table
 
     from santa_bench.units import format_size
