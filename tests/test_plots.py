@@ -269,9 +269,9 @@ def test_cli_where_refuses_code_and_runs_nothing(store, tmp_path, where):
     marker = tmp_path / "marker"
     result = CliRunner().invoke(app, ["plot", "--results", str(store.root), "--where",
                                       where.format(marker=marker), "--out", str(tmp_path)])
+    assert not marker.exists()
     assert result.exit_code == 2 and "not allowed" in result.output
     assert len(result.output.strip().splitlines()) == 1
-    assert not marker.exists()
 
 
 @pytest.mark.parametrize(

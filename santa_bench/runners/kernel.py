@@ -130,10 +130,11 @@ def expand_cases(
     on Gaussian inputs carry none, so their hashes are those of runs before captured inputs.
     """
     if (count := case_count(grid)) > max_cases:
+        shapes = len(grid.ctx) * len(grid.batch)
         raise ValueError(
-            f"{count:,} cases ({len(grid.ctx)} contexts x {len(grid.batch)} batches x "
-            f"{len(grid.methods)} methods x {len(grid.S)} budgets) exceed the limit of "
-            f"{max_cases:,}; give fewer --ctx, --batch, --S or --methods values"
+            f"{count:,} cases ({len(grid.ctx)} contexts x {len(grid.batch)} batch sizes x "
+            f"{count // shapes} methods and budgets) exceed the limit of {max_cases:,}; "
+            "give fewer --ctx, --batch, --S or --methods values"
         )
     cases = []
     timing, l2 = timing_mode(grid)
