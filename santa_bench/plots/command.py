@@ -83,7 +83,7 @@ def plot_command(
     except ExpressionError as exc:
         typer.echo(f"error: --where: {exc}", err=True)
         raise typer.Exit(code=2) from None
-    except Exception as exc:  # a bad --run or --where is the user's to fix
+    except Exception as exc:  # a bad --run is the user's to fix
         typer.echo(f"error: {type(exc).__name__}: {exc}", err=True)
         raise typer.Exit(code=2) from exc
     try:
