@@ -24,6 +24,7 @@ from santa_bench.cli_options import (
     run_cases_or_exit,
 )
 from santa_bench.methods import REGISTRY, MethodError, parse_method_specs
+from santa_bench.runners import MAX_CASES
 from santa_bench.units import format_size, parse_list, parse_size_list
 
 app = typer.Typer(
@@ -423,6 +424,13 @@ def sweep(
             "taken before --only; the n shards partition the suite."
         ),
     ] = None,
+    max_cases: Annotated[
+        int,
+        typer.Option(
+            help="Refuse a suite of more combinations than this before expanding it "
+            "(split a larger one into several suites)."
+        ),
+    ] = MAX_CASES,
     devices: Annotated[
         str | None,
         typer.Option(
@@ -451,7 +459,9 @@ def sweep(
     from santa_bench import sweep as suites
 
     try:
-        suite = suites.load_suite(suite_file)
+        suite = suites.load_suite(
+            suite_file, max_cases, lambda line: console.print(line, markup=False, soft_wrap=True)
+        )
         cases = suite.cases
         if shard:
             cases = suites.shard(cases, *suites.parse_shard(shard))

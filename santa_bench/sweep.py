@@ -22,19 +22,20 @@ that have them (a method's own spec wins) and equal cases are kept once. A
 misspelt key, an unknown method, a parameter no method of the suite has, or a bad
 value is a :class:`SuiteError` naming the file and key.
 
-``where`` expressions are evaluated by a small AST interpreter (no ``eval``): names,
-numbers, strings, lists, ``and or not``, ``+ - * / // % **``, comparisons, ``in``.
-A name missing from a case (``S`` for ``dense``) makes that expression hold.
+``where`` expressions are evaluated by :mod:`santa_bench.expressions` (no ``eval``): names,
+numbers, strings, lists, ``and or not``, ``+ - * / // % **``, comparisons, ``in``; a
+power or product beyond ``2**64`` is refused. A name missing from a case (``S`` for
+``dense``) makes that expression hold. A suite of more than ``MAX_CASES`` combinations
+is refused before it is expanded.
 Expansion of a ``kernel`` suite gives exactly the case dicts of
 ``runners.kernel.expand_cases``, so config hashes match the ``kernel`` command's.
 """
 
 from __future__ import annotations
 
-import ast
 import difflib
 import itertools
-import operator
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,10 +44,17 @@ from typing import Any
 
 import yaml
 
+from santa_bench.expressions import Expression
 from santa_bench.methods import REGISTRY, Method, MethodError, Param, parse_method_specs
 from santa_bench.results import config_hash
+from santa_bench.runners import MAX_CASES
 from santa_bench.units import parse_size
 
+ANNOUNCE_FROM = 10_000
+"""Combinations from which :func:`load_suite` announces their count before expanding
+them (about a second)."""
+DRY_RUN_ROWS = 500
+"""The most cases a ``--dry-run`` table lists (the title still counts them all)."""
 TOP_LEVEL = ("name", "description", "runner", "fixed", "grid", "zip", "where", "options")
 
 
@@ -212,117 +220,6 @@ class _Ratio:
         return max(1, round(ctx * self.fraction))
 
 
-# ------------------------------------------------------------ safe expressions
-_BINARY: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
-    ast.BitAnd: lambda a, b: bool(a) and bool(b),
-    ast.BitOr: lambda a, b: bool(a) or bool(b),
-}
-_COMPARE: dict[type, Callable[[Any, Any], bool]] = {
-    ast.Eq: operator.eq,
-    ast.NotEq: operator.ne,
-    ast.Lt: operator.lt,
-    ast.LtE: operator.le,
-    ast.Gt: operator.gt,
-    ast.GtE: operator.ge,
-    ast.In: lambda a, b: a in b,
-    ast.NotIn: lambda a, b: a not in b,
-}
-_UNARY: dict[type, Callable[[Any], Any]] = {
-    ast.Not: operator.not_,
-    ast.USub: operator.neg,
-    ast.UAdd: operator.pos,
-}
-
-
-class _Missing(Exception):
-    """A name the case does not have."""
-
-
-@dataclass(frozen=True)
-class Expression:
-    """A parsed boolean expression over case keys (``S <= ctx and method != 'dense'``)."""
-
-    text: str
-    tree: ast.Expression
-    names: frozenset[str]
-
-    @classmethod
-    def parse(cls, text: str) -> Expression:
-        """Parses ``text``; raises ValueError on syntax outside the allowed subset."""
-        try:
-            tree = ast.parse(str(text).strip(), mode="eval")
-        except SyntaxError as exc:
-            raise ValueError(f"not an expression: {text!r} ({exc.msg})") from None
-        names = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Name):
-                names.add(node.id)
-            elif not isinstance(node, _ALLOWED_NODES):
-                raise ValueError(f"{type(node).__name__} is not allowed in {text!r}")
-        return cls(str(text), tree, frozenset(names))
-
-    def __call__(self, case: dict[str, Any], missing: bool = True) -> bool:
-        """Returns the expression's truth on ``case``; ``missing`` if a name is absent."""
-        try:
-            return bool(_evaluate(self.tree.body, case))
-        except _Missing:
-            return missing
-
-
-_ALLOWED_NODES = (
-    ast.Expression,
-    ast.BoolOp,
-    ast.And,
-    ast.Or,
-    ast.UnaryOp,
-    ast.BinOp,
-    ast.Compare,
-    ast.Constant,
-    ast.List,
-    ast.Tuple,
-    ast.Load,
-    *_BINARY,
-    *_COMPARE,
-    *_UNARY,
-)
-
-
-def _evaluate(node: ast.AST, case: dict[str, Any]) -> Any:
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, ast.Name):
-        if node.id in ("True", "False", "None"):
-            return {"True": True, "False": False, "None": None}[node.id]
-        if node.id not in case or case[node.id] is None:
-            raise _Missing(node.id)
-        return case[node.id]
-    if isinstance(node, (ast.List, ast.Tuple)):
-        return [_evaluate(item, case) for item in node.elts]
-    if isinstance(node, ast.BoolOp):
-        values = (_evaluate(v, case) for v in node.values)
-        return all(values) if isinstance(node.op, ast.And) else any(values)
-    if isinstance(node, ast.UnaryOp):
-        return _UNARY[type(node.op)](_evaluate(node.operand, case))
-    if isinstance(node, ast.BinOp):
-        return _BINARY[type(node.op)](_evaluate(node.left, case), _evaluate(node.right, case))
-    if isinstance(node, ast.Compare):
-        left = _evaluate(node.left, case)
-        for op, comparator in zip(node.ops, node.comparators, strict=True):
-            right = _evaluate(comparator, case)
-            if not _COMPARE[type(op)](left, right):
-                return False
-            left = right
-        return True
-    raise ValueError(f"{type(node).__name__} is not allowed")  # pragma: no cover
-
-
 # ------------------------------------------------------------ loading
 _RATIO = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
@@ -374,8 +271,13 @@ def _value(kind: str, value: Any, runner: str) -> Any:
     return value
 
 
-def load_suite(path: Path | str) -> Suite:
-    """Loads, validates and expands a suite file; raises SuiteError naming file and key."""
+def load_suite(
+    path: Path | str,
+    max_cases: int = MAX_CASES,
+    announce: Callable[[str], None] | None = None,
+) -> Suite:
+    """Loads, validates and expands a suite file; raises SuiteError naming file and key
+    (see :func:`suite_from_dict` for ``max_cases`` and ``announce``)."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -383,11 +285,19 @@ def load_suite(path: Path | str) -> Suite:
         raise SuiteError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
         raise SuiteError(f"{path}: not valid YAML: {exc}") from None
-    return suite_from_dict(data, path)
+    return suite_from_dict(data, path, max_cases, announce)
 
 
-def suite_from_dict(data: Any, path: Path | str = "<suite>") -> Suite:
-    """Validates and expands a suite already parsed from YAML (see :func:`load_suite`)."""
+def suite_from_dict(
+    data: Any,
+    path: Path | str = "<suite>",
+    max_cases: int = MAX_CASES,
+    announce: Callable[[str], None] | None = None,
+) -> Suite:
+    """Validates and expands a suite already parsed from YAML (see :func:`load_suite`).
+
+    A suite of more than ``max_cases`` combinations is refused before expansion;
+    ``announce`` receives a line with the count before a long one (``ANNOUNCE_FROM``)."""
     path = Path(path)
 
     def fail(key: str, message: str) -> SuiteError:
@@ -511,6 +421,16 @@ def suite_from_dict(data: Any, path: Path | str = "<suite>") -> Suite:
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
             raise fail(f"options.{key}", f"expected a positive number, got {value!r}")
 
+    combinations = math.prod(len(axis) for axis in axes)
+    if combinations > max_cases:
+        raise fail(
+            "grid",
+            f"{combinations:,} combinations of grid and zip values exceed the limit of "
+            f"{max_cases:,} cases; give fewer values, split the suite, or raise "
+            "sweep --max-cases",
+        )
+    if announce is not None and combinations >= ANNOUNCE_FROM:
+        announce(f"{path}: expanding {combinations:,} combinations of grid and zip values")
     cases: list[dict[str, Any]] = []
     hashes: set[str] = set()
     for parts in itertools.product(*axes):
@@ -775,9 +695,15 @@ def shard(cases: list[dict[str, Any]], index: int, count: int) -> list[dict[str,
 
 
 def cases_table(
-    suite: Suite, cases: list[dict[str, Any]], total: int, stored: set[str] | None = None
+    suite: Suite,
+    cases: list[dict[str, Any]],
+    total: int,
+    stored: set[str] | None = None,
+    rows: int | None = None,
 ) -> Any:
-    """Returns a rich Table of ``cases``: the keys that vary, the hash, whether stored."""
+    """Returns a rich Table of ``cases``: the keys that vary, the hash, whether stored;
+    of more than ``rows`` (default ``DRY_RUN_ROWS``) the first ones (the title counts all)."""
+    rows = DRY_RUN_ROWS if rows is None else rows
     from rich.table import Table
 
     from santa_bench.units import format_size
@@ -785,9 +711,12 @@ def cases_table(
     keys = list(dict.fromkeys(k for c in cases for k in c))
     varying = [k for k in keys if len({repr(c.get(k)) for c in cases}) > 1 and k != "family"]
     fixed = [k for k in keys if k not in varying and k != "family"]
+    caption = ("fixed: " + ", ".join(f"{k}={cases[0].get(k)}" for k in fixed)) if cases else ""
+    if len(cases) > rows:
+        more = f"the first {rows:,} listed; --only or --shard lists others"
+        caption = f"{caption}; {more}" if caption else more
     table = Table(
-        title=f"{suite.name} ({suite.runner}): {len(cases)} of {total} cases",
-        caption=("fixed: " + ", ".join(f"{k}={cases[0].get(k)}" for k in fixed)) if cases else "",
+        title=f"{suite.name} ({suite.runner}): {len(cases)} of {total} cases", caption=caption
     )
     table.add_column("#", justify="right")
     table.add_column("case_hash", no_wrap=True)
@@ -795,7 +724,7 @@ def cases_table(
         table.add_column("stored")
     for key in varying:
         table.add_column(key, no_wrap=key == "method", overflow="fold", min_width=len(key))
-    for number, case in enumerate(cases):
+    for number, case in enumerate(cases[:rows]):
         digest = config_hash(case)
         cells = [
             format_size(v) if k == "ctx" and isinstance(v, int) else ("-" if v is None else str(v))

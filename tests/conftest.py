@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import multiprocessing
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -26,6 +29,31 @@ def _temporary_cache(session_cache: Path, monkeypatch: pytest.MonkeyPatch) -> No
     that no test reads or writes the user's data folders (a test may set them again)."""
     monkeypatch.setenv("SANTA_BENCH_CACHE", str(session_cache))
     monkeypatch.delenv("SANTA_BENCH_DATA", raising=False)
+
+
+def within(seconds: float, fn: Callable[[], Any]) -> Any:
+    """``fn()`` in a forked process: its (picklable) value, or a test failure once it has
+    run ``seconds`` (the process is killed; a C-level loop holding the GIL cannot hang
+    the test)."""
+    receive, send = multiprocessing.Pipe(duplex=False)
+
+    def child() -> None:
+        try:
+            send.send((True, fn()))
+        except BaseException as exc:  # reported by the parent
+            send.send((False, f"{type(exc).__name__}: {exc}"))
+
+    process = multiprocessing.get_context("fork").Process(target=child)
+    process.start()
+    try:
+        if not receive.poll(seconds):
+            pytest.fail(f"still running after {seconds} s")
+        done, value = receive.recv()
+        assert done, value
+        return value
+    finally:
+        process.kill()
+        process.join()
 
 
 def decode_problem(

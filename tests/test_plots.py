@@ -257,6 +257,53 @@ def test_cli_rejects_unknown_preset_and_bad_query(store, tmp_path):
     assert query.exit_code == 2
 
 
+@pytest.mark.parametrize(
+    "where",
+    [
+        "batch == batch.to_csv('{marker}')",  # a column's method
+        "batch == 1 or method.to_pickle('{marker}')",
+        "batch == @store.__class__.__init__.__globals__['pd'].io.common.os.system("
+        "'touch {marker}')",  # a local of the command, then a module's os
+    ],
+)
+def test_cli_where_refuses_code_and_runs_nothing(store, tmp_path, where):
+    marker = tmp_path / "marker"
+    result = CliRunner().invoke(app, ["plot", "--results", str(store.root), "--where",
+                                      where.format(marker=marker), "--out", str(tmp_path)])
+    assert not marker.exists()
+    assert result.exit_code == 2 and "not allowed" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [("batch.__class__", "Attribute is not allowed"), ("abs(batch) == 1", "Call is not allowed"),
+     ("@where == ''", "@ references are not allowed"), ("lambda: batch", "Lambda is not allowed"),
+     ("[b for b in batch]", "ListComp is not allowed"), ("batch[0] == 1", "Subscript"),
+     ("gpu == 'h100'", "unknown column(s) ['gpu']")],
+)
+def test_cli_where_errors_are_one_line(store, tmp_path, where, message):
+    result = CliRunner().invoke(app, ["plot", "--results", str(store.root), "--where", where,
+                                      "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and message in result.output
+    assert result.output.startswith("error: --where: ")
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_where_keeps_the_documented_syntax(store, tmp_path):
+    out = tmp_path / "plots"
+    result = CliRunner().invoke(
+        app, ["plot", "speedup-vs-S", "--results", str(store.root), "--where",
+              "batch == 1 and timing == 'graph' and not (method in ['santa-flash'] and S > 64)",
+              "--out", str(out)], catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    points = pd.read_csv(out / "speedup-vs-S.csv")
+    assert set(points.timing) == {"graph"} and set(points.batch) == {1}
+    assert set(zip(points.method, points.S, strict=True)) == {
+        ("santa-flash", 64), ("santa-prop", 64), ("santa-prop", 256)}
+
+
 def test_cli_plots_the_newest_run_of_each_case(tmp_path):
     """A case timed again in a later run shows the later figure only (``--all-runs``: the
     median over both), also when ``--where`` leaves out the later run."""

@@ -17,7 +17,9 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
+from conftest import within
 from santa_bench import execute
+from santa_bench import sweep as sweep_module
 from santa_bench.cli import app
 from santa_bench.methods import parse_method_specs
 from santa_bench.results import ResultStore, config_hash
@@ -44,6 +46,12 @@ def _invoke(*args: str):
 
 def _text(result) -> str:
     return " ".join(result.output.split())
+
+
+def _outcome(*args: str) -> tuple[int, str]:
+    """The exit code and output of ``santa-bench *args`` (picklable, for ``within``)."""
+    result = _invoke(*args)
+    return result.exit_code, _text(result)
 
 
 def _write(tmp_path: Path, suite: dict, name: str = "suite.yaml") -> Path:
@@ -208,6 +216,42 @@ def test_dry_run_prints_the_cases_and_runs_nothing(tmp_path):
     for case in load_suite(SMOKE).cases:
         assert config_hash(case) in text
     assert not list(tmp_path.glob("*"))
+
+
+def test_a_huge_grid_is_refused_quickly_with_its_count(tmp_path):
+    grid = {"ctx": list(range(256, 1256)), "S": list(range(1, 1001))}
+    path = _write(tmp_path, {"runner": "kernel", "fixed": {**TINY, "method": "santa-prop"},
+                             "grid": grid})
+    code, text = within(30, lambda: _outcome("sweep", path, "--dry-run", "--results", tmp_path))
+    assert code == 2
+    assert "grid: 1,000,000 combinations of grid and zip values exceed the limit of 100,000" in text
+    assert "--max-cases" in text
+    result = _invoke("sweep", SMOKE, "--dry-run", "--max-cases", "19", "--results", tmp_path)
+    assert result.exit_code == 2 and "20 combinations" in _text(result)
+
+
+def test_a_long_expansion_is_announced_and_a_dry_run_lists_its_first_cases(tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.setattr(sweep_module, "ANNOUNCE_FROM", 20)
+    monkeypatch.setattr(sweep_module, "DRY_RUN_ROWS", 5)
+    result = _invoke("sweep", SMOKE, "--dry-run", "--results", tmp_path)
+    assert result.exit_code == 0
+    text = _text(result)
+    assert text.index("expanding 20 combinations") < text.index("18 of 18 cases")
+    assert "the first 5 listed; --only or --shard lists others" in text
+    hashes = [config_hash(c) for c in load_suite(SMOKE).cases]
+    assert all(h in text for h in hashes[:5]) and not any(h in text for h in hashes[5:])
+
+
+def test_a_huge_kernel_grid_is_refused_before_it_is_expanded(tmp_path):
+    contexts = ",".join(str(c) for c in range(256, 1256))
+    budgets = ",".join(str(s) for s in range(1, 1001))
+    code, text = within(30, lambda: _outcome(
+        "kernel", "--methods", "dense,santa-prop", "--baselines", "none", "--ctx", contexts,
+        "--S", budgets, "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
+        "--device", "cpu", "--results", tmp_path / "r"))
+    assert code == 2 and "1,001,000 cases" in text and "exceed the limit of 100,000" in text
+    assert not (tmp_path / "r").exists()
 
 
 def test_shards_partition_the_suite_and_only_filters():

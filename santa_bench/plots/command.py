@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from santa_bench.expressions import Expression, ExpressionError, frame_mask
 from santa_bench.plots.presets import PRESETS, plot_all
 from santa_bench.stores import StoreError, open_results
 from santa_bench.units import parse_list
@@ -34,7 +35,11 @@ def plot_command(
     ] = None,
     where: Annotated[
         str | None,
-        typer.Option(help="pandas query on the rows, e.g. \"batch == 1 and timing == 'graph'\"."),
+        typer.Option(
+            help="Keep the rows where this expression over columns holds, in a suite's "
+            "`where` syntax: \"batch == 1 and timing == 'graph'\", `method in [...]`, "
+            "comparisons, and/or/not (a missing value equals nothing)."
+        ),
     ] = None,
     out: Annotated[
         Path,
@@ -64,17 +69,25 @@ def plot_command(
         )
         raise typer.Exit(code=2)
     try:
+        expression = Expression.parse(where) if where else None
+    except ExpressionError as exc:
+        typer.echo(f"error: --where: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    try:
         store = open_results(results_dir)
     except StoreError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None
     try:
         frame = store.load(parse_list(run) or None)
-        if where and not frame.empty:
-            frame = frame.query(where)
+        if expression is not None and not frame.empty:
+            frame = frame[frame_mask(expression, frame)]
         if not all_runs:
             frame = store.newest_per_case(frame)
-    except Exception as exc:  # a bad --run or --where is the user's to fix
+    except ExpressionError as exc:
+        typer.echo(f"error: --where: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    except Exception as exc:  # a bad --run is the user's to fix
         typer.echo(f"error: {type(exc).__name__}: {exc}", err=True)
         raise typer.Exit(code=2) from exc
     try:

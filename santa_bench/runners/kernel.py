@@ -27,6 +27,7 @@ from santa_bench.captured import GAUSSIAN, SHAPE_OPTIONS, capture_shape, describ
 from santa_bench.gpu_state import gpu_state_columns
 from santa_bench.inputs import DecodeShape, make_decode_inputs, parse_dtype
 from santa_bench.methods import REGISTRY, Method, Registry
+from santa_bench.runners import MAX_CASES
 from santa_bench.units import format_size
 from santa_kernels.reads import ReadCounts
 
@@ -107,16 +108,34 @@ def timing_mode(grid: KernelGrid) -> tuple[str, str]:
     return ("graph" if grid.graph else "events"), ("cold" if grid.cold_l2 else "warm")
 
 
+def case_count(grid: KernelGrid) -> int:
+    """The number of (ctx, batch, method, budget) combinations :func:`expand_cases` visits."""
+    per_shape = sum(
+        len(grid.S) if "S" in {p.name for p in method.params} and "S" not in overrides else 1
+        for method, overrides in grid.methods
+    )
+    return len(grid.ctx) * len(grid.batch) * per_shape
+
+
 def expand_cases(
-    grid: KernelGrid, dropped: list[dict[str, Any]] | None = None
+    grid: KernelGrid, dropped: list[dict[str, Any]] | None = None, max_cases: int = MAX_CASES
 ) -> list[dict[str, Any]]:
     """Returns one case per (ctx, batch, method, budget); methods without S ignore ``S``.
+
+    A grid of more than ``max_cases`` combinations raises ValueError before any is built.
 
     Cases whose budget exceeds the context are dropped (they would be dense in disguise);
     ``dropped``, when given, receives ``{"method", "S", "ctx", "batch"}`` of each. Cases on
     a capture file carry its keys (``inputs``, ``inputs_digest``, ``inputs_tiled``); cases
     on Gaussian inputs carry none, so their hashes are those of runs before captured inputs.
     """
+    if (count := case_count(grid)) > max_cases:
+        shapes = len(grid.ctx) * len(grid.batch)
+        raise ValueError(
+            f"{count:,} cases ({len(grid.ctx)} contexts x {len(grid.batch)} batch sizes x "
+            f"{count // shapes} methods and budgets) exceed the limit of {max_cases:,}; "
+            "give fewer --ctx, --batch, --S or --methods values"
+        )
     cases = []
     timing, l2 = timing_mode(grid)
     capture = describe_capture(grid.inputs) if grid.inputs else None
