@@ -25,6 +25,7 @@ KERNEL_METRICS = (
     "latency",
     "speedup_vs_best_dense",
     "bandwidth",
+    "floor_ratio",
     "rel_l2_vs_dense",
     "kv_read_fraction",
 )
@@ -152,10 +153,15 @@ def kernel_table(frame: pd.DataFrame) -> str:
     Rows: (ctx, batch, method[, S]) sorted by latency; columns: median latency with its
     interquartile range, speedup against the best vendor dense baseline of the same
     group with its bootstrap 95% interval, achieved bandwidth on the method's byte
-    model, relative L2 error against dense, the KV read fraction, and the GPU where the
-    rows carry one (a table per GPU where they hold several).
+    model, its time over its byte floor (``floor_ratio``, stored or derived by
+    :func:`santa_bench.roofline.with_floor`), relative L2 error against dense, the KV read
+    fraction, and the GPU where the rows carry one (a table per GPU where they hold several).
     """
-    kernel = frame[(frame.get("kind") == "kernel") & frame.metric.isin(KERNEL_METRICS)]
+    from santa_bench.roofline import kernel_group_columns, with_floor
+
+    kernel = frame[frame.get("kind") == "kernel"]
+    kernel = with_floor(kernel, kernel_group_columns())
+    kernel = kernel[kernel.metric.isin(KERNEL_METRICS)]
     if kernel.empty:
         return "(no kernel rows)\n"
     kernel, keys = _with_inputs_column(kernel)
@@ -169,9 +175,9 @@ def kernel_table(frame: pd.DataFrame) -> str:
         lines += [
             f"\n**{_title(key, keys)}**\n",
             "| ctx | B | method | latency (us) [IQR] | speedup vs best dense [95% CI] "
-            "| bandwidth (TB/s) | rel. L2 vs dense | KV read |" + (" GPU |" if gpu else "")
-            + (" run |" if runs else ""),
-            "|---|---|---|---|---|---|---|---|" + ("---|" if gpu else "")
+            "| bandwidth (TB/s) | over byte floor | rel. L2 vs dense | KV read |"
+            + (" GPU |" if gpu else "") + (" run |" if runs else ""),
+            "|---|---|---|---|---|---|---|---|---|" + ("---|" if gpu else "")
             + ("---|" if runs else ""),
         ]
         for _, row in group.sort_values(["ctx", "batch", "value"]).iterrows():
@@ -190,6 +196,7 @@ def _kernel_line(row: pd.Series, case: pd.DataFrame) -> str:
         latency = f"{row.value:,.1f}{iqr}"  # CPU wall-clock rows carry no quartiles
     speed = speedup_cell(case)
     bandwidth = metric_value(case, "bandwidth") / 1e3
+    floor_ratio = metric_value(case, "floor_ratio")
     error = metric_value(case, "rel_l2_vs_dense")
     reads = metric_value(case, "kv_read_fraction")
     cells = [
@@ -199,6 +206,7 @@ def _kernel_line(row: pd.Series, case: pd.DataFrame) -> str:
         latency,
         speed,
         "-" if math.isnan(bandwidth) else f"{bandwidth:.2f}",
+        "-" if math.isnan(floor_ratio) else f"{floor_ratio:.2f}x",
         "-" if math.isnan(error) else f"{error:.1e}",
         "-" if math.isnan(reads) else f"{reads:.1%}",
     ]
