@@ -14,8 +14,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from santa_bench import results
 from santa_bench.cli import app
-from santa_bench.results import ResultStore, check_run_id
+from santa_bench.results import ResultStore
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--ctx", "256", "--S", "16", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
@@ -48,7 +49,8 @@ def test_a_run_id_that_is_no_plain_folder_name_is_one_line_error(tmp_path, run_i
 
 
 def test_run_ids_are_checked_in_one_place_for_reading_too(tmp_path):
-    assert check_run_id("kernels-2026-12-06-h100.full_2") == "kernels-2026-12-06-h100.full_2"
+    name = "kernels-2026-12-06-h100.full_2"
+    assert results.check_run_id(name) == name
     with pytest.raises(ValueError, match="run id"):
         ResultStore(tmp_path).start_run({"device": "cpu"}, run_id="a/b")
     with pytest.raises(ValueError, match="run id"):
@@ -60,7 +62,7 @@ def test_run_ids_are_checked_in_one_place_for_reading_too(tmp_path):
 
 def test_committed_run_ids_are_valid():
     for run in (ROOT / "results").glob("**/run.json"):
-        check_run_id(run.parent.name)
+        results.check_run_id(run.parent.name)
 
 
 # ------------------------------------------------------------ capture, unknown model
