@@ -164,10 +164,10 @@ def exit_if_cases_failed(outcome: Any, console: Console) -> None:
     if failed := len(outcome.failed):
         ran = len(outcome.results)
         count = f"every case failed ({ran} of them)" if failed == ran else (
-            f"{failed} of {ran} cases failed")
+            f"{failed} of {ran} cases failed (the others' rows are written)")
         console.print(
             f"[bold red]{count}[/]: the failed cases table says why; a rerun of the same "
-            "command retries them (rows of the others are written)",
+            "command retries them",
             soft_wrap=True,
         )
         raise typer.Exit(code=1)

@@ -95,6 +95,13 @@ def test_budgets_must_be_finite_and_positive(tmp_path, option, value):
     assert result.exit_code == 2 and option in _one_error_line(result)
 
 
+@pytest.mark.parametrize("option", ["--batch", "--heads", "--kv-heads", "--head-dim"])
+def test_fidelity_shape_options_must_be_positive(tmp_path, option):
+    result = _invoke(*FIDELITY, option, "0", "--results", str(tmp_path))
+    assert result.exit_code == 2 and f"{option}: must be > 0" in _one_error_line(result)
+    assert not tmp_path.exists() or not list(tmp_path.iterdir())
+
+
 def test_dense_layers_beyond_the_model_are_refused(tmp_path):
     for layers, said in (("999", "smollm2-135m has layers 0..29, got 999"),
                          ("0,x", "expected layer indices")):

@@ -129,6 +129,10 @@ def fidelity(
             )
         if seeds < 2:
             raise ValueError("--seeds: need at least 2 draws")
+        for option, value in (("--batch", batch), ("--heads", heads), ("--kv-heads", kv_heads),
+                              ("--head-dim", head_dim)):
+            if value <= 0:
+                raise ValueError(f"{option}: must be > 0, got {value}")
         grid = FidelityGrid(
             methods=parse_method_specs(methods),
             patterns=chosen,
