@@ -212,6 +212,9 @@ def read_layer(
         query = handle.get_tensor(f"L{layer}.query").to(dtype)
         key = handle.get_tensor(f"L{layer}.key").to(dtype)
         value = handle.get_tensor(f"L{layer}.value").to(dtype)
+    if key.shape != value.shape:
+        raise ValueError(f"{path}: layer {layer} holds K {list(key.shape)} and V "
+                         f"{list(value.shape)}: capture the file again")
     scale = float(json.loads(meta["scales"])[layer])
     return query * (scale * math.sqrt(query.shape[-1])), key, value
 

@@ -131,6 +131,10 @@ def test_a_capture_whose_k_and_v_lengths_differ_is_refused(tmp_path):
                      "--cpu-budget", "0.01", "--results", str(tmp_path / "r"))
     assert result.exit_code == 2
     assert "layer 3 holds K [64, 2, 16] and V [48, 2, 16]" in _one_error_line(result)
+    from santa_bench.capture import read_layer
+
+    with pytest.raises(ValueError, match="holds K"):  # fidelity --inputs reads layers so
+        read_layer(path, 3)
 
 
 # ------------------------------------------------------------ failed and interrupted runs
