@@ -116,6 +116,10 @@ def require_model_packages(console: Console, models: Iterable[str]) -> None:
 
 
 # ------------------------------------------------------------------------- running cases
+INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT), as shells report it."""
+
+
 def run_cases_or_exit(
     cases: list[dict[str, Any]],
     store: Any,
@@ -141,10 +145,6 @@ def run_cases_or_exit(
     except KeyboardInterrupt as exc:
         console.print(interrupted_message(getattr(exc, "outcome", None)), soft_wrap=True)
         raise typer.Exit(code=INTERRUPTED) from None
-
-
-INTERRUPTED = 130
-"""Exit status after Ctrl-C (128 + SIGINT), as shells report it."""
 
 
 def interrupted_message(outcome: Any) -> str:
