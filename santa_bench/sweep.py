@@ -34,6 +34,7 @@ from __future__ import annotations
 import ast
 import difflib
 import itertools
+import math
 import operator
 import re
 from collections.abc import Callable
@@ -508,8 +509,9 @@ def suite_from_dict(data: Any, path: Path | str = "<suite>") -> Suite:
                 f"unknown option for runner {runner!r}; expected "
                 f"{', '.join(spec.options) or 'none'}",
             )
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise fail(f"options.{key}", f"expected a positive number, got {value!r}")
+        if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                or not math.isfinite(value) or value <= 0):
+            raise fail(f"options.{key}", f"expected a finite number > 0, got {value!r}")
 
     cases: list[dict[str, Any]] = []
     hashes: set[str] = set()

@@ -102,6 +102,19 @@ def test_fidelity_shape_options_must_be_positive(tmp_path, option):
     assert not tmp_path.exists() or not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("budget", [float("nan"), float("inf"), -1.0])
+def test_a_suite_budget_must_be_finite_and_positive(tmp_path, budget):
+    import yaml
+
+    from santa_bench.sweep import SuiteError, load_suite
+
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump({"runner": "kernel", "fixed": {"method": "dense"},
+                                    "options": {"gpu_budget_ms": budget}}))
+    with pytest.raises(SuiteError, match=r"options\.gpu_budget_ms: expected a finite number > 0"):
+        load_suite(path)
+
+
 def test_dense_layers_beyond_the_model_are_refused(tmp_path):
     for layers, said in (("999", "smollm2-135m has layers 0..29, got 999"),
                          ("0,x", "expected layer indices")):
