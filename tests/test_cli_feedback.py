@@ -123,6 +123,11 @@ def test_dense_layers_beyond_the_model_are_refused(tmp_path):
         assert result.exit_code == 2 and said in _one_error_line(result)
 
 
+def test_gsm8k_needs_tokens_to_generate(tmp_path):
+    result = _invoke("accuracy", "gsm8k", "--max-new-tokens", "0", "--results", str(tmp_path))
+    assert result.exit_code == 2 and "max_new_tokens: must be > 0" in _one_error_line(result)
+
+
 def test_dense_layers_of_a_model_known_once_loaded_fail_the_case():
     from santa_bench.runners.tasks import check_dense_layers, parse_dense_layers
 

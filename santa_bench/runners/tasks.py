@@ -388,6 +388,8 @@ def task_case(
         )
     if n <= 0:
         raise ValueError(f"n: must be > 0, got {n}")
+    if task == "gsm8k" and max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens: must be > 0, got {max_new_tokens}")
     layers = parse_dense_layers(dense_layers)
     if model in CATALOG:  # a catalog model's layers are known without loading it
         check_dense_layers(layers, CATALOG[model].layers, model)
