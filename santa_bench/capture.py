@@ -212,6 +212,9 @@ def read_layer(
         query = handle.get_tensor(f"L{layer}.query").to(dtype)
         key = handle.get_tensor(f"L{layer}.key").to(dtype)
         value = handle.get_tensor(f"L{layer}.value").to(dtype)
+    if key.shape != value.shape:
+        raise ValueError(f"{path}: layer {layer} holds K {list(key.shape)} and V "
+                         f"{list(value.shape)}: capture the file again")
     scale = float(json.loads(meta["scales"])[layer])
     return query * (scale * math.sqrt(query.shape[-1])), key, value
 
@@ -319,9 +322,18 @@ def capture_command(
     except Exception as exc:  # bad options or unavailable data
         fail(str(exc))
         return
-    from santa_bench.accuracy.models import load_model
+    from santa_bench.accuracy.models import download_notice, load_model
+    from santa_bench.cli_options import require_model_packages
 
-    model_obj, tokenizer = load_model(model, dtype=MODEL_DTYPES[where], device=where)
+    require_model_packages(console, [model])
+    if notice := download_notice(model):
+        console.print(notice, soft_wrap=True)
+    try:
+        model_obj, tokenizer = load_model(model, dtype=MODEL_DTYPES[where], device=where)
+    except (OSError, ValueError) as exc:  # an unknown name, path or hub id; no network
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        fail(f"--model {model}: cannot load it ({first})")
+        return
     ids = tokenizer(body, return_tensors="pt").input_ids
     if ids.shape[1] < size:
         fail(f"--text: {ids.shape[1]} tokens, fewer than --ctx {size}")

@@ -78,6 +78,7 @@ def describe_capture(path: str | Path, *, digest: bool = True) -> Capture:
         shape = {k: int(meta[k]) for k in ("ctx", *SHAPE_OPTIONS)}
     except (KeyError, ValueError) as exc:
         raise ValueError(f"--inputs: {path}: incomplete capture metadata ({exc})") from None
+    _check_tensors(path, layers, shape)
     stat = Path(path).stat()
     return Capture(
         path=str(path),
@@ -86,6 +87,24 @@ def describe_capture(path: str | Path, *, digest: bool = True) -> Capture:
         layers=layers,
         **shape,
     )
+
+
+def _check_tensors(path: str | Path, layers: tuple[int, ...], shape: dict[str, int]) -> None:
+    """ValueError naming --inputs when a layer's K and V do not both hold ``ctx`` positions
+    of ``kv_heads x head_dim`` (the kernels would tile them independently)."""
+    from safetensors import safe_open
+
+    want = [shape["ctx"], shape["kv_heads"], shape["head_dim"]]
+    with safe_open(str(path), framework="pt") as handle:
+        names = set(handle.keys())
+        for layer in layers:
+            found = {part: list(handle.get_slice(f"L{layer}.{part}").get_shape())
+                     for part in ("key", "value") if f"L{layer}.{part}" in names}
+            if found.get("key") != want or found.get("value") != want:
+                raise ValueError(
+                    f"--inputs: {path}: layer {layer} holds K {found.get('key')} and V "
+                    f"{found.get('value')}, expected both {want} (ctx, kv_heads, head_dim): "
+                    "capture the file again")
 
 
 def capture_shape(

@@ -17,10 +17,11 @@ from santa_bench.cli_options import (
     Force,
     ResultsDir,
     RunId,
-    exit_if_every_case_failed,
+    exit_if_cases_failed,
     fail,
     make_console,
     option_list,
+    positive_number,
     run_cases_or_exit,
 )
 from santa_bench.methods import REGISTRY, MethodError, parse_method_specs
@@ -356,7 +357,8 @@ def kernel(
             ctx = str(describe_capture(inputs, digest=False).ctx) if inputs else "4k"
         grid = KernelGrid(
             methods=_with_baselines(
-                _with_team_options(parse_method_specs(methods or DEFAULT_METHODS),
+                _with_team_options(parse_method_specs(
+                    DEFAULT_METHODS if methods is None else methods),
                                    M, team_size, team_policy),
                 baselines,
                 on_device,
@@ -375,6 +377,8 @@ def kernel(
             inputs=str(inputs) if inputs else None,
         )
         check_grid(grid, _flag)
+        positive_number("--cpu-budget", cpu_budget)
+        positive_number("--gpu-budget-ms", gpu_budget_ms)
         dropped: list[dict] = []
         cases = expand_cases(grid, dropped)
     except (MethodError, ValueError) as exc:
@@ -398,7 +402,7 @@ def kernel(
         _print_summary(outcome.shown)
     if outcome.results:
         console.print(f"rows written to {outcome.run_path}")
-    exit_if_every_case_failed(outcome, console)
+    exit_if_cases_failed(outcome, console)
 
 
 @app.command("sweep")
@@ -499,7 +503,7 @@ def sweep(
         _print_summary(outcome.shown)
     if outcome.results:
         console.print(f"rows written to {outcome.run_path}")
-    exit_if_every_case_failed(outcome, console)
+    exit_if_cases_failed(outcome, console)
 
 
 def _flag(name: str) -> str:

@@ -16,8 +16,24 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+
+def _run_id_option(value: str | None) -> str | None:
+    """Typer callback of ``--run-id``: a run id that is no plain folder name ends the
+    command with one line (exit 2) before anything runs."""
+    from santa_bench.results import check_run_id
+
+    if value is not None:
+        try:
+            check_run_id(value)
+        except ValueError as exc:
+            fail(make_console(), f"--run-id: {exc}")
+    return value
+
+
 ResultsDir = Annotated[Path, typer.Option("--results", help="Result store root (Parquet).")]
-RunId = Annotated[str | None, typer.Option(help="Name of this run's folder (default: timestamp).")]
+RunId = Annotated[str | None, typer.Option(
+    help="Name of this run's folder (default: timestamp): letters, digits, '.', '_', '-'.",
+    callback=_run_id_option)]
 Force = Annotated[bool, typer.Option(help="Re-run cases already in the store.")]
 
 PIPE_WIDTH = 200
@@ -39,6 +55,13 @@ def fail(console: Console, message: str, code: int = 2) -> None:
     """Prints ``error: message`` on one line and exits with ``code``."""
     console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code=code)
+
+
+def positive_number(option: str, value: float) -> float:
+    """Returns ``value``; ValueError naming ``option`` unless it is a finite number > 0."""
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{option}: expected a finite number > 0, got {value}")
+    return value
 
 
 def option_list(option: str, text: str | None, parse: Callable[[str], Any] = int) -> list:
@@ -93,6 +116,10 @@ def require_model_packages(console: Console, models: Iterable[str]) -> None:
 
 
 # ------------------------------------------------------------------------- running cases
+INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT), as shells report it."""
+
+
 def run_cases_or_exit(
     cases: list[dict[str, Any]],
     store: Any,
@@ -115,12 +142,34 @@ def run_cases_or_exit(
     except execute.ExecutorError as exc:
         fail(console, str(exc))
         raise  # not reached: fail exits
+    except KeyboardInterrupt as exc:
+        console.print(interrupted_message(getattr(exc, "outcome", None)), soft_wrap=True)
+        raise typer.Exit(code=INTERRUPTED) from None
 
 
-def exit_if_every_case_failed(outcome: Any, console: Console) -> None:
-    """Exits with code 1 when cases ran and every one of them failed."""
-    if outcome.results and len(outcome.failed) == len(outcome.results):
-        console.print(f"[bold red]every case failed[/] ({len(outcome.results)} of them)")
+def interrupted_message(outcome: Any) -> str:
+    """What a run stopped by Ctrl-C kept, and how to resume it."""
+    if outcome is None or outcome.run_path is None:
+        return "interrupted before any case ran: nothing written"
+    return (
+        f"interrupted: the rows of {len(outcome.results)} finished case(s) are written to "
+        f"{outcome.run_path}, {len(outcome.not_run)} case(s) not run; rerun the same command "
+        "to resume (finished cases are skipped)"
+    )
+
+
+def exit_if_cases_failed(outcome: Any, console: Console) -> None:
+    """Exits with code 1 when a case failed (after its rows and the others' were written),
+    saying how many and that a rerun retries them."""
+    if failed := len(outcome.failed):
+        ran = len(outcome.results)
+        count = f"every case failed ({ran} of them)" if failed == ran else (
+            f"{failed} of {ran} cases failed (the others' rows are written)")
+        console.print(
+            f"[bold red]{count}[/]: the failed cases table says why; a rerun of the same "
+            "command retries them",
+            soft_wrap=True,
+        )
         raise typer.Exit(code=1)
 
 

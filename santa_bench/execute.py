@@ -53,6 +53,15 @@ class StoreUnwritable(ExecutorError):
     """The result store's folder cannot be written (read-only, not a folder, no access)."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run, with the :class:`Outcome` so far (rows of finished cases are
+    written; ``not_run`` holds the rest)."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__()
+        self.outcome = outcome
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """How to run cases (not part of any case, so not in the config hash)."""
@@ -403,6 +412,8 @@ def run_cases(
         why = exc.strerror or type(exc).__name__
         message = f"--results {store.root}: cannot write results there ({why})"
         raise StoreUnwritable(message) from None
+    except ValueError as exc:  # a run id that is no folder name, or another environment's
+        raise ExecutorError(f"--run-id: {exc}") from None
     outcome.run_path = str(run.path)
     from santa_bench.methods import REGISTRY
 
@@ -417,20 +428,26 @@ def run_cases(
         todo = order_cases(todo)  # one prefill per group, its dense backends first
     local = options.executor != "ray" and not options.devices
     total = sum(case_weight(c) for c in todo) if local else len(todo)
-    with _Progress(console, total, title, weighted=local) as progress:
-        if options.executor == "ray":
-            _run_ray(todo, store, run, options, env, progress, outcome)
-        elif options.devices:
-            _run_pool(todo, store, run, options, env, progress, outcome)
-        else:
-            worker = CaseWorker(run, str(store.root), options, "", env.get("copy_bandwidth_gbps"))
-            worker.on_samples = lambda count: progress.samples("local", count)
-            for case in todo:
-                worker.device_id = local_device_id(case["device"])
-                progress.start("local", case)
-                rows = worker.write(case, worker.run(case))
-                outcome.results.append((case, rows))
-                progress.done("local", rows)
+    try:
+        with _Progress(console, total, title, weighted=local) as progress:
+            if options.executor == "ray":
+                _run_ray(todo, store, run, options, env, progress, outcome)
+            elif options.devices:
+                _run_pool(todo, store, run, options, env, progress, outcome)
+            else:
+                worker = CaseWorker(run, str(store.root), options, "",
+                                    env.get("copy_bandwidth_gbps"))
+                worker.on_samples = lambda count: progress.samples("local", count)
+                for case in todo:
+                    worker.device_id = local_device_id(case["device"])
+                    progress.start("local", case)
+                    rows = worker.write(case, worker.run(case))
+                    outcome.results.append((case, rows))
+                    progress.done("local", rows)
+    except KeyboardInterrupt:
+        finished = {id(case) for case, _ in outcome.results}
+        outcome.not_run = [case for case in todo if id(case) not in finished]
+        raise Interrupted(outcome) from None
     if "cuda" in devices_of_cases and options.executor != "ray":
         from santa_bench.gpu_state import gpu_state_record
 

@@ -17,6 +17,7 @@ import json
 import math
 import numbers
 import os
+import re
 import secrets
 import tempfile
 import warnings
@@ -60,6 +61,20 @@ FIXED_COLUMNS: tuple[str, ...] = (
 STATUSES: tuple[str, ...] = ("ok", "skipped", "failed")
 
 # Filled by Run.write_case, never by the runner.
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+"""A run id: a plain folder name, no separators, wildcards, newlines or leading dot."""
+
+
+def check_run_id(run_id: str) -> str:
+    """Returns ``run_id``; ValueError when it is not a plain folder name (:data:`RUN_ID`)."""
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+        raise ValueError(
+            f"run id {run_id!r}: expected letters, digits, '.', '_' and '-', starting with "
+            "a letter or digit"
+        )
+    return run_id
+
+
 _FILLED_COLUMNS = ("run_id", "case_hash", "env_fingerprint", "command")
 _ARROW_TYPES = {name: pa.float64() if name == "value" else pa.string() for name in FIXED_COLUMNS}
 _Scalar = str | int | float | bool | None
@@ -174,8 +189,7 @@ class ResultStore:
     def start_run(self, env: dict[str, Any], run_id: str | None = None) -> Run:
         """Return a new (or reopened) run whose run.json holds `env`, run_id, env_fingerprint."""
         run_id = run_id or datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
-        if run_id in {"", ".", ".."} or "/" in run_id or os.sep in run_id:
-            raise ValueError(f"run_id must be a plain folder name, got {run_id!r}")
+        check_run_id(run_id)
         fingerprint = environment_fingerprint(env)
         directory = self.root / run_id
         old = _read_json(directory / "run.json")
@@ -315,6 +329,8 @@ class ResultStore:
         """Return the part files of the given runs (default: all), in a stable order."""
         if runs is None:
             return sorted(self.root.glob("*/part-*.parquet"))
+        for run in runs:
+            check_run_id(run)
         if missing := [run for run in runs if not (self.root / run).is_dir()]:
             raise ValueError(f"unknown runs under {self.root}: {missing}")
         return [path for run in runs for path in sorted((self.root / run).glob("part-*.parquet"))]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from santa_bench.results import FIXED_COLUMNS, ResultStore
+from santa_bench.results import FIXED_COLUMNS, ResultStore, check_run_id
 
 MAX_DEPTH = 3
 """How many folders below the root a nested store may lie."""
@@ -98,6 +98,8 @@ class StoreSet:
     def load(self, runs: list[str] | None = None) -> pd.DataFrame:
         """Every row of the given runs (default: all) of every store, columns unioned."""
         if runs is not None:
+            for run in runs:
+                check_run_id(run)
             held = {run for store in self.stores for run in runs if (store.root / run).is_dir()}
             if missing := [run for run in runs if run not in held]:
                 raise ValueError(f"unknown runs under {self.root}: {missing}")

@@ -418,8 +418,9 @@ def suite_from_dict(
                 f"unknown option for runner {runner!r}; expected "
                 f"{', '.join(spec.options) or 'none'}",
             )
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise fail(f"options.{key}", f"expected a positive number, got {value!r}")
+        if (not isinstance(value, (int, float)) or isinstance(value, bool)
+                or not math.isfinite(value) or value <= 0):
+            raise fail(f"options.{key}", f"expected a finite number > 0, got {value!r}")
 
     combinations = math.prod(len(axis) for axis in axes)
     if combinations > max_cases:

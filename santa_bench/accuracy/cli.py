@@ -30,7 +30,16 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def _announce(message: str) -> None:
+    console.print(message, soft_wrap=True)
+
+
 def _run(cases: list[dict], results_dir: Path, run_id: str | None, force: bool, title: str):
+    from santa_bench.accuracy.models import download_notice
+
+    for model in dict.fromkeys(str(c["model"]) for c in cases if c.get("kind") == "accuracy"):
+        if notice := download_notice(model):
+            _announce(notice)
     command = shlex.join(["santa-bench", *sys.argv[1:]])
     env = environment.collect_environment(command)
     options = execute.RunOptions(force=force, run_id=run_id)
@@ -44,7 +53,14 @@ def _task_table(outcome, heading: str,
     """Prints the score / retention / KV-read table of a task run (ran now or stored)."""
     if outcome.shown:
         _table(heading, outcome, ("score", "retention", "decode_kv_read_fraction"), keys)
-    cli_options.exit_if_every_case_failed(outcome, console)
+    _finish(outcome)
+
+
+def _finish(outcome) -> None:
+    """Says where the rows went, then exits 1 if a case failed."""
+    if outcome.results:
+        console.print(f"rows written to {outcome.run_path}", soft_wrap=True)
+    cli_options.exit_if_cases_failed(outcome, console)
 
 
 def _table(title: str, outcome, metrics: tuple[str, ...], keys: tuple[str, ...]) -> None:
@@ -113,6 +129,10 @@ def fidelity(
             )
         if seeds < 2:
             raise ValueError("--seeds: need at least 2 draws")
+        for option, value in (("--batch", batch), ("--heads", heads), ("--kv-heads", kv_heads),
+                              ("--head-dim", head_dim)):
+            if value <= 0:
+                raise ValueError(f"{option}: must be > 0, got {value}")
         grid = FidelityGrid(
             methods=parse_method_specs(methods),
             patterns=chosen,
@@ -142,7 +162,7 @@ def fidelity(
             + (("promise_violation_rate", "promise_held") if promised else ()),
             ("pattern", "method", "S"),
         )
-    cli_options.exit_if_every_case_failed(outcome, console)
+    _finish(outcome)
 
 
 def _task(
@@ -325,7 +345,7 @@ def ruler(
         specs = parse_method_specs(methods)
         cli_options.require_model_packages(console, [model])  # before a data download
         try:
-            fetch_ruler_data(data_dir)
+            fetch_ruler_data(data_dir, announce=_announce)
         except DataUnavailable as exc:
             # long contexts may be in the sample cache, which needs no RULER data (an
             # offline GPU machine given the cache): a sample that is not fails its case
@@ -495,35 +515,61 @@ def agreement_command(
     prefix: Annotated[int, typer.Option(help="Tokens prefilled densely.")] = 64,
     max_tokens: Annotated[int, typer.Option(help="Tokens of the text used, at most.")] = 512,
     seed: SEED = 0,
+    results_dir: ResultsDir = Path("results"),
+    run_id: RunId = None,
 ) -> None:
-    """Top-1 agreement and KL against dense logits, one decode step per token of a text."""
+    """Top-1 agreement and KL against dense logits, one decode step per token of a text.
+
+    Each method's rows (top1_agreement, kl_vs_dense, kv_read_fraction) are written to
+    the store as a case of kind ``agreement``.
+    """
     from santa_bench.accuracy.agreement import agreement
-    from santa_bench.accuracy.models import load_model
+    from santa_bench.accuracy.models import download_notice, load_model
 
     if not text.exists():
         _fail(f"--text: {text} not found")
     try:
-        specs = [
-            m.name + (":" + ",".join(f"{k}={v}" for k, v in o.items()) if o else "")
-            for m, o in parse_method_specs(methods)
-        ]
+        parsed = parse_method_specs(methods)
+        resolved = [method.resolve_params(overrides) for method, overrides in parsed]
     except MethodError as exc:
         _fail(str(exc))
         return
+    specs = [
+        m.name + (":" + ",".join(f"{k}={v}" for k, v in o.items()) if o else "")
+        for m, o in parsed
+    ]
     cli_options.require_model_packages(console, [model])
-    model_obj, tokenizer = load_model(model)
+    if notice := download_notice(model):
+        _announce(notice)
+    model_obj, tokenizer = _load(load_model, model)
     ids = tokenizer(text.read_text(), return_tensors="pt").input_ids[:, :max_tokens]
+    command = shlex.join(["santa-bench", *sys.argv[1:]])
+    store = results.ResultStore(results_dir)
+    try:
+        run = store.start_run(environment.collect_environment(command), run_id=run_id)
+    except (OSError, ValueError) as exc:
+        _fail(f"--results {results_dir}: cannot write results there ({exc})")
+        return
     table = Table(title=f"token agreement with dense, {model}, {ids.shape[1]} tokens")
     for column in ("method", "top-1 agreement", "KL vs dense (nats)", "KV read"):
         table.add_column(column)
     reference = None
-    for spec in specs:
+    for spec, (method, _), params in zip(specs, parsed, resolved, strict=True):
         try:
             result = agreement(model_obj, ids, spec, prefix=prefix, seed=seed, reference=reference)
         except ValueError as exc:
             _fail(str(exc))
             return
         reference = result["reference"]
+        case = {"kind": "agreement", "model": model, "method": method.name,
+                "family": method.family, **params, "text": str(text),
+                "prefix": prefix, "max_tokens": max_tokens, "seed": seed}
+        run.write_case(case, [
+            {"metric": "top1_agreement", "value": result["top1_agreement"], "unit": "fraction"},
+            {"metric": "kl_vs_dense", "value": result["kl_vs_dense"], "unit": "nats"},
+            {"metric": "kv_read_fraction", "value": result["kv_read_fraction"],
+             "unit": "fraction"},
+        ])
         table.add_row(
             spec,
             f"{result['top1_agreement']:.3f}",
@@ -531,3 +577,14 @@ def agreement_command(
             f"{result['kv_read_fraction']:.1%}",
         )
     console.print(table)
+    console.print(f"rows written to {run.path}", soft_wrap=True)
+
+
+def _load(load_model, model: str):
+    """``load_model(model)``; a model that cannot be loaded ends the command in one line."""
+    try:
+        return load_model(model)
+    except (OSError, ValueError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        _fail(f"--model {model}: cannot load it ({first})")
+        raise  # not reached: _fail exits

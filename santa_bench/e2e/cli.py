@@ -14,7 +14,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from santa_bench.cli_options import Force, ResultsDir, RunId
+from santa_bench.cli_options import (
+    Force,
+    ResultsDir,
+    RunId,
+    exit_if_cases_failed,
+    run_cases_or_exit,
+)
 
 console = Console()
 
@@ -140,7 +146,7 @@ def e2e_command(
 
     from santa_bench import environment, results
     from santa_bench.e2e.runner import E2EGrid, check_grid, expand_cases
-    from santa_bench.execute import RunOptions, run_cases
+    from santa_bench.execute import RunOptions
     from santa_bench.methods import MethodError, parse_method_specs
     from santa_bench.units import parse_list, parse_size_list
 
@@ -189,10 +195,11 @@ def e2e_command(
     store = results.ResultStore(results_dir)
     env = environment.collect_environment(command)
     options = RunOptions(force=force, run_id=run_id)
-    outcome = run_cases(cases, store, env, options, console=console, title="e2e")
+    outcome = run_cases_or_exit(cases, store, env, options, console=console, title="e2e")
     if outcome.results:
         print_summary(outcome.results, weights)
         console.print(f"rows written to {outcome.run_path}")
+    exit_if_cases_failed(outcome, console)
 
 
 def print_summary(summary: list[tuple[dict, list[dict]]], weights: str) -> None:

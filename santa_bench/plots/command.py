@@ -91,7 +91,8 @@ def plot_command(
         typer.echo(f"error: {type(exc).__name__}: {exc}", err=True)
         raise typer.Exit(code=2) from exc
     try:
-        report = plot_all(frame, store.runs(), chosen, out)
+        report = plot_all(frame, store.runs(), chosen, out,
+                          announce=lambda line: typer.echo(line, err=True))
     except OSError as exc:
         typer.echo(f"error: --out {out}: cannot write there ({exc.strerror or exc})", err=True)
         raise typer.Exit(code=2) from None

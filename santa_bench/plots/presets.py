@@ -56,11 +56,19 @@ class PlotReport:
 
 
 def plot_all(
-    frame: pd.DataFrame, runs: Sequence[dict[str, Any]], presets: Sequence[str], out: Path
+    frame: pd.DataFrame,
+    runs: Sequence[dict[str, Any]],
+    presets: Sequence[str],
+    out: Path,
+    announce: Callable[[str], None] | None = None,
 ) -> PlotReport:
-    """Render and save each preset that has data; return what was written and what is missing."""
+    """Render and save each preset that has data; return what was written and what is missing.
+
+    ``announce`` is told each preset as it starts (``[2/8] speedup-vs-S ...``)."""
     report = PlotReport({}, {})
-    for name in presets:
+    for number, name in enumerate(presets, 1):
+        if announce is not None:
+            announce(f"[{number}/{len(presets)}] {name} ...")
         try:
             if name == tables.NAME:
                 report.written[name] = save_tables(tables.render_tables(frame), out)

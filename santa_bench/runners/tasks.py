@@ -16,6 +16,7 @@ import random
 import time
 from typing import Any
 
+from santa_bench.accuracy.models import CATALOG
 from santa_bench.methods import REGISTRY, Registry
 from santa_kernels.validate import InputError
 
@@ -235,7 +236,9 @@ class TaskRunner:
         layers = tuple(int(x) for x in str(case.get("dense_layers") or "").split(",") if x)
         started = time.perf_counter()
         engine = self.engine(case["model"], device, int(case.get("_batch") or DEFAULT_BATCH))
-        _, tokenizer = self.model(case["model"])
+        model, tokenizer = self.model(case["model"])
+        if layers:  # a model named by path or hub id: its layers are known once loaded
+            check_dense_layers(layers, int(model.config.num_hidden_layers), case["model"])
         ruler_task = _ruler_name(case["task"])
         extra: list[dict[str, Any]] = []
         if engine is None:  # a model family the suite's decoder does not run: transformers
@@ -332,6 +335,21 @@ class TaskRunner:
         return correct, info["kv_read_fraction"]
 
 
+def parse_dense_layers(text: str | None) -> tuple[int, ...]:
+    """The layer indices of ``--dense-layers`` (``"0,1"``); ValueError naming the option."""
+    items = [item.strip() for item in str(text or "").split(",") if item.strip()]
+    if bad := [item for item in items if not item.isdigit()]:
+        raise ValueError(f"--dense-layers: expected layer indices like 0,1, got {bad[0]!r}")
+    return tuple(int(item) for item in items)
+
+
+def check_dense_layers(layers: tuple[int, ...], count: int, model: str) -> None:
+    """ValueError when a layer kept exact is not one of the model's ``count`` layers."""
+    if layers and max(layers) >= count:
+        raise ValueError(f"--dense-layers: {model} has layers 0..{count - 1}, "
+                         f"got {max(layers)}")
+
+
 def task_case(
     task: str,
     model: str,
@@ -370,6 +388,11 @@ def task_case(
         )
     if n <= 0:
         raise ValueError(f"n: must be > 0, got {n}")
+    if task == "gsm8k" and max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens: must be > 0, got {max_new_tokens}")
+    layers = parse_dense_layers(dense_layers)
+    if model in CATALOG:  # a catalog model's layers are known without loading it
+        check_dense_layers(layers, CATALOG[model].layers, model)
     case = {
         "kind": "accuracy",
         "task": task,
