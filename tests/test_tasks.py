@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from santa_bench.accuracy.datasets import (
+    PACKAGED_DATA,
     DataUnavailable,
     MmluQuestion,
     final_number,
@@ -18,11 +17,9 @@ from santa_bench.accuracy.datasets import (
 )
 from santa_bench.accuracy.tasks import retention_ci
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-needs_data = pytest.mark.skipif(not SHARED_DATA.exists(), reason="../shared/data not present")
+SHARED_DATA = PACKAGED_DATA  # the copies the package ships
 
 
-@needs_data
 def test_gsm8k_loads_the_full_test_split_with_final_answers():
     problems = load_gsm8k(SHARED_DATA)
     assert len(problems) == 1319
@@ -30,7 +27,6 @@ def test_gsm8k_loads_the_full_test_split_with_final_answers():
     assert all(p.answer and "," not in p.answer for p in problems)
 
 
-@needs_data
 def test_mmlu_redux_loads_57_subjects_and_handles_disputed_keys():
     kept = load_mmlu_redux(SHARED_DATA, disputed="keep")
     assert len(kept) == 5700 and len({q.subject for q in kept}) == 57
@@ -115,3 +111,12 @@ def test_task_loops_run_through_a_method():
     solved = gsm8k_solved(model, _CharTokenizer(), [Gsm8kProblem("1+1?", "2")], "santa-sys:S=4",
                           max_new_tokens=4)
     assert solved in ([True], [False])
+
+
+def test_the_packaged_data_is_read_when_no_directory_is_given(monkeypatch, tmp_path):
+    monkeypatch.delenv("SANTA_BENCH_DATA", raising=False)
+    monkeypatch.setenv("SANTA_BENCH_CACHE", str(tmp_path))  # an empty cache
+    assert len(load_gsm8k()) == 1319
+    assert len(load_mmlu_redux(disputed="keep")) == 5700
+    with pytest.raises(DataUnavailable):  # a directory the user names is never replaced
+        load_gsm8k(tmp_path)

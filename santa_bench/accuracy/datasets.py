@@ -2,8 +2,10 @@
 
 The data directory is ``--data-dir``, else ``$SANTA_BENCH_DATA``, else
 ``<cache>/data`` (``santa_bench.accuracy.models.cache_dir``). Layout: ``gsm8k/test.jsonl``
-and ``mmlu-redux/mmlu_<subject>.csv`` (the project's tests point it at
-``../shared/data``). A user file (JSONL, Parquet or CSV) with the same fields works too.
+and ``mmlu-redux/mmlu_<subject>.csv``. Where neither is given and the cache lacks them,
+the copies the package ships are read (:data:`PACKAGED_DATA`: GSM8K's test split, MIT,
+and MMLU-Redux, CC BY 4.0, each with its licence). A user file (JSONL, Parquet or CSV)
+with the same fields works too.
 """
 
 from __future__ import annotations
@@ -23,6 +25,20 @@ from santa_bench.accuracy.models import cache_dir
 
 class DataUnavailable(FileNotFoundError):
     """The task's data is not in the data directory (and nothing can fetch it here)."""
+
+
+PACKAGED_DATA = Path(__file__).resolve().parent.parent / "data" / "tasks"
+"""GSM8K (test split) and MMLU-Redux as the package ships them, with their licences."""
+
+
+def task_path(directory: str | Path | None, relative: str) -> Path:
+    """``relative`` under the data directory; with no directory given (neither argument
+    nor ``$SANTA_BENCH_DATA``) and none there, the packaged copy when it exists."""
+    path = data_dir(directory) / relative
+    chosen = directory or os.environ.get("SANTA_BENCH_DATA")
+    if not path.exists() and not chosen and (PACKAGED_DATA / relative).exists():
+        return PACKAGED_DATA / relative
+    return path
 
 
 def data_dir(explicit: str | Path | None = None) -> Path:
@@ -92,7 +108,7 @@ def load_gsm8k(
     directory: str | Path | None = None, file: str | Path | None = None
 ) -> list[Gsm8kProblem]:
     """Returns the GSM8K test problems (``question``, final ``answer``)."""
-    path = Path(file) if file else data_dir(directory) / "gsm8k" / "test.jsonl"
+    path = Path(file) if file else task_path(directory, "gsm8k/test.jsonl")
     if not path.exists():
         raise DataUnavailable(f"GSM8K: {path} not found (set --data-dir or $SANTA_BENCH_DATA)")
     frame = read_table(path)
@@ -121,7 +137,7 @@ def load_mmlu_redux(
     (use the re-annotated ``correct_answer`` where it is a valid index) or ``keep``."""
     if disputed not in ("exclude", "correct", "keep"):
         raise ValueError(f"disputed: expected exclude, correct or keep, got {disputed!r}")
-    root = data_dir(directory) / "mmlu-redux"
+    root = task_path(directory, "mmlu-redux")
     files = sorted(root.glob("mmlu_*.csv"))
     if not files:
         raise DataUnavailable(f"MMLU-Redux: no mmlu_*.csv in {root} (set --data-dir)")
