@@ -335,6 +335,7 @@ class Timing:
     inputs: str = GAUSSIAN
     tiled: bool = False  # captured K/V tiled to the context
     command: str = ""
+    floor_ratio: float = math.nan  # latency over its byte floor (santa_bench.roofline)
 
 
 def captured_prefix(model: str) -> str:
@@ -389,12 +390,16 @@ def kernel_rows(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], shape: Shap
     """Per (configuration key, batch), the newest kernel row at ``shape`` and ``ctx`` on
     ``gpu`` (a GPU name from run.json, :func:`santa_bench.stores.run_gpu`; None: any, for
     rows known to be of one GPU) and on ``inputs`` (see :func:`with_inputs`)."""
+    from santa_bench.roofline import floor_by_case
+
     rows = _timed_rows(frame, shape, ctx, inputs)
     dates = {str(r.get("run_id")): str(r.get("date") or "") for r in runs}
     if gpu is not None:
         rows = rows[row_gpus(rows, list(runs)) == gpu]
     if rows.empty:
         return {}
+    kernel = frame[(frame.get("kind") == "kernel") & frame.run_id.isin(set(rows.run_id))]
+    floors = floor_by_case(kernel)
     rows = rows.assign(config=[config_key(r) for _, r in rows.iterrows()],
                        when=rows.run_id.map(lambda run: (dates.get(str(run), ""), str(run))))
     out: dict[tuple[str, int], Timing] = {}
@@ -424,6 +429,9 @@ def kernel_rows(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], shape: Shap
             tiled=bool(newest.inputs_tiled.iloc[0]) if "inputs_tiled" in newest
             and _present(newest.inputs_tiled.iloc[0]) else False,
             command=str(newest.command.iloc[0]) if "command" in newest else "",
+            floor_ratio=floors.get((str(newest.run_id.iloc[0]),
+                                    str(newest.case_hash.iloc[0])) if "case_hash" in newest
+                                   else ("", ""), (math.nan, math.nan))[1],
         )
     return out
 
@@ -730,6 +738,14 @@ def _points(ret: Retention) -> str:
     return f"{point} [{ret.diff_low:+.1f}, {ret.diff_high:+.1f}] {ret.versus_dense}"
 
 
+def _floors(timings: dict[int, Timing], batches: Sequence[int]) -> str:
+    """``2.10x / 1.35x``: each batch's time over its byte floor, or ``–``."""
+    cells = [timings[b].floor_ratio if b in timings else math.nan for b in batches]
+    if all(math.isnan(c) for c in cells):
+        return "–"
+    return " / ".join("–" if math.isnan(c) else f"{c:.2f}x" for c in cells)
+
+
 def _mean_reads(timings: dict[int, Timing]) -> str:
     """The mean KV read fraction over the batches timed, or ``–``."""
     reads = [t.read_fraction for t in timings.values() if not math.isnan(t.read_fraction)]
@@ -771,6 +787,7 @@ def table_frame(result: Verdict) -> pd.DataFrame:
             record[f"speedup_b{batch}_low"] = t.low if t else math.nan
             record[f"speedup_b{batch}_high"] = t.high if t else math.nan
             record[f"latency_us_b{batch}"] = t.latency_us if t else math.nan
+            record[f"floor_ratio_b{batch}"] = t.floor_ratio if t else math.nan
             record[f"kv_read_kernel_b{batch}"] = t.read_fraction if t else math.nan
             record[f"index_build_ms_b{batch}"] = t.index_build_ms if t else math.nan
             record[f"front_b{batch}"] = batch in p.front
@@ -893,9 +910,10 @@ def markdown(result: Verdict, command: str = "") -> str:
               + "".join(f" | speedup B={b} (captured) [95%]" for b in captured)
               + (" | KV read (Gaussian inputs) | KV read (captured)" if captured
                  else " | KV read (kernel inputs)")
+              + f" | over byte floor, B={'/'.join(map(str, result.batches))}"
               + " | index build | front |",
               "|---|---|---|---|" + "---|" * (len(result.batches) + len(captured))
-              + "---|" * (2 if captured else 1) + "---|---|"]
+              + "---|" * (2 if captured else 1) + "---|---|---|"]
     for p in result.points:
         builds = [t.index_build_ms for t in p.timings.values()
                   if not math.isnan(t.index_build_ms)]
@@ -908,6 +926,7 @@ def markdown(result: Verdict, command: str = "") -> str:
             + "".join(f" | {_speed(p.captured.get(b))}" for b in captured)
             + f" | {_mean_reads(p.timings)}"
             + (f" | {_mean_reads(p.captured)}" if captured else "")
+            + f" | {_floors(p.timings, result.batches)}"
             + f" | {f'{max(builds):.2f} ms' if builds else '–'} | {front} |")
     lines += ["", "Per task family (retention):", "",
               "| config | " + " | ".join(result.families) + " |",
