@@ -166,13 +166,14 @@ def e2e_command(
         _fail("--device cuda: no CUDA device is visible")
     weights = "real" if model and not random_weights else "random"
     default_config, default_ctx, default_batch = DEFAULTS[device]
-    lowered = [f"{option} {value}" for option, value, given in (
-        ("--config", default_config, bool(config or model)), ("--ctx", default_ctx, ctx),
-        ("--batch", default_batch, batch)) if not given and device == "cpu"]
+    given = (bool(config or model), ctx, batch)
+    lowered = [(f"{option} {cpu}", gpu) for option, cpu, gpu, chosen in zip(
+        ("--config", "--ctx", "--batch"), DEFAULTS["cpu"], DEFAULTS["cuda"], given,
+        strict=True) if not chosen and device == "cpu"]
     if lowered:
-        console.print(f"[yellow]CPU defaults:[/] {' '.join(lowered)} (the GPU defaults "
-                      f"{' / '.join(DEFAULTS['cuda'])} need more memory than most hosts "
-                      "have); set them to choose")
+        console.print(f"[yellow]CPU defaults:[/] {' '.join(o for o, _ in lowered)} in place "
+                      f"of the GPU's {', '.join(g for _, g in lowered)} (too large for most "
+                      "hosts' memory); set them to choose")
     config = config if config or model else default_config
     ctx, batch = ctx or default_ctx, batch or default_batch
     try:
@@ -218,7 +219,7 @@ def e2e_command(
 
 def _check_memory(cases: list[dict], device: str) -> None:
     """Prints the largest case's memory estimate; refuses the run when it will not fit."""
-    from santa_bench.e2e.memory import GIB, MARGIN, available_bytes, largest
+    from santa_bench.e2e.memory import MARGIN, available_bytes, largest, size
     from santa_bench.units import format_size
 
     found = largest(cases)
@@ -230,12 +231,12 @@ def _check_memory(cases: list[dict], device: str) -> None:
     free = available_bytes(device)
     where = "GPU" if device == "cuda" else "host"
     shape = f"--ctx {format_size(int(case['ctx']))} --batch {case['batch']}, {case['model']}"
-    console.print(f"memory: {need.describe()} at most ({shape}); {free / GIB:.1f} GiB of "
-                  f"{where} memory available")
+    console.print(f"memory: {need.describe()} at most ({shape}); {size(free)} of {where} "
+                  "memory available")
     if need.total + MARGIN > free:
-        _fail(f"e2e needs {need.describe()} ({shape}) plus {MARGIN / GIB:.0f} GiB headroom, "
-              f"but {free / GIB:.1f} GiB of {where} memory is available: lower --ctx or "
-              "--batch, or pick a smaller --config")
+        _fail(f"e2e needs {need.describe()} ({shape}) plus {size(MARGIN)} headroom, but "
+              f"{size(free)} of {where} memory is available: lower --ctx or --batch, or pick "
+              "a smaller --config")
 
 
 def print_summary(summary: list[tuple[dict, list[dict]]], weights: str) -> None:

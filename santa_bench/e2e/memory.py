@@ -39,12 +39,15 @@ class MemoryEstimate:
         return self.weights + max(self.loading, self.kv_cache + self.working)
 
     def describe(self) -> str:
-        """``~3.1 GiB (weights 2.3, KV cache 0.6, working 0.2)``."""
-        parts = f"weights {self.weights / GIB:.1f}, KV cache {self.kv_cache / GIB:.1f}, " \
-                f"working {self.working / GIB:.1f}"
-        if self.loading:
-            parts += f", loading {self.loading / GIB:.1f}"
-        return f"~{self.total / GIB:.1f} GiB ({parts})"
+        """``~3.1 GiB (weights 2.3 GiB, KV cache 612 MiB, working 205 MiB)``."""
+        parts = [("weights", self.weights), ("KV cache", self.kv_cache),
+                 ("working", self.working)] + ([("loading", self.loading)] if self.loading else [])
+        return f"~{size(self.total)} ({', '.join(f'{n} {size(b)}' for n, b in parts)})"
+
+
+def size(nbytes: float) -> str:
+    """``2.3 GiB``, or ``612 MiB`` under a GiB."""
+    return f"{nbytes / GIB:.1f} GiB" if nbytes >= GIB else f"{nbytes / 2**20:.0f} MiB"
 
 
 def cache_capacity(ctx: int, steps: int, layout: str = "contiguous", page_size: int = 16) -> int:

@@ -286,15 +286,15 @@ class E2ERunner:
     def _check_memory(self, config: ModelConfig, case: dict[str, Any], loaded: int = 0) -> None:
         """Raises Unsupported when the case's group will not fit the memory available
         (the model held now, and ``loaded`` bytes about to be freed, count as available)."""
-        from santa_bench.e2e.memory import GIB, MARGIN, available_bytes, estimate
+        from santa_bench.e2e.memory import MARGIN, available_bytes, estimate, size
 
         held = self._loaded.model.parameter_bytes() if self._loaded else 0
         free = available_bytes(case["device"]) + held + loaded
         need = estimate(config, case, parse_dtype(case["dtype"]).itemsize)
         if need.total + MARGIN > free:
             where = "device" if case["device"] == "cuda" else "host"
-            raise Unsupported(f"needs {need.describe()} of {where} memory, "
-                              f"{free / GIB:.1f} GiB available")
+            raise Unsupported(f"needs {need.describe()} of {where} memory, {size(free)} "
+                              "available")
 
     def session(self, case: dict[str, Any]):
         """Returns the prefilled session of the case's group (built on first use)."""
