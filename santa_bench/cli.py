@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape as escape_markup
 from rich.table import Table
 
 from santa_bench import environment, results
@@ -38,10 +39,19 @@ console = make_console()
 DEFAULT_METHODS = "dense,santa-iid,santa-strat,santa-sys,santa-flash,santa-prop"
 
 
-CPU_NOTE = (
-    "note: on a CPU every method runs its PyTorch reference, so these are wall-clock "
-    "times of reference code, not kernel speed: they do not compare the methods (time "
-    "the kernels on a GPU)"
+COSINE_FLOOR = 0.9  # a CPU summary row whose cosine against dense is lower is flagged
+CPU_GUIDE = (
+    "reading: rel L2 = |o - o_dense| / |o_dense| for one draw (one seed), cos = its cosine "
+    "to dense; a sampler's error falls like 1/sqrt(S), and SANTA / S²ANTA's averages out "
+    "over seeds (unbiased, docs/algorithms.md); cos < {floor} is flagged inaccurate. KV "
+    "read = the "
+    "share of the K/V cache one step reads, what bounds decode speed on a GPU. The CPU "
+    "times of the PyTorch references are not kernel speed (they stay in the rows)."
+)
+SAME_DRAWS = (
+    "santa-sys and santa-prop (alloc=systematic) print identical rows: santa-prop is global "
+    "systematic sampling computed tile by tile (docs/algorithms.md, section 4), the same CDF "
+    "and one offset per head from the same seed, so both draw the same rows."
 )
 
 
@@ -402,6 +412,10 @@ def kernel(
         _print_summary(outcome.shown)
     if outcome.results:
         console.print(f"rows written to {outcome.run_path}")
+    if outcome.shown and on_device == "cpu":
+        console.print("speed: on a GPU, this command times the Triton kernels against the "
+                      "dense baselines:")
+        console.print(f"  {_gpu_command()}", soft_wrap=True, markup=False, highlight=False)
     exit_if_cases_failed(outcome, console)
 
 
@@ -566,14 +580,26 @@ def _team_label(case: dict) -> str:
     return ",".join([f"M={case['M']}", f"P={case['team_size']}", *extra])
 
 
+def _gpu_command() -> str:
+    """This command line without a ``--device cpu``: what times the kernels on a GPU."""
+    args, kept = sys.argv[1:], []
+    skip = False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+        elif arg == "--device" and i + 1 < len(args):
+            skip = True
+        elif not arg.startswith("--device="):
+            kept.append(arg)
+    return shlex.join(["santa-bench", *kept])
+
+
 def _print_summary(summary: list[tuple[dict, list[dict]]]) -> None:
-    on_cpu = any(case.get("device") == "cpu" for case, _ in summary)
-    title = "kernel summary (sorted by latency)"
-    if on_cpu:
-        title = "kernel summary (sorted by CPU wall-clock time of the references)"
-    table = Table(title=title)
-    latency_column = "CPU wall (ref.)" if on_cpu else "latency"
-    for column in ("method", "S", "ctx", "B", latency_column, "timing", "rel L2", "cos",
+    if any(case.get("device") == "cpu" for case, _ in summary):
+        _print_cpu_summary(summary)
+        return
+    table = Table(title="kernel summary (sorted by latency)")
+    for column in ("method", "S", "ctx", "B", "latency", "timing", "rel L2", "cos",
                    "KV read"):
         table.add_column(column, no_wrap=column == "method")
     entries = []
@@ -583,11 +609,6 @@ def _print_summary(summary: list[tuple[dict, list[dict]]]) -> None:
         entries.append((latency.get("value", math.nan), case, latency, by_metric))
     entries.sort(key=lambda e: (math.isnan(e[0]), e[0]))
     for value, case, latency, by_metric in entries:
-
-        def fmt(metric: str, spec: str, by_metric=by_metric) -> str:
-            row = by_metric.get(metric)
-            return format(row["value"], spec) if row and row["status"] == "ok" else "-"
-
         status = latency.get("status", "ok")
         shown = f"{value:,.1f} us" if status == "ok" else f"{status}: {latency.get('reason', '')}"
         table.add_row(
@@ -597,13 +618,86 @@ def _print_summary(summary: list[tuple[dict, list[dict]]]) -> None:
             str(case["batch"]),
             shown,
             f"{case['timing']}/{latency.get('l2_state', case['l2'])}",
-            fmt("rel_l2_vs_dense", ".2e"),
-            fmt("cosine_vs_dense", ".4f"),
-            fmt("kv_read_fraction", ".1%"),
+            _metric(by_metric, "rel_l2_vs_dense", ".2e"),
+            _metric(by_metric, "cosine_vs_dense", ".4f"),
+            _metric(by_metric, "kv_read_fraction", ".1%"),
         )
     console.print(table)
-    if on_cpu:
-        console.print(CPU_NOTE, soft_wrap=True)
+
+
+def _metric(by_metric: dict[str, dict], metric: str, spec: str) -> str:
+    row = by_metric.get(metric)
+    return format(row["value"], spec) if row and row["status"] == "ok" else "-"
+
+
+def _ok_value(by_metric: dict[str, dict], metric: str) -> float:
+    row = by_metric.get(metric)
+    return float(row["value"]) if row and row["status"] == "ok" else math.nan
+
+
+def _print_cpu_summary(summary: list[tuple[dict, list[dict]]]) -> None:
+    """What a CPU measures well: each method's error against dense and its KV reads,
+    sorted by reads then error within each (ctx, batch), with a reading guide."""
+    from rich import box
+
+    table = Table(title="kernel summary on a CPU: error against dense, KV reads",
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for column in ("method", "ctx", "B", "rel L2", "cos", "KV read", "note"):
+        wraps = column in ("method", "note")
+        table.add_column(column, no_wrap=not wraps, overflow="fold",
+                         justify="left" if wraps else "right")
+    entries = []
+    for case, rows in summary:
+        by_metric = {r["metric"]: r for r in rows}
+        read, error = _ok_value(by_metric, "kv_read_fraction"), _ok_value(by_metric,
+                                                                           "rel_l2_vs_dense")
+        key = (case["ctx"], case["batch"], math.isnan(read), read, math.isnan(error), error)
+        entries.append((key, case, by_metric))
+    entries.sort(key=lambda e: tuple(0 if isinstance(v, float) and math.isnan(v) else v
+                                     for v in e[0]))
+    flagged, identical = False, _identical_rows(entries)
+    for _, case, by_metric in entries:
+        params = f"S={case['S']}" if case.get("S") else _team_label(case)
+        label = case["method"] + ("" if params == "-" else f" {params}")
+        latency = by_metric.get("latency", {})
+        note = ""
+        if latency.get("status", "ok") != "ok":
+            note = f"{latency['status']}: {latency.get('reason', '')}"
+        elif _ok_value(by_metric, "cosine_vs_dense") < COSINE_FLOOR:
+            note, flagged = "inaccurate", True
+        table.add_row(label, format_size(case["ctx"]), str(case["batch"]),
+                      _metric(by_metric, "rel_l2_vs_dense", ".2e"),
+                      _metric(by_metric, "cosine_vs_dense", ".3f"),
+                      _metric(by_metric, "kv_read_fraction", ".1%"), escape_markup(note))
+    console.print(table)
+    console.print(CPU_GUIDE.format(floor=COSINE_FLOOR))
+    if flagged:
+        console.print(f"inaccurate: cos < {COSINE_FLOOR} against dense at these settings "
+                      "(a larger S or M reads more and errs less)")
+    for names in identical:
+        if set(names) == {"santa-sys", "santa-prop"}:
+            console.print(SAME_DRAWS)
+        else:
+            console.print(f"{' and '.join(names)} print identical rows (the same draws from "
+                          "one seed)")
+
+
+def _identical_rows(entries: list) -> list[tuple[str, ...]]:
+    """Names of methods whose rows (rel L2, cos, KV read) coincide at some (ctx, batch, S)."""
+    groups: dict[tuple, list[str]] = {}
+    for _, case, by_metric in entries:
+        values = tuple(_ok_value(by_metric, m) for m in
+                       ("rel_l2_vs_dense", "cosine_vs_dense", "kv_read_fraction"))
+        if case["method"] == "dense" or any(math.isnan(v) for v in values):
+            continue
+        key = (case["ctx"], case["batch"], case.get("S"), values)
+        groups.setdefault(key, []).append(case["method"])
+    found: list[tuple[str, ...]] = []
+    for names in groups.values():
+        unique = tuple(dict.fromkeys(names))
+        if len(unique) > 1 and unique not in found:
+            found.append(unique)
+    return found
 
 
 def main() -> None:  # pragma: no cover - console script entry point

@@ -110,22 +110,40 @@ def _package_version(distributions: tuple[str, ...]) -> str | None:
 
 
 def _git_sha() -> str | None:
-    """Return HEAD's SHA of the harness's checkout (else cwd's), with '-dirty' if modified.
+    """Return HEAD's SHA of the harness's own checkout, with '-dirty' if modified, else None.
 
     ``$SANTA_BENCH_GIT_SHA``, when set, wins: ``scripts/h200_setup.sh`` sets it from a
     ``.git_sha`` file written here, because a GPU machine's copy of the tree may have no
     ``.git`` or a stale one (rows of 2026-11-29 said ``32e7760-dirty`` for later commits).
+    Git is asked only inside the package's own checkout (never the current folder, which may
+    be an untrusted repository), with its fsmonitor and hooks turned off.
     """
     pinned = os.environ.get("SANTA_BENCH_GIT_SHA")
     if pinned:
         return pinned
-    for directory in (Path(__file__).resolve().parent, Path.cwd()):
-        sha = _run(["git", "-C", str(directory), "rev-parse", "HEAD"])
-        if sha:
-            # Untracked files (fresh results, scratch) do not make the code dirty.
-            changes = _run(["git", "-C", str(directory), "status", "--porcelain", "-uno"])
-            return f"{sha}-dirty" if changes else sha
-    return None
+    root = _package_checkout()
+    if root is None:
+        return None
+    sha = _git(root, "rev-parse", "HEAD")
+    if not sha:
+        return None
+    # Untracked files (fresh results, scratch) do not make the code dirty.
+    changes = _git(root, "status", "--porcelain", "-uno")
+    return f"{sha}-dirty" if changes else sha
+
+
+def _package_checkout() -> Path | None:
+    """Return the folder above the package when it is a git checkout's root, else None."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / ".git").exists() else None
+
+
+def _git(root: Path, *args: str) -> str | None:
+    """Run git in `root` with no fsmonitor, hooks or repository discovery above it."""
+    return _run(
+        ["git", "-c", "core.fsmonitor=false", "-c", f"core.hooksPath={os.devnull}",
+         "--git-dir", str(root / ".git"), "--work-tree", str(root), *args]
+    )
 
 
 def _command_line(command: list[str] | str | None) -> str:

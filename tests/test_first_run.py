@@ -220,9 +220,9 @@ def test_tables_are_not_cut_when_output_goes_to_a_pipe(tmp_path):
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    table = [line for line in done.stdout.splitlines() if "santa-prop" in line]
+    table = [line for line in done.stdout.splitlines() if line.startswith(" santa-prop S=")]
     assert table and "…" not in done.stdout
-    assert all(line.rstrip().endswith("│") for line in table)
+    assert all(line.rstrip().endswith("%") for line in table)  # through the KV read cell
 
 
 def test_make_console_is_wide_off_a_terminal(monkeypatch):
@@ -274,7 +274,7 @@ def test_cpu_kernel_summary_says_times_are_not_kernel_speed(tmp_path):
     result = _invoke("kernel", "--ctx", "256", "--S", "16", "--methods", "dense,santa-prop",
                      "--results", str(tmp_path), *SMALL)
     assert result.exit_code == 0
-    assert "not kernel speed" in _text(result) and "CPU wall" in result.output
+    assert "not kernel speed" in _text(result) and "CPU wall" not in result.output
 
 
 # --------------------------------------------------------------------- 6: test cache

@@ -19,15 +19,19 @@ from santa_bench.cli_options import (
     ResultsDir,
     RunId,
     exit_if_cases_failed,
+    fail,
     run_cases_or_exit,
 )
 
 console = Console()
 
+# --config / --ctx / --batch when not given: on a GPU, and on a CPU (where the GPU ones
+# need ~35 GiB at bf16, most of it weights and KV cache)
+DEFAULTS = {"cuda": ("llama-3.1-8b", "32k", "4"), "cpu": ("llama-3.2-1b", "1k", "1")}
+
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {escape(message)}")
-    raise typer.Exit(code=2)
+    fail(console, message)
 
 
 def e2e_command(
@@ -35,7 +39,8 @@ def e2e_command(
         str | None,
         typer.Option(
             help="Named model shape with random weights, for speed-only runs (weights do not "
-            "change speed): llama-3.1-8b (default), llama-3.2-1b, qwen2.5-7b, tiny, tiny-qwen."
+            "change speed): llama-3.1-8b (default; llama-3.2-1b on a CPU), llama-3.2-1b, "
+            "qwen2.5-7b, tiny, tiny-qwen."
         ),
     ] = None,
     model: Annotated[
@@ -55,9 +60,14 @@ def e2e_command(
         ),
     ] = False,
     ctx: Annotated[
-        str, typer.Option(help="Prompt length(s) per sequence, comma list: 8k,32k,128k.")
-    ] = "32k",
-    batch: Annotated[str, typer.Option(help="Batch size(s), comma list: 1,4,8,16.")] = "4",
+        str | None,
+        typer.Option(help="Prompt length(s) per sequence, comma list: 8k,32k,128k "
+                     "(default 32k; 1k on a CPU)."),
+    ] = None,
+    batch: Annotated[
+        str | None,
+        typer.Option(help="Batch size(s), comma list: 1,4,8,16 (default 4; 1 on a CPU)."),
+    ] = None,
     methods: Annotated[
         str,
         typer.Option(
@@ -140,7 +150,8 @@ def e2e_command(
     The prompt is prefilled once per (model, batch, ctx) and every method decodes from
     it. Every layer (but --dense-layers) attends through the method; the whole step runs
     as one CUDA graph on a GPU with fresh random numbers per step and layer. Finished
-    cases already in the store are skipped (resume), unless --force.
+    cases already in the store are skipped (resume), unless --force. The memory the
+    largest case needs is estimated and printed first; a run that will not fit is refused.
     """
     import torch
 
@@ -161,10 +172,21 @@ def e2e_command(
     elif device == "cuda" and not torch.cuda.is_available():
         _fail("--device cuda: no CUDA device is visible")
     weights = "real" if model and not random_weights else "random"
+    default_config, default_ctx, default_batch = DEFAULTS[device]
+    given = (bool(config or model), ctx, batch)
+    lowered = [(f"{option} {cpu}", gpu) for option, cpu, gpu, chosen in zip(
+        ("--config", "--ctx", "--batch"), DEFAULTS["cpu"], DEFAULTS["cuda"], given,
+        strict=True) if not chosen and device == "cpu"]
+    if lowered:
+        console.print(f"[yellow]CPU defaults:[/] {' '.join(o for o, _ in lowered)} in place "
+                      f"of the GPU's {', '.join(g for _, g in lowered)} (too large for most "
+                      "hosts' memory); set them to choose")
+    config = config if config or model else default_config
+    ctx, batch = ctx or default_ctx, batch or default_batch
     try:
         backends = None if dense_backends == "auto" else parse_list(dense_backends)
         grid = E2EGrid(
-            model=model or config or "llama-3.1-8b",
+            model=model or config,
             weights=weights,
             methods=parse_method_specs(methods),
             ctx=parse_size_list(ctx),
@@ -191,6 +213,7 @@ def e2e_command(
         console.print(f"[yellow]weights: random[/] ({grid.model} shape; speed only, the "
                       "tokens mean nothing)" + ("; prefill: random K/V" if prefill == "random"
                                                  else ""))
+    _check_memory(cases, device)
     command = shlex.join(["santa-bench", *sys.argv[1:]])
     store = results.ResultStore(results_dir)
     env = environment.collect_environment(command)
@@ -200,6 +223,28 @@ def e2e_command(
         print_summary(outcome.results, weights)
         console.print(f"rows written to {outcome.run_path}")
     exit_if_cases_failed(outcome, console)
+
+
+def _check_memory(cases: list[dict], device: str) -> None:
+    """Prints the largest case's memory estimate; refuses the run when it will not fit."""
+    from santa_bench.e2e.memory import MARGIN, available_bytes, largest, size
+    from santa_bench.units import format_size
+
+    found = largest(cases)
+    if found is None:
+        console.print("memory: estimated once the model's config is read (a case that will "
+                      "not fit is recorded as skipped)")
+        return
+    need, case = found
+    free = available_bytes(device)
+    where = "GPU" if device == "cuda" else "host"
+    shape = f"--ctx {format_size(int(case['ctx']))} --batch {case['batch']}, {case['model']}"
+    console.print(f"memory: {need.describe()} at most ({shape}); {size(free)} of {where} "
+                  "memory available")
+    if need.total + MARGIN > free:
+        _fail(f"e2e needs {need.describe()} ({shape}) plus {size(MARGIN)} headroom, but "
+              f"{size(free)} of {where} memory is available: lower --ctx or --batch, or pick "
+              "a smaller --config")
 
 
 def print_summary(summary: list[tuple[dict, list[dict]]], weights: str) -> None:

@@ -42,7 +42,6 @@ from santa_kernels.validate import InputError
 WEIGHTS = ("random", "real")
 GROUP_KEYS = ("model", "weights", "batch", "ctx", "decode_steps", "layout", "page_size",
               "prefill", "prefill_chunk", "dtype", "seed", "device", "rest", "timing")
-MEMORY_MARGIN = 2 << 30  # bytes kept free beyond the estimate (activations, allocator)
 
 
 @dataclass(frozen=True)
@@ -223,25 +222,6 @@ def agreement(tokens: torch.Tensor, reference: torch.Tensor) -> tuple[float, flo
     return overall, float(first.float().mean() / steps)
 
 
-def estimate_bytes(config: ModelConfig, case: dict[str, Any], element_size: int) -> int:
-    """Returns the device bytes a case needs: weights, cache, prefill transients."""
-    from santa_bench.e2e.cache import CAPACITY_MULTIPLE, round_up
-
-    batch, ctx = int(case["batch"]), int(case["ctx"])
-    capacity = round_up(ctx + int(case["decode_steps"]), CAPACITY_MULTIPLE)
-    total = config.num_parameters() * element_size
-    total += config.kv_bytes_per_token(element_size) * batch * capacity
-    if case["prefill"] == "dense":
-        chunk = min(int(case["prefill_chunk"]), ctx)
-        total += batch * ctx * config.hidden * element_size  # the hidden states
-        width = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
-        total += 2 * batch * chunk * (width + 2 * config.intermediate) * element_size
-        total += 4 * chunk * config.group * ctx  # mask (float, in the fused kernels)
-        if case["layout"] == "paged":
-            total += 2 * batch * ctx * config.num_kv_heads * config.head_dim * element_size
-    return total + 4 * batch * config.vocab
-
-
 def _row(metric: str, value: float, unit: str, status: str = "ok", reason: str = "",
          **extra: Any) -> dict[str, Any]:
     return {"metric": metric, "value": float(value), "unit": unit, "status": status,
@@ -296,22 +276,25 @@ class E2ERunner:
             hf, tokenizer = load_model(case["model"], dtype=str(dtype).split(".")[-1],
                                        device="cpu")
             config = from_hf_config(hf.config, case["model"])
-            self._check_memory(config, case)
+            on_host = case["device"] != "cuda"  # the checkpoint is freed once converted
+            self._check_memory(config, case, loaded=_module_bytes(hf) if on_host else 0)
             model = Decoder.from_hf(hf, device=device, dtype=dtype, name=case["model"])
             del hf
         self._loaded = _Loaded(key, model, tokenizer)
         return model
 
-    def _check_memory(self, config: ModelConfig, case: dict[str, Any]) -> None:
-        if case["device"] != "cuda":
-            return
-        free, _ = torch.cuda.mem_get_info()
+    def _check_memory(self, config: ModelConfig, case: dict[str, Any], loaded: int = 0) -> None:
+        """Raises Unsupported when the case's group will not fit the memory available
+        (the model held now, and ``loaded`` bytes about to be freed, count as available)."""
+        from santa_bench.e2e.memory import MARGIN, available_bytes, estimate, size
+
         held = self._loaded.model.parameter_bytes() if self._loaded else 0
-        need = estimate_bytes(config, case, parse_dtype(case["dtype"]).itemsize)
-        if need + MEMORY_MARGIN > free + held:
-            raise Unsupported(f"needs ~{need / 2**30:.1f} GiB of device memory "
-                              f"(weights, KV cache, prefill), {(free + held) / 2**30:.1f} "
-                              "GiB free")
+        free = available_bytes(case["device"]) + held + loaded
+        need = estimate(config, case, parse_dtype(case["dtype"]).itemsize)
+        if need.total + MARGIN > free:
+            where = "device" if case["device"] == "cuda" else "host"
+            raise Unsupported(f"needs {need.describe()} of {where} memory, {size(free)} "
+                              "available")
 
     def session(self, case: dict[str, Any]):
         """Returns the prefilled session of the case's group (built on first use)."""
@@ -456,6 +439,12 @@ class E2ERunner:
                 rows += [_row("token_agreement", overall, "ratio"),
                          _row("token_agreement_prefix", prefix, "ratio")]
         return rows
+
+
+def _module_bytes(module: Any) -> int:
+    """Bytes of a torch module's parameters and buffers."""
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def exempt_backend(device: str) -> str:
