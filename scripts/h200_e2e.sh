@@ -19,7 +19,7 @@ fi
 common=(--config llama-3.1-8b --ctx 32k --batch "$batches" --steps "$steps" --prefill random
         --results "$out" --run-id "$run" ${FORCE:+--force})
 methods=santa-prop:S=128
-[ -f kernels/triton_santapp.py ] && methods="$methods,santapp:M=32"
+[ -f kernels/santa_kernels/triton_santapp.py ] && methods="$methods,santapp:M=32"
 # 1. our split-KV and torch SDPA; 2. the vendor backends in their own process (a failed
 # graph capture there cannot poison the rest); 3. the sampled methods, whose speedups are
 # against the fastest dense backend stored by 1 and 2 (same store, same environment).
