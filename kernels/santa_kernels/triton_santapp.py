@@ -106,30 +106,30 @@ from santa_kernels.triton_santa import pdl_available
 from santa_kernels.triton_santapp_attend import _attend_kernel
 from santa_kernels.triton_santapp_common import (
     _REPS_AS,
-    FINISH_CAP,
-    FINISH_MAX_SCALE,
-    H200_SM_COUNT,
     HOPPER,
     KERNEL_DTYPES,
-    KEY_NEG_INF,
-    KEY_PAD,
     MAX_GROUP,
-    MAX_TEAMS_PER_SPLIT,
-    PROGRAMS_PER_SM,
     STAGES,
     _dot_precision,
     _next_pow2,
     santapp_triton_available,
 )
+from santa_kernels.triton_santapp_common import FINISH_CAP as FINISH_CAP
+from santa_kernels.triton_santapp_common import FINISH_MAX_SCALE as FINISH_MAX_SCALE
+from santa_kernels.triton_santapp_common import H200_SM_COUNT as H200_SM_COUNT
+from santa_kernels.triton_santapp_common import KEY_NEG_INF as KEY_NEG_INF
+from santa_kernels.triton_santapp_common import KEY_PAD as KEY_PAD
+from santa_kernels.triton_santapp_common import MAX_TEAMS_PER_SPLIT as MAX_TEAMS_PER_SPLIT
+from santa_kernels.triton_santapp_common import PROGRAMS_PER_SM as PROGRAMS_PER_SM
 from santa_kernels.triton_santapp_merge import _merge_kernel
+from santa_kernels.triton_santapp_pack import REPS_KERNEL_ELEMENTS as REPS_KERNEL_ELEMENTS
 from santa_kernels.triton_santapp_pack import (
-    REPS_KERNEL_ELEMENTS,
     PackedTeams,
     build_packed,
     pack_teams,
-    quantize_packed,
     time_index_build,
 )
+from santa_kernels.triton_santapp_pack import quantize_packed as quantize_packed
 from santa_kernels.triton_santapp_plan import (
     SantaPPPlan,
     SantaPPWorkspace,
@@ -137,38 +137,9 @@ from santa_kernels.triton_santapp_plan import (
     reads_every_team,
     teams_selected,
 )
-from santa_kernels.triton_santapp_plan import _plan_for as _plan_for  # the method adapter's
+from santa_kernels.triton_santapp_plan import _plan_for as _plan_for  # the method adapter plans
 from santa_kernels.triton_santapp_select import _finish_heads_kernel, _finish_kernel, _select_kernel
 from santa_kernels.validate import InputError, check_positive_int, check_scale
-
-__all__ = [
-    "FINISH_CAP",
-    "FINISH_MAX_SCALE",
-    "H200_SM_COUNT",
-    "HOPPER",
-    "KERNEL_DTYPES",
-    "KEY_NEG_INF",
-    "KEY_PAD",
-    "MAX_GROUP",
-    "MAX_TEAMS_PER_SPLIT",
-    "PROGRAMS_PER_SM",
-    "REPS_KERNEL_ELEMENTS",
-    "STAGES",
-    "PackedTeams",
-    "SantaPPInfo",
-    "SantaPPPlan",
-    "SantaPPWorkspace",
-    "build_packed",
-    "check_scheme",
-    "make_plan",
-    "pack_teams",
-    "quantize_packed",
-    "reads_every_team",
-    "santapp_decode",
-    "santapp_triton_available",
-    "teams_selected",
-    "time_index_build",
-]
 
 
 # -------------------------------------------------------------------- host side
