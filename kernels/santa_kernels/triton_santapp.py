@@ -17,20 +17,20 @@ noise.
    ``j = ceil((M+1) / splits) <= 3``): the finisher's search bracket.
    **finish** (its own kernel, grid ``(B*Hkv, G)``, one program per query head;
    ``finish_heads=0``: one program per KV group) finds ``kappa`` = the ``(M+1)``-th
-   largest ``z`` by a k-ary search on order-preserving integer keys (:func:`_kth_search`:
-   4 or 8 thresholds a step, one packed reduction each, ~3-5 dependent steps instead of
-   ~11 for bisection; from the select programs' bracket, or from the row's least finite
-   and largest key).
+   largest ``z`` by a k-ary search on order-preserving integer keys
+   (``triton_santapp_select._kth_search``: 4 or 8 thresholds a step, one packed reduction
+   each, ~3-5 dependent steps instead of ~11 for bisection; from the select programs'
+   bracket, or from the row's least finite and largest key).
    With ``compact`` (the per-head finisher's default in direct selection) the select
    programs leave their split's top ``j`` z: the (M+1)-th largest of those bounds kappa
    from below, and the ~M+5 keys at or above the bound are compacted and ranked by one
-   comparison instead (:func:`_compact_finish`; the search where more than ``CAP`` lie
-   there). With ``head_lists`` (the per-head finisher's default) each program writes
-   its head's selected teams (``z > kappa``, team order) to that head's ``M`` slots of
-   the list; otherwise the group's last finishing program (an acq_rel ticket) writes the
-   compact union over the group (team order, or in local mode a team belongs to the
-   first head that selected it) and its count. The call at 32k B=1: 23.8 us with
-   the earlier finisher, 21.6 with lists and bracket, 20.7 with the compaction (H200,
+   comparison instead (``triton_santapp_select._compact_finish``; the search where more
+   than ``CAP`` lie there). With ``head_lists`` (the per-head finisher's default) each
+   program writes its head's selected teams (``z > kappa``, team order) to that head's
+   ``M`` slots of the list; otherwise the group's last finishing program (an acq_rel
+   ticket) writes the compact union over the group (team order, or in local mode a team
+   belongs to the first head that selected it) and its count. The call at 32k B=1: 23.8 us
+   with the earlier finisher, 21.6 with lists and bracket, 20.7 with the compaction (H200,
    2026-12-01: results/h200/tune-2026-12-01-s11, tune-2026-12-01-s12).
 2. **attend** ``(B*Hkv, chunks + exact programs)``: a team program loads ``TPB`` teams of
    the list (``SLOT`` rows each; with head lists a slot counts only in the list of the
