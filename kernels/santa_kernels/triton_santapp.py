@@ -102,7 +102,7 @@ import torch
 
 from santa_kernels.kv import KVCache
 from santa_kernels.reads import ReadCounts
-from santa_kernels.triton_santa import pdl_available
+from santa_kernels.triton_launch import pdl_available
 from santa_kernels.triton_santapp_attend import _attend_kernel
 from santa_kernels.triton_santapp_common import (
     _REPS_AS,

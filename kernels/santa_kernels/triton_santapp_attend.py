@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from santa_kernels.triton_santa import _pdl_trigger, _pdl_wait, _row_offsets
+from santa_kernels.triton_launch import _pdl_trigger, _pdl_wait, _row_offsets
 from santa_kernels.triton_santapp_common import _scores, _weighted_values
 from santa_kernels.triton_santapp_merge import _merge_atomic
 from santa_kernels.triton_santapp_select import _inclusion_weight

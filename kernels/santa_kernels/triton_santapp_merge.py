@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from santa_kernels.triton_santa import _pdl_enter, _pdl_trigger
+from santa_kernels.triton_launch import _pdl_enter, _pdl_trigger
 
 
 @triton.jit

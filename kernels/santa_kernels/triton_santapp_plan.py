@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from santa_kernels.kv import KVCache
-from santa_kernels.triton_santa import _sm_count
+from santa_kernels.triton_launch import _sm_count
 from santa_kernels.triton_santapp_common import (
     FINISH_CAP,
     FINISH_MAX_SCALE,

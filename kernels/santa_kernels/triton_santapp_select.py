@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from santa_kernels.triton_santa import _pdl_enter, _pdl_wait
+from santa_kernels.triton_launch import _pdl_enter, _pdl_wait
 from santa_kernels.triton_santapp_common import _interpreted, _scores
 
 
