@@ -21,7 +21,10 @@ from triton.compiler import ASTSource
 
 import santa_kernels.triton_santa as ts
 import santa_kernels.triton_santa_flash as tsf
-import santa_kernels.triton_santapp as tsp
+import santa_kernels.triton_santapp_attend as tsp_attend
+import santa_kernels.triton_santapp_merge as tsp_merge
+import santa_kernels.triton_santapp_pack as tsp_pack
+import santa_kernels.triton_santapp_select as tsp_select
 
 TARGET = GPUTarget("cuda", 90, 32)
 H100_SHARED = 232448  # shared memory one program may use on sm_90 (227 KiB)
@@ -86,7 +89,7 @@ def check_finish() -> int:
                   "WRITE_UNION": h_rows != 2, "SEARCH": h_rows != 4,
                   "BRACKET": 0 if local else (h_rows % 3 + 1 if not compact else 2),
                   "HEAD_LISTS": h_rows == 1, "COMPACT": compact, "TOPS_PAD": 64}
-        err = compile_kernel(tsp._finish_heads_kernel, finish_types, consts,
+        err = compile_kernel(tsp_select._finish_heads_kernel, finish_types, consts,
                              {"num_warps": 8})
         print(f"_finish_heads_kernel local={local} h_rows={h_rows} "
               f"bracket={consts['BRACKET']} compact={compact}: {err or 'ok'}")
@@ -172,8 +175,8 @@ def check_score() -> int:
     reps_types = ["*bf16", "*bf16", "*i32", "i32", "i32"] + ["i32"] * 6
     for team_size, mean in ((16, False), (64, True), (4, False)):
         consts = {"NUM_KV_HEADS": 8, "P": team_size, "HEAD_DIM": 128, "D_PAD": 128,
-                  "TB": max(1, tsp.REPS_KERNEL_ELEMENTS // (team_size * 128)), "MEAN": mean}
-        err = compile_kernel(tsp._contiguous_reps_kernel, reps_types, consts)
+                  "TB": max(1, tsp_pack.REPS_KERNEL_ELEMENTS // (team_size * 128)), "MEAN": mean}
+        err = compile_kernel(tsp_pack._contiguous_reps_kernel, reps_types, consts)
         print(f"_contiguous_reps_kernel P={team_size} MEAN={mean}: {err or 'ok'}")
         failures += err is not None
     return failures
@@ -195,7 +198,7 @@ def check_attend() -> int:
                   "HEAD_LISTS": lists, "MERGE_ATOMIC": atomic, "BLOCK_S": 64,
                   "LET_NEXT": atomic, "LOOPS": 1, "ATTEND_STAGES": 1, "PRELOAD": False,
                   "L_PAD": 1}
-        err = compile_kernel(tsp._attend_kernel, types, consts, {"num_warps": 4})
+        err = compile_kernel(tsp_attend._attend_kernel, types, consts, {"num_warps": 4})
         print(f"_attend_kernel head_lists={lists} paged={paged} atomic={atomic}: "
               f"{err or 'ok'}")
         failures += err is not None
@@ -210,7 +213,7 @@ def check_attend() -> int:
                   "LET_NEXT": True, "LOOPS": 4, "ATTEND_STAGES": stages, "PRELOAD": False,
                   "L_PAD": 4}
         # as launched: num_stages=1 for the kernel (the exact-set loop), the tile loop's own
-        err = compile_kernel(tsp._attend_kernel, types, consts,
+        err = compile_kernel(tsp_attend._attend_kernel, types, consts,
                              {"num_warps": 4, "num_stages": 1},
                              divisible=("stride_kx", "stride_ky", "stride_kh"), pipelined=True,
                              max_shared=H100_SHARED)
@@ -228,7 +231,7 @@ def check_attend() -> int:
                   "HEAD_LISTS": lists, "MERGE_ATOMIC": False, "BLOCK_S": 64,
                   "LET_NEXT": False, "LOOPS": loops, "ATTEND_STAGES": stages, "PRELOAD": True,
                   "L_PAD": loops}
-        err = compile_kernel(tsp._attend_kernel, types, consts,
+        err = compile_kernel(tsp_attend._attend_kernel, types, consts,
                              {"num_warps": 4, "num_stages": 1},
                              divisible=("stride_kx", "stride_ky", "stride_kh"), pipelined=True,
                              max_shared=H100_SHARED,
@@ -238,7 +241,7 @@ def check_attend() -> int:
         failures += err is not None
     consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "BLOCK_S": 64,
               "PDL": True, "LET_NEXT": False}
-    err = compile_kernel(tsp._merge_kernel, ["*fp32"] * 3 + ["*bf16", "*i64"] + ["i32"] * 3,
+    err = compile_kernel(tsp_merge._merge_kernel, ["*fp32"] * 3 + ["*bf16", "*i64"] + ["i32"] * 3,
                          consts, {"num_warps": 8})
     print(f"_merge_kernel: {err or 'ok'}")
     failures += err is not None
@@ -260,7 +263,7 @@ def check_select() -> int:
                   "REPS_AS": "bf16" if reps == "i8" else "",
                   "BRACKET": 0 if local else (2 if reps == "bf16" else 3),
                   "HEAD_LISTS": reps == "i8", "TOPS": reps == "i8" and not local}
-        err = compile_kernel(tsp._select_kernel, types, consts, {"num_warps": 4})
+        err = compile_kernel(tsp_select._select_kernel, types, consts, {"num_warps": 4})
         print(f"_select_kernel reps={reps} local={local} entry_pdl={entry} "
               f"bracket={consts['BRACKET']}: {err or 'ok'}")
         failures += err is not None

@@ -34,8 +34,6 @@ from santa_kernels.triton_santapp import (
     KEY_NEG_INF,
     KEY_PAD,
     SantaPPWorkspace,
-    _kth_largest,
-    _kth_search,
     build_packed,
     check_scheme,
     make_plan,
@@ -44,6 +42,7 @@ from santa_kernels.triton_santapp import (
     santapp_decode,
     santapp_triton_available,
 )
+from santa_kernels.triton_santapp_select import _kth_largest, _kth_search
 
 pytestmark = pytest.mark.skipif(not santapp_triton_available()[0], reason="no Triton backend")
 

@@ -54,8 +54,14 @@ import triton
 import triton.language as tl
 
 from santa_kernels.kv import KVCache
-from santa_kernels.triton_santa import (
+from santa_kernels.triton_launch import (
     H200_SM_COUNT,
+    _pdl_trigger,
+    _pdl_wait,
+    _row_offsets,
+    pdl_available,
+)
+from santa_kernels.triton_santa import (
     MIN_TILES_PER_SPLIT,
     PROGRAMS_PER_SM,
     SantaInfo,
@@ -66,13 +72,9 @@ from santa_kernels.triton_santa import (
     _dot_precision,
     _group_queries,
     _next_pow2,
-    _pdl_trigger,
-    _pdl_wait,
     _prepare,
-    _row_offsets,
     _tile_count,
     _tile_scores,
-    pdl_available,
 )
 
 # (num_warps, num_stages) of the streaming kernel per head dim (d=64 and 256 were not

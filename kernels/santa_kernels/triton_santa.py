@@ -34,7 +34,6 @@ Byte model (bf16 K/V, ``E`` = element size, ``Hkv`` KV heads, ``G`` group size,
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from dataclasses import dataclass
@@ -47,13 +46,18 @@ try:  # host-side tensor descriptors (Hopper's bulk tensor copies; Triton >= 3.4
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # pragma: no cover - older Triton: K loads stay per-thread copies
     TensorDescriptor = None
-try:  # programmatic dependent launch (Hopper+; Triton >= 3.4)
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # pragma: no cover - older Triton: launches stay serial
-    gdc_launch_dependents = gdc_wait = None
 
 from santa_kernels.kv import KVCache
 from santa_kernels.reads import ReadCounts
+from santa_kernels.triton_launch import (
+    H200_SM_COUNT,
+    _pdl_enter,
+    _pdl_trigger,
+    _pdl_wait,
+    _row_offsets,
+    _sm_count,
+    pdl_available,
+)
 from santa_kernels.validate import InputError, check_positive_int
 
 # -------------------------------------------------------------------- configs
@@ -106,7 +110,6 @@ HOPPER_CONFIGS = {
     256: {"stream": (8, 2), "sample": (8, 128), "subs": 1, "narrow": True,
           "sample_splits": None, "pdl": True},
 }
-H200_SM_COUNT = 132
 MAX_PREFIX_IN_REGS = 2048  # tile prefixes up to this length stay in registers in pass 2
 PROGRAMS_PER_SM = 4  # target waves of split programs per SM for the streaming passes
 MIN_TILES_PER_SPLIT = 4  # fewer tiles per program leave the pipeline empty
@@ -131,14 +134,6 @@ def santa_triton_available() -> tuple[bool, str]:
 def _config(head_dim: int) -> dict:
     key = min(HOPPER_CONFIGS, key=lambda d: (abs(d - head_dim), d))
     return HOPPER_CONFIGS[key]
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    """The device's SM count (cached: the launch planners call it on every call)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return H200_SM_COUNT
 
 
 def _stats_rows(group: int, head_dim: int) -> int:
@@ -342,45 +337,6 @@ class SantaInfo:
 
 
 # --------------------------------------------------------------- jit helpers
-@triton.jit
-def _pdl_enter(PDL: tl.constexpr, WAIT: tl.constexpr):
-    """Programmatic dependent launch (Hopper): with WAIT (a kernel launched with
-    ``launch_pdl``), wait until the previous kernel has finished and its writes are
-    visible; then let the next kernel launch once every program of this one has started.
-    Nothing without PDL."""
-    if PDL:
-        if WAIT:
-            gdc_wait()
-        gdc_launch_dependents()
-
-
-@triton.jit
-def _pdl_wait(ON: tl.constexpr):
-    """With ON (a kernel launched with ``launch_pdl``): wait until the previous kernel has
-    finished and its writes are visible. Nothing without it."""
-    if ON:
-        gdc_wait()
-
-
-@triton.jit
-def _pdl_trigger(ON: tl.constexpr):
-    """With ON: let the next kernel (launched with ``launch_pdl``) launch once every
-    program of this one has started. Nothing without it."""
-    if ON:
-        gdc_launch_dependents()
-
-
-@triton.jit
-def _row_offsets(page_table_ptr, b, offs_n, stride_x, stride_y, stride_pt, page_size,
-                 PAGED: tl.constexpr):
-    """Element offsets of sequence ``b``'s rows ``offs_n`` in a [X, Y, Hkv, d] cache."""
-    if PAGED:
-        # paged: token i lives in page page_table[b, i // page_size], slot i % page_size
-        page = tl.load(page_table_ptr + b * stride_pt + offs_n // page_size)
-        return page.to(tl.int64) * stride_x + (offs_n % page_size).to(tl.int64) * stride_y
-    return b.to(tl.int64) * stride_x + offs_n.to(tl.int64) * stride_y
-
-
 @triton.jit
 def _group_queries(q_ptr, b, kvh, group, head_dim, stride_qb, stride_qh,
                    G_PAD: tl.constexpr, D_PAD: tl.constexpr):
@@ -918,16 +874,6 @@ def _check_uniforms(uniforms, shape, name="uniforms"):
     if tuple(uniforms.shape) != tuple(shape):
         raise InputError(f"{name}: expected shape {tuple(shape)}, got {tuple(uniforms.shape)}")
     return uniforms.to(torch.float32).contiguous()
-
-
-@functools.cache
-def pdl_available(device: torch.device) -> bool:
-    """True where programmatic dependent launch works: a CUDA device of compute
-    capability >= 9.0 (not the interpreter) and a Triton with grid dependency control.
-    Cached per device: the launchers ask on every call."""
-    return (gdc_wait is not None and device.type == "cuda"
-            and os.environ.get("TRITON_INTERPRET", "0") != "1"
-            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def _score_pass(q, kv, ws: SantaWorkspace, scale: float, tile: int, stores: int = 2,

@@ -78,7 +78,7 @@ import triton
 import triton.language as tl
 
 from santa_kernels.kv import KVCache
-from santa_kernels.triton_santa import _pdl_trigger, _pdl_wait, pdl_available
+from santa_kernels.triton_launch import _pdl_trigger, _pdl_wait, pdl_available
 from santa_kernels.validate import InputError, check_positive_int, check_scale
 
 LOG2E = 1.4426950408889634  # scores are kept in base 2 so the kernel can use exp2
