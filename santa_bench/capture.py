@@ -295,7 +295,7 @@ def capture_command(
     """
     from rich.markup import escape
 
-    from santa_bench.cli_options import make_console
+    from santa_bench.console import make_console
     from santa_bench.units import parse_list, parse_size
 
     console = make_console()

@@ -364,7 +364,7 @@ def run_cases(
     skipped, a progress bar and a summary of failures; returns the :class:`Outcome`.
     """
     if console is None:
-        from santa_bench.cli_options import make_console
+        from santa_bench.console import make_console
 
         console = make_console()
     if options.executor not in EXECUTORS:

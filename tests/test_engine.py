@@ -170,9 +170,8 @@ def test_e2e_santa_flash_runs_the_kernel_its_row_records(monkeypatch):
     the kernel harness times and names in its rows, ``triton_santa_flash.santa_flash``,
     on a workspace split by that kernel's rule; any other kernel fails here."""
     import santa_kernels.triton_santa_flash as tsf
-    from santa_bench.e2e.attention import TritonSampledDecode
     from santa_bench.e2e.cache import StaticKVCache
-    from santa_bench.methods.santa import kernel_function, santa_prepare
+    from santa_bench.methods.santa import TritonSampledDecode, kernel_function, santa_prepare
 
     if not _interpreted():
         pytest.skip("the Triton kernels were imported without TRITON_INTERPRET=1")

@@ -94,7 +94,7 @@ class Promise:
 
 
 # A decode backend factory: (method, resolved params, softmax scale, seed) -> backend
-# (a santa_bench.e2e.attention.DecodeAttention), built for end-to-end decoding on a GPU.
+# (a santa_bench.decode.base.DecodeAttention), built for end-to-end decoding on a GPU.
 E2EBackend = Callable[["Method", dict[str, Any], float, int], Any]
 
 
