@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 import shlex
 import sys
@@ -203,15 +202,9 @@ def kernel(
         str, typer.Option("--S", help="Sample budget(s) S for the sampling methods, comma list.")
     ] = "128",
     batch: Annotated[str, typer.Option(help="Batch size(s), comma list.")] = "1",
-    M: Annotated[
-        str | None, typer.Option("--M", help="SANTA++: teams selected per head, comma list.")
-    ] = None,
-    team_size: Annotated[
-        str | None, typer.Option(help="SANTA++: team size(s) P, comma list.")
-    ] = None,
-    team_policy: Annotated[
-        str | None, typer.Option(help="SANTA++: team index(es), contiguous and/or kmeans.")
-    ] = None,
+    M: Annotated[str | None, typer.Option("--M", hidden=True)] = None,
+    team_size: Annotated[str | None, typer.Option(hidden=True)] = None,
+    team_policy: Annotated[str | None, typer.Option(hidden=True)] = None,
     baselines: Annotated[
         str,
         typer.Option(
@@ -225,8 +218,8 @@ def kernel(
     methods: Annotated[
         str | None,
         typer.Option(
-            help="Methods, comma list; parameters as name:key=value (see `santa-bench list`). "
-            f"Default: {DEFAULT_METHODS}."
+            help="Methods, comma list; parameters as name:key=value, a|b sweeping a value "
+            f"(santapp:M=32|64,team_size=16; see `santa-bench list`). Default: {DEFAULT_METHODS}."
         ),
     ] = None,
     heads: Annotated[
@@ -303,6 +296,7 @@ def kernel(
         expand_cases,
     )
 
+    _refuse_retired_options(M=M, team_size=team_size, team_policy=team_policy)
     try:
         on_device = _device(device)
         shape = attention_shape(
@@ -314,8 +308,7 @@ def kernel(
             ctx = str(describe_capture(inputs, digest=False).ctx) if inputs else "4k"
         grid = KernelGrid(
             methods=_with_baselines(
-                _with_team_options(parse_method_specs(methods or DEFAULT_METHODS),
-                                   M, team_size, team_policy),
+                parse_method_specs(methods or DEFAULT_METHODS),
                 baselines,
                 on_device,
             ),
@@ -464,23 +457,19 @@ def _sizes(option: str, text: str) -> list[int]:
         raise ValueError(f"{option}: {exc}") from None
 
 
-def _with_team_options(
-    parsed: list, M: str | None, team_size: str | None, policy: str | None
-) -> list:
-    """Expands the methods with SANTA++ parameters over --M, --team-size, --team-policy
-    (a value in the method's own spec wins); other methods are left as they are."""
-    options = (("M", "--M", M, int), ("team_size", "--team-size", team_size, int),
-               ("policy", "--team-policy", policy, str))
-    axes = [(name, option_list(option, text, kind))
-            for name, option, text, kind in options if text is not None]
-    expanded = []
-    for method, overrides in parsed:
-        known = {p.name for p in method.params}
-        free = [(name, values) for name, values in axes if name in known and name not in overrides]
-        names = [name for name, _ in free]
-        for combo in itertools.product(*(values for _, values in free)):
-            expanded.append((method, {**overrides, **dict(zip(names, combo, strict=True))}))
-    return expanded
+# options `kernel` had for SANTA++ alone: their method parameter (hidden; they fail)
+RETIRED_KERNEL_OPTIONS = {"M": ("--M", "M"), "team_size": ("--team-size", "team_size"),
+                          "team_policy": ("--team-policy", "policy")}
+
+
+def _refuse_retired_options(**given: str | None) -> None:
+    """One-line error for a retired method option: its parameter goes in the spec."""
+    for name, text in given.items():
+        if text is not None:
+            option, param = RETIRED_KERNEL_OPTIONS[name]
+            values = "|".join(parse_list(text)) or text
+            _fail(f"{option} is gone: give it in the method spec, "
+                  f"--methods 'santapp:{param}={values}' (a|b sweeps)")
 
 
 def _with_baselines(parsed: list, baselines: str, device: str) -> list:

@@ -480,7 +480,7 @@ def _refuse_repeats(cases: list[dict[str, Any]]) -> None:
             raise ExecutorError(
                 f"{case_label(case)} is asked twice: two method specs "
                 "that are one configuration once defaults are filled, or a spec's own value "
-                "and a grid option's (--S, --M, ...); name it once")
+                "and a grid option's (--S, --batch, ...); name it once")
         seen.add(key)
 
 

@@ -17,8 +17,9 @@ if [[ " $steps " == *" tests "* ]]; then
   python3 -m pytest -q -x tests/test_triton_santapp.py tests/test_santapp.py 2>&1 | tail -8
 fi
 run() {  # ctx batch
-  COLUMNS=160 santa-bench kernel --ctx "$1" --batch "$2" --methods santapp --M 32,64 \
-    --team-size 16,64 --team-policy "${POLICIES:-contiguous}" \
+  local policies=${POLICIES:-contiguous}
+  COLUMNS=160 santa-bench kernel --ctx "$1" --batch "$2" \
+    --methods "santapp:M=32|64,team_size=16|64,policy=${policies//,/|}" \
     --baselines sdpa-cudnn,triton-splitkv --graph --results results/h200 \
     --run-id santapp-graph 2>&1 | tail -24
 }
