@@ -22,6 +22,7 @@ from santa_bench.cli_options import (
     option_list,
     run_cases_or_exit,
 )
+from santa_bench.devices import DEVICE_HELP, resolve_device
 from santa_bench.methods import REGISTRY, MethodError, parse_method_specs
 from santa_bench.units import format_size, parse_list, parse_size_list
 
@@ -178,15 +179,11 @@ app.command("capture")(capture_command)
 
 
 def _device(requested: str) -> str:
-    import torch
-
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if requested == "cuda" and not torch.cuda.is_available():
-        _fail("--device cuda: no CUDA device is visible")
-    if requested not in ("cpu", "cuda"):
-        _fail(f"--device: expected auto, cpu or cuda, got {requested!r}")
-    return requested
+    try:
+        return resolve_device(requested)
+    except ValueError as exc:
+        _fail(str(exc))
+        raise  # pragma: no cover - _fail exits
 
 
 @app.command("kernel")
@@ -252,7 +249,7 @@ def kernel(
     ] = "contiguous",
     page_size: Annotated[int, typer.Option(help="Tokens per page for the paged layout.")] = 16,
     seed: Annotated[int, typer.Option(help="Seed of the inputs and of the samplers.")] = 0,
-    device: Annotated[str, typer.Option(help="auto (GPU when present), cpu or cuda.")] = "auto",
+    device: Annotated[str, typer.Option(help=DEVICE_HELP)] = "auto",
     results_dir: ResultsDir = Path("results"),
     run_id: RunId = None,
     force: Force = False,
@@ -491,13 +488,12 @@ def _with_baselines(parsed: list, baselines: str, device: str) -> list:
 def _team_label(case: dict) -> str:
     """``M=..,P=..`` and the SANTA++ case's other parameters away from their defaults
     (``policy=kmeans``, ``reps=int8``, ...)."""
-    from santa_bench.pareto import config_params  # the summary only: not at start-up
+    from santa_bench.labels import config_label  # the summary only: not at start-up
 
     if "M" not in case:
         return "-"
-    extra = [f"{name}={text}" for name, text in (config_params(case) or [])
-             if name not in ("M", "team_size")]
-    return ",".join([f"M={case['M']}", f"P={case['team_size']}", *extra])
+    return config_label(case, head=(("M", "M", True), ("team_size", "P", True)),
+                        method=False, sep=",")
 
 
 def _print_summary(summary: list[tuple[dict, list[dict]]]) -> None:

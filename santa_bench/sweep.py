@@ -43,6 +43,7 @@ from typing import Any
 
 import yaml
 
+from santa_bench.devices import resolve_device
 from santa_bench.methods import REGISTRY, Method, MethodError, Param, parse_method_specs
 from santa_bench.results import config_hash
 from santa_bench.units import parse_size
@@ -660,16 +661,11 @@ def _e2e_cases(
     method: Method, overrides: dict[str, Any], budget: int | None, combo: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """The e2e case(s) of one combination (dense: one per dense backend), as the command."""
-    import torch
 
     from santa_bench.e2e.runner import E2EGrid, check_grid, expand_cases
     from santa_bench.units import parse_list
 
-    device = combo["device"]
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device: expected auto, cpu or cuda, got {device!r}")
+    device = resolve_device(combo["device"], option="device", visible=False)
     if budget is not None and "S" in {p.name for p in method.params} and "S" not in overrides:
         overrides = {**overrides, "S": budget}
     backends = combo["dense_backends"]
@@ -696,7 +692,6 @@ def _captured_ctx(path: str) -> int:
 def _kernel_case(
     method: Method, overrides: dict[str, Any], budget: int | None, combo: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    import torch
 
     from santa_bench.runners.kernel import (
         KernelGrid,
@@ -705,11 +700,7 @@ def _kernel_case(
         expand_cases,
     )
 
-    device = combo.get("device", "auto")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device: expected auto, cpu or cuda, got {device!r}")
+    device = resolve_device(combo.get("device", "auto"), option="device", visible=False)
     inputs = str(combo["inputs"]) if combo.get("inputs") else None
     shape = attention_shape(inputs, {k: combo.get(k) for k in ("heads", "kv_heads", "head_dim")})
     grid = KernelGrid(

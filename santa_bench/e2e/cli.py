@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from santa_bench.cli_options import Force, ResultsDir, RunId
+from santa_bench.devices import DEVICE_HELP, resolve_device
 
 console = Console()
 
@@ -123,7 +124,7 @@ def e2e_command(
     seed: Annotated[
         int, typer.Option(help="Seed of the weights, prompt, page order and samplers.")
     ] = 0,
-    device: Annotated[str, typer.Option(help="auto (GPU when present), cpu or cuda.")] = "auto",
+    device: Annotated[str, typer.Option(help=DEVICE_HELP)] = "auto",
     results_dir: ResultsDir = Path("results"),
     run_id: RunId = None,
     force: Force = False,
@@ -136,7 +137,6 @@ def e2e_command(
     as one CUDA graph on a GPU with fresh random numbers per step and layer. Finished
     cases already in the store are skipped (resume), unless --force.
     """
-    import torch
 
     from santa_bench import environment, results
     from santa_bench.e2e.runner import E2EGrid, check_grid, expand_cases
@@ -148,12 +148,10 @@ def e2e_command(
         _fail("--config and --model: give one (a named shape, or a Hugging Face model)")
     if random_weights and not model:
         _fail("--random-weights goes with --model (--config is always random)")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device not in ("cpu", "cuda"):
-        _fail(f"--device: expected auto, cpu or cuda, got {device!r}")
-    elif device == "cuda" and not torch.cuda.is_available():
-        _fail("--device cuda: no CUDA device is visible")
+    try:
+        device = resolve_device(device)
+    except ValueError as exc:
+        _fail(str(exc))
     weights = "real" if model and not random_weights else "random"
     try:
         backends = None if dense_backends == "auto" else parse_list(dense_backends)
