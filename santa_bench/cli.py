@@ -24,6 +24,7 @@ from santa_bench.cli_options import (
 )
 from santa_bench.devices import DEVICE_HELP, resolve_device
 from santa_bench.methods import REGISTRY, MethodError, parse_method_specs
+from santa_bench.runners.schema import KERNEL
 from santa_bench.units import format_size, parse_list, parse_size_list
 
 app = typer.Typer(
@@ -196,9 +197,9 @@ def kernel(
         ),
     ] = None,
     S: Annotated[
-        str, typer.Option("--S", help="Sample budget(s) S for the sampling methods, comma list.")
-    ] = "128",
-    batch: Annotated[str, typer.Option(help="Batch size(s), comma list.")] = "1",
+        str, typer.Option("--S", help=KERNEL.help("S"))
+    ] = KERNEL.option_default("S"),
+    batch: Annotated[str, typer.Option(help=KERNEL.help("batch"))] = KERNEL.option_default("batch"),
     M: Annotated[str | None, typer.Option("--M", hidden=True)] = None,
     team_size: Annotated[str | None, typer.Option(hidden=True)] = None,
     team_policy: Annotated[str | None, typer.Option(hidden=True)] = None,
@@ -241,14 +242,12 @@ def kernel(
             "ctx keys."
         ),
     ] = None,
-    dtype: Annotated[
-        str, typer.Option(help="Storage dtype of Q/K/V: bf16, fp16 or fp32.")
-    ] = "bf16",
-    layout: Annotated[
-        str, typer.Option(help="KV layout: contiguous (NHD) or paged.")
-    ] = "contiguous",
-    page_size: Annotated[int, typer.Option(help="Tokens per page for the paged layout.")] = 16,
-    seed: Annotated[int, typer.Option(help="Seed of the inputs and of the samplers.")] = 0,
+    dtype: Annotated[str, typer.Option(help=KERNEL.help("dtype"))] = KERNEL.default("dtype"),
+    layout: Annotated[str, typer.Option(help=KERNEL.help("layout"))] = KERNEL.default("layout"),
+    page_size: Annotated[
+        int, typer.Option(help=KERNEL.help("page_size"))
+    ] = KERNEL.default("page_size"),
+    seed: Annotated[int, typer.Option(help=KERNEL.help("seed"))] = KERNEL.default("seed"),
     device: Annotated[str, typer.Option(help=DEVICE_HELP)] = "auto",
     results_dir: ResultsDir = Path("results"),
     run_id: RunId = None,
@@ -302,7 +301,8 @@ def kernel(
             _flag,
         )
         if ctx is None:
-            ctx = str(describe_capture(inputs, digest=False).ctx) if inputs else "4k"
+            ctx = (str(describe_capture(inputs, digest=False).ctx) if inputs
+                   else KERNEL.option_default("ctx"))
         grid = KernelGrid(
             methods=_with_baselines(
                 parse_method_specs(methods or DEFAULT_METHODS),

@@ -46,6 +46,7 @@ import yaml
 from santa_bench.devices import resolve_device
 from santa_bench.methods import REGISTRY, Method, MethodError, Param, parse_method_specs
 from santa_bench.results import config_hash
+from santa_bench.runners.schema import SCHEMAS, RunnerSchema
 from santa_bench.units import parse_size
 
 TOP_LEVEL = ("name", "description", "runner", "fixed", "grid", "zip", "where", "options")
@@ -67,123 +68,13 @@ class RunnerSpec:
     implemented: bool = False
 
 
-_SHAPE = {"batch": "int", "ctx": "size", "heads": "int", "kv_heads": "int", "head_dim": "int"}
-RUNNERS: dict[str, RunnerSpec] = {
-    "kernel": RunnerSpec(
-        "kernel",
-        {
-            "method": "method",
-            "S": "budget",
-            **_SHAPE,
-            "dtype": "str",
-            "layout": "str",
-            "page_size": "size",
-            "seed": "int",
-            "device": "str",
-            "graph": "bool",
-            "cold": "bool",
-            "inputs": "str",
-        },
-        options={"cpu_budget": float, "gpu_budget_ms": float},
-        derived=("kind", "family", "timing", "l2"),
-        defaults={"ctx": 4096, "batch": 1, "S": 128, "device": "auto"},
-        implemented=True,
-    ),
-    "fidelity": RunnerSpec(
-        "fidelity",
-        {
-            "method": "method",
-            "S": "budget",
-            "pattern": "str",
-            **_SHAPE,
-            "seeds": "int",
-            "seed": "int",
-        },
-        defaults={
-            "ctx": 2048,
-            "batch": 1,
-            "heads": 8,
-            "kv_heads": 2,
-            "head_dim": 64,
-            "seeds": 32,
-            "seed": 0,
-            "S": 64,
-        },
-        implemented=True,
-    ),
-    "accuracy": RunnerSpec(
-        "accuracy",
-        {
-            "method": "method",
-            "S": "budget",
-            "model": "str",
-            "task": "str",
-            "ctx": "size",
-            "n": "int",
-            "seed": "int",
-            "dense_layers": "str",
-            "max_new_tokens": "int",
-            "device": "str",
-            "reference": "bool",
-            "batch": "int",
-        },
-        defaults={
-            "model": "smollm2-135m",
-            "n": 20,
-            "seed": 0,
-            "dense_layers": "",
-            "max_new_tokens": 256,
-            "device": "auto",
-            "reference": False,
-            "batch": 16,
-        },
-        implemented=True,
-    ),
-    "e2e": RunnerSpec(
-        "e2e",
-        {
-            "method": "method",
-            "S": "budget",
-            "model": "str",
-            "weights": "str",
-            "ctx": "size",
-            "batch": "int",
-            "decode_steps": "int",
-            "seed": "int",
-            "dtype": "str",
-            "device": "str",
-            "layout": "str",
-            "page_size": "int",
-            "dense_layers": "str",
-            "dense_backends": "str",
-            "prefill": "str",
-            "prefill_chunk": "int",
-            "graph": "bool",
-            "rest": "str",
-        },
-        derived=("kind", "family", "backend", "timing"),
-        defaults={
-            "model": "llama-3.1-8b",
-            "weights": "real",
-            "ctx": 32768,
-            "batch": 1,
-            "decode_steps": 64,
-            "seed": 0,
-            "dtype": "bf16",
-            "device": "auto",
-            "layout": "contiguous",
-            "page_size": 16,
-            "dense_layers": "",
-            "dense_backends": "auto",
-            "prefill": "dense",
-            "prefill_chunk": 1024,
-            "graph": True,
-            "rest": "auto",
-        },
-        implemented=True,
-    ),
-}
+def _runner_spec(schema: RunnerSchema) -> RunnerSpec:
+    """A runner's suite keys and defaults, as its case schema declares them."""
+    return RunnerSpec(schema.name, schema.kinds(), dict(schema.options), schema.derived,
+                      schema.suite_defaults(), implemented=True)
 
+
+RUNNERS: dict[str, RunnerSpec] = {name: _runner_spec(s) for name, s in SCHEMAS.items()}
 
 
 @dataclass(frozen=True)
@@ -512,11 +403,15 @@ def suite_from_dict(data: Any, path: Path | str = "<suite>") -> Suite:
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
             raise fail(f"options.{key}", f"expected a positive number, got {value!r}")
 
+    for key, default in spec.defaults.items():  # a list default is swept where not given
+        if isinstance(default, list) and key not in seen:
+            axes.append([{key: _value(spec.keys[key], v, runner)} for v in default])
+
     cases: list[dict[str, Any]] = []
     hashes: set[str] = set()
     for parts in itertools.product(*axes):
         given = {k: v for part in parts for k, v in part.items()}
-        combo = {**spec.defaults, **given}
+        combo = {**{k: v for k, v in spec.defaults.items() if not isinstance(v, list)}, **given}
         if runner == "kernel" and given.get("inputs") and "ctx" not in given:
             try:  # a capture file's cases default to its captured length
                 combo["ctx"] = _captured_ctx(str(given["inputs"]))

@@ -16,6 +16,8 @@ from rich.table import Table
 
 from santa_bench.cli_options import Force, ResultsDir, RunId
 from santa_bench.devices import DEVICE_HELP, resolve_device
+from santa_bench.runners.schema import E2E
+from santa_bench.units import format_size
 
 console = Console()
 
@@ -50,9 +52,9 @@ def e2e_command(
         ),
     ] = False,
     ctx: Annotated[
-        str, typer.Option(help="Prompt length(s) per sequence, comma list: 8k,32k,128k.")
-    ] = "32k",
-    batch: Annotated[str, typer.Option(help="Batch size(s), comma list: 1,4,8,16.")] = "4",
+        str, typer.Option(help=E2E.help("ctx"))
+    ] = E2E.option_default("ctx"),
+    batch: Annotated[str, typer.Option(help=E2E.help("batch"))] = E2E.option_default("batch"),
     methods: Annotated[
         str,
         typer.Option(
@@ -81,7 +83,7 @@ def e2e_command(
         str,
         typer.Option(help="KV cache layout: contiguous [B, N, Hkv, d], or paged (shuffled pages)."),
     ] = "contiguous",
-    page_size: Annotated[int, typer.Option(help="Tokens per page of the paged layout.")] = 16,
+    page_size: Annotated[int, typer.Option(help=E2E.help("page_size"))] = E2E.default("page_size"),
     dense_layers: Annotated[
         str,
         typer.Option(
@@ -97,8 +99,8 @@ def e2e_command(
         ),
     ] = "dense",
     prefill_chunk: Annotated[
-        int, typer.Option(help="Prompt tokens per sequence per prefill chunk.")
-    ] = 1024,
+        int, typer.Option(help=E2E.help("prefill_chunk"))
+    ] = E2E.default("prefill_chunk"),
     graph: Annotated[
         bool,
         typer.Option(
@@ -122,8 +124,8 @@ def e2e_command(
         "bf16"
     ),
     seed: Annotated[
-        int, typer.Option(help="Seed of the weights, prompt, page order and samplers.")
-    ] = 0,
+        int, typer.Option(help=E2E.help("seed"))
+    ] = E2E.default("seed"),
     device: Annotated[str, typer.Option(help=DEVICE_HELP)] = "auto",
     results_dir: ResultsDir = Path("results"),
     run_id: RunId = None,
@@ -195,7 +197,6 @@ def e2e_command(
 
 def print_summary(summary: list[tuple[dict, list[dict]]], weights: str) -> None:
     """Prints one line per case: latency, throughput, attention share, speedup, agreement."""
-    from santa_bench.units import format_size
 
     models = sorted({str(case["model"]) for case, _ in summary})
     title = f"e2e decode, {', '.join(models)}" + (
