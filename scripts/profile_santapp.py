@@ -75,7 +75,7 @@ def dense_times(inputs) -> dict[str, float]:
 
 
 def profile_config(inputs, dense_ref, M: int, P: int) -> dict:
-    packs = [tsp.time_index_build(kv, team_size=P) for _, kv in inputs]
+    packs = [tsp.time_index_build(kv, team_size=P, sink=0, exact_recent=0) for _, kv in inputs]
     build = packs[0][1]
     packs = [p for p, _ in packs]
     wss = [tsp.SantaPPWorkspace.for_inputs(q, kv, p, M, seed=i)

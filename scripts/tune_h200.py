@@ -160,7 +160,7 @@ def santapp_cases(rows: Rows, section: str):
         if os.environ.get("PP_TEAM_SIZES"):  # e.g. PP_TEAM_SIZES=16,64,128
             team_sizes = tuple(int(p) for p in os.environ["PP_TEAM_SIZES"].split(","))
         for P in team_sizes:
-            packs = [tsp.build_packed(kv, team_size=P) for _, kv in inputs]
+            packs = [tsp.build_packed(kv, team_size=P, sink=0, exact_recent=0) for _, kv in inputs]
             gumbels = -torch.log(-torch.log(
                 torch.rand(batch, 32, packs[0].max_teams, device="cuda").clamp(1e-12, 1 - 1e-7)))
             yield f"{tag} P={P}", inputs, packs, gumbels
@@ -724,7 +724,8 @@ def reps_section(rows: Rows) -> None:
                 got = {}
                 for kernel in (False, True):
                     packed, ms = tsp.time_index_build(kv, team_size=P, representative=rep,
-                                                      reps_kernel=kernel, repeats=5)
+                                                      reps_kernel=kernel, repeats=5,
+                                                      sink=0, exact_recent=0)
                     got[kernel] = packed
                     same = (torch.equal(packed.reps, got[False].reps)
                             and torch.equal(packed.log_n, got[False].log_n))

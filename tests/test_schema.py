@@ -105,3 +105,25 @@ def test_a_suite_that_omits_a_key_gets_the_commands_default(tmp_path):
                                                       "ctx": 256, "device": "cpu"},
                            "grid": {"method": ["santa-sys:S=16"]}}, tmp_path / "e")
     assert {c["batch"] for c in e2e.cases} == {4}
+
+
+def test_the_santapp_kernel_library_defaults_are_the_registrys():
+    import inspect
+
+    from santa_bench.methods import REGISTRY
+    from santa_bench.methods.santapp import santapp_prepare
+    from santa_kernels import santapp as reference
+    from santa_kernels import triton_santapp
+
+    params = REGISTRY.get("santapp").resolve_params({})
+
+    def defaults(function) -> dict:
+        return {k: v.default for k, v in inspect.signature(function).parameters.items()}
+
+    assert defaults(reference.santapp)["M"] == params["M"]
+    for function in (reference.santapp, reference.santapp_attention, santapp_prepare):
+        got = defaults(function)
+        assert (got["sink"], got["window"]) == (params["sink"], params["window"]), function
+    for function in (reference.build_team_index, triton_santapp.build_packed):
+        got = defaults(function)
+        assert (got["sink"], got["exact_recent"]) == (params["sink"], params["window"]), function

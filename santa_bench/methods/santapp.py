@@ -22,6 +22,7 @@ from santa_bench.e2e.cache import StaticKVCache
 from santa_bench.methods._core import Method, Param, PlotStyle, register
 from santa_bench.timing import nbytes_of
 from santa_kernels.kv import KVCache
+from santa_kernels.santapp import DEFAULT_M, DEFAULT_SINK, DEFAULT_WINDOW
 from santa_kernels.santapp import santapp as santapp_reference
 
 
@@ -70,8 +71,8 @@ def santapp_prepare(
     scheme: str = "gumbel-topk",
     representative: str = "mean",
     mix: float = 0.0,
-    sink: int = 0,
-    window: int = 0,
+    sink: int = DEFAULT_SINK,
+    window: int = DEFAULT_WINDOW,
     reps: str = "model",
     merge: str = "auto",
     scale: float | None = None,
@@ -261,7 +262,7 @@ def santapp() -> Method:
         (
             # the fewest teams measured within 1 point of dense on RULER NIAH at 32k (of 2048
             # teams of 16; accuracy-2026-12-06-h100-niah-teams)
-            Param("M", 512, int,
+            Param("M", DEFAULT_M, int,
                   "teams selected per query head (every team, exact, where there are fewer)",
                   minimum=1),
             Param("team_size", 16, int, "tokens per team (P; k-means: per parent)", minimum=1),
@@ -282,8 +283,9 @@ def santapp() -> Method:
             Param("mix", 0.0, float, "defensive mixing with the uniform, in [0, 1)"),
             # defaults from the GPU RULER runs at 32k (accuracy-2026-12-04-h200-ruler*):
             # better on NIAH than none, at no measured kernel cost
-            Param("sink", 4, int, "first tokens attended exactly", minimum=0),
-            Param("window", 64, int, "recent tokens attended exactly", minimum=0),
+            # (the kernel library's defaults, santa_kernels.santapp.DEFAULT_*)
+            Param("sink", DEFAULT_SINK, int, "first tokens attended exactly", minimum=0),
+            Param("window", DEFAULT_WINDOW, int, "recent tokens attended exactly", minimum=0),
             Param(
                 "reps",
                 "model",
