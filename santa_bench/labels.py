@@ -10,6 +10,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import pandas as pd
+
 from santa_bench.methods import REGISTRY, MethodError
 
 # santa-flash's retired kernel options, which rows stored before its one kernel carry:
@@ -30,9 +32,10 @@ Row = Mapping[str, Any]
 
 
 def present(value: Any) -> bool:
-    """True for a stored value (not None, NaN or the empty string)."""
-    return value is not None and not (isinstance(value, float) and math.isnan(value)) \
-        and value != ""
+    """True for a stored value (not None, NaN, NA or the empty string)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return False
+    return not (pd.api.types.is_scalar(value) and pd.isna(value)) and value != ""
 
 
 def param_text(value: Any) -> str:
@@ -100,19 +103,21 @@ def config_label(
     skip: Iterable[str] = (),
     text_params: Iterable[str] = (),
     method: bool = True,
+    rest: bool = True,
     sep: str = " ",
 ) -> str:
     """A configuration's label: ``santapp M=32 P=16 policy=kmeans``.
 
     The method's name (unless ``method`` is False), then ``head``'s parameters in that
     order under their short names (those marked True whenever the row holds them, the
-    others away from their defaults), then the rest of :func:`config_params` that neither
-    ``head`` nor ``skip`` names, then the ``text_params`` the row holds as text; joined
-    by ``sep``. The tables use ``TABLE_HEAD`` and ``TEXT_PARAMS``; a key is
-    :func:`config_key`.
+    others away from their defaults), then (unless ``rest`` is False) the rest of
+    :func:`config_params` that neither ``head`` nor ``skip`` names, then the
+    ``text_params`` the row holds as text; joined by ``sep``. The tables use
+    ``TABLE_HEAD`` and ``TEXT_PARAMS``, a figure's series its varying parameters alone;
+    a key is :func:`config_key`.
     """
     head = tuple(head)
-    named = dict(config_params(row) or [])
+    named = dict(config_params(row) or []) if rest or any(not a for _, _, a in head) else {}
     parts = [str(row["method"])] if method else []
     for key, short, always in head:
         value = row.get(key)
@@ -120,7 +125,8 @@ def config_label(
             parts.append(f"{short}={param_text(value)}")
     text_params = tuple(text_params)
     left_out = {key for key, _, _ in head} | set(skip) | set(text_params)
-    parts += [f"{key}={text}" for key, text in named.items() if key not in left_out]
+    if rest:
+        parts += [f"{key}={text}" for key, text in named.items() if key not in left_out]
     parts += [f"{key}={row[key]}" for key in text_params
               if isinstance(row.get(key), str) and row[key]]
     return sep.join(parts)

@@ -232,7 +232,9 @@ def _retired_params() -> dict[str, str]:
 def _method(spec: str, runner: str) -> tuple[Method, dict[str, Any]]:
     parsed = parse_method_specs(str(spec))
     if len(parsed) != 1:
-        raise MethodError(f"{spec!r} names {len(parsed)} methods; give one per item")
+        sweep = " (a value a|b sweeps: list the values under grid instead)" if "|" in str(spec) \
+            else ""
+        raise MethodError(f"{spec!r} names {len(parsed)} methods; give one per item{sweep}")
     parsed[0][0].resolve_params(parsed[0][1])  # unknown or invalid parameters fail here
     return parsed[0]
 
@@ -556,7 +558,6 @@ def _e2e_cases(
     method: Method, overrides: dict[str, Any], budget: int | None, combo: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """The e2e case(s) of one combination (dense: one per dense backend), as the command."""
-
     from santa_bench.e2e.runner import E2EGrid, check_grid, expand_cases
     from santa_bench.units import parse_list
 
@@ -587,7 +588,6 @@ def _captured_ctx(path: str) -> int:
 def _kernel_case(
     method: Method, overrides: dict[str, Any], budget: int | None, combo: dict[str, Any]
 ) -> list[dict[str, Any]]:
-
     from santa_bench.runners.kernel import (
         KernelGrid,
         attention_shape,

@@ -127,3 +127,11 @@ def test_the_santapp_kernel_library_defaults_are_the_registrys():
     for function in (reference.build_team_index, triton_santapp.build_packed):
         got = defaults(function)
         assert (got["sink"], got["exact_recent"]) == (params["sink"], params["window"]), function
+
+
+def test_a_suite_method_spec_that_sweeps_says_where_the_values_go(tmp_path):
+    from santa_bench.sweep import SuiteError
+
+    with pytest.raises(SuiteError, match=r"a value a\|b sweeps: list the values under grid"):
+        suite_from_dict({"runner": "kernel", "grid": {"method": ["santapp:M=32|64"]}},
+                        tmp_path / "s")

@@ -139,7 +139,6 @@ def e2e_command(
     as one CUDA graph on a GPU with fresh random numbers per step and layer. Finished
     cases already in the store are skipped (resume), unless --force.
     """
-
     from santa_bench import environment, results
     from santa_bench.e2e.runner import E2EGrid, check_grid, expand_cases
     from santa_bench.execute import RunOptions, run_cases
