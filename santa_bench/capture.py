@@ -26,6 +26,7 @@ import torch
 import typer
 
 import santa_kernels as sk
+from santa_bench.devices import resolve_device
 
 CAPTURED_PREFIX = "captured:"
 RULER_HAYSTACK = "ruler-haystack"
@@ -248,15 +249,7 @@ MODEL_DTYPES = {"cpu": "float32", "cuda": "bfloat16"}
 
 def capture_device(requested: str) -> str:
     """Returns ``cpu`` or ``cuda`` for ``--device auto|cpu|cuda`` (ValueError if unusable)."""
-    if requested not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"--device: expected auto, cpu or cuda, got {requested!r}")
-    if requested == "cpu":
-        return "cpu"
-    if torch.cuda.is_available():
-        return "cuda"
-    if requested == "cuda":
-        raise ValueError("--device cuda: no CUDA device is visible")
-    return "cpu"
+    return resolve_device(requested)
 
 
 def default_layers(count: int) -> list[int]:
@@ -298,7 +291,7 @@ def capture_command(
     """
     from rich.markup import escape
 
-    from santa_bench.cli_options import make_console
+    from santa_bench.console import make_console
     from santa_bench.units import parse_list, parse_size
 
     console = make_console()

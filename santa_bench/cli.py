@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 import shlex
 import sys
@@ -25,8 +24,10 @@ from santa_bench.cli_options import (
     positive_number,
     run_cases_or_exit,
 )
+from santa_bench.devices import DEVICE_HELP, resolve_device
 from santa_bench.methods import REGISTRY, MethodError, parse_method_specs
 from santa_bench.runners import MAX_CASES
+from santa_bench.runners.schema import KERNEL
 from santa_bench.units import format_size, parse_list, parse_size_list
 
 app = typer.Typer(
@@ -232,15 +233,11 @@ app.command("capture")(capture_command)
 
 
 def _device(requested: str) -> str:
-    import torch
-
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if requested == "cuda" and not torch.cuda.is_available():
-        _fail("--device cuda: no CUDA device is visible")
-    if requested not in ("cpu", "cuda"):
-        _fail(f"--device: expected auto, cpu or cuda, got {requested!r}")
-    return requested
+    try:
+        return resolve_device(requested)
+    except ValueError as exc:
+        _fail(str(exc))
+        raise  # pragma: no cover - _fail exits
 
 
 @app.command("kernel")
@@ -253,18 +250,12 @@ def kernel(
         ),
     ] = None,
     S: Annotated[
-        str, typer.Option("--S", help="Sample budget(s) S for the sampling methods, comma list.")
-    ] = "128",
-    batch: Annotated[str, typer.Option(help="Batch size(s), comma list.")] = "1",
-    M: Annotated[
-        str | None, typer.Option("--M", help="SANTA++: teams selected per head, comma list.")
-    ] = None,
-    team_size: Annotated[
-        str | None, typer.Option(help="SANTA++: team size(s) P, comma list.")
-    ] = None,
-    team_policy: Annotated[
-        str | None, typer.Option(help="SANTA++: team index(es), contiguous and/or kmeans.")
-    ] = None,
+        str, typer.Option("--S", help=KERNEL.help("S"))
+    ] = KERNEL.option_default("S"),
+    batch: Annotated[str, typer.Option(help=KERNEL.help("batch"))] = KERNEL.option_default("batch"),
+    M: Annotated[str | None, typer.Option("--M", hidden=True)] = None,
+    team_size: Annotated[str | None, typer.Option(hidden=True)] = None,
+    team_policy: Annotated[str | None, typer.Option(hidden=True)] = None,
     baselines: Annotated[
         str,
         typer.Option(
@@ -278,8 +269,8 @@ def kernel(
     methods: Annotated[
         str | None,
         typer.Option(
-            help="Methods, comma list; parameters as name:key=value (see `santa-bench list`). "
-            f"Default: {DEFAULT_METHODS}."
+            help="Methods, comma list; parameters as name:key=value, a|b sweeping a value "
+            f"(santapp:M=32|64,team_size=16; see `santa-bench list`). Default: {DEFAULT_METHODS}."
         ),
     ] = None,
     heads: Annotated[
@@ -304,15 +295,13 @@ def kernel(
             "ctx keys."
         ),
     ] = None,
-    dtype: Annotated[
-        str, typer.Option(help="Storage dtype of Q/K/V: bf16, fp16 or fp32.")
-    ] = "bf16",
-    layout: Annotated[
-        str, typer.Option(help="KV layout: contiguous (NHD) or paged.")
-    ] = "contiguous",
-    page_size: Annotated[int, typer.Option(help="Tokens per page for the paged layout.")] = 16,
-    seed: Annotated[int, typer.Option(help="Seed of the inputs and of the samplers.")] = 0,
-    device: Annotated[str, typer.Option(help="auto (GPU when present), cpu or cuda.")] = "auto",
+    dtype: Annotated[str, typer.Option(help=KERNEL.help("dtype"))] = KERNEL.default("dtype"),
+    layout: Annotated[str, typer.Option(help=KERNEL.help("layout"))] = KERNEL.default("layout"),
+    page_size: Annotated[
+        int, typer.Option(help=KERNEL.help("page_size"))
+    ] = KERNEL.default("page_size"),
+    seed: Annotated[int, typer.Option(help=KERNEL.help("seed"))] = KERNEL.default("seed"),
+    device: Annotated[str, typer.Option(help=DEVICE_HELP)] = "auto",
     results_dir: ResultsDir = Path("results"),
     run_id: RunId = None,
     force: Force = False,
@@ -356,6 +345,7 @@ def kernel(
         expand_cases,
     )
 
+    _refuse_retired_options(M=M, team_size=team_size, team_policy=team_policy)
     try:
         on_device = _device(device)
         shape = attention_shape(
@@ -364,12 +354,11 @@ def kernel(
             _flag,
         )
         if ctx is None:
-            ctx = str(describe_capture(inputs, digest=False).ctx) if inputs else "4k"
+            ctx = (str(describe_capture(inputs, digest=False).ctx) if inputs
+                   else KERNEL.option_default("ctx"))
         grid = KernelGrid(
             methods=_with_baselines(
-                _with_team_options(parse_method_specs(
-                    DEFAULT_METHODS if methods is None else methods),
-                                   M, team_size, team_policy),
+                parse_method_specs(DEFAULT_METHODS if methods is None else methods),
                 baselines,
                 on_device,
             ),
@@ -533,23 +522,19 @@ def _sizes(option: str, text: str) -> list[int]:
         raise ValueError(f"{option}: {exc}") from None
 
 
-def _with_team_options(
-    parsed: list, M: str | None, team_size: str | None, policy: str | None
-) -> list:
-    """Expands the methods with SANTA++ parameters over --M, --team-size, --team-policy
-    (a value in the method's own spec wins); other methods are left as they are."""
-    options = (("M", "--M", M, int), ("team_size", "--team-size", team_size, int),
-               ("policy", "--team-policy", policy, str))
-    axes = [(name, option_list(option, text, kind))
-            for name, option, text, kind in options if text is not None]
-    expanded = []
-    for method, overrides in parsed:
-        known = {p.name for p in method.params}
-        free = [(name, values) for name, values in axes if name in known and name not in overrides]
-        names = [name for name, _ in free]
-        for combo in itertools.product(*(values for _, values in free)):
-            expanded.append((method, {**overrides, **dict(zip(names, combo, strict=True))}))
-    return expanded
+# options `kernel` had for SANTA++ alone: their method parameter (hidden; they fail)
+RETIRED_KERNEL_OPTIONS = {"M": ("--M", "M"), "team_size": ("--team-size", "team_size"),
+                          "team_policy": ("--team-policy", "policy")}
+
+
+def _refuse_retired_options(**given: str | None) -> None:
+    """One-line error for a retired method option: its parameter goes in the spec."""
+    for name, text in given.items():
+        if text is not None:
+            option, param = RETIRED_KERNEL_OPTIONS[name]
+            values = "|".join(parse_list(text)) or text
+            _fail(f"{option} is gone: give it in the method spec, "
+                  f"--methods 'santapp:{param}={values}' (a|b sweeps)")
 
 
 def _with_baselines(parsed: list, baselines: str, device: str) -> list:
@@ -571,13 +556,12 @@ def _with_baselines(parsed: list, baselines: str, device: str) -> list:
 def _team_label(case: dict) -> str:
     """``M=..,P=..`` and the SANTA++ case's other parameters away from their defaults
     (``policy=kmeans``, ``reps=int8``, ...)."""
-    from santa_bench.pareto import config_params  # the summary only: not at start-up
+    from santa_bench.labels import config_label  # the summary only: not at start-up
 
     if "M" not in case:
         return "-"
-    extra = [f"{name}={text}" for name, text in (config_params(case) or [])
-             if name not in ("M", "team_size")]
-    return ",".join([f"M={case['M']}", f"P={case['team_size']}", *extra])
+    return config_label(case, head=(("M", "M", True), ("team_size", "P", True)),
+                        method=False, sep=",")
 
 
 def _gpu_command() -> str:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import math
-import os
-import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,6 +13,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+
+from santa_bench.console import PIPE_WIDTH, make_console  # noqa: F401 (re-exported)
 
 
 def _run_id_option(value: str | None) -> str | None:
@@ -36,19 +36,7 @@ RunId = Annotated[str | None, typer.Option(
     callback=_run_id_option)]
 Force = Annotated[bool, typer.Option(help="Re-run cases already in the store.")]
 
-PIPE_WIDTH = 200
-"""Console width when the output is no terminal (a pipe, a log) and $COLUMNS is unset:
-wide enough that tables are not cut at rich's default 80 columns."""
-
 ACCURACY_INSTALL = "pip install -e '.[accuracy]'"
-
-
-def make_console() -> Console:
-    """A rich console: the terminal's width, $COLUMNS, else PIPE_WIDTH for a pipe or log."""
-    terminal = sys.stdout is not None and sys.stdout.isatty()
-    if terminal or os.environ.get("COLUMNS", "").isdigit():
-        return Console()
-    return Console(width=PIPE_WIDTH)
 
 
 def fail(console: Console, message: str, code: int = 2) -> None:

@@ -373,7 +373,7 @@ def run_cases(
     skipped, a progress bar and a summary of failures; returns the :class:`Outcome`.
     """
     if console is None:
-        from santa_bench.cli_options import make_console
+        from santa_bench.console import make_console
 
         console = make_console()
     if options.executor not in EXECUTORS:
@@ -497,7 +497,7 @@ def _refuse_repeats(cases: list[dict[str, Any]]) -> None:
             raise ExecutorError(
                 f"{case_label(case)} is asked twice: two method specs "
                 "that are one configuration once defaults are filled, or a spec's own value "
-                "and a grid option's (--S, --M, ...); name it once")
+                "and a grid option's (--S, --batch, ...); name it once")
         seen.add(key)
 
 

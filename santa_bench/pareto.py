@@ -34,7 +34,6 @@ cannot do at all says nothing about what a method keeps): only those count.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 from collections.abc import Sequence
@@ -46,20 +45,19 @@ import numpy as np
 import pandas as pd
 
 from santa_bench.captured import GAUSSIAN
-from santa_bench.methods import REGISTRY, MethodError
+from santa_bench.labels import (
+    DENSE_LAYERS,
+    config_key,
+    layered_key,
+)
+from santa_bench.labels import present as _present
+from santa_bench.methods import REGISTRY
 from santa_bench.stores import CPU, check_gpu, row_gpus
 
 INFORMATIVE = 0.20  # dense score below which a task is left out
 MARGIN_POINTS = 2.0  # non-inferiority margin: score minus dense's, percentage points
 RETENTION_BANDS = (0.99, 0.95, 0.90)  # the verdict's retention bands (point estimates)
 BOOTSTRAP = 2000
-# santa-flash's retired kernel options, which rows stored before its one kernel carry:
-# they label a kernel, not the estimator (kept out of the key). Of those rows only the
-# one-pass compact kernel's (gather=compact, one pass) time what santa-flash runs now;
-# rows since record the function that ran (kernel_function) and no gather
-_NOT_CONFIG = {"gather", "passes", "pairs"}
-# budgets: named in the key even at their defaults (santa-prop:S=128, quest:pages=64)
-_BUDGETS = {"S", "M", "k", "pages"}
 
 
 NO_KERNEL_ROWS = "no GPU (no kernel rows at this shape)"
@@ -93,15 +91,6 @@ def task_family(task: str) -> str:
     return {"gsm8k": "GSM8K", "mmlu": "MMLU"}.get(name, name)
 
 
-def _present(value: Any) -> bool:
-    return value is not None and not (isinstance(value, float) and math.isnan(value)) \
-        and value != ""
-
-
-def _text(value: Any) -> str:
-    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-
-
 def _retired_flash(rows: pd.DataFrame) -> pd.Series:
     """Which kernel rows timed a santa-flash kernel that no longer runs (the masked
     one-pass kernel, its default before, and the two-pass kernel): rows of santa-flash
@@ -113,40 +102,6 @@ def _retired_flash(rows: pd.DataFrame) -> pd.Series:
     current = (column("gather") == "compact") & column("passes").isna()
     current |= column("kernel_function").notna() & column("gather").isna()
     return (rows.method == "santa-flash") & ~current
-
-
-def config_params(row: pd.Series | dict[str, Any]) -> list[tuple[str, str]] | None:
-    """``[("M", "32"), ("policy", "kmeans")]``: the parameters a row's configuration names,
-    in the method's order (budgets always, the rest away from their defaults, so a row
-    that omits one and a row that records its default name the same ones). None for a
-    method the registry does not hold."""
-    try:
-        method = REGISTRY.get(str(row["method"]))
-    except MethodError:
-        return None
-    named = []
-    for param in method.params:
-        if param.name in _NOT_CONFIG:
-            continue
-        value = row.get(param.name)
-        if not _present(value):
-            continue
-        with contextlib.suppress(MethodError, ValueError, TypeError):
-            value = param.validate(value, method.name)
-        if param.name in _BUDGETS or value != param.default:
-            named.append((param.name, _text(value)))
-    return named
-
-
-def config_key(row: pd.Series | dict[str, Any]) -> str | None:
-    """The configuration a row measured, as a method spec: ``santa-prop:S=128``,
-    ``santapp:M=32,sink=4,window=64``, ``dense`` (:func:`config_params`). None for a
-    method the registry does not hold."""
-    named = config_params(row)
-    if named is None:
-        return None
-    parts = ",".join(f"{name}={text}" for name, text in named)
-    return REGISTRY.get(str(row["method"])).name + (":" + parts if parts else "")
 
 
 def _samples(cell: Any) -> np.ndarray:
@@ -196,28 +151,6 @@ class Accuracy:
 
     per_task: dict[str, np.ndarray]
     read_fraction: float
-
-
-DENSE_LAYERS = " dense_layers="  # joins a configuration key and the layers it kept dense
-
-
-def dense_layers_of(row: pd.Series | dict[str, Any]) -> tuple[int, ...]:
-    """The layers an accuracy row kept exact (``--dense-layers``, parsed by the runner
-    before the row was written), sorted; () for none."""
-    value = row.get("dense_layers")
-    if not _present(value):
-        return ()
-    return tuple(sorted({int(x) for x in str(value).split(",") if x.strip()}))
-
-
-def layered_key(row: pd.Series | dict[str, Any]) -> str | None:
-    """:func:`config_key`, with ``dense_layers=0,1`` appended where the row kept layers
-    exact: such a run's decode step mixes dense and sampled layers."""
-    key = config_key(row)
-    layers = dense_layers_of(row)
-    if key is None or not layers or key == "dense":  # dense with dense layers is dense
-        return key
-    return key + DENSE_LAYERS + ",".join(map(str, layers))
 
 
 def split_layers(config: str) -> tuple[str, tuple[int, ...]]:

@@ -17,8 +17,7 @@ import math
 import pandas as pd
 
 from santa_bench.captured import GAUSSIAN
-from santa_bench.methods import DEFAULT_TILE
-from santa_bench.pareto import config_params
+from santa_bench.labels import TABLE_HEAD, TEXT_PARAMS, config_label
 from santa_bench.units import format_size
 
 KERNEL_METRICS = (
@@ -115,36 +114,9 @@ def speedup_cell(case: pd.DataFrame, bold: bool = False) -> str:
     return f"{ratio} [{ci.ci_low:.2f}-{ci.ci_high:.2f}] vs {ci.best_dense}"
 
 
-# string parameters stored only away from their defaults (merge: relabelled where its
-# default changed; gather: santa-flash's kernel in rows stored before it had one): named
-# in the label so that variants of one method stay apart
-_LABEL_TEXT_PARAMS = ("reps", "merge", "gather")
-
-
-# named in the label's head (S, M, P=team_size) or by their own rule
-_LABEL_HEAD_PARAMS = ("S", "M", "team_size", "tile", "passes")
-
-
-def variant_text(row: pd.Series) -> str:
-    """`` policy=kmeans reps=int8``: the row's configuration parameters away from their
-    defaults (and budgets such as ``k``, ``pages``) that the label's head does not name, and
-    its stored string variant parameters, or ``""``."""
-    named = [(key, text) for key, text in (config_params(row) or [])
-             if key not in _LABEL_HEAD_PARAMS and key not in _LABEL_TEXT_PARAMS]
-    named += [(key, row[key]) for key in _LABEL_TEXT_PARAMS
-              if isinstance(row.get(key), str) and row[key]]
-    return "".join(f" {key}={text}" for key, text in named)
-
-
 def _label(row: pd.Series) -> str:
-    label = str(row["method"])
-    for key, short in (("S", "S"), ("M", "M"), ("team_size", "P"), ("passes", "passes")):
-        # passes: santa-flash's two-pass kernel, in rows stored before it had one kernel
-        if key in row and not pd.isna(row.get(key)):
-            label += f" {short}={int(row[key])}"
-    if not pd.isna(row.get("tile", float("nan"))) and int(row["tile"]) != DEFAULT_TILE:
-        label += f" tile={int(row['tile'])}"  # always stored: named away from the default
-    return label + variant_text(row)
+    """``santapp M=32 P=16 policy=kmeans``: a kernel table's configuration label."""
+    return config_label(row, head=TABLE_HEAD, text_params=TEXT_PARAMS)
 
 
 def kernel_table(frame: pd.DataFrame) -> str:

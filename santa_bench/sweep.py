@@ -44,10 +44,12 @@ from typing import Any
 
 import yaml
 
+from santa_bench.devices import resolve_device
 from santa_bench.expressions import Expression
 from santa_bench.methods import REGISTRY, Method, MethodError, Param, parse_method_specs
 from santa_bench.results import config_hash
 from santa_bench.runners import MAX_CASES
+from santa_bench.runners.schema import SCHEMAS, RunnerSchema
 from santa_bench.units import parse_size
 
 ANNOUNCE_FROM = 10_000
@@ -74,123 +76,13 @@ class RunnerSpec:
     implemented: bool = False
 
 
-_SHAPE = {"batch": "int", "ctx": "size", "heads": "int", "kv_heads": "int", "head_dim": "int"}
-RUNNERS: dict[str, RunnerSpec] = {
-    "kernel": RunnerSpec(
-        "kernel",
-        {
-            "method": "method",
-            "S": "budget",
-            **_SHAPE,
-            "dtype": "str",
-            "layout": "str",
-            "page_size": "size",
-            "seed": "int",
-            "device": "str",
-            "graph": "bool",
-            "cold": "bool",
-            "inputs": "str",
-        },
-        options={"cpu_budget": float, "gpu_budget_ms": float},
-        derived=("kind", "family", "timing", "l2"),
-        defaults={"ctx": 4096, "batch": 1, "S": 128, "device": "auto"},
-        implemented=True,
-    ),
-    "fidelity": RunnerSpec(
-        "fidelity",
-        {
-            "method": "method",
-            "S": "budget",
-            "pattern": "str",
-            **_SHAPE,
-            "seeds": "int",
-            "seed": "int",
-        },
-        defaults={
-            "ctx": 2048,
-            "batch": 1,
-            "heads": 8,
-            "kv_heads": 2,
-            "head_dim": 64,
-            "seeds": 32,
-            "seed": 0,
-            "S": 64,
-        },
-        implemented=True,
-    ),
-    "accuracy": RunnerSpec(
-        "accuracy",
-        {
-            "method": "method",
-            "S": "budget",
-            "model": "str",
-            "task": "str",
-            "ctx": "size",
-            "n": "int",
-            "seed": "int",
-            "dense_layers": "str",
-            "max_new_tokens": "int",
-            "device": "str",
-            "reference": "bool",
-            "batch": "int",
-        },
-        defaults={
-            "model": "smollm2-135m",
-            "n": 20,
-            "seed": 0,
-            "dense_layers": "",
-            "max_new_tokens": 256,
-            "device": "auto",
-            "reference": False,
-            "batch": 16,
-        },
-        implemented=True,
-    ),
-    "e2e": RunnerSpec(
-        "e2e",
-        {
-            "method": "method",
-            "S": "budget",
-            "model": "str",
-            "weights": "str",
-            "ctx": "size",
-            "batch": "int",
-            "decode_steps": "int",
-            "seed": "int",
-            "dtype": "str",
-            "device": "str",
-            "layout": "str",
-            "page_size": "int",
-            "dense_layers": "str",
-            "dense_backends": "str",
-            "prefill": "str",
-            "prefill_chunk": "int",
-            "graph": "bool",
-            "rest": "str",
-        },
-        derived=("kind", "family", "backend", "timing"),
-        defaults={
-            "model": "llama-3.1-8b",
-            "weights": "real",
-            "ctx": 32768,
-            "batch": 1,
-            "decode_steps": 64,
-            "seed": 0,
-            "dtype": "bf16",
-            "device": "auto",
-            "layout": "contiguous",
-            "page_size": 16,
-            "dense_layers": "",
-            "dense_backends": "auto",
-            "prefill": "dense",
-            "prefill_chunk": 1024,
-            "graph": True,
-            "rest": "auto",
-        },
-        implemented=True,
-    ),
-}
+def _runner_spec(schema: RunnerSchema) -> RunnerSpec:
+    """A runner's suite keys and defaults, as its case schema declares them."""
+    return RunnerSpec(schema.name, schema.kinds(), dict(schema.options), schema.derived,
+                      schema.suite_defaults(), implemented=True)
 
+
+RUNNERS: dict[str, RunnerSpec] = {name: _runner_spec(s) for name, s in SCHEMAS.items()}
 
 
 @dataclass(frozen=True)
@@ -237,7 +129,9 @@ def _retired_params() -> dict[str, str]:
 def _method(spec: str, runner: str) -> tuple[Method, dict[str, Any]]:
     parsed = parse_method_specs(str(spec))
     if len(parsed) != 1:
-        raise MethodError(f"{spec!r} names {len(parsed)} methods; give one per item")
+        sweep = " (a value a|b sweeps: list the values under grid instead)" if "|" in str(spec) \
+            else ""
+        raise MethodError(f"{spec!r} names {len(parsed)} methods; give one per item{sweep}")
     parsed[0][0].resolve_params(parsed[0][1])  # unknown or invalid parameters fail here
     return parsed[0]
 
@@ -422,6 +316,10 @@ def suite_from_dict(
                 or not math.isfinite(value) or value <= 0):
             raise fail(f"options.{key}", f"expected a finite number > 0, got {value!r}")
 
+    for key, default in spec.defaults.items():  # a list default is swept where not given
+        if isinstance(default, list) and key not in seen:
+            axes.append([{key: _value(spec.keys[key], v, runner)} for v in default])
+
     combinations = math.prod(len(axis) for axis in axes)
     if combinations > max_cases:
         raise fail(
@@ -436,7 +334,7 @@ def suite_from_dict(
     hashes: set[str] = set()
     for parts in itertools.product(*axes):
         given = {k: v for part in parts for k, v in part.items()}
-        combo = {**spec.defaults, **given}
+        combo = {**{k: v for k, v in spec.defaults.items() if not isinstance(v, list)}, **given}
         if runner == "kernel" and given.get("inputs") and "ctx" not in given:
             try:  # a capture file's cases default to its captured length
                 combo["ctx"] = _captured_ctx(str(given["inputs"]))
@@ -581,16 +479,10 @@ def _e2e_cases(
     method: Method, overrides: dict[str, Any], budget: int | None, combo: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """The e2e case(s) of one combination (dense: one per dense backend), as the command."""
-    import torch
-
     from santa_bench.e2e.runner import E2EGrid, check_grid, expand_cases
     from santa_bench.units import parse_list
 
-    device = combo["device"]
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device: expected auto, cpu or cuda, got {device!r}")
+    device = resolve_device(combo["device"], option="device", visible=False)
     if budget is not None and "S" in {p.name for p in method.params} and "S" not in overrides:
         overrides = {**overrides, "S": budget}
     backends = combo["dense_backends"]
@@ -617,8 +509,6 @@ def _captured_ctx(path: str) -> int:
 def _kernel_case(
     method: Method, overrides: dict[str, Any], budget: int | None, combo: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    import torch
-
     from santa_bench.runners.kernel import (
         KernelGrid,
         attention_shape,
@@ -626,11 +516,7 @@ def _kernel_case(
         expand_cases,
     )
 
-    device = combo.get("device", "auto")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device: expected auto, cpu or cuda, got {device!r}")
+    device = resolve_device(combo.get("device", "auto"), option="device", visible=False)
     inputs = str(combo["inputs"]) if combo.get("inputs") else None
     shape = attention_shape(inputs, {k: combo.get(k) for k in ("heads", "kv_heads", "head_dim")})
     grid = KernelGrid(

@@ -59,6 +59,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from santa_bench.devices import resolve_device
+
 MAX_COPIES = 256
 COLD_FACTOR = 3  # bytes rotated through >= 3x L2 counts as cold
 # workspaces' traffic rotated >= 2x L2 counts as cold: their footprint (half the traffic of
@@ -236,7 +238,7 @@ def measure(
     dev = (
         torch.device(device)
         if device is not None
-        else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        else torch.device(resolve_device("auto"))
     )
     with torch.no_grad():
         if dev.type != "cuda":

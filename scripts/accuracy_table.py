@@ -15,18 +15,18 @@ from pathlib import Path
 
 import pandas as pd
 
+from santa_bench import labels
 from santa_bench.methods import REGISTRY
-from santa_bench.pareto import config_params, dense_layers_of
 from santa_bench.results import ResultStore
 
 
 def config_label(row: pd.Series) -> str:
     """``santa-prop S=128`` / ``santapp M=32 policy=kmeans``: the method and the parameters
     its configuration names (budgets, and the rest away from their defaults)."""
-    named = config_params(row) or []
-    if row["method"] != "dense" and (layers := dense_layers_of(row)):  # as pareto keys it
-        named = [*named, ("dense_layers", ",".join(map(str, layers)))]
-    return " ".join([REGISTRY.get(row["method"]).name] + [f"{k}={v}" for k, v in named])
+    label = labels.config_label({**row, "method": REGISTRY.get(row["method"]).name})
+    if row["method"] != "dense" and (layers := labels.dense_layers_of(row)):  # as pareto keys it
+        label += " dense_layers=" + ",".join(map(str, layers))
+    return label
 
 
 def accuracy_table(frame: pd.DataFrame, model: str | None = None) -> pd.DataFrame:

@@ -22,18 +22,14 @@ from typer.testing import CliRunner
 
 from santa_bench.cli import app
 from santa_bench.e2e import cli as e2e_cli
-from santa_bench.e2e.attention import (
-    LayerRouting,
-    ReferenceDecode,
-    TritonSampledDecode,
-    TritonSantaPPDecode,
-    dense_backend,
-)
+from santa_bench.e2e.attention import LayerRouting, ReferenceDecode, dense_backend
 from santa_bench.e2e.configs import NAMED, from_hf_config, hf_config, resolve_config
 from santa_bench.e2e.loop import DecodeSession
 from santa_bench.e2e.model import Decoder
 from santa_bench.e2e.runner import agreement, case_command, order_cases
 from santa_bench.methods import REGISTRY
+from santa_bench.methods.santa import TritonSampledDecode
+from santa_bench.methods.santapp import TritonSantaPPDecode
 from santa_bench.results import ResultStore, config_hash
 from santa_bench.sweep import load_suite, suite_from_dict
 from santa_kernels.validate import InputError

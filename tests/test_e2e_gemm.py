@@ -123,9 +123,10 @@ def test_gpu_pdl_launches_change_nothing(monkeypatch, backend):
     varies, so the logits agree to bf16 rounding of the last layers' outputs there."""
     import santa_kernels.triton_santapp as tsp
     import santa_kernels.triton_splitkv as tsk
-    from santa_bench.e2e.attention import TritonSampledDecode, TritonSantaPPDecode
     from santa_bench.e2e.configs import ModelConfig
     from santa_bench.methods import REGISTRY
+    from santa_bench.methods.santa import TritonSampledDecode
+    from santa_bench.methods.santapp import TritonSantaPPDecode
 
     config = ModelConfig("gpu-small", "llama", 2, 512, 8, 2, 128, 1024, 512, 4096, 10000.0)
     model = Decoder.random(config, device="cuda", dtype=torch.bfloat16, std=0.05)

@@ -188,12 +188,47 @@ def test_cases_dropped_for_a_budget_above_the_context_are_named(tmp_path):
     assert "santa-prop" in text.split("dropped")[1]
 
 
+def test_kernel_help_shows_no_option_of_one_method_family():
+    import typer.main
+
+    from santa_bench.methods import REGISTRY
+    from santa_bench.runners.schema import KERNEL
+
+    command = typer.main.get_command(app).commands["kernel"]
+    shown = {name.lstrip("-").replace("-", "_") for p in command.params
+             if p.param_type_name == "option" and not p.hidden for name in p.opts}
+    assert {"S", "batch", "methods"} <= shown
+    families = {}
+    for method in REGISTRY:
+        for param in method.params:
+            families.setdefault(param.name, set()).add(method.family)
+    # a case key of the runner (the layout's page_size) is no method's option
+    one_family = {name for name in shown
+                  if len(families.get(name, ())) == 1 and name not in KERNEL.kinds()}
+    assert not one_family, f"kernel options of one method family: {sorted(one_family)}"
+    help_text = _text(_invoke("kernel", "--help"))
+    assert "--team-size" not in help_text and "--M " not in help_text
+
+
+def test_kernel_sweeps_a_method_parameter_through_its_spec(tmp_path):
+    result = _invoke("kernel", "--ctx", "256", "--methods", "santapp:M=2|4,team_size=16",
+                     "--results", str(tmp_path), *SMALL)
+    assert result.exit_code == 0, result.output
+    rows = ResultStore(tmp_path).load()
+    assert sorted(rows.loc[rows.metric == "latency", "M"].astype(int)) == [2, 4]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--S", "abc"], "--S: expected an integer, got 'abc'"),
         (["--batch", "1,x"], "--batch: expected an integer, got 'x'"),
-        (["--M", "many"], "--M: expected an integer, got 'many'"),
+        (["--M", "32,64"], "--M is gone: give it in the method spec, --methods "
+                           "'santapp:M=32|64'"),
+        (["--team-size", "16"], "--team-size is gone: give it in the method spec, --methods "
+                                "'santapp:team_size=16'"),
+        (["--team-policy", "kmeans"], "--team-policy is gone: give it in the method spec, "
+                                      "--methods 'santapp:policy=kmeans'"),
         (["--ctx", "4q"], "--ctx: not a size"),
         (["--head-dim", "7"], "--head-dim: must be a multiple of 8 and at least 16"),
         (["--head-dim", "12"], "--head-dim: must be a multiple of 8"),

@@ -31,10 +31,26 @@ def test_parse_specs_with_parameters():
     }
 
 
+def test_a_spec_value_a_or_b_sweeps_every_combination():
+    parsed = parse_method_specs("dense,santapp:M=32|64,team_size=16|32,policy=kmeans,santa-sys")
+    assert [(m.name, o) for m, o in parsed] == [
+        ("dense", {}),
+        ("santapp", {"M": 32, "team_size": 16, "policy": "kmeans"}),
+        ("santapp", {"M": 32, "team_size": 32, "policy": "kmeans"}),
+        ("santapp", {"M": 64, "team_size": 16, "policy": "kmeans"}),
+        ("santapp", {"M": 64, "team_size": 32, "policy": "kmeans"}),
+        ("santa-sys", {}),
+    ]
+    policies = parse_method_specs("santapp:policy=contiguous|kmeans")
+    assert [o for _, o in policies] == [{"policy": "contiguous"}, {"policy": "kmeans"}]
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
         ("nope", "unknown method 'nope'"),
+        ("santapp:M=32|", "santapp: M=.* has an empty alternative"),
+        ("santapp:M=32|many", "parameter M expects int, got 'many'"),
         ("S=3", "given before any method name"),
         ("santa-sys:S", "expected key=value"),
         ("santa-sys:S=0", "S must be >= 1"),

@@ -49,9 +49,10 @@ def _max_err(a, b):
 def test_contiguous_all_teams_selected_is_exact(representative, mix):
     # 200 and 193 tokens: 13 teams of 16 each (the last shorter); GQA group 2
     q, kv = decode_problem(n=200, lengths=[200, 193], q_scale=2.0)
-    index = build_team_index(kv, team_size=16, representative=representative)
+    index = build_team_index(kv, team_size=16, representative=representative, sink=0,
+                             exact_recent=0)
     assert index.num_teams.tolist() == [[13, 13], [13, 13]]
-    out = santapp_attention(q, kv, index, 13, mix=mix, seed=3, compute_dtype=F64)
+    out = santapp_attention(q, kv, index, 13, mix=mix, seed=3, compute_dtype=F64, sink=0, window=0)
     assert _max_err(out.out, _dense(q, kv)) < 1e-10
     selected = out.team_weights[index.team_valid[:, [0, 0, 1, 1]]]
     assert torch.all(selected == 1)  # pi = 1 for every team
@@ -62,16 +63,17 @@ def test_M_above_a_sequences_team_count_reads_all_of_its_teams(scheme):
     # 200 and 120 tokens, teams of 16: 13 and 8 teams. M=10 draws sequence 0's teams and
     # reads all of sequence 1's (gumbel-topk: pi = 1, exact there); M=512 reads everything
     q, kv = decode_problem(n=200, lengths=[200, 120], q_scale=2.0)
-    index = build_team_index(kv, team_size=16)
+    index = build_team_index(kv, team_size=16, sink=0, exact_recent=0)
     assert index.num_teams.tolist() == [[13, 13], [8, 8]]
     dense = _dense(q, kv)
     if scheme == "gumbel-topk":
-        big = santapp_attention(q, kv, index, 512, seed=3, compute_dtype=F64)
+        big = santapp_attention(q, kv, index, 512, seed=3, compute_dtype=F64, sink=0, window=0)
         assert _max_err(big.out, dense) < 1e-10
         assert big.kv_read_fraction == 1.0
     errs = []
     for seed in range(8):
-        out = santapp_attention(q, kv, index, 10, scheme=scheme, seed=seed, compute_dtype=F64)
+        out = santapp_attention(q, kv, index, 10, scheme=scheme, seed=seed, compute_dtype=F64,
+                                sink=0, window=0)
         errs.append(_max_err(out.out[0], dense[0]))
         if scheme == "gumbel-topk":
             assert _max_err(out.out[1], dense[1]) < 1e-10
@@ -82,9 +84,10 @@ def test_M_above_a_sequences_team_count_reads_all_of_its_teams(scheme):
 @pytest.mark.parametrize("representative", ["leader", "mean"])
 def test_kmeans_all_teams_selected_is_exact(representative):
     q, kv = decode_problem(batch=1, heads=3, kv_heads=1, n=150, q_scale=2.0, seed=4)
-    index = build_team_index(kv, policy="kmeans", representative=representative, seed=1)
+    index = build_team_index(kv, policy="kmeans", representative=representative, seed=1, sink=0,
+                             exact_recent=0)
     teams = int(index.num_teams.item())
-    out = santapp_attention(q, kv, index, teams, seed=0, compute_dtype=F64)
+    out = santapp_attention(q, kv, index, teams, seed=0, compute_dtype=F64, sink=0, window=0)
     assert _max_err(out.out, _dense(q, kv)) < 1e-10
 
 
@@ -93,20 +96,22 @@ def test_exact_set_sink_window_and_tail_are_counted_once():
     # window tokens inside teams are masked out of their teams and attended exactly
     q, full = decode_problem(n=160, q_scale=2.0, seed=5)
     prefix = sk.KVCache.contiguous(full.k[:, :151], full.v[:, :151])
-    index = build_team_index(prefix, team_size=16, sink=2)
+    index = build_team_index(prefix, team_size=16, sink=2, exact_recent=0)
     teams = int(index.num_teams.min())
     out = santapp_attention(q, full, index, teams, sink=5, window=20, compute_dtype=F64)
     assert _max_err(out.out, _dense(q, full)) < 1e-10
     # with a window over the whole context every token is exact, whatever M and scheme
     for scheme in ("gumbel-topk", "multinomial"):
-        out = santapp_attention(q, full, index, 1, scheme=scheme, window=160, compute_dtype=F64)
+        out = santapp_attention(q, full, index, 1, scheme=scheme, window=160, compute_dtype=F64,
+                                sink=0)
         assert _max_err(out.out, _dense(q, full)) < 1e-10
 
 
 def test_multinomial_with_one_team_is_exact():
     q, kv = decode_problem(n=100, q_scale=2.0)
-    index = build_team_index(kv, team_size=128)
-    out = santapp_attention(q, kv, index, 1, scheme="multinomial", compute_dtype=F64)
+    index = build_team_index(kv, team_size=128, sink=0, exact_recent=0)
+    out = santapp_attention(q, kv, index, 1, scheme="multinomial", compute_dtype=F64, sink=0,
+                            window=0)
     assert _max_err(out.out, _dense(q, kv)) < 1e-10
 
 
@@ -114,14 +119,15 @@ def test_multinomial_with_one_team_is_exact():
 @pytest.mark.parametrize("scheme", ["gumbel-topk", "multinomial"])
 def test_error_falls_as_M_grows(scheme):
     q, kv = decode_problem(n=512, q_scale=3.0, seed=1)
-    index = build_team_index(kv, team_size=16)  # 32 teams
+    index = build_team_index(kv, team_size=16, sink=0, exact_recent=0)  # 32 teams
     exact = _dense(q, kv)
 
     def mean_error(M: int) -> float:
         errors = [
             float(
                 (
-                    santapp_attention(q, kv, index, M, scheme=scheme, seed=s, compute_dtype=F64).out
+                    santapp_attention(q, kv, index, M, scheme=scheme, seed=s, compute_dtype=F64,
+                                      sink=0, window=0).out
                     - exact
                 ).norm()
                 / exact.norm()
@@ -177,7 +183,8 @@ def test_gumbel_topk_inclusion_matches_selection_frequency():
 )
 def test_num_and_den_are_unbiased(scheme, mix):
     q, kv = decode_problem(batch=1, n=203, q_scale=1.5, seed=2)
-    index = build_team_index(kv, team_size=16)  # 13 teams, the last of 11 tokens
+    # 13 teams, the last of 11 tokens
+    index = build_team_index(kv, team_size=16, sink=0, exact_recent=0)
     keys, values, _ = kv.padded(F64)
     group = q.shape[1] // kv.num_kv_heads
     k = keys.repeat_interleave(group, dim=2)
@@ -189,7 +196,7 @@ def test_num_and_den_are_unbiased(scheme, mix):
 
     def draw(seed: int) -> torch.Tensor:
         out = santapp_attention(
-            q, kv, index, 4, scheme=scheme, mix=mix, seed=seed, compute_dtype=F64
+            q, kv, index, 4, scheme=scheme, mix=mix, seed=seed, compute_dtype=F64, sink=0, window=0
         )
         rescale = torch.exp(out.shift - top)[..., None]
         return torch.cat([out.num * rescale, out.den[..., None] * rescale], dim=-1)
@@ -228,7 +235,7 @@ def test_kmeans_index_partitions_the_tokens(duplicates):
 def test_contiguous_index_and_growth():
     q, kv = decode_problem(n=132, q_scale=2.0, seed=8)
     prefix = sk.KVCache.contiguous(kv.k[:, :100], kv.v[:, :100])
-    index = build_team_index(prefix, team_size=16)
+    index = build_team_index(prefix, team_size=16, sink=0, exact_recent=0)
     assert index.sizes[0, 0].tolist() == [16] * 6 + [4]
     assert torch.equal(index.members[0, 0, 6, :4], torch.arange(96, 100))
     grown = extend(index, sk.KVCache.contiguous(kv.k[:, :115], kv.v[:, :115]))
@@ -239,7 +246,7 @@ def test_contiguous_index_and_growth():
     assert torch.equal(grown.members[1, 1, 7], torch.arange(100, 116))
     grown = extend(grown, kv)
     assert grown.num_teams.tolist() == [[9, 9], [9, 9]]
-    out = santapp_attention(q, kv, grown, 9, compute_dtype=F64)
+    out = santapp_attention(q, kv, grown, 9, compute_dtype=F64, sink=0, window=0)
     assert _max_err(out.out, _dense(q, kv)) < 1e-10
 
 
@@ -247,12 +254,14 @@ def test_contiguous_and_paged_layouts_agree():
     q, kv = decode_problem(n=203, lengths=[203, 150], q_scale=2.0, seed=9)
     paged = kv.to_paged(32, generator=torch.Generator().manual_seed(0))
     for policy in ("contiguous", "kmeans"):
-        a = build_team_index(kv, policy=policy, seed=3)
-        b = build_team_index(paged, policy=policy, seed=3)
+        a = build_team_index(kv, policy=policy, seed=3, sink=0, exact_recent=0)
+        b = build_team_index(paged, policy=policy, seed=3, sink=0, exact_recent=0)
         assert torch.equal(a.members, b.members) and torch.equal(a.rep_keys, b.rep_keys)
         for scheme in ("gumbel-topk", "multinomial"):
-            x = santapp_attention(q, kv, a, 6, scheme=scheme, seed=11, compute_dtype=F64)
-            y = santapp_attention(q, paged, b, 6, scheme=scheme, seed=11, compute_dtype=F64)
+            x = santapp_attention(q, kv, a, 6, scheme=scheme, seed=11, compute_dtype=F64, sink=0,
+                                  window=0)
+            y = santapp_attention(q, paged, b, 6, scheme=scheme, seed=11, compute_dtype=F64,
+                                  sink=0, window=0)
             assert torch.equal(x.out, y.out)
             assert torch.equal(x.reads.v_rows, y.reads.v_rows)
 
@@ -260,11 +269,11 @@ def test_contiguous_and_paged_layouts_agree():
 # ------------------------------------------------------------ reads and validation
 def test_reads_never_exceed_one_and_shrink_with_M():
     q, kv = decode_problem(n=512, heads=8, kv_heads=2, q_scale=2.0, seed=10)
-    index = build_team_index(kv, team_size=16)
+    index = build_team_index(kv, team_size=16, sink=0, exact_recent=0)
     previous = None
     for M in (1, 2, 4, 8, 16, 32):
         # the same seed perturbs the logits identically: top-M sets are nested
-        out = santapp_attention(q, kv, index, M, seed=4)
+        out = santapp_attention(q, kv, index, M, seed=4, sink=0, window=0)
         rows = out.reads.v_rows
         assert torch.all(rows <= kv.lengths[:, None]) and out.kv_read_fraction <= 1
         assert torch.all(out.representatives_read == 32)
@@ -273,7 +282,7 @@ def test_reads_never_exceed_one_and_shrink_with_M():
             assert torch.all(rows >= previous)
         previous = rows
     assert out.kv_read_fraction == 1.0
-    small = santapp_attention(q, kv, index, 2, scheme="multinomial", seed=0)
+    small = santapp_attention(q, kv, index, 2, scheme="multinomial", seed=0, sink=0, window=0)
     assert small.kv_read_fraction <= 4 * 2 * 16 / 512  # at most G*M teams of 16 per group
 
 
@@ -292,7 +301,7 @@ def test_reads_never_exceed_one_and_shrink_with_M():
 )
 def test_invalid_decode_arguments_raise(kwargs, message):
     q, kv = decode_problem(n=200)
-    index = build_team_index(kv)
+    index = build_team_index(kv, sink=0, exact_recent=0)
     args = {"M": 4, **kwargs}
     with pytest.raises(sk.InputError, match=f"^{message}"):
         santapp_attention(q, kv, index, **args)
@@ -317,17 +326,17 @@ def test_invalid_index_arguments_raise(kwargs, message):
 
 def test_query_and_index_mismatches_raise():
     q, kv = decode_problem(n=64)
-    index = build_team_index(kv)
+    index = build_team_index(kv, sink=0, exact_recent=0)
     with pytest.raises(sk.InputError, match=r"^q: batch"):
-        santapp_attention(q[:1], kv, index, 2)
+        santapp_attention(q[:1], kv, index, 2, sink=0, window=0)
     with pytest.raises(sk.InputError, match=r"^q: 3 query heads"):
-        santapp_attention(q[:, :3], kv, index, 2)
+        santapp_attention(q[:, :3], kv, index, 2, sink=0, window=0)
     _, other = decode_problem(batch=1, n=64)
     with pytest.raises(sk.InputError, match=r"^index: built for 2 sequences"):
-        santapp_attention(q[:1], other, index, 2)
+        santapp_attention(q[:1], other, index, 2, sink=0, window=0)
     short = sk.KVCache.contiguous(kv.k[:, :40], kv.v[:, :40])
     with pytest.raises(sk.InputError, match=r"^index: covers"):
-        santapp_attention(q, short, index, 2)
+        santapp_attention(q, short, index, 2, sink=0, window=0)
 
 
 # ------------------------------------------------------------ registry

@@ -177,7 +177,7 @@ def test_direct_selection_up_to_twice_the_finishers_cap_matches_the_reference():
 )
 def test_search_bracket_of_the_select_programs(M, lengths, rank):
     q, kv = _problem(heads=4, n=330, d=32, lengths=lengths, q_scale=2.0, dtype=torch.float32)
-    index = build_team_index(kv, team_size=4)
+    index = build_team_index(kv, team_size=4, sink=0, exact_recent=0)
     packed = pack_teams(kv, index)
     outs = []
     for fast in (True, False):  # also: per-head lists, or the union step
@@ -206,7 +206,7 @@ def test_compact_finisher_matches_the_search(case, lengths, M, rank):
     flat = case in ("ties", "flat")
     q, kv = _problem(heads=4, n=330, d=32, lengths=lengths, q_scale=0.0 if flat else 2.0,
                      dtype=torch.float32)
-    packed = pack_teams(kv, build_team_index(kv, team_size=4))
+    packed = pack_teams(kv, build_team_index(kv, team_size=4, sink=0, exact_recent=0))
     gumbels = _gumbels(q.shape[0], q.shape[1], packed.max_teams, 5)
     if case == "ties":
         gumbels = gumbels.round()
@@ -314,8 +314,8 @@ def test_int8_quantization_bounds_and_errors():
     assert int(codes.abs().amax(-1)[0, 0]) == 127  # each row uses the whole range
     _, kv = _problem(heads=4, n=96, d=16, dtype=torch.float32)
     with pytest.raises(sk.InputError, match=r"^reps: expected one of"):
-        build_packed(kv, team_size=8, reps="fp4")
-    index = build_team_index(kv, team_size=8)
+        build_packed(kv, team_size=8, reps="fp4", sink=0, exact_recent=0)
+    index = build_team_index(kv, team_size=8, sink=0, exact_recent=0)
     with pytest.raises(sk.InputError, match=r"^reps: expected one of"):
         with_reps_format(index, "int4", kv.dtype)
 
@@ -328,7 +328,8 @@ PRELOADED = {"teams_per_block": 1, "attend_loops": 3, "attend_preload": True}
 def test_kmeans_teams_are_packed_and_match_reference(plan):
     q, kv = _problem(heads=4, n=260, d=32, lengths=[260, 199], q_scale=2.0,
                            dtype=torch.float32, seed=3)
-    index = build_team_index(kv, policy="kmeans", team_size=16, leaders=4, seed=1)
+    index = build_team_index(kv, policy="kmeans", team_size=16, leaders=4, seed=1, sink=0,
+                             exact_recent=0)
     packed = pack_teams(kv, index)
     assert packed.packed_k is not None and not packed.regular
     planned = make_plan(2, 4, 2, 32, packed.max_teams, 6, packed.max_team_len,
@@ -362,7 +363,7 @@ def test_kmeans_built_on_the_device_packs_the_reference_index(lengths, sink, win
 def test_grown_index_reads_the_team_tables(plan):
     q, kv = _problem(heads=4, n=250, d=32, q_scale=2.0, dtype=torch.float32, seed=5)
     short = sk.KVCache.contiguous(kv.k, kv.v, torch.tensor([190, 175]))
-    index = extend(build_team_index(short, team_size=16, exact_recent=4), kv)
+    index = extend(build_team_index(short, team_size=16, exact_recent=4, sink=0), kv)
     packed = pack_teams(kv, index)
     assert packed.packed_k is None and not packed.regular  # spans, not at sink + g*P
     workspace = SantaPPWorkspace.for_inputs(q, kv, packed, 5, seed=2, **plan)
@@ -406,7 +407,7 @@ def test_bf16_cache_matches_reference(representative):
     runs on the same rounded keys (a leader is a cache row: rounding leaves it as is)."""
     q, kv = _problem(heads=8, n=200, d=32, lengths=[200, 150], q_scale=2.0,
                            dtype=torch.bfloat16, seed=4)
-    index = build_team_index(kv, team_size=4, representative=representative)
+    index = build_team_index(kv, team_size=4, representative=representative, sink=0, exact_recent=0)
     packed = pack_teams(kv, index)
     assert packed.reps.dtype == torch.bfloat16
     index = dataclasses.replace(index, rep_keys=packed.reps.to(index.rep_keys.dtype))
@@ -420,13 +421,14 @@ def test_M_above_a_sequences_team_count_reads_all_of_its_teams(M):
     # reads all of sequence 1's; M=512 (above the tables' 13 teams) reads everything
     q, kv = _problem(heads=4, n=200, d=32, lengths=[200, 120], q_scale=2.0,
                      dtype=torch.float32, seed=6)
-    index = build_team_index(kv, team_size=16)
+    index = build_team_index(kv, team_size=16, sink=0, exact_recent=0)
     packed = pack_teams(kv, index)
     assert (packed.min_teams, packed.max_teams) == (8, 13)
     gumbels = _gumbels(2, 4, packed.max_teams, 0)
     out, info = santapp_decode(q, kv, packed, M, gumbels=gumbels)
     assert min(M, 13) == info.M
-    ref = santapp_attention(q.float(), kv, index, M, gumbels=gumbels, compute_dtype=F64)
+    ref = santapp_attention(q.float(), kv, index, M, gumbels=gumbels, compute_dtype=F64, sink=0,
+                            window=0)
     assert torch.equal(info.selected().cpu(), (ref.team_weights > 0).cpu())
     assert float((out.double() - ref.out).abs().max()) < 2e-5
     dense = sk.dense_attention(q, kv, compute_dtype=F64).out
@@ -476,7 +478,7 @@ def _same_draw(out, first, merge_atomic: bool) -> bool:
 @pytest.mark.parametrize("merge_atomic", [True, False])
 def test_calls_draw_fresh_teams_and_reset_reproduces(merge_atomic):
     q, kv = _problem(heads=4, n=256, d=32, q_scale=1.0, dtype=torch.float32, seed=7)
-    packed = build_packed(kv, team_size=8)
+    packed = build_packed(kv, team_size=8, sink=0, exact_recent=0)
     workspace = SantaPPWorkspace.for_inputs(q, kv, packed, 4, seed=11,
                                             merge_atomic=merge_atomic)
     draws = []
@@ -499,8 +501,9 @@ def test_estimator_agrees_with_the_reference_in_distribution(reps):
     # the seed spread, so its mean must match dense within the CI of the draws
     q, kv = _problem(batch=1, heads=2, kv_heads=1, n=64, d=16, q_scale=0.7,
                            dtype=torch.float32, seed=8)
-    packed = build_packed(kv, team_size=4, reps=reps)
-    index = with_reps_format(build_team_index(kv, team_size=4), reps, kv.dtype)
+    packed = build_packed(kv, team_size=4, reps=reps, sink=0, exact_recent=0)
+    index = with_reps_format(build_team_index(kv, team_size=4, sink=0, exact_recent=0), reps,
+                             kv.dtype)
     M, draws = 10, 40
     workspace = SantaPPWorkspace.for_inputs(q, kv, packed, M, seed=0)
     outs, weight_sums = [], []
@@ -518,7 +521,7 @@ def test_estimator_agrees_with_the_reference_in_distribution(reps):
     q_cpu = q.cpu()
     kv_cpu = sk.KVCache.contiguous(kv.k.cpu(), kv.v.cpu(), kv.lengths.cpu())
     ref = torch.stack([
-        santapp_attention(q_cpu, kv_cpu, index, M, seed=s, compute_dtype=F64).out
+        santapp_attention(q_cpu, kv_cpu, index, M, seed=s, compute_dtype=F64, sink=0, window=0).out
         for s in range(400)
     ]).to(DEVICE)  # fmt: skip
     gap = (outs.mean(0) - ref.mean(0)).abs()
@@ -585,7 +588,7 @@ def test_attend_tiles_a_program_by_the_grid():
 @pytest.fixture(scope="module")
 def small():
     q, kv = _problem(heads=4, n=96, d=16, dtype=torch.float32)
-    return q, kv, build_packed(kv, team_size=8)
+    return q, kv, build_packed(kv, team_size=8, sink=0, exact_recent=0)
 
 
 @pytest.mark.parametrize(
@@ -613,7 +616,7 @@ def test_bad_input_raises(small, change, message):
             kw["gumbels"] = torch.zeros(value)
         elif key == "packed":
             _, other = _problem(heads=4, kv_heads=1, n=96, d=16, dtype=torch.float32)
-            args["packed"] = build_packed(other, team_size=8)
+            args["packed"] = build_packed(other, team_size=8, sink=0, exact_recent=0)
         elif key == "kv":
             args["kv"] = [kv.k, kv.v]
         elif key == "workspace":
@@ -656,17 +659,16 @@ def test_registry_adapter_prepares_the_kernel():
             method.prepare(q, kv, seed=0, **{**params, **bad})
 
 
-def test_cli_team_options_expand_the_santapp_methods_only():
-    from santa_bench.cli import _with_team_options
+def test_spec_sweeps_expand_the_santapp_methods_only():
     from santa_bench.methods import parse_method_specs
 
-    parsed = parse_method_specs("santapp:M=8,santa-prop,santapp")
-    expanded = _with_team_options(parsed, "32,64", "4,16", "kmeans")
-    params = [(m.name, o) for m, o in expanded]
-    assert params[0] == ("santapp", {"M": 8, "team_size": 4, "policy": "kmeans"})
+    parsed = parse_method_specs("santapp:M=8,team_size=4|16,santa-prop,"
+                                "santapp:M=32|64,team_size=4|16,policy=kmeans")
+    params = [(m.name, o) for m, o in parsed]
+    assert params[0] == ("santapp", {"M": 8, "team_size": 4})
     assert ("santa-prop", {}) in params and len(params) == 2 + 1 + 4
     assert {o["M"] for name, o in params[3:]} == {32, 64}
-    assert _with_team_options(parsed, None, None, None) == parsed
+    assert all(o["policy"] == "kmeans" for name, o in params[3:])
 
 
 # ------------------------------------------------------------ GPU
@@ -680,7 +682,7 @@ def test_graph_replays_draw_fresh_teams_and_reset_reproduces(merge_atomic):
     from santa_bench.inputs import DecodeShape, make_decode_inputs
 
     q, kv = make_decode_inputs(DecodeShape(batch=2, ctx=8192), device="cuda")
-    packed = build_packed(kv, team_size=16)
+    packed = build_packed(kv, team_size=16, sink=0, exact_recent=0)
     workspace = SantaPPWorkspace.for_inputs(q, kv, packed, 32, seed=1,
                                             merge_atomic=merge_atomic)
     santapp_decode(q, kv, packed, 32, workspace=workspace)  # compile outside the capture
@@ -713,14 +715,15 @@ def test_decode_shapes_match_reference_on_gpu(ctx, batch, M, team_size, heads):
     hq, hkv, d = heads
     shape = DecodeShape(batch=batch, ctx=ctx, heads=hq, kv_heads=hkv, head_dim=d)
     q, kv = make_decode_inputs(shape, device="cuda")
-    index = build_team_index(kv, team_size=team_size)
+    index = build_team_index(kv, team_size=team_size, sink=0, exact_recent=0)
     packed = pack_teams(kv, index)
-    fast = build_packed(kv, team_size=team_size)  # fp32 on the GPU: near-ties may differ
+    fast = build_packed(kv, team_size=team_size, sink=0,
+                        exact_recent=0)  # fp32 on the GPU: near-ties may differ
     same = (fast.reps == packed.reps).all(dim=-1).float().mean()
     assert same > 0.999 and torch.equal(fast.team_len, packed.team_len)
     gumbels = _gumbels(batch, q.shape[1], packed.max_teams, 0).cuda()
     out, info = santapp_decode(q, kv, packed, M, gumbels=gumbels)
-    ref = santapp_attention(q, kv, index, M, gumbels=gumbels)
+    ref = santapp_attention(q, kv, index, M, gumbels=gumbels, sink=0, window=0)
     agree = (info.selected() == (ref.team_weights > 0)).float().mean()
     assert agree > 0.999  # fp32 vs bf16-rounded representatives may flip near-ties
     error = (out.float() - ref.out.float()).norm() / ref.out.float().norm()
@@ -792,8 +795,10 @@ def test_team_spread_tells_kmeans_teams_from_contiguous_ones():
 
     _, kv = make_decode_inputs(DecodeShape(batch=1, ctx=2048, heads=4, kv_heads=1,
                                            head_dim=32))
-    kmeans = build_packed(kv, policy="kmeans", team_size=16, leaders=4, seed=0)
-    contiguous = build_packed(kv, policy="contiguous", team_size=16, copy=True)
+    kmeans = build_packed(kv, policy="kmeans", team_size=16, leaders=4, seed=0, sink=0,
+                          exact_recent=0)
+    contiguous = build_packed(kv, policy="contiguous", team_size=16, copy=True, sink=0,
+                              exact_recent=0)
     assert _team_spread(kmeans) < 0.9 * _team_spread(contiguous)
 
 
@@ -806,15 +811,15 @@ def test_int8_reps_on_gpu_match_the_reference_on_the_rounded_keys():
     from santa_bench.inputs import DecodeShape, make_decode_inputs
 
     q, kv = make_decode_inputs(DecodeShape(batch=2, ctx=32768), device="cuda")
-    fast = build_packed(kv, team_size=16, reps="int8")
+    fast = build_packed(kv, team_size=16, reps="int8", sink=0, exact_recent=0)
     assert fast.reps.dtype == torch.int8 and fast.reps_scale.shape == fast.log_n.shape
-    index = build_team_index(kv, team_size=16)
+    index = build_team_index(kv, team_size=16, sink=0, exact_recent=0)
     # the reference on the GPU build's own representatives, rounded as the kernel stores them
     index = dataclasses.replace(index, rep_keys=dequantize_reps(
         fast.reps.cpu(), fast.reps_scale.cpu()).to(index.rep_keys.device))
     gumbels = _gumbels(2, q.shape[1], fast.max_teams, 1).cuda()
     out, info = santapp_decode(q, kv, fast, 32, gumbels=gumbels, pdl_chain=True)
-    ref = santapp_attention(q, kv, index, 32, gumbels=gumbels)
+    ref = santapp_attention(q, kv, index, 32, gumbels=gumbels, sink=0, window=0)
     agree = (info.selected() == (ref.team_weights > 0)).float().mean()
     assert agree > 0.9999
     error = (out.float() - ref.out.float()).norm() / ref.out.float().norm()
@@ -936,8 +941,10 @@ def test_contiguous_reps_kernel_matches_the_torch_loop(representative, team_size
 def test_contiguous_reps_kernel_declines_what_it_cannot_read():
     _, kv = _problem(heads=4, n=203, d=32, lengths=[203, 150], dtype=torch.float32, seed=9)
     paged = kv.to_paged(16, generator=torch.Generator().manual_seed(0))
-    fast = build_packed(paged, team_size=8, reps_kernel=True, index_dtype=torch.float32)
-    slow = build_packed(paged, team_size=8, reps_kernel=False, index_dtype=torch.float32)
+    fast = build_packed(paged, team_size=8, reps_kernel=True, index_dtype=torch.float32, sink=0,
+                        exact_recent=0)
+    slow = build_packed(paged, team_size=8, reps_kernel=False, index_dtype=torch.float32, sink=0,
+                        exact_recent=0)
     assert torch.equal(fast.reps, slow.reps)  # paged: the torch loop either way
 
 
@@ -949,10 +956,10 @@ def test_harness_bandwidth_counts_the_representatives(reps):
     from santa_bench.runners.kernel import moved_bytes
 
     q, kv = _problem(heads=4, n=96, d=16, dtype=torch.float32)
-    prepared = santapp_prepare(q, kv, seed=0, M=3, team_size=8, reps=reps)
+    prepared = santapp_prepare(q, kv, seed=0, M=3, team_size=8, reps=reps, sink=0, window=0)
     prepared.reads()
     tables, unit = prepared.metrics["bytes_read_tables"]
-    packed = pack_teams(kv, build_team_index(kv, team_size=8))
+    packed = pack_teams(kv, build_team_index(kv, team_size=8, sink=0, exact_recent=0))
     if reps == "int8":
         packed = quantize_packed(packed)
     want = (packed.reps.numel() * packed.reps.element_size() + packed.log_n.numel() * 4

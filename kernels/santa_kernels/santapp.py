@@ -46,6 +46,10 @@ POLICIES = ("contiguous", "kmeans")
 SCHEMES = ("gumbel-topk", "multinomial")
 REPRESENTATIVES = ("leader", "mean")
 KMEANS_ITERS = 10
+# the defaults of the santa-bench registry entry (``santapp``), where they are explained
+DEFAULT_M = 512
+DEFAULT_SINK = 4
+DEFAULT_WINDOW = 64
 KMEANS_BATCH = 1024
 _INDEX_DTYPE = torch.float64  # the index (means, distances, representatives) is built in fp64
 
@@ -157,8 +161,8 @@ def build_team_index(
     leaders: int = 4,
     representative: str = "mean",
     seed: int = 0,
-    exact_recent: int = 0,
-    sink: int = 0,
+    exact_recent: int = DEFAULT_WINDOW,
+    sink: int = DEFAULT_SINK,
 ) -> TeamIndex:
     """Builds the team index of ``kv`` from its post-RoPE keys (docs/algorithms.md section 6).
 
@@ -569,8 +573,8 @@ def santapp_attention(
     *,
     scheme: str = "gumbel-topk",
     mix: float = 0.0,
-    sink: int = 0,
-    window: int = 0,
+    sink: int = DEFAULT_SINK,
+    window: int = DEFAULT_WINDOW,
     scale: float | None = None,
     seed: int | None = None,
     generator: torch.Generator | None = None,
@@ -720,15 +724,15 @@ def santapp(
     q: torch.Tensor,
     kv: KVCache,
     *,
-    M: int = 32,
+    M: int = DEFAULT_M,
     team_size: int = 16,
     leaders: int = 4,
     policy: str = "contiguous",
     representative: str = "mean",
     scheme: str = "gumbel-topk",
     mix: float = 0.0,
-    sink: int = 0,
-    window: int = 0,
+    sink: int = DEFAULT_SINK,
+    window: int = DEFAULT_WINDOW,
     index_seed: int = 0,
     reps: str = "model",
     merge: str = "auto",

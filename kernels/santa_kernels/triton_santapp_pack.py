@@ -19,6 +19,8 @@ import triton.language as tl
 
 from santa_kernels.kv import KVCache
 from santa_kernels.santapp import (
+    DEFAULT_SINK,
+    DEFAULT_WINDOW,
     REPS_FORMATS,
     TeamIndex,
     _check_kv,
@@ -127,8 +129,8 @@ def build_packed(
     leaders: int = 4,
     representative: str = "mean",
     seed: int = 0,
-    sink: int = 0,
-    exact_recent: int = 0,
+    sink: int = DEFAULT_SINK,
+    exact_recent: int = DEFAULT_WINDOW,
     copy: bool = False,
     index_dtype: torch.dtype | None = None,
     reps_kernel: bool | None = None,

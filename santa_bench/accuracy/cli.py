@@ -14,6 +14,7 @@ from rich.table import Table
 from santa_bench import cli_options, environment, execute, results
 from santa_bench.cli_options import Force, ResultsDir, RunId
 from santa_bench.methods import MethodError, parse_method_specs
+from santa_bench.runners.schema import FIDELITY
 from santa_bench.units import parse_list, parse_size_list
 
 app = typer.Typer(
@@ -88,14 +89,18 @@ def fidelity(
     methods: Annotated[
         str, typer.Option(help="Methods, comma list, parameters as name:key=value.")
     ] = DEFAULT_METHODS,
-    S: Annotated[str, typer.Option("--S", help="Budgets S, comma list.")] = "16,64,256",
-    ctx: Annotated[str, typer.Option(help="Context length(s): 2k, 8k, ...")] = "2k",
-    batch: Annotated[int, typer.Option(help="Sequences per case.")] = 1,
-    heads: Annotated[int, typer.Option(help="Query heads.")] = 8,
-    kv_heads: Annotated[int, typer.Option(help="KV heads.")] = 2,
-    head_dim: Annotated[int, typer.Option(help="Head dimension.")] = 64,
-    seeds: Annotated[int, typer.Option(help="Independent draws per case (bias, spread).")] = 32,
-    seed: Annotated[int, typer.Option(help="Seed of the synthetic inputs.")] = 0,
+    S: Annotated[str, typer.Option("--S", help=FIDELITY.help("S"))] = FIDELITY.option_default("S"),
+    ctx: Annotated[str, typer.Option(help=FIDELITY.help("ctx"))] = FIDELITY.option_default("ctx"),
+    batch: Annotated[int, typer.Option(help=FIDELITY.help("batch"))] = FIDELITY.default("batch"),
+    heads: Annotated[int, typer.Option(help=FIDELITY.help("heads"))] = FIDELITY.default("heads"),
+    kv_heads: Annotated[
+        int, typer.Option(help=FIDELITY.help("kv_heads"))
+    ] = FIDELITY.default("kv_heads"),
+    head_dim: Annotated[
+        int, typer.Option(help=FIDELITY.help("head_dim"))
+    ] = FIDELITY.default("head_dim"),
+    seeds: Annotated[int, typer.Option(help=FIDELITY.help("seeds"))] = FIDELITY.default("seeds"),
+    seed: Annotated[int, typer.Option(help=FIDELITY.help("seed"))] = FIDELITY.default("seed"),
     inputs: Annotated[
         Path | None,
         typer.Option(

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from santa_bench.baselines import Unsupported
+from santa_bench.devices import resolve_device
 from santa_bench.e2e.attention import (
     DecodeAttention,
     LayerRouting,
@@ -50,7 +51,6 @@ from santa_bench.e2e.model import Decoder
 from santa_bench.methods import Method
 from santa_kernels.validate import InputError
 
-DEVICES = ("auto", "cuda", "cpu")
 BACKENDS = ("triton", "reference")
 DEFAULT_BATCH = 16
 STOP_CHECK_STEPS = 8  # host checks for "every sequence stopped" this often
@@ -58,18 +58,6 @@ WARMUP_STEPS = 2  # eager steps before a step is captured in a CUDA graph
 READ_LAYERS = 4  # layers (evenly spaced) whose last call is read-counted on a GPU
 CPU_PREFILL_BYTES = 2 << 30
 GPU_PREFILL_SHARE = 0.3  # of the device's memory, for prefills kept between methods
-
-
-def resolve_device(device: str | None) -> str:
-    """Returns ``cuda`` or ``cpu`` for ``auto|cuda|cpu`` (auto: CUDA when present)."""
-    choice = (device or "auto").lower()
-    if choice not in DEVICES:
-        raise InputError(f"--device: expected one of {', '.join(DEVICES)}, got {device!r}")
-    if choice == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise InputError("--device cuda: no CUDA device is visible (use --device cpu)")
-    return choice
 
 
 def resolve_backend(method: Method, device: str, reference: bool = False) -> str:

@@ -22,12 +22,20 @@ from santa_bench.cli_options import (
     fail,
     run_cases_or_exit,
 )
+from santa_bench.devices import DEVICE_HELP, resolve_device
+from santa_bench.runners.schema import E2E
+from santa_bench.units import format_size
 
 console = Console()
 
 # --config / --ctx / --batch when not given: on a GPU, and on a CPU (where the GPU ones
 # need ~35 GiB at bf16, most of it weights and KV cache)
-DEFAULTS = {"cuda": ("llama-3.1-8b", "32k", "4"), "cpu": ("llama-3.2-1b", "1k", "1")}
+DEFAULTS = {
+    # a GPU's defaults are the e2e case schema's; a CPU's are small enough for its memory
+    "cuda": (E2E.option_default("model"), E2E.option_default("ctx"),
+             E2E.option_default("batch")),
+    "cpu": ("llama-3.2-1b", "1k", "1"),
+}
 
 
 def _fail(message: str) -> None:
@@ -61,12 +69,13 @@ def e2e_command(
     ] = False,
     ctx: Annotated[
         str | None,
-        typer.Option(help="Prompt length(s) per sequence, comma list: 8k,32k,128k "
-                     "(default 32k; 1k on a CPU)."),
+        typer.Option(help=f"{E2E.help('ctx')} Default {E2E.option_default('ctx')}; 1k on a "
+                     "CPU."),
     ] = None,
     batch: Annotated[
         str | None,
-        typer.Option(help="Batch size(s), comma list: 1,4,8,16 (default 4; 1 on a CPU)."),
+        typer.Option(help=f"{E2E.help('batch')} Default {E2E.option_default('batch')}; 1 on a "
+                     "CPU."),
     ] = None,
     methods: Annotated[
         str,
@@ -96,7 +105,7 @@ def e2e_command(
         str,
         typer.Option(help="KV cache layout: contiguous [B, N, Hkv, d], or paged (shuffled pages)."),
     ] = "contiguous",
-    page_size: Annotated[int, typer.Option(help="Tokens per page of the paged layout.")] = 16,
+    page_size: Annotated[int, typer.Option(help=E2E.help("page_size"))] = E2E.default("page_size"),
     dense_layers: Annotated[
         str,
         typer.Option(
@@ -112,8 +121,8 @@ def e2e_command(
         ),
     ] = "dense",
     prefill_chunk: Annotated[
-        int, typer.Option(help="Prompt tokens per sequence per prefill chunk.")
-    ] = 1024,
+        int, typer.Option(help=E2E.help("prefill_chunk"))
+    ] = E2E.default("prefill_chunk"),
     graph: Annotated[
         bool,
         typer.Option(
@@ -137,9 +146,9 @@ def e2e_command(
         "bf16"
     ),
     seed: Annotated[
-        int, typer.Option(help="Seed of the weights, prompt, page order and samplers.")
-    ] = 0,
-    device: Annotated[str, typer.Option(help="auto (GPU when present), cpu or cuda.")] = "auto",
+        int, typer.Option(help=E2E.help("seed"))
+    ] = E2E.default("seed"),
+    device: Annotated[str, typer.Option(help=DEVICE_HELP)] = "auto",
     results_dir: ResultsDir = Path("results"),
     run_id: RunId = None,
     force: Force = False,
@@ -153,8 +162,6 @@ def e2e_command(
     cases already in the store are skipped (resume), unless --force. The memory the
     largest case needs is estimated and printed first; a run that will not fit is refused.
     """
-    import torch
-
     from santa_bench import environment, results
     from santa_bench.e2e.runner import E2EGrid, check_grid, expand_cases
     from santa_bench.execute import RunOptions
@@ -165,12 +172,10 @@ def e2e_command(
         _fail("--config and --model: give one (a named shape, or a Hugging Face model)")
     if random_weights and not model:
         _fail("--random-weights goes with --model (--config is always random)")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device not in ("cpu", "cuda"):
-        _fail(f"--device: expected auto, cpu or cuda, got {device!r}")
-    elif device == "cuda" and not torch.cuda.is_available():
-        _fail("--device cuda: no CUDA device is visible")
+    try:
+        device = resolve_device(device)
+    except ValueError as exc:
+        _fail(str(exc))
     weights = "real" if model and not random_weights else "random"
     default_config, default_ctx, default_batch = DEFAULTS[device]
     given = (bool(config or model), ctx, batch)
@@ -249,7 +254,6 @@ def _check_memory(cases: list[dict], device: str) -> None:
 
 def print_summary(summary: list[tuple[dict, list[dict]]], weights: str) -> None:
     """Prints one line per case: latency, throughput, attention share, speedup, agreement."""
-    from santa_bench.units import format_size
 
     models = sorted({str(case["model"]) for case, _ in summary})
     title = f"e2e decode, {', '.join(models)}" + (

@@ -15,18 +15,17 @@ import sys
 
 import pandas as pd
 
-from santa_bench.report import case_metrics, metric_value, speedup_cell, variant_text
+from santa_bench.labels import TABLE_HEAD, TEXT_PARAMS, config_label
+from santa_bench.report import case_metrics, metric_value, speedup_cell
 from santa_bench.units import format_size
 
 TABLE_KEYS = ("model", "weights", "prefill", "layout", "rest", "timing")
 
 
 def _label(row: pd.Series) -> str:
-    label = str(row["method"])
-    for key in ("S", "M"):
-        if key in row and not pd.isna(row.get(key)):
-            label += f" {key}={int(row[key])}"
-    label += variant_text(row)
+    # the budgets in the head; the kernel tables' other head parameters are not named
+    label = config_label(row, head=TABLE_HEAD[:2], skip=[k for k, _, _ in TABLE_HEAD[2:]],
+                         text_params=TEXT_PARAMS)
     if isinstance(row.get("dense_layers"), str) and row["dense_layers"]:
         label += f" (exact layers {row['dense_layers']})"
     return label

@@ -37,6 +37,7 @@ from santa_bench.e2e.configs import ModelConfig, from_hf_config, named_config
 from santa_bench.e2e.loop import resolve_rest
 from santa_bench.inputs import parse_dtype
 from santa_bench.methods import REGISTRY, Method, Registry
+from santa_bench.runners.schema import E2E
 from santa_kernels.validate import InputError
 
 WEIGHTS = ("random", "real")
@@ -53,18 +54,18 @@ class E2EGrid:
     methods: list[tuple[Method, dict[str, Any]]]
     ctx: list[int]
     batch: list[int]
-    steps: int = 64
+    steps: int = E2E.default("decode_steps")
     dense_backends: list[str] | None = None  # None: every one for the device ("auto")
-    layout: str = "contiguous"
-    page_size: int = 16
-    dense_layers: str = ""
-    prefill: str = "dense"
-    prefill_chunk: int = 1024
-    dtype: str = "bf16"
-    seed: int = 0
-    device: str = "cpu"
-    graph: bool = True
-    rest: str = "auto"  # the step outside attention: fused | gemm | torch | auto (gemm on a GPU)
+    layout: str = E2E.default("layout")
+    page_size: int = E2E.default("page_size")
+    dense_layers: str = E2E.default("dense_layers")
+    prefill: str = E2E.default("prefill")
+    prefill_chunk: int = E2E.default("prefill_chunk")
+    dtype: str = E2E.default("dtype")
+    seed: int = E2E.default("seed")
+    device: str = "cpu"  # resolved (schema: auto)
+    graph: bool = E2E.default("graph")
+    rest: str = E2E.default("rest")  # fused | gemm | torch | auto (gemm on a GPU)
 
 
 def parse_layers(text: str | Iterable[int] | None) -> tuple[int, ...]:

@@ -8,6 +8,7 @@ imported. See ``docs/adding-a-method.md``.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -94,7 +95,7 @@ class Promise:
 
 
 # A decode backend factory: (method, resolved params, softmax scale, seed) -> backend
-# (a santa_bench.e2e.attention.DecodeAttention), built for end-to-end decoding on a GPU.
+# (a santa_bench.decode.base.DecodeAttention), built for end-to-end decoding on a GPU.
 E2EBackend = Callable[["Method", dict[str, Any], float, int], Any]
 
 
@@ -289,7 +290,9 @@ def parse_method_specs(
 ) -> list[tuple[Method, dict[str, Any]]]:
     """Parses ``"dense,santa-prop:S=128,tile=32,santa-flash"`` into (method, overrides) pairs.
 
-    A ``key=value`` item without a method name belongs to the method before it.
+    A ``key=value`` item without a method name belongs to the method before it. A value
+    ``a|b`` sweeps: ``santapp:M=32|64,team_size=16|32`` is four pairs, one for each
+    combination (the spec's keys in order, the last varying fastest).
     """
     parsed: list[tuple[Method, dict[str, Any]]] = []
     for item in (part.strip() for part in text.split(",")):
@@ -312,4 +315,16 @@ def parse_method_specs(
         parsed.append((registry.get(name.strip()), overrides))
     if not parsed:
         raise MethodError("no method named")
-    return parsed
+    return [expanded for method, overrides in parsed for expanded in _sweep(method, overrides)]
+
+
+def _sweep(method: Method, overrides: dict[str, Any]) -> list[tuple[Method, dict[str, Any]]]:
+    """One (method, overrides) pair per combination of the ``a|b`` values in ``overrides``."""
+    axes = []
+    for key, value in overrides.items():
+        texts = value.split("|") if isinstance(value, str) and "|" in value else None
+        if texts is not None and not all(t.strip() for t in texts):
+            raise MethodError(f"{method.name}: {key}={value!r} has an empty alternative")
+        axes.append([_coerce(t.strip()) for t in texts] if texts is not None else [value])
+    return [(method, dict(zip(overrides, combo, strict=True)))
+            for combo in itertools.product(*axes)]

@@ -14,6 +14,7 @@ import torch
 
 from santa_bench import baselines
 from santa_bench.baselines import BASELINES, Prepared
+from santa_bench.devices import resolve_device
 from santa_bench.methods._common import PrepareFn, dense_reference
 from santa_bench.methods._core import Method, Param, PlotStyle, register
 from santa_kernels.kv import KVCache
@@ -50,7 +51,7 @@ def _baseline(entry: baselines.Baseline) -> Method:
     ours = entry.name == "triton-splitkv"
 
     def available() -> tuple[bool, str]:
-        return entry.available("cuda" if torch.cuda.is_available() else "cpu")
+        return entry.available(resolve_device("auto"))
 
     return Method(
         entry.name,

@@ -3,7 +3,7 @@ K features, composed with any value stage (dense or a SANTA sampler).
 
 Reference: ``santa_kernels.attention(score="bernoulli", value=...)``. Kernel:
 ``santa_kernels.triton_bernoulli.BernoulliDecode`` (its query stage, then the value
-stage's kernel). End-to-end decode: :class:`santa_bench.e2e.attention.TritonBernoulliDecode`.
+stage's kernel). End-to-end decode: :class:`TritonBernoulliDecode` (this module).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import torch
 
 import santa_kernels as sk
 from santa_bench.baselines import Prepared, Unsupported, trial_run
+from santa_bench.decode.base import DecodeAttention
+from santa_bench.e2e.cache import StaticKVCache
 from santa_bench.methods._common import (
     ALLOC,
     KERNEL_ONLY_PARAMS,
@@ -25,7 +27,7 @@ from santa_bench.methods._common import (
     S,
 )
 from santa_bench.methods._core import Method, Param, PlotStyle, register
-from santa_bench.methods.santa import santa_kernel_available
+from santa_bench.methods.santa import require_santa_kernels, santa_kernel_available
 from santa_bench.timing import nbytes_of
 from santa_kernels.kv import KVCache
 from santa_kernels.reads import ReadCounts
@@ -122,9 +124,37 @@ def bernoulli_prepare(
 
 
 # ------------------------------------------------------------------ end-to-end decode
-def _e2e_backend(method: Method, params: dict[str, Any], scale: float, seed: int):
-    from santa_bench.e2e.attention import TritonBernoulliDecode
+class TritonBernoulliDecode(DecodeAttention):
+    """Bernoulli qK^T with its value stage (``santa_kernels.triton_bernoulli``); one
+    prepared call (its workspaces, its device step counters) serves every layer."""
 
+    def __init__(self, params: dict[str, Any], scale: float, seed: int) -> None:
+        self.params, self.scale, self.seed = dict(params), scale, seed
+        self.name = "triton"
+
+    def setup(self, cache: StaticKVCache, q: torch.Tensor) -> None:
+        super().setup(cache, q)
+        require_santa_kernels(self.params)
+        module = importlib.import_module("santa_kernels.triton_bernoulli")
+        p = self.params
+        try:
+            self.call = module.BernoulliDecode(
+                q, cache.layers[0], draws=p["draws"], grouping=p["grouping"],
+                value_stage=p["value_stage"], S=p["S"], tile=p["tile"], alloc=p["alloc"],
+                scale=self.scale, seed=self.seed,
+                stash_dtype=STASH_DTYPES[p.get("stash") or "fp16"])
+        except ValueError as exc:
+            raise Unsupported(f"bernoulli: {exc}") from exc
+
+    def reset(self) -> None:
+        self.call.reset_rng(0)
+
+    def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        return self.call(q, self.cache.layers[layer])
+
+
+
+def _e2e_backend(method: Method, params: dict[str, Any], scale: float, seed: int):
     return TritonBernoulliDecode(params, scale, seed)
 
 

@@ -3,7 +3,7 @@
 
 Reference: ``santa_kernels.attention(value=...)``. Kernel: ``santa_kernels.triton_santa``
 (santa-flash: ``santa_kernels.triton_santa_flash``). End-to-end decode:
-:class:`santa_bench.e2e.attention.TritonSampledDecode`.
+:class:`TritonSampledDecode` (this module).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from typing import Any
 import torch
 
 from santa_bench.baselines import Prepared, Unsupported, trial_run
+from santa_bench.decode.base import DecodeAttention
+from santa_bench.e2e.cache import StaticKVCache
 from santa_bench.methods._common import (
     ALLOC,
     MIN_CTX,
@@ -126,12 +128,65 @@ def santa_prepare(function: str) -> PrepareFn:
 
 
 # ------------------------------------------------------------------ end-to-end decode
+def require_santa_kernels(params: dict[str, Any]) -> None:
+    """Unsupported unless the Triton SANTA kernels run here and ``params`` ask nothing
+    they lack (``min_ctx``)."""
+    ok, why = santa_kernel_available()
+    if not ok:
+        raise Unsupported(why)
+    if params.get("min_ctx"):
+        raise Unsupported("the Triton kernels do not implement min_ctx")
+
+
+
+class TritonSampledDecode(DecodeAttention):
+    """A SANTA-family Triton kernel, the one the kernel harness times for the method
+    (:func:`santa_bench.methods.santa.santa_kernel` of ``function``, by default the one
+    named like the method: santa-prop -> santa_prop); one workspace serves every layer."""
+
+    def __init__(self, method: Method, params: dict[str, Any], scale: float, seed: int,
+                 function: str | None = None) -> None:
+        self.method, self.params, self.scale, self.seed = method, dict(params), scale, seed
+        self.function = function or method.name.replace("-", "_")
+        self.name = "triton"
+
+    def setup(self, cache: StaticKVCache, q: torch.Tensor) -> None:
+        super().setup(cache, q)
+        require_santa_kernels(self.params)
+        self.S = int(self.params["S"])
+        tile = int(self.params.get("tile", 64))
+        self.kwargs: dict[str, Any] = {"tile": tile, "scale": self.scale}
+        flash = self.function == "santa_flash"
+        # the global-CDF samplers join the loop's PDL chain (flash has no entry wait)
+        self.chains = not flash
+        stash = STASH_DTYPES[self.params.get("stash", "fp32")]
+        if not flash:
+            self.kwargs["stash_dtype"] = stash
+        if "alloc" in self.params:
+            self.kwargs["alloc"] = self.params["alloc"]
+        try:
+            self.kernel, self.workspace = santa_kernel(self.function, q, cache.layers[0],
+                                                       self.S, tile, seed=self.seed,
+                                                       stash_dtype=stash)
+        except ValueError as exc:
+            raise Unsupported(f"{self.method.name}: {exc}") from exc
+        self.kwargs["workspace"] = self.workspace
+        # the kernel that runs, named as the kernel harness's rows name it
+        self.kernel_function = kernel_function(self.kernel)
+
+    def reset(self) -> None:
+        self.workspace.reset_rng(0)
+
+    def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        chain = {"pdl_chain": self.pdl_chain} if self.chains else {}
+        return self.kernel(q, self.cache.layers[layer], self.S, **self.kwargs, **chain)[0]
+
+
+
 def e2e_backend(function: str) -> E2EBackend:
     """The end-to-end decode backend of ``santa_kernels.triton_santa.<function>``."""
 
     def build(method: Method, params: dict[str, Any], scale: float, seed: int):
-        from santa_bench.e2e.attention import TritonSampledDecode
-
         return TritonSampledDecode(method, params, scale, seed, function=function)
 
     return build

@@ -3,7 +3,7 @@ attended exactly inside, combined with a Horvitz-Thompson ratio.
 
 Reference: ``santa_kernels.santapp.santapp``. Kernel: ``santa_kernels.triton_santapp``
 (the team index built and packed outside the timed region). End-to-end decode:
-:class:`santa_bench.e2e.attention.TritonSantaPPDecode` on a GPU; on a CPU the reference,
+:class:`TritonSantaPPDecode` (this module) on a GPU; on a CPU the reference,
 with each layer's prompt indexed once after the prefill (:func:`team_index`).
 """
 
@@ -16,9 +16,13 @@ import torch
 
 import santa_kernels as sk
 from santa_bench.baselines import TRITON_SPLITKV, Prepared, Unsupported
+from santa_bench.decode.base import DecodeAttention
+from santa_bench.decode.dense import TritonSplitKVDecode
+from santa_bench.e2e.cache import StaticKVCache
 from santa_bench.methods._core import Method, Param, PlotStyle, register
 from santa_bench.timing import nbytes_of
 from santa_kernels.kv import KVCache
+from santa_kernels.santapp import DEFAULT_M, DEFAULT_SINK, DEFAULT_WINDOW
 from santa_kernels.santapp import santapp as santapp_reference
 
 
@@ -67,8 +71,8 @@ def santapp_prepare(
     scheme: str = "gumbel-topk",
     representative: str = "mean",
     mix: float = 0.0,
-    sink: int = 0,
-    window: int = 0,
+    sink: int = DEFAULT_SINK,
+    window: int = DEFAULT_WINDOW,
     reps: str = "model",
     merge: str = "auto",
     scale: float | None = None,
@@ -138,9 +142,93 @@ def santapp_prepare(
 
 
 # ------------------------------------------------------------------ end-to-end decode
-def _e2e_backend(method: Method, params: dict[str, Any], scale: float, seed: int):
-    from santa_bench.e2e.attention import TritonSantaPPDecode
+class TritonSantaPPDecode(DecodeAttention):
+    """The SANTA++ Triton kernel (``santa_kernels.triton_santapp``).
 
+    After the prefill every layer's prompt is indexed into teams and packed (prefill-time
+    work, untimed); decode tokens join the exact tail, which the kernel reads up to the
+    device lengths. A layer whose prompt has at most ``M`` teams reads every token: it
+    runs the split-KV dense kernel. Layers whose packs plan alike share one workspace,
+    whose device step counter advances per call; a workspace of another plan gets another
+    seed.
+    """
+
+    def __init__(self, params: dict[str, Any], scale: float, seed: int) -> None:
+        self.params, self.scale, self.seed = dict(params), scale, seed
+        self.name = "triton"
+
+    def setup(self, cache: StaticKVCache, q: torch.Tensor) -> None:
+        super().setup(cache, q)
+        ok, why = santapp_kernel_available()
+        if not ok:
+            raise Unsupported(why)
+        self.module = _triton_santapp()
+        try:
+            self.module.check_scheme(self.params["scheme"], self.params["mix"])
+        except ValueError as exc:
+            raise Unsupported(str(exc)) from exc
+        self.query = q
+        self.packed: list[Any] = []
+        self.workspaces: list[Any] = []
+        # the layers whose prompt has at most M teams read every token: dense attention
+        self.dense: TritonSplitKVDecode | None = None
+
+    def set_pdl_chain(self, on: bool) -> None:
+        super().set_pdl_chain(on)
+        if self.dense is not None:
+            self.dense.set_pdl_chain(on)
+
+    def after_prefill(self, cache: StaticKVCache) -> None:
+        p, module = self.params, self.module
+        by_plan: dict[Any, Any] = {}
+        self.packed, self.workspaces = [], []
+        try:
+            for kv in cache.layers:
+                packed = module.build_packed(
+                    kv, policy=p["policy"], team_size=p["team_size"], leaders=p["leaders"],
+                    representative=p["representative"], seed=self.seed, sink=p["sink"],
+                    exact_recent=p["window"], reps=p.get("reps", "model"))
+                if module.reads_every_team(p["M"], packed):  # dense attention there
+                    if self.dense is None:
+                        self.dense = TritonSplitKVDecode(self.scale)
+                        self.dense.setup(cache, self.query)
+                        self.dense.set_pdl_chain(self.pdl_chain)
+                    self.packed.append(None)
+                    self.workspaces.append(None)
+                    continue
+                plan = module._plan_for(self.query, kv, packed, p["M"],
+                                        merge_atomic=merge_atomic_of(p.get("merge", "auto")))
+                if plan not in by_plan:
+                    by_plan[plan] = module.SantaPPWorkspace(
+                        plan, device=self.query.device, seed=self.seed + len(by_plan))
+                self.packed.append(packed)
+                self.workspaces.append(by_plan[plan])
+        except ValueError as exc:
+            raise Unsupported(f"santapp: {exc}") from exc
+
+    def reset(self) -> None:
+        for workspace in {id(w): w for w in self.workspaces if w is not None}.values():
+            workspace.reset_rng(0)
+
+    def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        if self.packed[layer] is None:
+            return self.dense(layer, q)
+        return self.module.santapp_decode(
+            q, self.cache.layers[layer], self.packed[layer], self.params["M"],
+            scale=self.scale, workspace=self.workspaces[layer], pdl_chain=self.pdl_chain)[0]
+
+    def read_fraction(self, layer: int, q: torch.Tensor) -> float:
+        """The KV read fraction of one more call of the kernel on ``q`` (off the hot path)."""
+        if self.packed[layer] is None:
+            return 1.0
+        _, info = self.module.santapp_decode(
+            q, self.cache.layers[layer], self.packed[layer], self.params["M"],
+            scale=self.scale, workspace=self.workspaces[layer])
+        return float(info.read_counts().kv_read_fraction)
+
+
+
+def _e2e_backend(method: Method, params: dict[str, Any], scale: float, seed: int):
     return TritonSantaPPDecode(params, scale, seed)
 
 
@@ -174,7 +262,7 @@ def santapp() -> Method:
         (
             # the fewest teams measured within 1 point of dense on RULER NIAH at 32k (of 2048
             # teams of 16; accuracy-2026-12-06-h100-niah-teams)
-            Param("M", 512, int,
+            Param("M", DEFAULT_M, int,
                   "teams selected per query head (every team, exact, where there are fewer)",
                   minimum=1),
             Param("team_size", 16, int, "tokens per team (P; k-means: per parent)", minimum=1),
@@ -195,8 +283,9 @@ def santapp() -> Method:
             Param("mix", 0.0, float, "defensive mixing with the uniform, in [0, 1)"),
             # defaults from the GPU RULER runs at 32k (accuracy-2026-12-04-h200-ruler*):
             # better on NIAH than none, at no measured kernel cost
-            Param("sink", 4, int, "first tokens attended exactly", minimum=0),
-            Param("window", 64, int, "recent tokens attended exactly", minimum=0),
+            # (the kernel library's defaults, santa_kernels.santapp.DEFAULT_*)
+            Param("sink", DEFAULT_SINK, int, "first tokens attended exactly", minimum=0),
+            Param("window", DEFAULT_WINDOW, int, "recent tokens attended exactly", minimum=0),
             Param(
                 "reps",
                 "model",

@@ -3,9 +3,9 @@
 
 Reference: ``santa_kernels.selection``. Kernel: ``santa_kernels.triton_selection`` (the
 selection as tensor ops on the GPU, the attention through ``santa_kernels.triton_indexed``);
-the timed call does both. End-to-end decode:
-:class:`santa_bench.e2e.selection.SelectionDecode` (Quest's page bounds built after the
-prefill, then extended by each decode step).
+the timed call does both. End-to-end decode: :class:`SelectionDecode` (this module; one
+fast-path step serves every layer, Quest's page bounds built after the prefill, then
+extended by each decode step).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from typing import Any
 import torch
 
 from santa_bench.baselines import Prepared, Unsupported, trial_run
+from santa_bench.decode.base import DecodeAttention
+from santa_bench.e2e.cache import StaticKVCache
 from santa_bench.methods._common import S
 from santa_bench.methods._core import Method, Param, PlotStyle, Promise, register
 from santa_bench.timing import nbytes_of
@@ -105,12 +107,49 @@ def selection_prepare(name: str, build: StepBuilder) -> Callable[..., Prepared]:
     return prepare
 
 
+class SelectionDecode(DecodeAttention):
+    """A selection method's fast path in every layer (CUDA-graph capturable)."""
+
+    def __init__(self, method: str, build: Callable[..., Any], params: dict[str, Any],
+                 scale: float, seed: int) -> None:
+        self.method, self.build, self.params = method, build, dict(params)
+        self.scale, self.seed = scale, seed
+        self.name = "triton"
+
+    def setup(self, cache: StaticKVCache, q: torch.Tensor) -> None:
+        super().setup(cache, q)
+        ok, why = selection_kernel_available()
+        if not ok:
+            raise Unsupported(why)
+        try:
+            self.step = self.build(q, cache.layers[0], self.params, self.scale, self.seed,
+                                   num_layers=cache.num_layers)
+        except ValueError as exc:
+            raise Unsupported(f"{self.method}: {exc}") from exc
+
+    def after_prefill(self, cache: StaticKVCache) -> None:
+        if hasattr(self.step, "build"):
+            for layer, kv in enumerate(cache.layers):
+                self.step.build(kv, layer)
+
+    def reset(self) -> None:
+        self.step.reset_rng(0)
+
+    def __call__(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        return self.step(q, self.cache.layers[layer], layer=layer)
+
+    def read_fraction(self, layer: int, q: torch.Tensor) -> float:
+        """The KV read fraction of one more call on ``q`` (off the hot path)."""
+        kv = self.cache.layers[layer]
+        reads = (self.step.read_counts(q, kv, layer) if hasattr(self.step, "build")
+                 else self.step.read_counts(q, kv))
+        return float(reads.kv_read_fraction)
+
+
 def selection_backend(build: StepBuilder) -> Callable[..., Any]:
     """The end-to-end decode backend factory of a selection method."""
 
     def e2e(method: Method, params: dict[str, Any], scale: float, seed: int):
-        from santa_bench.e2e.selection import SelectionDecode
-
         return SelectionDecode(method.name, build, params, scale, seed)
 
     return e2e

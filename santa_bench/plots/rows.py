@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from santa_bench.labels import config_label
 from santa_bench.plots.style import family_rank, method_colour, new_figure, shade
 from santa_bench.units import format_size
 
@@ -81,10 +82,10 @@ def with_series(frame: pd.DataFrame) -> pd.DataFrame:
             if c in rows.columns and rows[c].notna().any() and rows[c].nunique(dropna=False) > 1
         ]
         if varying:
+            head = [(c, c, True) for c in varying]
             labels = rows.apply(
-                lambda r, vs=varying, name=str(method): " ".join(
-                    [name] + [f"{c}={_param_text(r[c])}" for c in vs if not pd.isna(r[c])]
-                ),
+                lambda r, head=head, name=str(method): config_label(
+                    {**r, "method": name}, head=head, rest=False),
                 axis=1,
             )
             data.loc[rows.index, "series"] = labels
@@ -106,13 +107,6 @@ def series_colour(frame: pd.DataFrame, series: str, method: str, family: str) ->
         if len(picked) and picked.iloc[0]:
             return str(picked.iloc[0])
     return method_colour(method, family)
-
-
-def _param_text(value: Any) -> str:
-    """A parameter value for a label: whole floats without their ``.0`` (team_size=16)."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
 
 
 def accuracy_rows(frame: pd.DataFrame) -> pd.DataFrame:

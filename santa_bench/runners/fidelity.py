@@ -25,6 +25,7 @@ from santa_bench.fidelity import seed_statistics
 from santa_bench.inputs import DecodeShape
 from santa_bench.methods import REGISTRY, Method, Promise, Registry
 from santa_bench.runners.kernel import cosine, method_params, relative_l2
+from santa_bench.runners.schema import FIDELITY
 
 SHAPE_KEYS = ("batch", "ctx", "heads", "kv_heads", "head_dim")
 
@@ -37,12 +38,12 @@ class FidelityGrid:
     patterns: list[str]
     S: list[int]
     ctx: list[int]
-    batch: int = 1
-    heads: int = 8
-    kv_heads: int = 2
-    head_dim: int = 64
-    seeds: int = 32
-    input_seed: int = 0
+    batch: int = FIDELITY.default("batch")
+    heads: int = FIDELITY.default("heads")
+    kv_heads: int = FIDELITY.default("kv_heads")
+    head_dim: int = FIDELITY.default("head_dim")
+    seeds: int = FIDELITY.default("seeds")
+    input_seed: int = FIDELITY.default("seed")
     inputs: str | None = None  # a `santa-bench capture` file: patterns captured:<model>:L<n>
 
 

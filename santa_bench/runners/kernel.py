@@ -28,6 +28,7 @@ from santa_bench.gpu_state import gpu_state_columns
 from santa_bench.inputs import DecodeShape, make_decode_inputs, parse_dtype
 from santa_bench.methods import REGISTRY, Method, Registry
 from santa_bench.runners import MAX_CASES
+from santa_bench.runners.schema import KERNEL
 from santa_bench.units import format_size
 from santa_kernels.reads import ReadCounts
 
@@ -46,13 +47,13 @@ class KernelGrid:
     heads: int = 32
     kv_heads: int = 8
     head_dim: int = 128
-    dtype: str = "bf16"
-    layout: str = "contiguous"
-    page_size: int = 16
-    seed: int = 0
-    device: str = "cpu"
-    graph: bool = True
-    cold_l2: bool = True
+    dtype: str = KERNEL.default("dtype")
+    layout: str = KERNEL.default("layout")
+    page_size: int = KERNEL.default("page_size")
+    seed: int = KERNEL.default("seed")
+    device: str = "cpu"  # resolved (schema: auto)
+    graph: bool = KERNEL.default("graph")
+    cold_l2: bool = KERNEL.default("cold")
     inputs: str | None = None  # a `santa-bench capture` file; None: Gaussian inputs
 
 
