@@ -47,6 +47,28 @@ def _fail(message: str) -> None:
     fail(console, message)
 
 
+@app.callback()
+def load_plugins(
+    plugin: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--plugin",
+            metavar="MODULE",
+            help="Import MODULE first (repeatable): a module of your own that registers "
+            "methods, tasks or baselines, which then work like the built-in ones. Plugins "
+            "of the santa_bench.plugins entry point group load without it.",
+        ),
+    ] = None,
+) -> None:
+    """Reproduce, benchmark and extend stochastic sparse attention (SANTA, S2ANTA, SANTA++)."""
+    from santa_bench import plugins
+
+    try:
+        plugins.load(plugin or ())
+    except plugins.PluginError as exc:
+        _fail(str(exc))
+
+
 @app.command("list")
 def list_methods() -> None:
     """List every registered method with its parameters and availability here."""

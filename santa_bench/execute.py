@@ -548,6 +548,9 @@ def _pool_worker(
     events: Any,
 ) -> None:
     """Worker process: takes work units from ``tasks`` until None; reports on ``events``."""
+    from santa_bench import plugins
+
+    plugins.load()  # the driver's plugins ($SANTA_BENCH_PLUGINS, entry points)
     parent = os.getppid()
     worker = CaseWorker(run, store_root, options, device_id, copy_bandwidth)
     while True:
