@@ -5,8 +5,9 @@ A plugin is a module that registers into santa-bench's registries when imported 
 loaded from the entry point group ``santa_bench.plugins`` of any installed distribution
 (``[project.entry-points."santa_bench.plugins"] mine = "my_package.santa"``) or named on
 the command line (``santa-bench --plugin my_package.santa list``, or a file:
-``--plugin mine.py``), and then appears in every command like a built-in. The modules named are remembered in
-``$SANTA_BENCH_PLUGINS``, so the worker processes of a sweep load them too.
+``--plugin mine.py``), and then appears in every command like a built-in. The modules
+named are remembered in ``$SANTA_BENCH_PLUGINS``, so a sweep's worker processes load
+them too.
 """
 
 from __future__ import annotations
