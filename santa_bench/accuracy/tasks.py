@@ -11,6 +11,7 @@ import copy
 import random
 from collections import OrderedDict
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from santa_bench.accuracy.datasets import (
     mmlu_prompt,
 )
 from santa_bench.accuracy.integration import use_method
+from santa_bench.accuracy.registry import Task, register_task
 
 
 def _letter_ids(tokenizer, count: int) -> list[int]:
@@ -281,42 +283,102 @@ def _ids(tokenizer, text: str) -> tuple[int, ...]:
 
 
 def task_prompts(task: str, tokenizer, items: Sequence, max_new_tokens: int = 256) -> list:
-    """Returns the engine prompts of ``items`` of ``task`` (mmlu, gsm8k, ruler-<t>,
-    longbench-v2, helmet-rag-<d>)."""
+    """Returns the engine prompts of ``items`` of ``task`` (a registered task's name)."""
+    from santa_bench.accuracy.registry import TASKS
+
+    return TASKS.get(task).prompts(tokenizer, items, max_new_tokens)
+
+
+def task_scores(task: str, tokenizer, items: Sequence, generation) -> tuple[list, list[str]]:
+    """Returns per-sample correctness (bool) or score (float in [0, 1]) and the outputs."""
+    from santa_bench.accuracy.registry import TASKS
+
+    return TASKS.get(task).score(tokenizer, items, generation)
+
+
+def hf_task_scores(task: Task, model, tokenizer, items: Sequence, case: dict[str, Any],
+                   prefills: PrefillCache | None = None) -> list:
+    """Per-sample scores of ``task`` through transformers' own loop with the attention
+    ``model`` currently uses: each prompt's tokens but the last are prefilled densely,
+    then a greedy generation (its first step's logits kept where the task reads them)."""
+    prompts = task.prompts(tokenizer, items, int(case.get("max_new_tokens") or 256))
+    tokens, logits = [], []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([prompt.ids], dtype=torch.long, device=model.device)
+            past = _prefill(model, ids[:, :-1], prefills)
+            if task.keep_logits:
+                step = model(ids[:, -1:], past_key_values=past, use_cache=True)
+                logits.append(step.logits[0, -1].float().cpu())
+                tokens.append([int(logits[-1].argmax())])
+                continue
+            eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+            out = model.generate(ids, past_key_values=past, max_new_tokens=prompt.max_new_tokens,
+                                 do_sample=False, pad_token_id=tokenizer.eos_token_id,
+                                 eos_token_id=list(dict.fromkeys([*eos, *prompt.stops])) or None)
+            tokens.append(out[0, ids.shape[1]:].tolist())
+    generation = SimpleNamespace(tokens=tokens, first_logits=logits)
+    return task.score(tokenizer, items, generation)[0]
+
+
+def texts_of(tokenizer, generation) -> list[str]:
+    """The generated texts of an engine generation."""
+    return [tokenizer.decode(t, skip_special_tokens=True) for t in generation.tokens]
+
+
+def shuffled_head(items: list, case: dict[str, Any]) -> list:
+    """The case's ``n`` first items after a shuffle seeded with its ``seed``."""
+    random.Random(case["seed"]).shuffle(items)
+    return items[: case["n"]]
+
+
+# ------------------------------------------------------------------ MMLU and GSM8K
+def _mmlu_samples(case: dict[str, Any], tokenizer) -> list:
+    from santa_bench.accuracy import datasets
+
+    return shuffled_head(datasets.load_mmlu_redux(case.get("_data_dir")), case)
+
+
+def _mmlu_prompts(tokenizer, items: Sequence, max_new_tokens: int) -> list:
     from santa_bench.accuracy.engine import Prompt
 
-    if task == "mmlu":
-        return [Prompt(_ids(tokenizer, mmlu_prompt(q)), 1) for q in items]
-    if task == "gsm8k":
-        return [Prompt(_ids(tokenizer, gsm8k_prompt(p)), max_new_tokens) for p in items]
-    if task.startswith("ruler-"):
-        return [Prompt(_ids(tokenizer, s.prompt + s.answer_prefix), s.tokens_to_generate)
-                for s in items]
-    stops = tuple(newline_ids(tokenizer))
-    return [Prompt(tuple(s.input_ids), s.max_new_tokens, stops if s.stop_newline else ())
-            for s in items]
+    return [Prompt(_ids(tokenizer, mmlu_prompt(q)), 1) for q in items]
 
 
-def task_scores(task: str, ruler_task: str | None, tokenizer, items: Sequence,
-                generation) -> tuple[list, list[str]]:
-    """Returns per-sample correctness (bool) or score (float in [0, 1]) and the outputs."""
-    if task == "mmlu":
-        picks = [int(row[_letter_ids(tokenizer, len(q.choices))].argmax())
-                 for row, q in zip(generation.first_logits, items, strict=True)]
-        return ([p == q.answer for p, q in zip(picks, items, strict=True)],
-                ["ABCDEFGHIJ"[p] for p in picks])
-    texts = [tokenizer.decode(t, skip_special_tokens=True) for t in generation.tokens]
-    if task == "gsm8k":
-        return [gsm8k_correct(t, p.answer) for t, p in zip(texts, items, strict=True)], texts
-    if ruler_task is not None:
-        from santa_bench.accuracy.ruler import score
+def _mmlu_score(tokenizer, items: Sequence, generation) -> tuple[list, list[str]]:
+    picks = [int(row[_letter_ids(tokenizer, len(q.choices))].argmax())
+             for row, q in zip(generation.first_logits, items, strict=True)]
+    return ([p == q.answer for p, q in zip(picks, items, strict=True)],
+            ["ABCDEFGHIJ"[p] for p in picks])
 
-        return score(ruler_task, texts, [s.outputs for s in items]), texts
-    from santa_bench.accuracy.longcontext import longbench_correct, sub_em
 
-    outputs = [t.split("\n", 1)[0] if s.stop_newline else t
-               for t, s in zip(texts, items, strict=True)]
-    if task == "longbench-v2":
-        return [longbench_correct(t, s.references[0])
-                for t, s in zip(outputs, items, strict=True)], outputs
-    return [sub_em(t, s.references) for t, s in zip(outputs, items, strict=True)], outputs
+def _gsm8k_samples(case: dict[str, Any], tokenizer) -> list:
+    from santa_bench.accuracy import datasets
+
+    return shuffled_head(datasets.load_gsm8k(case.get("_data_dir")), case)
+
+
+def _gsm8k_prompts(tokenizer, items: Sequence, max_new_tokens: int) -> list:
+    from santa_bench.accuracy.engine import Prompt
+
+    return [Prompt(_ids(tokenizer, gsm8k_prompt(p)), max_new_tokens) for p in items]
+
+
+def _gsm8k_score(tokenizer, items: Sequence, generation) -> tuple[list, list[str]]:
+    texts = texts_of(tokenizer, generation)
+    return [gsm8k_correct(t, p.answer) for t, p in zip(texts, items, strict=True)], texts
+
+
+@register_task
+def mmlu_and_gsm8k() -> tuple[Task, ...]:
+    return (
+        Task("mmlu", "MMLU-Redux choice accuracy (the answer letter's logit)",
+             _mmlu_samples, _mmlu_prompts, _mmlu_score, keep_logits=True, family="MMLU",
+             command=lambda case: ["accuracy", "mmlu"],
+             hf_scores=lambda model, tok, items, case, prefills: mmlu_loop(model, tok, items)),
+        Task("gsm8k", "GSM8K exact match of the final number (greedy)",
+             _gsm8k_samples, _gsm8k_prompts, _gsm8k_score, generates=True, family="GSM8K",
+             command=lambda case: ["accuracy", "gsm8k"],
+             hf_scores=lambda model, tok, items, case, prefills: gsm8k_loop(
+                 model, tok, items, case["max_new_tokens"])),
+    )
