@@ -71,7 +71,8 @@ def load_plugins(
 
 @app.command("list")
 def list_methods() -> None:
-    """List every registered method with its parameters and availability here."""
+    """List every registered method with its parameters and availability here, then every
+    accuracy task."""
     table = Table(title="santa-bench methods")
     columns = ("name", "family", "module", "parameters (defaults)", "kernel", "available",
                "description")
@@ -89,6 +90,20 @@ def list_methods() -> None:
             "[green]yes[/]" if ok else f"[red]no[/]: {reason}",
             method.description,
         )
+    console.print(table)
+    _list_tasks()
+
+
+def _list_tasks() -> None:
+    """The table of registered accuracy tasks (`santa-bench accuracy task NAME`)."""
+    from santa_bench.accuracy.registry import TASKS
+
+    table = Table(title="santa-bench tasks")
+    for column in ("name", "module", "context", "description"):
+        table.add_column(column, overflow="fold", no_wrap=column == "name")
+    for task in TASKS:
+        table.add_row(task.name, task.module or "-", "ctx" if task.long_context else "-",
+                      task.description)
     console.print(table)
 
 

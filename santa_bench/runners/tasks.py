@@ -382,8 +382,10 @@ def case_command(case: dict[str, Any], registry: Registry = REGISTRY) -> str:
     params = [f"{p.name}={case[p.name]}" for p in method.params if case.get(p.name) is not None]
     spec = method.name + (":" + ",".join(params) if params else "")
     task = get_task(case["task"])
+    plugin = [] if task.module.startswith("santa_bench.") else ["--plugin", task.module]
     args = [
         "santa-bench",
+        *plugin,
         *task.command_args(case),
         "--model",
         case["model"],
