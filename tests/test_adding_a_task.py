@@ -1,0 +1,113 @@
+"""docs/adding-a-task.md: its example task, loaded with --plugin and run through
+`santa-bench accuracy task` on a tiny random model (no download), as the page says."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from santa_bench import plugins
+from santa_bench.accuracy.registry import TASKS, Task, TaskError, TaskRegistry, register_task
+from santa_bench.results import ResultStore
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "adding-a-task.md"
+
+transformers = pytest.importorskip("transformers")
+
+
+def _module_source() -> str:
+    found = re.search(r"<!-- example-task: .*?-->\n```python\n(.*?)```", DOC.read_text(), re.S)
+    assert found, "the doc's example module is missing"
+    return found.group(1)
+
+
+class _Tokenizer:
+    """Characters as ids (a tiny model needs no real tokenizer)."""
+
+    eos_token_id = 96
+
+    def __call__(self, text):
+        return type("T", (), {"input_ids": [ord(c) % 90 for c in text]})
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(48 + int(i) % 10) for i in ids)
+
+
+@pytest.fixture
+def doc_plugin(tmp_path, monkeypatch):
+    """The doc's module as ``my_tasks`` on the path; the registry and the plugin state are
+    restored afterwards."""
+    (tmp_path / "my_tasks.py").write_text(_module_source())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(TASKS, "_tasks", dict(TASKS._tasks))
+    monkeypatch.setattr(plugins, "_loaded", {})
+    monkeypatch.setenv(plugins.ENV, "")  # restored (unset) afterwards
+    yield tmp_path
+    sys.modules.pop("my_tasks", None)
+
+
+def _tiny_model():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=512,
+                                      eos_token_id=96)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def test_the_docs_task_runs_through_accuracy_task(doc_plugin, monkeypatch):
+    from santa_bench.accuracy import models
+    from santa_bench.cli import app
+
+    model = _tiny_model()
+    monkeypatch.setattr(models, "load_model", lambda name, **kw: (model, _Tokenizer()))
+    store = doc_plugin / "results"
+    runner = CliRunner()
+    listed = runner.invoke(app, ["--plugin", "my_tasks", "list"])
+    assert listed.exit_code == 0, listed.output
+    assert "count-up" in listed.output and TASKS.get("count-up").module == "my_tasks"
+    result = runner.invoke(app, ["--plugin", "my_tasks", "accuracy", "task", "count-up",
+                                 "--model", "tiny", "--methods", "dense,santa-prop:S=8",
+                                 "--n", "3", "--device", "cpu", "--results", str(store)])
+    assert result.exit_code == 0, result.output
+    frame = ResultStore(store).load()
+    assert set(frame["task"]) == {"count-up"} and set(frame["method"]) == {"dense", "santa-prop"}
+    assert set(frame["status"]) == {"ok"} and "ctx" not in frame.columns
+    scores = frame[frame.metric == "score"].set_index("method")["value"]
+    assert ((scores >= 0) & (scores <= 1)).all()
+    assert "retention" in set(frame[frame.method == "santa-prop"].metric)
+    command = frame[frame.method == "santa-prop"]["command"].iloc[0]
+    assert command.startswith("santa-bench --plugin my_tasks accuracy task count-up --model")
+
+
+def test_the_docs_task_through_the_public_api(doc_plugin):
+    import importlib
+
+    module = importlib.import_module("my_tasks")
+    registry = TaskRegistry()
+    register_task(registry=registry)(module.count_up)
+    task = registry.get("count-up")
+    case = {"n": 4, "seed": 3}
+    items = task.samples(case, lambda: None)
+    assert items == task.samples(case, lambda: None) and len(items) == 4
+    text, answer = items[0]
+    assert int(answer) == int(text.split()[-1]) + 1
+    generation = type("G", (), {"tokens": [[ord(c) - 48 for c in a] for _, a in items]})
+    scores, texts = task.score(_Tokenizer(), items, generation)
+    assert scores == [True] * 4 and texts[0].split()[0] == items[0][1]
+    assert task.command_args({}) == ["accuracy", "task", "count-up"]
+    with pytest.raises(TaskError, match="registered twice"):
+        register_task(registry=registry)(module.count_up)
+
+
+def test_register_task_refuses_what_is_not_a_task():
+    with pytest.raises(TaskError, match="not a Task"):
+        register_task(registry=TaskRegistry())(lambda: "mmlu")
+    assert isinstance(TASKS.get("ruler-qa1"), Task) and TASKS.get("ruler-qa1").name == "ruler-qa_1"
+    assert TASKS.expand("helmet-rag") == [f"helmet-rag-{d}"
+                                          for d in ("nq", "triviaqa", "hotpotqa", "popqa")]
