@@ -382,7 +382,9 @@ def case_command(case: dict[str, Any], registry: Registry = REGISTRY) -> str:
     params = [f"{p.name}={case[p.name]}" for p in method.params if case.get(p.name) is not None]
     spec = method.name + (":" + ",".join(params) if params else "")
     task = get_task(case["task"])
-    plugin = [] if task.module.startswith("santa_bench.") else ["--plugin", task.module]
+    plugin = [part for module in dict.fromkeys((method.module, task.module))
+              if module and not module.startswith("santa_bench.")
+              for part in ("--plugin", module)]
     args = [
         "santa-bench",
         *plugin,
