@@ -91,7 +91,22 @@ def list_methods() -> None:
             method.description,
         )
     console.print(table)
+    _list_baselines()
     _list_tasks()
+
+
+def _list_baselines() -> None:
+    """The table of dense baselines: the kernels `kernel` times, the backends `e2e` decodes
+    with (``--dense-backends``)."""
+    from santa_bench.baselines import BASELINES
+
+    table = Table(title="santa-bench dense baselines")
+    for column in ("name", "kernel (timed)", "e2e decode", "description"):
+        table.add_column(column, overflow="fold", no_wrap=column == "name")
+    for entry in BASELINES.values():
+        table.add_row(entry.name, "yes" if entry.timed else "-",
+                      "yes" if entry.decode else "-", entry.description)
+    console.print(table)
 
 
 def _list_tasks() -> None:
