@@ -68,6 +68,22 @@ def test_a_plugin_method_runs_through_list_and_kernel(tmp_path: Path):
     assert without.returncode == 2 and "unknown method 'key-subset'" in without.stdout
 
 
+def test_a_plugin_method_runs_in_a_suite(tmp_path: Path):
+    (tmp_path / "my_methods.py").write_text(PLUGIN)
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(textwrap.dedent("""
+        runner: kernel
+        fixed: {heads: 4, kv_heads: 2, head_dim: 16, batch: 1, device: cpu, ctx: 256}
+        grid: {method: [dense, key-subset], S: [16]}
+        options: {cpu_budget: 0.01}
+    """))
+    store = tmp_path / "results"
+    ran = _cli("--plugin", "my_methods", "sweep", str(suite), "--results", str(store),
+               path=tmp_path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert set(ResultStore(store).load()["method"]) == {"dense", "key-subset"}
+
+
 def test_an_entry_point_plugin_loads_without_the_option(tmp_path: Path):
     (tmp_path / "my_methods.py").write_text(PLUGIN)
     info = tmp_path / "my_methods-0.1.dist-info"
