@@ -111,3 +111,43 @@ def test_register_task_refuses_what_is_not_a_task():
     assert isinstance(TASKS.get("ruler-qa1"), Task) and TASKS.get("ruler-qa1").name == "ruler-qa_1"
     assert TASKS.expand("helmet-rag") == [f"helmet-rag-{d}"
                                           for d in ("nq", "triviaqa", "hotpotqa", "popqa")]
+
+
+def test_the_docs_task_through_transformers_own_loop(doc_plugin, monkeypatch):
+    """A model family the suite's decoder does not run goes through transformers' loop:
+    a task without its own ``hf_scores`` is scored from its prompts there too."""
+    from santa_bench import environment, execute, results
+    from santa_bench.accuracy import models
+    from santa_bench.methods import REGISTRY
+    from santa_bench.runners.tasks import TaskRunner, expand_task_cases
+
+    plugins.load(["my_tasks"])
+    model = _tiny_model()
+    monkeypatch.setattr(models, "load_model", lambda name, **kw: (model, _Tokenizer()))
+    monkeypatch.setattr(TaskRunner, "engine", lambda self, *args: None)
+    cases = expand_task_cases("count-up", "tiny", [(REGISTRY.get("santa-sys"), {"S": 8})],
+                              n=2, seed=0, device="cpu")
+    outcome = execute.run_cases(cases, results.ResultStore(doc_plugin / "res"),
+                                environment.collect_environment("test"))
+    by_method = {case["method"]: {r["metric"]: r for r in rows} for case, rows in outcome.results}
+    assert set(by_method) == {"dense", "santa-sys"}
+    for rows in by_method.values():
+        assert rows["score"].get("status", "ok") == "ok" and 0 <= rows["score"]["value"] <= 1
+    assert by_method["santa-sys"]["decode_kv_read_fraction"]["value"] < 1
+
+
+def test_a_registered_task_joins_the_verdict(monkeypatch):
+    from santa_bench import pareto
+
+    monkeypatch.setattr(TASKS, "_tasks", dict(TASKS._tasks))
+    TASKS.register(Task("toy-recall", "a toy", lambda c, t: [], lambda t, i, m: [],
+                        lambda t, i, g: ([], []), long_context=True, family="Toy",
+                        verdict=True, module="my_tasks"))
+    assert pareto.task_family("toy-recall") == "Toy" and pareto.verdict_task("toy-recall")
+    assert pareto.task_family("ruler-qa1") == "RULER QA" and pareto.verdict_task("ruler-vt")
+    assert not pareto.verdict_task("gsm8k") and pareto.task_family("gsm8k") == "GSM8K"
+    command = pareto.accuracy_command("santa-prop:S=64", "m", 32768, ["ruler-vt", "toy-recall"],
+                                      5)
+    ruler, toy = command.split("; ")
+    assert ruler.startswith("santa-bench accuracy ruler --tasks vt --ctx 32k --n 5")
+    assert toy.startswith("santa-bench --plugin my_tasks accuracy task toy-recall --ctx 32k")
