@@ -39,8 +39,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from santa_bench.accuracy.datasets import DataUnavailable, data_dir, read_table
+from santa_bench.accuracy.hf_loop import (
+    PrefillCache,
+    generated_texts,
+    greedy_decode,
+    newline_ids,
+)
 from santa_bench.accuracy.registry import TASKS, Task, register_task
 
 
@@ -505,10 +512,43 @@ def sub_em(output: str, answers: Sequence[str]) -> float:
 
 
 # ------------------------------------------------------------------ the task registry
+def long_context_loop(
+    model, tokenizer, samples: Sequence, task: str, prefills: PrefillCache | None = None
+) -> tuple[list, list[str]]:
+    """LongBench v2 (correct: bool) or HELMET-RAG (SubEM: float) per sample, and the outputs.
+
+    Each sample's tokens are fitted to the context already; all but the last are
+    prefilled densely, the rest are decode steps through the method.
+    """
+    stops = newline_ids(tokenizer)
+    scores: list = []
+    predictions = []
+    with torch.no_grad():
+        for sample in samples:
+            ids = torch.tensor([sample.input_ids], dtype=torch.long)
+            text = greedy_decode(
+                model,
+                tokenizer,
+                "",
+                sample.max_new_tokens,
+                prefills,
+                ids=ids,
+                stop_ids=stops if sample.stop_newline else (),
+            )
+            if sample.stop_newline:
+                text = text.split("\n", 1)[0]
+            predictions.append(text)
+            if task == "longbench-v2":
+                scores.append(longbench_correct(text, sample.references[0]))
+            else:
+                scores.append(sub_em(text, sample.references))
+    return scores, predictions
+
+
+
 def _long_prompts(tokenizer: Any, items: Sequence[LongSample], max_new_tokens: int) -> list:
     """Engine prompts of fitted samples (HELMET's newline stops where a sample asks)."""
     from santa_bench.accuracy.engine import Prompt
-    from santa_bench.accuracy.tasks import newline_ids
 
     stops = tuple(newline_ids(tokenizer))
     return [Prompt(tuple(s.input_ids), s.max_new_tokens, stops if s.stop_newline else ())
@@ -516,17 +556,13 @@ def _long_prompts(tokenizer: Any, items: Sequence[LongSample], max_new_tokens: i
 
 
 def _outputs(tokenizer: Any, items: Sequence[LongSample], generation: Any) -> list[str]:
-    from santa_bench.accuracy.tasks import texts_of
-
-    texts = texts_of(tokenizer, generation)
+    texts = generated_texts(tokenizer, generation)
     return [t.split("\n", 1)[0] if s.stop_newline else t
             for t, s in zip(texts, items, strict=True)]
 
 
 def _hf_scores(task: str) -> Callable[..., list]:
     def run(model: Any, tokenizer: Any, items: Sequence, case: dict, prefills: Any) -> list:
-        from santa_bench.accuracy.tasks import long_context_loop
-
         return long_context_loop(model, tokenizer, items, task, prefills)[0]
 
     return run

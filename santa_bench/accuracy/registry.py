@@ -6,7 +6,7 @@ whether its samples are made at the case's context length (``long_context``), wh
 the case keeps its greedy budget (``generates``) and whether scoring reads the first
 step's logits (``keep_logits``). The built-in tasks register from their modules
 (:mod:`.tasks`: MMLU, GSM8K; :mod:`.ruler`; :mod:`.longcontext`: LongBench v2,
-HELMET-RAG), imported at the end of this one; a plugin registers its own with
+HELMET-RAG), which ``santa_bench.accuracy`` imports; a plugin registers its own with
 :func:`register_task` (``docs/adding-a-task.md``). A group (``ruler-niah``,
 ``helmet-rag``) names several tasks, one case each.
 """
@@ -112,7 +112,7 @@ class TaskRegistry:
         return iter(self._tasks.values())
 
 
-TASKS = TaskRegistry()  # filled by the task modules imported below, and by plugins
+TASKS = TaskRegistry()  # filled by the task modules (imported by the package), and plugins
 
 
 def register_task(
@@ -135,11 +135,3 @@ def register_task(
         return build
 
     return apply(target) if target is not None else apply
-
-
-# The built-in task modules, in registration order.
-# isort: off
-from santa_bench.accuracy import tasks  # noqa: E402, F401
-from santa_bench.accuracy import ruler  # noqa: E402, F401
-from santa_bench.accuracy import longcontext  # noqa: E402, F401
-# isort: on

@@ -32,8 +32,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from santa_bench.accuracy.datasets import DataUnavailable, data_dir
+from santa_bench.accuracy.hf_loop import (
+    PrefillCache,
+    generated_texts,
+    greedy_decode,
+    token_ids,
+)
 from santa_bench.accuracy.models import cache_dir, sha256_of
 from santa_bench.accuracy.registry import TASKS, Task, register_task
 
@@ -800,6 +807,26 @@ def score(
 
 
 # ------------------------------------------------------------------ the task registry
+def ruler_loop(
+    model, tokenizer, samples: Sequence, task: str, prefills: PrefillCache | None = None
+) -> tuple[list[float], list[str]]:
+    """RULER per-sample scores and predictions with the attention ``model`` currently uses.
+
+    ``prompt + answer_prefix`` is prefilled densely except its last token; that token and
+    every generated one (greedy, ``tokens_to_generate``) are decode steps through the method.
+    ``prefills`` shares the dense prefill of a sample between methods.
+    """
+    predictions = []
+    with torch.no_grad():
+        for sample in samples:
+            text = sample.prompt + sample.answer_prefix
+            predictions.append(
+                greedy_decode(model, tokenizer, text, sample.tokens_to_generate, prefills)
+            )
+    return score(task, predictions, [s.outputs for s in samples]), predictions
+
+
+
 RULER_ALIASES = {"qa_1": ("qa1",), "qa_2": ("qa2",)}  # the SANTA table's names (suites)
 # The SANTA table's NIAH column is the mean of RULER's eight NIAH tasks: ``ruler-niah``
 # (suites, ``accuracy ruler --tasks niah``) stands for all eight, one case each.
@@ -824,20 +851,15 @@ def _ruler_task(task: str) -> Task:
 
     def prompts(tokenizer: Any, items: Sequence[RulerSample], max_new_tokens: int) -> list:
         from santa_bench.accuracy.engine import Prompt
-        from santa_bench.accuracy.tasks import _ids
 
-        return [Prompt(_ids(tokenizer, s.prompt + s.answer_prefix), s.tokens_to_generate)
+        return [Prompt(token_ids(tokenizer, s.prompt + s.answer_prefix), s.tokens_to_generate)
                 for s in items]
 
     def scores(tokenizer: Any, items: Sequence[RulerSample], generation: Any) -> tuple:
-        from santa_bench.accuracy.tasks import texts_of
-
-        texts = texts_of(tokenizer, generation)
+        texts = generated_texts(tokenizer, generation)
         return score(task, texts, [s.outputs for s in items]), texts
 
     def hf_scores(model: Any, tokenizer: Any, items: Sequence, case: dict, prefills: Any):
-        from santa_bench.accuracy.tasks import ruler_loop
-
         return ruler_loop(model, tokenizer, items, task, prefills)[0]
 
     return Task(
