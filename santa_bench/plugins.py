@@ -86,3 +86,10 @@ def load(modules: Iterable[str] = ()) -> None:
 def loaded() -> dict[str, str]:
     """The plugin modules loaded so far, each with where it was named."""
     return dict(_loaded)
+
+
+def plugin_args(modules: Iterable[str]) -> list[str]:
+    """``--plugin MODULE`` for each module outside santa-bench (a command line that
+    reproduces a case of a plugin's method or task names the plugin)."""
+    own = [m for m in dict.fromkeys(modules) if m and not m.startswith("santa_bench.")]
+    return [part for module in own for part in ("--plugin", module)]

@@ -63,6 +63,9 @@ def test_a_plugin_method_runs_through_list_and_kernel(tmp_path: Path):
     assert ran.returncode == 0, ran.stdout + ran.stderr
     frame = ResultStore(store).load()
     assert set(frame["method"]) == {"dense", "key-subset"} and set(frame["status"]) == {"ok"}
+    commands = frame.drop_duplicates("method").set_index("method")["command"]
+    assert commands["key-subset"].startswith("santa-bench --plugin my_methods kernel ")
+    assert commands["dense"].startswith("santa-bench kernel ")
     assert set(frame[frame.method == "key-subset"]["S"]) == {16}
     without = _cli("kernel", "--ctx", "256", "--methods", "key-subset", path=tmp_path)
     assert without.returncode == 2 and "unknown method 'key-subset'" in without.stdout

@@ -15,6 +15,7 @@ import math
 import time
 from typing import Any
 
+from santa_bench import plugins
 from santa_bench.accuracy.longcontext import HELMET_DATASETS as _HELMET
 from santa_bench.accuracy.registry import TASKS, Task
 from santa_bench.accuracy.ruler import RULER_GROUPS
@@ -382,9 +383,7 @@ def case_command(case: dict[str, Any], registry: Registry = REGISTRY) -> str:
     params = [f"{p.name}={case[p.name]}" for p in method.params if case.get(p.name) is not None]
     spec = method.name + (":" + ",".join(params) if params else "")
     task = get_task(case["task"])
-    plugin = [part for module in dict.fromkeys((method.module, task.module))
-              if module and not module.startswith("santa_bench.")
-              for part in ("--plugin", module)]
+    plugin = plugins.plugin_args((method.module, task.module))
     args = [
         "santa-bench",
         *plugin,
