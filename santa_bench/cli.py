@@ -60,9 +60,32 @@ def _fail(message: str) -> None:
     fail(console, message)
 
 
+@app.callback()
+def load_plugins(
+    plugin: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--plugin",
+            metavar="MODULE",
+            help="Import MODULE first (repeatable): a module of your own that registers "
+            "methods, tasks or baselines, which then work like the built-in ones. Plugins "
+            "of the santa_bench.plugins entry point group load without it.",
+        ),
+    ] = None,
+) -> None:
+    """Reproduce, benchmark and extend stochastic sparse attention (SANTA, S2ANTA, SANTA++)."""
+    from santa_bench import plugins
+
+    try:
+        plugins.load(plugin or ())
+    except plugins.PluginError as exc:
+        _fail(str(exc))
+
+
 @app.command("list")
 def list_methods() -> None:
-    """List every registered method with its parameters and availability here."""
+    """List every registered method with its parameters and availability here, then every
+    accuracy task."""
     table = Table(title="santa-bench methods")
     columns = ("name", "family", "module", "parameters (defaults)", "kernel", "available",
                "description")
@@ -80,6 +103,35 @@ def list_methods() -> None:
             "[green]yes[/]" if ok else f"[red]no[/]: {reason}",
             method.description,
         )
+    console.print(table)
+    _list_baselines()
+    _list_tasks()
+
+
+def _list_baselines() -> None:
+    """The table of dense baselines: the kernels `kernel` times, the backends `e2e` decodes
+    with (``--dense-backends``)."""
+    from santa_bench.baselines import BASELINES
+
+    table = Table(title="santa-bench dense baselines")
+    for column in ("name", "kernel (timed)", "e2e decode", "description"):
+        table.add_column(column, overflow="fold", no_wrap=column == "name")
+    for entry in BASELINES.values():
+        table.add_row(entry.name, "yes" if entry.timed else "-",
+                      "yes" if entry.decode else "-", entry.description)
+    console.print(table)
+
+
+def _list_tasks() -> None:
+    """The table of registered accuracy tasks (`santa-bench accuracy task NAME`)."""
+    from santa_bench.accuracy.registry import TASKS
+
+    table = Table(title="santa-bench tasks")
+    for column in ("name", "module", "context", "description"):
+        table.add_column(column, overflow="fold", no_wrap=column == "name")
+    for task in TASKS:
+        table.add_row(task.name, task.module or "-", "ctx" if task.long_context else "-",
+                      task.description)
     console.print(table)
 
 

@@ -24,6 +24,7 @@ import contextlib
 import math
 import os
 import queue
+import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,24 +107,37 @@ def case_label(case: dict[str, Any]) -> str:
 
 
 def case_command(case: dict[str, Any]) -> str:
-    """Returns the command line that reproduces ``case`` alone (by its runner kind)."""
-    if case.get("kind") == "kernel":
-        from santa_bench.runners.kernel import case_command as kernel_command
-
-        return kernel_command(case)
-    if case.get("kind") == "fidelity":
-        from santa_bench.runners.fidelity import case_command as fidelity_command
-
-        return fidelity_command(case)
-    if case.get("kind") == "accuracy":
+    """Returns the command line that reproduces ``case`` alone (by its runner kind); a
+    plugin's method is loaded with ``--plugin`` first."""
+    if case.get("kind") == "accuracy":  # names the plugins of its method and task itself
         from santa_bench.runners.tasks import case_command as task_command
 
         return task_command(case)
-    if case.get("kind") == "e2e":
-        from santa_bench.e2e.runner import case_command as e2e_command
+    if case.get("kind") == "kernel":
+        from santa_bench.runners.kernel import case_command as command_of
+    elif case.get("kind") == "fidelity":
+        from santa_bench.runners.fidelity import case_command as command_of
+    elif case.get("kind") == "e2e":
+        from santa_bench.e2e.runner import case_command as command_of
+    else:
+        raise ValueError(f"no command line for cases of kind {case.get('kind')!r}")
+    return _with_plugin(command_of(case), case)
 
-        return e2e_command(case)
-    raise ValueError(f"no command line for cases of kind {case.get('kind')!r}")
+
+def _with_plugin(command: str, case: dict[str, Any]) -> str:
+    """``command`` with ``--plugin MODULE`` after ``santa-bench`` where the case's method
+    comes from a plugin."""
+    from santa_bench import plugins
+    from santa_bench.methods import REGISTRY, MethodError
+
+    try:
+        module = REGISTRY.get(str(case.get("method"))).module
+    except MethodError:
+        return command
+    extra = plugins.plugin_args([module])
+    if not extra or not command.startswith("santa-bench "):
+        return command
+    return "santa-bench " + shlex.join(extra) + command[len("santa-bench"):]
 
 
 def failed_rows(reason: str) -> list[dict[str, Any]]:
@@ -565,6 +579,9 @@ def _pool_worker(
     events: Any,
 ) -> None:
     """Worker process: takes work units from ``tasks`` until None; reports on ``events``."""
+    from santa_bench import plugins
+
+    plugins.load()  # the driver's plugins ($SANTA_BENCH_PLUGINS, entry points)
     parent = os.getppid()
     worker = CaseWorker(run, store_root, options, device_id, copy_bandwidth)
     while True:

@@ -78,17 +78,21 @@ class SeveralGPUs(ParetoError):
 
 
 def task_family(task: str) -> str:
-    """``ruler-niah_single_1`` -> ``RULER NIAH``; ``gsm8k`` -> ``GSM8K``."""
-    name = task.removeprefix("ruler-")
-    if name.startswith("niah"):
-        return "RULER NIAH"
-    if name in ("vt",):
-        return "RULER VT"
-    if name in ("cwe", "fwe"):
-        return "RULER aggregation"
-    if name.startswith("qa"):
-        return "RULER QA"
-    return {"gsm8k": "GSM8K", "mmlu": "MMLU"}.get(name, name)
+    """The verdict's family of ``task`` as its registry entry names it:
+    ``ruler-niah_single_1`` -> ``RULER NIAH``; ``gsm8k`` -> ``GSM8K``; else its name."""
+    from santa_bench.accuracy.registry import TASKS
+
+    found = TASKS.find(task)
+    return (found.family or found.name) if found is not None else task.removeprefix("ruler-")
+
+
+def verdict_task(task: Any) -> bool:
+    """Whether the verdict joins rows of ``task`` (RULER's, and any task registered with
+    ``verdict=True``)."""
+    from santa_bench.accuracy.registry import TASKS
+
+    found = TASKS.find(str(task))
+    return found.verdict if found is not None else str(task).startswith("ruler-")
 
 
 def _retired_flash(rows: pd.DataFrame) -> pd.Series:
@@ -165,7 +169,7 @@ def accuracy_rows(frame: pd.DataFrame, model: str, ctx: int) -> dict[str, Accura
     if not {"kind", "model", "ctx", "task"} <= set(frame.columns):
         return {}
     rows = frame[(frame.kind == "accuracy") & (frame.status == "ok") & (frame.model == model)]
-    rows = rows[rows.task.astype(str).str.startswith("ruler-") & (rows.ctx == ctx)]
+    rows = rows[rows.task.map(verdict_task).astype(bool) & (rows.ctx == ctx)]
     if rows.empty:
         return {}
     rows = rows.assign(config=[layered_key(r) for _, r in rows.iterrows()])
@@ -524,12 +528,21 @@ def captured_kernel_command(config: str, shape: Shape, ctx: int, batches: Sequen
 
 
 def accuracy_command(config: str, model: str, ctx: int, tasks: Sequence[str], n: int) -> str:
-    """The command that scores ``config`` on the RULER tasks of the verdict."""
+    """The command that scores ``config`` on the tasks of the verdict (RULER's in one
+    command; another registered task in one command each, ``;``-joined)."""
+    from santa_bench.accuracy.registry import TASKS
+
     names = ",".join(t.removeprefix("ruler-") for t in tasks if t.startswith("ruler-"))
     base, dense = split_layers(config)
     layers = f" --dense-layers {','.join(map(str, dense))}" if dense else ""
-    return (f"santa-bench accuracy ruler --tasks {names} --ctx {ctx // 1024}k --n {n} "
-            f"--model {model} --methods {base}{layers} --device cuda")
+    rest = f"--ctx {ctx // 1024}k --n {n} --model {model} --methods {base}{layers} --device cuda"
+    commands = [f"santa-bench accuracy ruler --tasks {names} {rest}"] if names else []
+    for task in (t for t in tasks if not t.startswith("ruler-")):
+        found = TASKS.find(task)
+        module = found.module if found is not None else "santa_bench."
+        plugin = "" if module.startswith("santa_bench.") else f"--plugin {module} "
+        commands.append(f"santa-bench {plugin}accuracy task {task} {rest}")
+    return "; ".join(commands)
 
 
 def _gpus_of_rows(frame: pd.DataFrame, runs: Sequence[dict[str, Any]]) -> set[str]:
@@ -573,7 +586,7 @@ def verdict(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
         gpu = found[0] if found else None
     run_env = {str(r.get("run_id")): r for r in runs}
     acc_rows = frame[(frame.get("kind") == "accuracy") & (frame.model == model)
-                     & frame.task.astype(str).str.startswith("ruler-") & (frame.ctx == ctx)]
+                     & frame.task.map(verdict_task).astype(bool) & (frame.ctx == ctx)]
     set_aside: list[str] = []
     if shape.layers is None:  # a step with dense layers cannot be timed without the count
         set_aside = sorted(c for c in acc if split_layers(c)[1])

@@ -3,6 +3,10 @@ and the per-method attributes the registry carries (module, e2e backend, plot st
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # Step 3's kernel runs in the interpreter
+
 import re
 import sys
 import types
@@ -158,3 +162,79 @@ def test_list_shows_each_methods_module(monkeypatch):
     for method in REGISTRY:
         row = next(line for line in result.output.splitlines() if f" {method.name} " in line)
         assert f" {method.module} " in row
+
+
+def _kernel_blocks() -> tuple[str, str]:
+    """Step 3's kernel file and the builder that replaces Step 1's."""
+    text = DOC.read_text()
+    kernel = re.search(r"<!-- example-kernel: .*?-->\n```python\n(.*?)```", text, re.S)
+    builder = re.search(r"<!-- example-kernel-methods: .*?-->\n```python\n(.*?)```", text, re.S)
+    assert kernel and builder, "the doc's kernel blocks are missing"
+    return kernel.group(1), builder.group(1)
+
+
+@pytest.fixture
+def uniform_with_kernel(monkeypatch, tmp_path):
+    """Step 3 as the page says: the kernel as santa_kernels.uniform (Triton's interpreter,
+    which reads the kernel's source file: no GPU here), Step 1's module with its builder
+    replaced; registered in a scratch registry."""
+    import importlib.util
+
+    pytest.importorskip("triton")
+    kernel_source, builder = _kernel_blocks()
+    path = tmp_path / "uniform.py"
+    path.write_text(kernel_source)
+    spec = importlib.util.spec_from_file_location("santa_kernels.uniform", path)
+    kernel = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "santa_kernels.uniform", kernel)
+    spec.loader.exec_module(kernel)
+    if type(kernel._uniform_kernel).__name__ != "InterpretedFunction":
+        pytest.skip("Triton was imported before TRITON_INTERPRET=1 was set (no GPU here)")
+    real = methods.register
+    scratch = Registry()
+    monkeypatch.setattr(methods, "register",
+                        lambda target=None, *, registry=None: real(target, registry=scratch))
+    source, _ = _blocks()
+    source = source[: source.index("\n\n@register\n")] + "\n\n" + builder
+    module = types.ModuleType(MODULE)
+    monkeypatch.setitem(sys.modules, MODULE, module)
+    exec(compile(source, f"{DOC}:{MODULE}", "exec"), module.__dict__)
+    return scratch.get("santa-uniform")
+
+
+def test_the_docs_kernel_is_unbiased_and_draws_fresh_numbers(uniform_with_kernel):
+    method = uniform_with_kernel
+    assert method.kernel_kind == "triton" and method.kernel_available() == (True, "")
+    q, kv = decode_problem(batch=1, heads=2, kv_heads=1, n=40, d=16, lengths=[37],
+                           dtype=torch.float32)
+    prepared = method.prepare(q, kv, seed=0, **method.resolve_params({"S": 8}))
+    calls = 40
+    outs = torch.stack([prepared().clone() for _ in range(calls)]).double()
+    dense = sk.attention(q, kv, value="dense", compute_dtype=torch.float64).out
+    stderr = outs.std(0) / calls**0.5
+    assert ((outs.mean(0) - dense).abs() <= 5 * stderr + 1e-6).all()
+    assert not torch.equal(outs[0], outs[1])  # each call draws anew
+
+
+def test_the_docs_decode_backend_runs_the_kernel(uniform_with_kernel):
+    from santa_bench.e2e.attention import backend_label, method_backend
+    from santa_bench.e2e.cache import StaticKVCache
+
+    method = uniform_with_kernel
+    assert backend_label(method, "cuda") == "triton"
+    cache = StaticKVCache(num_layers=2, batch=1, capacity=64, num_kv_heads=1, head_dim=16,
+                          dtype=torch.float32, device="cpu")
+    q, kv = decode_problem(batch=1, heads=2, kv_heads=1, n=40, d=16, dtype=torch.float32)
+    for layer in range(2):
+        cache.k[layer][:, :40] = kv.k
+        cache.v[layer][:, :40] = kv.v
+    cache.lengths.fill_(40)
+    backend = method_backend(method, {"S": 8}, device="cuda", scale=0.25, seed=3)
+    backend.setup(cache, q)
+    first = backend(0, q).clone()
+    assert torch.isfinite(first).all() and not torch.equal(first, backend(1, q))
+    backend.reset()
+    assert torch.equal(backend(0, q), first)  # a reset replays the draws
+    # the adapter's trial call draws with seed 2, so its first timed call draws with 3
+    prepared = method.prepare(q, cache.layers[0], seed=2, S=8, scale=0.25)
+    assert torch.equal(prepared(), first)  # the backend runs what the harness times

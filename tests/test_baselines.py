@@ -31,9 +31,11 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def test_registry_lists_every_baseline():
-    assert set(BASELINES) == {"sdpa-math", *GPU_ONLY, "triton-splitkv"}
+    timed = {name for name, b in BASELINES.items() if b.timed}
+    assert timed == {"sdpa-math", *GPU_ONLY, "triton-splitkv"}
     for name, baseline in BASELINES.items():
-        assert baseline.name == name and baseline.description and baseline.target
+        assert baseline.name == name and baseline.description
+        assert baseline.target or baseline.decode
     assert get("flashinfer-tc").params == {"page_size": 16}
     assert get("flashinfer-fa3").params == {"page_size": 16}
     with pytest.raises(KeyError, match="known"):
@@ -282,3 +284,63 @@ def test_gpu_flashinfer_fa3_matches_sdpa_at_32k(hq: int, hkv: int, d: int):
         values = v[b, :length].float().transpose(0, 1).repeat_interleave(hq // hkv, dim=0)
         ref = F.scaled_dot_product_attention(q[b].float()[:, None], keys, values)[:, 0]
         assert _rel_err(out[b], ref) < 2e-2, (b, _rel_err(out[b], ref))
+
+
+def test_one_registry_serves_timing_and_decoding():
+    """The e2e dense backends are the registry's baselines with a decode backend, under
+    the names stored rows carry; the timed ones are the methods of the baseline family."""
+    from santa_bench.baselines import decode_names
+    from santa_bench.e2e import attention
+    from santa_bench.methods import REGISTRY
+
+    assert set(decode_names()) == {"sdpa", "triton-splitkv", "flashinfer-tc",
+                                   "flashinfer-cuda", "flashinfer-fa3", "flash-attn"}
+    assert set(attention.DENSE_BACKENDS) == set(decode_names())
+    assert {m.name for m in REGISTRY if m.family == "baseline"} == {
+        name for name, b in BASELINES.items() if b.timed}
+    made = {name: attention.dense_backend(name, 0.5) for name in decode_names()}
+    assert isinstance(made["sdpa"], attention.SdpaDecode)
+    assert isinstance(made["triton-splitkv"], attention.TritonSplitKVDecode)
+    assert [made[n].name for n in ("flashinfer-tc", "flashinfer-cuda", "flashinfer-fa3")] == [
+        "flashinfer-tc", "flashinfer-cuda", "flashinfer-fa3"]
+    assert made["flashinfer-fa3"].backend == "fa3" and not made["flashinfer-cuda"].use_tensor_cores
+    with pytest.raises(ValueError, match="unknown dense backend 'sdpa-math'"):
+        attention.dense_backend("sdpa-math", 0.5)  # timed only
+
+
+def test_a_plugin_baseline_is_timed_and_decodes(monkeypatch):
+    from santa_bench import baselines, methods
+    from santa_bench.methods import REGISTRY, Registry
+    from santa_bench.methods._core import register as real_register
+
+    scratch = Registry(REGISTRY)  # the global method registry stays untouched
+    monkeypatch.setattr(methods.baseline, "register",
+                        lambda build: real_register(build, registry=scratch))
+    entry = baselines.Baseline("my-dense", "a plugin's exact kernel", {},
+                               "santa_bench.baselines.sdpa:MATH",
+                               "santa_bench.e2e.attention:SdpaDecode")
+    try:
+        _check_plugin_baseline(entry, scratch)
+    finally:
+        BASELINES.pop("my-dense", None)
+
+
+def _check_plugin_baseline(entry, scratch) -> None:
+    from santa_bench import baselines, methods
+    from santa_bench.e2e import attention
+    from santa_bench.e2e.runner import E2EGrid, expand_cases
+    from santa_bench.methods import REGISTRY
+
+    assert methods.register_baseline(entry) is entry
+    method = scratch.get("my-dense")
+    assert method.family == "baseline" and method.module == "santa_bench.baselines.sdpa"
+    q, kv = _inputs(torch.float64, [37, 20, 5], 0)
+    dense = sk.attention(q, kv, value="dense", compute_dtype=torch.float64).out
+    assert torch.allclose(method.prepare(q, kv)(), dense)
+    assert "my-dense" in baselines.decode_names()
+    assert isinstance(attention.dense_backend("my-dense", 0.5), attention.SdpaDecode)
+    grid = E2EGrid(model="tiny", weights="random", methods=[(REGISTRY.get("dense"), {})],
+                   ctx=[64], batch=[1], device="cuda", rest="torch", dense_backends=None)
+    assert "my-dense" in {case["backend"] for case in expand_cases(grid)}
+    with pytest.raises(ValueError, match="registered twice"):
+        baselines.register_baseline(entry)

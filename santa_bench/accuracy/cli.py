@@ -512,6 +512,64 @@ def helmet_rag(
     )  # fmt: skip
 
 
+@app.command("task")
+def task_command(
+    name: Annotated[str, typer.Argument(
+        metavar="TASK", help="A registered task or group (`santa-bench list` shows them).")],
+    ctx: Annotated[str | None, typer.Option(
+        help="Context length(s) of a long-context task's samples: 8k, 32k, ...")] = None,
+    model: MODEL = "smollm2-135m",
+    methods: METHODS = "dense,santa-prop:S=16",
+    n: N = 20,
+    seed: SEED = 0,
+    dense_layers: DENSE_LAYERS = "",
+    max_new_tokens: Annotated[int, typer.Option(
+        help="Greedy generation length (tasks that keep one).")] = 256,
+    data_dir: DATA_DIR = None,
+    file: FILE = None,
+    device: DEVICE = "auto",
+    batch: BATCH = 16,
+    reference: REFERENCE = False,
+    results_dir: ResultsDir = Path("results"),
+    run_id: RunId = None,
+    force: Force = False,
+) -> None:
+    """Any registered task, built-in or a plugin's, scored through the methods."""
+    from santa_bench.runners.tasks import expand_task_cases, get_task
+
+    try:
+        concrete = [get_task(t) for t in _task_names(name)]
+        long_context = any(t.long_context for t in concrete)
+        if long_context and ctx is None:
+            raise ValueError(f"--ctx: task {name!r} makes its samples at a context length")
+        if file is not None and not file.is_file():
+            raise ValueError(f"--file: {file} not found")
+        specs = parse_method_specs(methods)
+        cases = [
+            case
+            for size in (parse_size_list(ctx) if long_context else [None])
+            for case in expand_task_cases(
+                name, model, specs, n=n, seed=seed, dense_layers=dense_layers,
+                max_new_tokens=max_new_tokens, ctx=size,
+                data_dir=str(data_dir) if data_dir else None,
+                data_file=str(file) if file else None,
+                device=device, batch=batch, reference=reference)
+        ]
+    except (MethodError, ValueError) as exc:
+        _fail(str(exc))
+        return
+    outcome = _run(cases, results_dir, run_id, force, name)
+    _task_table(outcome, f"{name} on {model} (n={n})",
+                keys=("task", "ctx", "method", "S", "M", "backend") if long_context
+                else ("method", "S", "M", "backend"))
+
+
+def _task_names(name: str) -> list[str]:
+    from santa_bench.runners.tasks import expand_task_names
+
+    return expand_task_names(name)
+
+
 @app.command("agreement")
 def agreement_command(
     text: Annotated[Path, typer.Option(help="Text file to teacher-force.")],

@@ -39,8 +39,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from santa_bench.accuracy.datasets import DataUnavailable, data_dir, read_table
+from santa_bench.accuracy.hf_loop import (
+    PrefillCache,
+    generated_texts,
+    greedy_decode,
+    newline_ids,
+)
+from santa_bench.accuracy.registry import TASKS, Task, register_task
 
 
 # ---------------------------------------------------------------- shared pieces
@@ -501,3 +509,108 @@ def sub_em(output: str, answers: Sequence[str]) -> float:
     return float(
         any(normalize_answer(a) in normalize_answer(c) for c in candidates for a in answers)
     )
+
+
+# ------------------------------------------------------------------ the task registry
+def long_context_loop(
+    model, tokenizer, samples: Sequence, task: str, prefills: PrefillCache | None = None
+) -> tuple[list, list[str]]:
+    """LongBench v2 (correct: bool) or HELMET-RAG (SubEM: float) per sample, and the outputs.
+
+    Each sample's tokens are fitted to the context already; all but the last are
+    prefilled densely, the rest are decode steps through the method.
+    """
+    stops = newline_ids(tokenizer)
+    scores: list = []
+    predictions = []
+    with torch.no_grad():
+        for sample in samples:
+            ids = torch.tensor([sample.input_ids], dtype=torch.long)
+            text = greedy_decode(
+                model,
+                tokenizer,
+                "",
+                sample.max_new_tokens,
+                prefills,
+                ids=ids,
+                stop_ids=stops if sample.stop_newline else (),
+            )
+            if sample.stop_newline:
+                text = text.split("\n", 1)[0]
+            predictions.append(text)
+            if task == "longbench-v2":
+                scores.append(longbench_correct(text, sample.references[0]))
+            else:
+                scores.append(sub_em(text, sample.references))
+    return scores, predictions
+
+
+
+def _long_prompts(tokenizer: Any, items: Sequence[LongSample], max_new_tokens: int) -> list:
+    """Engine prompts of fitted samples (HELMET's newline stops where a sample asks)."""
+    from santa_bench.accuracy.engine import Prompt
+
+    stops = tuple(newline_ids(tokenizer))
+    return [Prompt(tuple(s.input_ids), s.max_new_tokens, stops if s.stop_newline else ())
+            for s in items]
+
+
+def _outputs(tokenizer: Any, items: Sequence[LongSample], generation: Any) -> list[str]:
+    texts = generated_texts(tokenizer, generation)
+    return [t.split("\n", 1)[0] if s.stop_newline else t
+            for t, s in zip(texts, items, strict=True)]
+
+
+def _hf_scores(task: str) -> Callable[..., list]:
+    def run(model: Any, tokenizer: Any, items: Sequence, case: dict, prefills: Any) -> list:
+        return long_context_loop(model, tokenizer, items, task, prefills)[0]
+
+    return run
+
+
+def _longbench_samples(case: dict[str, Any], tokenizer: Callable[[], Any]) -> list:
+    # the data first: a missing file fails before the model loads
+    items = load_longbench_v2(case.get("_data_dir"), case.get("_data_file"))
+    return longbench_samples(shuffled(items, case["n"], case["seed"]), tokenizer(),
+                             int(case["ctx"]))
+
+
+def _longbench_score(tokenizer: Any, items: Sequence[LongSample], generation: Any) -> tuple:
+    outputs = _outputs(tokenizer, items, generation)
+    return [longbench_correct(t, s.references[0])
+            for t, s in zip(outputs, items, strict=True)], outputs
+
+
+def _helmet_task(dataset: str) -> Task:
+    def samples(case: dict[str, Any], tokenizer: Callable[[], Any]) -> list:
+        ctx = int(case["ctx"])
+        tests, demos = load_helmet_rag(dataset, ctx, case.get("_data_dir"),
+                                       case.get("_data_file"), case.get("_demo_file"))
+        return helmet_samples(dataset, shuffled(tests, case["n"], case["seed"]), demos,
+                              tokenizer(), ctx)
+
+    def score(tokenizer: Any, items: Sequence[LongSample], generation: Any) -> tuple:
+        outputs = _outputs(tokenizer, items, generation)
+        return [sub_em(t, s.references) for t, s in zip(outputs, items, strict=True)], outputs
+
+    name = f"helmet-rag-{dataset}"
+    return Task(
+        name, f"HELMET-RAG {dataset} SubEM (passages fitted to the case's context)",
+        samples, _long_prompts, score, long_context=True,
+        command=lambda case: ["accuracy", "helmet-rag", "--datasets", dataset, "--ctx",
+                              str(case["ctx"])],
+        hf_scores=_hf_scores(name))
+
+
+@register_task
+def long_context_tasks() -> list[Task]:
+    longbench = Task(
+        "longbench-v2", "LongBench v2 multiple choice (0-shot, middle truncation to ctx)",
+        _longbench_samples, _long_prompts, _longbench_score, long_context=True,
+        command=lambda case: ["accuracy", "longbench-v2", "--ctx", str(case["ctx"])],
+        hf_scores=_hf_scores("longbench-v2"))
+    return [longbench, *(_helmet_task(d) for d in HELMET_DATASETS)]
+
+
+# HELMET's RAG category is the mean of its four datasets: ``helmet-rag`` stands for all four.
+TASKS.register_group("helmet-rag", [f"helmet-rag-{d}" for d in HELMET_DATASETS])

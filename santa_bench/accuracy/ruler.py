@@ -32,9 +32,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from santa_bench.accuracy.datasets import DataUnavailable, data_dir
+from santa_bench.accuracy.hf_loop import (
+    PrefillCache,
+    generated_texts,
+    greedy_decode,
+    token_ids,
+)
 from santa_bench.accuracy.models import cache_dir, sha256_of
+from santa_bench.accuracy.registry import TASKS, Task, register_task
 
 __all__ = [
     "RULER_TASKS",
@@ -805,3 +813,75 @@ def score(
         hits = [1.0 if text and r.lower() in text else 0.0 for r in ref]
         scores.append((max(hits) if part else sum(hits) / len(hits)) if hits else 0.0)
     return scores
+
+
+# ------------------------------------------------------------------ the task registry
+def ruler_loop(
+    model, tokenizer, samples: Sequence, task: str, prefills: PrefillCache | None = None
+) -> tuple[list[float], list[str]]:
+    """RULER per-sample scores and predictions with the attention ``model`` currently uses.
+
+    ``prompt + answer_prefix`` is prefilled densely except its last token; that token and
+    every generated one (greedy, ``tokens_to_generate``) are decode steps through the method.
+    ``prefills`` shares the dense prefill of a sample between methods.
+    """
+    predictions = []
+    with torch.no_grad():
+        for sample in samples:
+            text = sample.prompt + sample.answer_prefix
+            predictions.append(
+                greedy_decode(model, tokenizer, text, sample.tokens_to_generate, prefills)
+            )
+    return score(task, predictions, [s.outputs for s in samples]), predictions
+
+
+
+RULER_ALIASES = {"qa_1": ("qa1",), "qa_2": ("qa2",)}  # the SANTA table's names (suites)
+# The SANTA table's NIAH column is the mean of RULER's eight NIAH tasks: ``ruler-niah``
+# (suites, ``accuracy ruler --tasks niah``) stands for all eight, one case each.
+RULER_GROUPS = {"niah": tuple(t for t in RULER_TASKS if t.startswith("niah"))}
+
+
+def ruler_family(task: str) -> str:
+    """The verdict's family of RULER task ``task``: ``niah_single_1`` -> ``RULER NIAH``."""
+    if task.startswith("niah"):
+        return "RULER NIAH"
+    if task == "vt":
+        return "RULER VT"
+    if task in ("cwe", "fwe"):
+        return "RULER aggregation"
+    return "RULER QA" if task.startswith("qa") else task
+
+
+def _ruler_task(task: str) -> Task:
+    def samples(case: dict[str, Any], tokenizer: Callable[[], Any]) -> list:
+        return generate(task, tokenizer(), int(case["ctx"]), case["n"], seed=case["seed"],
+                        data_dir=case.get("_data_dir"))
+
+    def prompts(tokenizer: Any, items: Sequence[RulerSample], max_new_tokens: int) -> list:
+        from santa_bench.accuracy.engine import Prompt
+
+        return [Prompt(token_ids(tokenizer, s.prompt + s.answer_prefix), s.tokens_to_generate)
+                for s in items]
+
+    def scores(tokenizer: Any, items: Sequence[RulerSample], generation: Any) -> tuple:
+        texts = generated_texts(tokenizer, generation)
+        return score(task, texts, [s.outputs for s in items]), texts
+
+    def hf_scores(model: Any, tokenizer: Any, items: Sequence, case: dict, prefills: Any):
+        return ruler_loop(model, tokenizer, items, task, prefills)[0]
+
+    return Task(
+        f"ruler-{task}", f"RULER {task} at the case's context ({RULER_TASKS[task].metric})",
+        samples, prompts, scores, long_context=True, family=ruler_family(task), verdict=True,
+        command=lambda case: ["accuracy", "ruler", "--tasks", task, "--ctx", str(case["ctx"])],
+        hf_scores=hf_scores, aliases=tuple(f"ruler-{a}" for a in RULER_ALIASES.get(task, ())))
+
+
+@register_task
+def ruler_tasks() -> list[Task]:
+    return [_ruler_task(task) for task in RULER_TASKS]
+
+
+for _group, _members in RULER_GROUPS.items():
+    TASKS.register_group(f"ruler-{_group}", [f"ruler-{t}" for t in _members])

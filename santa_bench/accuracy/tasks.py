@@ -7,10 +7,9 @@ greedily, every generated token a decode step through the method.
 
 from __future__ import annotations
 
-import copy
 import random
-from collections import OrderedDict
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -22,10 +21,23 @@ from santa_bench.accuracy.datasets import (
     gsm8k_prompt,
     mmlu_prompt,
 )
+from santa_bench.accuracy.hf_loop import (
+    PrefillCache,
+    _prefill,
+    generated_texts,
+    greedy_decode,
+    newline_ids,
+    token_ids,
+)
 from santa_bench.accuracy.integration import use_method
+from santa_bench.accuracy.longcontext import long_context_loop
+from santa_bench.accuracy.registry import Task, register_task
+from santa_bench.accuracy.ruler import ruler_loop
+
+__all__ = ["PrefillCache", "greedy_decode", "long_context_loop", "newline_ids", "ruler_loop"]
 
 
-def _letter_ids(tokenizer, count: int) -> list[int]:
+def _lettertoken_ids(tokenizer, count: int) -> list[int]:
     return [
         tokenizer.encode(f" {letter}", add_special_tokens=False)[-1]
         for letter in "ABCDEFGHIJ"[:count]
@@ -55,7 +67,7 @@ def mmlu_loop(model, tokenizer, questions: Sequence[MmluQuestion]) -> list[bool]
             ids = ids.to(model.device)
             past = model(ids[:, :-1], use_cache=True).past_key_values  # dense prefill
             logits = model(ids[:, -1:], past_key_values=past, use_cache=True).logits[0, -1]
-            letters = _letter_ids(tokenizer, len(question.choices))
+            letters = _lettertoken_ids(tokenizer, len(question.choices))
             correct.append(int(logits[letters].argmax()) == question.answer)
     return correct
 
@@ -94,162 +106,6 @@ def gsm8k_loop(
     return solved
 
 
-def _cache_bytes(past: Any) -> int:
-    """Bytes of a transformers cache's tensors (0 when its layout is unknown)."""
-    total = 0
-    for layer in getattr(past, "layers", ()):
-        for name in ("keys", "values"):
-            tensor = getattr(layer, name, None)
-            if isinstance(tensor, torch.Tensor):
-                total += tensor.numel() * tensor.element_size()
-    return total
-
-
-class PrefillCache:
-    """Dense prefills shared by the methods of a run.
-
-    Every method starts a sample from the same dense (SDPA) prefill, so it is computed
-    once per (model, tokens) and each use gets a deep copy (generation appends to it).
-    The least recently stored prefills are dropped beyond ``max_bytes``.
-    """
-
-    def __init__(self, max_bytes: int = 4 << 30) -> None:
-        self.max_bytes = max_bytes
-        self._store: OrderedDict[tuple, tuple[Any, int]] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
-
-    def clear(self) -> None:
-        self._store.clear()
-
-    def __call__(self, model, ids: torch.Tensor) -> Any:
-        """Returns a fresh copy of the dense prefill of ``ids`` [1, n] through ``model``."""
-        key = (id(model), ids.shape[-1], ids.cpu().numpy().tobytes())
-        if key in self._store:
-            self.hits += 1
-            self._store.move_to_end(key)
-            return copy.deepcopy(self._store[key][0])
-        self.misses += 1
-        past = model(ids, use_cache=True).past_key_values
-        size = _cache_bytes(past)
-        if 0 < size <= self.max_bytes:
-            self._store[key] = (copy.deepcopy(past), size)
-            while sum(v[1] for v in self._store.values()) > self.max_bytes:
-                self._store.popitem(last=False)
-        return past
-
-
-def _prefill(model, ids: torch.Tensor, prefills: PrefillCache | None) -> Any:
-    """The dense prefill of ``ids`` (from ``prefills`` when given)."""
-    if prefills is None:
-        return model(ids, use_cache=True).past_key_values
-    return prefills(model, ids)
-
-
-def greedy_decode(
-    model,
-    tokenizer,
-    text: str,
-    max_new_tokens: int,
-    prefills: PrefillCache | None = None,
-    ids: torch.Tensor | None = None,
-    stop_ids: Sequence[int] = (),
-) -> str:
-    """Greedy continuation of ``text`` (or token ``ids``): every token but the last is
-    prefilled densely; the last one and each generated token are decode steps.
-    ``stop_ids`` end the generation besides the end-of-sequence token."""
-    if ids is None:
-        ids = tokenizer(text, return_tensors="pt").input_ids
-    ids = ids.to(model.device)
-    past = _prefill(model, ids[:, :-1], prefills)  # dense prefill
-    extra: dict[str, Any] = {}
-    if stop_ids:
-        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-        extra["eos_token_id"] = list(dict.fromkeys([*eos, *stop_ids]))
-    out = model.generate(
-        ids,
-        past_key_values=past,
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        pad_token_id=tokenizer.eos_token_id,
-        **extra,
-    )
-    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
-
-
-def newline_ids(tokenizer) -> list[int]:
-    """Token ids of a newline (HELMET's stop tokens: \\n, Ċ, ĊĊ, <0x0A>)."""
-    convert = getattr(tokenizer, "convert_tokens_to_ids", None)
-    if convert is None:
-        return []
-    unknown = getattr(tokenizer, "unk_token_id", None)
-    found = []
-    for token in ("\n", "Ċ", "ĊĊ", "<0x0A>"):
-        try:
-            index = convert(token)
-        except (KeyError, ValueError, TypeError):
-            continue
-        if isinstance(index, int) and index != unknown and index not in found:
-            found.append(index)
-    return found
-
-
-def long_context_loop(
-    model, tokenizer, samples: Sequence, task: str, prefills: PrefillCache | None = None
-) -> tuple[list, list[str]]:
-    """LongBench v2 (correct: bool) or HELMET-RAG (SubEM: float) per sample, and the outputs.
-
-    Each sample's tokens are fitted to the context already; all but the last are
-    prefilled densely, the rest are decode steps through the method.
-    """
-    from santa_bench.accuracy.longcontext import longbench_correct, sub_em
-
-    stops = newline_ids(tokenizer)
-    scores: list = []
-    predictions = []
-    with torch.no_grad():
-        for sample in samples:
-            ids = torch.tensor([sample.input_ids], dtype=torch.long)
-            text = greedy_decode(
-                model,
-                tokenizer,
-                "",
-                sample.max_new_tokens,
-                prefills,
-                ids=ids,
-                stop_ids=stops if sample.stop_newline else (),
-            )
-            if sample.stop_newline:
-                text = text.split("\n", 1)[0]
-            predictions.append(text)
-            if task == "longbench-v2":
-                scores.append(longbench_correct(text, sample.references[0]))
-            else:
-                scores.append(sub_em(text, sample.references))
-    return scores, predictions
-
-
-def ruler_loop(
-    model, tokenizer, samples: Sequence, task: str, prefills: PrefillCache | None = None
-) -> tuple[list[float], list[str]]:
-    """RULER per-sample scores and predictions with the attention ``model`` currently uses.
-
-    ``prompt + answer_prefix`` is prefilled densely except its last token; that token and
-    every generated one (greedy, ``tokens_to_generate``) are decode steps through the method.
-    ``prefills`` shares the dense prefill of a sample between methods.
-    """
-    from santa_bench.accuracy.ruler import score
-
-    predictions = []
-    with torch.no_grad():
-        for sample in samples:
-            text = sample.prompt + sample.answer_prefix
-            predictions.append(
-                greedy_decode(model, tokenizer, text, sample.tokens_to_generate, prefills)
-            )
-    return score(task, predictions, [s.outputs for s in samples]), predictions
-
-
 def retention_ci(
     method: Sequence[bool], dense: Sequence[bool], *, n_boot: int = 2000, seed: int = 0
 ) -> tuple[float, float, float]:
@@ -276,47 +132,98 @@ def retention_ci(
 # Each task turns its samples into engine prompts and scores the generations; every
 # prompt token but the last is prefilled densely, the last one and each generated token
 # are decode steps through the method (``santa_bench.accuracy.engine``).
-def _ids(tokenizer, text: str) -> tuple[int, ...]:
-    return tuple(int(i) for i in tokenizer(text).input_ids)
-
-
 def task_prompts(task: str, tokenizer, items: Sequence, max_new_tokens: int = 256) -> list:
-    """Returns the engine prompts of ``items`` of ``task`` (mmlu, gsm8k, ruler-<t>,
-    longbench-v2, helmet-rag-<d>)."""
+    """Returns the engine prompts of ``items`` of ``task`` (a registered task's name)."""
+    from santa_bench.accuracy.registry import TASKS
+
+    return TASKS.get(task).prompts(tokenizer, items, max_new_tokens)
+
+
+def task_scores(task: str, tokenizer, items: Sequence, generation) -> tuple[list, list[str]]:
+    """Returns per-sample correctness (bool) or score (float in [0, 1]) and the outputs."""
+    from santa_bench.accuracy.registry import TASKS
+
+    return TASKS.get(task).score(tokenizer, items, generation)
+
+
+def hf_task_scores(task: Task, model, tokenizer, items: Sequence, case: dict[str, Any],
+                   prefills: PrefillCache | None = None) -> list:
+    """Per-sample scores of ``task`` through transformers' own loop with the attention
+    ``model`` currently uses: each prompt's tokens but the last are prefilled densely,
+    then a greedy generation (its first step's logits kept where the task reads them)."""
+    prompts = task.prompts(tokenizer, items, int(case.get("max_new_tokens") or 256))
+    tokens, logits = [], []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([prompt.ids], dtype=torch.long, device=model.device)
+            past = _prefill(model, ids[:, :-1], prefills)
+            if task.keep_logits:
+                step = model(ids[:, -1:], past_key_values=past, use_cache=True)
+                logits.append(step.logits[0, -1].float().cpu())
+                tokens.append([int(logits[-1].argmax())])
+                continue
+            eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+            out = model.generate(ids, past_key_values=past, max_new_tokens=prompt.max_new_tokens,
+                                 do_sample=False, pad_token_id=tokenizer.eos_token_id,
+                                 eos_token_id=list(dict.fromkeys([*eos, *prompt.stops])) or None)
+            tokens.append(out[0, ids.shape[1]:].tolist())
+    generation = SimpleNamespace(tokens=tokens, first_logits=logits)
+    return task.score(tokenizer, items, generation)[0]
+
+
+def shuffled_head(items: list, case: dict[str, Any]) -> list:
+    """The case's ``n`` first items after a shuffle seeded with its ``seed``."""
+    random.Random(case["seed"]).shuffle(items)
+    return items[: case["n"]]
+
+
+# ------------------------------------------------------------------ MMLU and GSM8K
+def _mmlu_samples(case: dict[str, Any], tokenizer) -> list:
+    from santa_bench.accuracy.datasets import load_mmlu_redux
+
+    return shuffled_head(load_mmlu_redux(case.get("_data_dir")), case)
+
+
+def _mmlu_prompts(tokenizer, items: Sequence, max_new_tokens: int) -> list:
     from santa_bench.accuracy.engine import Prompt
 
-    if task == "mmlu":
-        return [Prompt(_ids(tokenizer, mmlu_prompt(q)), 1) for q in items]
-    if task == "gsm8k":
-        return [Prompt(_ids(tokenizer, gsm8k_prompt(p)), max_new_tokens) for p in items]
-    if task.startswith("ruler-"):
-        return [Prompt(_ids(tokenizer, s.prompt + s.answer_prefix), s.tokens_to_generate)
-                for s in items]
-    stops = tuple(newline_ids(tokenizer))
-    return [Prompt(tuple(s.input_ids), s.max_new_tokens, stops if s.stop_newline else ())
-            for s in items]
+    return [Prompt(token_ids(tokenizer, mmlu_prompt(q)), 1) for q in items]
 
 
-def task_scores(task: str, ruler_task: str | None, tokenizer, items: Sequence,
-                generation) -> tuple[list, list[str]]:
-    """Returns per-sample correctness (bool) or score (float in [0, 1]) and the outputs."""
-    if task == "mmlu":
-        picks = [int(row[_letter_ids(tokenizer, len(q.choices))].argmax())
-                 for row, q in zip(generation.first_logits, items, strict=True)]
-        return ([p == q.answer for p, q in zip(picks, items, strict=True)],
-                ["ABCDEFGHIJ"[p] for p in picks])
-    texts = [tokenizer.decode(t, skip_special_tokens=True) for t in generation.tokens]
-    if task == "gsm8k":
-        return [gsm8k_correct(t, p.answer) for t, p in zip(texts, items, strict=True)], texts
-    if ruler_task is not None:
-        from santa_bench.accuracy.ruler import score
+def _mmlu_score(tokenizer, items: Sequence, generation) -> tuple[list, list[str]]:
+    picks = [int(row[_lettertoken_ids(tokenizer, len(q.choices))].argmax())
+             for row, q in zip(generation.first_logits, items, strict=True)]
+    return ([p == q.answer for p, q in zip(picks, items, strict=True)],
+            ["ABCDEFGHIJ"[p] for p in picks])
 
-        return score(ruler_task, texts, [s.outputs for s in items]), texts
-    from santa_bench.accuracy.longcontext import longbench_correct, sub_em
 
-    outputs = [t.split("\n", 1)[0] if s.stop_newline else t
-               for t, s in zip(texts, items, strict=True)]
-    if task == "longbench-v2":
-        return [longbench_correct(t, s.references[0])
-                for t, s in zip(outputs, items, strict=True)], outputs
-    return [sub_em(t, s.references) for t, s in zip(outputs, items, strict=True)], outputs
+def _gsm8k_samples(case: dict[str, Any], tokenizer) -> list:
+    from santa_bench.accuracy.datasets import load_gsm8k
+
+    return shuffled_head(load_gsm8k(case.get("_data_dir")), case)
+
+
+def _gsm8k_prompts(tokenizer, items: Sequence, max_new_tokens: int) -> list:
+    from santa_bench.accuracy.engine import Prompt
+
+    return [Prompt(token_ids(tokenizer, gsm8k_prompt(p)), max_new_tokens) for p in items]
+
+
+def _gsm8k_score(tokenizer, items: Sequence, generation) -> tuple[list, list[str]]:
+    texts = generated_texts(tokenizer, generation)
+    return [gsm8k_correct(t, p.answer) for t, p in zip(texts, items, strict=True)], texts
+
+
+@register_task
+def mmlu_and_gsm8k() -> tuple[Task, ...]:
+    return (
+        Task("mmlu", "MMLU-Redux choice accuracy (the answer letter's logit)",
+             _mmlu_samples, _mmlu_prompts, _mmlu_score, keep_logits=True, family="MMLU",
+             command=lambda case: ["accuracy", "mmlu"],
+             hf_scores=lambda model, tok, items, case, prefills: mmlu_loop(model, tok, items)),
+        Task("gsm8k", "GSM8K exact match of the final number (greedy)",
+             _gsm8k_samples, _gsm8k_prompts, _gsm8k_score, generates=True, family="GSM8K",
+             command=lambda case: ["accuracy", "gsm8k"],
+             hf_scores=lambda model, tok, items, case, prefills: gsm8k_loop(
+                 model, tok, items, case["max_new_tokens"])),
+    )

@@ -56,19 +56,46 @@ class Backend(Protocol):
     ) -> Prepared: ...
 
 
+def _resolve(target: str) -> Any:
+    """The object of ``"module:object"`` (imports the module on first use)."""
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 @dataclass(frozen=True)
 class Baseline:
-    """One registry entry: name, description, parameter defaults, lazy implementation."""
+    """One registry entry: name, description, parameter defaults, lazy implementations.
+
+    ``target``: the kernel the harness times (``"module:object"`` with available() and
+    prepare(); None: the baseline only decodes). ``decode``: its end-to-end decode backend
+    (``"module:callable"``, called as ``callable(scale, **decode_args)`` to make a
+    ``santa_bench.e2e.attention.DecodeAttention``; None: timed only).
+    """
 
     name: str
     description: str
     params: Mapping[str, Any]
-    target: str  # "module:object" with available() and prepare()
+    target: str | None = None
+    decode: str | None = None
+    decode_args: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def timed(self) -> bool:
+        """Whether `santa-bench kernel` times it (a method of the registry's baseline family)."""
+        return self.target is not None
 
     def backend(self) -> Backend:
         """Returns the implementation object (imports its module on first use)."""
-        module, _, attr = self.target.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        if self.target is None:
+            raise Unsupported(f"{self.name}: an end-to-end decode backend only, no timed kernel")
+        return _resolve(self.target)
+
+    def decode_backend(self, scale: float) -> Any:
+        """Returns a new end-to-end decode backend of the baseline at softmax ``scale``."""
+        if self.decode is None:
+            raise ValueError(f"{self.name}: no end-to-end decode backend; known: "
+                             f"{', '.join(decode_names())}")
+        return _resolve(self.decode)(scale, **self.decode_args)
 
     def available(self, device: torch.device | str = "cuda") -> tuple[bool, str]:
         """Returns ``(True, "")`` or ``(False, reason)`` for ``device``."""
@@ -203,9 +230,21 @@ class _TritonSplitKV:
 
 TRITON_SPLITKV = _TritonSplitKV()
 
+E2E = "santa_bench.decode.dense"  # the module of the dense decode backends
+
+# One registry for timing and decoding: the kernels `santa-bench kernel` times (methods of
+# the baseline family) and the dense backends `santa-bench e2e` decodes with
+# (``--dense-backends``), one entry where a baseline does both.
 BASELINES: dict[str, Baseline] = {
     b.name: b
     for b in (
+        Baseline(
+            "sdpa",
+            "torch SDPA over the whole static cache with a length mask, the GQA group as "
+            "query rows (what a plain PyTorch decoder does; end-to-end decode only)",
+            {},
+            decode=f"{E2E}:SdpaDecode",
+        ),
         Baseline(
             "sdpa-math",
             "PyTorch SDPA, math backend (any device; materialises scores; GQA by expansion)",
@@ -229,12 +268,16 @@ BASELINES: dict[str, Baseline] = {
             "FlashInfer BatchDecodeWithPagedKVCacheWrapper, tensor-core path (NHD pages)",
             {"page_size": 16},
             "santa_bench.baselines.flashinfer:TENSOR_CORE",
+            f"{E2E}:FlashInferDecode",
+            {"use_tensor_cores": True},
         ),
         Baseline(
             "flashinfer-cuda",
             "FlashInfer BatchDecodeWithPagedKVCacheWrapper, CUDA-core path (NHD pages)",
             {"page_size": 16},
             "santa_bench.baselines.flashinfer:CUDA_CORE",
+            f"{E2E}:FlashInferDecode",
+            {"use_tensor_cores": False},
         ),
         Baseline(
             "flashinfer-fa3",
@@ -242,21 +285,40 @@ BASELINES: dict[str, Baseline] = {
             "backend=fa3 (NHD pages; no split over the context)",
             {"page_size": 16},
             "santa_bench.baselines.flashinfer:FA3",
+            f"{E2E}:FlashInferDecode",
+            {"use_tensor_cores": True, "backend": "fa3"},
         ),
         Baseline(
             "flash-attn",
             "flash_attn_with_kvcache: num_splits=1 FlashAttention, 0 FlashDecoding heuristic",
             {"num_splits": 0, "page_size": 0},
             "santa_bench.baselines.flash_attn:FLASH_ATTN",
+            f"{E2E}:FlashAttnDecode",
         ),
         Baseline(
             "triton-splitkv",
             "the suite's FlashDecoding in Triton (same skeleton as the SANTA kernels)",
             {"num_splits": None},
             "santa_bench.baselines:TRITON_SPLITKV",
+            f"{E2E}:TritonSplitKVDecode",
         ),
     )
 }
+
+
+def register_baseline(entry: Baseline) -> Baseline:
+    """Adds ``entry`` to :data:`BASELINES` (a name registered twice raises ValueError).
+    A timed baseline becomes a method too through
+    :func:`santa_bench.methods.register_baseline`, the call a plugin makes."""
+    if entry.name in BASELINES:
+        raise ValueError(f"baseline {entry.name!r} registered twice")
+    BASELINES[entry.name] = entry
+    return entry
+
+
+def decode_names() -> list[str]:
+    """The baselines with an end-to-end decode backend (``--dense-backends``), in order."""
+    return [b.name for b in BASELINES.values() if b.decode is not None]
 
 
 def get(name: str) -> Baseline:
@@ -275,5 +337,7 @@ __all__ = [
     "Unsupported",
     "check_decode_inputs",
     "clone_kv",
+    "decode_names",
     "get",
+    "register_baseline",
 ]

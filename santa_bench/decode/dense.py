@@ -15,12 +15,15 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from santa_bench import baselines
 from santa_bench.baselines import Unsupported
 from santa_bench.decode.base import DecodeAttention
 from santa_bench.e2e.cache import StaticKVCache
 
-DENSE_BACKENDS = ("sdpa", "triton-splitkv", "flashinfer-tc", "flashinfer-cuda",
-                  "flashinfer-fa3", "flash-attn")
+# the dense backends are the baselines with a decode backend (santa_bench.baselines'
+# registry, which also lists the kernels `santa-bench kernel` times): their names here
+# are the registry's, as of import (a plugin's come later: see baselines.decode_names)
+DENSE_BACKENDS = tuple(baselines.decode_names())
 GPU_AUTO_DENSE = DENSE_BACKENDS
 CPU_AUTO_DENSE = ("sdpa",)
 
@@ -186,16 +189,11 @@ class FlashAttnDecode(DecodeAttention):
 
 
 def dense_backend(name: str, scale: float) -> DecodeAttention:
-    """Returns the dense backend ``name`` (one of :data:`DENSE_BACKENDS`)."""
-    if name == "sdpa":
-        return SdpaDecode(scale)
-    if name == "triton-splitkv":
-        return TritonSplitKVDecode(scale)
-    if name in ("flashinfer-tc", "flashinfer-cuda"):
-        return FlashInferDecode(scale, use_tensor_cores=name == "flashinfer-tc")
-    if name == "flashinfer-fa3":
-        return FlashInferDecode(scale, use_tensor_cores=True, backend="fa3")
-    if name == "flash-attn":
-        return FlashAttnDecode(scale)
-    raise ValueError(f"unknown dense backend {name!r}; known: {', '.join(DENSE_BACKENDS)}")
+    """Returns the dense backend ``name``: the decode backend of that baseline of
+    :data:`santa_bench.baselines.BASELINES`."""
+    entry = baselines.BASELINES.get(name)
+    if entry is None or entry.decode is None:
+        known = ", ".join(baselines.decode_names())
+        raise ValueError(f"unknown dense backend {name!r}; known: {known}")
+    return entry.decode_backend(scale)
 

@@ -23,11 +23,9 @@ from typing import Any
 
 import torch
 
-from santa_bench.baselines import Unsupported
+from santa_bench.baselines import Unsupported, decode_names
 from santa_bench.e2e.attention import (
     CPU_AUTO_DENSE,
-    DENSE_BACKENDS,
-    GPU_AUTO_DENSE,
     LayerRouting,
     backend_label,
     dense_backend,
@@ -114,10 +112,11 @@ def check_grid(grid: E2EGrid, option=lambda name: "--" + name.replace("_", "-"))
     for batch in grid.batch:
         resolve_rest(grid.rest, torch.device(grid.device), option("rest"), batch=batch)
     layers = parse_layers(grid.dense_layers)
+    known = decode_names()
     for name in grid.dense_backends or []:
-        if name not in DENSE_BACKENDS:
+        if name not in known:
             raise ValueError(f"{option('dense_backends')}: unknown backend {name!r}; "
-                             f"known: {', '.join(DENSE_BACKENDS)}")
+                             f"known: {', '.join(known)}")
     for method, _ in grid.methods:
         if method.family == "baseline":
             raise ValueError(f"method {method.name!r} is a kernel baseline; name 'dense' and "
@@ -152,7 +151,7 @@ def expand_cases(grid: E2EGrid) -> list[dict[str, Any]]:
     """
     backends = grid.dense_backends
     if backends is None:
-        backends = list(GPU_AUTO_DENSE if grid.device == "cuda" else CPU_AUTO_DENSE)
+        backends = decode_names() if grid.device == "cuda" else list(CPU_AUTO_DENSE)
     layers = ",".join(map(str, parse_layers(grid.dense_layers)))
     ordered = sorted(grid.methods, key=lambda m: m[0].name != "dense")
     cases = []

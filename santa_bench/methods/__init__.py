@@ -48,6 +48,7 @@ from santa_bench.methods import lsh
 from santa_bench.methods import selection
 from santa_bench.methods import baseline
 # isort: on
+from santa_bench.methods.baseline import register_baseline
 
 __all__ = [
     "DEFAULT_TILE",
@@ -70,6 +71,7 @@ __all__ = [
     "lsh",
     "parse_method_specs",
     "register",
+    "register_baseline",
     "santa",
     "santapp",
     "selection",

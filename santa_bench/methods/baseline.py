@@ -1,6 +1,7 @@
 """Family ``baseline``: the dense (exact) kernels the sampled ones are timed against:
 PyTorch SDPA backends, FlashInfer, flash-attn and the suite's Triton split-KV, one method
-each of :data:`santa_bench.baselines.BASELINES`.
+each of :data:`santa_bench.baselines.BASELINES` that has a timed kernel (the registry also
+holds the end-to-end decode backends; :func:`register_baseline` adds one of one's own).
 
 Reference: exact attention. Kernel: the baseline itself. End-to-end decode runs them as
 dense backends (``--dense-backends``), not through ``e2e_backend``.
@@ -8,6 +9,7 @@ dense backends (``--dense-backends``), not through ``e2e_backend``.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -69,4 +71,15 @@ def _baseline(entry: baselines.Baseline) -> Method:
 
 @register
 def vendor_baselines() -> tuple[Method, ...]:
-    return tuple(_baseline(entry) for entry in BASELINES.values())
+    return tuple(_baseline(entry) for entry in BASELINES.values() if entry.timed)
+
+
+def register_baseline(entry: baselines.Baseline) -> baselines.Baseline:
+    """Registers a dense baseline of one's own (a plugin's): in the baseline registry,
+    so that `santa-bench e2e` decodes with it (``decode``), and, where it has a timed
+    kernel (``target``), as a method of the baseline family, so that `santa-bench
+    kernel` times it and `santa-bench list` shows it."""
+    baselines.register_baseline(entry)
+    if entry.timed:
+        register(lambda: replace(_baseline(entry), module=entry.target.partition(":")[0]))
+    return entry

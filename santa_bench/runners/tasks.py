@@ -12,77 +12,59 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import time
 from typing import Any
 
+from santa_bench import plugins
+from santa_bench.accuracy.longcontext import HELMET_DATASETS as _HELMET
 from santa_bench.accuracy.models import CATALOG
+from santa_bench.accuracy.registry import TASKS, Task
+from santa_bench.accuracy.ruler import RULER_GROUPS
 from santa_bench.methods import REGISTRY, Registry
 from santa_kernels.validate import InputError
 
 DEFAULT_BATCH = 16  # sequences decoded together (``--batch``; not part of a case)
 
-TASKS = ("mmlu", "gsm8k", "longbench-v2")
-HELMET_PREFIX = "helmet-rag-"  # helmet-rag-<dataset>: nq, triviaqa, hotpotqa, popqa
-HELMET_DATASETS = ("nq", "triviaqa", "hotpotqa", "popqa")
-# HELMET's RAG category is the mean of its four datasets: ``helmet-rag`` stands for all four.
-TASK_GROUPS = {"helmet-rag": tuple(HELMET_PREFIX + d for d in HELMET_DATASETS)}
 PAIR_KEYS = ("task", "model", "n", "seed", "dense_layers", "max_new_tokens")
+HELMET_PREFIX = "helmet-rag-"  # helmet-rag-<dataset>: nq, triviaqa, hotpotqa, popqa
+HELMET_DATASETS = tuple(_HELMET)
 RULER_PREFIX = "ruler-"  # ruler-<task>: RULER task <task> at the case's ctx
-RULER_ALIASES = {"qa1": "qa_1", "qa2": "qa_2"}  # the SANTA table's names (suites)
-# The SANTA table's NIAH column is the mean of RULER's eight NIAH tasks: ``ruler-niah``
-# (suites, ``accuracy ruler --tasks niah``) stands for all eight, one case each.
-RULER_GROUPS = {
-    "niah": (
-        "niah_single_1",
-        "niah_single_2",
-        "niah_single_3",
-        "niah_multikey_1",
-        "niah_multikey_2",
-        "niah_multikey_3",
-        "niah_multivalue",
-        "niah_multiquery",
-    )
-}
 
 
 def expand_task_names(task: str) -> list[str]:
     """Returns the concrete tasks of ``task``: ``ruler-niah`` -> the eight ``ruler-niah_*``,
-    ``helmet-rag`` -> ``helmet-rag-{nq,triviaqa,hotpotqa,popqa}``; others unchanged."""
-    if task.startswith(RULER_PREFIX) and task[len(RULER_PREFIX) :] in RULER_GROUPS:
-        return [RULER_PREFIX + t for t in RULER_GROUPS[task[len(RULER_PREFIX) :]]]
-    return list(TASK_GROUPS.get(task, (task,)))
+    ``helmet-rag`` -> ``helmet-rag-{nq,triviaqa,hotpotqa,popqa}`` (the registry's
+    groups); others unchanged."""
+    return TASKS.expand(task)
 
 
-def _helmet_name(task: str) -> str | None:
-    """Returns the dataset of ``helmet-rag-<dataset>`` (ValueError if unknown), else None."""
-    if not task.startswith(HELMET_PREFIX):
-        return None
-    name = task[len(HELMET_PREFIX) :]
-    if name not in HELMET_DATASETS:
-        raise ValueError(f"task {task!r}: unknown HELMET-RAG dataset; known: {HELMET_DATASETS}")
-    return name
+def get_task(task: str) -> Task:
+    """The registered task ``task`` (or an alias of one); ValueError naming what is known."""
+    found = TASKS.find(task)
+    if found is not None:
+        return found
+    known = TASKS.names()
+    if task.startswith(RULER_PREFIX):
+        from santa_bench.accuracy.ruler import RULER_TASKS
 
-
-def _long_context(task: str) -> bool:
-    """Tasks whose samples are made at the case's ``ctx``."""
-    return task.startswith((RULER_PREFIX, HELMET_PREFIX)) or task == "longbench-v2"
-
-
-def _ruler_name(task: str) -> str | None:
-    """Returns the RULER task of ``ruler-<task>`` (ValueError if unknown), else None."""
-    if not task.startswith(RULER_PREFIX):
-        return None
-    from santa_bench.accuracy.ruler import RULER_TASKS
-
-    name = task[len(RULER_PREFIX) :]
-    name = RULER_ALIASES.get(name, name)
-    if name not in RULER_TASKS:
         raise ValueError(
             f"task {task!r}: unknown RULER task; known: {', '.join(RULER_TASKS)} "
             f"(and {', '.join(RULER_GROUPS)}, expanded by expand_task_names)"
         )
-    return name
+    if task.startswith(HELMET_PREFIX):
+        raise ValueError(f"task {task!r}: unknown HELMET-RAG dataset; known: "
+                         f"{tuple(HELMET_DATASETS)}")
+    short = [n for n in known if not n.startswith((RULER_PREFIX, HELMET_PREFIX))]
+    raise ValueError(
+        f"task: expected one of {', '.join(short)}, helmet-rag(-<dataset>) or "
+        f"ruler-<task>, got {task!r}"
+    )
+
+
+def _long_context(task: str) -> bool:
+    """Tasks whose samples are made at the case's ``ctx``."""
+    found = TASKS.find(task)
+    return found is not None and found.long_context
 
 
 def _pair_key(record: dict[str, Any]) -> tuple:
@@ -145,47 +127,10 @@ class TaskRunner:
         return self._prompts[1]
 
     def _make_samples(self, case: dict[str, Any]) -> list:
-        from santa_bench.accuracy import datasets
+        def tokenizer() -> Any:
+            return self.model(case["model"])[1]
 
-        ruler_task = _ruler_name(case["task"])
-        if ruler_task is not None:
-            from santa_bench.accuracy.ruler import generate
-
-            _, tokenizer = self.model(case["model"])
-            return generate(
-                ruler_task,
-                tokenizer,
-                int(case["ctx"]),
-                case["n"],
-                seed=case["seed"],
-                data_dir=case.get("_data_dir"),
-            )
-        if case["task"] == "longbench-v2" or _helmet_name(case["task"]) is not None:
-            return self._long_samples(case)
-        if case["task"] == "mmlu":
-            items = datasets.load_mmlu_redux(case.get("_data_dir"))
-        elif case["task"] == "gsm8k":
-            items = datasets.load_gsm8k(case.get("_data_dir"))
-        else:
-            raise ValueError(f"task {case['task']!r} is not implemented yet ({', '.join(TASKS)})")
-        random.Random(case["seed"]).shuffle(items)
-        return items[: case["n"]]
-
-    def _long_samples(self, case: dict[str, Any]) -> list:
-        """LongBench v2 / HELMET-RAG samples fitted to the case's ``ctx``."""
-        from santa_bench.accuracy import longcontext as lc
-
-        ctx, n, seed = int(case["ctx"]), case["n"], case["seed"]
-        dataset = _helmet_name(case["task"])
-        if dataset is None:  # data first: a missing file fails before the model loads
-            items = lc.load_longbench_v2(case.get("_data_dir"), case.get("_data_file"))
-            _, tokenizer = self.model(case["model"])
-            return lc.longbench_samples(lc.shuffled(items, n, seed), tokenizer, ctx)
-        tests, demos = lc.load_helmet_rag(
-            dataset, ctx, case.get("_data_dir"), case.get("_data_file"), case.get("_demo_file")
-        )
-        _, tokenizer = self.model(case["model"])
-        return lc.helmet_samples(dataset, lc.shuffled(tests, n, seed), demos, tokenizer, ctx)
+        return get_task(case["task"]).samples(case, tokenizer)
 
     def recall(self, frame, fingerprint: str) -> None:
         """Loads stored dense per-sample results (for resumed runs)."""
@@ -239,17 +184,17 @@ class TaskRunner:
         model, tokenizer = self.model(case["model"])
         if layers:  # a model named by path or hub id: its layers are known once loaded
             check_dense_layers(layers, int(model.config.num_hidden_layers), case["model"])
-        ruler_task = _ruler_name(case["task"])
+        task = get_task(case["task"])
         extra: list[dict[str, Any]] = []
         if engine is None:  # a model family the suite's decoder does not run: transformers
-            correct, reads = self._run_hf(case, method, params, items, layers, ruler_task)
+            correct, reads = self._run_hf(case, task, method, params, items, layers)
         else:
             prompts = self.prompts(case, tokenizer, items)
             generation = engine.generate(
                 method, method.resolve_params(params), prompts, seed=case["seed"],
                 dense_layers=layers, backend=None if method.name == "dense" else backend,
-                keep_logits=case["task"] == "mmlu", on_batch=self._advance)
-            correct, _ = task_scores(case["task"], ruler_task, tokenizer, items, generation)
+                keep_logits=task.keep_logits, on_batch=self._advance)
+            correct, _ = task_scores(case["task"], tokenizer, items, generation)
             reads = generation.kv_read_fraction
             tokens = sum(len(t) for t in generation.tokens)
             extra = [
@@ -308,30 +253,21 @@ class TaskRunner:
         if self.on_samples is not None:
             self.on_samples(count)
 
-    def _run_hf(self, case, method, params, items, layers, ruler_task) -> tuple[list, list]:
+    def _run_hf(self, case, task, method, params, items, layers) -> tuple[list, list]:
         """The case through transformers' own decode loop (``accuracy.integration``):
         CPU runs of model families the suite's decoder does not run."""
         from santa_bench.accuracy.integration import use_method
-        from santa_bench.accuracy.tasks import (
-            gsm8k_loop,
-            long_context_loop,
-            mmlu_loop,
-            ruler_loop,
-        )
+        from santa_bench.accuracy.tasks import hf_task_scores
 
         model, tokenizer = self.model(case["model"])
         spec = method.name + (
             ":" + ",".join(f"{k}={v}" for k, v in params.items()) if params else ""
         )
         info = use_method(model, spec, seed=case["seed"], dense_layers=layers)
-        if ruler_task is not None:
-            correct, _ = ruler_loop(model, tokenizer, items, ruler_task, self.prefills)
-        elif case["task"] == "longbench-v2" or _helmet_name(case["task"]) is not None:
-            correct, _ = long_context_loop(model, tokenizer, items, case["task"], self.prefills)
-        elif case["task"] == "mmlu":
-            correct = mmlu_loop(model, tokenizer, items)
+        if task.hf_scores is not None:
+            correct = task.hf_scores(model, tokenizer, items, case, self.prefills)
         else:
-            correct = gsm8k_loop(model, tokenizer, items, case["max_new_tokens"])
+            correct = hf_task_scores(task, model, tokenizer, items, case, self.prefills)
         return correct, info["kv_read_fraction"]
 
 
@@ -378,14 +314,9 @@ def task_case(
     """
     from santa_bench.accuracy.engine import resolve_backend, resolve_device
 
-    if _ruler_name(task) is not None or _helmet_name(task) is not None or task == "longbench-v2":
-        if ctx is None or ctx <= 0:
-            raise ValueError(f"task {task!r}: needs a context length ctx > 0")
-    elif task not in TASKS:
-        raise ValueError(
-            f"task: expected one of {', '.join(TASKS)}, helmet-rag(-<dataset>) or "
-            f"ruler-<task>, got {task!r}"
-        )
+    found = get_task(task)
+    if found.long_context and (ctx is None or ctx <= 0):
+        raise ValueError(f"task {task!r}: needs a context length ctx > 0")
     if n <= 0:
         raise ValueError(f"n: must be > 0, got {n}")
     if task == "gsm8k" and max_new_tokens <= 0:
@@ -404,7 +335,7 @@ def task_case(
         "seed": seed,
         "dense_layers": dense_layers,
         "device": resolve_device(device),
-        "max_new_tokens": max_new_tokens if task == "gsm8k" else 0,
+        "max_new_tokens": max_new_tokens if found.generates else 0,
     }
     case["backend"] = resolve_backend(method, case["device"], reference)
     if batch is not None:
@@ -474,10 +405,12 @@ def case_command(case: dict[str, Any], registry: Registry = REGISTRY) -> str:
     method = registry.get(case["method"])
     params = [f"{p.name}={case[p.name]}" for p in method.params if case.get(p.name) is not None]
     spec = method.name + (":" + ",".join(params) if params else "")
+    task = get_task(case["task"])
+    plugin = plugins.plugin_args((method.module, task.module))
     args = [
         "santa-bench",
-        "accuracy",
-        case["task"],
+        *plugin,
+        *task.command_args(case),
         "--model",
         case["model"],
         "--methods",
@@ -494,16 +427,8 @@ def case_command(case: dict[str, Any], registry: Registry = REGISTRY) -> str:
         args.append("--reference")
     if case.get("_batch"):
         args += ["--batch", str(case["_batch"])]
-    if case["task"] == "gsm8k":
+    if task.generates:
         args += ["--max-new-tokens", str(case["max_new_tokens"])]
-    ruler_task = _ruler_name(case["task"])
-    if ruler_task is not None:  # santa-bench accuracy ruler --tasks <task> --ctx <ctx>
-        args[2:3] = ["ruler", "--tasks", ruler_task, "--ctx", str(case["ctx"])]
-    helmet = _helmet_name(case["task"])
-    if helmet is not None:  # santa-bench accuracy helmet-rag --datasets <d> --ctx <ctx>
-        args[2:3] = ["helmet-rag", "--datasets", helmet, "--ctx", str(case["ctx"])]
-    if case["task"] == "longbench-v2":
-        args[3:3] = ["--ctx", str(case["ctx"])]
     for key, flag in (("_data_dir", "--data-dir"), ("_data_file", "--file")):
         if case.get(key):
             args += [flag, case[key]]
