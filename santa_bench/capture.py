@@ -316,7 +316,7 @@ def capture_command(
         fail(str(exc))
         return
     from santa_bench.accuracy.models import download_notice, load_model
-    from santa_bench.cli_options import require_model_packages
+    from santa_bench.extras import require_model_packages
 
     require_model_packages(console, [model])
     if notice := download_notice(model):

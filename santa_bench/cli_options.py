@@ -3,18 +3,20 @@ running cases with one-line errors, and the exit status of a run."""
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
-from santa_bench.console import PIPE_WIDTH, make_console  # noqa: F401 (re-exported)
+from santa_bench.console import PIPE_WIDTH, fail, make_console  # noqa: F401 (re-exported)
+from santa_bench.extras import (  # noqa: F401 (re-exported)
+    ACCURACY_INSTALL,
+    missing_model_packages,
+    require_model_packages,
+)
 
 
 def _run_id_option(value: str | None) -> str | None:
@@ -36,13 +38,6 @@ RunId = Annotated[str | None, typer.Option(
     callback=_run_id_option)]
 Force = Annotated[bool, typer.Option(help="Re-run cases already in the store.")]
 
-ACCURACY_INSTALL = "pip install -e '.[accuracy]'"
-
-
-def fail(console: Console, message: str, code: int = 2) -> None:
-    """Prints ``error: message`` on one line and exits with ``code``."""
-    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
-    raise typer.Exit(code=code)
 
 
 def positive_number(option: str, value: float) -> float:
@@ -64,43 +59,6 @@ def option_list(option: str, text: str | None, parse: Callable[[str], Any] = int
             raise ValueError(f"{option}: expected {kind}, got {item!r}") from None
 
     return parse_list(text, one)
-
-
-# ------------------------------------------------------------------- packages of an extra
-def _installed(module: str, minimum: tuple[int, ...] = ()) -> bool:
-    if importlib.util.find_spec(module) is None:
-        return False
-    if not minimum:
-        return True
-    try:
-        version = importlib.metadata.version(module)
-    except importlib.metadata.PackageNotFoundError:
-        return True  # importable but not installed as a distribution: trust it
-    numbers = tuple(int(p) for p in version.split(".")[: len(minimum)] if p.isdigit())
-    return numbers >= minimum
-
-
-def _needs_gguf(model: str) -> bool:
-    from santa_bench.accuracy.models import CATALOG
-
-    return model in CATALOG or model.endswith(".gguf")
-
-
-def missing_model_packages(models: Iterable[str]) -> list[str]:
-    """The packages of the ``accuracy`` extra that loading ``models`` needs and that are
-    not importable here (transformers always; gguf >= 0.10 for catalog/GGUF models)."""
-    models = list(models)
-    missing = [name for name in ("torch", "transformers") if not _installed(name)]
-    if any(_needs_gguf(m) for m in models) and not _installed("gguf", (0, 10)):
-        missing.append("gguf>=0.10")
-    return missing
-
-
-def require_model_packages(console: Console, models: Iterable[str]) -> None:
-    """Exits (code 2) with the install line when a model of ``models`` could not load."""
-    models = list(models)
-    if models and (missing := missing_model_packages(models)):
-        fail(console, f"loading a model needs {', '.join(missing)}: {ACCURACY_INSTALL}")
 
 
 # ------------------------------------------------------------------------- running cases

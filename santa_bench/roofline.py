@@ -20,6 +20,8 @@ from typing import Any
 
 import pandas as pd
 
+from santa_bench.kernel_keys import GROUP_KEYS
+
 FLOOR_METRICS = ("floor_us", "floor_ratio")
 
 
@@ -51,8 +53,6 @@ def _row(metric: str, value: float, unit: str, status: str = "ok", reason: str =
 def kernel_group_columns() -> list[str]:
     """The columns of a kernel row's speed group (the kernel runner's ``GROUP_KEYS``, and
     its inputs): one dense baseline floors the calls of one group."""
-    from santa_bench.runners.kernel import GROUP_KEYS
-
     return [*GROUP_KEYS, "inputs", "inputs_digest"]
 
 

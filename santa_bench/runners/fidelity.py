@@ -23,11 +23,10 @@ import santa_kernels as sk
 from santa_bench.accuracy.patterns import make_pattern
 from santa_bench.fidelity import seed_statistics
 from santa_bench.inputs import DecodeShape
+from santa_bench.kernel_keys import SHAPE_KEYS
 from santa_bench.methods import REGISTRY, Method, Promise, Registry
 from santa_bench.runners.kernel import cosine, method_params, relative_l2
 from santa_bench.runners.schema import FIDELITY
-
-SHAPE_KEYS = ("batch", "ctx", "heads", "kv_heads", "head_dim")
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,13 @@ import santa_kernels as sk
 from santa_bench.captured import GAUSSIAN, SHAPE_OPTIONS, capture_shape, describe_capture
 from santa_bench.gpu_state import gpu_state_columns
 from santa_bench.inputs import DecodeShape, make_decode_inputs, parse_dtype
+from santa_bench.kernel_keys import GROUP_KEYS, SHAPE_KEYS
 from santa_bench.methods import REGISTRY, Method, Registry
 from santa_bench.runners import MAX_CASES
 from santa_bench.runners.schema import KERNEL
 from santa_bench.units import format_size
 from santa_kernels.reads import ReadCounts
 
-SHAPE_KEYS = ("batch", "ctx", "heads", "kv_heads", "head_dim")
 DEFAULT_SHAPE = {"heads": 32, "kv_heads": 8, "head_dim": 128}  # Llama-3.1-8B
 
 
@@ -348,7 +348,6 @@ def launch_record(notes: dict[str, Any]) -> str:
     return json.dumps(notes, sort_keys=True, default=fields_or_text)
 
 
-GROUP_KEYS = (*SHAPE_KEYS, "dtype", "layout", "page_size", "device", "timing", "l2")
 
 
 def group_key(case: dict[str, Any]) -> tuple:
