@@ -67,7 +67,16 @@ def test_the_file_ships_inside_the_package():
     package = Path(santa_bench.__file__).parent
     assert Path(str(ANCHORS_FILE)) == package / "data" / "anchors.yaml"
     pyproject = (package.parent / "pyproject.toml").read_text()
-    assert '"santa_bench.data" = ["*.yaml"]' in pyproject
+    assert '"santa_bench.data" = ["*.yaml", "tasks/*/*"]' in pyproject
+
+
+def test_the_task_data_ships_inside_the_package():
+    from santa_bench.accuracy.datasets import PACKAGED_DATA
+
+    package = Path(santa_bench.__file__).parent
+    assert PACKAGED_DATA == package / "data" / "tasks"
+    for name in ("gsm8k/test.jsonl", "gsm8k/LICENSE", "mmlu-redux/LICENSE"):
+        assert (PACKAGED_DATA / name).is_file(), name
 
 
 def test_no_anchor_number_is_a_python_literal():
