@@ -289,16 +289,15 @@ def capture_command(
     captured:<model>:L<layer>) and `santa-bench kernel --inputs FILE` (kernel timings on
     real attention).
     """
-    from rich.markup import escape
 
+    from santa_bench.console import fail as one_line_error
     from santa_bench.console import make_console
     from santa_bench.units import parse_list, parse_size
 
     console = make_console()
 
     def fail(message: str) -> None:
-        console.print(f"[bold red]error:[/] {escape(message)}")
-        raise typer.Exit(code=2)
+        one_line_error(console, message)
 
     try:
         size = parse_size(ctx)

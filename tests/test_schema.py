@@ -40,10 +40,10 @@ def test_committed_suites_expand_to_the_same_case_hashes(suite, digest):
 
 
 def test_stored_kernel_rows_are_cases_of_their_suite():
-    """Case hashes of committed H100 rows (results/h100/kernels-2026-12-06-h100-full)."""
+    """Case hashes of committed H100 rows (results/h100/2026-12-06-h100-kernels-full)."""
     stored = {"9695d8925c41c293": "sdpa-cudnn", "604b11380dc95d74": "triton-splitkv",
               "1e6168b43348c3dd": "santa-prop", "ad4ab3025ba2c05a": "santa-flash"}
-    run = ROOT / "results" / "h100" / "kernels-2026-12-06-h100-full"
+    run = ROOT / "results" / "h100" / "2026-12-06-h100-kernels-full"
     rows = pd.concat(pd.read_parquet(p, columns=["case_hash", "method"])
                      for p in sorted(run.glob("*.parquet")))
     assert set(stored) <= set(rows.case_hash)
@@ -87,9 +87,13 @@ def _option_defaults(*path: str) -> dict:
 def test_command_defaults_are_the_schemas():
     kernel = _option_defaults("kernel")
     assert kernel["S"] == "128" and kernel["batch"] == "1" and kernel["seed"] == 0
-    e2e = _option_defaults("e2e")
-    assert e2e["batch"] == E2E.option_default("batch") == "4"
-    assert e2e["ctx"] == "32k" and e2e["steps"] == E2E.default("decode_steps")
+    e2e = _option_defaults("e2e")  # None: the schema's on a GPU, smaller ones on a CPU
+    assert e2e["batch"] is None and e2e["ctx"] is None
+    assert E2E.option_default("batch") == "4" and E2E.option_default("ctx") == "32k"
+    assert e2e["steps"] == E2E.default("decode_steps")
+    from santa_bench.e2e.cli import DEFAULTS
+
+    assert DEFAULTS["cuda"] == (E2E.option_default("model"), "32k", "4")
     fidelity = _option_defaults("accuracy", "fidelity")
     assert fidelity["S"] == FIDELITY.option_default("S") == "16,64,256"
     assert fidelity["ctx"] == "2k" and fidelity["seeds"] == FIDELITY.default("seeds")

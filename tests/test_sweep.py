@@ -234,6 +234,9 @@ def test_a_long_expansion_is_announced_and_a_dry_run_lists_its_first_cases(tmp_p
                                                                          monkeypatch):
     monkeypatch.setattr(sweep_module, "ANNOUNCE_FROM", 20)
     monkeypatch.setattr(sweep_module, "DRY_RUN_ROWS", 5)
+    from santa_bench import cli
+
+    monkeypatch.setattr(cli.console, "width", 200)  # the caption on one line, whatever ran before
     result = _invoke("sweep", SMOKE, "--dry-run", "--results", tmp_path)
     assert result.exit_code == 0
     text = _text(result)
