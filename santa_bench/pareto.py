@@ -34,6 +34,7 @@ cannot do at all says nothing about what a method keeps): only those count.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Sequence
@@ -273,6 +274,7 @@ class Timing:
     tiled: bool = False  # captured K/V tiled to the context
     command: str = ""
     floor_ratio: float = math.nan  # latency over its byte floor (santa_bench.roofline)
+    dense_runs: int = 1  # runs of this GPU whose dense medians widen the interval
 
 
 def captured_prefix(model: str) -> str:
@@ -337,6 +339,7 @@ def kernel_rows(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], shape: Shap
         return {}
     kernel = frame[(frame.get("kind") == "kernel") & frame.run_id.isin(set(rows.run_id))]
     floors = floor_by_case(kernel)
+    spread = dense_medians(frame, list(runs), shape, ctx, gpu, inputs)
     rows = rows.assign(config=[config_key(r) for _, r in rows.iterrows()],
                        when=rows.run_id.map(lambda run: (dates.get(str(run), ""), str(run))))
     out: dict[tuple[str, int], Timing] = {}
@@ -370,7 +373,46 @@ def kernel_rows(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], shape: Shap
                                     str(newest.case_hash.iloc[0])) if "case_hash" in newest
                                    else ("", ""), (math.nan, math.nan))[1],
         )
+        if speed is not None:
+            key = (str(config), int(batch))
+            out[key] = widened(out[key], spread.get((int(batch), str(speed.best_dense)), {}))
     return out
+
+
+def dense_medians(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], shape: Shape,
+                  ctx: int, gpu: str | None, inputs: str = GAUSSIAN
+                  ) -> dict[tuple[int, str], dict[str, float]]:
+    """``(batch, dense baseline) -> {run: median latency}``: every run of ``gpu`` that timed
+    that baseline at ``shape``, ``ctx`` and ``inputs`` (its repeated timings)."""
+    rows = frame[(frame.get("kind") == "kernel") & (frame.status == "ok")
+                 & (frame.get("family") == "baseline") & (frame.metric == "latency")]
+    rows = with_inputs(rows, inputs)
+    for column, value in (("heads", shape.heads), ("kv_heads", shape.kv_heads),
+                          ("head_dim", shape.head_dim), ("ctx", ctx)):
+        if column not in rows:
+            return {}
+        rows = rows[rows[column] == value]
+    if gpu is not None and not rows.empty:
+        rows = rows[row_gpus(rows, list(runs)) == gpu]
+    out: dict[tuple[int, str], dict[str, float]] = {}
+    for record in rows.itertuples():
+        out.setdefault((int(record.batch), str(record.method)), {})[str(record.run_id)] = float(
+            record.value)
+    return out
+
+
+def widened(timing: Timing, medians: dict[str, float]) -> Timing:
+    """``timing`` with its speedup interval widened by the spread of its dense baseline's
+    median over the runs of the GPU (``medians``): the ends scale by the fastest and the
+    slowest median over the one of the timing's own run (unchanged with one run)."""
+    if len(medians) < 2 or math.isnan(timing.speedup):
+        return timing
+    # the dense median the speedup was taken against (recalled from an earlier run of the
+    # same environment when the timing's own run timed no baseline)
+    own = medians.get(timing.run_id, timing.latency_us * timing.speedup)
+    fastest, slowest = min(medians.values()), max(medians.values())
+    return dataclasses.replace(timing, low=timing.low * fastest / own,
+                               high=timing.high * slowest / own, dense_runs=len(medians))
 
 
 def best_dense_latency(frame: pd.DataFrame, shape: Shape, ctx: int, batch: int,
@@ -774,7 +816,9 @@ def markdown(result: Verdict, command: str = "") -> str:
         f"Kernel rows at the model's attention shape ({shape.heads} query / "
         f"{shape.kv_heads} KV heads, head dim {shape.head_dim}), ctx {result.ctx}, "
         f"B = {', '.join(map(str, result.batches))}; speedup over the fastest dense baseline "
-        "timed in the same kernel run, with the run's bootstrap interval; every kernel "
+        "timed in the same kernel run, with the run's bootstrap interval widened by the "
+        "spread of that baseline's median over the runs of this GPU that timed it (where "
+        "more than one did); every kernel "
         "row of this GPU. Accuracy rows of the same configurations, from any GPU (a score is "
         "the model's and the estimator's); retention = the configuration's "
         "task-averaged score over dense's on the same samples (paired bootstrap 95% "

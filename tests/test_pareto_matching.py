@@ -4,6 +4,7 @@ cannot rank, and the fastest configuration at each retention band."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from santa_bench import pareto
 
@@ -69,3 +70,15 @@ def test_fastest_at_each_retention_band():
                              pareto.Accuracy({}, 1.0), ["t"], {}, points, [], [], [], [], {})
     assert [verdict.fastest("all", 1, band).config for band in pareto.RETENTION_BANDS] == [
         "a", "b", "c"]
+
+
+def test_speed_intervals_widen_by_the_dense_kernels_spread_across_runs():
+    timing = pareto.Timing(10.0, 2.0, 1.9, 2.1, "sdpa-cudnn", 0.5, float("nan"), "r2")
+    # the same dense kernel timed 19, 20 and 22 us in three runs; the speedup used r2's 20
+    wide = pareto.widened(timing, {"r1": 19.0, "r2": 20.0, "r3": 22.0})
+    assert wide.speedup == 2.0 and wide.dense_runs == 3
+    assert wide.low == pytest.approx(1.9 * 19 / 20) and wide.high == pytest.approx(2.1 * 22 / 20)
+    assert pareto.widened(timing, {"r2": 20.0}) == timing  # one run: nothing to widen by
+    # a run that recalled its dense timing from an earlier run: the speedup's own dense
+    resumed = pareto.Timing(10.0, 2.0, 1.9, 2.1, "sdpa-cudnn", 0.5, float("nan"), "r4")
+    assert pareto.widened(resumed, {"r1": 19.0, "r2": 20.0}).low == pytest.approx(1.9 * 19 / 20)
