@@ -462,6 +462,8 @@ def run_cases(
     if not todo:
         console.print("nothing to do (use --force to re-run); the stored results:")
         return outcome
+    for line in _estimate(todo, store):
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
     if (
         "cuda" in devices_of_cases
         and options.executor != "ray"
@@ -520,6 +522,18 @@ def run_cases(
         store.annotate_run(run.run_id, gpu_state_record("end"))
     print_outcome(outcome, console)
     return outcome
+
+
+def _estimate(todo: list[dict[str, Any]], store: results.ResultStore) -> list[str]:
+    """The estimated time of the accuracy cases to run (see ``accuracy.estimate``)."""
+    if not any(c.get("kind") == "accuracy" for c in todo):
+        return []
+    from santa_bench.accuracy.estimate import estimate_lines
+
+    try:
+        return estimate_lines(todo, store.load())
+    except Exception:  # an estimate never stops a run
+        return []
 
 
 def stored_rows(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 
@@ -9,6 +10,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are importe
 
 import pytest
 import torch
+from rich.console import Console
 
 from santa_bench.accuracy.engine import Decoding, Engine, Prompt
 from santa_bench.methods import REGISTRY
@@ -105,7 +107,10 @@ def test_a_grouped_run_stores_each_case_as_alone_with_its_hash(tmp_path, monkeyp
         "e7158c5f16e61e09", "42c54da3ec31949e", "6c48e9a4d2e3909e"]
     env = environment.collect_environment("test")
     store = results.ResultStore(tmp_path / "res")
-    outcome = execute.run_cases(cases, store, env)
+    out = io.StringIO()
+    outcome = execute.run_cases(cases, store, env, console=Console(file=out, width=200))
+    assert "estimated time: unknown (no stored prefill/decode throughput of tiny" in (
+        out.getvalue())
     assert not outcome.failed and len(outcome.results) == 3
     assert {p.stem for p in store.root.glob("*/part-*.parquet")} == {
         f"part-{h}" for h in hashes}
@@ -123,3 +128,30 @@ def test_a_grouped_run_stores_each_case_as_alone_with_its_hash(tmp_path, monkeyp
         assert json.loads(rows["score"]["per_sample"])
     again = execute.run_cases(cases, store, env)  # finished cases are skipped
     assert again.skipped == 3 and not again.results
+    out = io.StringIO()  # other prompts of the same model: the stored rates give the time
+    other = [{**case, "seed": 1} for case in cases]
+    execute.run_cases(other, store, env, console=Console(file=out, width=200))
+    assert "estimated time: " in out.getvalue() and " s (from the stored" in out.getvalue()
+
+
+def test_the_estimate_from_stored_rates_and_for_llama_8b():
+    import pandas as pd
+
+    from santa_bench.accuracy.estimate import estimate_lines
+
+    base = {"kind": "accuracy", "model": "qwen2.5-coder-0.5b", "device": "cuda",
+            "task": "ruler-vt", "ctx": 32768, "n": 100, "seed": 0, "max_new_tokens": 128}
+    cases = [{**base, "method": m} for m in ("dense", "santa-prop", "quest")]
+    stored = {**base, "n": 50, "method": "dense"}
+    frame = pd.DataFrame([
+        {**stored, "metric": "prefill_tokens_per_s", "value": 32768.0},
+        {**stored, "metric": "decode_tokens_per_s", "value": 100.0},
+        {**stored, "metric": "generated_tokens", "value": 500.0},  # 10 a sample
+        {**stored, "method": "santa-prop", "metric": "decode_tokens_per_s", "value": 200.0}])
+    # prefill: 100 prompts x 1 s, once; decode: 1000 tokens each at 100, 200 and 150 (the
+    # model's median): 121.7 s; x 8030 / 494 parameters for Llama-3.1-8B
+    (line,) = estimate_lines(cases, frame)
+    assert line.startswith("estimated time: 2 min (from the stored prefill/decode throughput"
+                           " of qwen2.5-coder-0.5b on cuda); Llama-3.1-8B about 33 min (x16.3 ")
+    (unknown,) = estimate_lines([{**c, "device": "cpu"} for c in cases], frame)
+    assert unknown.startswith("estimated time: unknown")
