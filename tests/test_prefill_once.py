@@ -155,3 +155,14 @@ def test_the_estimate_from_stored_rates_and_for_llama_8b():
                            " of qwen2.5-coder-0.5b on cuda); Llama-3.1-8B about 33 min (x16.3 ")
     (unknown,) = estimate_lines([{**c, "device": "cpu"} for c in cases], frame)
     assert unknown.startswith("estimated time: unknown")
+
+
+def test_a_device_pool_gets_the_cases_of_a_prompt_group_as_one_unit(tmp_path):
+    from santa_bench.execute import accuracy_groups, work_units
+
+    cases = _cases(tmp_path)
+    other = [{**case, "task": "mmlu", "max_new_tokens": 0} for case in cases]
+    mixed = [cases[0], other[0], cases[1], other[1], cases[2]]
+    assert work_units(mixed) == [[0, 2, 4], [1, 3]]
+    assert [[c["task"] for c in g] for g in accuracy_groups(mixed)] == [
+        ["gsm8k"] * 3, ["mmlu"] * 2]
