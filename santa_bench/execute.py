@@ -12,7 +12,9 @@ Used by ``santa-bench kernel`` and ``santa-bench sweep``. Executors:
 
 A work unit is one case, except that every case of a shape group (same shape, dtype,
 layout, device, timing mode) that includes a vendor dense baseline travels together,
-so that its ``speedup_vs_best_dense`` is a ratio measured in one process.
+so that its ``speedup_vs_best_dense`` is a ratio measured in one process, and the
+accuracy cases that share their prompts travel together: each batch of prompts is
+prefilled once and decoded by every method of the group before the next batch.
 Every row carries ``device_id`` (where it ran) and ``command`` (the command line that
 reproduces that one case). A case that raises, or runs out of device memory, becomes
 a ``failed`` row with the reason and the run goes on.
@@ -232,6 +234,18 @@ class CaseWorker:
         rows = run_one(runner, case)
         return [{**row, "device_id": self.device_id} for row in rows]
 
+    def run_group(self, cases: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+        """Each case's rows of accuracy cases that share their prompts (one
+        :func:`accuracy_groups` group: each batch prefilled once for all their methods)."""
+        if len(cases) == 1:
+            return [self.run(cases[0])]
+        try:
+            found = self.runner("accuracy").run_group(cases)
+        except Exception as exc:  # every case of the group fails with it
+            found = [exc] * len(cases)
+        return [[{**row, "device_id": self.device_id} for row in
+                 (error_rows(f) if isinstance(f, BaseException) else f)] for f in found]
+
     def write(self, case: dict[str, Any], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Writes the case's part atomically (see :func:`write_case`)."""
         return write_case(self.store, self.run_folder, case, rows)
@@ -239,17 +253,22 @@ class CaseWorker:
 
 def run_one(runner: Any, case: dict[str, Any]) -> list[dict[str, Any]]:
     """Runs one case; an exception or an out-of-memory error becomes a ``failed`` row."""
-    import torch
-
     try:
         return runner.run(case)
-    except torch.OutOfMemoryError as exc:
+    except Exception as exc:  # a failing case is recorded and the run goes on
+        return error_rows(exc)
+
+
+def error_rows(exc: BaseException) -> list[dict[str, Any]]:
+    """The ``failed`` rows of a case that raised ``exc`` (out of memory: its first line)."""
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         lines = str(exc).splitlines() or [type(exc).__name__]
         return failed_rows(f"out of memory: {lines[0]}")
-    except Exception as exc:  # a failing case is recorded and the run goes on
-        return failed_rows(f"{type(exc).__name__}: {exc}")
+    return failed_rows(f"{type(exc).__name__}: {exc}")
 
 
 def write_case(
@@ -285,6 +304,7 @@ def work_units(cases: list[dict[str, Any]]) -> list[list[int]]:
     """Returns case indices grouped into work units (see the module docstring)."""
     from santa_bench.methods import REGISTRY
     from santa_bench.runners.kernel import group_key
+    from santa_bench.runners.tasks import group_key as prompts_key
 
     def vendor(case: dict[str, Any]) -> bool:
         return case["method"] in REGISTRY.names() and (
@@ -292,9 +312,11 @@ def work_units(cases: list[dict[str, Any]]) -> list[list[int]]:
         )
 
     def key(case: dict[str, Any]) -> tuple:
+        if case.get("kind") == "accuracy":
+            return ("accuracy", *prompts_key(case))
         return group_key(case)
 
-    grouped = {key(c) for c in cases if vendor(c)}
+    grouped = {key(c) for c in cases if vendor(c) or c.get("kind") == "accuracy"}
     units: list[list[int]] = []
     by_key: dict[tuple, list[int]] = {}
     for index, case in enumerate(cases):
@@ -306,6 +328,26 @@ def work_units(cases: list[dict[str, Any]]) -> list[list[int]]:
             by_key[key(case)] = [index]
             units.append(by_key[key(case)])
     return [sorted(u, key=lambda i: not vendor(cases[i])) for u in units]
+
+
+def accuracy_groups(cases: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """``cases`` in order, the accuracy cases that share their prompts (one
+    :func:`santa_bench.runners.tasks.group_key`) together at the first one's place: they
+    run as one group, each batch of prompts prefilled once; other cases alone."""
+    from santa_bench.runners.tasks import group_key
+
+    groups: list[list[dict[str, Any]]] = []
+    by_key: dict[tuple, list[dict[str, Any]]] = {}
+    for case in cases:
+        if case.get("kind") != "accuracy":
+            groups.append([case])
+            continue
+        key = group_key(case)
+        if key not in by_key:
+            by_key[key] = []
+            groups.append(by_key[key])
+        by_key[key].append(case)
+    return groups
 
 
 def case_weight(case: dict[str, Any]) -> int:
@@ -347,6 +389,14 @@ class _Progress:
         self.current[where] = case_label(case)
         self.left[where] = case_weight(case) if self.weighted else 1
         self._refresh()
+
+    def start_group(self, where: str, cases: list[dict[str, Any]]) -> None:
+        """Starts cases that run together (an accuracy group)."""
+        self.start(where, cases[0])
+        if len(cases) > 1:
+            self.current[where] += f" +{len(cases) - 1} methods"
+            self.left[where] = sum(case_weight(c) if self.weighted else 1 for c in cases)
+            self._refresh()
 
     def samples(self, where: str, count: int) -> None:
         """Advances the bar by ``count`` finished samples of the running case."""
@@ -412,6 +462,8 @@ def run_cases(
     if not todo:
         console.print("nothing to do (use --force to re-run); the stored results:")
         return outcome
+    for line in _estimate(todo, store):
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
     if (
         "cuda" in devices_of_cases
         and options.executor != "ray"
@@ -452,12 +504,14 @@ def run_cases(
                 worker = CaseWorker(run, str(store.root), options, "",
                                     env.get("copy_bandwidth_gbps"))
                 worker.on_samples = lambda count: progress.samples("local", count)
-                for case in todo:
-                    worker.device_id = local_device_id(case["device"])
-                    progress.start("local", case)
-                    rows = worker.write(case, worker.run(case))
-                    outcome.results.append((case, rows))
-                    progress.done("local", rows)
+                for group in accuracy_groups(todo):
+                    worker.device_id = local_device_id(group[0]["device"])
+                    progress.start_group("local", group)
+                    for case, found in zip(group, worker.run_group(group), strict=True):
+                        rows = worker.write(case, found)
+                        outcome.results.append((case, rows))
+                        progress.failures += _failed(rows)
+                    progress.done("local", [])
     except KeyboardInterrupt:
         finished = {id(case) for case, _ in outcome.results}
         outcome.not_run = [case for case in todo if id(case) not in finished]
@@ -468,6 +522,18 @@ def run_cases(
         store.annotate_run(run.run_id, gpu_state_record("end"))
     print_outcome(outcome, console)
     return outcome
+
+
+def _estimate(todo: list[dict[str, Any]], store: results.ResultStore) -> list[str]:
+    """The estimated time of the accuracy cases to run (see ``accuracy.estimate``)."""
+    if not any(c.get("kind") == "accuracy" for c in todo):
+        return []
+    from santa_bench.accuracy.estimate import estimate_lines
+
+    try:
+        return estimate_lines(todo, store.load())
+    except Exception:  # an estimate never stops a run
+        return []
 
 
 def stored_rows(
@@ -588,6 +654,12 @@ def _pool_worker(
         unit = tasks.get()
         if unit is None or os.getppid() != parent:  # done, or the driver died
             return
+        if all(case.get("kind") == "accuracy" for _, case in unit):  # one prompt group
+            events.put(("start", device_id, unit[0][0]))
+            found = worker.run_group([case for _, case in unit])
+            for (index, case), rows in zip(unit, found, strict=True):
+                events.put(("done", device_id, index, worker.write(case, rows)))
+            continue
         for index, case in unit:
             events.put(("start", device_id, index))
             rows = worker.write(case, worker.run(case))

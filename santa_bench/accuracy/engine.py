@@ -5,8 +5,10 @@ decoder (:class:`santa_bench.e2e.model.Decoder`: bf16 on CUDA, fp32 on a CPU), s
 decode steps call the same attention backends as ``santa-bench e2e``:
 
 - **prefill**: every prompt token but the last, dense and causal (torch SDPA), once per
-  prompt; its K/V are kept (up to a memory budget) and copied into every batch that
-  decodes the prompt, so all methods of a task start from the same prefill;
+  prompt; a batch's prefills fill one static cache that every method of the group
+  (:meth:`Engine.generate_many`) decodes before the next batch is prefilled, so a run
+  costs one prefill per prompt whatever its number of methods; the K/V are also kept
+  per prompt (up to a memory budget) for a later group of the same prompts;
 - **decode**: prompts of similar length are decoded together (``batch`` sequences, each
   at its own length: the kernels read per-sequence lengths), in a static KV cache sized
   to the longest prompt plus the longest answer; the last prompt token and each
@@ -89,7 +91,21 @@ class Generation:
     kv_read_fraction: list[float] = field(default_factory=list)
     decode_steps: int = 0
     decode_s: float = 0.0
-    prefill_s: float = 0.0
+    prefill_s: float = 0.0  # the group's (shared by every method that decoded it)
+    prefill_tokens: int = 0  # prompt tokens the group prefilled (not taken from the store)
+    prefills: int = 0  # prompts the group prefilled (not taken from the store)
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """One method configuration that decodes a group's prompts (:meth:`Engine.generate_many`):
+    ``backend`` is ``sdpa``, ``triton`` or ``reference`` (:func:`resolve_backend`)."""
+
+    method: Method
+    params: dict[str, Any]
+    seed: int = 0
+    dense_layers: tuple[int, ...] = ()
+    backend: str = "reference"
 
 
 def prompt_seed(ids: Sequence[int]) -> int:
@@ -157,6 +173,7 @@ class Engine:
                 total = torch.cuda.get_device_properties(0).total_memory
                 prefill_bytes = int(GPU_PREFILL_SHARE * total)
         self.prefills = PrefillStore(prefill_bytes)
+        self.prefill_tokens = 0  # prompt tokens prefilled (store misses), all groups
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
@@ -186,6 +203,7 @@ class Engine:
                 is_causal=True, scale=self.scale)
             x = model.layer_output(layer, x, attn[0].transpose(0, 1))
         self.prefills.put(ids, ks, vs)
+        self.prefill_tokens += n
         return ks, vs
 
     # ------------------------------------------------------------------ decode
@@ -200,35 +218,77 @@ class Engine:
         ``backend``: ``triton`` or ``reference`` (default :func:`resolve_backend`; the
         kernels run on a CPU only through Triton's interpreter, for tests)."""
         backend = backend or resolve_backend(method, self.device, reference)
-        if backend not in (*BACKENDS, "sdpa"):
-            raise InputError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+        run = Decoding(method, params, seed=seed, dense_layers=tuple(dense_layers),
+                       backend=backend)
+        found = self.generate_many([run], prompts, keep_logits=keep_logits,
+                                   on_batch=on_batch)[0]
+        if isinstance(found, BaseException):
+            raise found
+        return found
+
+    def generate_many(
+        self, runs: Sequence[Decoding], prompts: Sequence[Prompt], *,
+        keep_logits: bool = False, on_batch: Callable[[int], None] | None = None,
+    ) -> list[Generation | Exception]:
+        """Greedy continuations of ``prompts`` through each of ``runs``: each batch is
+        prefilled once, then decoded by every run before the next batch is prefilled.
+
+        Returns each run's :class:`Generation` (its ``prefill_s`` and ``prefill_tokens``
+        are the group's, shared), or the exception that stopped that run (the others go
+        on); an error of the prefill itself is raised."""
+        for run in runs:
+            if run.backend not in (*BACKENDS, "sdpa"):
+                raise InputError(f"backend: expected one of {BACKENDS}, got {run.backend!r}")
         if not prompts:
-            return Generation([], None)
+            return [Generation([], None) for _ in runs]
         for p in prompts:
             if len(p.ids) < 1 or p.max_new_tokens < 1:
                 raise InputError("a prompt needs >= 1 token and a budget of >= 1 new token")
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].ids))
-        out = Generation([[] for _ in prompts], None)
-        logits: list[torch.Tensor | None] = [None] * len(prompts)
+        outs: list[Generation | Exception] = [
+            Generation([[] for _ in prompts], None) for _ in runs]
+        logits: list[list[torch.Tensor | None]] = [[None] * len(prompts) for _ in runs]
+        shared = {"prefill_s": 0.0, "prefill_tokens": 0, "prefills": 0}
         for number, start in enumerate(range(0, len(order), self.batch)):
             chosen = order[start : start + self.batch]
             batch = [prompts[i] for i in chosen]
-            tokens, first, reads, steps, timing = self._decode_batch(
-                method, params, batch, seed=seed, number=number, dense_layers=dense_layers,
-                backend=backend, keep_logits=keep_logits)
-            for row, index in enumerate(chosen):
-                out.tokens[index] = tokens[row]
-                if first is not None:
-                    logits[index] = first[row]
-            out.kv_read_fraction += reads
-            out.decode_steps += steps
-            out.prefill_s += timing[0]
-            out.decode_s += timing[1]
-            if on_batch is not None:
-                on_batch(len(chosen))
-        if keep_logits:
-            out.first_logits = torch.stack(logits)  # type: ignore[arg-type]
-        return out
+            tokens_before, misses_before = self.prefill_tokens, self.prefills.misses
+            cache, lengths, seconds = self._prefill_batch(batch)
+            shared["prefill_s"] += seconds
+            shared["prefill_tokens"] += self.prefill_tokens - tokens_before
+            shared["prefills"] += self.prefills.misses - misses_before
+            for slot, run in enumerate(runs):
+                out = outs[slot]
+                if not isinstance(out, Generation):
+                    continue  # this run failed on an earlier batch
+                try:
+                    tokens, first, reads, steps, decode_s = self._decode_batch(
+                        run.method, run.params, batch, cache, lengths, seed=run.seed,
+                        number=number, dense_layers=run.dense_layers, backend=run.backend,
+                        keep_logits=keep_logits)
+                except Exception as exc:  # that run's error: the others go on
+                    if self.device == "cuda" and isinstance(exc, torch.OutOfMemoryError):
+                        torch.cuda.empty_cache()
+                    outs[slot] = exc
+                    continue
+                for row, index in enumerate(chosen):
+                    out.tokens[index] = tokens[row]
+                    if first is not None:
+                        logits[slot][index] = first[row]
+                out.kv_read_fraction += reads
+                out.decode_steps += steps
+                out.decode_s += decode_s
+                if on_batch is not None:
+                    on_batch(len(chosen))
+            del cache
+        for slot, out in enumerate(outs):
+            if isinstance(out, Generation):
+                out.prefill_s = shared["prefill_s"]
+                out.prefill_tokens = int(shared["prefill_tokens"])
+                out.prefills = int(shared["prefills"])
+                if keep_logits:
+                    out.first_logits = torch.stack(logits[slot])  # type: ignore[arg-type]
+        return outs
 
     def _backend(self, method: Method, params: dict[str, Any], seed: int, number: int,
                  row_seeds: list[int], dense_layers: Sequence[int],
@@ -252,8 +312,10 @@ class Engine:
         return LayerRouting(main, SdpaDecode(self.scale), exempt)
 
     @torch.no_grad()
-    def _decode_batch(self, method, params, batch: list[Prompt], *, seed: int, number: int,
-                      dense_layers: Sequence[int], backend: str, keep_logits: bool):
+    def _prefill_batch(self, batch: list[Prompt]) -> tuple[StaticKVCache, list[int], float]:
+        """A batch's static cache holding every prompt's dense prefill (all tokens but the
+        last), its prompt lengths and the seconds this took. Decode steps write past the
+        prompts only, so every method of a group decodes from this one cache."""
         model, c = self.decoder, self.decoder.config
         t0 = time.perf_counter()
         lengths = [len(p.ids) - 1 for p in batch]
@@ -276,7 +338,22 @@ class Engine:
         cache.set_lengths(lengths)
         if self.device == "cuda":
             torch.cuda.synchronize()
+        return cache, lengths, time.perf_counter() - t0
+
+    @torch.no_grad()
+    def _decode_batch(self, method, params, batch: list[Prompt], cache: StaticKVCache,
+                      lengths: list[int], *, seed: int, number: int,
+                      dense_layers: Sequence[int], backend: str, keep_logits: bool):
+        """Decodes a prefilled batch (:meth:`_prefill_batch`) through ``method``; first
+        clears what an earlier method's steps wrote past the prompts."""
+        model, c = self.decoder, self.decoder.config
         t1 = time.perf_counter()
+        steps = max(p.max_new_tokens for p in batch)
+        for row, n in enumerate(lengths):  # the cache as the prefill left it
+            for layer in range(c.num_layers):
+                cache.k[layer][row, n:].zero_()
+                cache.v[layer][row, n:].zero_()
+        cache.set_lengths(lengths)
         row_seeds = [prompt_seed(p.ids) for p in batch]
         attend = self._backend(method, params, seed, number, row_seeds, dense_layers,
                                backend)
@@ -355,7 +432,7 @@ class Engine:
                     row = row[: i + 1]
                     break
             cut.append(row)
-        return cut, first.cpu() if keep_logits else None, reads, done, (t1 - t0, t2 - t1)
+        return cut, first.cpu() if keep_logits else None, reads, done, t2 - t1
 
     def _reads(self, method, params, attend, cache, last_q, seed) -> list[float]:
         """Read fractions of the batch's decode calls (see the module docstring)."""

@@ -6,6 +6,14 @@ long-context tasks: RULER, LongBench v2, HELMET-RAG). Rows: the task
 and, for a method other than dense, its ``retention`` (score / dense score on the same
 samples in the same run) with a paired bootstrap interval. Per-sample correctness is
 stored (``per_sample``, JSON) so retention survives a resumed run.
+
+The cases that share their prompts (one :func:`group_key`: task, model, ctx, n, seed,
+generation length, device, data) run as one group (:meth:`TaskRunner.run_group`): each
+batch of prompts is prefilled once and decoded by every case's method before the next
+batch. Each case still has its own rows, plus time rows: the group's ``prefill_s``,
+``prefill_tokens``, ``prefills`` (prompts prefilled, not taken from the store) and
+``prefill_tokens_per_s``, shared by its cases, and the method's own ``decode_s`` and
+``decode_tokens_per_s``.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from santa_kernels.validate import InputError
 DEFAULT_BATCH = 16  # sequences decoded together (``--batch``; not part of a case)
 
 PAIR_KEYS = ("task", "model", "n", "seed", "dense_layers", "max_new_tokens")
+GROUP_KEYS = ("task", "model", "ctx", "n", "seed", "max_new_tokens", "device", "_batch",
+              "_data_dir", "_data_file", "_demo_file")
 HELMET_PREFIX = "helmet-rag-"  # helmet-rag-<dataset>: nq, triviaqa, hotpotqa, popqa
 HELMET_DATASETS = tuple(_HELMET)
 RULER_PREFIX = "ruler-"  # ruler-<task>: RULER task <task> at the case's ctx
@@ -170,41 +180,91 @@ class TaskRunner:
         return engine
 
     def run(self, case: dict[str, Any]) -> list[dict[str, Any]]:
-        from santa_bench.accuracy.engine import resolve_backend
-        from santa_bench.accuracy.tasks import retention_ci, task_scores
+        """The rows of one case (a group of one: :meth:`run_group`); raises its error."""
+        found = self.run_group([case])[0]
+        if isinstance(found, BaseException):
+            raise found
+        return found
 
-        method = self.registry.get(case["method"])
-        params = {p.name: case[p.name] for p in method.params if p.name in case}
-        items = self.samples(case)  # first: missing data fails before a model loads
-        device = case.get("device", "cpu")
-        backend = case.get("backend") or resolve_backend(method, device)
-        layers = tuple(int(x) for x in str(case.get("dense_layers") or "").split(",") if x)
-        started = time.perf_counter()
-        engine = self.engine(case["model"], device, int(case.get("_batch") or DEFAULT_BATCH))
-        model, tokenizer = self.model(case["model"])
-        if layers:  # a model named by path or hub id: its layers are known once loaded
-            check_dense_layers(layers, int(model.config.num_hidden_layers), case["model"])
-        task = get_task(case["task"])
-        extra: list[dict[str, Any]] = []
-        if engine is None:  # a model family the suite's decoder does not run: transformers
-            correct, reads = self._run_hf(case, task, method, params, items, layers)
-        else:
-            prompts = self.prompts(case, tokenizer, items)
-            generation = engine.generate(
-                method, method.resolve_params(params), prompts, seed=case["seed"],
-                dense_layers=layers, backend=None if method.name == "dense" else backend,
-                keep_logits=task.keep_logits, on_batch=self._advance)
-            correct, _ = task_scores(case["task"], tokenizer, items, generation)
-            reads = generation.kv_read_fraction
-            tokens = sum(len(t) for t in generation.tokens)
-            extra = [
-                {"metric": "wall_s", "value": time.perf_counter() - started, "unit": "s"},
-                {"metric": "prefill_s", "value": generation.prefill_s, "unit": "s"},
-                {"metric": "decode_s", "value": generation.decode_s, "unit": "s"},
-                {"metric": "decode_steps", "value": float(generation.decode_steps),
-                 "unit": "count"},
-                {"metric": "generated_tokens", "value": float(tokens), "unit": "count"},
-            ]
+    def run_group(self, cases: list[dict[str, Any]]) -> list[list[dict[str, Any]] | Exception]:
+        """The rows of cases that share their prompts (one :func:`group_key`), or the
+        error of each case that failed: the prompts are loaded once and each batch is
+        prefilled once, then decoded by every case's method (dense first, for retention)."""
+        from santa_bench.accuracy.engine import Decoding, resolve_backend
+        from santa_bench.accuracy.tasks import task_scores
+
+        if len({group_key(c) for c in cases}) > 1:
+            raise ValueError("run_group: the cases do not share their prompts")
+        found: list[list[dict[str, Any]] | Exception | None] = [None] * len(cases)
+        runs: dict[int, Decoding] = {}
+        for slot, case in enumerate(cases):
+            try:
+                method = self.registry.get(case["method"])
+                params = {p.name: case[p.name] for p in method.params if p.name in case}
+                layers = tuple(int(x) for x in str(case.get("dense_layers") or "").split(",")
+                               if x)
+                backend = case.get("backend") or resolve_backend(method, case.get("device",
+                                                                                  "cpu"))
+                runs[slot] = Decoding(method, params, seed=case["seed"], dense_layers=layers,
+                                      backend="sdpa" if method.name == "dense" else backend)
+            except Exception as exc:  # this case's error: the others go on
+                found[slot] = exc
+        if not runs:
+            return found  # type: ignore[return-value]
+        first = cases[next(iter(runs))]
+        try:
+            items = self.samples(first)  # first: missing data fails before a model loads
+            device = first.get("device", "cpu")
+            started = time.perf_counter()
+            engine = self.engine(first["model"], device,
+                                 int(first.get("_batch") or DEFAULT_BATCH))
+            model, tokenizer = self.model(first["model"])
+            count = int(model.config.num_hidden_layers)
+            for slot, run in list(runs.items()):
+                try:  # a model named by path or hub id: its layers are known once loaded
+                    if run.dense_layers:
+                        check_dense_layers(run.dense_layers, count, first["model"])
+                except ValueError as exc:
+                    found[slot] = exc
+                    del runs[slot]
+            task = get_task(first["task"])
+            if engine is None:  # a model family the suite's decoder does not run
+                for slot, run in runs.items():
+                    try:
+                        correct, reads = self._run_hf(cases[slot], task, run.method,
+                                                      run.params, items, run.dense_layers)
+                        found[slot] = self._rows(cases[slot], correct, reads, [])
+                    except Exception as exc:  # this case's error: the others go on
+                        found[slot] = exc
+                return found  # type: ignore[return-value]
+            prompts = self.prompts(first, tokenizer, items)
+            slots = list(runs)
+            generated = engine.generate_many(
+                [Decoding(r.method, r.method.resolve_params(r.params), r.seed,
+                          r.dense_layers, r.backend) for r in runs.values()],
+                prompts, keep_logits=task.keep_logits, on_batch=self._advance)
+        except Exception as exc:  # the group's error (data, model, prefill): every case's
+            return [exc if f is None else f for f in found]
+        wall = time.perf_counter() - started
+        pairs = sorted(zip(slots, generated, strict=True),  # dense first: retention
+                       key=lambda pair: cases[pair[0]]["method"] != "dense")
+        for slot, generation in pairs:
+            if isinstance(generation, Exception):
+                found[slot] = generation
+                continue
+            try:
+                correct, _ = task_scores(first["task"], tokenizer, items, generation)
+                found[slot] = self._rows(cases[slot], correct, generation.kv_read_fraction,
+                                         speed_rows(generation, wall))
+            except Exception as exc:  # this case's error: the others go on
+                found[slot] = exc
+        return found  # type: ignore[return-value]
+
+    def _rows(self, case: dict[str, Any], correct: list, reads: list[float],
+              extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A case's rows: score, read fraction, ``extra``, and retention against dense."""
+        from santa_bench.accuracy.tasks import retention_ci
+
         n = len(correct)
         low, high = wilson(round(sum(correct)), n)
         rows = [
@@ -224,7 +284,7 @@ class TaskRunner:
             *extra,
         ]
         key = _pair_key(case)
-        if method.name == "dense":
+        if case["method"] == "dense":
             self.dense[key] = [c if isinstance(c, float) else bool(c) for c in correct]
         elif key in self.dense:
             ratio, low, high = retention_ci(correct, self.dense[key], seed=case["seed"])
@@ -269,6 +329,37 @@ class TaskRunner:
         else:
             correct = hf_task_scores(task, model, tokenizer, items, case, self.prefills)
         return correct, info["kv_read_fraction"]
+
+
+def group_key(case: dict[str, Any]) -> tuple:
+    """The keys that fix an accuracy case's prompts (and the batches they are decoded in):
+    cases with one key are run together, each batch prefilled once (see
+    :meth:`TaskRunner.run_group`)."""
+    return tuple(str(case.get(k)) for k in GROUP_KEYS)
+
+
+def speed_rows(generation: Any, wall_s: float) -> list[dict[str, Any]]:
+    """A case's time rows: the group's wall and prefill (shared by its methods), the
+    method's own decode; throughputs where their time is > 0 (a prefill taken from the
+    store has none)."""
+    tokens = sum(len(t) for t in generation.tokens)
+    rows = [
+        {"metric": "wall_s", "value": wall_s, "unit": "s"},
+        {"metric": "prefill_s", "value": generation.prefill_s, "unit": "s"},
+        {"metric": "decode_s", "value": generation.decode_s, "unit": "s"},
+        {"metric": "decode_steps", "value": float(generation.decode_steps), "unit": "count"},
+        {"metric": "generated_tokens", "value": float(tokens), "unit": "count"},
+        {"metric": "prefills", "value": float(generation.prefills), "unit": "count"},
+        {"metric": "prefill_tokens", "value": float(generation.prefill_tokens),
+         "unit": "count"},
+    ]
+    if generation.prefill_tokens and generation.prefill_s > 0:
+        rows.append({"metric": "prefill_tokens_per_s", "unit": "tok/s",
+                     "value": generation.prefill_tokens / generation.prefill_s})
+    if tokens and generation.decode_s > 0:
+        rows.append({"metric": "decode_tokens_per_s", "unit": "tok/s",
+                     "value": tokens / generation.decode_s})
+    return rows
 
 
 def parse_dense_layers(text: str | None) -> tuple[int, ...]:

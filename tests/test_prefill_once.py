@@ -1,0 +1,168 @@
+"""An accuracy run prefills each batch of prompts once for every method of the run."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+
+import pytest
+import torch
+from rich.console import Console
+
+from santa_bench.accuracy.engine import Decoding, Engine, Prompt
+from santa_bench.methods import REGISTRY
+
+transformers = pytest.importorskip("transformers")
+
+SPECS = (("dense", {}), ("santa-sys", {"S": 8}), ("santa-prop", {"S": 8}))
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=512,
+                                      eos_token_id=96)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+class Tok:
+    def __call__(self, text):
+        return type("T", (), {"input_ids": [ord(c) % 90 for c in text][-90:]})
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) % 90 for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(48 + int(i) % 10) for i in ids)
+
+
+def test_a_group_decodes_as_each_method_alone_from_one_prefill_per_prompt():
+    gen = torch.Generator().manual_seed(1)
+    prompts = [Prompt(tuple(torch.randint(0, 90, (n,), generator=gen).tolist()), 6)
+               for n in (40, 57, 33, 64, 48)]
+    runs = [Decoding(REGISTRY.get(name), REGISTRY.get(name).resolve_params(params), seed=3,
+                     backend="sdpa" if name == "dense" else "reference")
+            for name, params in SPECS]
+    model = tiny_model()
+    alone = Engine(model, batch=2, prefill_bytes=0)  # keeps no prefill between methods
+    single = [alone.generate(r.method, r.params, prompts, seed=3, backend=r.backend,
+                             keep_logits=True) for r in runs]
+    assert alone.prefills.misses == 3 * len(prompts)
+    grouped = Engine(model, batch=2, prefill_bytes=0)
+    together = grouped.generate_many(runs, prompts, keep_logits=True)
+    assert grouped.prefills.misses == len(prompts)  # one prefill per prompt, 3 methods
+    for one, many in zip(single, together, strict=True):
+        assert many.tokens == one.tokens
+        assert many.kv_read_fraction == one.kv_read_fraction
+        assert torch.equal(many.first_logits, one.first_logits)
+        assert many.prefills == len(prompts)
+        assert many.prefill_tokens == sum(len(p.ids) - 1 for p in prompts)
+
+
+def test_a_method_that_fails_leaves_the_others_of_its_group(monkeypatch):
+    from santa_bench.methods import Method
+
+    original = Method.run_reference
+
+    def broken(self, *args, **kwargs):
+        if self.name == "santa-sys":
+            raise RuntimeError("boom")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Method, "run_reference", broken)
+    prompts = [Prompt(tuple(range(1, 30)), 3), Prompt(tuple(range(5, 40)), 3)]
+    runs = [Decoding(REGISTRY.get(name), REGISTRY.get(name).resolve_params(params),
+                     backend="sdpa" if name == "dense" else "reference")
+            for name, params in SPECS]
+    dense, sys, prop = Engine(tiny_model(), batch=1).generate_many(runs, prompts)
+    assert isinstance(sys, RuntimeError) and "boom" in str(sys)
+    assert len(dense.tokens) == len(prop.tokens) == 2 and prop.decode_steps > 0
+
+
+def _cases(tmp_path, methods=SPECS):
+    from santa_bench.runners.tasks import expand_task_cases
+
+    (tmp_path / "gsm8k").mkdir(exist_ok=True)
+    (tmp_path / "gsm8k" / "test.jsonl").write_text(
+        '{"question": "1+1?", "answer": "so #### 2"}\n{"question": "2+2?", "answer": "#### 4"}\n'
+        '{"question": "3+3 is?", "answer": "#### 6"}\n')
+    return expand_task_cases("gsm8k", "tiny", [(REGISTRY.get(n), p) for n, p in methods],
+                             n=3, seed=0, max_new_tokens=4, data_dir=str(tmp_path),
+                             device="cpu", batch=2)
+
+
+def test_a_grouped_run_stores_each_case_as_alone_with_its_hash(tmp_path, monkeypatch):
+    from santa_bench import environment, execute, results
+    from santa_bench.accuracy import models
+
+    model = tiny_model()
+    monkeypatch.setattr(models, "load_model", lambda name, **kw: (model, Tok()))
+    cases = _cases(tmp_path)
+    hashes = [results.config_hash(c) for c in cases]
+    assert hashes == [  # as before the grouped run
+        "e7158c5f16e61e09", "42c54da3ec31949e", "6c48e9a4d2e3909e"]
+    env = environment.collect_environment("test")
+    store = results.ResultStore(tmp_path / "res")
+    out = io.StringIO()
+    outcome = execute.run_cases(cases, store, env, console=Console(file=out, width=200))
+    assert "estimated time: unknown (no stored prefill/decode throughput of tiny" in (
+        out.getvalue())
+    assert not outcome.failed and len(outcome.results) == 3
+    assert {p.stem for p in store.root.glob("*/part-*.parquet")} == {
+        f"part-{h}" for h in hashes}
+    grouped = {c["method"]: {r["metric"]: r for r in rows} for c, rows in outcome.results}
+    for rows in grouped.values():
+        assert rows["prefills"]["value"] == 3  # the group's: one per prompt
+        assert rows["prefill_tokens_per_s"]["value"] > 0
+        assert rows["decode_tokens_per_s"]["value"] > 0
+        assert rows["prefill_s"]["value"] == grouped["dense"]["prefill_s"]["value"]
+    for case in cases:  # each method alone, in a store of its own
+        alone = execute.run_cases([case], results.ResultStore(tmp_path / case["method"]), env)
+        rows = {r["metric"]: r for r in alone.results[0][1]}
+        assert rows["score"]["per_sample"] == grouped[case["method"]]["score"]["per_sample"]
+        assert rows["generated_tokens"] == grouped[case["method"]]["generated_tokens"]
+        assert json.loads(rows["score"]["per_sample"])
+    again = execute.run_cases(cases, store, env)  # finished cases are skipped
+    assert again.skipped == 3 and not again.results
+    out = io.StringIO()  # other prompts of the same model: the stored rates give the time
+    other = [{**case, "seed": 1} for case in cases]
+    execute.run_cases(other, store, env, console=Console(file=out, width=200))
+    assert "estimated time: " in out.getvalue() and " s (from the stored" in out.getvalue()
+
+
+def test_the_estimate_from_stored_rates_and_for_llama_8b():
+    import pandas as pd
+
+    from santa_bench.accuracy.estimate import estimate_lines
+
+    base = {"kind": "accuracy", "model": "qwen2.5-coder-0.5b", "device": "cuda",
+            "task": "ruler-vt", "ctx": 32768, "n": 100, "seed": 0, "max_new_tokens": 128}
+    cases = [{**base, "method": m} for m in ("dense", "santa-prop", "quest")]
+    stored = {**base, "n": 50, "method": "dense"}
+    frame = pd.DataFrame([
+        {**stored, "metric": "prefill_tokens_per_s", "value": 32768.0},
+        {**stored, "metric": "decode_tokens_per_s", "value": 100.0},
+        {**stored, "metric": "generated_tokens", "value": 500.0},  # 10 a sample
+        {**stored, "method": "santa-prop", "metric": "decode_tokens_per_s", "value": 200.0}])
+    # prefill: 100 prompts x 1 s, once; decode: 1000 tokens each at 100, 200 and 150 (the
+    # model's median): 121.7 s; x 8030 / 494 parameters for Llama-3.1-8B
+    (line,) = estimate_lines(cases, frame)
+    assert line.startswith("estimated time: 2 min (from the stored prefill/decode throughput"
+                           " of qwen2.5-coder-0.5b on cuda); Llama-3.1-8B about 33 min (x16.3 ")
+    (unknown,) = estimate_lines([{**c, "device": "cpu"} for c in cases], frame)
+    assert unknown.startswith("estimated time: unknown")
+
+
+def test_a_device_pool_gets_the_cases_of_a_prompt_group_as_one_unit(tmp_path):
+    from santa_bench.execute import accuracy_groups, work_units
+
+    cases = _cases(tmp_path)
+    other = [{**case, "task": "mmlu", "max_new_tokens": 0} for case in cases]
+    mixed = [cases[0], other[0], cases[1], other[1], cases[2]]
+    assert work_units(mixed) == [[0, 2, 4], [1, 3]]
+    assert [[c["task"] for c in g] for g in accuracy_groups(mixed)] == [
+        ["gsm8k"] * 3, ["mmlu"] * 2]
