@@ -74,7 +74,7 @@ def test_the_task_data_ships_inside_the_package():
     from santa_bench.accuracy.datasets import PACKAGED_DATA
 
     package = Path(santa_bench.__file__).parent
-    assert PACKAGED_DATA == package / "data" / "tasks"
+    assert package / "data" / "tasks" == PACKAGED_DATA
     for name in ("gsm8k/test.jsonl", "gsm8k/LICENSE", "mmlu-redux/LICENSE"):
         assert (PACKAGED_DATA / name).is_file(), name
 
