@@ -166,3 +166,17 @@ def test_a_device_pool_gets_the_cases_of_a_prompt_group_as_one_unit(tmp_path):
     assert work_units(mixed) == [[0, 2, 4], [1, 3]]
     assert [[c["task"] for c in g] for g in accuracy_groups(mixed)] == [
         ["gsm8k"] * 3, ["mmlu"] * 2]
+
+
+def test_every_task_states_its_protocol_and_rows_carry_it():
+    from santa_bench.accuracy.registry import TASKS
+    from santa_bench.runners.tasks import protocol_columns
+
+    for task in TASKS:  # the built-in ones (a test may have registered a toy task)
+        if task.module.startswith("santa_bench."):
+            assert "prefilled densely" in task.protocol, task.name
+            assert "chat template" in task.protocol, task.name
+    ruler = protocol_columns({"task": "ruler-niah_single_1", "dense_layers": "21,22,23"})
+    assert "128 tokens" in ruler["protocol"] and "string_match_all" in ruler["protocol"]
+    assert ruler["sampled_layers"] == "all but 21,22,23 (dense)"
+    assert protocol_columns({"task": "mmlu"})["sampled_layers"] == "all"

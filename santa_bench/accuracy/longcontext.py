@@ -597,6 +597,9 @@ def _helmet_task(dataset: str) -> Task:
     return Task(
         name, f"HELMET-RAG {dataset} SubEM (passages fitted to the case's context)",
         samples, _long_prompts, score, long_context=True,
+        protocol="HELMET's RAG prompt: passages and two demonstrations fitted to the context, "
+        "no chat template; the prompt prefilled densely but its last token; greedy through "
+        "the method, up to 20 tokens to a newline; SubEM against the references",
         command=lambda case: ["accuracy", "helmet-rag", "--datasets", dataset, "--ctx",
                               str(case["ctx"])],
         hf_scores=_hf_scores(name))
@@ -607,6 +610,10 @@ def long_context_tasks() -> list[Task]:
     longbench = Task(
         "longbench-v2", "LongBench v2 multiple choice (0-shot, middle truncation to ctx)",
         _longbench_samples, _long_prompts, _longbench_score, long_context=True,
+        protocol="LongBench v2's official 0-shot prompt, the document cut in the middle to "
+        "the context, the tokenizer's chat template where it has one; the prompt prefilled "
+        "densely but its last token; greedy through the method, up to 128 tokens; the answer "
+        "letter extracted as the official script does",
         command=lambda case: ["accuracy", "longbench-v2", "--ctx", str(case["ctx"])],
         hf_scores=_hf_scores("longbench-v2"))
     return [longbench, *(_helmet_task(d) for d in HELMET_DATASETS)]

@@ -53,6 +53,9 @@ class Task:
     # None: greedy generation of the task's prompts
     hf_scores: Callable[..., list] | None = None
     aliases: tuple[str, ...] = ()  # other names of the task (suites' spellings)
+    # how its prompts are built, decoded and scored (recorded in every row of its cases):
+    # the prompt's text and chat template, the generation budget, the scoring
+    protocol: str = ""
     module: str = ""  # the module that registered it (set by :func:`register_task`)
 
     def command_args(self, case: dict[str, Any]) -> list[str]:

@@ -214,15 +214,24 @@ def _gsm8k_score(tokenizer, items: Sequence, generation) -> tuple[list, list[str
     return [gsm8k_correct(t, p.answer) for t, p in zip(texts, items, strict=True)], texts
 
 
+PREFILL = "the prompt prefilled densely but its last token (question included)"
+
+
 @register_task
 def mmlu_and_gsm8k() -> tuple[Task, ...]:
     return (
         Task("mmlu", "MMLU-Redux choice accuracy (the answer letter's logit)",
              _mmlu_samples, _mmlu_prompts, _mmlu_score, keep_logits=True, family="MMLU",
+             protocol="zero-shot MMLU prompt (subject line, question, lettered choices, "
+             "'Answer:'), no chat template; " + PREFILL + "; its last token one decode step "
+             "through the method; the choice whose letter has the largest logit",
              command=lambda case: ["accuracy", "mmlu"],
              hf_scores=lambda model, tok, items, case, prefills: mmlu_loop(model, tok, items)),
         Task("gsm8k", "GSM8K exact match of the final number (greedy)",
              _gsm8k_samples, _gsm8k_prompts, _gsm8k_score, generates=True, family="GSM8K",
+             protocol="zero-shot prompt (question, 'Solve it step by step, then give the final "
+             "answer after ####', 'Answer:'), no chat template; " + PREFILL + "; greedy "
+             "through the method up to max_new_tokens; exact match of the final number",
              command=lambda case: ["accuracy", "gsm8k"],
              hf_scores=lambda model, tok, items, case, prefills: gsm8k_loop(
                  model, tok, items, case["max_new_tokens"])),

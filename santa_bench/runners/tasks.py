@@ -48,6 +48,14 @@ def expand_task_names(task: str) -> list[str]:
     return TASKS.expand(task)
 
 
+def protocol_columns(case: dict[str, Any]) -> dict[str, str]:
+    """What every row of an accuracy case says of its protocol: the task's prompt, chat
+    template, generation budget and scoring, and which layers decode through the method."""
+    dense = str(case.get("dense_layers") or "")
+    return {"protocol": get_task(case["task"]).protocol,
+            "sampled_layers": f"all but {dense} (dense)" if dense else "all"}
+
+
 def get_task(task: str) -> Task:
     """The registered task ``task`` (or an alias of one); ValueError naming what is known."""
     found = TASKS.find(task)
@@ -307,7 +315,7 @@ class TaskRunner:
                     "reason": "no dense run on the same samples",
                 }
             )
-        return rows
+        return [{**row, **protocol_columns(case)} for row in rows]
 
     def _advance(self, count: int) -> None:
         if self.on_samples is not None:
