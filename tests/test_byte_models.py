@@ -16,6 +16,8 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import importlib
+
 import pytest
 import torch
 
@@ -285,3 +287,44 @@ def test_topk_santa_reads_no_value_row_it_does_not_count():
     assert_same(clean, step(q, poisoned(kv, keep_k, keep_v)))
     step.reset_rng(0)
     assert_counts_cover(step.read_counts(q, kv), keep_k, keep_v, all_k=True)
+
+
+# ------------------------------------------------------------------ SANTA++
+@pytest.mark.parametrize("reps", ["model", "int8"])
+def test_santapp_reads_no_row_outside_its_teams_and_exact_set(reps):
+    """The K and V rows of the teams the group's union holds (``info.members()``) and of
+    the exact set (the sink and the tail after the teams); the representatives are
+    checked by construction: ``bytes_read_tables`` is the packed tables' bytes."""
+    method = REGISTRY.get("santapp")
+    params = method.resolve_params({"M": 3, "team_size": 8, "sink": 4, "window": 8,
+                                    "reps": reps})
+    q, kv = make_inputs()
+    prepared = method.prepare(q, kv, seed=SEED, **params)
+    prepared.reset_rng(0)
+    reads = prepared.reads()
+    workspace = prepared.reset_rng.__self__
+    module = importlib.import_module("santa_kernels.triton_santapp")
+    packed = module.build_packed(
+        kv, policy=params["policy"], team_size=8, leaders=params["leaders"],
+        representative=params["representative"], sink=4, exact_recent=8, reps=reps)
+    assert packed.packed_k is None  # teams are positions of the cache
+    workspace.reset_rng(0)
+    clean, info = module.santapp_decode(q, kv, packed, 3, workspace=workspace)
+    clean = clean.clone()
+    positions = torch.arange(N)
+    start, length = packed.team_start.long(), packed.team_len.long()
+    inside = ((positions >= start[..., None]) & (positions < (start + length)[..., None]))
+    teams = (inside & info.members()[..., None]).any(2)  # [B, Hkv, N]
+    end = packed.team_end.long()[:, None, None]
+    exact = (positions < torch.minimum(end, torch.tensor(4))) | (positions >= end)
+    keep = (teams | exact) & valid_rows(kv)
+    assert int(keep.sum()) < int(valid_rows(kv).sum())  # some teams are left unread
+    workspace.reset_rng(0)
+    dirty, _ = module.santapp_decode(q, poisoned(kv, keep, keep), packed, 3,
+                                     workspace=workspace)
+    assert_same(clean, dirty)
+    assert_counts_cover(reads, keep, keep, all_k=False)
+    tables = [packed.reps, packed.log_n] + (
+        [packed.reps_scale] if packed.reps_scale is not None else [])
+    assert prepared.metrics["bytes_read_tables"][0] == sum(
+        t.numel() * t.element_size() for t in tables)
