@@ -328,3 +328,20 @@ def test_santapp_reads_no_row_outside_its_teams_and_exact_set(reps):
         [packed.reps_scale] if packed.reps_scale is not None else [])
     assert prepared.metrics["bytes_read_tables"][0] == sum(
         t.numel() * t.element_size() for t in tables)
+
+
+@pytest.mark.parametrize(("name", "overrides"), [
+    ("oracle-topk", {"k": 12}), ("vattention", {"sink": 4, "window": 8, "topk": 8}),
+    ("topk-santa", {"k": 6, "S": 8})])
+def test_selection_counts_the_scores_it_writes_and_reads_back(name, overrides):
+    """By construction: the score pass writes every valid (query head, token) score to
+    the step's fp32 ``scores`` and the selection reads it back (at least once), a logit
+    stash as SANTA's; Quest scores pages (its bounds are counted instead)."""
+    method = REGISTRY.get(name)
+    params = method.resolve_params(overrides)
+    q, kv = make_inputs()
+    step = _step(name, params, q, kv)
+    reads = step.read_counts(q, kv)
+    extra = method.bytes_read(reads, q.element_size(), HQ, params) - reads.kv_bytes(
+        q.element_size())
+    assert extra == 2 * step.scores.element_size() * HQ * sum(LENGTHS)
