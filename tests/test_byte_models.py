@@ -16,6 +16,7 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import dataclasses
 import importlib
 
 import pytest
@@ -290,14 +291,16 @@ def test_topk_santa_reads_no_value_row_it_does_not_count():
 
 
 # ------------------------------------------------------------------ SANTA++
-@pytest.mark.parametrize("reps", ["model", "int8"])
-def test_santapp_reads_no_row_outside_its_teams_and_exact_set(reps):
-    """The K and V rows of the teams the group's union holds (``info.members()``) and of
-    the exact set (the sink and the tail after the teams); the representatives are
-    checked by construction: ``bytes_read_tables`` is the packed tables' bytes."""
+@pytest.mark.parametrize(("policy", "reps"),
+                         [("contiguous", "model"), ("contiguous", "int8"), ("kmeans", "model")])
+def test_santapp_reads_no_row_outside_its_teams_and_exact_set(policy, reps):
+    """The K and V rows of the teams the group's union holds (``info.members()``; from
+    the cache, or k-means' team-major packed copy) and of the exact set (the sink and the
+    tail after the teams, from the cache); the representatives are checked by
+    construction: ``bytes_read_tables`` is the packed tables' bytes."""
     method = REGISTRY.get("santapp")
-    params = method.resolve_params({"M": 3, "team_size": 8, "sink": 4, "window": 8,
-                                    "reps": reps})
+    params = method.resolve_params({"M": 3, "team_size": 8, "leaders": 2, "sink": 4,
+                                    "window": 8, "policy": policy, "reps": reps})
     q, kv = make_inputs()
     prepared = method.prepare(q, kv, seed=SEED, **params)
     prepared.reset_rng(0)
@@ -305,30 +308,39 @@ def test_santapp_reads_no_row_outside_its_teams_and_exact_set(reps):
     workspace = prepared.reset_rng.__self__
     module = importlib.import_module("santa_kernels.triton_santapp")
     packed = module.build_packed(
-        kv, policy=params["policy"], team_size=8, leaders=params["leaders"],
-        representative=params["representative"], sink=4, exact_recent=8, reps=reps)
-    assert packed.packed_k is None  # teams are positions of the cache
+        kv, policy=policy, team_size=8, leaders=2, representative=params["representative"],
+        sink=4, exact_recent=8, reps=reps)
     workspace.reset_rng(0)
     clean, info = module.santapp_decode(q, kv, packed, 3, workspace=workspace)
     clean = clean.clone()
-    positions = torch.arange(N)
     start, length = packed.team_start.long(), packed.team_len.long()
-    inside = ((positions >= start[..., None]) & (positions < (start + length)[..., None]))
-    teams = (inside & info.members()[..., None]).any(2)  # [B, Hkv, N]
+    span = N if packed.packed_k is None else packed.packed_k.shape[2]
+    slots = torch.arange(span)
+    inside = (slots >= start[..., None]) & (slots < (start + length)[..., None])
+    teams = (inside & info.members()[..., None]).any(2)  # [B, Hkv, span]
+    positions = torch.arange(N)
     end = packed.team_end.long()[:, None, None]
-    exact = (positions < torch.minimum(end, torch.tensor(4))) | (positions >= end)
-    keep = (teams | exact) & valid_rows(kv)
-    assert int(keep.sum()) < int(valid_rows(kv).sum())  # some teams are left unread
+    exact = ((positions < torch.minimum(end, torch.tensor(4))) | (positions >= end)
+             ) & valid_rows(kv)
+    if packed.packed_k is None:  # teams are spans of the cache
+        keep, dirty_packed = teams[..., :N] & valid_rows(kv) | exact, packed
+        read = int(keep.sum())
+    else:  # the cache's exact rows, the packed copy's team spans
+        keep = exact
+        copy_k, copy_v = packed.packed_k.clone(), packed.packed_v.clone()
+        copy_k[~teams], copy_v[~teams] = float("nan"), float("nan")
+        dirty_packed = dataclasses.replace(packed, packed_k=copy_k, packed_v=copy_v)
+        read = int(keep.sum()) + int(teams.sum())
+    assert read < int(valid_rows(kv).sum())  # some teams are left unread
     workspace.reset_rng(0)
-    dirty, _ = module.santapp_decode(q, poisoned(kv, keep, keep), packed, 3,
+    dirty, _ = module.santapp_decode(q, poisoned(kv, keep, keep), dirty_packed, 3,
                                      workspace=workspace)
     assert_same(clean, dirty)
-    assert_counts_cover(reads, keep, keep, all_k=False)
+    assert int(reads.v_rows.sum()) == read and int(reads.k_features.sum()) == read * D
     tables = [packed.reps, packed.log_n] + (
         [packed.reps_scale] if packed.reps_scale is not None else [])
     assert prepared.metrics["bytes_read_tables"][0] == sum(
         t.numel() * t.element_size() for t in tables)
-
 
 @pytest.mark.parametrize(("name", "overrides"), [
     ("oracle-topk", {"k": 12}), ("vattention", {"sink": 4, "window": 8, "topk": 8}),
