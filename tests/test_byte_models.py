@@ -44,11 +44,12 @@ LENGTHS = (96, 61)
 SEED = 7
 
 
-def make_inputs(seed: int = 0) -> tuple[torch.Tensor, sk.KVCache]:
+def make_inputs(seed: int = 0, dtype: torch.dtype = torch.float32
+                ) -> tuple[torch.Tensor, sk.KVCache]:
     gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(BATCH, HQ, D, generator=gen) * 2.0
-    k = torch.randn(BATCH, N, HKV, D, generator=gen)
-    v = torch.randn(BATCH, N, HKV, D, generator=gen)
+    q = (torch.randn(BATCH, HQ, D, generator=gen) * 2.0).to(dtype)
+    k = torch.randn(BATCH, N, HKV, D, generator=gen).to(dtype)
+    v = torch.randn(BATCH, N, HKV, D, generator=gen).to(dtype)
     return q, sk.KVCache.contiguous(k, v, torch.tensor(LENGTHS))
 
 
@@ -104,19 +105,21 @@ def tile_of(method) -> dict:
     return {"tile": 16} if any(p.name == "tile" for p in method.params) else {}
 
 
-SANTA = [("santa-iid", {}), ("santa-strat", {}), ("santa-sys", {}), ("santa-prop", {}),
-         ("santa-prop", {"alloc": "largest-remainder", "stash": "bf16"}),
-         ("santa-flash", {})]
+F32, BF16 = torch.float32, torch.bfloat16
+SANTA = [("santa-iid", {}, F32), ("santa-strat", {}, F32), ("santa-sys", {}, F32),
+         ("santa-prop", {}, F32), ("santa-prop", {}, BF16),
+         ("santa-prop", {"alloc": "largest-remainder", "stash": "bf16"}, F32),
+         ("santa-flash", {}, F32), ("santa-flash", {}, BF16)]
 
 
-@pytest.mark.parametrize(("name", "extra"), SANTA)
-def test_santa_reads_no_value_row_it_does_not_count(name, extra):
+@pytest.mark.parametrize(("name", "extra", "dtype"), SANTA)
+def test_santa_reads_no_value_row_it_does_not_count(name, extra, dtype):
     """All of K (the score pass) and the group's sampled V rows: the kernel's own sample
     indices (flash: its per-row counts) are the read set; V rows outside it are NaN."""
     method = REGISTRY.get(name)
     params = method.resolve_params({"S": 16, **tile_of(method), **extra})
     tile = params.get("tile", 64)
-    q, kv = make_inputs()
+    q, kv = make_inputs(dtype=dtype)
     prepared = method.prepare(q, kv, seed=SEED, **params)
     prepared.reset_rng(0)
     reads = prepared.reads()
@@ -216,11 +219,11 @@ def _step(name: str, params: dict, q: torch.Tensor, kv: sk.KVCache):
     return step
 
 
-@pytest.mark.parametrize("shared", ["group", "head"])
-def test_oracle_topk_reads_no_value_row_it_does_not_count(shared):
+@pytest.mark.parametrize(("shared", "dtype"), [("group", F32), ("head", F32), ("group", BF16)])
+def test_oracle_topk_reads_no_value_row_it_does_not_count(shared, dtype):
     """All of K (the scores); the selected rows' V (``select``)."""
     params = REGISTRY.get("oracle-topk").resolve_params({"k": 12, "shared": shared})
-    q, kv = make_inputs()
+    q, kv = make_inputs(dtype=dtype)
     step = _step("oracle-topk", params, q, kv)
     keep_k = valid_rows(kv)
     keep_v = rows_of(step.select(q, kv), kv)
@@ -229,13 +232,13 @@ def test_oracle_topk_reads_no_value_row_it_does_not_count(shared):
     assert_counts_cover(step.read_counts(q, kv), keep_k, keep_v, all_k=True)
 
 
-@pytest.mark.parametrize("shared", ["group", "head"])
-def test_quest_reads_no_row_outside_its_pages(shared):
-    """The chosen pages' K and V rows (``select``); the page bounds are built before and
-    counted by construction (tests/test_roofline.py)."""
+@pytest.mark.parametrize(("shared", "dtype"), [("group", F32), ("head", F32), ("group", BF16)])
+def test_quest_reads_no_row_outside_its_pages(shared, dtype):
+    """The chosen pages' K and V rows (``select``); the page bounds, built before, are
+    counted by construction at their fp32 size."""
     method = REGISTRY.get("quest")
     params = method.resolve_params({"page": 8, "pages": 3, "shared": shared})
-    q, kv = make_inputs()
+    q, kv = make_inputs(dtype=dtype)
     step = _step("quest", params, q, kv)
     pages = step.select(q, kv).long()
     tokens = pages[..., None] * 8 + torch.arange(8)
