@@ -113,6 +113,10 @@ class Method:
     availability: Callable[[], tuple[bool, str]] = _always
     kernel_availability: Callable[[], tuple[bool, str]] = _always
     has_stash: bool = False  # the kernel writes and re-reads a per-(head, token) logit stash
+    # stash_of(resolved params) -> the stash's dtype name ("fp32", "fp16", "bf16") of a
+    # call with those params, None where it keeps none; None here: ``has_stash`` decides,
+    # at the params' ``stash`` (fp32 when absent)
+    stash_of: Callable[[dict[str, Any]], str | None] | None = None
     deterministic: bool = False  # draws no random numbers (an oracle or a fixed selection)
     tags: tuple[str, ...] = field(default_factory=tuple)
     # the module that registered the method (set by :func:`register`)
@@ -192,11 +196,17 @@ class Method:
     ) -> int:
         """Byte model: K/V bytes the method reads plus its logit-stash traffic (written
         once, read back once; at the ``stash`` dtype, fp32 for the reference)."""
-        if not self.has_stash:
+        stash_dtype = self.stash_dtype(params or {})
+        if stash_dtype is None:
             return reads.kv_bytes(element_size)
-        stash_dtype = (params or {}).get("stash", "fp32")
         per_score = 4 if stash_dtype == "fp32" else 2
         return reads.kv_bytes(element_size) + 2 * per_score * num_heads * int(reads.context.sum())
+
+    def stash_dtype(self, params: dict[str, Any]) -> str | None:
+        """The logit stash's dtype name of a call with ``params``; None: it keeps none."""
+        if self.stash_of is not None:
+            return self.stash_of(params)
+        return params.get("stash", "fp32") if self.has_stash else None
 
 
 class Registry:

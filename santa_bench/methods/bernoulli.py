@@ -54,6 +54,14 @@ BERNOULLI_STASH = Param("stash", "fp16", str, STASH.help, choices=STASH.choices,
                         omit_default=True)
 
 
+def bernoulli_stash(params: dict[str, Any]) -> str | None:
+    """The stash dtype of a value stage that keeps one (prop, sys, strat, iid; fp16 unless
+    named), None for dense and flash."""
+    if params.get("value_stage", VALUE.default) in ("dense", "flash"):
+        return None
+    return params.get("stash", BERNOULLI_STASH.default)
+
+
 def bernoulli_reference(q: torch.Tensor, kv: sk.KVCache, **params: Any) -> sk.AttentionOutput:
     """The reference; ``value_stage`` (not ``value``, a result column) picks the value stage."""
     value = params.pop("value_stage", "dense")
@@ -171,6 +179,7 @@ def bernoulli() -> Method:
         kernel_kind="triton",
         # its query kernel runs wherever the SANTA kernels it composes with do
         kernel_availability=santa_kernel_available,
+        stash_of=bernoulli_stash,
         e2e_backend=_e2e_backend,
         plot=PlotStyle(colour="#9467bd"),
     )

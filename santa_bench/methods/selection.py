@@ -155,9 +155,15 @@ def selection_backend(build: StepBuilder) -> Callable[..., Any]:
     return e2e
 
 
+def score_stash(params: dict[str, Any]) -> str:
+    """The stash of a method whose selection reads every token's score: the score pass
+    writes fp32 scores ``[B, Hq, n]`` and the selection reads them back."""
+    return "fp32"
+
+
 def _method(name: str, description: str, params: tuple[Param, ...], reference,
             build: StepBuilder, plot: PlotStyle, promise=None,
-            deterministic: bool = False) -> Method:
+            deterministic: bool = False, stash: bool = True) -> Method:
     return Method(
         name,
         "oracle",
@@ -168,6 +174,7 @@ def _method(name: str, description: str, params: tuple[Param, ...], reference,
         prepare=selection_prepare(name, build),
         kernel_kind="triton",
         kernel_availability=selection_kernel_available,
+        stash_of=score_stash if stash else None,
         e2e_backend=selection_backend(build),
         plot=plot,
         promise=promise,
@@ -209,6 +216,7 @@ def selection_methods() -> tuple[Method, ...]:
             _quest_step,
             PlotStyle(colour="#17becf", marker="P", linestyle="-."),
             deterministic=True,
+            stash=False,  # scores its pages' bounds, not the tokens
         ),
         _method(
             "vattention",
