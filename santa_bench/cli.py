@@ -223,6 +223,7 @@ def pareto(
     import warnings
 
     from santa_bench import pareto as verdict_mod
+    from santa_bench import verdict_output
     from santa_bench.stores import open_results
 
     try:
@@ -254,11 +255,11 @@ def pareto(
     for result in found:
         result.skipped_parts = skipped
     if out is None:
-        print("\n".join(verdict_mod.markdown(result, command) for result in found))
+        print("\n".join(verdict_output.markdown(result, command) for result in found))
         return
     try:
-        paths = [path for result in found for path in verdict_mod.write(
-            result, out if len(found) == 1 else verdict_mod.per_gpu(out, result.gpu),
+        paths = [path for result in found for path in verdict_output.write(
+            result, out if len(found) == 1 else verdict_output.per_gpu(out, result.gpu),
             command)]
     except OSError as exc:
         _fail(f"--out {out}: {exc.strerror or exc}")

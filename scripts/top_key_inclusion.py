@@ -24,8 +24,8 @@ import torch
 
 import santa_kernels as sk
 from santa_bench.capture import read_layer, read_metadata
+from santa_bench.labels import config_key
 from santa_bench.methods import MethodError, parse_method_specs
-from santa_bench.pareto import config_key
 from santa_kernels.santapp import build_team_index, santapp_attention
 
 

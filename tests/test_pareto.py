@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from santa_bench import pareto
+from santa_bench import pareto, verdict_output
 from santa_bench.cli import app
 from santa_bench.results import ResultStore
 from santa_bench.stores import StoreSet
@@ -183,7 +183,7 @@ def test_a_configuration_with_dense_layers_is_its_own_point_timed_as_a_mixed_ste
         dense_us = {1: 30.0, 8: 150.0}[batch]
         assert mixed.latency_us == pytest.approx((22 * dense_us / s + 2 * dense_us) / 24)
         assert mixed.read_fraction == pytest.approx((22 * 0.5 + 2) / 24)
-    assert "santapp:M=32 dense_layers=0,1" in pareto.markdown(result)
+    assert "santapp:M=32 dense_layers=0,1" in verdict_output.markdown(result)
     assert pareto.accuracy_command("santapp:M=32 dense_layers=0,1", MODEL, 32768,
                                    ["ruler-vt"], 50).endswith(
         "--methods santapp:M=32 --dense-layers 0,1 --device cuda")
@@ -192,7 +192,7 @@ def test_a_configuration_with_dense_layers_is_its_own_point_timed_as_a_mixed_ste
     blind = verdict_with({"0,1": 0.99}, shape=pareto.Shape.parse("14/2/64"))
     assert blind.set_aside == ["santapp:M=32 dense_layers=0,1"]
     assert "santapp:M=32 dense_layers=0,1" not in {p.config for p in blind.points}
-    assert "`santapp:M=32 dense_layers=0,1`" in pareto.markdown(blind)
+    assert "`santapp:M=32 dense_layers=0,1`" in verdict_output.markdown(blind)
     assert pareto.Shape.parse("14/2/64/24").layers == 24
 
 
@@ -277,7 +277,7 @@ def test_a_matched_configuration_slower_than_dense_leaves_dense_the_verdict(tmp_
     store = StoreSet(tmp_path / "results")
     result = pareto.verdict(store.load(), store.runs(), MODEL)
     assert result.fastest("all", 1).config == "santa-prop:S=128"
-    verdict_rows = pareto.markdown(result).split("## Every configuration")[0]
+    verdict_rows = verdict_output.markdown(result).split("## Every configuration")[0]
     assert "dense (the fastest matched, `santa-prop:S=128` 0.90x" in verdict_rows
 
 
@@ -300,7 +300,7 @@ def test_labels_of_near_points_do_not_overlap():
         return sum(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
 
     assert overlaps() > 0
-    pareto.spread_labels(ax, labels)
+    verdict_output.spread_labels(ax, labels)
     assert overlaps() == 0
     assert labels[3].get_position() == (3, 3)  # a label alone stays where it was
     plt.close(fig)

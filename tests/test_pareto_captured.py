@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from test_pareto import ENV, MODEL, _accuracy
 
-from santa_bench import pareto
+from santa_bench import pareto, verdict_output
 from santa_bench.report import kernel_table, speedup_matrix
 from santa_bench.results import ResultStore
 from santa_bench.stores import StoreSet
@@ -80,7 +80,7 @@ def test_captured_rows_give_a_second_speedup_beside_the_gaussian_one(tmp_path):
     assert missing[0][2].endswith("--methods santapp:M=32 --baselines auto "
                                   "--inputs /data/qwen-32k.safetensors")
 
-    md = pareto.markdown(result)
+    md = verdict_output.markdown(result)
     header = next(line for line in md.splitlines() if line.startswith("| config | retention"))
     assert "speedup B=1 [95%] | speedup B=8 [95%] | speedup B=1 (captured) [95%] | " \
         "speedup B=8 (captured) [95%] | KV read (Gaussian inputs) | KV read (captured)" in header
@@ -90,20 +90,21 @@ def test_captured_rows_give_a_second_speedup_beside_the_gaussian_one(tmp_path):
     assert f"Captured inputs: `{LABEL}`" in md and "Every missing kernel row on captured" in md
     assert "captured inputs 1.20x [1.18, 1.22]" in md.split("## Every configuration")[0]
     assert "9.00x" not in md  # the other model's capture
-    csv = pareto.table_frame(result)
+    csv = verdict_output.table_frame(result)
     assert csv.set_index("config").loc["santa-prop:S=128", "speedup_b8_captured"] == \
         pytest.approx(1.4)
-    assert pareto.figure(result, tmp_path / "f.png").stat().st_size > 10_000
+    assert verdict_output.figure(result, tmp_path / "f.png").stat().st_size > 10_000
 
 
 def test_gaussian_rows_print_as_before_with_or_without_their_inputs_column(tmp_path):
     named = _store(tmp_path / "a", captured=False)
     unnamed = _store(tmp_path / "b", captured=False, gaussian_column=False)
     assert "inputs" not in unnamed.load()
-    texts = [pareto.markdown(pareto.verdict(s.load(), s.runs(), MODEL)) for s in (named, unnamed)]
+    texts = [verdict_output.markdown(pareto.verdict(s.load(), s.runs(), MODEL))
+             for s in (named, unnamed)]
     assert texts[0] == texts[1]
     assert "captured" not in texts[0].lower() and "| KV read (kernel inputs) |" in texts[0]
-    frames = [pareto.table_frame(pareto.verdict(s.load(), s.runs(), MODEL))
+    frames = [verdict_output.table_frame(pareto.verdict(s.load(), s.runs(), MODEL))
               for s in (named, unnamed)]
     assert list(frames[0].columns) == list(frames[1].columns)
     assert not any("captured" in c for c in frames[0].columns)
@@ -136,4 +137,4 @@ def test_the_fastest_dense_line_comes_from_the_kernel_runs_the_speedups_come_fro
     assert result.kernel_runs == ["kern"]
     assert result.dense_latency[1] == ("sdpa-cudnn", 30.0)  # not dense-only's 20.0
     assert "Fastest dense at B=1 in these kernel runs: sdpa-cudnn, 30.0 us" in \
-        pareto.markdown(result)
+        verdict_output.markdown(result)
