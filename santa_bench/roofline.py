@@ -1,12 +1,14 @@
 """The byte floor of a kernel call: the time its bytes take at the fastest dense kernel's
 achieved bandwidth in the same run, and how far a call's time is above it.
 
-A call's bytes (:func:`call_bytes`, the byte model every kernel row records) are the K/V
-bytes its read counts give at the cache dtype (Quest's fp32 page bounds counted at their
-own size), the tables it reads besides the cache (``bytes_read_tables``: SANTA++'s
-representatives), a logit stash written and read back (``bytes_read`` of a stash method),
-``q`` read and the output written. Indices and split-KV partials are not counted, so the
-floor is a lower bound of the bytes: ``floor_ratio`` errs against the method, never for it.
+A call's bytes (``moved_bytes`` of santa_bench.runners.kernel, from the byte model every
+kernel row records) are the K/V bytes its read counts give at the cache dtype (Quest's
+fp32 page bounds at their own size), the tables it reads besides the cache
+(``bytes_read_tables``: SANTA++'s representatives), a logit or score stash written and
+read back (in ``bytes_read``), ``q`` read and the output written. Indices and split-KV
+partials are not counted, so the floor is a lower bound of the bytes: ``floor_ratio``
+errs against the method, never for it. tests/test_byte_models.py checks the counts
+against the rows each kernel reads.
 
 ``floor_us = bytes / bandwidth of the fastest dense baseline of the same group`` and
 ``floor_ratio = latency / floor_us``. The kernel runner stores both as metric rows for
