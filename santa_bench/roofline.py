@@ -36,18 +36,20 @@ def floor_rows(
     if not dense_bandwidth_gbps or not math.isfinite(dense_bandwidth_gbps):
         reason = "no dense baseline's bandwidth in this group"
         return [
-            _row("floor_us", math.nan, "us", status="skipped", reason=reason),
-            _row("floor_ratio", math.nan, "x", status="skipped", reason=reason),
+            metric_row("floor_us", math.nan, "us", status="skipped", reason=reason),
+            metric_row("floor_ratio", math.nan, "x", status="skipped", reason=reason),
         ]
     floor_us = moved_bytes / (dense_bandwidth_gbps * 1e3)  # GB/s -> bytes/us
     return [
-        _row("floor_us", floor_us, "us", best_dense=best_dense),
-        _row("floor_ratio", latency_us / floor_us, "x", best_dense=best_dense),
+        metric_row("floor_us", floor_us, "us", best_dense=best_dense),
+        metric_row("floor_ratio", latency_us / floor_us, "x", best_dense=best_dense),
     ]
 
 
-def _row(metric: str, value: float, unit: str, status: str = "ok", reason: str = "",
-         **extra: Any) -> dict[str, Any]:
+def metric_row(metric: str, value: float, unit: str, status: str = "ok", reason: str = "",
+               **extra: Any) -> dict[str, Any]:
+    """One result row of a kernel case: ``metric``, ``value``, ``unit``, its status and
+    reason, and any ``extra`` columns (the kernel runner's rows too)."""
     return {"metric": metric, "value": float(value), "unit": unit, "status": status,
             "reason": reason, **extra}
 

@@ -14,8 +14,10 @@ HELMET-RAG), which ``santa_bench.accuracy`` imports; a plugin registers its own 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
+
+from santa_bench.registration import registering
 
 # samples(case, tokenizer) -> the case's samples: ``case`` holds n, seed, ctx (a
 # long-context task) and where the data is (_data_dir, _data_file, _demo_file);
@@ -127,14 +129,4 @@ def register_task(
     and registers the result in ``registry`` (default: :data:`TASKS`) with ``module`` set
     to the function's module. Returns the function unchanged."""
 
-    def apply(build: Callable[[], Task | Iterable[Task]]) -> Any:
-        made = build()
-        made_tasks = [made] if isinstance(made, Task) else list(made)
-        into = TASKS if registry is None else registry
-        for task in made_tasks:
-            if not isinstance(task, Task):
-                raise TaskError(f"{build.__qualname__}: returned {task!r}, not a Task")
-            into.register(task if task.module else replace(task, module=build.__module__))
-        return build
-
-    return apply(target) if target is not None else apply
+    return registering(Task, TASKS, TaskError, target, registry)

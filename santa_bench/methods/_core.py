@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 import santa_kernels as sk
+from santa_bench.registration import registering
 from santa_kernels.reads import ReadCounts
 
 FAMILIES = ("dense", "baseline", "santa", "santapp", "bernoulli", "oracle", "lsh")
@@ -255,17 +256,7 @@ def register(
     ``@register`` or ``@register(registry=my_registry)``.
     """
 
-    def apply(build: Callable[[], Method | Iterable[Method]]) -> Any:
-        made = build()
-        methods = [made] if isinstance(made, Method) else list(made)
-        into = REGISTRY if registry is None else registry
-        for method in methods:
-            if not isinstance(method, Method):
-                raise MethodError(f"{build.__qualname__}: returned {method!r}, not a Method")
-            into.register(method if method.module else replace(method, module=build.__module__))
-        return build
-
-    return apply(target) if target is not None else apply
+    return registering(Method, REGISTRY, MethodError, target, registry)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ from santa_bench.gpu_state import gpu_state_columns
 from santa_bench.inputs import DecodeShape, make_decode_inputs, parse_dtype
 from santa_bench.kernel_keys import GROUP_KEYS, SHAPE_KEYS
 from santa_bench.methods import REGISTRY, Method, Registry
+from santa_bench.roofline import floor_rows
+from santa_bench.roofline import metric_row as _row
 from santa_bench.runners import MAX_CASES
 from santa_bench.runners.schema import KERNEL
 from santa_bench.units import format_size
@@ -567,8 +569,6 @@ class KernelRunner:
     def _floor_rows(self, case: dict[str, Any], moved: float, median_us: float) -> list[dict]:
         """``floor_us`` / ``floor_ratio``: the call's bytes at the achieved bandwidth of the
         fastest vendor baseline of its group so far (santa_bench.roofline)."""
-        from santa_bench.roofline import floor_rows
-
         key = group_key(case)
         best = self.best_dense.get(key)
         return floor_rows(moved, median_us, self.dense_bandwidth.get(key),
@@ -645,17 +645,6 @@ def _quality_rows(
     return rows + [_row(k, v, "ratio") for k, v in reads.as_metrics().items()]
 
 
-def _row(
-    metric: str, value: float, unit: str, status: str = "ok", reason: str = "", **extra
-) -> dict:
-    return {
-        "metric": metric,
-        "value": float(value),
-        "unit": unit,
-        "status": status,
-        "reason": reason,
-        **extra,
-    }
 
 
 def case_command(case: dict[str, Any], registry: Registry = REGISTRY) -> str:
