@@ -180,3 +180,15 @@ def test_every_task_states_its_protocol_and_rows_carry_it():
     assert "128 tokens" in ruler["protocol"] and "string_match_all" in ruler["protocol"]
     assert ruler["sampled_layers"] == "all but 21,22,23 (dense)"
     assert protocol_columns({"task": "mmlu"})["sampled_layers"] == "all"
+
+
+def test_a_group_keeps_no_prefill_in_the_store_but_a_single_call_does():
+    prompts = [Prompt(tuple(range(1, n)), 3) for n in (20, 31)]
+    dense = REGISTRY.get("dense")
+    run = Decoding(dense, dense.resolve_params({}), seed=0, backend="sdpa")
+    grouped = Engine(tiny_model(), batch=2)
+    grouped.generate_many([run, run], prompts)
+    assert grouped.prefills.bytes == 0 and grouped.prefills.misses == len(prompts)
+    single = Engine(tiny_model(), batch=2)
+    single.generate(dense, {}, prompts, backend="sdpa")
+    assert single.prefills.bytes > 0 and single.prefills.misses == len(prompts)

@@ -7,8 +7,9 @@ decode steps call the same attention backends as ``santa-bench e2e``:
 - **prefill**: every prompt token but the last, dense and causal (torch SDPA), once per
   prompt; a batch's prefills fill one static cache that every method of the group
   (:meth:`Engine.generate_many`) decodes before the next batch is prefilled, so a run
-  costs one prefill per prompt whatever its number of methods; the K/V are also kept
-  per prompt (up to a memory budget) for a later group of the same prompts;
+  costs one prefill per prompt whatever its number of methods; :meth:`Engine.generate`
+  also keeps each prompt's K/V (up to a memory budget) for a later call with the same
+  prompts (a group keeps none: its cache already serves every method);
 - **decode**: prompts of similar length are decoded together (``batch`` sequences, each
   at its own length: the kernels read per-sequence lengths), in a static KV cache sized
   to the longest prompt plus the longest answer; the last prompt token and each
@@ -132,13 +133,13 @@ class PrefillStore:
         key = self.key(ids)
         found = self._store.get(key)
         if found is None:
+            self.misses += 1
             return None
         self.hits += 1
         self._store.move_to_end(key)
         return found[0], found[1]
 
     def put(self, ids: Sequence[int], ks: list[torch.Tensor], vs: list[torch.Tensor]) -> None:
-        self.misses += 1
         size = sum(t.numel() * t.element_size() for t in (*ks, *vs))
         if size > self.max_bytes:
             return
@@ -177,9 +178,10 @@ class Engine:
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()
-    def prefill(self, ids: Sequence[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def prefill(self, ids: Sequence[int], keep: bool = True,
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Returns every layer's post-RoPE ``K``/``V`` ``[n, Hkv, d]`` of a dense causal
-        prefill of ``ids`` (kept for the next method that decodes the same prompt)."""
+        prefill of ``ids`` (``keep``: kept for a later call that decodes the same prompt)."""
         found = self.prefills.get(ids)
         if found is not None:
             return found
@@ -202,7 +204,8 @@ class Engine:
                 v.transpose(0, 1).repeat_interleave(group, dim=0)[None],
                 is_causal=True, scale=self.scale)
             x = model.layer_output(layer, x, attn[0].transpose(0, 1))
-        self.prefills.put(ids, ks, vs)
+        if keep:
+            self.prefills.put(ids, ks, vs)
         self.prefill_tokens += n
         return ks, vs
 
@@ -221,7 +224,7 @@ class Engine:
         run = Decoding(method, params, seed=seed, dense_layers=tuple(dense_layers),
                        backend=backend)
         found = self.generate_many([run], prompts, keep_logits=keep_logits,
-                                   on_batch=on_batch)[0]
+                                   on_batch=on_batch, keep_prefills=True)[0]
         if isinstance(found, BaseException):
             raise found
         return found
@@ -229,9 +232,12 @@ class Engine:
     def generate_many(
         self, runs: Sequence[Decoding], prompts: Sequence[Prompt], *,
         keep_logits: bool = False, on_batch: Callable[[int], None] | None = None,
+        keep_prefills: bool = False,
     ) -> list[Generation | Exception]:
         """Greedy continuations of ``prompts`` through each of ``runs``: each batch is
         prefilled once, then decoded by every run before the next batch is prefilled.
+        ``keep_prefills``: also keep each prompt's K/V in the prefill store, for a later
+        call with the same prompts (one group needs none: it holds GPU memory).
 
         Returns each run's :class:`Generation` (its ``prefill_s`` and ``prefill_tokens``
         are the group's, shared), or the exception that stopped that run (the others go
@@ -253,7 +259,7 @@ class Engine:
             chosen = order[start : start + self.batch]
             batch = [prompts[i] for i in chosen]
             tokens_before, misses_before = self.prefill_tokens, self.prefills.misses
-            cache, lengths, seconds = self._prefill_batch(batch)
+            cache, lengths, seconds = self._prefill_batch(batch, keep_prefills)
             shared["prefill_s"] += seconds
             shared["prefill_tokens"] += self.prefill_tokens - tokens_before
             shared["prefills"] += self.prefills.misses - misses_before
@@ -312,7 +318,8 @@ class Engine:
         return LayerRouting(main, SdpaDecode(self.scale), exempt)
 
     @torch.no_grad()
-    def _prefill_batch(self, batch: list[Prompt]) -> tuple[StaticKVCache, list[int], float]:
+    def _prefill_batch(self, batch: list[Prompt], keep: bool = True,
+                       ) -> tuple[StaticKVCache, list[int], float]:
         """A batch's static cache holding every prompt's dense prefill (all tokens but the
         last), its prompt lengths and the seconds this took. Decode steps write past the
         prompts only, so every method of a group decodes from this one cache."""
@@ -331,7 +338,7 @@ class Engine:
             n = lengths[row]
             if n == 0:
                 continue
-            ks, vs = self.prefill(prompt.ids[:-1])
+            ks, vs = self.prefill(prompt.ids[:-1], keep)
             for layer in range(c.num_layers):
                 cache.k[layer][row, :n].copy_(ks[layer])
                 cache.v[layer][row, :n].copy_(vs[layer])
