@@ -250,10 +250,11 @@ def test_cached_long_samples_load_without_ruler_data(tmp_path, monkeypatch):
         generate("niah_single_2", TOK, 8192, 1, seed=0)
 
 
-def test_cli_runs_long_contexts_from_the_cache_without_ruler_data(monkeypatch):
+def test_cli_runs_long_contexts_from_the_cache_without_ruler_data(monkeypatch, tmp_path):
     """Offline with no RULER data: 32k cases still run (from the sample cache); 2k fails."""
     from typer.testing import CliRunner
 
+    monkeypatch.setenv("SANTA_BENCH_CACHE", str(tmp_path))  # no cached samples
     from santa_bench.accuracy import cli as accuracy_cli
     from santa_bench.cli import app
 
@@ -271,6 +272,35 @@ def test_cli_runs_long_contexts_from_the_cache_without_ruler_data(monkeypatch):
     long = runner.invoke(app, ["accuracy", "ruler", "--tasks", "niah_single_2", "--ctx", "32k"])
     assert long.exit_code == 0, long.output
     assert "cached samples" in long.output and ran and ran[0]
+
+
+def test_cli_fetches_no_ruler_data_when_every_sample_is_cached(monkeypatch, tmp_path):
+    """An offline GPU machine given the sample cache: no download is tried (pip's retries
+    cost a minute a run), no warning; one task missing from the cache: the fetch runs."""
+    from typer.testing import CliRunner
+
+    from santa_bench.accuracy import cli as accuracy_cli
+    from santa_bench.cli import app
+
+    monkeypatch.setenv("SANTA_BENCH_CACHE", str(tmp_path))
+    folder = tmp_path / "data" / "ruler-samples"
+    folder.mkdir(parents=True)
+    for task in ("niah_single_1", "vt"):
+        (folder / f"{task}-32768-n100-s0-0123456789abcdef.json").write_text("[]")
+    fetched: list = []
+    monkeypatch.setattr(ruler, "fetch_ruler_data", lambda *a, **k: fetched.append(1))
+    monkeypatch.setattr(accuracy_cli.cli_options, "require_model_packages", lambda *a: None)
+    monkeypatch.setattr(accuracy_cli, "_run", lambda cases, *a: [])
+    monkeypatch.setattr(accuracy_cli, "_task_table", lambda *a: None)
+    runner = CliRunner()
+    args = ["accuracy", "ruler", "--ctx", "32k", "--n", "100"]
+    done = runner.invoke(app, [*args, "--tasks", "niah_single_1,vt"])
+    assert done.exit_code == 0, done.output
+    assert not fetched and "warning" not in done.output
+    done = runner.invoke(app, [*args, "--tasks", "niah_single_1,fwe"])
+    assert done.exit_code == 0, done.output
+    assert fetched == [1]
+    assert not ruler.samples_cached(["vt"], [4096], 100, 0)  # short contexts are not kept
 
 
 def test_the_methods_of_a_task_share_its_tokenized_prompts(monkeypatch):

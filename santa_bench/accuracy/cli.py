@@ -337,6 +337,7 @@ def ruler(
         SAMPLE_CACHE_MIN_TOKENS,
         DataUnavailable,
         fetch_ruler_data,
+        samples_cached,
     )
     from santa_bench.runners.tasks import RULER_GROUPS, expand_task_cases
 
@@ -350,7 +351,8 @@ def ruler(
         specs = parse_method_specs(methods)
         cli_options.require_model_packages(console, [model])  # before a data download
         try:
-            fetch_ruler_data(data_dir, announce=_announce)
+            if data_dir is not None or not samples_cached(chosen, contexts, n, seed):
+                fetch_ruler_data(data_dir, announce=_announce)
         except DataUnavailable as exc:
             # long contexts may be in the sample cache, which needs no RULER data (an
             # offline GPU machine given the cache): a sample that is not fails its case

