@@ -192,3 +192,28 @@ def test_a_group_keeps_no_prefill_in_the_store_but_a_single_call_does():
     single = Engine(tiny_model(), batch=2)
     single.generate(dense, {}, prompts, backend="sdpa")
     assert single.prefills.bytes > 0 and single.prefills.misses == len(prompts)
+
+
+@pytest.mark.parametrize("held_out", ["ruler-niah_single_2", "ruler-niah_multivalue"])
+def test_the_estimate_of_a_task_without_rows_is_near_its_measured_time(held_out):
+    """Leave one task of the committed 1.5B run out: its 15 cases, estimated from the other
+    tasks' rows (RULER cases set no max_new_tokens: the task's own budget bounds the
+    decode), come within 35% of the wall time the run measured for them."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from santa_bench.accuracy.estimate import run_seconds
+
+    run = (Path(__file__).resolve().parents[1] / "results" / "h100"
+           / "2026-12-07-h100-accuracy-ruler-qwen2.5-coder-1.5b")
+    frame = pd.concat([pd.read_parquet(p) for p in sorted(run.glob("part-*.parquet"))])
+    mine = frame[frame.task == held_out]
+    cases = [{"kind": "accuracy", "model": r.model, "device": r.device, "task": r.task,
+              "ctx": int(r.ctx), "n": int(r.n), "seed": 0, "method": r.method,
+              "max_new_tokens": int(r.max_new_tokens)}
+             for r in mine[mine.metric == "score"].itertuples()]
+    assert len(cases) == 15 and all(c["max_new_tokens"] == 0 for c in cases)
+    measured = float(mine[mine.metric == "wall_s"].value.iloc[0])  # the group's
+    estimate = run_seconds(cases, frame[frame.task != held_out])
+    assert abs(estimate / measured - 1) < 0.35, (estimate, measured)

@@ -6,7 +6,8 @@ A run costs one prefill per prompt (its cases that share their prompts run as on
 plus each case's decode: prompt tokens / prefill rate + generated tokens / decode rate.
 A prompt's length is the stored mean of the same task at the same context, else the
 context length; a case's generated tokens the stored mean of the same task, else its
-generation budget. The decode rate is the method's stored median, else the model's.
+generation budget (the case's ``max_new_tokens``, else its task's ``budget``). The decode
+rate is the method's stored median, else the model's.
 Llama-3.1-8B's time is the measured model's scaled by parameter count (time taken as
 proportional to the weights read and multiplied; attention's share ignored).
 """
@@ -75,6 +76,20 @@ def _per_sample(rows: pd.DataFrame, metric: str) -> float:
     return float(total / count) if count > 0 else math.nan
 
 
+def _budget(case: dict[str, Any]) -> int:
+    """New tokens a sample of ``case`` may generate: its ``max_new_tokens``, else its
+    task's budget (RULER's per task), else 1."""
+    from santa_bench.accuracy.registry import TASKS
+
+    budget = int(case.get("max_new_tokens") or 0)
+    if not budget:
+        try:
+            budget = TASKS.get(str(case["task"])).budget
+        except (KeyError, ValueError):
+            budget = 0
+    return max(1, budget)
+
+
 def run_seconds(cases: list[dict[str, Any]], rows: pd.DataFrame) -> float:
     """The seconds ``cases`` (of one model and device) take at the rates of ``rows``
     (that model's stored rows on that device); NaN without both rates."""
@@ -94,7 +109,7 @@ def run_seconds(cases: list[dict[str, Any]], rows: pd.DataFrame) -> float:
         made = int(case["n"]) * _per_sample(_same(rows, case, ("task", "ctx")),
                                             "generated_tokens")
         if math.isnan(made):
-            made = int(case["n"]) * max(1, int(case.get("max_new_tokens") or 0))
+            made = int(case["n"]) * _budget(case)
         rate = _median(_same(rows, case, ("method",)), "decode_tokens_per_s")
         seconds += made / (model_decode if math.isnan(rate) else rate)
     return seconds

@@ -602,7 +602,7 @@ def _helmet_task(dataset: str) -> Task:
         "the method, up to 20 tokens to a newline; SubEM against the references",
         command=lambda case: ["accuracy", "helmet-rag", "--datasets", dataset, "--ctx",
                               str(case["ctx"])],
-        hf_scores=_hf_scores(name))
+        hf_scores=_hf_scores(name), budget=20)
 
 
 @register_task
@@ -615,7 +615,7 @@ def long_context_tasks() -> list[Task]:
         "densely but its last token; greedy through the method, up to 128 tokens; the answer "
         "letter extracted as the official script does",
         command=lambda case: ["accuracy", "longbench-v2", "--ctx", str(case["ctx"])],
-        hf_scores=_hf_scores("longbench-v2"))
+        hf_scores=_hf_scores("longbench-v2"), budget=128)
     return [longbench, *(_helmet_task(d) for d in HELMET_DATASETS)]
 
 

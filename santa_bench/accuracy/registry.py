@@ -58,6 +58,9 @@ class Task:
     # how its prompts are built, decoded and scored (recorded in every row of its cases):
     # the prompt's text and chat template, the generation budget, the scoring
     protocol: str = ""
+    # new tokens a sample may generate when the case sets no max_new_tokens (the run-time
+    # estimate's bound for a task it has no stored rows of); 0: the case's budget
+    budget: int = 0
     module: str = ""  # the module that registered it (set by :func:`register_task`)
 
     def command_args(self, case: dict[str, Any]) -> list[str]:

@@ -886,6 +886,7 @@ def _ruler_task(task: str) -> Task:
         samples, prompts, scores, long_context=True, family=ruler_family(task), verdict=True,
         command=lambda case: ["accuracy", "ruler", "--tasks", task, "--ctx", str(case["ctx"])],
         hf_scores=hf_scores, aliases=tuple(f"ruler-{a}" for a in RULER_ALIASES.get(task, ())),
+        budget=RULER_TASKS[task].tokens_to_generate,
         protocol=f"RULER's {RULER_TASKS[task].kind} template with its answer prefix, no chat "
         "template; the prompt (context and question) prefilled densely but its last token; "
         f"greedy through the method, {RULER_TASKS[task].tokens_to_generate} tokens; "
