@@ -188,16 +188,20 @@ class TaskRunner:
         return engine
 
     def run(self, case: dict[str, Any]) -> list[dict[str, Any]]:
-        """The rows of one case (a group of one: :meth:`run_group`); raises its error."""
-        found = self.run_group([case])[0]
+        """The rows of one case (a group of one: :meth:`run_group`); raises its error.
+        Cases run one by one keep their prefills for the next case of the same prompts."""
+        found = self.run_group([case], keep_prefills=True)[0]
         if isinstance(found, BaseException):
             raise found
         return found
 
-    def run_group(self, cases: list[dict[str, Any]]) -> list[list[dict[str, Any]] | Exception]:
+    def run_group(self, cases: list[dict[str, Any]], keep_prefills: bool = False,
+                  ) -> list[list[dict[str, Any]] | Exception]:
         """The rows of cases that share their prompts (one :func:`group_key`), or the
         error of each case that failed: the prompts are loaded once and each batch is
-        prefilled once, then decoded by every case's method (dense first, for retention)."""
+        prefilled once, then decoded by every case's method (dense first, for retention).
+        ``keep_prefills``: also keep each prompt's K/V in the engine's store (:meth:`run`'s
+        cases, run one by one; a group's one cache serves all its methods)."""
         from santa_bench.accuracy.engine import Decoding, resolve_backend
         from santa_bench.accuracy.tasks import task_scores
 
@@ -250,7 +254,8 @@ class TaskRunner:
             generated = engine.generate_many(
                 [Decoding(r.method, r.method.resolve_params(r.params), r.seed,
                           r.dense_layers, r.backend) for r in runs.values()],
-                prompts, keep_logits=task.keep_logits, on_batch=self._advance)
+                prompts, keep_logits=task.keep_logits, on_batch=self._advance,
+                keep_prefills=keep_prefills)
         except Exception as exc:  # the group's error (data, model, prefill): every case's
             return [exc if f is None else f for f in found]
         wall = time.perf_counter() - started
