@@ -47,6 +47,7 @@ from santa_kernels.triton_indexed import (
     qk_scores,
 )
 from santa_kernels.triton_splitkv import kv_capacity
+from santa_kernels.triton_topk import TopKSelect
 from santa_kernels.validate import InputError, check_positive_int, check_scale
 
 UNIFORM_KEY = 0x5BD1E995  # the tensor-side uniforms' Philox key differs from the kernels'
@@ -143,7 +144,8 @@ class _Step:
 
 # ------------------------------------------------------------------ oracle top-k
 class OracleTopKStep(_Step):
-    """Oracle top-``k`` (``shared="group"`` or ``"head"``)."""
+    """Oracle top-``k`` (``shared="group"`` or ``"head"``): the score pass and the radix
+    select of ``triton_topk``, then indexed attention."""
 
     def __init__(self, q: torch.Tensor, kv: KVCache, *, k: int, shared: str = "group",
                  scale: float | None = None, seed: int = 0) -> None:
@@ -152,21 +154,18 @@ class OracleTopKStep(_Step):
         if shared not in ("group", "head"):
             raise InputError(f"shared: expected group or head, got {shared!r}")
         self.k, self.shared = min(k, self.capacity), shared
-        self.scores = torch.empty(self.batch, self.num_q_heads, self.capacity,
-                                  dtype=torch.float32, device=q.device)
+        self.top = TopKSelect(q, kv, self.k, per_head=shared == "head", scale=self.scale)
+        self.scores = self.top.scores
         rows = self.k if shared == "group" else self.group * self.k
+        self.rows = torch.empty(self.batch, self.num_kv_heads, rows, dtype=torch.int32,
+                                device=q.device)
         self.log_weights = self._own_segments(self.k) if shared == "head" else None
         self.workspace = self._workspace(q, kv, rows)
 
     def select(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
         """``[B, Hkv, R]`` int32 chosen tokens (-1: none)."""
-        scores = self._scores(q, kv)
-        if self.shared == "group":
-            valid = self.positions[None, :] < kv.lengths[:, None]
-            return self._group_top(torch.softmax(scores, dim=-1), valid, self.k).int()
-        values, index = scores.topk(self.k, dim=-1)  # [B, Hq, k]
-        index = torch.where(values == float("-inf"), torch.full_like(index, -1), index)
-        return index.view(self.batch, self.num_kv_heads, self.group * self.k).int()
+        self.top.run_scores(q, kv)
+        return self.top.run_select(kv, self.rows)
 
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
         return indexed_attention(q, kv, self.select(q, kv), log_weights=self.log_weights,

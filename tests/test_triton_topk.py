@@ -1,0 +1,137 @@
+"""triton-topk: the score pass with its stats and the radix select, against torch
+(runs under TRITON_INTERPRET=1 on CPU; the same tests run the compiled kernels on a GPU)."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere
+
+import pytest
+import torch
+
+import santa_kernels as sk
+
+ti = pytest.importorskip("santa_kernels.triton_indexed")
+tk = pytest.importorskip("santa_kernels.triton_topk")
+_OK, _WHY = ti.indexed_available()
+if not _OK:
+    pytest.skip(f"triton-indexed unavailable: {_WHY}", allow_module_level=True)
+
+DEVICE = "cuda" if _WHY == "cuda" else "cpu"
+
+
+def _tied_problem(batch=2, hkv=2, group=3, n=200, d=16, lengths=(200, 77), pool=12, seed=0):
+    """Keys drawn from ``pool`` integer rows, so many tokens share a score (ties in every
+    head, hence in the group's summed probabilities)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(-2, 3, (batch, hkv * group, d), generator=gen).float()
+    rows = torch.randint(-1, 2, (pool, d), generator=gen).float()
+    pick = torch.randint(0, pool, (batch, n, hkv), generator=gen)
+    k = rows[pick]
+    v = torch.randn(batch, n, hkv, d, generator=gen)
+    kv = sk.KVCache.contiguous(k.to(DEVICE), v.to(DEVICE), torch.tensor(lengths, device=DEVICE))
+    return q.to(DEVICE), kv
+
+
+def _random_problem(batch=2, hkv=2, group=4, n=300, d=16, lengths=(300, 141), seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, hkv * group, d, generator=gen) * 2.0
+    k = torch.randn(batch, n, hkv, d, generator=gen)
+    v = torch.randn(batch, n, hkv, d, generator=gen)
+    return q.to(DEVICE), sk.KVCache.contiguous(k.to(DEVICE), v.to(DEVICE),
+                                               torch.tensor(lengths, device=DEVICE))
+
+
+def _select(q, kv, k, per_head, lo=None, hi=None):
+    scale = q.shape[-1] ** -0.5
+    top = tk.TopKSelect(q, kv, k, per_head=per_head, scale=scale)
+    width = k * (top.group if per_head else 1)
+    out = torch.full((q.shape[0], kv.num_kv_heads, width), 7, dtype=torch.int32,
+                     device=q.device)
+    top.run_scores(q, kv)
+    top.run_select(kv, out, lo, hi)
+    return top, out.cpu()
+
+
+def _check_top_set(chosen, values, allowed, k):
+    """``chosen [k]`` (-1 padded) is a top-``k`` set of ``values [N]`` over ``allowed``:
+    distinct, allowed, ``min(k, allowed)`` of them, none smaller than a left-out one."""
+    picked = chosen[chosen >= 0].long()
+    assert torch.equal(chosen[: len(picked)], chosen[chosen >= 0])  # -1 only at the end
+    assert len(set(picked.tolist())) == len(picked) == min(k, int(allowed.sum()))
+    assert allowed[picked].all()
+    rest = allowed.clone()
+    rest[picked] = False
+    if rest.any() and len(picked):
+        assert values[picked].min() >= values[rest].max()
+    # the same values as torch.topk's set (the sets agree up to ties)
+    ref = values.masked_fill(~allowed, float("-inf")).topk(len(picked)).values
+    assert torch.equal(values[picked].sort(descending=True).values, ref)
+
+
+@pytest.mark.parametrize("k", [1, 5, 20, 77, 150, 200])
+@pytest.mark.parametrize("tied", [False, True])
+def test_select_per_head_is_torch_topk_of_the_scores(k, tied):
+    q, kv = (_tied_problem if tied else _random_problem)()
+    top, out = _select(q, kv, k, per_head=True)
+    scores = top.scores.cpu()
+    lengths = kv.lengths.cpu()
+    n = scores.shape[-1]
+    for b in range(q.shape[0]):
+        allowed = torch.arange(n) < lengths[b]
+        for h in range(q.shape[1]):
+            g, j = divmod(h, top.group)
+            _check_top_set(out[b, g, j * k:(j + 1) * k], scores[b, h], allowed, k)
+
+
+@pytest.mark.parametrize("k", [1, 5, 20, 77, 150, 200])
+@pytest.mark.parametrize("tied", [False, True])
+def test_select_by_group_mass_is_torch_topk_of_the_summed_probabilities(k, tied):
+    q, kv = (_tied_problem if tied else _random_problem)()
+    top, out = _select(q, kv, k, per_head=False)
+    scores, mass = top.scores.cpu().double(), top.mass.cpu()
+    lengths = kv.lengths.cpu()
+    n = scores.shape[-1]
+    assert torch.allclose(top.lse.cpu().double(), torch.logsumexp(scores, -1), atol=1e-5)
+    probs = torch.softmax(scores, -1).view(q.shape[0], kv.num_kv_heads, top.group, n).sum(2)
+    for b in range(q.shape[0]):
+        allowed = torch.arange(n) < lengths[b]
+        assert torch.allclose(mass[b][:, allowed].double(), probs[b][:, allowed], atol=1e-6)
+        assert (mass[b][:, ~allowed] == -1).all()
+        for g in range(kv.num_kv_heads):
+            _check_top_set(out[b, g], mass[b, g], allowed, k)
+    assert int(top.hist.abs().sum()) == 0  # zeroed for the next call
+
+
+def test_select_within_a_token_range_and_its_threshold():
+    q, kv = _tied_problem(lengths=(200, 90))
+    lo = torch.tensor([10, 3], dtype=torch.int32, device=DEVICE)
+    hi = torch.tensor([150, 90], dtype=torch.int32, device=DEVICE)
+    top, out = _select(q, kv, 30, per_head=False, lo=lo, hi=hi)
+    mass = top.mass.cpu()
+    n = mass.shape[-1]
+    keys = mass.view(torch.int32).long()  # non-negative floats: bits in value order
+    for b in range(2):
+        allowed = (torch.arange(n) >= lo[b].item()) & (torch.arange(n) < hi[b].item())
+        for g in range(kv.num_kv_heads):
+            _check_top_set(out[b, g], mass[b, g], allowed, 30)
+            # chosen exactly when key > T, or key == T up to the last tie taken
+            row = b * kv.num_kv_heads + g
+            thr, last = int(top.thr_key[row]) & 0x7FFFFFFF, int(top.thr_tok[row])
+            mark = allowed & ((keys[b, g] > thr) | ((keys[b, g] == thr)
+                                                    & (torch.arange(n) <= last)))
+            chosen = torch.zeros(n, dtype=torch.bool)
+            chosen[out[b, g][out[b, g] >= 0].long()] = True
+            assert torch.equal(mark, chosen)
+
+
+def test_scores_and_stats_match_torch_contiguous_and_paged():
+    q, kv = _random_problem(n=500, lengths=(500, 233))
+    paged = kv.to_paged(16, generator=torch.Generator().manual_seed(0))
+    scale = q.shape[-1] ** -0.5
+    for cache in (kv, paged):
+        ref = ti.qk_scores(q, cache, scale=scale).cpu()
+        top = tk.TopKSelect(q, cache, 8, scale=scale)
+        assert torch.allclose(top.run_scores(q, cache).cpu(), ref, atol=1e-5)
+        out = torch.empty(2, 2, 8, dtype=torch.int32, device=DEVICE)
+        top.run_select(cache, out)
+        assert torch.allclose(top.lse.cpu(), torch.logsumexp(ref, -1), atol=1e-5)
