@@ -46,6 +46,7 @@ from santa_kernels.triton_indexed import (
     indexed_attention,
     qk_scores,
 )
+from santa_kernels.triton_rest_sample import RestSampler
 from santa_kernels.triton_splitkv import kv_capacity
 from santa_kernels.triton_topk import TopKSelect
 from santa_kernels.validate import InputError, check_positive_int, check_scale
@@ -554,46 +555,27 @@ class TopKSantaStep(_Step):
             raise InputError(f"k: expected an integer >= 0, got {k!r}")
         check_positive_int(S, "S")
         self.k, self.S = min(k, self.capacity), S
-        self.scores = torch.empty(self.batch, self.num_q_heads, self.capacity,
-                                  dtype=torch.float32, device=q.device)
+        self.top = TopKSelect(q, kv, max(self.k, 1), scale=self.scale)
+        self.scores = self.top.scores
+        self.sampler = RestSampler(self.top, self.k, S)
+        self.rows = torch.empty(self.batch, self.num_kv_heads, self.k + self.group * S,
+                                dtype=torch.int32, device=q.device)
         # log-weights: 0 on the top-k rows, each head's own samples after them
         self.log_weights = torch.cat([
             torch.zeros(self.batch, self.num_q_heads, self.k, device=q.device),
             self._own_segments(S)], -1).contiguous()
-        self.offsets = torch.arange(S, device=q.device, dtype=torch.float32)
         self.workspace = self._workspace(q, kv, self.k + self.group * S)
 
     def plan(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
-        """The rows ``[B, Hkv, k + G S]`` of one call (their log-weights written)."""
-        batch, hkv, group, cap, S = (self.batch, self.num_kv_heads, self.group,
-                                     self.capacity, self.S)
+        """The rows ``[B, Hkv, k + G S]`` of one call (their log-weights written): the
+        score pass, the top-k select, the rest's sums and systematic samples."""
         self.rng.add_(1)
-        scores = self._scores(q, kv)
-        n = kv.lengths.long()
-        probs = torch.softmax(scores, dim=-1)  # [B, Hq, cap]
-        parts = []
-        rest = probs
+        self.top.run_scores(q, kv)
         if self.k:
-            top = self._group_top(probs, self.positions[None, :] < n[:, None], self.k)
-            slot = torch.where(top >= 0, top, torch.full_like(top, cap))
-            chosen = torch.zeros(batch, hkv, cap + 1, dtype=torch.bool, device=self.device)
-            chosen.scatter_(2, slot, True)
-            rest = probs.view(batch, hkv, group, cap).masked_fill(
-                chosen[:, :, None, :cap], 0.0).view(batch, self.num_q_heads, cap)
-            parts.append(top)
-        mass = rest.sum(-1, keepdim=True)  # M per head
-        cdf = rest.cumsum(-1)
-        cdf = cdf / cdf[..., -1:].clamp_min(1e-30)
-        offset = counter_uniform(self.seed, self.rng, (batch, self.num_q_heads, 1))
-        thresholds = (offset + self.offsets) / S  # [B, Hq, S]
-        drawn = torch.searchsorted(cdf, thresholds, right=True)
-        drawn = torch.minimum(drawn, (n - 1)[:, None, None])
-        lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-        log_w = mass.log() + lse - math.log(S) - scores.gather(-1, drawn)  # [B, Hq, S]
-        segments = self.log_weights[..., self.k:].view(batch, hkv, group, group, S)
-        segments.diagonal(0, 2, 3).copy_(log_w.view(batch, hkv, group, S).permute(0, 1, 3, 2))
-        parts.append(drawn.view(batch, hkv, group * S))
-        return torch.cat(parts, -1).int()
+            self.top.run_select(kv, self.rows)
+        self.sampler.run(kv, self.rows, self.log_weights, self.rng,
+                         (self.seed ^ UNIFORM_KEY) & 0x7FFFFFFF)
+        return self.rows
 
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
         return indexed_attention(q, kv, self.plan(q, kv), log_weights=self.log_weights,
