@@ -41,14 +41,14 @@ def _random_problem(batch=2, hkv=2, group=4, n=700, d=16, lengths=(700, 341), se
                                                torch.tensor(lengths, device=DEVICE))
 
 
-def _select(q, kv, k, per_head, lo=None, hi=None):
+def _select(q, kv, k, per_head, sink=0, window=0):
     scale = q.shape[-1] ** -0.5
     top = tk.TopKSelect(q, kv, k, per_head=per_head, scale=scale)
     width = k * (top.group if per_head else 1)
     out = torch.full((q.shape[0], kv.num_kv_heads, width), 7, dtype=torch.int32,
                      device=q.device)
     top.run_scores(q, kv)
-    top.run_select(kv, out, lo, hi)
+    top.run_select(kv, out, sink, window)
     assert top.splits > 1  # the stats of several splits are merged
     return top, out.cpu()
 
@@ -103,11 +103,10 @@ def test_select_by_group_mass_is_torch_topk_of_the_summed_probabilities(k, tied)
     assert int(top.hist.abs().sum()) == 0  # zeroed for the next call
 
 
-def test_select_within_a_token_range_and_its_threshold():
-    q, kv = _tied_problem(lengths=(600, 90))
-    lo = torch.tensor([10, 3], dtype=torch.int32, device=DEVICE)
-    hi = torch.tensor([550, 90], dtype=torch.int32, device=DEVICE)
-    top, out = _select(q, kv, 30, per_head=False, lo=lo, hi=hi)
+def test_select_between_a_sink_and_a_window_and_its_threshold():
+    q, kv = _tied_problem(lengths=(600, 95))
+    top, out = _select(q, kv, 30, per_head=False, sink=10, window=50)
+    lo, hi = torch.tensor([10, 10]), torch.tensor([550, 45])
     mass = top.mass.cpu()
     n = mass.shape[-1]
     keys = mass.view(torch.int32).long()  # non-negative floats: bits in value order

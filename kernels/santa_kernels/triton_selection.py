@@ -44,7 +44,6 @@ from santa_kernels.triton_indexed import (
     _static_for,
     choose_splits,
     indexed_attention,
-    qk_scores,
 )
 from santa_kernels.triton_rest_sample import RestSampler
 from santa_kernels.triton_splitkv import kv_capacity
@@ -101,7 +100,6 @@ class _Step:
         self.device = q.device
         self.rng = torch.zeros(1, dtype=torch.int64, device=q.device)
         self.out = torch.empty_like(q)
-        self.positions = torch.arange(self.capacity, device=q.device)
 
     def reset_rng(self, step: int = 0) -> None:
         """Sets the device step counter: a run replays exactly."""
@@ -111,17 +109,6 @@ class _Step:
         splits = choose_splits(q, kv, rows)
         return IndexedWorkspace(self.batch, self.num_q_heads, self.head_dim, splits,
                                 device=q.device)
-
-    def _scores(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
-        return qk_scores(q, kv, scale=self.scale, out=self.scores)
-
-    def _group_top(self, probs: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Tensor:
-        """``[B, Hkv, k]`` int64: the ``k`` largest summed group probabilities among
-        ``allowed [B, capacity]`` (-1 where fewer are allowed)."""
-        mass = probs.view(self.batch, self.num_kv_heads, self.group, self.capacity).sum(2)
-        mass = mass.masked_fill(~allowed[:, None, :], -1.0)
-        values, index = mass.topk(k, dim=-1)
-        return torch.where(values < 0, torch.full_like(index, -1), index)
 
     def _own_segments(self, width: int) -> torch.Tensor:
         """``[B, Hq, G * width]`` fp32: 0 on each head's own segment of a group list made
@@ -486,8 +473,10 @@ class VAttentionStep(_Step):
         self.z_over_eps = normal_quantile(1.0 - delta / 2.0) / epsilon
         self.block_h = _static_for(q, kv).block_h
         batch, hkv = self.batch, self.num_kv_heads
-        self.scores = torch.empty(batch, self.num_q_heads, self.capacity, dtype=torch.float32,
-                                  device=q.device)
+        self.top = TopKSelect(q, kv, max(self.topk, 1), scale=self.scale)
+        self.scores = self.top.scores
+        self.top_rows = torch.empty(batch, hkv, max(self.topk, 1), dtype=torch.int32,
+                                    device=q.device)
         self.exclude = torch.zeros(batch, hkv, self.capacity + 1, dtype=torch.uint8,
                                    device=q.device)
         width = self.sink + self.window + self.topk
@@ -501,16 +490,13 @@ class VAttentionStep(_Step):
     def plan(self, q: torch.Tensor, kv: KVCache) -> tuple[torch.Tensor, UniformTail]:
         """The exact rows ``[B, Hkv, R]`` and the uniform tail of one call."""
         self.rng.add_(1)
-        scores = self._scores(q, kv)
-        lse = torch.logsumexp(scores, dim=-1)  # [B, Hq]
+        scores = self.top.run_scores(q, kv)
         top = self.lo  # a placeholder pointer without a top-k
-        if self.topk:
-            n = kv.lengths
-            lo = n.clamp(max=self.sink)
-            hi = torch.maximum(n - self.window, lo)
-            in_range = (self.positions[None, :] >= lo[:, None]) & (self.positions[None, :]
-                                                                  < hi[:, None])
-            top = self._group_top(torch.exp(scores - lse[..., None]), in_range, self.topk)
+        if self.topk:  # the middle range's top-k; writes lse too
+            top = self.top.run_select(kv, self.top_rows, self.sink, self.window)
+            lse = self.top.lse
+        else:
+            lse = torch.logsumexp(scores, dim=-1)  # [B, Hq]
         self.exclude.zero_()
         _vattention_plan_kernel[(self.batch * self.num_kv_heads,)](
             scores, lse, top, kv.lengths, self.exclude,

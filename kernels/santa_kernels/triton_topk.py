@@ -131,22 +131,19 @@ def _lse_of(m_ptr, l_ptr, rows, mask_h, num_splits, SPLITS_PAD: tl.constexpr):
 
 @triton.jit
 def _mass_hist_kernel(
-    s_ptr, m_ptr, l_ptr, lengths_ptr, lo_ptr, hi_ptr, mass_ptr, lse_ptr, hist_ptr,
+    s_ptr, m_ptr, l_ptr, lengths_ptr, mass_ptr, lse_ptr, hist_ptr,
     capacity, num_splits, tokens_per_split, stride_sb, stride_sh,
     NUM_SEL: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     SPLITS_PAD: tl.constexpr, BLOCK: tl.constexpr, PER_HEAD: tl.constexpr,
-    HAS_RANGE: tl.constexpr, NUM_BINS: tl.constexpr,
+    SINK: tl.constexpr, WINDOW: tl.constexpr, NUM_BINS: tl.constexpr,
 ):
     split = tl.program_id(0)
     pid = tl.program_id(1)  # b * NUM_SEL + selecting head
     b = pid // NUM_SEL
     sel = pid % NUM_SEL
     n = tl.load(lengths_ptr + b).to(tl.int32)
-    t_lo = 0
-    t_hi = n
-    if HAS_RANGE:
-        t_lo = tl.load(lo_ptr + b).to(tl.int32)
-        t_hi = tl.load(hi_ptr + b).to(tl.int32)
+    t_lo = tl.minimum(n, SINK)
+    t_hi = tl.maximum(n - WINDOW, t_lo)
     lo = split * tokens_per_split
     hi = tl.minimum(lo + tokens_per_split, capacity)
     offs = tl.arange(0, BLOCK)
@@ -187,20 +184,17 @@ def _mass_hist_kernel(
 
 @triton.jit
 def _select_kernel(
-    v_ptr, hist_ptr, lengths_ptr, lo_ptr, hi_ptr, cand_ptr, out_ptr, thr_key_ptr,
+    v_ptr, hist_ptr, lengths_ptr, cand_ptr, out_ptr, thr_key_ptr,
     thr_tok_ptr, capacity, stride_vb, stride_vh, stride_ob, stride_oh,
     K: tl.constexpr, NUM_SEL: tl.constexpr, GROUP: tl.constexpr, PER_HEAD: tl.constexpr,
-    HAS_RANGE: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK: tl.constexpr,
+    SINK: tl.constexpr, WINDOW: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)  # b * NUM_SEL + selecting head
     b = pid // NUM_SEL
     sel = pid % NUM_SEL
     n = tl.load(lengths_ptr + b).to(tl.int32)
-    t_lo = 0
-    t_hi = n
-    if HAS_RANGE:
-        t_lo = tl.load(lo_ptr + b).to(tl.int32)
-        t_hi = tl.load(hi_ptr + b).to(tl.int32)
+    t_lo = tl.minimum(n, SINK)
+    t_hi = tl.maximum(n - WINDOW, t_lo)
     v_row = v_ptr + b.to(tl.int64) * stride_vb + sel * stride_vh
     if PER_HEAD:  # head h of KV head g writes its own segment of g's row list
         out_row = out_ptr + b * stride_ob + (sel // GROUP) * stride_oh + (sel % GROUP) * K
@@ -329,32 +323,30 @@ class TopKSelect:
         )  # fmt: skip
         return self.scores
 
-    def run_select(self, kv: KVCache, out: torch.Tensor, lo: torch.Tensor | None = None,
-                   hi: torch.Tensor | None = None) -> torch.Tensor:
+    def run_select(self, kv: KVCache, out: torch.Tensor, sink: int = 0,
+                   window: int = 0) -> torch.Tensor:
         """Writes the chosen tokens into ``out [B, Hkv, ≥k]`` int32 (per head: head ``j``
         of a group at ``j·k``; ``-1`` where fewer are allowed), the tokens allowed being
-        those before each length, or in ``[lo_b, hi_b)`` when given; also ``lse``."""
-        ranged = lo is not None
-        lo_t = lo if ranged else kv.lengths
-        hi_t = hi if ranged else kv.lengths
+        ``[min(n, sink), max(n − window, min(n, sink)))`` of a sequence of length ``n``;
+        with the group's mass, also ``lse``."""
         values = self.scores if self.per_head else self.mass
         mass = self.mass if self.mass is not None else self.scores
         _mass_hist_kernel[(self.splits, self.batch * self.num_sel)](
-            self.scores, self.stat_m, self.stat_l, kv.lengths, lo_t, hi_t, mass, self.lse,
+            self.scores, self.stat_m, self.stat_l, kv.lengths, mass, self.lse,
             self.hist, self.capacity, self.splits, self.tiles_per_split * self.block_n,
             self.scores.stride(0), self.scores.stride(1),
             NUM_SEL=self.num_sel, GROUP=self.group,
             BLOCK_G=triton.next_power_of_2(self.group),
             SPLITS_PAD=max(2, triton.next_power_of_2(self.splits)), BLOCK=MASS_BLOCK,
-            PER_HEAD=self.per_head, HAS_RANGE=ranged, NUM_BINS=HIST_BINS,
+            PER_HEAD=self.per_head, SINK=sink, WINDOW=window, NUM_BINS=HIST_BINS,
             num_warps=NUM_WARPS,
         )  # fmt: skip
         _select_kernel[(self.batch * self.num_sel,)](
-            values, self.hist, kv.lengths, lo_t, hi_t, self.cand, out, self.thr_key,
+            values, self.hist, kv.lengths, self.cand, out, self.thr_key,
             self.thr_tok, self.capacity, values.stride(0), values.stride(1),
             out.stride(0), out.stride(1),
             K=self.k, NUM_SEL=self.num_sel, GROUP=self.group, PER_HEAD=self.per_head,
-            HAS_RANGE=ranged, NUM_BINS=HIST_BINS, BLOCK=SELECT_BLOCK,
+            SINK=sink, WINDOW=window, NUM_BINS=HIST_BINS, BLOCK=SELECT_BLOCK,
             num_warps=SELECT_WARPS,
         )  # fmt: skip
         return out
