@@ -172,3 +172,13 @@ def test_rest_samples_are_torch_systematic_samples_of_the_rest(k):
             want = (mass[b, h].log() + torch.logsumexp(scores[b, h], -1) - torch.tensor(S).log()
                     - scores[b, h, got])
             assert torch.allclose(lw[b, h, k + j * S:k + (j + 1) * S], want, atol=1e-4)
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_select_with_every_token_tied_takes_the_first_ones(per_head):
+    q, kv = _tied_problem(pool=1, lengths=(600, 150))
+    top, out = _select(q, kv, 100, per_head=per_head)
+    for b in range(2):
+        for g in range(kv.num_kv_heads):
+            width = 100 * (top.group if per_head else 1)
+            assert out[b, g].tolist() == list(range(100)) * (width // 100)

@@ -7,13 +7,13 @@
    stats), so the softmax's normaliser ``lse`` needs no second pass over the scores.
 2. **Mass and histogram** (split like the score pass): per (sequence, KV head) the
    group's summed probabilities ``Σ_h e^{s_h − lse_h}`` (written, fp32, ``-1`` on
-   tokens not allowed) and a histogram of the top 11 bits of their order-preserving key
+   tokens not allowed) and a histogram of the top byte of their order-preserving key
    (the float's bits, sign flipped); per query head (``per_head``) the key is the score
    itself and nothing is written. The split-0 program writes ``lse [B, Hq]``.
 3. **Select** (one program per (sequence, selecting head)): a radix select of the
    ``k``-th largest key. The histogram gives the bucket of the ``k``-th key; one pass over
    the tokens writes those of higher buckets and lists the bucket's tokens (candidates);
-   two more histograms over the candidates (the next 11, then the last 10 bits) give the
+   three more histograms over the candidates (a byte of the key each) give the
    exact key ``T``; the candidates above ``T`` are written, then those equal to ``T`` in
    token order until ``k`` are chosen, and ``-1`` fills the rest. A token is chosen
    exactly when ``key > T`` or ``key = T`` and ``token ≤ last tie`` (both stored), which
@@ -33,7 +33,7 @@ from santa_kernels.kv import KVCache
 from santa_kernels.triton_indexed import SCORE_BLOCK_N, _row_offsets, _static_for
 from santa_kernels.triton_splitkv import _mma, choose_num_splits, kv_capacity, num_sms
 
-HIST_BINS = 2048  # the first and second levels' buckets (11 bits each); the third: 1024
+HIST_BINS = 256  # buckets of a level: one byte of the key (the histogram's cost grows with them)
 SCORE_PROGRAMS_PER_SM = 4  # the score pass's programs per SM its split count aims for
 MASS_BLOCK = 256  # tokens a step of the mass kernel
 SELECT_BLOCK = 1024  # tokens a step of the select kernel
@@ -156,7 +156,7 @@ def _mass_hist_kernel(
             s = tl.load(s_row + tok, mask=inside, other=float("-inf"))
             ok = (tok >= t_lo) & (tok < t_hi)
             s = tl.where(ok, s, float("-inf"))
-            hist += _masked_histogram((_order_key(s) >> 21).to(tl.int32), inside, NUM_BINS)
+            hist += _masked_histogram((_order_key(s) >> 24).to(tl.int32), inside, NUM_BINS)
     else:
         offs_g = tl.arange(0, BLOCK_G)
         mask_g = offs_g < GROUP
@@ -177,7 +177,7 @@ def _mass_hist_kernel(
             mass = tl.sum(tl.exp(s - lse[:, None]), axis=0)
             mass = tl.where(ok, mass, -1.0)
             tl.store(mass_row + tok, mass, mask=inside)
-            hist += _masked_histogram((_order_key(mass) >> 21).to(tl.int32), inside, NUM_BINS)
+            hist += _masked_histogram((_order_key(mass) >> 24).to(tl.int32), inside, NUM_BINS)
     bins = tl.arange(0, NUM_BINS)
     tl.atomic_add(hist_ptr + pid * NUM_BINS + bins, hist, mask=hist != 0)
 
@@ -215,7 +215,7 @@ def _select_kernel(
     for t0 in range(0, capacity, BLOCK):
         tok = t0 + offs
         ok = (tok >= t_lo) & (tok < t_hi)
-        top = (_order_key(tl.load(v_row + tok, mask=ok, other=0.0)) >> 21).to(tl.int32)
+        top = (_order_key(tl.load(v_row + tok, mask=ok, other=0.0)) >> 24).to(tl.int32)
         take = ok & (top > b1)
         cand = ok & (top == b1)
         take_i = take.to(tl.int32)
@@ -225,26 +225,23 @@ def _select_kernel(
         written += tl.sum(take_i, axis=0)
         n_cand += tl.sum(cand_i, axis=0)
     tl.debug_barrier()  # the candidates are visible to the passes below
-    h2 = tl.zeros([NUM_BINS], tl.int32)
-    for c0 in range(0, n_cand, BLOCK):
-        at = c0 + offs
-        ok = at < n_cand
-        tok = tl.load(cand_row + at, mask=ok, other=0)
-        key = _order_key(tl.load(v_row + tok, mask=ok, other=0.0))
-        h2 += _masked_histogram(((key >> 10) & 2047).to(tl.int32), ok, NUM_BINS)
-    b2, above = _bucket_of(h2, need, NUM_BINS)
-    need -= above
-    h3 = tl.zeros([NUM_BINS // 2], tl.int32)
-    for c0 in range(0, n_cand, BLOCK):
-        at = c0 + offs
-        ok = at < n_cand
-        tok = tl.load(cand_row + at, mask=ok, other=0)
-        key = _order_key(tl.load(v_row + tok, mask=ok, other=0.0))
-        ok = ok & (((key >> 10) & 2047).to(tl.int32) == b2)
-        h3 += _masked_histogram((key & 1023).to(tl.int32), ok, NUM_BINS // 2)
-    b3, above = _bucket_of(h3, need, NUM_BINS // 2)
-    need -= above  # ties at the threshold still to take, in token order
-    thr = (b1.to(tl.uint32) << 21) | (b2.to(tl.uint32) << 10) | b3.to(tl.uint32)
+    # the next three bytes of the k-th key, each from a histogram of the candidates
+    # that share the bytes found so far
+    thr = b1.to(tl.uint32)
+    for level in tl.static_range(3):
+        h = tl.zeros([NUM_BINS], tl.int32)
+        for c0 in range(0, n_cand, BLOCK):
+            at = c0 + offs
+            ok = at < n_cand
+            tok = tl.load(cand_row + at, mask=ok, other=0)
+            key = _order_key(tl.load(v_row + tok, mask=ok, other=0.0))
+            ok = ok & ((key >> (24 - 8 * level)) == thr)
+            h += _masked_histogram(((key >> (16 - 8 * level)) & 255).to(tl.int32), ok,
+                                   NUM_BINS)
+        byte, above = _bucket_of(h, need, NUM_BINS)
+        need -= above
+        thr = (thr << 8) | byte.to(tl.uint32)
+    # need: ties at the threshold still to take, in token order
     ties = 0
     last_tie = -1
     for c0 in range(0, n_cand, BLOCK):
