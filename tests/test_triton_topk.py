@@ -182,3 +182,14 @@ def test_select_with_every_token_tied_takes_the_first_ones(per_head):
         for g in range(kv.num_kv_heads):
             width = 100 * (top.group if per_head else 1)
             assert out[b, g].tolist() == list(range(100)) * (width // 100)
+
+
+@pytest.mark.parametrize("shared", ["group", "head"])
+def test_oracle_topk_step_on_a_paged_cache_is_the_contiguous_one(shared):
+    ts = pytest.importorskip("santa_kernels.triton_selection")
+    q, kv = _random_problem(n=640, lengths=(640, 200))
+    paged = kv.to_paged(16, generator=torch.Generator().manual_seed(2))
+    flat = ts.OracleTopKStep(q, kv, k=40, shared=shared)
+    pages = ts.OracleTopKStep(q, paged, k=40, shared=shared)
+    assert torch.equal(flat.select(q, kv).cpu(), pages.select(q, paged).cpu())
+    assert torch.allclose(flat(q, kv).cpu(), pages(q, paged).cpu(), atol=1e-6)

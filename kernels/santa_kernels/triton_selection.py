@@ -1,5 +1,5 @@
-"""Fast paths of the selection methods (docs/algorithms.md section 10): the selection as
-tensor ops on the device, the attention through ``triton_indexed``.
+"""Fast paths of the selection methods (docs/algorithms.md section 10): the selection in
+Triton kernels on the device, the attention through ``triton_indexed``.
 
 Each method is a *step* object, built once for a query and cache shape (buffers,
 workspace, splits, the seed) and then called as ``step(q, kv, layer=0)`` for one decode
@@ -9,20 +9,22 @@ counter-based, keyed by the seed and a device step counter that every call advan
 first (``rng``; ``reset_rng`` replays a run), so layers, steps and graph replays draw
 fresh numbers (Philox, ``tl.rand``, in the kernels):
 
-- :class:`OracleTopKStep`: the scores of every token (``qk_scores``), the softmax, the
-  top-``k`` by the group's summed probability (or per head), indexed attention.
+- :class:`OracleTopKStep`: the score pass and the exact top-``k`` select of
+  ``triton_topk`` (by the group's summed probability, or per head by score), indexed
+  attention.
 - :class:`QuestStep`: per layer, the pages' key bounds ``[B, Hkv, P, 2d]`` (max, then
   min; fp32, since bounds rounded to bf16 reorder close pages), built after the prefill
   (:meth:`QuestStep.build`); one Triton kernel folds the newest token's key into its page
   (the last page's bounds, not the whole cache) and writes every page's score bound
   ``τ (q⁺·max + q⁻·min)`` (the group's largest), then the top pages, page-block
   attention.
-- :class:`VAttentionStep`: scores, the top-k of the middle range, then one Triton kernel
-  per (sequence, KV head) lists the sink/window/top-k rows, draws the base sample and
-  writes the CLT budget, and the indexed kernel draws the uniform tail itself (Philox).
-- :class:`TopKSantaStep`: scores, the group's top-k, each head's systematic samples of
-  the rest (cumulative sum and ``searchsorted``), per-head log-weights so that one
-  indexed call attends to both.
+- :class:`VAttentionStep`: the score pass, ``triton_topk``'s select of the middle
+  range, then one Triton kernel per (sequence, KV head) lists the sink/window/top-k
+  rows, draws the base sample and writes the CLT budget, and the indexed kernel draws
+  the uniform tail itself (Philox).
+- :class:`TopKSantaStep`: the score pass, the group's top-k select, each head's
+  systematic samples of the rest (``triton_rest_sample``: rest sums per split, then the
+  samples and their per-head log-weights), so that one indexed call attends to both.
 
 ``read_counts`` (untimed, syncs) returns what a call reads, for the byte model.
 """

@@ -36,7 +36,7 @@ from santa_kernels.triton_splitkv import _mma, choose_num_splits, kv_capacity, n
 HIST_BINS = 256  # buckets of a level: one byte of the key (the histogram's cost grows with them)
 SCORE_PROGRAMS_PER_SM = 4  # the score pass's programs per SM its split count aims for
 MASS_BLOCK = 256  # tokens a step of the mass kernel
-SELECT_BLOCK = 1024  # tokens a step of the select kernel
+SELECT_BLOCK = 2048  # tokens a step of the select kernel (one program walks them all)
 NUM_WARPS = 4
 SELECT_WARPS = 8
 
