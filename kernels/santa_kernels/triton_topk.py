@@ -1,23 +1,24 @@
 """triton-topk: the score pass and the exact top-``k`` select of the selection methods
 (docs/algorithms.md section 10), in three launches and no torch op over the tokens.
 
-1. **Score pass** (:meth:`TopKSelect.scores`): ``τ q·k`` of every cached token for every
-   query head, written once (fp32 ``[B, Hq, capacity]``, ``-inf`` past each length), and
-   per split of the tokens each head's running max and sum of exponentials (the
-   stats), so the softmax's normaliser ``lse`` needs no second pass over the scores.
-2. **Mass and histogram** (split like the score pass): per (sequence, KV head) the
-   group's summed probabilities ``Σ_h e^{s_h − lse_h}`` (written, fp32, ``-1`` on
-   tokens not allowed) and a histogram of the top byte of their order-preserving key
-   (the float's bits, sign flipped); per query head (``per_head``) the key is the score
-   itself and nothing is written. The split-0 program writes ``lse [B, Hq]``.
+1. **Score pass** (:meth:`TopKSelect.run_scores`): ``τ q·k`` of every cached token for
+   every query head, written once (fp32 ``[B, Hq, capacity]``, ``-inf`` past each
+   length), and per split of the tokens each head's running max and sum of exponentials
+   (the stats), so the softmax's normaliser ``lse`` needs no second pass over the scores.
+2. **Mass and histogram** (:meth:`TopKSelect.run_select`, split like the score pass): per
+   (sequence, KV head) the group's summed probabilities ``Σ_h e^{s_h − lse_h}`` (written,
+   fp32, ``-1`` on tokens not allowed) and a histogram of the top byte of their
+   order-preserving key (the float's bits, sign flipped); per query head (``per_head``)
+   the key is the score itself and nothing is written. The split-0 program writes
+   ``lse [B, Hq]``.
 3. **Select** (one program per (sequence, selecting head)): a radix select of the
    ``k``-th largest key. The histogram gives the bucket of the ``k``-th key; one pass over
    the tokens writes those of higher buckets and lists the bucket's tokens (candidates);
-   three more histograms over the candidates (a byte of the key each) give the
-   exact key ``T``; the candidates above ``T`` are written, then those equal to ``T`` in
-   token order until ``k`` are chosen, and ``-1`` fills the rest. A token is chosen
-   exactly when ``key > T`` or ``key = T`` and ``token ≤ last tie`` (both stored), which
-   later kernels test without a list.
+   three more histograms over the candidates (a byte of the key each) give the exact key
+   ``T``; the candidates above ``T`` are written, then those equal to ``T`` in token order
+   until ``k`` are chosen, and ``-1`` fills the rest. A token is chosen exactly when
+   ``key > T`` or ``key = T`` and ``token ≤ last tie`` (both stored), which later kernels
+   test without a list.
 
 Static shapes (the capacity, never the lengths), no host sync, graph capturable: the
 histogram is zeroed by the select after use, so it starts each call at zero.
