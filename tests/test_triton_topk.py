@@ -137,12 +137,12 @@ def test_scores_and_stats_match_torch_contiguous_and_paged():
         assert torch.allclose(top.lse.cpu(), torch.logsumexp(ref, -1), atol=1e-5)
 
 
-@pytest.mark.parametrize("k", [0, 16])
-def test_rest_samples_are_torch_systematic_samples_of_the_rest(k):
+@pytest.mark.parametrize(("k", "group"), [(0, 3), (16, 3), (16, 1)])
+def test_rest_samples_are_torch_systematic_samples_of_the_rest(k, group):
     """The rest sampler's tokens and log-weights against ``searchsorted`` on the
     cumulative rest (the same uniform per head), its rest sums against torch."""
     ts = pytest.importorskip("santa_kernels.triton_selection")
-    q, kv = _random_problem(hkv=2, group=3, n=700, lengths=(700, 260))
+    q, kv = _random_problem(hkv=2, group=group, n=700, lengths=(700, 260))
     S = 8
     step = ts.TopKSantaStep(q, kv, k=k, S=S, seed=4)
     assert step.top.splits > 1
