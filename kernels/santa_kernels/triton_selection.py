@@ -1,5 +1,5 @@
-"""Fast paths of the selection methods (docs/algorithms.md section 10): the selection as
-tensor ops on the device, the attention through ``triton_indexed``.
+"""Fast paths of the selection methods (docs/algorithms.md section 10): the selection in
+Triton kernels on the device, the attention through ``triton_indexed``.
 
 Each method is a *step* object, built once for a query and cache shape (buffers,
 workspace, splits, the seed) and then called as ``step(q, kv, layer=0)`` for one decode
@@ -9,20 +9,22 @@ counter-based, keyed by the seed and a device step counter that every call advan
 first (``rng``; ``reset_rng`` replays a run), so layers, steps and graph replays draw
 fresh numbers (Philox, ``tl.rand``, in the kernels):
 
-- :class:`OracleTopKStep`: the scores of every token (``qk_scores``), the softmax, the
-  top-``k`` by the group's summed probability (or per head), indexed attention.
+- :class:`OracleTopKStep`: the score pass and the exact top-``k`` select of
+  ``triton_topk`` (by the group's summed probability, or per head by score), indexed
+  attention.
 - :class:`QuestStep`: per layer, the pages' key bounds ``[B, Hkv, P, 2d]`` (max, then
   min; fp32, since bounds rounded to bf16 reorder close pages), built after the prefill
   (:meth:`QuestStep.build`); one Triton kernel folds the newest token's key into its page
   (the last page's bounds, not the whole cache) and writes every page's score bound
   ``τ (q⁺·max + q⁻·min)`` (the group's largest), then the top pages, page-block
   attention.
-- :class:`VAttentionStep`: scores, the top-k of the middle range, then one Triton kernel
-  per (sequence, KV head) lists the sink/window/top-k rows, draws the base sample and
-  writes the CLT budget, and the indexed kernel draws the uniform tail itself (Philox).
-- :class:`TopKSantaStep`: scores, the group's top-k, each head's systematic samples of
-  the rest (cumulative sum and ``searchsorted``), per-head log-weights so that one
-  indexed call attends to both.
+- :class:`VAttentionStep`: the score pass, ``triton_topk``'s select of the middle
+  range, then one Triton kernel per (sequence, KV head) lists the sink/window/top-k
+  rows, draws the base sample and writes the CLT budget, and the indexed kernel draws
+  the uniform tail itself (Philox).
+- :class:`TopKSantaStep`: the score pass, the group's top-k select, each head's
+  systematic samples of the rest (``triton_rest_sample``: rest sums per split, then the
+  samples and their per-head log-weights), so that one indexed call attends to both.
 
 ``read_counts`` (untimed, syncs) returns what a call reads, for the byte model.
 """
@@ -44,9 +46,10 @@ from santa_kernels.triton_indexed import (
     _static_for,
     choose_splits,
     indexed_attention,
-    qk_scores,
 )
+from santa_kernels.triton_rest_sample import RestSampler
 from santa_kernels.triton_splitkv import kv_capacity
+from santa_kernels.triton_topk import TopKSelect
 from santa_kernels.validate import InputError, check_positive_int, check_scale
 
 UNIFORM_KEY = 0x5BD1E995  # the tensor-side uniforms' Philox key differs from the kernels'
@@ -99,7 +102,6 @@ class _Step:
         self.device = q.device
         self.rng = torch.zeros(1, dtype=torch.int64, device=q.device)
         self.out = torch.empty_like(q)
-        self.positions = torch.arange(self.capacity, device=q.device)
 
     def reset_rng(self, step: int = 0) -> None:
         """Sets the device step counter: a run replays exactly."""
@@ -109,17 +111,6 @@ class _Step:
         splits = choose_splits(q, kv, rows)
         return IndexedWorkspace(self.batch, self.num_q_heads, self.head_dim, splits,
                                 device=q.device)
-
-    def _scores(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
-        return qk_scores(q, kv, scale=self.scale, out=self.scores)
-
-    def _group_top(self, probs: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Tensor:
-        """``[B, Hkv, k]`` int64: the ``k`` largest summed group probabilities among
-        ``allowed [B, capacity]`` (-1 where fewer are allowed)."""
-        mass = probs.view(self.batch, self.num_kv_heads, self.group, self.capacity).sum(2)
-        mass = mass.masked_fill(~allowed[:, None, :], -1.0)
-        values, index = mass.topk(k, dim=-1)
-        return torch.where(values < 0, torch.full_like(index, -1), index)
 
     def _own_segments(self, width: int) -> torch.Tensor:
         """``[B, Hq, G * width]`` fp32: 0 on each head's own segment of a group list made
@@ -143,7 +134,8 @@ class _Step:
 
 # ------------------------------------------------------------------ oracle top-k
 class OracleTopKStep(_Step):
-    """Oracle top-``k`` (``shared="group"`` or ``"head"``)."""
+    """Oracle top-``k`` (``shared="group"`` or ``"head"``): the score pass and the radix
+    select of ``triton_topk``, then indexed attention."""
 
     def __init__(self, q: torch.Tensor, kv: KVCache, *, k: int, shared: str = "group",
                  scale: float | None = None, seed: int = 0) -> None:
@@ -152,21 +144,18 @@ class OracleTopKStep(_Step):
         if shared not in ("group", "head"):
             raise InputError(f"shared: expected group or head, got {shared!r}")
         self.k, self.shared = min(k, self.capacity), shared
-        self.scores = torch.empty(self.batch, self.num_q_heads, self.capacity,
-                                  dtype=torch.float32, device=q.device)
+        self.top = TopKSelect(q, kv, self.k, per_head=shared == "head", scale=self.scale)
+        self.scores = self.top.scores
         rows = self.k if shared == "group" else self.group * self.k
+        self.rows = torch.empty(self.batch, self.num_kv_heads, rows, dtype=torch.int32,
+                                device=q.device)
         self.log_weights = self._own_segments(self.k) if shared == "head" else None
         self.workspace = self._workspace(q, kv, rows)
 
     def select(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
         """``[B, Hkv, R]`` int32 chosen tokens (-1: none)."""
-        scores = self._scores(q, kv)
-        if self.shared == "group":
-            valid = self.positions[None, :] < kv.lengths[:, None]
-            return self._group_top(torch.softmax(scores, dim=-1), valid, self.k).int()
-        values, index = scores.topk(self.k, dim=-1)  # [B, Hq, k]
-        index = torch.where(values == float("-inf"), torch.full_like(index, -1), index)
-        return index.view(self.batch, self.num_kv_heads, self.group * self.k).int()
+        self.top.run_scores(q, kv)
+        return self.top.run_select(kv, self.rows)
 
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
         return indexed_attention(q, kv, self.select(q, kv), log_weights=self.log_weights,
@@ -486,8 +475,10 @@ class VAttentionStep(_Step):
         self.z_over_eps = normal_quantile(1.0 - delta / 2.0) / epsilon
         self.block_h = _static_for(q, kv).block_h
         batch, hkv = self.batch, self.num_kv_heads
-        self.scores = torch.empty(batch, self.num_q_heads, self.capacity, dtype=torch.float32,
-                                  device=q.device)
+        self.top = TopKSelect(q, kv, max(self.topk, 1), scale=self.scale)
+        self.scores = self.top.scores
+        self.top_rows = torch.empty(batch, hkv, max(self.topk, 1), dtype=torch.int32,
+                                    device=q.device)
         self.exclude = torch.zeros(batch, hkv, self.capacity + 1, dtype=torch.uint8,
                                    device=q.device)
         width = self.sink + self.window + self.topk
@@ -501,16 +492,13 @@ class VAttentionStep(_Step):
     def plan(self, q: torch.Tensor, kv: KVCache) -> tuple[torch.Tensor, UniformTail]:
         """The exact rows ``[B, Hkv, R]`` and the uniform tail of one call."""
         self.rng.add_(1)
-        scores = self._scores(q, kv)
-        lse = torch.logsumexp(scores, dim=-1)  # [B, Hq]
+        scores = self.top.run_scores(q, kv)
         top = self.lo  # a placeholder pointer without a top-k
-        if self.topk:
-            n = kv.lengths
-            lo = n.clamp(max=self.sink)
-            hi = torch.maximum(n - self.window, lo)
-            in_range = (self.positions[None, :] >= lo[:, None]) & (self.positions[None, :]
-                                                                  < hi[:, None])
-            top = self._group_top(torch.exp(scores - lse[..., None]), in_range, self.topk)
+        if self.topk:  # the middle range's top-k; writes lse too
+            top = self.top.run_select(kv, self.top_rows, self.sink, self.window)
+            lse = self.top.lse
+        else:
+            lse = torch.logsumexp(scores, dim=-1)  # [B, Hq]
         self.exclude.zero_()
         _vattention_plan_kernel[(self.batch * self.num_kv_heads,)](
             scores, lse, top, kv.lengths, self.exclude,
@@ -555,46 +543,27 @@ class TopKSantaStep(_Step):
             raise InputError(f"k: expected an integer >= 0, got {k!r}")
         check_positive_int(S, "S")
         self.k, self.S = min(k, self.capacity), S
-        self.scores = torch.empty(self.batch, self.num_q_heads, self.capacity,
-                                  dtype=torch.float32, device=q.device)
+        self.top = TopKSelect(q, kv, max(self.k, 1), scale=self.scale)
+        self.scores = self.top.scores
+        self.sampler = RestSampler(self.top, self.k, S)
+        self.rows = torch.empty(self.batch, self.num_kv_heads, self.k + self.group * S,
+                                dtype=torch.int32, device=q.device)
         # log-weights: 0 on the top-k rows, each head's own samples after them
         self.log_weights = torch.cat([
             torch.zeros(self.batch, self.num_q_heads, self.k, device=q.device),
             self._own_segments(S)], -1).contiguous()
-        self.offsets = torch.arange(S, device=q.device, dtype=torch.float32)
         self.workspace = self._workspace(q, kv, self.k + self.group * S)
 
     def plan(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
-        """The rows ``[B, Hkv, k + G S]`` of one call (their log-weights written)."""
-        batch, hkv, group, cap, S = (self.batch, self.num_kv_heads, self.group,
-                                     self.capacity, self.S)
+        """The rows ``[B, Hkv, k + G S]`` of one call (their log-weights written): the
+        score pass, the top-k select, the rest's sums and systematic samples."""
         self.rng.add_(1)
-        scores = self._scores(q, kv)
-        n = kv.lengths.long()
-        probs = torch.softmax(scores, dim=-1)  # [B, Hq, cap]
-        parts = []
-        rest = probs
+        self.top.run_scores(q, kv)
         if self.k:
-            top = self._group_top(probs, self.positions[None, :] < n[:, None], self.k)
-            slot = torch.where(top >= 0, top, torch.full_like(top, cap))
-            chosen = torch.zeros(batch, hkv, cap + 1, dtype=torch.bool, device=self.device)
-            chosen.scatter_(2, slot, True)
-            rest = probs.view(batch, hkv, group, cap).masked_fill(
-                chosen[:, :, None, :cap], 0.0).view(batch, self.num_q_heads, cap)
-            parts.append(top)
-        mass = rest.sum(-1, keepdim=True)  # M per head
-        cdf = rest.cumsum(-1)
-        cdf = cdf / cdf[..., -1:].clamp_min(1e-30)
-        offset = counter_uniform(self.seed, self.rng, (batch, self.num_q_heads, 1))
-        thresholds = (offset + self.offsets) / S  # [B, Hq, S]
-        drawn = torch.searchsorted(cdf, thresholds, right=True)
-        drawn = torch.minimum(drawn, (n - 1)[:, None, None])
-        lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-        log_w = mass.log() + lse - math.log(S) - scores.gather(-1, drawn)  # [B, Hq, S]
-        segments = self.log_weights[..., self.k:].view(batch, hkv, group, group, S)
-        segments.diagonal(0, 2, 3).copy_(log_w.view(batch, hkv, group, S).permute(0, 1, 3, 2))
-        parts.append(drawn.view(batch, hkv, group * S))
-        return torch.cat(parts, -1).int()
+            self.top.run_select(kv, self.rows)
+        self.sampler.run(kv, self.rows, self.log_weights, self.rng,
+                         (self.seed ^ UNIFORM_KEY) & 0x7FFFFFFF)
+        return self.rows
 
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
         return indexed_attention(q, kv, self.plan(q, kv), log_weights=self.log_weights,
