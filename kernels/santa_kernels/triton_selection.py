@@ -12,11 +12,13 @@ fresh numbers (Philox, ``tl.rand``, in the kernels):
 - :class:`OracleTopKStep`: the scores of every token (``qk_scores``), the softmax, the
   top-``k`` by the group's summed probability (or per head), indexed attention.
 - :class:`QuestStep`: per layer, the pages' key bounds ``[B, Hkv, P, 2d]`` (max, then
-  min; fp32, since bounds rounded to bf16 reorder close pages), built after the prefill
-  (:meth:`QuestStep.build`); one Triton kernel folds the newest token's key into its page
-  (the last page's bounds, not the whole cache) and writes every page's score bound
-  ``τ (q⁺·max + q⁻·min)`` (the group's largest), then the top pages, page-block
-  attention.
+  min; in the cache dtype, which holds them exactly: a page's max and min are keys'
+  values), built after the prefill (:meth:`QuestStep.build`). A decode step is three or
+  four launches: one Triton kernel folds the newest token's key into its page (the last
+  page's bounds, not the whole cache) and writes every page's score bound
+  ``τ (q⁺·max + q⁻·min)`` (the group's largest; the products exact, fp32 sums), one
+  (``triton_topk``) picks each row's top pages by a radix select, and the indexed
+  kernel attends to the chosen pages in blocks (split-KV, then its merge).
 - :class:`VAttentionStep`: scores, the top-k of the middle range, then one Triton kernel
   per (sequence, KV head) lists the sink/window/top-k rows, draws the base sample and
   writes the CLT budget, and the indexed kernel draws the uniform tail itself (Philox).
@@ -46,7 +48,8 @@ from santa_kernels.triton_indexed import (
     indexed_attention,
     qk_scores,
 )
-from santa_kernels.triton_splitkv import kv_capacity
+from santa_kernels.triton_splitkv import _mma, kv_capacity
+from santa_kernels.triton_topk import row_topk
 from santa_kernels.validate import InputError, check_positive_int, check_scale
 
 UNIFORM_KEY = 0x5BD1E995  # the tensor-side uniforms' Philox key differs from the kernels'
@@ -194,13 +197,16 @@ class QuestStep(_Step):
         self.page_cap = -(-self.capacity // page)
         self.pages = min(pages, self.page_cap)
         shape = (self.batch, self.num_kv_heads, self.page_cap, 2 * self.head_dim)
-        # fp32: a bound rounded to bf16 reorders pages whose bounds are close
-        self.bounds = [torch.zeros(shape, dtype=torch.float32, device=q.device)
+        # the cache dtype: a page's max and min are keys, so the bounds are exact
+        self.bounds = [torch.zeros(shape, dtype=kv.k.dtype, device=q.device)
                        for _ in range(num_layers)]
         self.rows = torch.arange(self.batch, device=q.device)
         heads = self.num_kv_heads if shared == "group" else self.num_q_heads
         self.upper = torch.empty(self.batch, heads, self.page_cap, dtype=torch.float32,
                                  device=q.device)
+        self.chosen = torch.empty(self.batch * heads, self.pages, dtype=torch.int32,
+                                  device=q.device)
+        self.counts = torch.empty(self.batch * heads, dtype=torch.int32, device=q.device)
         self.log_weights = self._own_segments(self.pages) if shared == "head" else None
         rows = self.pages * page * (1 if shared == "group" else self.group)
         self.workspace = self._workspace(q, kv, rows)
@@ -225,7 +231,7 @@ class QuestStep(_Step):
         used = valid.view(self.batch, self.page_cap, self.page, 1, 1).any(2)
         zero = torch.zeros((), dtype=keys.dtype, device=self.device)
         both = torch.cat([torch.where(used, kmax, zero), torch.where(used, kmin, zero)], -1)
-        self.bounds[layer].copy_(both.permute(0, 2, 1, 3).float())
+        self.bounds[layer].copy_(both.permute(0, 2, 1, 3))
 
     def page_bounds(self, q: torch.Tensor, kv: KVCache, layer: int = 0,
                     update: bool = True) -> torch.Tensor:
@@ -247,32 +253,37 @@ class QuestStep(_Step):
             NUM_KV_HEADS=self.num_kv_heads, GROUP=self.group, HEAD_DIM=self.head_dim,
             BLOCK_H=st.block_h, BLOCK_P=block_p, PAGE=self.page, PAGED=st.paged,
             PAGE_SIZE=st.page_size, PER_HEAD=self.shared == "head", UPDATE=update,
-            num_warps=4,
+            DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16, num_warps=4,
         )  # fmt: skip
         return out
 
     def select(self, q: torch.Tensor, kv: KVCache, layer: int = 0,
                update: bool = False) -> torch.Tensor:
-        """``[B, Hkv, R]`` int32 chosen pages (-1: none)."""
-        values, index = self.page_bounds(q, kv, layer, update).topk(self.pages, dim=-1)
-        index = torch.where(values == float("-inf"), torch.full_like(index, -1), index)
-        return index.reshape(self.batch, self.num_kv_heads, -1).int()
+        """``[B, Hkv, R]`` int32 chosen pages, ascending (each query head's run of
+        ``pages`` one after the other with ``shared="head"``), -1 after the chosen ones:
+        the top ``pages`` bounds of each row (``triton_topk``), never a page past the
+        sequence, always its last one."""
+        upper = self.page_bounds(q, kv, layer, update)
+        row_topk(upper.view(-1, self.page_cap), self.pages, out=self.chosen,
+                 counts=self.counts)
+        return self.chosen.view(self.batch, self.num_kv_heads, -1)
 
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
-        return indexed_attention(q, kv, self.select(q, kv, layer, update=True),
-                                 block=self.page, log_weights=self.log_weights,
-                                 scale=self.scale, out=self.out, workspace=self.workspace)
+        chosen = self.select(q, kv, layer, update=True)
+        counts = self.counts if self.shared == "group" else None  # skip the -1 tail
+        return indexed_attention(q, kv, chosen, counts=counts, block=self.page,
+                                 log_weights=self.log_weights, scale=self.scale,
+                                 out=self.out, workspace=self.workspace)
 
     def read_counts(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> ReadCounts:
-        """The bounds (``2 x used pages x d`` fp32 values per KV head, counted at their
-        size in cache elements), the chosen pages' K and V rows (their union over the
-        group)."""
+        """The bounds (``2 x used pages x d`` values per KV head, at their stored size in
+        cache elements), the chosen pages' K and V rows (their union over the group)."""
         chosen = self.select(q, kv, layer).long()
         tokens = chosen[..., None] * self.page + torch.arange(self.page, device=self.device)
         tokens = torch.where(chosen[..., None] >= 0, tokens, torch.full_like(tokens, -1))
         rows = _unique_rows(tokens.flatten(2), kv.lengths.long(), self.capacity)
         used = (kv.lengths.long() + self.page - 1) // self.page
-        # the bounds at their own dtype (fp32), in elements of the cache dtype
+        # the bounds at their own dtype, in elements of the cache dtype
         per_bound = max(1, self.bounds[0].element_size() // kv.dtype.itemsize)
         return self._reads(kv, rows, (2 * per_bound * used[:, None] + rows) * self.head_dim)
 
@@ -290,6 +301,7 @@ def _quest_bound_kernel(
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PER_HEAD: tl.constexpr, UPDATE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
 ):
     """Quest's score bounds of ``BLOCK_P`` pages of one (sequence, KV head) for its
     ``G`` query heads, ``τ (q⁺·max + q⁻·min)``; the program holding the sequence's last
@@ -315,7 +327,7 @@ def _quest_bound_kernel(
                 k_row = k_ptr + phys * stride_kblk + (t % PAGE_SIZE) * stride_kn
             else:
                 k_row = k_ptr + b.to(tl.int64) * stride_kblk + t.to(tl.int64) * stride_kn
-            key = tl.load(k_row + kv_head * stride_kh + offs_d).to(tl.float32)
+            key = tl.load(k_row + kv_head * stride_kh + offs_d).to(bounds_ptr.dtype.element_ty)
             row = b_base + last_page.to(tl.int64) * stride_bp
             kmax = tl.load(row + offs_d)
             kmin = tl.load(row + HEAD_DIM + offs_d)
@@ -326,10 +338,13 @@ def _quest_bound_kernel(
     rows = b_base + offs_p[:, None].to(tl.int64) * stride_bp + offs_d[None, :]
     kmax = tl.load(rows, mask=mask_p[:, None], other=0.0)
     kmin = tl.load(rows + HEAD_DIM, mask=mask_p[:, None], other=0.0)
+    # the query in the cache dtype, as the attention reads it: each product q_j · bound_j
+    # is exact in fp32 (tensor cores for 16-bit caches), only the sums round
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=mask_h[:, None], other=0.0).to(tl.float32)
-    upper = tl.dot(tl.maximum(q, 0.0), tl.trans(kmax), input_precision="ieee")
-    upper = tl.dot(tl.minimum(q, 0.0), tl.trans(kmin), acc=upper, input_precision="ieee")
+                mask=mask_h[:, None], other=0.0).to(bounds_ptr.dtype.element_ty)
+    zero = tl.zeros_like(q)
+    upper = _mma(tl.maximum(q, zero), tl.trans(kmax), None, DOT_PRECISION, WIDEN_BF16)
+    upper = _mma(tl.minimum(q, zero), tl.trans(kmin), upper, DOT_PRECISION, WIDEN_BF16)
     upper = upper * tau
     upper = tl.where((offs_p >= used)[None, :], float("-inf"), upper)
     upper = tl.where((offs_p == last_page)[None, :], float("inf"), upper)

@@ -1,0 +1,105 @@
+"""triton-topk: the ``k`` largest entries of each row of an fp32 score matrix, in one
+Triton kernel (Quest's page choice, docs/algorithms.md section 10).
+
+One program owns a row. It finds the row's ``k``-th largest value by a radix select on
+the scores' order-preserving integer keys (32 passes, each counting the keys at or above
+a candidate, from the top bit down), then writes, in ascending position order, every
+position above that threshold and the first positions (by position) equal to it, until
+``k`` are taken; ``-inf`` is never taken. The rest of the row's ``k`` slots get ``-1``
+and ``counts`` the number taken. A row holds any number of scores (``BLOCK`` at a time;
+a row up to ``MAX_BLOCK`` long is one block, read from L1 on every pass). No sort, no
+host-device sync, static shapes: a decode step can capture it in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from santa_kernels.validate import InputError, check_positive_int
+
+MAX_BLOCK = 2048  # scores a program holds per pass
+NUM_WARPS = 4
+
+
+@triton.jit
+def _order_key(s):
+    """Non-negative int64 keys ordered as the fp32 values ``s`` (``-inf`` lowest)."""
+    bits = s.to(tl.int32, bitcast=True)
+    signed = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: larger magnitude lower
+    return signed.to(tl.int64) + 2147483648
+
+
+@triton.jit
+def _row_topk_kernel(
+    s_ptr, out_ptr, count_ptr, width, stride_s, stride_o,
+    K: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    row = tl.program_id(0)
+    base = s_ptr + row.to(tl.int64) * stride_s
+    offs = tl.arange(0, BLOCK)
+    # the largest threshold t with at least K keys >= t: the K-th largest key
+    prefix = tl.cast(0, tl.int64)
+    for bit in tl.static_range(31, -1, -1):
+        cand = prefix | (tl.cast(1, tl.int64) << bit)
+        above = 0
+        for p0 in range(0, width, BLOCK):
+            inside = p0 + offs < width
+            key = _order_key(tl.load(base + p0 + offs, mask=inside, other=float("-inf")))
+            above += tl.sum((inside & (key >= cand)).to(tl.int32), axis=0)
+        prefix = tl.where(above >= K, cand, prefix)
+    greater = 0
+    for p0 in range(0, width, BLOCK):
+        inside = p0 + offs < width
+        s = tl.load(base + p0 + offs, mask=inside, other=float("-inf"))
+        greater += tl.sum((inside & (_order_key(s) > prefix)).to(tl.int32), axis=0)
+    ties = K - greater  # threshold entries to take, the first ones by position
+    taken = 0
+    seen = 0
+    out_row = out_ptr + row.to(tl.int64) * stride_o
+    for p0 in range(0, width, BLOCK):
+        inside = p0 + offs < width
+        s = tl.load(base + p0 + offs, mask=inside, other=float("-inf"))
+        key = _order_key(s)
+        live = inside & (s > float("-inf"))
+        equal = live & (key == prefix)
+        rank = seen + tl.cumsum(equal.to(tl.int32), axis=0) - 1
+        take = live & ((key > prefix) | (equal & (rank < ties)))
+        slot = taken + tl.cumsum(take.to(tl.int32), axis=0) - 1
+        tl.store(out_row + slot, p0 + offs, mask=take)
+        taken += tl.sum(take.to(tl.int32), axis=0)
+        seen += tl.sum(equal.to(tl.int32), axis=0)
+    offs_k = tl.arange(0, BLOCK_K)
+    for j0 in range(0, K, BLOCK_K):
+        j = j0 + offs_k
+        tl.store(out_row + j, tl.full([BLOCK_K], -1, tl.int32), mask=(j >= taken) & (j < K))
+    tl.store(count_ptr + row, taken)
+
+
+def row_topk(scores: torch.Tensor, k: int, out: torch.Tensor | None = None,
+             counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns ``(index [R, k] int32, counts [R] int32)``: each row's positions of its
+    ``k`` largest finite-or-``+inf`` scores of ``scores [R, P]`` (fp32, unit stride in
+    P) in ascending order, ``-1`` after the ``counts`` taken (see the module
+    docstring). Ties at the threshold go to the lowest positions."""
+    check_positive_int(k, "k")
+    if scores.dim() != 2 or scores.dtype != torch.float32 or scores.stride(1) != 1:
+        raise InputError(f"scores: expected an fp32 [R, P] tensor with unit stride in P, got "
+                         f"{tuple(scores.shape)} {scores.dtype}")
+    rows, width = scores.shape
+    if out is None:
+        out = torch.empty(rows, k, dtype=torch.int32, device=scores.device)
+    if counts is None:
+        counts = torch.empty(rows, dtype=torch.int32, device=scores.device)
+    if (out.shape != (rows, k) or out.dtype != torch.int32 or out.stride(1) != 1
+            or counts.shape != (rows,) or counts.dtype != torch.int32):
+        raise InputError(f"out, counts: expected int32 [{rows}, {k}] and [{rows}]")
+    if rows == 0:
+        return out, counts
+    block = min(MAX_BLOCK, triton.next_power_of_2(max(width, 16)))
+    _row_topk_kernel[(rows,)](
+        scores, out, counts, width, scores.stride(0), out.stride(0),
+        K=k, BLOCK=block, BLOCK_K=min(1024, triton.next_power_of_2(k)), num_warps=NUM_WARPS,
+    )  # fmt: skip
+    return out, counts
