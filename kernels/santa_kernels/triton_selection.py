@@ -327,13 +327,16 @@ def _quest_bound_kernel(
                 k_row = k_ptr + phys * stride_kblk + (t % PAGE_SIZE) * stride_kn
             else:
                 k_row = k_ptr + b.to(tl.int64) * stride_kblk + t.to(tl.int64) * stride_kn
-            key = tl.load(k_row + kv_head * stride_kh + offs_d).to(bounds_ptr.dtype.element_ty)
+            # fp32 compares (the interpreter compares 16-bit floats' bits), exact stores
+            key = tl.load(k_row + kv_head * stride_kh + offs_d).to(tl.float32)
             row = b_base + last_page.to(tl.int64) * stride_bp
-            kmax = tl.load(row + offs_d)
-            kmin = tl.load(row + HEAD_DIM + offs_d)
+            kmax = tl.load(row + offs_d).to(tl.float32)
+            kmin = tl.load(row + HEAD_DIM + offs_d).to(tl.float32)
             fresh = (offs_d * 0 + t % PAGE) == 0  # the page's first token: reset
-            tl.store(row + offs_d, tl.where(fresh, key, tl.maximum(kmax, key)))
-            tl.store(row + HEAD_DIM + offs_d, tl.where(fresh, key, tl.minimum(kmin, key)))
+            bound_ty = bounds_ptr.dtype.element_ty
+            tl.store(row + offs_d, tl.where(fresh, key, tl.maximum(kmax, key)).to(bound_ty))
+            tl.store(row + HEAD_DIM + offs_d,
+                     tl.where(fresh, key, tl.minimum(kmin, key)).to(bound_ty))
     mask_p = offs_p < page_cap
     rows = b_base + offs_p[:, None].to(tl.int64) * stride_bp + offs_d[None, :]
     kmax = tl.load(rows, mask=mask_p[:, None], other=0.0)
@@ -341,10 +344,11 @@ def _quest_bound_kernel(
     # the query in the cache dtype, as the attention reads it: each product q_j · bound_j
     # is exact in fp32 (tensor cores for 16-bit caches), only the sums round
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=mask_h[:, None], other=0.0).to(bounds_ptr.dtype.element_ty)
-    zero = tl.zeros_like(q)
-    upper = _mma(tl.maximum(q, zero), tl.trans(kmax), None, DOT_PRECISION, WIDEN_BF16)
-    upper = _mma(tl.minimum(q, zero), tl.trans(kmin), upper, DOT_PRECISION, WIDEN_BF16)
+                mask=mask_h[:, None], other=0.0).to(bounds_ptr.dtype.element_ty).to(tl.float32)
+    q_pos = tl.maximum(q, 0.0).to(bounds_ptr.dtype.element_ty)
+    q_neg = tl.minimum(q, 0.0).to(bounds_ptr.dtype.element_ty)
+    upper = _mma(q_pos, tl.trans(kmax), None, DOT_PRECISION, WIDEN_BF16)
+    upper = _mma(q_neg, tl.trans(kmin), upper, DOT_PRECISION, WIDEN_BF16)
     upper = upper * tau
     upper = tl.where((offs_p >= used)[None, :], float("-inf"), upper)
     upper = tl.where((offs_p == last_page)[None, :], float("inf"), upper)
