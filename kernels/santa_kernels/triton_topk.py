@@ -31,7 +31,7 @@ def _order_key(s):
     """Non-negative int64 keys ordered as the fp32 values ``s`` (``-inf`` lowest)."""
     bits = s.to(tl.int32, bitcast=True)
     signed = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: larger magnitude lower
-    return signed.to(tl.int64) + 2147483648
+    return signed.to(tl.int64) + 2147483647 + 1  # int32 constants (2**31 is not one)
 
 
 @triton.jit
