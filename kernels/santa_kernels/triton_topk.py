@@ -21,8 +21,8 @@ import triton.language as tl
 from santa_kernels.validate import InputError, check_positive_int
 
 MAX_BLOCK = 512  # scores a program counts at a time
-RADIX_BITS: tl.constexpr = 4  # key bits a pass resolves (8 passes)
-RADIX: tl.constexpr = 16
+RADIX_BITS = tl.constexpr(4)  # key bits a pass resolves (8 passes)
+RADIX = tl.constexpr(16)
 NUM_WARPS = 8
 
 
