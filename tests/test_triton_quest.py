@@ -90,12 +90,19 @@ def test_quest_pages_from_bf16_bounds_recall_the_fp32_choice(q_scale, peaky, sha
     assert hits / sum(len(s) for s in ref_sets) >= 0.95
 
 
-def test_quest_select_lists_pages_ascending_counts_them_and_keeps_the_last():
+@pytest.mark.parametrize("fused", [True, False])
+def test_quest_select_lists_pages_ascending_counts_them_and_keeps_the_last(fused,
+                                                                           monkeypatch):
+    """In the bound kernel (its last program per row, the arrival counters back at 0 for
+    the next call or graph replay) or in triton_topk's own launch."""
+    monkeypatch.setattr(ts, "QUEST_FUSED_SELECT", fused)
     q, kv = _problem(lengths=(300, 45))  # 6 pages of 8 in the second sequence
     step = _step(q, kv, page=8, pages=10)
     chosen = step.select(q, kv).cpu()
+    assert not step.arrivals.any()
     counts = step.counts.cpu().view(2, 2)
     assert counts.tolist() == [[10, 10], [6, 6]]
+    assert torch.equal(step.select(q, kv).cpu(), chosen)
     for b, last in ((0, 37), (1, 5)):
         for g in range(2):
             row, n = chosen[b, g], int(counts[b, g])
@@ -128,7 +135,8 @@ def _dense_over_pages(q, kv, pages: torch.Tensor, page: int, shared: str) -> tor
     ("contiguous", 1, 16, "group"), ("paged", 4, 64, "group"), ("contiguous", 8, 32, "head"),
     ("paged", 2, 16, "head"), ("paged", 3, 128, "group")])
 def test_quest_page_attention_is_dense_softmax_over_the_chosen_pages(layout, group, d,
-                                                                      shared):
+                                                                      shared, monkeypatch):
+    monkeypatch.setattr(ts, "QUEST_FUSED_SELECT", d != 64)  # both select paths
     q, kv = _problem(group=group, d=d, layout=layout, lengths=(300, 141), q_scale=2.0)
     step = _step(q, kv, page=16, pages=5, shared=shared)
     out = step(q, kv).cpu().double()

@@ -13,12 +13,13 @@ fresh numbers (Philox, ``tl.rand``, in the kernels):
   top-``k`` by the group's summed probability (or per head), indexed attention.
 - :class:`QuestStep`: per layer, the pages' key bounds ``[B, Hkv, P, 2d]`` (max, then
   min; in the cache dtype, which holds them exactly: a page's max and min are keys'
-  values), built after the prefill (:meth:`QuestStep.build`). A decode step is three or
-  four launches: one Triton kernel folds the newest token's key into its page (the last
-  page's bounds, not the whole cache) and writes every page's score bound
-  ``τ (q⁺·max + q⁻·min)`` (the group's largest; the products exact, fp32 sums), one
-  (``triton_topk``) picks each row's top pages by a radix select, and the indexed
-  kernel attends to the chosen pages in blocks (split-KV, then its merge).
+  values), built after the prefill (:meth:`QuestStep.build`). A decode step is three
+  launches (``shared="group"``; four per head): one Triton kernel folds the newest
+  token's key into its page (the last page's bounds, not the whole cache), writes every
+  page's score bound ``τ (q⁺·max + q⁻·min)`` (the group's largest; the products exact,
+  fp32 sums), and its last program of each row picks the row's top pages by a radix
+  select (``triton_topk``; per head, its own launch); the indexed kernel attends to the
+  chosen pages in blocks (split-KV, then its merge, skipped with one split).
 - :class:`VAttentionStep`: scores, the top-k of the middle range, then one Triton kernel
   per (sequence, KV head) lists the sink/window/top-k rows, draws the base sample and
   writes the CLT budget, and the indexed kernel draws the uniform tail itself (Philox).
@@ -49,7 +50,7 @@ from santa_kernels.triton_indexed import (
     qk_scores,
 )
 from santa_kernels.triton_splitkv import _mma, kv_capacity
-from santa_kernels.triton_topk import row_topk
+from santa_kernels.triton_topk import _select_row, row_topk
 from santa_kernels.validate import InputError, check_positive_int, check_scale
 
 UNIFORM_KEY = 0x5BD1E995  # the tensor-side uniforms' Philox key differs from the kernels'
@@ -207,6 +208,8 @@ class QuestStep(_Step):
         self.chosen = torch.empty(self.batch * heads, self.pages, dtype=torch.int32,
                                   device=q.device)
         self.counts = torch.empty(self.batch * heads, dtype=torch.int32, device=q.device)
+        self.arrivals = torch.zeros(self.batch * self.num_kv_heads, dtype=torch.int32,
+                                    device=q.device)  # the fused select's, 0 between calls
         self.log_weights = self._own_segments(self.pages) if shared == "head" else None
         rows = self.pages * page * (1 if shared == "group" else self.group)
         self.workspace = self._workspace(q, kv, rows)
@@ -239,21 +242,30 @@ class QuestStep(_Step):
         fp32 score bounds, ``-inf`` past the used pages and ``+inf`` on the last one. With
         ``update``, first folds each sequence's newest key (at ``length − 1``) into its
         page's bounds (a page's first token resets them); repeating it changes nothing."""
+        return self._bounds(q, kv, layer, update, select=False)
+
+    def _bounds(self, q: torch.Tensor, kv: KVCache, layer: int, update: bool,
+                select: bool) -> torch.Tensor:
+        """Launches the bound kernel (with ``select``, choosing the pages as well)."""
         st = _static_for(q, kv)
         out = self.upper
         page_table = kv.page_table if st.paged else kv.lengths
         k_strides = kv.k.stride()
         bounds = self.bounds[layer]
-        block_p = QUEST_BLOCK_P[self.head_dim]
+        # 16-bit bounds: twice the pages of fp32 in a program's registers
+        block_p = QUEST_BLOCK_P[self.head_dim] * max(1, 4 // bounds.element_size())
         _quest_bound_kernel[(-(-self.page_cap // block_p), self.batch * self.num_kv_heads)](
-            q, kv.k, kv.lengths, page_table, bounds, out, self.scale, self.page_cap,
+            q, kv.k, kv.lengths, page_table, bounds, out, self.arrivals, self.chosen,
+            self.counts, self.scale, self.page_cap,
             q.stride(0), q.stride(1), k_strides[0], k_strides[1], k_strides[2],
             page_table.stride(0) if st.paged else 0,
             bounds.stride(0), bounds.stride(1), bounds.stride(2), out.stride(0), out.stride(1),
             NUM_KV_HEADS=self.num_kv_heads, GROUP=self.group, HEAD_DIM=self.head_dim,
             BLOCK_H=st.block_h, BLOCK_P=block_p, PAGE=self.page, PAGED=st.paged,
             PAGE_SIZE=st.page_size, PER_HEAD=self.shared == "head", UPDATE=update,
-            DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16, num_warps=4,
+            DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16, SELECT=select,
+            PAGES=self.pages, SELECT_BLOCK=QUEST_SELECT_BLOCK,
+            SELECT_BLOCK_K=min(1024, triton.next_power_of_2(self.pages)), num_warps=4,
         )  # fmt: skip
         return out
 
@@ -263,9 +275,12 @@ class QuestStep(_Step):
         ``pages`` one after the other with ``shared="head"``), -1 after the chosen ones:
         the top ``pages`` bounds of each row (``triton_topk``), never a page past the
         sequence, always its last one."""
-        upper = self.page_bounds(q, kv, layer, update)
-        row_topk(upper.view(-1, self.page_cap), self.pages, out=self.chosen,
-                 counts=self.counts)
+        if self.shared == "group" and QUEST_FUSED_SELECT:  # one launch for both
+            self._bounds(q, kv, layer, update, select=True)
+        else:  # per head: a program per row rather than G rows in a bound program
+            upper = self.page_bounds(q, kv, layer, update)
+            row_topk(upper.view(-1, self.page_cap), self.pages, out=self.chosen,
+                     counts=self.counts)
         return self.chosen.view(self.batch, self.num_kv_heads, -1)
 
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
@@ -290,22 +305,29 @@ class QuestStep(_Step):
 
 
 # ------------------------------------------------------------------ Quest's page bounds
-QUEST_BLOCK_P = {16: 64, 32: 64, 64: 64, 128: 32, 256: 16}  # pages a program scores
+QUEST_BLOCK_P = {16: 64, 32: 64, 64: 64, 128: 32, 256: 16}  # pages a program scores (fp32)
+QUEST_FUSED_SELECT = True  # shared="group": the bound kernel's last program per row selects
+QUEST_SELECT_BLOCK = 256  # scores the fused select counts at a time (registers)
 
 
 @triton.jit
 def _quest_bound_kernel(
-    q_ptr, k_ptr, lengths_ptr, page_table_ptr, bounds_ptr, out_ptr, tau, page_cap,
+    q_ptr, k_ptr, lengths_ptr, page_table_ptr, bounds_ptr, out_ptr,
+    arrive_ptr, chosen_ptr, count_ptr, tau, page_cap,
     stride_qb, stride_qh, stride_kblk, stride_kn, stride_kh, stride_ptb,
     stride_bb, stride_bh, stride_bp, stride_ob, stride_oh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PER_HEAD: tl.constexpr, UPDATE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
+    SELECT: tl.constexpr, PAGES: tl.constexpr, SELECT_BLOCK: tl.constexpr,
+    SELECT_BLOCK_K: tl.constexpr,
 ):
     """Quest's score bounds of ``BLOCK_P`` pages of one (sequence, KV head) for its
     ``G`` query heads, ``τ (q⁺·max + q⁻·min)``; the program holding the sequence's last
-    page first folds the newest key into that page's bounds (its bound is +inf anyway)."""
+    page first folds the newest key into that page's bounds (its bound is +inf anyway).
+    With ``SELECT`` (the group's bound), the row's last program to finish (an arrival
+    counter, reset after) picks its top ``PAGES`` pages (``triton_topk``)."""
     tile = tl.program_id(0)
     pid = tl.program_id(1)
     b = pid // NUM_KV_HEADS
@@ -359,6 +381,14 @@ def _quest_bound_kernel(
         group_max = tl.max(tl.where(mask_h[:, None], upper, float("-inf")), axis=0)
         tl.store(out_ptr + b * stride_ob + kv_head * stride_oh + offs_p, group_max,
                  mask=mask_p)
+        if SELECT:
+            tl.debug_barrier()  # every thread's bounds stored before the arrival (release)
+            arrived = tl.atomic_add(arrive_ptr + pid, 1, sem="acq_rel")
+            if arrived == tl.num_programs(0) - 1:  # the row's bounds are all written
+                _select_row(out_ptr + b * stride_ob + kv_head * stride_oh,
+                            chosen_ptr + pid.to(tl.int64) * PAGES, count_ptr + pid, page_cap,
+                            PAGES, SELECT_BLOCK, SELECT_BLOCK_K, ".cg")
+                tl.store(arrive_ptr + pid, 0)  # the next call counts afresh
 
 # ------------------------------------------------------------------ vAttention
 VATTENTION_BLOCK = 128  # rows of the exact set or draws a step of the plan kernel

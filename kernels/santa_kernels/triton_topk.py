@@ -35,12 +35,12 @@ def _order_key(s):
 
 
 @triton.jit
-def _row_topk_kernel(
-    s_ptr, out_ptr, count_ptr, width, stride_s, stride_o,
-    K: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    row = tl.program_id(0)
-    base = s_ptr + row.to(tl.int64) * stride_s
+def _select_row(base, out_row, count_at, width, K: tl.constexpr, BLOCK: tl.constexpr,
+                BLOCK_K: tl.constexpr, CACHE: tl.constexpr = ""):
+    """The top ``K`` of the ``width`` scores at ``base`` into ``out_row`` (ascending, -1
+    after them) and their number into ``count_at`` (see the module docstring). ``CACHE``:
+    the scores' load cache modifier (".cg" where other programs of the same kernel wrote
+    them)."""
     offs = tl.arange(0, BLOCK)
     digits = tl.arange(0, RADIX)
     want = tl.minimum(width, K)
@@ -52,7 +52,8 @@ def _row_topk_kernel(
         counts = tl.zeros([RADIX, BLOCK], tl.int32)
         for p0 in range(0, width, BLOCK):
             inside = p0 + offs < width
-            key = _order_key(tl.load(base + p0 + offs, mask=inside, other=float("-inf")))
+            key = _order_key(tl.load(base + p0 + offs, mask=inside, other=float("-inf"),
+                                     cache_modifier=CACHE))
             match = inside & ((key >> (shift + RADIX_BITS)) == (prefix >> (shift + RADIX_BITS)))
             digit = ((key >> shift) & (RADIX - 1)).to(tl.int32)
             counts += (match[None, :] & (digit[None, :] >= digits[:, None])).to(tl.int32)
@@ -63,10 +64,9 @@ def _row_topk_kernel(
     ties = want - greater  # entries equal to the threshold to take, first by position
     taken = 0
     seen = 0
-    out_row = out_ptr + row.to(tl.int64) * stride_o
     for p0 in range(0, width, BLOCK):
         inside = p0 + offs < width
-        s = tl.load(base + p0 + offs, mask=inside, other=float("-inf"))
+        s = tl.load(base + p0 + offs, mask=inside, other=float("-inf"), cache_modifier=CACHE)
         key = _order_key(s)
         live = inside & (s > float("-inf"))
         equal = live & (key == prefix)
@@ -80,7 +80,17 @@ def _row_topk_kernel(
     for j0 in range(0, K, BLOCK_K):
         j = j0 + offs_k
         tl.store(out_row + j, tl.full([BLOCK_K], -1, tl.int32), mask=(j >= taken) & (j < K))
-    tl.store(count_ptr + row, taken)
+    tl.store(count_at, taken)
+
+
+@triton.jit
+def _row_topk_kernel(
+    s_ptr, out_ptr, count_ptr, width, stride_s, stride_o,
+    K: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    _select_row(s_ptr + row * stride_s, out_ptr + row * stride_o, count_ptr + row, width, K,
+                BLOCK, BLOCK_K)
 
 
 def row_topk(scores: torch.Tensor, k: int, out: torch.Tensor | None = None,
