@@ -160,12 +160,21 @@ class _TorchOps(TorchDispatchMode):
 INTERPRETER_OPS = {"set_", "empty", "new_empty", "copy_", "empty_strided", "detach", "alias"}
 
 
-def test_quest_step_runs_kernels_only():
-    """No torch op of its own (topk, index building, casts): bounds, select and attention
-    kernels, graph-capturable; views aside."""
+@pytest.mark.parametrize("shared", ["group", "head"])
+def test_quest_step_runs_kernels_only(shared, monkeypatch):
+    """No torch op of its own (topk, index building, casts), views aside: the bound
+    kernel (with the page select, per group), the select (per head), the indexed kernel
+    and its merge; graph-capturable."""
     q, kv = _problem(group=4)
-    step = _step(q, kv, page=8, pages=4)
+    step = _step(q, kv, page=8, pages=4, shared=shared)
     step(q, kv)
+    launches = []
+    kernel_type = type(ts._quest_bound_kernel)
+    launch = kernel_type.__getitem__
+    monkeypatch.setattr(kernel_type, "__getitem__",
+                        lambda self, grid: launches.append(self) or launch(self, grid))
     with _TorchOps() as mode:
         step(q, kv)
     assert mode.ops - INTERPRETER_OPS - {"view"} == set()
+    merge = step.workspace.num_splits > 1
+    assert len(launches) == 2 + (shared == "head") + merge
