@@ -363,8 +363,8 @@ def _quest_bound_kernel(
     rows = b_base + offs_p[:, None].to(tl.int64) * stride_bp + offs_d[None, :]
     kmax = tl.load(rows, mask=mask_p[:, None], other=0.0)
     kmin = tl.load(rows + HEAD_DIM, mask=mask_p[:, None], other=0.0)
-    # the query in the cache dtype, as the attention reads it: each product q_j · bound_j
-    # is exact in fp32 (tensor cores for 16-bit caches), only the sums round
+    # the query in the cache dtype, as the attention reads it: with a 16-bit cache each
+    # product q_j · bound_j is exact in fp32 (tensor cores), only the sums round
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=mask_h[:, None], other=0.0).to(bounds_ptr.dtype.element_ty).to(tl.float32)
     q_pos = tl.maximum(q, 0.0).to(bounds_ptr.dtype.element_ty)
@@ -382,12 +382,15 @@ def _quest_bound_kernel(
         tl.store(out_ptr + b * stride_ob + kv_head * stride_oh + offs_p, group_max,
                  mask=mask_p)
         if SELECT:
-            tl.debug_barrier()  # every thread's bounds stored before the arrival (release)
+            # the semaphore pattern: every thread's stores, a CTA barrier, one thread's
+            # release; its acquire (then the barrier that shares its result) orders the
+            # select's loads after every program's stores of the row
+            tl.debug_barrier()
             arrived = tl.atomic_add(arrive_ptr + pid, 1, sem="acq_rel")
             if arrived == tl.num_programs(0) - 1:  # the row's bounds are all written
                 _select_row(out_ptr + b * stride_ob + kv_head * stride_oh,
                             chosen_ptr + pid.to(tl.int64) * PAGES, count_ptr + pid, page_cap,
-                            PAGES, SELECT_BLOCK, SELECT_BLOCK_K, ".cg")
+                            PAGES, SELECT_BLOCK, SELECT_BLOCK_K)
                 tl.store(arrive_ptr + pid, 0)  # the next call counts afresh
 
 # ------------------------------------------------------------------ vAttention

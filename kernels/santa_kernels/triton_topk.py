@@ -36,11 +36,9 @@ def _order_key(s):
 
 @triton.jit
 def _select_row(base, out_row, count_at, width, K: tl.constexpr, BLOCK: tl.constexpr,
-                BLOCK_K: tl.constexpr, CACHE: tl.constexpr = ""):
+                BLOCK_K: tl.constexpr):
     """The top ``K`` of the ``width`` scores at ``base`` into ``out_row`` (ascending, -1
-    after them) and their number into ``count_at`` (see the module docstring). ``CACHE``:
-    the scores' load cache modifier (".cg" where other programs of the same kernel wrote
-    them)."""
+    after them) and their number into ``count_at`` (see the module docstring)."""
     offs = tl.arange(0, BLOCK)
     digits = tl.arange(0, RADIX)
     want = tl.minimum(width, K)
@@ -52,8 +50,7 @@ def _select_row(base, out_row, count_at, width, K: tl.constexpr, BLOCK: tl.const
         counts = tl.zeros([RADIX, BLOCK], tl.int32)
         for p0 in range(0, width, BLOCK):
             inside = p0 + offs < width
-            key = _order_key(tl.load(base + p0 + offs, mask=inside, other=float("-inf"),
-                                     cache_modifier=CACHE))
+            key = _order_key(tl.load(base + p0 + offs, mask=inside, other=float("-inf")))
             match = inside & ((key >> (shift + RADIX_BITS)) == (prefix >> (shift + RADIX_BITS)))
             digit = ((key >> shift) & (RADIX - 1)).to(tl.int32)
             counts += (match[None, :] & (digit[None, :] >= digits[:, None])).to(tl.int32)
@@ -66,7 +63,7 @@ def _select_row(base, out_row, count_at, width, K: tl.constexpr, BLOCK: tl.const
     seen = 0
     for p0 in range(0, width, BLOCK):
         inside = p0 + offs < width
-        s = tl.load(base + p0 + offs, mask=inside, other=float("-inf"), cache_modifier=CACHE)
+        s = tl.load(base + p0 + offs, mask=inside, other=float("-inf"))
         key = _order_key(s)
         live = inside & (s > float("-inf"))
         equal = live & (key == prefix)
