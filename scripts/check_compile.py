@@ -381,6 +381,18 @@ def _topk_splits(d: int, num_kv_heads: int) -> int:
     return -(-tiles // -(-tiles // splits))
 
 
+# the selection kernels' integer arguments (besides strides) that are multiples of 16 at
+# CTX and BATCH: capacities, page counts, list widths, split spans
+ALIGNED = ("capacity", "tokens_per_split", "page_cap", "width", "idx_cap", "tail_stride",
+           "draw_stride")
+
+
+def _aligned(fn) -> tuple[str, ...]:
+    """``fn``'s integer arguments a launch at ``CTX`` and ``BATCH`` specialises as
+    multiples of 16: its strides (a 0 stride too) and those of ``ALIGNED``."""
+    return tuple(a for a in fn.arg_names if a.startswith("stride_") or a in ALIGNED)
+
+
 def _pad(n: int) -> int:
     return triton.next_power_of_2(n)
 
@@ -402,7 +414,7 @@ def check_topk() -> int:
                   "DOT_PRECISION": "tf32", "WIDEN_BF16": False}
         err = compile_kernel(ttk._score_stats_kernel, types, consts,
                              {"num_warps": ttk.NUM_WARPS},
-                             max_shared=H100_SHARED)
+                             max_shared=H100_SHARED, divisible=_aligned(ttk._score_stats_kernel))
         print(f"_score_stats_kernel d={d} G={group} paged={paged} splits={splits}: "
               f"{err or 'ok'}")
         failures += err is not None
@@ -418,7 +430,7 @@ def check_topk() -> int:
                   "WINDOW": window, "NUM_BINS": ttk.HIST_BINS}
         err = compile_kernel(ttk._mass_hist_kernel, types, consts,
                              {"num_warps": ttk.NUM_WARPS},
-                             max_shared=H100_SHARED)
+                             max_shared=H100_SHARED, divisible=_aligned(ttk._mass_hist_kernel))
         print(f"_mass_hist_kernel G={group} per_head={per_head} splits={splits} "
               f"sink={sink}: {err or 'ok'}")
         failures += err is not None
@@ -432,7 +444,7 @@ def check_topk() -> int:
                   "NUM_BINS": ttk.HIST_BINS, "BLOCK": ttk.SELECT_BLOCK}
         err = compile_kernel(ttk._select_kernel, types, consts,
                              {"num_warps": ttk.SELECT_WARPS},
-                             max_shared=H100_SHARED)
+                             max_shared=H100_SHARED, divisible=_aligned(ttk._select_kernel))
         print(f"topk _select_kernel K={k} G={group} per_head={per_head} sink={sink}: "
               f"{err or 'ok'}")
         failures += err is not None
@@ -445,12 +457,13 @@ def check_topk() -> int:
                   "BLOCK": trs.REST_BLOCK, "HAS_TOP": k > 0}
         err = compile_kernel(trs._rest_sum_kernel, heads + ["i32"] * 9,
                              {**consts, "BLOCK_S": min(128, _pad(samples))},
-                             {"num_warps": trs.NUM_WARPS}, max_shared=H100_SHARED)
+                             {"num_warps": trs.NUM_WARPS}, max_shared=H100_SHARED,
+                             divisible=_aligned(trs._rest_sum_kernel))
         print(f"_rest_sum_kernel k={k} S={samples} G={group}: {err or 'ok'}")
         failures += err is not None
         err = compile_kernel(trs._systematic_kernel, heads + ["*i64", "i32"] + ["i32"] * 9,
                              consts, {"num_warps": trs.NUM_WARPS},
-                             max_shared=H100_SHARED)
+                             max_shared=H100_SHARED, divisible=_aligned(trs._systematic_kernel))
         print(f"_systematic_kernel k={k} S={samples} G={group}: {err or 'ok'}")
         failures += err is not None
     return failures
@@ -479,7 +492,7 @@ def check_quest() -> int:
                   "SELECT_BLOCK": tsel.QUEST_SELECT_BLOCK,
                   "SELECT_BLOCK_K": min(1024, _pad(pages))}
         err = compile_kernel(tsel._quest_bound_kernel, types, consts, {"num_warps": 4},
-                             max_shared=H100_SHARED)
+                             max_shared=H100_SHARED, divisible=_aligned(tsel._quest_bound_kernel))
         print(f"_quest_bound_kernel d={d} G={group} paged={paged} per_head={per_head} "
               f"update={update} select={select} pages={pages}: {err or 'ok'}")
         failures += err is not None
@@ -488,7 +501,7 @@ def check_quest() -> int:
                   "BLOCK_K": min(1024, _pad(pages))}
         err = compile_kernel(tps._row_topk_kernel, ["*fp32", "*i32", "*i32"] + ["i32"] * 3,
                              consts, {"num_warps": tps.NUM_WARPS},
-                             max_shared=H100_SHARED)
+                             max_shared=H100_SHARED, divisible=_aligned(tps._row_topk_kernel))
         print(f"_row_topk_kernel K={pages} BLOCK={consts['BLOCK']}: {err or 'ok'}")
         failures += err is not None
     return failures
@@ -525,7 +538,7 @@ def check_indexed() -> int:
                   "WRITE_OUT": not split,
                   "DOT_PRECISION": "tf32", "WIDEN_BF16": False}
         err = compile_kernel(tix._indexed_stage1, types, consts, {"num_warps": tix.NUM_WARPS},
-                             max_shared=H100_SHARED)
+                             max_shared=H100_SHARED, divisible=_aligned(tix._indexed_stage1))
         print(f"_indexed_stage1 {method} d={d} G={group} paged={paged} split={split}: "
               f"{err or 'ok'}")
         failures += err is not None
@@ -534,7 +547,7 @@ def check_indexed() -> int:
                   "BLOCK_S": min(tix.MERGE_BLOCK_S, _pad(splits))}
         err = compile_kernel(tix._indexed_merge, ["*fp32"] * 3 + ["*bf16"] + ["i32"] * 3,
                              consts, {"num_warps": tix.NUM_WARPS},
-                             max_shared=H100_SHARED)
+                             max_shared=H100_SHARED, divisible=_aligned(tix._indexed_merge))
         print(f"_indexed_merge d={d} BLOCK_S={consts['BLOCK_S']}: {err or 'ok'}")
         failures += err is not None
     for d, group, paged in ((128, 4, False), (64, 7, True)):
@@ -545,7 +558,7 @@ def check_indexed() -> int:
                   "PAGED": paged, "PAGE_SIZE": PAGE_SIZE if paged else 1,
                   "DOT_PRECISION": "tf32", "WIDEN_BF16": False}
         err = compile_kernel(tix._scores_kernel, types, consts, {"num_warps": tix.NUM_WARPS},
-                             max_shared=H100_SHARED)
+                             max_shared=H100_SHARED, divisible=_aligned(tix._scores_kernel))
         print(f"_scores_kernel d={d} G={group} paged={paged}: {err or 'ok'}")
         failures += err is not None
     # (group, top-k): the defaults, the 32k budget, no top-k (a placeholder pointer)
@@ -555,7 +568,8 @@ def check_indexed() -> int:
         consts = {"NUM_KV_HEADS": 8, "GROUP": group, "BLOCK_H": max(MIN_BLOCK_H, _pad(group)),
                   "SINK": 128, "WINDOW": 128, "TOPK": topk, "BLOCK": tsel.VATTENTION_BLOCK}
         err = compile_kernel(tsel._vattention_plan_kernel, types, consts, {"num_warps": 4},
-                             max_shared=H100_SHARED)
+                             max_shared=H100_SHARED,
+                             divisible=_aligned(tsel._vattention_plan_kernel))
         print(f"_vattention_plan_kernel G={group} topk={topk}: {err or 'ok'}")
         failures += err is not None
     err = compile_kernel(tsel._uniform_kernel, ["*fp32", "*i64", "i32", "i32"],
