@@ -2,6 +2,8 @@
 interpreter cannot see, e.g. a variable whose type differs between branches).
 
 Run anywhere:  python3 scripts/check_compile.py   (the kernel groups in up to 2 processes)
+Registers and spills: TRITON_DUMP_PTXAS_LOG=1 TRITON_CACHE_DIR=$(mktemp -d) before it
+(ptxas's report above each kernel's line; a cached kernel prints none).
 """
 
 from __future__ import annotations
