@@ -721,7 +721,9 @@ def santapp_attention(
     hq = q.shape[1]
     query = q.to(compute_dtype)
     head_kv = torch.arange(hq, device=device) // group
-    scores = tau * torch.einsum("bhd,bnhd->bhn", query, keys[:, :, head_kv])
+    # per KV head, its group's queries at once (no copy of K or V per query head)
+    grouped = query.reshape(batch, hkv, group, d)
+    scores = tau * torch.einsum("bkgd,bnkd->bkgn", grouped, keys).reshape(batch, hq, n_max)
 
     # team of every token per query head (-1: none), exact set E per KV head
     team_of = torch.full((batch, hkv, n_max), -1, dtype=torch.int64)
@@ -754,7 +756,8 @@ def santapp_attention(
     shift = torch.where(read, scores, -math.inf).amax(dim=-1)  # the largest score read
     unnorm = token_w * torch.exp(torch.where(read, scores - shift[..., None], -math.inf))
     den = unnorm.sum(dim=-1)
-    num = torch.einsum("bhn,bhnd->bhd", unnorm, values[:, :, head_kv].transpose(1, 2))
+    num = torch.einsum("bkgn,bnkd->bkgd", unnorm.reshape(batch, hkv, group, n_max), values)
+    num = num.reshape(batch, hq, d)
     out = num / den[..., None]
     weights = unnorm / den[..., None]
 
