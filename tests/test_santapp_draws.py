@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import santa_kernels as sk
-from conftest import decode_problem
+from conftest import decode_problem, load_script
 from santa_bench.baselines import Unsupported
 from santa_bench.fidelity import seed_statistics
 from santa_bench.methods import REGISTRY
@@ -148,3 +148,16 @@ def test_registry_draw_keeps_default_cases_and_the_kernel_refuses_it():
         santapp_prepare(q, kv, **params)
     with pytest.raises(Unsupported, match=r"use --reference"):
         TritonSantaPPDecode({"draw": "union"}, 1.0, 0).setup(None, q)
+
+
+def test_fidelity_script_builds_a_contiguous_index_once_per_cache():
+    script = load_script("fidelity_one_index")
+    _, kv = decode_problem(batch=1, n=96)
+    _, other = decode_problem(batch=1, n=96, seed=1)
+    first = script._build_once(kv, team_size=16, sink=0, exact_recent=0)
+    assert script._build_once(kv, team_size=16, sink=0, exact_recent=0) is first
+    assert torch.equal(first.members, build_team_index(kv, sink=0, exact_recent=0).members)
+    assert script._build_once(kv, team_size=8, sink=0, exact_recent=0) is not first
+    assert script._build_once(other, team_size=16, sink=0, exact_recent=0) is not first
+    kmeans = {"policy": "kmeans", "sink": 0, "exact_recent": 0}
+    assert script._build_once(kv, **kmeans) is not script._build_once(kv, **kmeans)
