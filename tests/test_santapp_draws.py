@@ -14,6 +14,7 @@ import santa_kernels as sk
 from conftest import decode_problem, load_script
 from santa_bench.baselines import Unsupported
 from santa_bench.fidelity import seed_statistics
+from santa_bench.labels import config_key
 from santa_bench.methods import REGISTRY
 from santa_bench.methods.santapp import TritonSantaPPDecode, santapp_prepare
 from santa_kernels.santapp import build_team_index, santapp_attention
@@ -141,6 +142,9 @@ def test_registry_draw_keeps_default_cases_and_the_kernel_refuses_it():
     assert "draw" not in method.resolve_params({})  # the stored cases' hashes are unchanged
     params = method.resolve_params({"draw": "pooled", "M": 4})
     assert params["draw"] == "pooled"
+    row = {"method": "santapp", "M": 4.0, "team_size": 16.0}
+    assert config_key({**row, "draw": "pooled"}) == "santapp:M=4,draw=pooled"
+    assert config_key({**row, "draw": float("nan")}) == config_key({**row, "draw": "head"})
     q, kv = decode_problem(batch=1, heads=8, kv_heads=2, n=256, q_scale=2.0)
     out = method.run_reference(q, kv, params, seed=0)
     assert out.out.shape == q.shape and 0 < out.kv_read_fraction < 1
