@@ -57,7 +57,8 @@ def inclusion(q: torch.Tensor, kv: sk.KVCache, params: dict, positions: torch.Te
     for seed in range(seeds):
         out = santapp_attention(q, kv, index, params["M"], scheme=params["scheme"],
                                 mix=params["mix"], sink=params["sink"],
-                                window=params["window"], seed=seed)
+                                window=params["window"], seed=seed,
+                                draw=params.get("draw", "head"))
         chosen = out.team_weights[0, heads, team.clamp_min(0)] > 0
         read += (exact | chosen).double()
     return read / seeds

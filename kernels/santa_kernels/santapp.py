@@ -44,6 +44,10 @@ from santa_kernels.validate import InputError, check_positive_int, check_query, 
 
 POLICIES = ("contiguous", "kmeans")
 SCHEMES = ("gumbel-topk", "multinomial")
+# how a GQA group's query heads draw their teams: each its own (head), one draw per KV
+# head from the heads' mean probabilities (pooled), or each its own with every head
+# weighting the group's union by the union's inclusion probability (union)
+DRAWS = ("head", "pooled", "union")
 REPRESENTATIVES = ("leader", "mean")
 KMEANS_ITERS = 10
 # the defaults of the santa-bench registry entry (``santapp``), where they are explained
@@ -518,6 +522,22 @@ def _pack(
 
 
 # ------------------------------------------------------------------ selection
+def _gumbel_noise(
+    phi: torch.Tensor, generator: torch.Generator | None, gumbels: torch.Tensor | None
+) -> torch.Tensor:
+    """Standard Gumbel noise of ``phi``'s shape and dtype (``gumbels`` where given)."""
+    if gumbels is not None:
+        if tuple(gumbels.shape) != tuple(phi.shape):
+            raise InputError(
+                f"gumbels: expected shape {tuple(phi.shape)}, got {tuple(gumbels.shape)}"
+            )
+        gumbel = gumbels.to(device=phi.device, dtype=torch.float64)
+    else:
+        u = torch.rand(phi.shape, generator=generator, dtype=torch.float64).to(phi.device)
+        gumbel = -torch.log(-torch.log(u.clamp(min=1e-300, max=1 - 2**-53)))
+    return gumbel.to(phi.dtype)
+
+
 def gumbel_topk_select(
     phi: torch.Tensor,
     M: int,
@@ -532,16 +552,7 @@ def gumbel_topk_select(
     selected. ``E[1{g selected} / pi_g] = 1`` for every team (section 6). ``gumbels`` (shape
     of ``phi``) replaces the drawn noise, so a kernel can be checked on the same draw.
     """
-    if gumbels is not None:
-        if tuple(gumbels.shape) != tuple(phi.shape):
-            raise InputError(
-                f"gumbels: expected shape {tuple(phi.shape)}, got {tuple(gumbels.shape)}"
-            )
-        gumbel = gumbels.to(device=phi.device, dtype=torch.float64)
-    else:
-        u = torch.rand(phi.shape, generator=generator, dtype=torch.float64).to(phi.device)
-        gumbel = -torch.log(-torch.log(u.clamp(min=1e-300, max=1 - 2**-53)))
-    z = phi + gumbel.to(phi.dtype)
+    z = phi + _gumbel_noise(phi, generator, gumbels)
     n_teams = torch.isfinite(phi).sum(dim=-1, keepdim=True)
     k = min(M + 1, phi.shape[-1])
     top = torch.topk(z, k, dim=-1)
@@ -564,6 +575,92 @@ def _mixed_log_probs(phi: torch.Tensor, mix: float) -> torch.Tensor:
     return torch.where(torch.isfinite(phi), p.log(), phi)
 
 
+def _by_group(x: torch.Tensor, group: int) -> torch.Tensor:
+    """``[B, Hq, T]`` -> ``[B, Hkv, group, T]`` (the query heads of each KV head)."""
+    return x.reshape(x.shape[0], -1, group, x.shape[-1])
+
+
+def _multinomial_counts(log_p: torch.Tensor, M: int, gen: torch.Generator | None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(probs, counts)``: ``M`` draws with replacement per row of ``softmax(log_p)``."""
+    probs = torch.softmax(log_p, dim=-1)
+    flat = probs.reshape(-1, probs.shape[-1]).to(device="cpu", dtype=torch.float64)
+    draws = torch.multinomial(flat, M, replacement=True, generator=gen)
+    ones = torch.ones_like(draws, dtype=flat.dtype)
+    counts = torch.zeros_like(flat).scatter_add_(1, draws, ones)
+    return probs, counts.reshape(probs.shape).to(device=log_p.device, dtype=log_p.dtype)
+
+
+def _pooled_log_probs(log_p: torch.Tensor, group: int) -> torch.Tensor:
+    """``log p_g`` per KV head, ``p_g`` the mean over its query heads of each head's
+    (mixed) probabilities ``softmax(log_p)``: ``[B, Hq, T]`` -> ``[B, Hkv, T]``."""
+    finite = torch.isfinite(log_p)
+    own = torch.where(finite, torch.log_softmax(log_p, dim=-1), -math.inf)
+    return torch.logsumexp(_by_group(own, group), dim=2) - math.log(group)
+
+
+def _union_gumbel_pi(log_p: torch.Tensor, M: int, group: int, gen: torch.Generator | None,
+                     gumbels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every head's own Gumbel top-``M`` draw; returns the group's union ``[B, Hkv, T]``
+    and its inclusion probability ``pi^U_g = 1 - prod_h (1 - pi_{h,g})`` (0 off the union),
+    ``pi_{h,g} = 1 - exp(-exp(log p_{h,g} - kappa_{h,g}))`` with ``kappa_{h,g}`` the
+    ``M``-th largest perturbed logit of head ``h``'s other teams (the heads draw
+    independently, so ``E[1{g in U} / pi^U_g] = 1``)."""
+    z = log_p + _gumbel_noise(log_p, gen, gumbels)
+    n_teams = torch.isfinite(log_p).sum(dim=-1, keepdim=True)
+    everything = n_teams <= M  # [B, Hq, 1]: every team selected, pi = 1
+    if log_p.shape[-1] <= M:
+        selected = torch.isfinite(log_p)
+        pi = torch.ones_like(log_p)
+    else:
+        top = torch.topk(z, M + 1, dim=-1)
+        selected = torch.zeros_like(z, dtype=torch.bool).scatter(-1, top.indices[..., :M], True)
+        selected &= torch.isfinite(log_p)
+        # the M-th largest of the others: the (M+1)-th if g is in the top M, else the M-th
+        kappa = torch.where(selected, top.values[..., M:], top.values[..., M - 1 : M])
+        rate = torch.exp(log_p - kappa)
+        rate = torch.where(everything, math.inf, rate)
+        pi = -torch.expm1(-_by_group(rate, group).sum(dim=2))
+    union = _by_group(selected, group).any(dim=2)
+    if pi.shape != union.shape:
+        pi = _by_group(pi, group)[:, :, 0]
+    return union, torch.where(union, pi, torch.zeros_like(pi))
+
+
+def _select_teams(log_p: torch.Tensor, M: int, scheme: str, draw: str, group: int,
+                  gen: torch.Generator | None, gumbels: torch.Tensor | None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(selected, team_w)``, both ``[B, Hq, T]``: the teams each query head weights and
+    their HT/HH weights, for ``log_p [B, Hq, T]`` (``draw``: see :data:`DRAWS`)."""
+    if draw == "pooled":
+        pooled = _pooled_log_probs(log_p, group)  # [B, Hkv, T]
+        if scheme == "gumbel-topk":
+            selected, pi = gumbel_topk_select(pooled, M, gen, gumbels)
+            team_w = torch.where(selected, 1 / torch.where(selected, pi, 1), 0)
+        else:
+            probs, counts = _multinomial_counts(pooled, M, gen)
+            selected = counts > 0
+            team_w = torch.where(selected, counts / (M * probs), 0)
+        return selected.repeat_interleave(group, 1), team_w.repeat_interleave(group, 1)
+    if draw == "union":
+        if scheme == "gumbel-topk":
+            union, pi = _union_gumbel_pi(log_p, M, group, gen, gumbels)
+        else:
+            probs, counts = _multinomial_counts(log_p, M, gen)
+            union = _by_group(counts > 0, group).any(dim=2)
+            # P(a head draws g at least once) = 1 - (1 - p)^M, the heads independent
+            missed = M * torch.log1p(-probs.clamp_max(1.0))
+            pi = torch.where(union, -torch.expm1(_by_group(missed, group).sum(dim=2)), 0)
+        team_w = torch.where(union, 1 / torch.where(union, pi, 1), 0)
+        return union.repeat_interleave(group, 1), team_w.repeat_interleave(group, 1)
+    if scheme == "gumbel-topk":
+        selected, pi = gumbel_topk_select(log_p, M, gen, gumbels)
+        return selected, torch.where(selected, 1 / torch.where(selected, pi, 1), 0)
+    probs, counts = _multinomial_counts(log_p, M, gen)
+    selected = counts > 0
+    return selected, torch.where(selected, counts / (M * probs), 0)
+
+
 # ------------------------------------------------------------------ decode
 def santapp_attention(
     q: torch.Tensor,
@@ -580,6 +677,7 @@ def santapp_attention(
     generator: torch.Generator | None = None,
     compute_dtype: torch.dtype = torch.float32,
     gumbels: torch.Tensor | None = None,
+    draw: str = "head",
 ) -> SantaPPOutput:
     """One SANTA++ decode step for ``q [B, Hq, d]`` over ``kv`` and its ``index`` (section 6).
 
@@ -591,13 +689,23 @@ def santapp_attention(
     ``num / den`` with ``num = sum_sel w_g sum_{i in g \\ E} e^{s_i-m} v_i +
     sum_{j in E} e^{s_j-m} v_j`` (``den`` likewise). ``E``: tokens in no team, the first
     ``sink`` and the last ``window`` tokens (masked out of their teams' sums).
-    ``gumbels [B, Hq, T]`` (gumbel-topk only) replaces the drawn Gumbel noise.
+    ``gumbels [B, Hq, T]`` (gumbel-topk only; ``[B, Hkv, T]`` with ``draw=pooled``)
+    replaces the drawn Gumbel noise.
+
+    ``draw`` (how a GQA group's query heads draw): ``head``, each its own ``M`` teams,
+    weighted by its own ``pi_{h,g}``; ``pooled``, one draw of ``M`` teams per (sequence, KV
+    head) from ``p_g = mean_h p_{h,g}`` (the heads' mixed probabilities), every head
+    weighting the same teams by the shared ``pi_g`` (``M`` teams read a KV head);
+    ``union``, each head its own draw, every head weighting the group's union of teams by
+    ``pi^U_g = 1 - prod_h (1 - pi_{h,g})`` (``head``'s reads). Multinomial: ``pooled`` is
+    Hansen-Hurwitz on ``p_g``; ``union`` HT with ``pi_{h,g} = 1 - (1 - p_{h,g})^M``.
     """
     kv = _check_kv(kv)
     group = check_query(q, kv.batch, kv.num_kv_heads, kv.head_dim)
     _check_index(index, kv)
     check_positive_int(M, "M")
     _check_choice(scheme, "scheme", SCHEMES)
+    _check_choice(draw, "draw", DRAWS)
     if isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0 <= mix < 1:
         raise InputError(f"mix: expected a number in [0, 1), got {mix!r}")
     _check_count(sink, "sink")
@@ -613,7 +721,9 @@ def santapp_attention(
     hq = q.shape[1]
     query = q.to(compute_dtype)
     head_kv = torch.arange(hq, device=device) // group
-    scores = tau * torch.einsum("bhd,bnhd->bhn", query, keys[:, :, head_kv])
+    # per KV head, its group's queries at once (no copy of K or V per query head)
+    grouped = query.reshape(batch, hkv, group, d)
+    scores = tau * torch.einsum("bkgd,bnkd->bkgn", grouped, keys).reshape(batch, hq, n_max)
 
     # team of every token per query head (-1: none), exact set E per KV head
     team_of = torch.full((batch, hkv, n_max), -1, dtype=torch.int64)
@@ -635,18 +745,7 @@ def santapp_attention(
     log_p = _mixed_log_probs(phi, float(mix))
     if gumbels is not None and scheme != "gumbel-topk":
         raise InputError(f"gumbels: only for scheme 'gumbel-topk', got {scheme!r}")
-    if scheme == "gumbel-topk":
-        selected, pi = gumbel_topk_select(log_p, M, gen, gumbels)
-        team_w = torch.where(selected, 1 / torch.where(selected, pi, 1), 0)
-    else:
-        probs = torch.softmax(log_p, dim=-1)
-        flat = probs.reshape(-1, probs.shape[-1]).to(device="cpu", dtype=torch.float64)
-        draws = torch.multinomial(flat, M, replacement=True, generator=gen)
-        ones = torch.ones_like(draws, dtype=flat.dtype)
-        counts = torch.zeros_like(flat).scatter_add_(1, draws, ones)
-        counts = counts.reshape(probs.shape).to(device=device, dtype=compute_dtype)
-        selected = counts > 0
-        team_w = torch.where(selected, counts / (M * probs), 0)
+    selected, team_w = _select_teams(log_p, M, scheme, draw, group, gen, gumbels)
 
     # token weights: HT/HH weight of the token's team, 1 on E, 0 elsewhere
     tok_team = team_of[:, head_kv]  # [B, Hq, N]
@@ -657,7 +756,8 @@ def santapp_attention(
     shift = torch.where(read, scores, -math.inf).amax(dim=-1)  # the largest score read
     unnorm = token_w * torch.exp(torch.where(read, scores - shift[..., None], -math.inf))
     den = unnorm.sum(dim=-1)
-    num = torch.einsum("bhn,bhnd->bhd", unnorm, values[:, :, head_kv].transpose(1, 2))
+    num = torch.einsum("bkgn,bnkd->bkgd", unnorm.reshape(batch, hkv, group, n_max), values)
+    num = num.reshape(batch, hq, d)
     out = num / den[..., None]
     weights = unnorm / den[..., None]
 
@@ -768,6 +868,7 @@ def santapp(
 
 
 __all__ = [
+    "DRAWS",
     "POLICIES",
     "REPRESENTATIVES",
     "REPS_FORMATS",

@@ -22,7 +22,7 @@ from santa_bench.e2e.cache import StaticKVCache
 from santa_bench.methods._core import Method, Param, PlotStyle, register
 from santa_bench.timing import nbytes_of
 from santa_kernels.kv import KVCache
-from santa_kernels.santapp import DEFAULT_M, DEFAULT_SINK, DEFAULT_WINDOW
+from santa_kernels.santapp import DEFAULT_M, DEFAULT_SINK, DEFAULT_WINDOW, DRAWS
 from santa_kernels.santapp import santapp as santapp_reference
 
 
@@ -43,6 +43,13 @@ def _santapp_packed(module, kv: KVCache, params: dict[str, Any]):
     """Returns ``(packed, index_build_ms)``: the team index built and packed on the cache's
     device (prefill-time work), timed apart from decode."""
     return module.time_index_build(kv, **params)
+
+
+def require_head_draw(draw: str) -> None:
+    """Unsupported unless ``draw`` is ``head``, the only one the Triton kernel implements."""
+    if draw != "head":
+        raise Unsupported(f"santapp: the Triton kernel implements draw=head only, not "
+                          f"draw={draw} (use --reference)")
 
 
 def merge_atomic_of(merge: str) -> bool | None:
@@ -75,6 +82,7 @@ def santapp_prepare(
     window: int = DEFAULT_WINDOW,
     reps: str = "model",
     merge: str = "auto",
+    draw: str = "head",
     scale: float | None = None,
 ) -> Prepared:
     """Prepares the Triton SANTA++ kernel: builds and packs the team index outside the timed
@@ -82,6 +90,7 @@ def santapp_prepare(
     Where ``M`` covers every team the call is dense attention and runs the split-KV kernel.
     Extra metrics: ``index_build_ms`` and, after ``reads()``, ``read_equivalent`` and
     ``bytes_read_tables`` (the representatives' bytes, counted in the bandwidth)."""
+    require_head_draw(draw)
     module = _triton_santapp()
     try:
         module.check_scheme(scheme, mix)
@@ -158,6 +167,7 @@ class TritonSantaPPDecode(DecodeAttention):
         self.name = "triton"
 
     def setup(self, cache: StaticKVCache, q: torch.Tensor) -> None:
+        require_head_draw(self.params.get("draw", "head"))
         super().setup(cache, q)
         ok, why = santapp_kernel_available()
         if not ok:
@@ -249,7 +259,8 @@ def indexed_reference(q: torch.Tensor, kv: KVCache, index: Any, params: dict[str
 
     p = params
     return santapp_attention(q, kv, index, p["M"], scheme=p["scheme"], mix=p["mix"],
-                             sink=p["sink"], window=p["window"], scale=scale, seed=seed)
+                             sink=p["sink"], window=p["window"], scale=scale, seed=seed,
+                             draw=p.get("draw", "head"))
 
 
 # ------------------------------------------------------------------ the method
@@ -306,6 +317,18 @@ def santapp() -> Method:
                 "kernel (bitwise reproducible); auto = atomic up to 16 (sequence, KV "
                 "head) groups, where it measured faster",
                 choices=("auto", "atomic", "kernel"),
+                omit_default=True,
+            ),
+            Param(
+                "draw",
+                "head",
+                str,
+                "how a GQA group's query heads draw teams: head = each its own M, weighted "
+                "by its own inclusion probabilities; pooled = one draw of M per KV head from "
+                "the heads' mean probabilities, shared weights (M teams read); union = each "
+                "its own, every head weighting the group's union by the union's inclusion "
+                "probability (head's reads). Reference only",
+                choices=DRAWS,
                 omit_default=True,
             ),
         ),
