@@ -84,6 +84,7 @@ TOOLS = {
     "accuracy_table.py": "tests/test_engine.py",
     "check_compile.py": "tests/test_compile.py",
     "profile_santa.py": "tests/test_profile_santa.py",
+    "fidelity_one_index.py": "tests/test_santapp_draws.py",
     "team_stats.py": "tests/test_team_stats.py",
     "timing_check.py": "tests/test_timing_gpu.py",
     "top_key_inclusion.py": "tests/test_top_key_inclusion.py",
