@@ -77,6 +77,56 @@ def decode_problem(
     return q, sk.KVCache.contiguous(k, v, lens)
 
 
+def dense_num_den(q: torch.Tensor, kv: sk.KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+    """``([B, Hq, d + 1], [B, Hq])`` float64: dense attention's numerator
+    ``sum_i e^(s_i - max) v_i`` and denominator ``sum_i e^(s_i - max)`` (the sums a
+    Horvitz-Thompson estimator targets), and the ``max`` they are shifted by."""
+    keys, values, _ = kv.padded(torch.float64)
+    group = q.shape[1] // kv.num_kv_heads
+    k = keys.repeat_interleave(group, dim=2)
+    v = values.repeat_interleave(group, dim=2)
+    s = torch.einsum("bhd,bnhd->bhn", q.double(), k) * kv.head_dim**-0.5
+    top = s.amax(-1)
+    e = torch.exp(s - top[..., None])
+    return torch.cat([torch.einsum("bhn,bnhd->bhd", e, v), e.sum(-1)[..., None]], dim=-1), top
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's statistical loops (many tiny ops: threads cost)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_llama(seed: int = 0, layers: int = 2):
+    """A random two-layer Llama (97 tokens, 4 query / 2 KV heads, eos 96) for engine tests."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96,
+                                      num_hidden_layers=layers, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=512,
+                                      eos_token_id=96)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+class ModTok:
+    """A tokenizer of ``ord(c) % 90`` per character, keeping a prompt's last ``keep``."""
+
+    def __init__(self, keep: int = 90) -> None:
+        self.keep = keep
+
+    def __call__(self, text):
+        return type("T", (), {"input_ids": [ord(c) % 90 for c in text][-self.keep:]})
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) % 90 for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(48 + int(i) % 10) for i in ids)
+
+
 def load_script(name: str) -> ModuleType:
     """Imports ``scripts/<name>.py`` (the scripts are no package), registered under
     ``name`` so that its dataclasses can look their module up."""

@@ -8,16 +8,16 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
+from conftest import tiny_llama
 from santa_bench import plugins
 from santa_bench.accuracy.registry import TASKS, Task, TaskError, TaskRegistry, register_task
 from santa_bench.results import ResultStore
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "adding-a-task.md"
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
 
 def _module_source() -> str:
@@ -51,20 +51,13 @@ def doc_plugin(tmp_path, monkeypatch):
     sys.modules.pop("my_tasks", None)
 
 
-def _tiny_model():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96,
-                                      num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=512,
-                                      eos_token_id=96)
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 def test_the_docs_task_runs_through_accuracy_task(doc_plugin, monkeypatch):
     from santa_bench.accuracy import models
     from santa_bench.cli import app
 
-    model = _tiny_model()
+    model = tiny_llama()
     monkeypatch.setattr(models, "load_model", lambda name, **kw: (model, _Tokenizer()))
     store = doc_plugin / "results"
     runner = CliRunner()
@@ -122,7 +115,7 @@ def test_the_docs_task_through_transformers_own_loop(doc_plugin, monkeypatch):
     from santa_bench.runners.tasks import TaskRunner, expand_task_cases
 
     plugins.load(["my_tasks"])
-    model = _tiny_model()
+    model = tiny_llama()
     monkeypatch.setattr(models, "load_model", lambda name, **kw: (model, _Tokenizer()))
     monkeypatch.setattr(TaskRunner, "engine", lambda self, *args: None)
     cases = expand_task_cases("count-up", "tiny", [(REGISTRY.get("santa-sys"), {"S": 8})],

@@ -9,6 +9,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are importe
 import pytest
 import torch
 
+from conftest import ModTok, tiny_llama
 from santa_bench.accuracy.engine import (
     Engine,
     Prompt,
@@ -19,7 +20,7 @@ from santa_bench.accuracy.engine import (
 from santa_bench.methods import REGISTRY
 from santa_kernels.validate import InputError
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
 
 def _interpreted() -> bool:
@@ -28,13 +29,6 @@ def _interpreted() -> bool:
     return type(ts._score_pass_kernel).__name__ == "InterpretedFunction"
 
 
-def tiny_model(seed: int = 0, layers: int = 2):
-    torch.manual_seed(seed)
-    config = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96,
-                                      num_hidden_layers=layers, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=512,
-                                      eos_token_id=96)
-    return transformers.LlamaForCausalLM(config).eval()
 
 
 def prompts(count: int = 5, seed: int = 1) -> list[Prompt]:
@@ -84,7 +78,7 @@ def test_cases_record_device_and_backend(monkeypatch):
 
 
 def test_dense_decode_matches_the_models_own_greedy_generation():
-    model = tiny_model()
+    model = tiny_llama()
     engine = Engine(model, device="cpu", batch=2)
     batch = prompts(3)
     out = engine.generate(REGISTRY.get("dense"), {}, batch, seed=0)
@@ -103,7 +97,7 @@ def test_batched_decode_gives_the_tokens_of_one_sample_at_a_time(spec):
 
     (method, overrides), = parse_method_specs(spec)
     params = method.resolve_params(overrides)
-    model = tiny_model()
+    model = tiny_llama()
     batch = prompts(5)
     run = {"seed": 3, "reference": True}
     together = Engine(model, device="cpu", batch=5).generate(method, params, batch, **run)
@@ -118,7 +112,7 @@ def test_batched_decode_gives_the_tokens_of_one_sample_at_a_time(spec):
 
 
 def test_prefills_are_shared_between_methods_and_steps_stop_at_stop_tokens():
-    model = tiny_model()
+    model = tiny_llama()
     engine = Engine(model, device="cpu", batch=2)
     batch = prompts(4)
     engine.generate(REGISTRY.get("dense"), {}, batch)
@@ -134,7 +128,7 @@ def test_prefills_are_shared_between_methods_and_steps_stop_at_stop_tokens():
 
 
 def test_logits_of_the_first_step_and_bad_prompts():
-    model = tiny_model()
+    model = tiny_llama()
     engine = Engine(model, device="cpu", batch=3)
     batch = [Prompt(p.ids, 1) for p in prompts(3)]
     out = engine.generate(REGISTRY.get("dense"), {}, batch, keep_logits=True)
@@ -153,7 +147,7 @@ def test_kernel_backend_through_the_interpreter(monkeypatch):
     """The GPU path's code (Triton kernels in every layer) on the CPU interpreter."""
     if not _interpreted():
         pytest.skip("the Triton kernels were imported without TRITON_INTERPRET=1")
-    model = tiny_model(layers=1)
+    model = tiny_llama(layers=1)
     method = REGISTRY.get("santa-prop")
     engine = Engine(model, device="cpu", batch=2)
     batch = [Prompt(p.ids, 3) for p in prompts(2)]
@@ -206,18 +200,8 @@ def test_a_failing_method_gives_a_failed_row_and_the_run_goes_on(tmp_path, monke
     from santa_bench.methods import Method
     from santa_bench.runners.tasks import expand_task_cases
 
-    class Tok:
-        def __call__(self, text):
-            return type("T", (), {"input_ids": [ord(c) % 90 for c in text][-60:]})
-
-        def encode(self, text, add_special_tokens=False):
-            return [ord(c) % 90 for c in text]
-
-        def decode(self, ids, skip_special_tokens=True):
-            return "".join(chr(48 + int(i) % 10) for i in ids)
-
-    model = tiny_model()
-    monkeypatch.setattr(models, "load_model", lambda name, **kw: (model, Tok()))
+    model = tiny_llama()
+    monkeypatch.setattr(models, "load_model", lambda name, **kw: (model, ModTok(keep=60)))
     original = Method.run_reference
 
     def broken(self, *args, **kwargs):

@@ -23,14 +23,7 @@ from santa_kernels.lsh import (
 )
 from santa_kernels.validate import InputError
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors, thousands of calls: one thread spares the thread pool's hand-offs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _exact_tail(rho: float, n: int, m: int) -> float:

@@ -12,32 +12,15 @@ import pytest
 import torch
 from rich.console import Console
 
+from conftest import ModTok, tiny_llama
 from santa_bench.accuracy.engine import Decoding, Engine, Prompt
 from santa_bench.methods import REGISTRY
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 
 SPECS = (("dense", {}), ("santa-sys", {"S": 8}), ("santa-prop", {"S": 8}))
 
 
-def tiny_model():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96,
-                                      num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, max_position_embeddings=512,
-                                      eos_token_id=96)
-    return transformers.LlamaForCausalLM(config).eval()
-
-
-class Tok:
-    def __call__(self, text):
-        return type("T", (), {"input_ids": [ord(c) % 90 for c in text][-90:]})
-
-    def encode(self, text, add_special_tokens=False):
-        return [ord(c) % 90 for c in text]
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(48 + int(i) % 10) for i in ids)
 
 
 def test_a_group_decodes_as_each_method_alone_from_one_prefill_per_prompt():
@@ -47,7 +30,7 @@ def test_a_group_decodes_as_each_method_alone_from_one_prefill_per_prompt():
     runs = [Decoding(REGISTRY.get(name), REGISTRY.get(name).resolve_params(params), seed=3,
                      backend="sdpa" if name == "dense" else "reference")
             for name, params in SPECS]
-    model = tiny_model()
+    model = tiny_llama()
     alone = Engine(model, batch=2, prefill_bytes=0)  # keeps no prefill between methods
     single = [alone.generate(r.method, r.params, prompts, seed=3, backend=r.backend,
                              keep_logits=True) for r in runs]
@@ -78,7 +61,7 @@ def test_a_method_that_fails_leaves_the_others_of_its_group(monkeypatch):
     runs = [Decoding(REGISTRY.get(name), REGISTRY.get(name).resolve_params(params),
                      backend="sdpa" if name == "dense" else "reference")
             for name, params in SPECS]
-    dense, sys, prop = Engine(tiny_model(), batch=1).generate_many(runs, prompts)
+    dense, sys, prop = Engine(tiny_llama(), batch=1).generate_many(runs, prompts)
     assert isinstance(sys, RuntimeError) and "boom" in str(sys)
     assert len(dense.tokens) == len(prop.tokens) == 2 and prop.decode_steps > 0
 
@@ -99,8 +82,8 @@ def test_a_grouped_run_stores_each_case_as_alone_with_its_hash(tmp_path, monkeyp
     from santa_bench import environment, execute, results
     from santa_bench.accuracy import models
 
-    model = tiny_model()
-    monkeypatch.setattr(models, "load_model", lambda name, **kw: (model, Tok()))
+    model = tiny_llama()
+    monkeypatch.setattr(models, "load_model", lambda name, **kw: (model, ModTok()))
     cases = _cases(tmp_path)
     hashes = [results.config_hash(c) for c in cases]
     assert hashes == [  # as before the grouped run
@@ -186,10 +169,10 @@ def test_a_group_keeps_no_prefill_in_the_store_but_a_single_call_does():
     prompts = [Prompt(tuple(range(1, n)), 3) for n in (20, 31)]
     dense = REGISTRY.get("dense")
     run = Decoding(dense, dense.resolve_params({}), seed=0, backend="sdpa")
-    grouped = Engine(tiny_model(), batch=2)
+    grouped = Engine(tiny_llama(), batch=2)
     grouped.generate_many([run, run], prompts)
     assert grouped.prefills.bytes == 0 and grouped.prefills.misses == len(prompts)
-    single = Engine(tiny_model(), batch=2)
+    single = Engine(tiny_llama(), batch=2)
     single.generate(dense, {}, prompts, backend="sdpa")
     assert single.prefills.bytes > 0 and single.prefills.misses == len(prompts)
 

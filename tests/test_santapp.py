@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import santa_kernels as sk
-from conftest import decode_problem
+from conftest import decode_problem, dense_num_den
 from santa_bench.fidelity import seed_statistics
 from santa_bench.methods import REGISTRY, parse_method_specs
 from santa_kernels.santapp import (
@@ -26,13 +26,7 @@ F64 = torch.float64
 Z_BOUND = 5.0  # |mean - expected| / SE; under the null it rarely exceeds 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread is faster, and immune to a busy second core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _dense(q, kv):
@@ -185,14 +179,7 @@ def test_num_and_den_are_unbiased(scheme, mix):
     q, kv = decode_problem(batch=1, n=203, q_scale=1.5, seed=2)
     # 13 teams, the last of 11 tokens
     index = build_team_index(kv, team_size=16, sink=0, exact_recent=0)
-    keys, values, _ = kv.padded(F64)
-    group = q.shape[1] // kv.num_kv_heads
-    k = keys.repeat_interleave(group, dim=2)
-    v = values.repeat_interleave(group, dim=2)
-    s = torch.einsum("bhd,bnhd->bhn", q.double(), k) * kv.head_dim**-0.5
-    top = s.amax(-1)
-    e = torch.exp(s - top[..., None])
-    exact = torch.cat([torch.einsum("bhn,bnhd->bhd", e, v), e.sum(-1)[..., None]], dim=-1)
+    exact, top = dense_num_den(q, kv)
 
     def draw(seed: int) -> torch.Tensor:
         out = santapp_attention(

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import santa_kernels as sk
-from conftest import decode_problem, load_script
+from conftest import decode_problem, dense_num_den, load_script
 from santa_bench.baselines import Unsupported
 from santa_bench.fidelity import seed_statistics
 from santa_bench.labels import config_key
@@ -23,12 +23,7 @@ F64 = torch.float64
 Z_BOUND = 4.0  # |mean - expected| / SE
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _problem(n: int = 203, seed: int = 2):
@@ -42,14 +37,7 @@ def _problem(n: int = 203, seed: int = 2):
                          [("gumbel-topk", 0.0), ("gumbel-topk", 0.2), ("multinomial", 0.0)])
 def test_num_and_den_are_unbiased(draw, scheme, mix):
     q, kv, index = _problem()
-    keys, values, _ = kv.padded(F64)
-    group = q.shape[1] // kv.num_kv_heads
-    k = keys.repeat_interleave(group, dim=2)
-    v = values.repeat_interleave(group, dim=2)
-    s = torch.einsum("bhd,bnhd->bhn", q.double(), k) * kv.head_dim**-0.5
-    top = s.amax(-1)
-    e = torch.exp(s - top[..., None])
-    exact = torch.cat([torch.einsum("bhn,bnhd->bhd", e, v), e.sum(-1)[..., None]], dim=-1)
+    exact, top = dense_num_den(q, kv)
 
     def one(seed: int) -> torch.Tensor:
         out = santapp_attention(q, kv, index, 4, scheme=scheme, mix=mix, seed=seed, draw=draw,

@@ -9,8 +9,9 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
 
 import pytest
-from test_engine import prompts, tiny_model
+from test_engine import prompts
 
+from conftest import tiny_llama
 from santa_bench.accuracy.engine import Engine, Prompt
 from santa_bench.methods import REGISTRY
 
@@ -33,7 +34,7 @@ def test_selection_methods_decode_through_their_kernels(spec):
     name, overrides = spec
     method = REGISTRY.get(name)
     params = method.resolve_params(overrides)
-    engine = Engine(tiny_model(layers=2), device="cpu", batch=2)
+    engine = Engine(tiny_llama(layers=2), device="cpu", batch=2)
     batch = [Prompt(p.ids, 4) for p in prompts(2)]
     fast = engine.generate(method, params, batch, seed=0, backend="triton")
     assert all(1 <= len(t) <= 4 for t in fast.tokens)

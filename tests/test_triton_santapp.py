@@ -44,7 +44,8 @@ from santa_kernels.triton_santapp import (
 )
 from santa_kernels.triton_santapp_select import _kth_largest, _kth_search
 
-pytestmark = pytest.mark.skipif(not santapp_triton_available()[0], reason="no Triton backend")
+pytestmark = [pytest.mark.skipif(not santapp_triton_available()[0], reason="no Triton backend"),
+              pytest.mark.usefixtures("one_thread")]
 
 DEVICE = "cuda" if santapp_triton_available()[1].startswith("cuda") else "cpu"
 F64 = torch.float64
@@ -57,13 +58,6 @@ def _problem(**kw) -> tuple[torch.Tensor, sk.KVCache]:
     return q.to(DEVICE), sk.KVCache.contiguous(kv.k.to(DEVICE), kv.v.to(DEVICE),
                                                kv.lengths.to(DEVICE))
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _gumbels(batch: int, heads: int, teams: int, seed: int) -> torch.Tensor:
