@@ -2,6 +2,8 @@
 interpreter cannot see, e.g. a variable whose type differs between branches).
 
 Run anywhere:  python3 scripts/check_compile.py   (the kernel groups in up to 2 processes)
+Registers and spills: TRITON_DUMP_PTXAS_LOG=1 TRITON_CACHE_DIR=$(mktemp -d) before it
+(ptxas's report above each kernel's line; a cached kernel prints none).
 """
 
 from __future__ import annotations
@@ -19,15 +21,25 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+import santa_kernels.triton_indexed as tix
+import santa_kernels.triton_page_select as tps
+import santa_kernels.triton_rest_sample as trs
 import santa_kernels.triton_santa as ts
 import santa_kernels.triton_santa_flash as tsf
 import santa_kernels.triton_santapp_attend as tsp_attend
 import santa_kernels.triton_santapp_merge as tsp_merge
 import santa_kernels.triton_santapp_pack as tsp_pack
 import santa_kernels.triton_santapp_select as tsp_select
+import santa_kernels.triton_selection as tsel
+import santa_kernels.triton_topk as ttk
+from santa_kernels.triton_splitkv import MIN_BLOCK_H, choose_num_splits
 
 TARGET = GPUTarget("cuda", 90, 32)
 H100_SHARED = 232448  # shared memory one program may use on sm_90 (227 KiB)
+H100_SMS = 132
+CTX = 32768  # the selection methods' shapes: ctx 32k, B = 8, page size 16
+BATCH = 8
+PAGE_SIZE = 16
 
 
 def compile_kernel(fn, types: list[str], consts: dict, options: dict | None = None,
@@ -361,6 +373,214 @@ def check_flash() -> int:
     return failures
 
 
+def _topk_splits(d: int, num_kv_heads: int) -> int:
+    """The splits of triton_topk's score pass at ``CTX`` and ``BATCH`` (as TopKSelect
+    computes them)."""
+    block_n = tix.SCORE_BLOCK_N[d]
+    tiles = -(-CTX // block_n)
+    splits = choose_num_splits(BATCH * num_kv_heads, CTX, block_n, H100_SMS,
+                               ttk.SCORE_PROGRAMS_PER_SM)
+    return -(-tiles // -(-tiles // splits))
+
+
+# the selection kernels' integer arguments (besides strides) that are multiples of 16 at
+# CTX and BATCH: capacities, page counts, list widths, split spans
+ALIGNED = ("capacity", "tokens_per_split", "page_cap", "width", "idx_cap", "tail_stride",
+           "draw_stride")
+
+
+def _aligned(fn) -> tuple[str, ...]:
+    """``fn``'s integer arguments a launch at ``CTX`` and ``BATCH`` specialises as
+    multiples of 16: its strides (a 0 stride too) and those of ``ALIGNED``."""
+    return tuple(a for a in fn.arg_names if a.startswith("stride_") or a in ALIGNED)
+
+
+def _pad(n: int) -> int:
+    return triton.next_power_of_2(n)
+
+
+def check_topk() -> int:
+    """triton_topk's score pass, mass + histogram and radix select; triton_rest_sample's
+    rest sums and systematic samples (top-k + S²ANTA), at the GQA groups, head dims and
+    layouts the selection methods launch them with."""
+    failures = 0
+    # (head dim, group, KV heads, paged)
+    for d, group, hkv, paged in ((128, 4, 8, False), (128, 8, 4, True), (64, 7, 2, False),
+                                 (64, 1, 8, True)):
+        splits = _topk_splits(d, hkv)
+        types = ["*bf16", "*bf16", "*i64", "*i32" if paged else "*i64", "*fp32", "*fp32",
+                 "*fp32", "fp32"] + ["i32"] * 11
+        consts = {"NUM_KV_HEADS": hkv, "GROUP": group, "HEAD_DIM": d,
+                  "BLOCK_H": max(MIN_BLOCK_H, _pad(group)), "BLOCK_N": tix.SCORE_BLOCK_N[d],
+                  "PAGED": paged, "PAGE_SIZE": PAGE_SIZE if paged else 1,
+                  "DOT_PRECISION": "tf32", "WIDEN_BF16": False}
+        err = compile_kernel(ttk._score_stats_kernel, types, consts,
+                             {"num_warps": ttk.NUM_WARPS},
+                             max_shared=H100_SHARED, divisible=_aligned(ttk._score_stats_kernel))
+        print(f"_score_stats_kernel d={d} G={group} paged={paged} splits={splits}: "
+              f"{err or 'ok'}")
+        failures += err is not None
+    # (group, KV heads, head dim, per head, sink, window): oracle top-k, vAttention's middle
+    for group, hkv, d, per_head, sink, window in (
+            (4, 8, 128, False, 0, 0), (1, 8, 128, False, 128, 128), (7, 2, 64, False, 0, 0),
+            (2, 8, 128, False, 0, 0), (4, 8, 128, True, 0, 0)):
+        splits = _topk_splits(d, hkv)
+        types = ["*fp32"] * 3 + ["*i64"] + ["*fp32"] * 2 + ["*i32"] + ["i32"] * 5
+        consts = {"NUM_SEL": hkv * group if per_head else hkv, "GROUP": group,
+                  "BLOCK_G": _pad(group), "SPLITS_PAD": max(2, _pad(splits)),
+                  "BLOCK": ttk.MASS_BLOCK, "PER_HEAD": per_head, "SINK": sink,
+                  "WINDOW": window, "NUM_BINS": ttk.HIST_BINS}
+        err = compile_kernel(ttk._mass_hist_kernel, types, consts,
+                             {"num_warps": ttk.NUM_WARPS},
+                             max_shared=H100_SHARED, divisible=_aligned(ttk._mass_hist_kernel))
+        print(f"_mass_hist_kernel G={group} per_head={per_head} splits={splits} "
+              f"sink={sink}: {err or 'ok'}")
+        failures += err is not None
+    # (k, group, KV heads, per head, sink, window)
+    for k, group, hkv, per_head, sink, window in (
+            (4096, 4, 8, False, 0, 0), (1024, 4, 8, True, 0, 0), (2048, 7, 2, False, 128, 128),
+            (64, 1, 8, False, 0, 0)):
+        types = ["*fp32", "*i32", "*i64"] + ["*i32"] * 4 + ["i32"] * 5
+        consts = {"K": k, "NUM_SEL": hkv * group if per_head else hkv, "GROUP": group,
+                  "PER_HEAD": per_head, "SINK": sink, "WINDOW": window,
+                  "NUM_BINS": ttk.HIST_BINS, "BLOCK": ttk.SELECT_BLOCK}
+        err = compile_kernel(ttk._select_kernel, types, consts,
+                             {"num_warps": ttk.SELECT_WARPS},
+                             max_shared=H100_SHARED, divisible=_aligned(ttk._select_kernel))
+        print(f"topk _select_kernel K={k} G={group} per_head={per_head} sink={sink}: "
+              f"{err or 'ok'}")
+        failures += err is not None
+    # (k, S, group, KV heads, head dim): k = 0 (no top set) samples every token
+    heads = ["*fp32"] * 3 + ["*i64", "*fp32", "*i32", "*i32", "*fp32", "*i32", "*fp32"]
+    for k, samples, group, hkv, d in ((2048, 256, 4, 8, 128), (64, 128, 7, 2, 64),
+                                      (0, 128, 1, 8, 128), (64, 100, 2, 8, 128)):
+        consts = {"NUM_KV_HEADS": hkv, "GROUP": group, "BLOCK_G": _pad(group),
+                  "SPLITS_PAD": max(2, _pad(_topk_splits(d, hkv))), "K": k, "S": samples,
+                  "BLOCK": trs.REST_BLOCK, "HAS_TOP": k > 0}
+        err = compile_kernel(trs._rest_sum_kernel, heads + ["i32"] * 9,
+                             {**consts, "BLOCK_S": min(128, _pad(samples))},
+                             {"num_warps": trs.NUM_WARPS}, max_shared=H100_SHARED,
+                             divisible=_aligned(trs._rest_sum_kernel))
+        print(f"_rest_sum_kernel k={k} S={samples} G={group}: {err or 'ok'}")
+        failures += err is not None
+        err = compile_kernel(trs._systematic_kernel, heads + ["*i64", "i32"] + ["i32"] * 9,
+                             consts, {"num_warps": trs.NUM_WARPS},
+                             max_shared=H100_SHARED, divisible=_aligned(trs._systematic_kernel))
+        print(f"_systematic_kernel k={k} S={samples} G={group}: {err or 'ok'}")
+        failures += err is not None
+    return failures
+
+
+def check_quest() -> int:
+    """Quest's bound kernel (bf16 bounds; the fused row select of shared=group, the
+    per-head bounds) and the row select of triton_page_select."""
+    failures = 0
+    page = 16
+    page_cap = CTX // page
+    # (head dim, group, paged, per head, update, select, pages): shared=group selects in
+    # the bound kernel (its page_bounds without); shared=head selects with _row_topk_kernel
+    for d, group, paged, per_head, update, select, pages in (
+            (128, 4, False, False, True, True, 256), (128, 4, True, False, True, True, 64),
+            (64, 7, False, True, True, False, 64), (64, 1, True, False, False, True, 64),
+            (128, 8, True, True, True, False, 256), (128, 4, False, False, True, False, 64)):
+        types = ["*bf16", "*bf16", "*i64", "*i32" if paged else "*i64", "*bf16", "*fp32",
+                 "*i32", "*i32", "*i32", "fp32"] + ["i32"] * 12
+        consts = {"NUM_KV_HEADS": 8, "GROUP": group, "HEAD_DIM": d,
+                  "BLOCK_H": max(MIN_BLOCK_H, _pad(group)),
+                  "BLOCK_P": tsel.QUEST_BLOCK_P[d] * 2,  # bf16 bounds: twice fp32's pages
+                  "PAGE": page, "PAGED": paged, "PAGE_SIZE": PAGE_SIZE if paged else 1,
+                  "PER_HEAD": per_head, "UPDATE": update, "DOT_PRECISION": "tf32",
+                  "WIDEN_BF16": False, "SELECT": select, "PAGES": pages,
+                  "SELECT_BLOCK": tsel.QUEST_SELECT_BLOCK,
+                  "SELECT_BLOCK_K": min(1024, _pad(pages))}
+        err = compile_kernel(tsel._quest_bound_kernel, types, consts, {"num_warps": 4},
+                             max_shared=H100_SHARED, divisible=_aligned(tsel._quest_bound_kernel))
+        print(f"_quest_bound_kernel d={d} G={group} paged={paged} per_head={per_head} "
+              f"update={update} select={select} pages={pages}: {err or 'ok'}")
+        failures += err is not None
+    for pages in (64, 256):  # shared=head: one row a query head
+        consts = {"K": pages, "BLOCK": min(tps.MAX_BLOCK, _pad(max(page_cap, 16))),
+                  "BLOCK_K": min(1024, _pad(pages))}
+        err = compile_kernel(tps._row_topk_kernel, ["*fp32", "*i32", "*i32"] + ["i32"] * 3,
+                             consts, {"num_warps": tps.NUM_WARPS},
+                             max_shared=H100_SHARED, divisible=_aligned(tps._row_topk_kernel))
+        print(f"_row_topk_kernel K={pages} BLOCK={consts['BLOCK']}: {err or 'ok'}")
+        failures += err is not None
+    return failures
+
+
+def check_indexed() -> int:
+    """triton_indexed's attention over listed rows (each selection method's use of it),
+    its split merge and its score pass; vAttention's plan kernel; the counter uniforms."""
+    failures = 0
+    # (method, head dim, group, paged, splits > 1)
+    for method, d, group, paged, split in (
+            ("oracle", 128, 4, False, True), ("oracle-head", 128, 4, True, True),
+            ("quest", 128, 8, True, True), ("quest-head", 64, 7, False, True),
+            ("vattention", 128, 4, False, True), ("vattention-reads", 64, 1, True, True),
+            ("topk-santa", 128, 4, True, True), ("topk-santa", 64, 1, False, True),
+            ("oracle", 64, 2, False, False)):
+        tail = method.startswith("vattention")
+        lw = method in ("oracle-head", "quest-head", "topk-santa")
+        count = method == "quest"
+        samples = method == "vattention-reads"
+        table = "*i32" if paged else "*i64"
+        types = ["*bf16"] * 3 + ["*i64", table, "*i32", "*i32" if count else "*i64",
+                                 "*fp32" if lw else "*i64"]
+        types += (["*i32"] * 3 + ["*fp32", "*u8", "*i64"] if tail else ["*i64"] * 6)
+        types += ["*i32" if samples else "*i64", "*bf16"]
+        types += ["*fp32"] * 3 if split else ["*bf16"] * 3
+        types += ["fp32"] + ["i32"] * 17
+        consts = {"NUM_KV_HEADS": 8, "GROUP": group, "HEAD_DIM": d,
+                  "BLOCK_H": max(MIN_BLOCK_H, _pad(group)), "CHUNK": tix.CHUNK[d],
+                  "BLOCK": 16 if method.startswith("quest") else 1, "PAGED": paged,
+                  "PAGE_SIZE": PAGE_SIZE if paged else 1, "HAS_INDEX": True,
+                  "HAS_COUNT": count, "HAS_LW": lw, "LW_PER_HEAD": lw and group > 1,
+                  "HAS_TAIL": tail, "HAS_EXCLUDE": tail, "STORE_SAMPLES": samples,
+                  "WRITE_OUT": not split,
+                  "DOT_PRECISION": "tf32", "WIDEN_BF16": False}
+        err = compile_kernel(tix._indexed_stage1, types, consts, {"num_warps": tix.NUM_WARPS},
+                             max_shared=H100_SHARED, divisible=_aligned(tix._indexed_stage1))
+        print(f"_indexed_stage1 {method} d={d} G={group} paged={paged} split={split}: "
+              f"{err or 'ok'}")
+        failures += err is not None
+    for d, splits in ((128, 6), (64, 16)):
+        consts = {"NUM_Q_HEADS": 32, "HEAD_DIM": d,
+                  "BLOCK_S": min(tix.MERGE_BLOCK_S, _pad(splits))}
+        err = compile_kernel(tix._indexed_merge, ["*fp32"] * 3 + ["*bf16"] + ["i32"] * 3,
+                             consts, {"num_warps": tix.NUM_WARPS},
+                             max_shared=H100_SHARED, divisible=_aligned(tix._indexed_merge))
+        print(f"_indexed_merge d={d} BLOCK_S={consts['BLOCK_S']}: {err or 'ok'}")
+        failures += err is not None
+    for d, group, paged in ((128, 4, False), (64, 7, True)):
+        types = ["*bf16", "*bf16", "*i64", "*i32" if paged else "*i64", "*fp32", "fp32"]
+        types += ["i32"] * 9
+        consts = {"NUM_KV_HEADS": 8, "GROUP": group, "HEAD_DIM": d,
+                  "BLOCK_H": max(MIN_BLOCK_H, _pad(group)), "BLOCK_N": tix.SCORE_BLOCK_N[d],
+                  "PAGED": paged, "PAGE_SIZE": PAGE_SIZE if paged else 1,
+                  "DOT_PRECISION": "tf32", "WIDEN_BF16": False}
+        err = compile_kernel(tix._scores_kernel, types, consts, {"num_warps": tix.NUM_WARPS},
+                             max_shared=H100_SHARED, divisible=_aligned(tix._scores_kernel))
+        print(f"_scores_kernel d={d} G={group} paged={paged}: {err or 'ok'}")
+        failures += err is not None
+    # (group, top-k): the defaults, the 32k budget, no top-k (a placeholder pointer)
+    for group, topk in ((4, 256), (7, 2048), (1, 0)):
+        types = ["*fp32", "*fp32", "*i32", "*i64", "*u8", "*i32", "*i32", "*fp32", "*i32",
+                 "*i32", "*i64", "i32", "fp32", "fp32"] + ["i32"] * 4
+        consts = {"NUM_KV_HEADS": 8, "GROUP": group, "BLOCK_H": max(MIN_BLOCK_H, _pad(group)),
+                  "SINK": 128, "WINDOW": 128, "TOPK": topk, "BLOCK": tsel.VATTENTION_BLOCK}
+        err = compile_kernel(tsel._vattention_plan_kernel, types, consts, {"num_warps": 4},
+                             max_shared=H100_SHARED,
+                             divisible=_aligned(tsel._vattention_plan_kernel))
+        print(f"_vattention_plan_kernel G={group} topk={topk}: {err or 'ok'}")
+        failures += err is not None
+    err = compile_kernel(tsel._uniform_kernel, ["*fp32", "*i64", "i32", "i32"],
+                         {"BLOCK": tsel.UNIFORM_BLOCK})
+    print(f"_uniform_kernel: {err or 'ok'}")
+    failures += err is not None
+    return failures
+
+
 def _captured(check: Callable[[], int]) -> tuple[int, str]:
     """Runs one check group: ``(failures, what it printed)``."""
     out = io.StringIO()
@@ -373,7 +593,7 @@ def main(jobs: int | None = None) -> int:
     """Compiles every group, ``jobs`` processes at a time (default: up to 2 CPUs); 1 on
     any failure."""
     checks = (check_score, check_finish, check_attend, check_select, check_flash,
-              check_decode_linear, check_bernoulli)
+              check_decode_linear, check_bernoulli, check_topk, check_quest, check_indexed)
     jobs = jobs or min(2, os.cpu_count() or 1)
     if jobs == 1:
         results = [_captured(check) for check in checks]

@@ -4,7 +4,9 @@ The interpreter runs kernels as Python and cannot see compile-time errors (a var
 whose type differs between the branches of an ``if``, a constexpr misuse); this compiles
 the SANTA++ finisher and the prop score pass through Triton's real pipeline (frontend,
 LLVM, ptxas from the Triton wheel) for an H100/H200 target, in a subprocess without
-``TRITON_INTERPRET`` (the interpreter replaces the kernels' objects at import).
+``TRITON_INTERPRET`` (the interpreter replaces the kernels' objects at import), and the
+selection fast paths' kernels (top-k, rest samples, Quest, vAttention, indexed attention),
+which otherwise run only under the interpreter here.
 """
 
 from __future__ import annotations
@@ -15,6 +17,13 @@ import sys
 from pathlib import Path
 
 import pytest
+
+# the selection fast paths' kernels, each compiled at least once by scripts/check_compile.py
+SELECTION_KERNELS = (
+    "_score_stats_kernel", "_mass_hist_kernel", "topk _select_kernel", "_rest_sum_kernel",
+    "_systematic_kernel", "_quest_bound_kernel", "_row_topk_kernel", "_indexed_stage1",
+    "_indexed_merge", "_scores_kernel", "_vattention_plan_kernel", "_uniform_kernel",
+)
 
 
 def test_kernels_compile_for_hopper():
@@ -27,3 +36,7 @@ def test_kernels_compile_for_hopper():
                           text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count(": ok") >= 12, done.stdout
+    lines = done.stdout.splitlines()
+    missing = [name for name in SELECTION_KERNELS
+               if not any(line.startswith(name) and line.endswith(": ok") for line in lines)]
+    assert not missing, f"not compiled: {missing}\n{done.stdout}"

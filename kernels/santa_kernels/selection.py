@@ -39,9 +39,6 @@ from santa_kernels.validate import (
     check_scale,
 )
 
-QUEST_BOUND_BYTES = 4
-"""Bytes of one stored Quest page bound (fp32: a bf16 bound reorders close pages)."""
-
 SHARED = ("group", "head")
 VATTENTION_MODES = ("denominator", "output")
 COMPUTE_DTYPES = (torch.float32, torch.float64)
@@ -262,9 +259,9 @@ def quest(
     batch, hq, _ = chosen.shape
     rows = chosen.reshape(batch, hq // scored.group, scored.group, n).any(dim=2).sum(-1)
     used_pages = (kv.lengths + page - 1) // page
-    # the bounds as the fast path stores them (fp32), counted in elements of the cache dtype
-    per_bound = max(1, QUEST_BOUND_BYTES // kv.dtype.itemsize)
-    k_features = (2 * per_bound * used_pages[:, None].to(rows.device) + rows) * kv.head_dim
+    # the bounds as the fast path stores them: in the cache dtype (a page's max and min
+    # are keys' values, so exactly)
+    k_features = (2 * used_pages[:, None].to(rows.device) + rows) * kv.head_dim
     return _output(scored, kv, weights, chosen, k_features, compute_dtype)
 
 

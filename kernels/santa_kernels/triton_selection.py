@@ -1,5 +1,5 @@
-"""Fast paths of the selection methods (docs/algorithms.md section 10): the selection as
-tensor ops on the device, the attention through ``triton_indexed``.
+"""Fast paths of the selection methods (docs/algorithms.md section 10): the selection in
+Triton kernels on the device, the attention through ``triton_indexed``.
 
 Each method is a *step* object, built once for a query and cache shape (buffers,
 workspace, splits, the seed) and then called as ``step(q, kv, layer=0)`` for one decode
@@ -9,20 +9,25 @@ counter-based, keyed by the seed and a device step counter that every call advan
 first (``rng``; ``reset_rng`` replays a run), so layers, steps and graph replays draw
 fresh numbers (Philox, ``tl.rand``, in the kernels):
 
-- :class:`OracleTopKStep`: the scores of every token (``qk_scores``), the softmax, the
-  top-``k`` by the group's summed probability (or per head), indexed attention.
-- :class:`QuestStep`: per layer, the pages' key bounds ``[B, Hkv, P, 2d]`` (max, then
-  min; fp32, since bounds rounded to bf16 reorder close pages), built after the prefill
-  (:meth:`QuestStep.build`); one Triton kernel folds the newest token's key into its page
-  (the last page's bounds, not the whole cache) and writes every page's score bound
-  ``τ (q⁺·max + q⁻·min)`` (the group's largest), then the top pages, page-block
+- :class:`OracleTopKStep`: the score pass and the exact top-``k`` select of
+  ``triton_topk`` (by the group's summed probability, or per head by score), indexed
   attention.
-- :class:`VAttentionStep`: scores, the top-k of the middle range, then one Triton kernel
-  per (sequence, KV head) lists the sink/window/top-k rows, draws the base sample and
-  writes the CLT budget, and the indexed kernel draws the uniform tail itself (Philox).
-- :class:`TopKSantaStep`: scores, the group's top-k, each head's systematic samples of
-  the rest (cumulative sum and ``searchsorted``), per-head log-weights so that one
-  indexed call attends to both.
+- :class:`QuestStep`: per layer, the pages' key bounds ``[B, Hkv, P, 2d]`` (max, then
+  min; in the cache dtype, which holds them exactly: a page's max and min are keys'
+  values), built after the prefill (:meth:`QuestStep.build`). A decode step is three
+  launches (``shared="group"``; four per head): one Triton kernel folds the newest
+  token's key into its page (the last page's bounds, not the whole cache), writes every
+  page's score bound ``τ (q⁺·max + q⁻·min)`` (the group's largest; the products exact,
+  fp32 sums), and its last program of each row picks the row's top pages by a radix
+  select (``triton_page_select``; per head, its own launch); the indexed kernel attends
+  to the chosen pages in blocks (split-KV, then its merge, skipped with one split).
+- :class:`VAttentionStep`: the score pass, ``triton_topk``'s select of the middle
+  range, then one Triton kernel per (sequence, KV head) lists the sink/window/top-k
+  rows, draws the base sample and writes the CLT budget, and the indexed kernel draws
+  the uniform tail itself (Philox).
+- :class:`TopKSantaStep`: the score pass, the group's top-k select, each head's
+  systematic samples of the rest (``triton_rest_sample``: rest sums per split, then the
+  samples and their per-head log-weights), so that one indexed call attends to both.
 
 ``read_counts`` (untimed, syncs) returns what a call reads, for the byte model.
 """
@@ -44,9 +49,11 @@ from santa_kernels.triton_indexed import (
     _static_for,
     choose_splits,
     indexed_attention,
-    qk_scores,
 )
-from santa_kernels.triton_splitkv import kv_capacity
+from santa_kernels.triton_page_select import _select_row, row_topk
+from santa_kernels.triton_rest_sample import RestSampler
+from santa_kernels.triton_splitkv import _mma, kv_capacity
+from santa_kernels.triton_topk import TopKSelect
 from santa_kernels.validate import InputError, check_positive_int, check_scale
 
 UNIFORM_KEY = 0x5BD1E995  # the tensor-side uniforms' Philox key differs from the kernels'
@@ -99,7 +106,6 @@ class _Step:
         self.device = q.device
         self.rng = torch.zeros(1, dtype=torch.int64, device=q.device)
         self.out = torch.empty_like(q)
-        self.positions = torch.arange(self.capacity, device=q.device)
 
     def reset_rng(self, step: int = 0) -> None:
         """Sets the device step counter: a run replays exactly."""
@@ -109,17 +115,6 @@ class _Step:
         splits = choose_splits(q, kv, rows)
         return IndexedWorkspace(self.batch, self.num_q_heads, self.head_dim, splits,
                                 device=q.device)
-
-    def _scores(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
-        return qk_scores(q, kv, scale=self.scale, out=self.scores)
-
-    def _group_top(self, probs: torch.Tensor, allowed: torch.Tensor, k: int) -> torch.Tensor:
-        """``[B, Hkv, k]`` int64: the ``k`` largest summed group probabilities among
-        ``allowed [B, capacity]`` (-1 where fewer are allowed)."""
-        mass = probs.view(self.batch, self.num_kv_heads, self.group, self.capacity).sum(2)
-        mass = mass.masked_fill(~allowed[:, None, :], -1.0)
-        values, index = mass.topk(k, dim=-1)
-        return torch.where(values < 0, torch.full_like(index, -1), index)
 
     def _own_segments(self, width: int) -> torch.Tensor:
         """``[B, Hq, G * width]`` fp32: 0 on each head's own segment of a group list made
@@ -143,7 +138,8 @@ class _Step:
 
 # ------------------------------------------------------------------ oracle top-k
 class OracleTopKStep(_Step):
-    """Oracle top-``k`` (``shared="group"`` or ``"head"``)."""
+    """Oracle top-``k`` (``shared="group"`` or ``"head"``): the score pass and the radix
+    select of ``triton_topk``, then indexed attention."""
 
     def __init__(self, q: torch.Tensor, kv: KVCache, *, k: int, shared: str = "group",
                  scale: float | None = None, seed: int = 0) -> None:
@@ -152,21 +148,18 @@ class OracleTopKStep(_Step):
         if shared not in ("group", "head"):
             raise InputError(f"shared: expected group or head, got {shared!r}")
         self.k, self.shared = min(k, self.capacity), shared
-        self.scores = torch.empty(self.batch, self.num_q_heads, self.capacity,
-                                  dtype=torch.float32, device=q.device)
+        self.top = TopKSelect(q, kv, self.k, per_head=shared == "head", scale=self.scale)
+        self.scores = self.top.scores
         rows = self.k if shared == "group" else self.group * self.k
+        self.rows = torch.empty(self.batch, self.num_kv_heads, rows, dtype=torch.int32,
+                                device=q.device)
         self.log_weights = self._own_segments(self.k) if shared == "head" else None
         self.workspace = self._workspace(q, kv, rows)
 
     def select(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
         """``[B, Hkv, R]`` int32 chosen tokens (-1: none)."""
-        scores = self._scores(q, kv)
-        if self.shared == "group":
-            valid = self.positions[None, :] < kv.lengths[:, None]
-            return self._group_top(torch.softmax(scores, dim=-1), valid, self.k).int()
-        values, index = scores.topk(self.k, dim=-1)  # [B, Hq, k]
-        index = torch.where(values == float("-inf"), torch.full_like(index, -1), index)
-        return index.view(self.batch, self.num_kv_heads, self.group * self.k).int()
+        self.top.run_scores(q, kv)
+        return self.top.run_select(kv, self.rows)
 
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
         return indexed_attention(q, kv, self.select(q, kv), log_weights=self.log_weights,
@@ -194,13 +187,18 @@ class QuestStep(_Step):
         self.page_cap = -(-self.capacity // page)
         self.pages = min(pages, self.page_cap)
         shape = (self.batch, self.num_kv_heads, self.page_cap, 2 * self.head_dim)
-        # fp32: a bound rounded to bf16 reorders pages whose bounds are close
-        self.bounds = [torch.zeros(shape, dtype=torch.float32, device=q.device)
+        # the cache dtype: a page's max and min are keys, so the bounds are exact
+        self.bounds = [torch.zeros(shape, dtype=kv.k.dtype, device=q.device)
                        for _ in range(num_layers)]
         self.rows = torch.arange(self.batch, device=q.device)
         heads = self.num_kv_heads if shared == "group" else self.num_q_heads
         self.upper = torch.empty(self.batch, heads, self.page_cap, dtype=torch.float32,
                                  device=q.device)
+        self.chosen = torch.empty(self.batch * heads, self.pages, dtype=torch.int32,
+                                  device=q.device)
+        self.counts = torch.empty(self.batch * heads, dtype=torch.int32, device=q.device)
+        self.arrivals = torch.zeros(self.batch * self.num_kv_heads, dtype=torch.int32,
+                                    device=q.device)  # the fused select's, 0 between calls
         self.log_weights = self._own_segments(self.pages) if shared == "head" else None
         rows = self.pages * page * (1 if shared == "group" else self.group)
         self.workspace = self._workspace(q, kv, rows)
@@ -225,7 +223,7 @@ class QuestStep(_Step):
         used = valid.view(self.batch, self.page_cap, self.page, 1, 1).any(2)
         zero = torch.zeros((), dtype=keys.dtype, device=self.device)
         both = torch.cat([torch.where(used, kmax, zero), torch.where(used, kmin, zero)], -1)
-        self.bounds[layer].copy_(both.permute(0, 2, 1, 3).float())
+        self.bounds[layer].copy_(both.permute(0, 2, 1, 3))
 
     def page_bounds(self, q: torch.Tensor, kv: KVCache, layer: int = 0,
                     update: bool = True) -> torch.Tensor:
@@ -233,67 +231,92 @@ class QuestStep(_Step):
         fp32 score bounds, ``-inf`` past the used pages and ``+inf`` on the last one. With
         ``update``, first folds each sequence's newest key (at ``length − 1``) into its
         page's bounds (a page's first token resets them); repeating it changes nothing."""
+        return self._bounds(q, kv, layer, update, select=False)
+
+    def _bounds(self, q: torch.Tensor, kv: KVCache, layer: int, update: bool,
+                select: bool) -> torch.Tensor:
+        """Launches the bound kernel (with ``select``, choosing the pages as well)."""
         st = _static_for(q, kv)
         out = self.upper
         page_table = kv.page_table if st.paged else kv.lengths
         k_strides = kv.k.stride()
         bounds = self.bounds[layer]
-        block_p = QUEST_BLOCK_P[self.head_dim]
+        # 16-bit bounds: twice the pages of fp32 in a program's registers
+        block_p = QUEST_BLOCK_P[self.head_dim] * max(1, 4 // bounds.element_size())
         _quest_bound_kernel[(-(-self.page_cap // block_p), self.batch * self.num_kv_heads)](
-            q, kv.k, kv.lengths, page_table, bounds, out, self.scale, self.page_cap,
+            q, kv.k, kv.lengths, page_table, bounds, out, self.arrivals, self.chosen,
+            self.counts, self.scale, self.page_cap,
             q.stride(0), q.stride(1), k_strides[0], k_strides[1], k_strides[2],
             page_table.stride(0) if st.paged else 0,
             bounds.stride(0), bounds.stride(1), bounds.stride(2), out.stride(0), out.stride(1),
             NUM_KV_HEADS=self.num_kv_heads, GROUP=self.group, HEAD_DIM=self.head_dim,
             BLOCK_H=st.block_h, BLOCK_P=block_p, PAGE=self.page, PAGED=st.paged,
             PAGE_SIZE=st.page_size, PER_HEAD=self.shared == "head", UPDATE=update,
-            num_warps=4,
+            DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16, SELECT=select,
+            PAGES=self.pages, SELECT_BLOCK=QUEST_SELECT_BLOCK,
+            SELECT_BLOCK_K=min(1024, triton.next_power_of_2(self.pages)), num_warps=4,
         )  # fmt: skip
         return out
 
     def select(self, q: torch.Tensor, kv: KVCache, layer: int = 0,
                update: bool = False) -> torch.Tensor:
-        """``[B, Hkv, R]`` int32 chosen pages (-1: none)."""
-        values, index = self.page_bounds(q, kv, layer, update).topk(self.pages, dim=-1)
-        index = torch.where(values == float("-inf"), torch.full_like(index, -1), index)
-        return index.reshape(self.batch, self.num_kv_heads, -1).int()
+        """``[B, Hkv, R]`` int32 chosen pages, ascending (each query head's run of
+        ``pages`` one after the other with ``shared="head"``), -1 after the chosen ones:
+        the top ``pages`` bounds of each row (``triton_page_select``), never a page past
+        the sequence, always its last one."""
+        if self.shared == "group" and QUEST_FUSED_SELECT:  # one launch for both
+            self._bounds(q, kv, layer, update, select=True)
+        else:  # per head: a program per row rather than G rows in a bound program
+            upper = self.page_bounds(q, kv, layer, update)
+            row_topk(upper.view(-1, self.page_cap), self.pages, out=self.chosen,
+                     counts=self.counts)
+        return self.chosen.view(self.batch, self.num_kv_heads, -1)
 
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
-        return indexed_attention(q, kv, self.select(q, kv, layer, update=True),
-                                 block=self.page, log_weights=self.log_weights,
-                                 scale=self.scale, out=self.out, workspace=self.workspace)
+        chosen = self.select(q, kv, layer, update=True)
+        counts = self.counts if self.shared == "group" else None  # skip the -1 tail
+        return indexed_attention(q, kv, chosen, counts=counts, block=self.page,
+                                 log_weights=self.log_weights, scale=self.scale,
+                                 out=self.out, workspace=self.workspace)
 
     def read_counts(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> ReadCounts:
-        """The bounds (``2 x used pages x d`` fp32 values per KV head, counted at their
-        size in cache elements), the chosen pages' K and V rows (their union over the
-        group)."""
+        """The bounds (``2 x used pages x d`` values per KV head, at their stored size in
+        cache elements), the chosen pages' K and V rows (their union over the group)."""
         chosen = self.select(q, kv, layer).long()
         tokens = chosen[..., None] * self.page + torch.arange(self.page, device=self.device)
         tokens = torch.where(chosen[..., None] >= 0, tokens, torch.full_like(tokens, -1))
         rows = _unique_rows(tokens.flatten(2), kv.lengths.long(), self.capacity)
         used = (kv.lengths.long() + self.page - 1) // self.page
-        # the bounds at their own dtype (fp32), in elements of the cache dtype
+        # the bounds at their own dtype, in elements of the cache dtype
         per_bound = max(1, self.bounds[0].element_size() // kv.dtype.itemsize)
         return self._reads(kv, rows, (2 * per_bound * used[:, None] + rows) * self.head_dim)
 
 
 
 # ------------------------------------------------------------------ Quest's page bounds
-QUEST_BLOCK_P = {16: 64, 32: 64, 64: 64, 128: 32, 256: 16}  # pages a program scores
+QUEST_BLOCK_P = {16: 64, 32: 64, 64: 64, 128: 32, 256: 16}  # pages a program scores (fp32)
+QUEST_FUSED_SELECT = True  # shared="group": the bound kernel's last program per row selects
+QUEST_SELECT_BLOCK = 256  # scores the fused select counts at a time (registers)
 
 
 @triton.jit
 def _quest_bound_kernel(
-    q_ptr, k_ptr, lengths_ptr, page_table_ptr, bounds_ptr, out_ptr, tau, page_cap,
+    q_ptr, k_ptr, lengths_ptr, page_table_ptr, bounds_ptr, out_ptr,
+    arrive_ptr, chosen_ptr, count_ptr, tau, page_cap,
     stride_qb, stride_qh, stride_kblk, stride_kn, stride_kh, stride_ptb,
     stride_bb, stride_bh, stride_bp, stride_ob, stride_oh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PER_HEAD: tl.constexpr, UPDATE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
+    SELECT: tl.constexpr, PAGES: tl.constexpr, SELECT_BLOCK: tl.constexpr,
+    SELECT_BLOCK_K: tl.constexpr,
 ):
     """Quest's score bounds of ``BLOCK_P`` pages of one (sequence, KV head) for its
     ``G`` query heads, ``τ (q⁺·max + q⁻·min)``; the program holding the sequence's last
-    page first folds the newest key into that page's bounds (its bound is +inf anyway)."""
+    page first folds the newest key into that page's bounds (its bound is +inf anyway).
+    With ``SELECT`` (the group's bound), the row's last program to finish (an arrival
+    counter, reset after) picks its top ``PAGES`` pages (``triton_page_select``)."""
     tile = tl.program_id(0)
     pid = tl.program_id(1)
     b = pid // NUM_KV_HEADS
@@ -315,21 +338,28 @@ def _quest_bound_kernel(
                 k_row = k_ptr + phys * stride_kblk + (t % PAGE_SIZE) * stride_kn
             else:
                 k_row = k_ptr + b.to(tl.int64) * stride_kblk + t.to(tl.int64) * stride_kn
+            # fp32 compares (the interpreter compares 16-bit floats' bits), exact stores
             key = tl.load(k_row + kv_head * stride_kh + offs_d).to(tl.float32)
             row = b_base + last_page.to(tl.int64) * stride_bp
-            kmax = tl.load(row + offs_d)
-            kmin = tl.load(row + HEAD_DIM + offs_d)
+            kmax = tl.load(row + offs_d).to(tl.float32)
+            kmin = tl.load(row + HEAD_DIM + offs_d).to(tl.float32)
             fresh = (offs_d * 0 + t % PAGE) == 0  # the page's first token: reset
-            tl.store(row + offs_d, tl.where(fresh, key, tl.maximum(kmax, key)))
-            tl.store(row + HEAD_DIM + offs_d, tl.where(fresh, key, tl.minimum(kmin, key)))
+            bound_ty = bounds_ptr.dtype.element_ty
+            tl.store(row + offs_d, tl.where(fresh, key, tl.maximum(kmax, key)).to(bound_ty))
+            tl.store(row + HEAD_DIM + offs_d,
+                     tl.where(fresh, key, tl.minimum(kmin, key)).to(bound_ty))
     mask_p = offs_p < page_cap
     rows = b_base + offs_p[:, None].to(tl.int64) * stride_bp + offs_d[None, :]
     kmax = tl.load(rows, mask=mask_p[:, None], other=0.0)
     kmin = tl.load(rows + HEAD_DIM, mask=mask_p[:, None], other=0.0)
+    # the query in the cache dtype, as the attention reads it: with a 16-bit cache each
+    # product q_j · bound_j is exact in fp32 (tensor cores), only the sums round
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=mask_h[:, None], other=0.0).to(tl.float32)
-    upper = tl.dot(tl.maximum(q, 0.0), tl.trans(kmax), input_precision="ieee")
-    upper = tl.dot(tl.minimum(q, 0.0), tl.trans(kmin), acc=upper, input_precision="ieee")
+                mask=mask_h[:, None], other=0.0).to(bounds_ptr.dtype.element_ty).to(tl.float32)
+    q_pos = tl.maximum(q, 0.0).to(bounds_ptr.dtype.element_ty)
+    q_neg = tl.minimum(q, 0.0).to(bounds_ptr.dtype.element_ty)
+    upper = _mma(q_pos, tl.trans(kmax), None, DOT_PRECISION, WIDEN_BF16)
+    upper = _mma(q_neg, tl.trans(kmin), upper, DOT_PRECISION, WIDEN_BF16)
     upper = upper * tau
     upper = tl.where((offs_p >= used)[None, :], float("-inf"), upper)
     upper = tl.where((offs_p == last_page)[None, :], float("inf"), upper)
@@ -340,6 +370,17 @@ def _quest_bound_kernel(
         group_max = tl.max(tl.where(mask_h[:, None], upper, float("-inf")), axis=0)
         tl.store(out_ptr + b * stride_ob + kv_head * stride_oh + offs_p, group_max,
                  mask=mask_p)
+        if SELECT:
+            # the semaphore pattern: every thread's stores, a CTA barrier, one thread's
+            # release; its acquire (then the barrier that shares its result) orders the
+            # select's loads after every program's stores of the row
+            tl.debug_barrier()
+            arrived = tl.atomic_add(arrive_ptr + pid, 1, sem="acq_rel")
+            if arrived == tl.num_programs(0) - 1:  # the row's bounds are all written
+                _select_row(out_ptr + b * stride_ob + kv_head * stride_oh,
+                            chosen_ptr + pid.to(tl.int64) * PAGES, count_ptr + pid, page_cap,
+                            PAGES, SELECT_BLOCK, SELECT_BLOCK_K)
+                tl.store(arrive_ptr + pid, 0)  # the next call counts afresh
 
 # ------------------------------------------------------------------ vAttention
 VATTENTION_BLOCK = 128  # rows of the exact set or draws a step of the plan kernel
@@ -486,8 +527,10 @@ class VAttentionStep(_Step):
         self.z_over_eps = normal_quantile(1.0 - delta / 2.0) / epsilon
         self.block_h = _static_for(q, kv).block_h
         batch, hkv = self.batch, self.num_kv_heads
-        self.scores = torch.empty(batch, self.num_q_heads, self.capacity, dtype=torch.float32,
-                                  device=q.device)
+        self.top = TopKSelect(q, kv, max(self.topk, 1), scale=self.scale)
+        self.scores = self.top.scores
+        self.top_rows = torch.empty(batch, hkv, max(self.topk, 1), dtype=torch.int32,
+                                    device=q.device)
         self.exclude = torch.zeros(batch, hkv, self.capacity + 1, dtype=torch.uint8,
                                    device=q.device)
         width = self.sink + self.window + self.topk
@@ -501,16 +544,13 @@ class VAttentionStep(_Step):
     def plan(self, q: torch.Tensor, kv: KVCache) -> tuple[torch.Tensor, UniformTail]:
         """The exact rows ``[B, Hkv, R]`` and the uniform tail of one call."""
         self.rng.add_(1)
-        scores = self._scores(q, kv)
-        lse = torch.logsumexp(scores, dim=-1)  # [B, Hq]
+        scores = self.top.run_scores(q, kv)
         top = self.lo  # a placeholder pointer without a top-k
-        if self.topk:
-            n = kv.lengths
-            lo = n.clamp(max=self.sink)
-            hi = torch.maximum(n - self.window, lo)
-            in_range = (self.positions[None, :] >= lo[:, None]) & (self.positions[None, :]
-                                                                  < hi[:, None])
-            top = self._group_top(torch.exp(scores - lse[..., None]), in_range, self.topk)
+        if self.topk:  # the middle range's top-k; writes lse too
+            top = self.top.run_select(kv, self.top_rows, self.sink, self.window)
+            lse = self.top.lse
+        else:
+            lse = torch.logsumexp(scores, dim=-1)  # [B, Hq]
         self.exclude.zero_()
         _vattention_plan_kernel[(self.batch * self.num_kv_heads,)](
             scores, lse, top, kv.lengths, self.exclude,
@@ -555,46 +595,27 @@ class TopKSantaStep(_Step):
             raise InputError(f"k: expected an integer >= 0, got {k!r}")
         check_positive_int(S, "S")
         self.k, self.S = min(k, self.capacity), S
-        self.scores = torch.empty(self.batch, self.num_q_heads, self.capacity,
-                                  dtype=torch.float32, device=q.device)
+        self.top = TopKSelect(q, kv, max(self.k, 1), scale=self.scale)
+        self.scores = self.top.scores
+        self.sampler = RestSampler(self.top, self.k, S)
+        self.rows = torch.empty(self.batch, self.num_kv_heads, self.k + self.group * S,
+                                dtype=torch.int32, device=q.device)
         # log-weights: 0 on the top-k rows, each head's own samples after them
         self.log_weights = torch.cat([
             torch.zeros(self.batch, self.num_q_heads, self.k, device=q.device),
             self._own_segments(S)], -1).contiguous()
-        self.offsets = torch.arange(S, device=q.device, dtype=torch.float32)
         self.workspace = self._workspace(q, kv, self.k + self.group * S)
 
     def plan(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
-        """The rows ``[B, Hkv, k + G S]`` of one call (their log-weights written)."""
-        batch, hkv, group, cap, S = (self.batch, self.num_kv_heads, self.group,
-                                     self.capacity, self.S)
+        """The rows ``[B, Hkv, k + G S]`` of one call (their log-weights written): the
+        score pass, the top-k select, the rest's sums and systematic samples."""
         self.rng.add_(1)
-        scores = self._scores(q, kv)
-        n = kv.lengths.long()
-        probs = torch.softmax(scores, dim=-1)  # [B, Hq, cap]
-        parts = []
-        rest = probs
+        self.top.run_scores(q, kv)
         if self.k:
-            top = self._group_top(probs, self.positions[None, :] < n[:, None], self.k)
-            slot = torch.where(top >= 0, top, torch.full_like(top, cap))
-            chosen = torch.zeros(batch, hkv, cap + 1, dtype=torch.bool, device=self.device)
-            chosen.scatter_(2, slot, True)
-            rest = probs.view(batch, hkv, group, cap).masked_fill(
-                chosen[:, :, None, :cap], 0.0).view(batch, self.num_q_heads, cap)
-            parts.append(top)
-        mass = rest.sum(-1, keepdim=True)  # M per head
-        cdf = rest.cumsum(-1)
-        cdf = cdf / cdf[..., -1:].clamp_min(1e-30)
-        offset = counter_uniform(self.seed, self.rng, (batch, self.num_q_heads, 1))
-        thresholds = (offset + self.offsets) / S  # [B, Hq, S]
-        drawn = torch.searchsorted(cdf, thresholds, right=True)
-        drawn = torch.minimum(drawn, (n - 1)[:, None, None])
-        lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-        log_w = mass.log() + lse - math.log(S) - scores.gather(-1, drawn)  # [B, Hq, S]
-        segments = self.log_weights[..., self.k:].view(batch, hkv, group, group, S)
-        segments.diagonal(0, 2, 3).copy_(log_w.view(batch, hkv, group, S).permute(0, 1, 3, 2))
-        parts.append(drawn.view(batch, hkv, group * S))
-        return torch.cat(parts, -1).int()
+            self.top.run_select(kv, self.rows)
+        self.sampler.run(kv, self.rows, self.log_weights, self.rng,
+                         (self.seed ^ UNIFORM_KEY) & 0x7FFFFFFF)
+        return self.rows
 
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
         return indexed_attention(q, kv, self.plan(q, kv), log_weights=self.log_weights,

@@ -1,0 +1,112 @@
+"""triton-page-select: the ``k`` largest entries of each row of an fp32 score matrix, in
+one Triton kernel (Quest's page choice, docs/algorithms.md section 10).
+
+One program owns a row. It finds the row's ``k``-th largest value by a radix select on
+the scores' order-preserving integer keys (``triton_topk``'s), four bits a pass from the
+top (8 passes, each counting, for the 16 values of the next digit, the keys at or above
+it under the digits found; 8 dependent reductions rather than a sort's or a bitwise
+select's 32), then writes, in ascending position order, every position above that
+threshold and the first positions equal to it, until ``k`` are taken; ``-inf`` is never
+taken. The rest of the row's ``k`` slots get ``-1`` and ``counts`` the number taken. A
+row holds any number of scores (``MAX_BLOCK`` at a time, re-read from L1/L2 each pass).
+No host-device sync, static shapes: a decode step can capture it in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from santa_kernels.triton_topk import _order_key
+from santa_kernels.validate import InputError, check_positive_int
+
+MAX_BLOCK = 512  # scores a program counts at a time
+RADIX_BITS = tl.constexpr(4)  # key bits a pass resolves (8 passes)
+RADIX = tl.constexpr(16)
+NUM_WARPS = 8
+
+
+@triton.jit
+def _select_row(base, out_row, count_at, width, K: tl.constexpr, BLOCK: tl.constexpr,
+                BLOCK_K: tl.constexpr):
+    """The top ``K`` of the ``width`` scores at ``base`` into ``out_row`` (ascending, -1
+    after them) and their number into ``count_at`` (see the module docstring)."""
+    offs = tl.arange(0, BLOCK)
+    digits = tl.arange(0, RADIX)
+    want = tl.minimum(width, K)
+    # the K-th largest key, RADIX_BITS bits a pass from the top: `prefix` holds the digits
+    # found, `greater` counts the keys above the prefix in the bits found so far
+    prefix = tl.cast(0, tl.int64)
+    greater = 0
+    for shift in tl.static_range(32 - RADIX_BITS, -RADIX_BITS, -RADIX_BITS):
+        counts = tl.zeros([RADIX, BLOCK], tl.int32)
+        for p0 in range(0, width, BLOCK):
+            inside = p0 + offs < width
+            key = _order_key(tl.load(base + p0 + offs, mask=inside, other=float("-inf")))
+            key = key.to(tl.int64)  # shifts by up to 32 bits below
+            match = inside & ((key >> (shift + RADIX_BITS)) == (prefix >> (shift + RADIX_BITS)))
+            digit = ((key >> shift) & (RADIX - 1)).to(tl.int32)
+            counts += (match[None, :] & (digit[None, :] >= digits[:, None])).to(tl.int32)
+        at_least = greater + tl.sum(counts, axis=1)  # [RADIX]: keys >= (prefix, digit)
+        pick = tl.max(tl.where(at_least >= want, digits, 0), axis=0)
+        greater = tl.max(tl.where(digits == pick + 1, at_least, greater), axis=0)
+        prefix = prefix | (pick.to(tl.int64) << shift)
+    ties = want - greater  # entries equal to the threshold to take, first by position
+    taken = 0
+    seen = 0
+    for p0 in range(0, width, BLOCK):
+        inside = p0 + offs < width
+        s = tl.load(base + p0 + offs, mask=inside, other=float("-inf"))
+        key = _order_key(s).to(tl.int64)
+        live = inside & (s > float("-inf"))
+        equal = live & (key == prefix)
+        rank = seen + tl.cumsum(equal.to(tl.int32), axis=0) - 1
+        take = live & ((key > prefix) | (equal & (rank < ties)))
+        slot = taken + tl.cumsum(take.to(tl.int32), axis=0) - 1
+        tl.store(out_row + slot, p0 + offs, mask=take)
+        taken += tl.sum(take.to(tl.int32), axis=0)
+        seen += tl.sum(equal.to(tl.int32), axis=0)
+    offs_k = tl.arange(0, BLOCK_K)
+    for j0 in range(0, K, BLOCK_K):
+        j = j0 + offs_k
+        tl.store(out_row + j, tl.full([BLOCK_K], -1, tl.int32), mask=(j >= taken) & (j < K))
+    tl.store(count_at, taken)
+
+
+@triton.jit
+def _row_topk_kernel(
+    s_ptr, out_ptr, count_ptr, width, stride_s, stride_o,
+    K: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    _select_row(s_ptr + row * stride_s, out_ptr + row * stride_o, count_ptr + row, width, K,
+                BLOCK, BLOCK_K)
+
+
+def row_topk(scores: torch.Tensor, k: int, out: torch.Tensor | None = None,
+             counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns ``(index [R, k] int32, counts [R] int32)``: each row's positions of its
+    ``k`` largest finite-or-``+inf`` scores of ``scores [R, P]`` (fp32, unit stride in
+    P) in ascending order, ``-1`` after the ``counts`` taken (see the module
+    docstring). Ties at the threshold go to the lowest positions."""
+    check_positive_int(k, "k")
+    if scores.dim() != 2 or scores.dtype != torch.float32 or scores.stride(1) != 1:
+        raise InputError(f"scores: expected an fp32 [R, P] tensor with unit stride in P, got "
+                         f"{tuple(scores.shape)} {scores.dtype}")
+    rows, width = scores.shape
+    if out is None:
+        out = torch.empty(rows, k, dtype=torch.int32, device=scores.device)
+    if counts is None:
+        counts = torch.empty(rows, dtype=torch.int32, device=scores.device)
+    if (out.shape != (rows, k) or out.dtype != torch.int32 or out.stride(1) != 1
+            or counts.shape != (rows,) or counts.dtype != torch.int32):
+        raise InputError(f"out, counts: expected int32 [{rows}, {k}] and [{rows}]")
+    if rows == 0:
+        return out, counts
+    block = min(MAX_BLOCK, triton.next_power_of_2(max(width, 16)))
+    _row_topk_kernel[(rows,)](
+        scores, out, counts, width, scores.stride(0), out.stride(0),
+        K=k, BLOCK=block, BLOCK_K=min(1024, triton.next_power_of_2(k)), num_warps=NUM_WARPS,
+    )  # fmt: skip
+    return out, counts

@@ -1,0 +1,195 @@
+"""triton-topk: the score pass with its stats and the radix select, against torch
+(runs under TRITON_INTERPRET=1 on CPU; the same tests run the compiled kernels on a GPU)."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere
+
+import pytest
+import torch
+
+import santa_kernels as sk
+
+ti = pytest.importorskip("santa_kernels.triton_indexed")
+tk = pytest.importorskip("santa_kernels.triton_topk")
+_OK, _WHY = ti.indexed_available()
+if not _OK:
+    pytest.skip(f"triton-indexed unavailable: {_WHY}", allow_module_level=True)
+
+DEVICE = "cuda" if _WHY == "cuda" else "cpu"
+
+
+def _tied_problem(batch=2, hkv=2, group=3, n=600, d=16, lengths=(600, 77), pool=12, seed=0):
+    """Keys drawn from ``pool`` integer rows, so many tokens share a score (ties in every
+    head, hence in the group's summed probabilities)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randint(-2, 3, (batch, hkv * group, d), generator=gen).float()
+    rows = torch.randint(-1, 2, (pool, d), generator=gen).float()
+    pick = torch.randint(0, pool, (batch, n, hkv), generator=gen)
+    k = rows[pick]
+    v = torch.randn(batch, n, hkv, d, generator=gen)
+    kv = sk.KVCache.contiguous(k.to(DEVICE), v.to(DEVICE), torch.tensor(lengths, device=DEVICE))
+    return q.to(DEVICE), kv
+
+
+def _random_problem(batch=2, hkv=2, group=4, n=700, d=16, lengths=(700, 341), seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, hkv * group, d, generator=gen) * 2.0
+    k = torch.randn(batch, n, hkv, d, generator=gen)
+    v = torch.randn(batch, n, hkv, d, generator=gen)
+    return q.to(DEVICE), sk.KVCache.contiguous(k.to(DEVICE), v.to(DEVICE),
+                                               torch.tensor(lengths, device=DEVICE))
+
+
+def _select(q, kv, k, per_head, sink=0, window=0):
+    scale = q.shape[-1] ** -0.5
+    top = tk.TopKSelect(q, kv, k, per_head=per_head, scale=scale)
+    width = k * (top.group if per_head else 1)
+    out = torch.full((q.shape[0], kv.num_kv_heads, width), 7, dtype=torch.int32,
+                     device=q.device)
+    top.run_scores(q, kv)
+    top.run_select(kv, out, sink, window)
+    assert top.splits > 1  # the stats of several splits are merged
+    return top, out.cpu()
+
+
+def _check_top_set(chosen, values, allowed, k):
+    """``chosen [k]`` (-1 padded) is a top-``k`` set of ``values [N]`` over ``allowed``:
+    distinct, allowed, ``min(k, allowed)`` of them, none smaller than a left-out one."""
+    picked = chosen[chosen >= 0].long()
+    assert torch.equal(chosen[: len(picked)], chosen[chosen >= 0])  # -1 only at the end
+    assert len(set(picked.tolist())) == len(picked) == min(k, int(allowed.sum()))
+    assert allowed[picked].all()
+    rest = allowed.clone()
+    rest[picked] = False
+    if rest.any() and len(picked):
+        assert values[picked].min() >= values[rest].max()
+    # the same values as torch.topk's set (the sets agree up to ties)
+    ref = values.masked_fill(~allowed, float("-inf")).topk(len(picked)).values
+    assert torch.equal(values[picked].sort(descending=True).values, ref)
+
+
+@pytest.mark.parametrize("k", [1, 20, 77, 400, 600])
+@pytest.mark.parametrize("tied", [False, True])
+def test_select_per_head_is_torch_topk_of_the_scores(k, tied):
+    q, kv = (_tied_problem if tied else _random_problem)()
+    top, out = _select(q, kv, k, per_head=True)
+    scores = top.scores.cpu()
+    lengths = kv.lengths.cpu()
+    n = scores.shape[-1]
+    for b in range(q.shape[0]):
+        allowed = torch.arange(n) < lengths[b]
+        for h in range(q.shape[1]):
+            g, j = divmod(h, top.group)
+            _check_top_set(out[b, g, j * k:(j + 1) * k], scores[b, h], allowed, k)
+
+
+@pytest.mark.parametrize("k", [1, 20, 77, 400, 600])
+@pytest.mark.parametrize("tied", [False, True])
+def test_select_by_group_mass_is_torch_topk_of_the_summed_probabilities(k, tied):
+    q, kv = (_tied_problem if tied else _random_problem)()
+    top, out = _select(q, kv, k, per_head=False)
+    scores, mass = top.scores.cpu().double(), top.mass.cpu()
+    lengths = kv.lengths.cpu()
+    n = scores.shape[-1]
+    assert torch.allclose(top.lse.cpu().double(), torch.logsumexp(scores, -1), atol=1e-5)
+    probs = torch.softmax(scores, -1).view(q.shape[0], kv.num_kv_heads, top.group, n).sum(2)
+    for b in range(q.shape[0]):
+        allowed = torch.arange(n) < lengths[b]
+        assert torch.allclose(mass[b][:, allowed].double(), probs[b][:, allowed], atol=1e-6)
+        assert (mass[b][:, ~allowed] == -1).all()
+        for g in range(kv.num_kv_heads):
+            _check_top_set(out[b, g], mass[b, g], allowed, k)
+    assert int(top.hist.abs().sum()) == 0  # zeroed for the next call
+
+
+def test_select_between_a_sink_and_a_window_and_its_threshold():
+    q, kv = _tied_problem(lengths=(600, 95))
+    top, out = _select(q, kv, 30, per_head=False, sink=10, window=50)
+    lo, hi = torch.tensor([10, 10]), torch.tensor([550, 45])
+    mass = top.mass.cpu()
+    n = mass.shape[-1]
+    keys = mass.view(torch.int32).long()  # non-negative floats: bits in value order
+    for b in range(2):
+        allowed = (torch.arange(n) >= lo[b].item()) & (torch.arange(n) < hi[b].item())
+        for g in range(kv.num_kv_heads):
+            _check_top_set(out[b, g], mass[b, g], allowed, 30)
+            # chosen exactly when key > T, or key == T up to the last tie taken
+            row = b * kv.num_kv_heads + g
+            thr, last = int(top.thr_key[row]) & 0x7FFFFFFF, int(top.thr_tok[row])
+            mark = allowed & ((keys[b, g] > thr) | ((keys[b, g] == thr)
+                                                    & (torch.arange(n) <= last)))
+            chosen = torch.zeros(n, dtype=torch.bool)
+            chosen[out[b, g][out[b, g] >= 0].long()] = True
+            assert torch.equal(mark, chosen)
+
+
+def test_scores_and_stats_match_torch_contiguous_and_paged():
+    q, kv = _random_problem(n=500, lengths=(500, 233))
+    paged = kv.to_paged(16, generator=torch.Generator().manual_seed(0))
+    scale = q.shape[-1] ** -0.5
+    for cache in (kv, paged):
+        ref = ti.qk_scores(q, cache, scale=scale).cpu()
+        top = tk.TopKSelect(q, cache, 8, scale=scale)
+        assert torch.allclose(top.run_scores(q, cache).cpu(), ref, atol=1e-5)
+        out = torch.empty(2, 2, 8, dtype=torch.int32, device=DEVICE)
+        top.run_select(cache, out)
+        assert torch.allclose(top.lse.cpu(), torch.logsumexp(ref, -1), atol=1e-5)
+
+
+@pytest.mark.parametrize(("k", "group"), [(0, 3), (16, 3), (16, 1)])
+def test_rest_samples_are_torch_systematic_samples_of_the_rest(k, group):
+    """The rest sampler's tokens and log-weights against ``searchsorted`` on the
+    cumulative rest (the same uniform per head), its rest sums against torch."""
+    ts = pytest.importorskip("santa_kernels.triton_selection")
+    q, kv = _random_problem(hkv=2, group=group, n=700, lengths=(700, 260))
+    S = 8
+    step = ts.TopKSantaStep(q, kv, k=k, S=S, seed=4)
+    assert step.top.splits > 1
+    rows = step.plan(q, kv).cpu().long()
+    scores = step.scores.cpu().double()
+    batch, hq, _ = scores.shape
+    group = hq // kv.num_kv_heads
+    probs = torch.softmax(scores, -1)
+    rest = probs.clone()
+    if k:
+        for b in range(batch):
+            for g in range(kv.num_kv_heads):
+                top = rows[b, g, :k]
+                rest[b, g * group:(g + 1) * group, top[top >= 0]] = 0.0
+    mass = rest.sum(-1)
+    sums = step.sampler.rest.view(batch, hq, -1).sum(-1).cpu().double()
+    assert torch.allclose(sums, mass, rtol=1e-4, atol=1e-7)
+    u = ts.counter_uniform(4, step.rng, (batch, hq, 1)).cpu().double()
+    thresholds = (u + torch.arange(S)) / S * mass[..., None]
+    drawn = torch.searchsorted(rest.cumsum(-1), thresholds, right=True)
+    lw = step.log_weights.cpu().double()
+    for b in range(batch):
+        for h in range(hq):
+            g, j = divmod(h, group)
+            got = rows[b, g, k + j * S:k + (j + 1) * S]
+            assert torch.equal(got, drawn[b, h])
+            want = (mass[b, h].log() + torch.logsumexp(scores[b, h], -1) - torch.tensor(S).log()
+                    - scores[b, h, got])
+            assert torch.allclose(lw[b, h, k + j * S:k + (j + 1) * S], want, atol=1e-4)
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_select_with_every_token_tied_takes_the_first_ones(per_head):
+    q, kv = _tied_problem(pool=1, lengths=(600, 150))
+    top, out = _select(q, kv, 100, per_head=per_head)
+    for b in range(2):
+        for g in range(kv.num_kv_heads):
+            width = 100 * (top.group if per_head else 1)
+            assert out[b, g].tolist() == list(range(100)) * (width // 100)
+
+
+@pytest.mark.parametrize("shared", ["group", "head"])
+def test_oracle_topk_step_on_a_paged_cache_is_the_contiguous_one(shared):
+    ts = pytest.importorskip("santa_kernels.triton_selection")
+    q, kv = _random_problem(n=640, lengths=(640, 200))
+    paged = kv.to_paged(16, generator=torch.Generator().manual_seed(2))
+    flat = ts.OracleTopKStep(q, kv, k=40, shared=shared)
+    pages = ts.OracleTopKStep(q, paged, k=40, shared=shared)
+    assert torch.equal(flat.select(q, kv).cpu(), pages.select(q, paged).cpu())
+    assert torch.allclose(flat(q, kv).cpu(), pages(q, paged).cpu(), atol=1e-6)
