@@ -212,6 +212,9 @@ def pareto(
     skip_corrupt: Annotated[bool, typer.Option(
         "--skip-corrupt", help="Leave out the rows of unreadable (corrupt) result parts, "
         "named in the verdict, instead of refusing.")] = False,
+    min_dense: Annotated[float | None, typer.Option(
+        help="Dense score (0-1) a task needs to count (default 0.40): retention on a task "
+        "the model can hardly do is too noisy to rank methods.")] = None,
 ) -> None:
     """The verdict: speedup and retention of the same configurations, the Pareto front, and
     per task family the fastest configuration matched to dense (non-inferior by a paired
@@ -247,7 +250,8 @@ def pareto(
         found = verdict_mod.verdicts(
             frame, store.runs(), model,
             shape=verdict_mod.Shape.parse(shape) if shape else None,
-            ctx=ctx_tokens[0], batches=tuple(batches), gpu=gpu)
+            ctx=ctx_tokens[0], batches=tuple(batches), gpu=gpu,
+            min_dense=verdict_mod.INFORMATIVE if min_dense is None else min_dense)
     except (ValueError, verdict_mod.ParetoError) as exc:
         _fail(str(exc))
         return

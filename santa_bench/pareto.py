@@ -28,8 +28,10 @@ of them) is its own configuration (``santapp:M=256 dense_layers=21,22,23``); its
 time is that of the mean layer of such a step, from its sampled configuration's kernel
 row and the best dense latency of the same run (:func:`with_dense_layers`).
 
-A task is *informative* where dense scores at least :data:`INFORMATIVE` (a task the model
-cannot do at all says nothing about what a method keeps): only those count.
+A task is *informative* where dense scores at least :data:`INFORMATIVE` (``--min-dense``):
+a task the model can hardly do says little about what a method keeps (at 25% and n = 100
+a retention interval spans about +-35%), and the accuracy protocol runs every
+configuration at n >= 100 on the tasks above this line; only those count.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from santa_bench.labels import present as _present
 from santa_bench.methods import REGISTRY
 from santa_bench.stores import CPU, check_gpu, row_gpus
 
-INFORMATIVE = 0.20  # dense score below which a task is left out
+INFORMATIVE = 0.40  # dense score below which a task is left out (--min-dense)
 MARGIN_POINTS = 2.0  # non-inferiority margin: score minus dense's, percentage points
 RETENTION_BANDS = (0.99, 0.95, 0.90)  # the verdict's retention bands (point estimates)
 BOOTSTRAP = 2000
@@ -185,9 +187,9 @@ def accuracy_rows(frame: pd.DataFrame, model: str, ctx: int) -> dict[str, Accura
     return out
 
 
-def informative_tasks(dense: Accuracy) -> list[str]:
-    """The tasks where dense scores at least :data:`INFORMATIVE`."""
-    return sorted(t for t, s in dense.per_task.items() if len(s) and s.mean() >= INFORMATIVE)
+def informative_tasks(dense: Accuracy, min_dense: float = INFORMATIVE) -> list[str]:
+    """The tasks where dense scores at least ``min_dense``."""
+    return sorted(t for t, s in dense.per_task.items() if len(s) and s.mean() >= min_dense)
 
 
 @dataclass
@@ -507,6 +509,7 @@ class Verdict:
     set_aside: list[str] = field(default_factory=list)  # configs run with dense layers
     accuracy_gpus: list[str] = field(default_factory=list)  # the accuracy runs' GPUs
     skipped_parts: list[str] = field(default_factory=list)  # unreadable parts left out
+    min_dense: float = INFORMATIVE  # dense score of an informative task
 
     @property
     def has_captured(self) -> bool:
@@ -593,22 +596,27 @@ def _gpus_of_rows(frame: pd.DataFrame, runs: Sequence[dict[str, Any]]) -> set[st
 
 def verdicts(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
              shape: Shape | None = None, ctx: int = 32768, batches: Sequence[int] = (1, 8),
-             gpu: str | None = None) -> list[Verdict]:
+             gpu: str | None = None, min_dense: float = INFORMATIVE) -> list[Verdict]:
     """:func:`verdict` on ``gpu``; with none, one verdict per GPU of the kernel rows in
     scope (:func:`kernel_gpus`), in name order (one verdict where there are none)."""
     try:
-        return [verdict(frame, runs, model, shape=shape, ctx=ctx, batches=batches, gpu=gpu)]
+        return [verdict(frame, runs, model, shape=shape, ctx=ctx, batches=batches, gpu=gpu,
+                        min_dense=min_dense)]
     except SeveralGPUs as exc:
-        return [verdict(frame, runs, model, shape=shape, ctx=ctx, batches=batches, gpu=one)
+        return [verdict(frame, runs, model, shape=shape, ctx=ctx, batches=batches, gpu=one,
+                        min_dense=min_dense)
                 for one in exc.gpus]
 
 
 def verdict(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
             shape: Shape | None = None, ctx: int = 32768, batches: Sequence[int] = (1, 8),
-            gpu: str | None = None) -> Verdict:
+            gpu: str | None = None, min_dense: float = INFORMATIVE) -> Verdict:
     """Joins accuracy and kernel rows of ``model`` (see the module's docstring): the kernel
     rows of ``gpu`` (None: the one GPU of the kernel rows in scope; where they span several,
-    a ParetoError: see :func:`verdicts`), the accuracy rows of any GPU."""
+    a ParetoError: see :func:`verdicts`), the accuracy rows of any GPU, on the tasks where
+    dense scores at least ``min_dense``."""
+    if not 0.0 <= min_dense < 1.0:
+        raise ParetoError(f"--min-dense: a score in [0, 1), got {min_dense}")
     if gpu is not None:
         try:
             check_gpu(gpu, _gpus_of_rows(frame, runs))
@@ -635,7 +643,7 @@ def verdict(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
     accuracy_runs = sorted(set(acc_rows.run_id.astype(str)))
     accuracy_gpus = sorted(set(row_gpus(acc_rows, list(runs))))
     dense = acc["dense"]
-    tasks = informative_tasks(dense)
+    tasks = informative_tasks(dense, min_dense)
     families: dict[str, list[str]] = {}
     for task in tasks:
         families.setdefault(task_family(task), []).append(task)
@@ -697,4 +705,4 @@ def verdict(frame: pd.DataFrame, runs: Sequence[dict[str, Any]], model: str, *,
                    {b: best_dense_latency(frame, shape, ctx, b, captured_prefix(model),
                                           runs=captured_runs)
                     for b in batches} if labels else {},
-                   set_aside, accuracy_gpus)
+                   set_aside, accuracy_gpus, min_dense=min_dense)

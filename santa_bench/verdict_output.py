@@ -13,7 +13,6 @@ import pandas as pd
 
 from santa_bench.methods import REGISTRY
 from santa_bench.pareto import (
-    INFORMATIVE,
     MARGIN_POINTS,
     RETENTION_BANDS,
     Point,
@@ -146,7 +145,7 @@ def markdown(result: Verdict, command: str = "") -> str:
         "the model's and the estimator's); retention = the configuration's "
         "task-averaged score over dense's on the same samples (paired bootstrap 95% "
         f"interval), on the {len(result.tasks)} informative tasks (dense >= "
-        f"{100 * INFORMATIVE:.0f}%). *Matched* = non-inferior to dense by a paired test: "
+        f"{100 * result.min_dense:.0f}%). *Matched* = non-inferior to dense by a paired test: "
         "the 95% paired bootstrap interval of the score minus dense's (the same samples "
         f"resampled for both) lies above -{MARGIN_POINTS:g} points. Where that interval "
         "holds 0 the configuration is *not separable* from dense: the data do not rank "

@@ -124,6 +124,19 @@ def test_only_the_current_flash_kernel_times_santa_flash():
     assert pareto._retired_flash(pd.DataFrame([{"method": "santa-flash"}])).all()
 
 
+def test_min_dense_decides_which_tasks_count(store):
+    frame, runs = store.load(), store.runs()
+    dense = {t: np.mean(s) for t, s in pareto.accuracy_rows(frame, MODEL, 32768)["dense"]
+             .per_task.items()}
+    for floor in (0.0, 0.5, 0.9):
+        result = pareto.verdict(frame, runs, MODEL, min_dense=floor)
+        assert result.tasks == sorted(t for t, v in dense.items() if v >= floor)
+        assert f"dense >= {100 * floor:.0f}%" in verdict_output.markdown(result, "cmd")
+    assert "ruler-qa_1" in pareto.verdict(frame, runs, MODEL, min_dense=0.0).tasks
+    with pytest.raises(pareto.ParetoError, match="min-dense"):
+        pareto.verdict(frame, runs, MODEL, min_dense=1.5)
+
+
 def test_verdict_joins_marks_the_front_and_picks_the_fastest_matched(store):
     result = pareto.verdict(store.load(), store.runs(), MODEL)
     assert str(result.shape) == "14/2/64" and result.gpu == "NVIDIA H200"

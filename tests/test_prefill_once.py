@@ -177,6 +177,23 @@ def test_a_group_keeps_no_prefill_in_the_store_but_a_single_call_does():
     assert single.prefills.bytes > 0 and single.prefills.misses == len(prompts)
 
 
+def test_a_single_call_keeps_no_prefill_once_the_device_runs_short(monkeypatch):
+    """Kept prefills beside a batch's static cache once filled an 80 GB GPU: none is kept
+    while the device has less free than the engine's headroom."""
+    prompts = [Prompt(tuple(range(1, n)), 3) for n in (20, 31)]
+    dense = REGISTRY.get("dense")
+    short = Engine(tiny_llama(), batch=2)
+    short.headroom = 1 << 30
+    monkeypatch.setattr(short, "free_device_bytes", lambda: (1 << 30) - 1)
+    short.generate(dense, {}, prompts, backend="sdpa")
+    assert short.prefills.bytes == 0 and short.prefills.misses == len(prompts)
+    roomy = Engine(tiny_llama(), batch=2)
+    roomy.headroom = 1 << 30
+    monkeypatch.setattr(roomy, "free_device_bytes", lambda: 1 << 30)
+    roomy.generate(dense, {}, prompts, backend="sdpa")
+    assert roomy.prefills.bytes > 0
+
+
 @pytest.mark.parametrize("held_out", ["ruler-niah_single_2", "ruler-niah_multivalue"])
 def test_the_estimate_of_a_task_without_rows_is_near_its_measured_time(held_out):
     """Leave one task of the committed 1.5B run out: its 15 cases, estimated from the other

@@ -61,6 +61,7 @@ WARMUP_STEPS = 2  # eager steps before a step is captured in a CUDA graph
 READ_LAYERS = 4  # layers (evenly spaced) whose last call is read-counted on a GPU
 CPU_PREFILL_BYTES = 2 << 30
 GPU_PREFILL_SHARE = 0.3  # of the device's memory, for prefills kept between methods
+GPU_PREFILL_HEADROOM = 0.08  # of the device's memory left free when a prefill is kept
 
 
 def resolve_backend(method: Method, device: str, reference: bool = False) -> str:
@@ -174,6 +175,10 @@ class Engine:
                 total = torch.cuda.get_device_properties(0).total_memory
                 prefill_bytes = int(GPU_PREFILL_SHARE * total)
         self.prefills = PrefillStore(prefill_bytes)
+        self.headroom = 0  # bytes a kept prefill must leave the device (the next prefill's)
+        if self.device == "cuda":
+            self.headroom = int(GPU_PREFILL_HEADROOM * torch.cuda.get_device_properties(0)
+                                .total_memory)
         self.prefill_tokens = 0  # prompt tokens prefilled (store misses), all groups
 
     # ------------------------------------------------------------------ prefill
@@ -204,10 +209,25 @@ class Engine:
                 v.transpose(0, 1).repeat_interleave(group, dim=0)[None],
                 is_causal=True, scale=self.scale)
             x = model.layer_output(layer, x, attn[0].transpose(0, 1))
-        if keep:
+        if keep and self._room_to_keep():
             self.prefills.put(ids, ks, vs)
         self.prefill_tokens += n
         return ks, vs
+
+    def free_device_bytes(self) -> int | None:
+        """Bytes the device can still give (free, plus what torch holds unused); None on
+        a CPU, where the store's own budget is the only bound."""
+        if self.device != "cuda":
+            return None
+        free, _ = torch.cuda.mem_get_info()
+        return free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+
+    def _room_to_keep(self) -> bool:
+        """Whether a prefill just made may stay in the store: beside a batch's static cache
+        the store's budget alone can fill the device (a batch of 50 prompts of 32k on an
+        80 GB GPU did), so one is kept only while the headroom stays free."""
+        free = self.free_device_bytes()
+        return free is None or free >= self.headroom
 
     # ------------------------------------------------------------------ decode
     def generate(
