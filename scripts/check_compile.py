@@ -477,12 +477,17 @@ def check_quest() -> int:
     failures = 0
     page = 16
     page_cap = CTX // page
-    # (head dim, group, paged, per head, update, select, pages): shared=group selects in
-    # the bound kernel (its page_bounds without); shared=head selects with _row_topk_kernel
-    for d, group, paged, per_head, update, select, pages in (
-            (128, 4, False, False, True, True, 256), (128, 4, True, False, True, True, 64),
-            (64, 7, False, True, True, False, 64), (64, 1, True, False, False, True, 64),
-            (128, 8, True, True, True, False, 256), (128, 4, False, False, True, False, 64)):
+    # (head dim, group, paged, per head, update, select, pages, histogram): shared=group
+    # selects in the bound kernel (its page_bounds without), byte-wise or four bits a
+    # pass; shared=head selects with _row_topk_kernel
+    for d, group, paged, per_head, update, select, pages, histogram in (
+            (128, 4, False, False, True, True, 256, True),
+            (128, 4, True, False, True, True, 64, True),
+            (128, 8, False, False, True, True, 64, False),
+            (64, 7, False, True, True, False, 64, True),
+            (64, 1, True, False, False, True, 64, True),
+            (128, 8, True, True, True, False, 256, True),
+            (128, 4, False, False, True, False, 64, True)):
         types = ["*bf16", "*bf16", "*i64", "*i32" if paged else "*i64", "*bf16", "*fp32",
                  "*i32", "*i32", "*i32", "fp32"] + ["i32"] * 12
         consts = {"NUM_KV_HEADS": 8, "GROUP": group, "HEAD_DIM": d,
@@ -491,20 +496,23 @@ def check_quest() -> int:
                   "PAGE": page, "PAGED": paged, "PAGE_SIZE": PAGE_SIZE if paged else 1,
                   "PER_HEAD": per_head, "UPDATE": update, "DOT_PRECISION": "tf32",
                   "WIDEN_BF16": False, "SELECT": select, "PAGES": pages,
-                  "SELECT_BLOCK": tsel.QUEST_SELECT_BLOCK,
-                  "SELECT_BLOCK_K": min(1024, _pad(pages))}
+                  "SELECT_BLOCK": (tps.select_block(page_cap, histogram=True) if histogram
+                                   else tsel.QUEST_SELECT_BLOCK),
+                  "SELECT_BLOCK_K": min(1024, _pad(pages)), "HISTOGRAM": histogram}
         err = compile_kernel(tsel._quest_bound_kernel, types, consts, {"num_warps": 4},
                              max_shared=H100_SHARED, divisible=_aligned(tsel._quest_bound_kernel))
         print(f"_quest_bound_kernel d={d} G={group} paged={paged} per_head={per_head} "
-              f"update={update} select={select} pages={pages}: {err or 'ok'}")
+              f"update={update} select={select} pages={pages} histogram={histogram}: "
+              f"{err or 'ok'}")
         failures += err is not None
-    for pages in (64, 256):  # shared=head: one row a query head
-        consts = {"K": pages, "BLOCK": min(tps.MAX_BLOCK, _pad(max(page_cap, 16))),
-                  "BLOCK_K": min(1024, _pad(pages))}
+    for pages, histogram in ((64, True), (256, True), (64, False)):  # shared=head: a row a head
+        consts = {"K": pages, "BLOCK": tps.select_block(page_cap, histogram),
+                  "BLOCK_K": min(1024, _pad(pages)), "HISTOGRAM": histogram}
         err = compile_kernel(tps._row_topk_kernel, ["*fp32", "*i32", "*i32"] + ["i32"] * 3,
                              consts, {"num_warps": tps.NUM_WARPS},
                              max_shared=H100_SHARED, divisible=_aligned(tps._row_topk_kernel))
-        print(f"_row_topk_kernel K={pages} BLOCK={consts['BLOCK']}: {err or 'ok'}")
+        print(f"_row_topk_kernel K={pages} BLOCK={consts['BLOCK']} histogram={histogram}: "
+              f"{err or 'ok'}")
         failures += err is not None
     return failures
 

@@ -83,6 +83,7 @@ def test_shell_scripts_parse(script):
 TOOLS = {
     "accuracy_table.py": "tests/test_engine.py",
     "check_compile.py": "tests/test_compile.py",
+    "profile_quest.py": "tests/test_profile_quest.py",
     "profile_santa.py": "tests/test_profile_santa.py",
     "fidelity_one_index.py": "tests/test_santapp_draws.py",
     "team_stats.py": "tests/test_team_stats.py",

@@ -92,3 +92,45 @@ def test_row_topk_rejects_a_wrong_scores_tensor():
         ps.row_topk(torch.zeros(2, 4, dtype=torch.float64), 2)
     with pytest.raises(sk.InputError, match="k: "):
         ps.row_topk(torch.zeros(2, 4), 0)
+
+
+def _hard_rows(width: int) -> torch.Tensor:
+    """Rows a select can get wrong: distinct, coarse ties, one value, -inf tails, +inf,
+    negatives only, and nothing live."""
+    gen = torch.Generator().manual_seed(width)
+    rows = torch.randn(8, width, generator=gen) * 5.0
+    rows[1] = torch.randint(-2, 3, (width,), generator=gen).float()  # few values, many ties
+    rows[2] = 1.5
+    rows[3, width // 3:] = -INF
+    rows[4, -1] = INF
+    rows[4, : width // 2] = -INF
+    rows[5] = -rows[5].abs() - 1.0
+    rows[6] = -INF
+    rows[7] = torch.randn(width, generator=gen).to(torch.bfloat16).float()  # bf16 bounds
+    return rows
+
+
+@pytest.mark.parametrize(("width", "k", "hist_block"), [
+    (50, 8, None), (300, 64, None), (2048, 64, None), (2048, 256, None), (300, 7, 64),
+    (1000, 300, 128)])
+def test_byte_wise_select_chooses_what_four_bits_a_pass_chooses(width, k, hist_block,
+                                                                 monkeypatch):
+    """The byte-wise select (4 histogram passes, the row of 2048 pages one block) lists
+    the same positions in the same slots as the select four bits a pass, and as the
+    reference's top-k where no tie is at stake; several blocks a pass with a small
+    ``HIST_BLOCK``."""
+    if hist_block is not None:
+        monkeypatch.setattr(ps, "HIST_BLOCK", hist_block)
+    scores = _hard_rows(width)
+    monkeypatch.setattr(ps, "BY_HISTOGRAM", False)
+    old_index, old_counts = _select(scores, k)
+    monkeypatch.setattr(ps, "BY_HISTOGRAM", True)
+    index, counts = _select(scores, k)
+    _check_layout(index, counts)
+    assert torch.equal(index, old_index) and torch.equal(counts, old_counts)
+    live = (scores > -INF).sum(-1)
+    assert counts.tolist() == torch.minimum(live, torch.tensor(k)).tolist()
+    for r in (0, 3, 4, 5):  # distinct live scores: exactly torch.topk's set
+        n = int(counts[r])
+        expected = scores[r].topk(n).indices.sort().values
+        assert torch.equal(index[r, :n], expected)

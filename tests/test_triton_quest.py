@@ -144,6 +144,56 @@ def test_quest_page_attention_is_dense_softmax_over_the_chosen_pages(layout, gro
     assert float((out - ref).norm() / ref.norm()) < 2e-2
 
 
+def _cpu(kv):
+    if kv.layout == "paged":
+        return sk.KVCache.paged(kv.k.cpu(), kv.v.cpu(), kv.page_table.cpu(), kv.lengths.cpu())
+    return sk.KVCache.contiguous(kv.k.cpu(), kv.v.cpu(), kv.lengths.cpu())
+
+
+def _chosen_lists(step) -> list[list[int]]:
+    """Each row's chosen pages, in their slots, up to its count."""
+    rows = step.chosen.cpu().view(-1, step.pages)
+    return [row[:n].tolist() for row, n in zip(rows, step.counts.cpu().tolist(), strict=True)]
+
+
+@pytest.mark.parametrize(("layout", "shared", "fused", "page", "n", "hist_block"), [
+    ("contiguous", "group", True, 16, 1024, None), ("paged", "group", True, 16, 1024, None),
+    ("paged", "group", False, 16, 1024, None), ("contiguous", "head", False, 16, 1024, None),
+    ("contiguous", "group", True, 2, 4096, None),  # 2048 pages a row, as 32k tokens of 16
+    ("paged", "group", True, 4, 1024, 32)])  # a row of 256 pages in 8 blocks
+def test_quest_byte_wise_select_chooses_the_pages_of_the_old_select_and_the_reference(
+        layout, shared, fused, page, n, hist_block, monkeypatch):
+    """The byte-wise select (fused in the bound kernel, or triton_page_select's own
+    launch) lists the same pages in the same slots as the select four bits a pass, so
+    the step's output is the same to the bit; both are the reference's page choice on
+    the kernel's bounds, and its attention within fp tolerance."""
+    monkeypatch.setattr(ts, "QUEST_FUSED_SELECT", fused)
+    if hist_block is not None:
+        monkeypatch.setattr(ts.triton_page_select, "HIST_BLOCK", hist_block)
+    q, kv = _problem(batch=2, hkv=2, group=4, n=n, d=16, lengths=(n, n * 7 // 10), seed=5,
+                     layout=layout, q_scale=2.0)
+    step = _step(q, kv, page=page, pages=12, shared=shared)
+    runs = {}
+    for histogram in (False, True):
+        monkeypatch.setattr(ts.triton_page_select, "BY_HISTOGRAM", histogram)
+        out = step(q, kv).clone()
+        runs[histogram] = (_chosen_lists(step), step.counts.clone(), out)
+    assert not step.arrivals.any()
+    (old, old_counts, old_out), (new, counts, out) = runs[False], runs[True]
+    assert new == old and torch.equal(counts, old_counts) and torch.equal(out, old_out)
+    # the reference's choice on the kernel's own bounds (a row's group max, or per head)
+    bound = step.upper.cpu().double()
+    if shared == "group":
+        bound = bound.repeat_interleave(step.group, 1)
+    ref = sel.quest_page_choice(bound, kv.lengths.cpu(), page, 12, step.group, shared)
+    if shared == "group":
+        ref = ref[:, ::step.group]
+    assert new == [row.nonzero().flatten().tolist() for row in ref.flatten(0, 1)]
+    expected = sel.quest(q.cpu(), _cpu(kv), page=page, pages=12, shared=shared,
+                         compute_dtype=torch.float64).out
+    assert float((out.cpu().double() - expected).norm() / expected.norm()) < 2e-2
+
+
 class _TorchOps(TorchDispatchMode):
     """The names of the torch ops run inside the mode."""
 

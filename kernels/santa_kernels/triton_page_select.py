@@ -2,14 +2,21 @@
 one Triton kernel (Quest's page choice, docs/algorithms.md section 10).
 
 One program owns a row. It finds the row's ``k``-th largest value by a radix select on
-the scores' order-preserving integer keys (``triton_topk``'s), four bits a pass from the
-top (8 passes, each counting, for the 16 values of the next digit, the keys at or above
-it under the digits found; 8 dependent reductions rather than a sort's or a bitwise
-select's 32), then writes, in ascending position order, every position above that
-threshold and the first positions equal to it, until ``k`` are taken; ``-inf`` is never
-taken. The rest of the row's ``k`` slots get ``-1`` and ``counts`` the number taken. A
-row holds any number of scores (``MAX_BLOCK`` at a time, re-read from L1/L2 each pass).
-No host-device sync, static shapes: a decode step can capture it in a CUDA graph.
+the scores' order-preserving integer keys (``triton_topk``'s), then writes, in ascending
+position order, every position above that threshold and the first positions equal to
+it, until ``k`` are taken; ``-inf`` is never taken. The rest of the row's ``k`` slots get
+``-1`` and ``counts`` the number taken. Two selects find the same threshold:
+
+- **byte-wise** (``BY_HISTOGRAM``, the default): a byte a pass from the top (4 passes),
+  each one ``tl.histogram`` of the next byte of the keys under the bytes found, over the
+  row in blocks of ``HIST_BLOCK`` (a row of up to ``HIST_BLOCK`` scores is one block:
+  5 dependent steps in all, the write included);
+- **four bits a pass** (8 passes, each counting, for the 16 values of the next digit,
+  the keys at or above it, ``MAX_BLOCK`` scores a step: 8 x ⌈P / MAX_BLOCK⌉ dependent
+  steps of 16 x ``MAX_BLOCK`` compares, about 72 for 2048 pages).
+
+A row holds any number of scores (re-read from L1/L2 each pass). No host-device sync,
+static shapes: a decode step can capture it in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -18,20 +25,60 @@ import torch
 import triton
 import triton.language as tl
 
-from santa_kernels.triton_topk import _order_key
+from santa_kernels.triton_topk import _bucket_of, _masked_histogram, _order_key
 from santa_kernels.validate import InputError, check_positive_int
 
-MAX_BLOCK = 512  # scores a program counts at a time
+MAX_BLOCK = 512  # scores a program counts at a time (four bits a pass)
 RADIX_BITS = tl.constexpr(4)  # key bits a pass resolves (8 passes)
 RADIX = tl.constexpr(16)
+HIST_BLOCK = 2048  # scores a histogram pass reads at a time (byte-wise: a row of pages)
+HIST_BITS = tl.constexpr(8)  # key bits a histogram pass resolves (4 passes)
+HIST_BINS = tl.constexpr(256)
+BY_HISTOGRAM = True  # the byte-wise select (False: four bits a pass)
 NUM_WARPS = 8
 
 
 @triton.jit
 def _select_row(base, out_row, count_at, width, K: tl.constexpr, BLOCK: tl.constexpr,
-                BLOCK_K: tl.constexpr):
+                BLOCK_K: tl.constexpr, HISTOGRAM: tl.constexpr):
     """The top ``K`` of the ``width`` scores at ``base`` into ``out_row`` (ascending, -1
-    after them) and their number into ``count_at`` (see the module docstring)."""
+    after them) and their number into ``count_at`` (see the module docstring): byte-wise
+    with ``HISTOGRAM``, else four bits a pass."""
+    if HISTOGRAM:
+        prefix, greater = _threshold_by_bytes(base, width, K, BLOCK)
+    else:
+        prefix, greater = _threshold_by_nibbles(base, width, K, BLOCK)
+    _write_taken(base, out_row, count_at, width, prefix, tl.minimum(width, K) - greater, K,
+                 BLOCK, BLOCK_K)
+
+
+@triton.jit
+def _threshold_by_bytes(base, width, K: tl.constexpr, BLOCK: tl.constexpr):
+    """The ``K``-th largest key of the row (of ``min(width, K)``) and the number of keys
+    above it: a ``tl.histogram`` of the next byte a pass, over the keys under the bytes
+    found."""
+    offs = tl.arange(0, BLOCK)
+    want = tl.minimum(width, K)
+    prefix = tl.cast(0, tl.int64)
+    greater = 0
+    for shift in tl.static_range(32 - HIST_BITS, -HIST_BITS, -HIST_BITS):
+        hist = tl.zeros([HIST_BINS], tl.int32)
+        for p0 in range(0, width, BLOCK):
+            inside = p0 + offs < width
+            key = _order_key(tl.load(base + p0 + offs, mask=inside, other=float("-inf")))
+            key = key.to(tl.int64)  # shifts by up to 32 bits below
+            match = inside & ((key >> (shift + HIST_BITS)) == (prefix >> (shift + HIST_BITS)))
+            digit = ((key >> shift) & (HIST_BINS - 1)).to(tl.int32)
+            hist += _masked_histogram(digit, match, HIST_BINS)
+        pick, above = _bucket_of(hist, want - greater, HIST_BINS)
+        greater += above
+        prefix = prefix | (pick.to(tl.int64) << shift)
+    return prefix, greater
+
+
+@triton.jit
+def _threshold_by_nibbles(base, width, K: tl.constexpr, BLOCK: tl.constexpr):
+    """As :func:`_threshold_by_bytes`, four bits a pass by ``[16, BLOCK]`` compares."""
     offs = tl.arange(0, BLOCK)
     digits = tl.arange(0, RADIX)
     want = tl.minimum(width, K)
@@ -52,7 +99,15 @@ def _select_row(base, out_row, count_at, width, K: tl.constexpr, BLOCK: tl.const
         pick = tl.max(tl.where(at_least >= want, digits, 0), axis=0)
         greater = tl.max(tl.where(digits == pick + 1, at_least, greater), axis=0)
         prefix = prefix | (pick.to(tl.int64) << shift)
-    ties = want - greater  # entries equal to the threshold to take, first by position
+    return prefix, greater
+
+
+@triton.jit
+def _write_taken(base, out_row, count_at, width, prefix, ties, K: tl.constexpr,
+                 BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Writes, ascending, the positions whose key is above ``prefix`` and the first
+    ``ties`` equal to it (never ``-inf``), ``-1`` after them, and their number."""
+    offs = tl.arange(0, BLOCK)
     taken = 0
     seen = 0
     for p0 in range(0, width, BLOCK):
@@ -77,11 +132,18 @@ def _select_row(base, out_row, count_at, width, K: tl.constexpr, BLOCK: tl.const
 @triton.jit
 def _row_topk_kernel(
     s_ptr, out_ptr, count_ptr, width, stride_s, stride_o,
-    K: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+    K: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, HISTOGRAM: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     _select_row(s_ptr + row * stride_s, out_ptr + row * stride_o, count_ptr + row, width, K,
-                BLOCK, BLOCK_K)
+                BLOCK, BLOCK_K, HISTOGRAM)
+
+
+def select_block(width: int, histogram: bool | None = None) -> int:
+    """Scores a step of the select reads for rows of ``width`` (``histogram``: the
+    byte-wise select, default ``BY_HISTOGRAM``)."""
+    histogram = BY_HISTOGRAM if histogram is None else histogram
+    return min(HIST_BLOCK if histogram else MAX_BLOCK, triton.next_power_of_2(max(width, 16)))
 
 
 def row_topk(scores: torch.Tensor, k: int, out: torch.Tensor | None = None,
@@ -104,9 +166,9 @@ def row_topk(scores: torch.Tensor, k: int, out: torch.Tensor | None = None,
         raise InputError(f"out, counts: expected int32 [{rows}, {k}] and [{rows}]")
     if rows == 0:
         return out, counts
-    block = min(MAX_BLOCK, triton.next_power_of_2(max(width, 16)))
     _row_topk_kernel[(rows,)](
         scores, out, counts, width, scores.stride(0), out.stride(0),
-        K=k, BLOCK=block, BLOCK_K=min(1024, triton.next_power_of_2(k)), num_warps=NUM_WARPS,
+        K=k, BLOCK=select_block(width), BLOCK_K=min(1024, triton.next_power_of_2(k)),
+        HISTOGRAM=BY_HISTOGRAM, num_warps=NUM_WARPS,
     )  # fmt: skip
     return out, counts

@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from santa_kernels import triton_page_select
 from santa_kernels.kv import KVCache
 from santa_kernels.reads import ReadCounts
 from santa_kernels.selection import normal_quantile
@@ -50,7 +51,7 @@ from santa_kernels.triton_indexed import (
     choose_splits,
     indexed_attention,
 )
-from santa_kernels.triton_page_select import _select_row, row_topk
+from santa_kernels.triton_page_select import _select_row, row_topk, select_block
 from santa_kernels.triton_rest_sample import RestSampler
 from santa_kernels.triton_splitkv import _mma, kv_capacity
 from santa_kernels.triton_topk import TopKSelect
@@ -253,10 +254,18 @@ class QuestStep(_Step):
             BLOCK_H=st.block_h, BLOCK_P=block_p, PAGE=self.page, PAGED=st.paged,
             PAGE_SIZE=st.page_size, PER_HEAD=self.shared == "head", UPDATE=update,
             DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16, SELECT=select,
-            PAGES=self.pages, SELECT_BLOCK=QUEST_SELECT_BLOCK,
-            SELECT_BLOCK_K=min(1024, triton.next_power_of_2(self.pages)), num_warps=4,
+            PAGES=self.pages, SELECT_BLOCK=self._select_block(),
+            SELECT_BLOCK_K=min(1024, triton.next_power_of_2(self.pages)),
+            HISTOGRAM=triton_page_select.BY_HISTOGRAM, num_warps=4,
         )  # fmt: skip
         return out
+
+    def _select_block(self) -> int:
+        """Bounds a step of the fused select reads (byte-wise: the row of up to
+        ``HIST_BLOCK`` pages at once)."""
+        if triton_page_select.BY_HISTOGRAM:
+            return select_block(self.page_cap, histogram=True)
+        return QUEST_SELECT_BLOCK
 
     def select(self, q: torch.Tensor, kv: KVCache, layer: int = 0,
                update: bool = False) -> torch.Tensor:
@@ -296,7 +305,7 @@ class QuestStep(_Step):
 # ------------------------------------------------------------------ Quest's page bounds
 QUEST_BLOCK_P = {16: 64, 32: 64, 64: 64, 128: 32, 256: 16}  # pages a program scores (fp32)
 QUEST_FUSED_SELECT = True  # shared="group": the bound kernel's last program per row selects
-QUEST_SELECT_BLOCK = 256  # scores the fused select counts at a time (registers)
+QUEST_SELECT_BLOCK = 256  # scores the fused select counts at a time, four bits a pass
 
 
 @triton.jit
@@ -310,7 +319,7 @@ def _quest_bound_kernel(
     PAGE_SIZE: tl.constexpr, PER_HEAD: tl.constexpr, UPDATE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
     SELECT: tl.constexpr, PAGES: tl.constexpr, SELECT_BLOCK: tl.constexpr,
-    SELECT_BLOCK_K: tl.constexpr,
+    SELECT_BLOCK_K: tl.constexpr, HISTOGRAM: tl.constexpr,
 ):
     """Quest's score bounds of ``BLOCK_P`` pages of one (sequence, KV head) for its
     ``G`` query heads, ``τ (q⁺·max + q⁻·min)``; the program holding the sequence's last
@@ -379,7 +388,7 @@ def _quest_bound_kernel(
             if arrived == tl.num_programs(0) - 1:  # the row's bounds are all written
                 _select_row(out_ptr + b * stride_ob + kv_head * stride_oh,
                             chosen_ptr + pid.to(tl.int64) * PAGES, count_ptr + pid, page_cap,
-                            PAGES, SELECT_BLOCK, SELECT_BLOCK_K)
+                            PAGES, SELECT_BLOCK, SELECT_BLOCK_K, HISTOGRAM)
                 tl.store(arrive_ptr + pid, 0)  # the next call counts afresh
 
 # ------------------------------------------------------------------ vAttention

@@ -1,0 +1,129 @@
+"""Quest's decode step on the GPU, launch by launch, with either page select.
+
+Run on the GPU:  python scripts/profile_quest.py [--shapes 1x32k,8x32k] [--pages 64,256]
+
+Per shape (Llama-3.1-8B heads by default, bf16, page 16) and page budget, each row is a
+part of ``QuestStep``'s call timed alone (``santa_bench.timing.graph_call_us``: CUDA-graph
+replays over input copies, each with its own step, as many as the harness's cold-L2 plan
+takes), once with the byte-wise page select (``triton_page_select.BY_HISTOGRAM``) and
+once with the select four bits a pass:
+
+- ``bounds``: the bound kernel without the select (every page's score bound);
+- ``bounds + select``: the same launch whose last program per (sequence, KV head) picks
+  the row's pages (what a step runs); minus ``bounds``, the select's serial tail;
+- ``step``: the whole call (bounds and select, the indexed attention, its merge); minus
+  ``bounds + select``, the attention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+import santa_kernels.triton_page_select as tps
+import santa_kernels.triton_selection as tsel
+from santa_bench.baselines import clone_kv
+from santa_bench.inputs import DecodeShape, make_decode_inputs
+from santa_bench.timing import cold_l2_plan, graph_call_us, l2_cache_bytes
+from santa_bench.units import parse_shapes
+
+PAGE = 16
+SELECTS = {"byte-wise": True, "four bits a pass": False}  # BY_HISTOGRAM
+
+
+@dataclass(frozen=True)
+class Row:
+    """One part of Quest's step at one shape, with one select."""
+
+    shape: str
+    pages: int
+    select: str
+    stage: str
+    us: float
+
+
+def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int,
+                  pages: int, *, device: str = "cuda",
+                  timer: Callable[[list], float] = graph_call_us) -> list[Row]:
+    """Every row of one shape (``device`` and ``timer`` let a CPU test run it through the
+    Triton interpreter)."""
+    shape = f"{ctx // 1024}k B={batch} {heads}/{kv_heads}/{head_dim}"
+    q, kv = make_decode_inputs(DecodeShape(batch, ctx, heads, kv_heads, head_dim), seed=0,
+                               device=device)
+    es = kv.k.element_size()
+    page_cap = -(-ctx // PAGE)
+    touched = batch * kv_heads * (page_cap * 2 * head_dim + pages * PAGE * 2 * head_dim) * es
+    n_copies, _ = cold_l2_plan(touched, l2_cache_bytes(device))
+    inputs = [(q.clone(), clone_kv(kv)) for _ in range(n_copies)]
+    steps = [tsel.QuestStep(qi, kvi, page=PAGE, pages=pages) for qi, kvi in inputs]
+    for step, (_, kvi) in zip(steps, inputs, strict=True):
+        step.build(kvi)
+    pairs = list(zip(steps, inputs, strict=True))
+    rows = [Row(shape, pages, "-", "bounds", timer(
+        [lambda s=s, qi=qi, kvi=kvi: s.page_bounds(qi, kvi, update=False)
+         for s, (qi, kvi) in pairs]))]
+    saved = tps.BY_HISTOGRAM
+    try:
+        for name, histogram in SELECTS.items():
+            tps.BY_HISTOGRAM = histogram  # read at launch: the graph holds this select
+            rows.append(Row(shape, pages, name, "bounds + select", timer(
+                [lambda s=s, qi=qi, kvi=kvi: s.select(qi, kvi) for s, (qi, kvi) in pairs])))
+            rows.append(Row(shape, pages, name, "step", timer(
+                [lambda s=s, qi=qi, kvi=kvi: s(qi, kvi) for s, (qi, kvi) in pairs])))
+    finally:
+        tps.BY_HISTOGRAM = saved
+    inputs.clear()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def print_rows(rows: list[Row]) -> None:
+    """A Markdown table: each row's time, and the select's tail and the attention (the
+    differences of the rows above)."""
+    print("| shape | pages | select | stage | us | minus the stage before (us) |")
+    print("|---|---|---|---|---|---|")
+    bounds = before = 0.0
+    for r in rows:
+        if r.stage == "bounds":
+            bounds = r.us
+        diff = r.us - (bounds if r.stage == "bounds + select" else before)
+        extra = "" if r.stage == "bounds" else f"{diff:.1f}"
+        print(f"| {r.shape} | {r.pages} | {r.select} | {r.stage} | {r.us:.1f} | {extra} |")
+        before = r.us
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="1x32k,8x32k",
+                        help="BATCHxCTX, comma-separated (default: %(default)s)")
+    parser.add_argument("--heads", type=int, default=32, help="query heads (default: 32)")
+    parser.add_argument("--kv-heads", type=int, default=8, help="KV heads (default: 8)")
+    parser.add_argument("--head-dim", type=int, default=128, help="head dim (default: 128)")
+    parser.add_argument("--pages", default="64,256",
+                        help="page budgets, comma-separated (default: %(default)s)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("profile_quest.py: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    try:
+        shapes = parse_shapes(args.shapes)
+        budgets = [int(p) for p in args.pages.split(",")]
+    except ValueError as exc:
+        print(f"profile_quest.py: --shapes/--pages: {exc}", file=sys.stderr)
+        return 2
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    rows: list[Row] = []
+    for batch, ctx in shapes:
+        for pages in budgets:
+            rows += profile_shape(batch, ctx, args.heads, args.kv_heads, args.head_dim, pages)
+    print_rows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""scripts/profile_quest.py: one shape end to end through the Triton interpreter with a
+stand-in timer (the GPU timing itself runs on a GPU only)."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+
+from conftest import load_script
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the kernels on a CPU need the interpreter")
+def test_one_shape_through_the_interpreter(capsys):
+    """The bounds alone, then the fused select and the step with each select, the
+    select switch set while each is captured and restored after."""
+    script = load_script("profile_quest")
+    tps = script.tps
+    seen = []
+
+    def timer(calls) -> float:  # runs the calls; "times" 1, 2, 3 ... us
+        for call in calls:
+            call()
+        seen.append(tps.BY_HISTOGRAM)
+        return float(len(seen))
+
+    rows = script.profile_shape(1, 1024, 4, 2, 16, 4, device="cpu", timer=timer)
+    assert [(r.select, r.stage) for r in rows] == [
+        ("-", "bounds"), ("byte-wise", "bounds + select"), ("byte-wise", "step"),
+        ("four bits a pass", "bounds + select"), ("four bits a pass", "step")]
+    assert seen == [True, True, True, False, False] and tps.BY_HISTOGRAM is True
+    script.print_rows(rows)
+    table = capsys.readouterr().out
+    assert "| 1k B=1 4/2/16 | 4 | byte-wise | bounds + select | 2.0 | 1.0 |" in table
