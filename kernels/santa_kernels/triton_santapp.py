@@ -53,6 +53,18 @@ noise.
    program per SM keeps B=1 at 33 partials per head), ``out = num / den`` in q's dtype
    (the self-normalised Horvitz-Thompson ratio of section 6); advances ``rng``.
 
+``draw=pooled`` (:data:`santa_kernels.santapp.KERNEL_DRAWS`; ``draw=union`` is
+reference-only): one draw of ``M`` teams per (sequence, KV head) from
+``p_g = mean_h softmax(phi_h)_g``, every head of the group weighting the same teams by the
+shared ``1/pi_g``. The select programs write ``phi`` only (no Gumbel noise, bracket or
+candidates); the **pool** kernel (``triton_santapp_pool``, grid ``(B*Hkv)``, in place of
+the finishers) pools the group's ``G`` rows of ``phi``, adds Gumbel noise (counter
+``(b, KV head, team)``), finds ``kappa`` by the same k-ary search over one row of ``T``
+keys (at most 16384 teams) and writes the chosen teams (team order) to the group's ``M``
+list slots with their ``1/pi``; the attend programs read each listed team once for all
+``G`` heads (no head lists, no union), so a KV head reads ``M`` teams where ``head``'s
+union holds up to ``G*M``.
+
 Team storage (:class:`PackedTeams`): representatives ``[B, Hkv, T, d]`` in the cache dtype,
 ``log n_g`` (``-inf`` for padding), team start/length tables and the exact-set bounds.
 ``contiguous`` teams are *views* of the cache: team ``g`` is the rows
@@ -75,7 +87,10 @@ group, ``n_u`` their members, ``X`` exact rows):
   ``2*B*Hq*T*4`` (``phi``, ``z``; L2-resident) + local candidates ``B*Hq*splits*(M+1)*8``;
   the finishers re-read ``z`` (or the candidates) from L2.
 * attend: reads ``Σ (n_u + X) * 2 * d * E`` (K and V rows, union per group) + ``U*G*8``
-  (``z``, ``phi``); writes ``B*Hq*(chunks used + exact programs)*(d + 2)*4``.
+  (``z``, ``phi``); writes ``B*Hq*(chunks used + exact programs)*(d + 2)*4``. With
+  ``draw=pooled`` the union is the group's ``M`` listed teams (``U = M``; ``U*4`` bytes
+  of weights), and the pool kernel re-reads ``phi`` (``B*Hq*T*4``, L2) instead of the
+  finishers' ``z``.
 * merge: reads those partials, writes ``B*Hq*d*E`` (atomic merge: each attend program
   adds ``(d + 1)`` fp32 a head of its group; the group's last program reads the sums
   once).
@@ -90,6 +105,7 @@ and one fp32 scale: 8 x 2048 x 132 B = 2.2 MB at that shape.
 This module holds the call (checks, launch order, :func:`santapp_decode`) and re-exports
 the stages, one module each: ``triton_santapp_pack`` (team storage), ``triton_santapp_plan``
 (launch plan and workspace), ``triton_santapp_select`` (select and finish kernels),
+``triton_santapp_pool`` (the pooled draw's pool kernel),
 ``triton_santapp_attend`` (attend kernel), ``triton_santapp_merge`` (merge kernel and the
 atomic merge), with the constants and Hopper launch parameters in ``triton_santapp_common``.
 """
