@@ -256,3 +256,31 @@ def test_pooled_calls_are_checked_and_the_method_runs_them():
     assert prepared.notes["plan"].draw == "pooled"
     with pytest.raises(Unsupported, match=r"not draw=union \(use --reference\)$"):
         method.prepare(q, kv, seed=2, **{**params, "draw": "union"})
+
+
+def test_pooled_decodes_in_the_e2e_loop():
+    from santa_bench.e2e.attention import LayerRouting
+    from santa_bench.e2e.configs import NAMED
+    from santa_bench.e2e.loop import DecodeSession
+    from santa_bench.e2e.model import Decoder
+    from santa_bench.methods.santapp import TritonSantaPPDecode
+
+    model = Decoder.random(NAMED["tiny"], dtype=torch.float32, std=0.1)
+    session = DecodeSession(model, batch=1, ctx=40, steps=2, layout="paged", page_size=8)
+    prompt = torch.randint(0, model.config.vocab, (1, 40),
+                           generator=torch.Generator().manual_seed(1))
+    session.prefill("dense", prompt, chunk=16)
+    # teams packed after the prefill, 2 of the 3 (40 tokens / 16) drawn a call
+    params = REGISTRY.get("santapp").resolve_params({"M": 2, "sink": 0, "window": 0,
+                                                     "draw": "pooled"})
+    teams = TritonSantaPPDecode(params, session.scale, seed=0)
+    attend = LayerRouting(teams)
+    session.prepare(attend)
+    result = session.decode(attend)
+    assert teams.workspaces[0] is teams.workspaces[1]  # layers of one plan share it
+    assert teams.workspaces[0].plan.draw == "pooled"
+    calls = (2 + len(result.attention_ms)) * model.config.num_layers
+    assert int(teams.workspaces[0].rng[0]) == calls
+    q = torch.randn(1, model.config.num_heads, model.config.head_dim,
+                    generator=torch.Generator().manual_seed(2))
+    assert 0 < teams.read_fraction(0, q) < 1
