@@ -58,6 +58,8 @@ def _pool_kernel(
     C_PAD: tl.constexpr, HAS_GUMBELS: tl.constexpr, WAYS: tl.constexpr,
     PDL: tl.constexpr = False,
 ):
+    """Grid ``(B * Hkv)``: one (sequence, KV head)'s pooled draw (the module's steps);
+    ``gumbels [B, Hkv, T]`` with HAS_GUMBELS, else Philox."""
     _pdl_enter(PDL, True)  # launched early: wait for the select kernel
     bkv = tl.program_id(0)
     b = bkv // NUM_KV_HEADS
