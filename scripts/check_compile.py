@@ -29,6 +29,7 @@ import santa_kernels.triton_santa_flash as tsf
 import santa_kernels.triton_santapp_attend as tsp_attend
 import santa_kernels.triton_santapp_merge as tsp_merge
 import santa_kernels.triton_santapp_pack as tsp_pack
+import santa_kernels.triton_santapp_pool as tsp_pool
 import santa_kernels.triton_santapp_select as tsp_select
 import santa_kernels.triton_selection as tsel
 import santa_kernels.triton_topk as ttk
@@ -199,7 +200,7 @@ def check_attend() -> int:
     paged; the merge kernel."""
     failures = 0
     types = ["*bf16"] * 5 + ["*i32", "*i32", "*i32", "*i32", "*i32", "*fp32", "*fp32",
-                             "*fp32", "*i32", "*i32", "*fp32", "*fp32", "*fp32",
+                             "*fp32", "*i32", "*i32", "*fp32", "*fp32", "*fp32", "*fp32",
                              "*fp32", "*fp32", "*i32", "*bf16", "*i64", "fp32"]
     types += ["i32"] * 18
     for lists, paged, atomic in ((False, False, False), (True, False, False),
@@ -209,7 +210,7 @@ def check_attend() -> int:
                   "PAGED": paged, "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True,
                   "HEAD_LISTS": lists, "MERGE_ATOMIC": atomic, "BLOCK_S": 64,
                   "LET_NEXT": atomic, "LOOPS": 1, "ATTEND_STAGES": 1, "PRELOAD": False,
-                  "L_PAD": 1}
+                  "L_PAD": 1, "POOLED": False}
         err = compile_kernel(tsp_attend._attend_kernel, types, consts, {"num_warps": 4})
         print(f"_attend_kernel head_lists={lists} paged={paged} atomic={atomic}: "
               f"{err or 'ok'}")
@@ -223,7 +224,7 @@ def check_attend() -> int:
                   "PAGED": paged, "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True,
                   "HEAD_LISTS": True, "MERGE_ATOMIC": True, "BLOCK_S": 64,
                   "LET_NEXT": True, "LOOPS": 4, "ATTEND_STAGES": stages, "PRELOAD": False,
-                  "L_PAD": 4}
+                  "L_PAD": 4, "POOLED": False}
         # as launched: num_stages=1 for the kernel (the exact-set loop), the tile loop's own
         err = compile_kernel(tsp_attend._attend_kernel, types, consts,
                              {"num_warps": 4, "num_stages": 1},
@@ -242,7 +243,7 @@ def check_attend() -> int:
                   "PAGED": False, "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True,
                   "HEAD_LISTS": lists, "MERGE_ATOMIC": False, "BLOCK_S": 64,
                   "LET_NEXT": False, "LOOPS": loops, "ATTEND_STAGES": stages, "PRELOAD": True,
-                  "L_PAD": loops}
+                  "L_PAD": loops, "POOLED": False}
         err = compile_kernel(tsp_attend._attend_kernel, types, consts,
                              {"num_warps": 4, "num_stages": 1},
                              divisible=("stride_kx", "stride_ky", "stride_kh"), pipelined=True,
@@ -250,6 +251,24 @@ def check_attend() -> int:
                              require=f"{stages - 1}x{tpb * slot}x128xbf16")
         print(f"_attend_kernel preload tpb={tpb} loops={loops} stages={stages} "
               f"chunks={chunks} lists={lists}: {err or 'ok'}")
+        failures += err is not None
+    # draw=pooled: the group's list of M teams and their shared 1/pi, as the plan gives it
+    # at 32k B=8 M=512 (32/8/128: 4 tiles of 4 teams a program, the merge kernel;
+    # 12/2/128: the atomic merge), and one team a tile preloaded, pipelined
+    for group, tpb, stages, preload, atomic in ((4, 4, 1, False, False),
+                                                (6, 4, 1, False, True), (4, 1, 3, True, False)):
+        consts = {"NUM_KV_HEADS": 8 if group == 4 else 2, "GROUP": group, "HEAD_DIM": 128,
+                  "D_PAD": 128, "G_PAD": 16, "TPB": tpb, "SLOT": 16 if tpb == 4 else 64,
+                  "CHUNKS": 1, "BLOCK_E": 64, "PACKED": False, "PAGED": False,
+                  "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True, "HEAD_LISTS": False,
+                  "MERGE_ATOMIC": atomic, "BLOCK_S": 64, "LET_NEXT": atomic, "LOOPS": 4,
+                  "ATTEND_STAGES": stages, "PRELOAD": preload, "L_PAD": 4, "POOLED": True}
+        err = compile_kernel(tsp_attend._attend_kernel, types, consts,
+                             {"num_warps": 4, "num_stages": 1},
+                             divisible=("stride_kx", "stride_ky", "stride_kh"),
+                             pipelined=preload, max_shared=H100_SHARED)
+        print(f"_attend_kernel pooled G={group} tpb={tpb} preload={preload} "
+              f"atomic={atomic}: {err or 'ok'}")
         failures += err is not None
     consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "BLOCK_S": 64,
               "PDL": True, "LET_NEXT": False}
@@ -274,12 +293,39 @@ def check_select() -> int:
                   "DOT_PRECISION": "tf32", "PDL": True, "ENTRY_PDL": entry,
                   "REPS_AS": "bf16" if reps == "i8" else "",
                   "BRACKET": 0 if local else (2 if reps == "bf16" else 3),
-                  "HEAD_LISTS": reps == "i8", "TOPS": reps == "i8" and not local}
+                  "HEAD_LISTS": reps == "i8", "TOPS": reps == "i8" and not local,
+                  "POOLED": False}
         err = compile_kernel(tsp_select._select_kernel, types, consts, {"num_warps": 4})
         print(f"_select_kernel reps={reps} local={local} entry_pdl={entry} "
               f"bracket={consts['BRACKET']}: {err or 'ok'}")
         failures += err is not None
+    # draw=pooled: phi only, for the pool kernel (GQA 4 and 6, bf16 and int8 reps), which
+    # holds a group's 2048 teams (32k) or 16384 (its most)
+    for reps, group in (("bf16", 4), ("i8", 6)):
+        types = ["*bf16", f"*{reps}", "*fp32", "*fp32", "*fp32", "*i64", "i32", "*fp32",
+                 "*fp32", "*fp32", "*i32", "*i32", "*i32", "fp32"] + ["i32"] * 7
+        consts = {"NUM_KV_HEADS": 8, "GROUP": group, "HEAD_DIM": 128, "D_PAD": 128,
+                  "G_PAD": 16, "G_ROWS": 8 if group == 6 else 4, "TB": 128, "M1_PAD": 1024,
+                  "LOCAL": False, "HAS_GUMBELS": False, "DOT_PRECISION": "tf32", "PDL": True,
+                  "ENTRY_PDL": False, "REPS_AS": "bf16" if reps == "i8" else "",
+                  "BRACKET": 0, "HEAD_LISTS": False, "TOPS": False, "POOLED": True}
+        err = compile_kernel(tsp_select._select_kernel, types, consts, {"num_warps": 4})
+        print(f"_select_kernel pooled reps={reps} G={group}: {err or 'ok'}")
+        failures += err is not None
+    pool_types = ["*fp32", "*fp32", "*i64", "i32", "*fp32", "*fp32", "*i32", "*i32", "*fp32",
+                  "i32", "i32", "i32"]
+    for group, c_pad, warps, ways, gumbels in ((4, 2048, 4, 8, False), (6, 2048, 4, 8, True),
+                                               (8, 16384, 8, 4, False)):
+        consts = {"NUM_KV_HEADS": 8, "GROUP": group, "G_ROWS": _pow2(group), "C_PAD": c_pad,
+                  "HAS_GUMBELS": gumbels, "WAYS": ways, "PDL": True}
+        err = compile_kernel(tsp_pool._pool_kernel, pool_types, consts, {"num_warps": warps})
+        print(f"_pool_kernel G={group} C_PAD={c_pad} gumbels={gumbels}: {err or 'ok'}")
+        failures += err is not None
     return failures
+
+
+def _pow2(x: int) -> int:
+    return 1 << (x - 1).bit_length()
 
 
 def check_bernoulli() -> int:

@@ -125,7 +125,7 @@ def test_pooled_gumbels_are_per_kv_head_and_draw_is_checked():
         santapp_attention(q, kv, index, 3, draw="shared")
 
 
-def test_registry_draw_keeps_default_cases_and_the_kernel_refuses_it():
+def test_registry_draw_keeps_default_cases_and_the_kernel_refuses_union():
     method = REGISTRY.get("santapp")
     assert "draw" not in method.resolve_params({})  # the stored cases' hashes are unchanged
     params = method.resolve_params({"draw": "pooled", "M": 4})
@@ -136,8 +136,9 @@ def test_registry_draw_keeps_default_cases_and_the_kernel_refuses_it():
     q, kv = decode_problem(batch=1, heads=8, kv_heads=2, n=256, q_scale=2.0)
     out = method.run_reference(q, kv, params, seed=0)
     assert out.out.shape == q.shape and 0 < out.kv_read_fraction < 1
-    with pytest.raises(Unsupported, match=r"draw=head only, not draw=pooled \(use --reference\)"):
-        santapp_prepare(q, kv, **params)
+    with pytest.raises(Unsupported, match=r"^santapp: the Triton kernel implements draw=head "
+                       r"and draw=pooled, not draw=union \(use --reference\)$"):
+        santapp_prepare(q, kv, **{**params, "draw": "union"})
     with pytest.raises(Unsupported, match=r"use --reference"):
         TritonSantaPPDecode({"draw": "union"}, 1.0, 0).setup(None, q)
 

@@ -48,6 +48,7 @@ SCHEMES = ("gumbel-topk", "multinomial")
 # head from the heads' mean probabilities (pooled), or each its own with every head
 # weighting the group's union by the union's inclusion probability (union)
 DRAWS = ("head", "pooled", "union")
+KERNEL_DRAWS = ("head", "pooled")  # the draws the Triton kernel implements (triton_santapp)
 REPRESENTATIVES = ("leader", "mean")
 KMEANS_ITERS = 10
 # the defaults of the santa-bench registry entry (``santapp``), where they are explained
@@ -869,6 +870,7 @@ def santapp(
 
 __all__ = [
     "DRAWS",
+    "KERNEL_DRAWS",
     "POLICIES",
     "REPRESENTATIVES",
     "REPS_FORMATS",

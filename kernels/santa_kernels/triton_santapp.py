@@ -53,6 +53,18 @@ noise.
    program per SM keeps B=1 at 33 partials per head), ``out = num / den`` in q's dtype
    (the self-normalised Horvitz-Thompson ratio of section 6); advances ``rng``.
 
+``draw=pooled`` (:data:`santa_kernels.santapp.KERNEL_DRAWS`; ``draw=union`` is
+reference-only): one draw of ``M`` teams per (sequence, KV head) from
+``p_g = mean_h softmax(phi_h)_g``, every head of the group weighting the same teams by the
+shared ``1/pi_g``. The select programs write ``phi`` only (no Gumbel noise, bracket or
+candidates); the **pool** kernel (``triton_santapp_pool``, grid ``(B*Hkv)``, in place of
+the finishers) pools the group's ``G`` rows of ``phi``, adds Gumbel noise (counter
+``(b, KV head, team)``), finds ``kappa`` by the same k-ary search over one row of ``T``
+keys (at most 16384 teams) and writes the chosen teams (team order) to the group's ``M``
+list slots with their ``1/pi``; the attend programs read each listed team once for all
+``G`` heads (no head lists, no union), so a KV head reads ``M`` teams where ``head``'s
+union holds up to ``G*M``.
+
 Team storage (:class:`PackedTeams`): representatives ``[B, Hkv, T, d]`` in the cache dtype,
 ``log n_g`` (``-inf`` for padding), team start/length tables and the exact-set bounds.
 ``contiguous`` teams are *views* of the cache: team ``g`` is the rows
@@ -75,7 +87,10 @@ group, ``n_u`` their members, ``X`` exact rows):
   ``2*B*Hq*T*4`` (``phi``, ``z``; L2-resident) + local candidates ``B*Hq*splits*(M+1)*8``;
   the finishers re-read ``z`` (or the candidates) from L2.
 * attend: reads ``Σ (n_u + X) * 2 * d * E`` (K and V rows, union per group) + ``U*G*8``
-  (``z``, ``phi``); writes ``B*Hq*(chunks used + exact programs)*(d + 2)*4``.
+  (``z``, ``phi``); writes ``B*Hq*(chunks used + exact programs)*(d + 2)*4``. With
+  ``draw=pooled`` the union is the group's ``M`` listed teams (``U = M``; ``U*4`` bytes
+  of weights), and the pool kernel re-reads ``phi`` (``B*Hq*T*4``, L2) instead of the
+  finishers' ``z``.
 * merge: reads those partials, writes ``B*Hq*d*E`` (atomic merge: each attend program
   adds ``(d + 1)`` fp32 a head of its group; the group's last program reads the sums
   once).
@@ -90,6 +105,7 @@ and one fp32 scale: 8 x 2048 x 132 B = 2.2 MB at that shape.
 This module holds the call (checks, launch order, :func:`santapp_decode`) and re-exports
 the stages, one module each: ``triton_santapp_pack`` (team storage), ``triton_santapp_plan``
 (launch plan and workspace), ``triton_santapp_select`` (select and finish kernels),
+``triton_santapp_pool`` (the pooled draw's pool kernel),
 ``triton_santapp_attend`` (attend kernel), ``triton_santapp_merge`` (merge kernel and the
 atomic merge), with the constants and Hopper launch parameters in ``triton_santapp_common``.
 """
@@ -138,6 +154,7 @@ from santa_kernels.triton_santapp_plan import (
     teams_selected,
 )
 from santa_kernels.triton_santapp_plan import _plan_for as _plan_for  # the method adapter plans
+from santa_kernels.triton_santapp_pool import _pool_kernel
 from santa_kernels.triton_santapp_select import _finish_heads_kernel, _finish_kernel, _select_kernel
 from santa_kernels.validate import InputError, check_positive_int, check_scale
 
@@ -150,7 +167,10 @@ class SantaPPInfo:
     ``z``/``phi [B, Hq, T]``, ``kappa [B, Hq]``, ``union [B, Hkv, U]`` with ``count [B, Hkv]``
     valid entries (team ids); with ``head_lists`` the union holds ``U / M`` lists of ``M``
     slots, one per head of the group (team ids, -1: none; a team may sit in several) and
-    ``count`` is not written.
+    ``count`` is not written. ``draw="pooled"``: ``union`` is the group's one list of
+    ``M`` teams, ``pool_w [B, Hkv, M]`` their shared ``1/pi`` and ``pool_kappa [B, Hkv]``
+    the group's kappa; ``z`` is not written and ``kappa`` holds each head's merge
+    reference.
     """
 
     M: int
@@ -162,20 +182,38 @@ class SantaPPInfo:
     count: torch.Tensor
     lengths: torch.Tensor
     head_lists: bool = False
+    draw: str = "head"
+    pool_w: torch.Tensor | None = None
+    pool_kappa: torch.Tensor | None = None
+
+    def _per_head(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, Hkv, T]`` -> ``[B, Hq, T]`` (every query head of a group the same)."""
+        return x.repeat_interleave(self.z.shape[1] // x.shape[1], dim=1)
 
     def selected(self) -> torch.Tensor:
         """``[B, Hq, T]`` bool: the teams each head selected (``z > kappa``)."""
+        if self.draw == "pooled":
+            return self._per_head(self.members()).to(self.z.device)
         return self.z > self.kappa[..., None]
 
     def team_weights(self) -> torch.Tensor:
         """``[B, Hq, T]`` float64: ``1/pi`` of each selected team, 0 elsewhere."""
+        if self.draw == "pooled":
+            slots = torch.arange(self.union.shape[-1])
+            used = slots < self.count.long().cpu()[..., None]
+            teams = self.z.shape[-1]
+            weights = torch.zeros(*self.union.shape[:2], teams + 1, dtype=torch.float64)
+            weights.scatter_(2, torch.where(used, self.union.long().cpu(), teams),
+                             torch.where(used, self.pool_w.double().cpu(), 0))
+            return self._per_head(weights[..., :teams]).to(self.z.device)
         z, phi, kappa = self.z.double(), self.phi.double(), self.kappa.double()[..., None]
         pi = -torch.expm1(-torch.exp(phi - kappa))
         chosen = z > kappa
         return torch.where(chosen, 1 / torch.where(chosen, pi, 1), 0)
 
     def members(self) -> torch.Tensor:
-        """``[B, Hkv, T]`` bool: the teams the attend programs read (the group's union)."""
+        """``[B, Hkv, T]`` bool: the teams the attend programs read (the group's union;
+        draw=pooled: its one list of M)."""
         union = self.union.long().cpu()
         slots = torch.arange(union.shape[-1])
         if self.head_lists:
@@ -325,6 +363,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
     early = pdl or (can_pdl and bool(before_merge))
     dep_early = {"launch_pdl": True} if early else {}
     chain = pdl_chain and can_pdl
+    pooled = p.draw == "pooled"
     lists = p.head_lists and "score" not in stages
     # the profiling stages "no-union" / "no-search" time the search's parts
     stages_full = "no-union" not in stages and "no-search" not in stages
@@ -340,14 +379,24 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
             tau, M, p.num_splits, p.n_cand, p.max_teams, p.union_cap, q.stride(0), q.stride(1),
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad, G_PAD=p.g_pad,
             G_ROWS=p.g_rows, TB=p.teams_per_split, M1_PAD=p.m1_pad,
-            LOCAL=p.local, HAS_GUMBELS=gumbels is not None,
+            LOCAL=p.local, HAS_GUMBELS=gumbels is not None and not pooled,
             DOT_PRECISION=precision, PDL=early, ENTRY_PDL=chain,
             REPS_AS=_REPS_AS[kv.dtype] if packed.reps_scale is not None else "",
             BRACKET=p.bracket, HEAD_LISTS=lists, TOPS=lists and p.compact > 0, num_stages=1,
-            num_warps=p.score_warps,
+            num_warps=p.score_warps, **({"POOLED": True} if pooled else {}),
             **({"launch_pdl": True} if chain else {}),
         )  # fmt: skip
-    if "select" in stages and "score" not in stages and p.finish_heads:
+    if "select" in stages and "score" not in stages and pooled:
+        _pool_kernel[(batch * hkv,)](
+            ws.phi, gumbels if gumbels is not None else ws.phi, ws.rng,
+            (ws.seed if seed is None else int(seed)) & 0xFFFFFFFF,
+            ws.kappa, ws.pool_kappa, ws.union, ws.count, ws.pool_w, M, p.max_teams,
+            p.union_cap,
+            NUM_KV_HEADS=hkv, GROUP=p.group, G_ROWS=p.g_rows, C_PAD=p.c_pad,
+            HAS_GUMBELS=gumbels is not None, WAYS=p.finish_ways, PDL=early,
+            num_warps=p.finish_warps, num_stages=1, **dep_early,
+        )  # fmt: skip
+    elif "select" in stages and "score" not in stages and p.finish_heads:
         _finish_heads_kernel[(batch * hkv, p.finish_parts)](
             ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count, ws.ticket,
             ws.scratch_key, ws.scratch_id,
@@ -378,7 +427,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
         _attend_kernel[(batch * hkv, p.num_parts)](
             q, kv.k, kv.v, packed_k, packed_v, kv.lengths, table,
             packed.team_start, packed.team_len, packed.team_end,
-            ws.z, ws.phi, ws.kappa, ws.union, ws.count,
+            ws.z, ws.phi, ws.kappa, ws.union, ws.count, ws.pool_w,
             ws.part_m, ws.part_l, ws.part_o, ws.sum_l, ws.sum_o, ws.attend_ticket, out, ws.rng,
             tau, packed.sink, packed.team_size, p.max_teams, p.union_cap, packed_rows,
             p.num_parts, p.team_programs, p.exact_programs, M,
@@ -393,6 +442,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
             **({"LOOPS": p.loops, "ATTEND_STAGES": p.attend_stages,
                 "PRELOAD": p.attend_preload, "L_PAD": _next_pow2(p.loops)}
                if p.loops > 1 else {}),
+            **({"POOLED": True} if pooled else {}),
             num_warps=HOPPER["attend_warps"], num_stages=1,
             **dep_early,
         )  # fmt: skip
@@ -418,9 +468,13 @@ def santapp_decode(
     gumbels: torch.Tensor | None = None,
     workspace: SantaPPWorkspace | None = None,
     pdl_chain: bool = False,
+    draw: str | None = None,
 ) -> tuple[torch.Tensor, SantaPPInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)``: one SANTA++ decode step (section 6,
-    gumbel-topk, exact set = the pack's). ``gumbels [B, Hq, T]`` replaces the Philox
+    gumbel-topk, exact set = the pack's). ``draw`` (``head`` or ``pooled``; None: the
+    workspace's, else ``head``): how a GQA group's heads draw their teams, as
+    ``santapp_attention``'s. ``gumbels [B, Hq, T]`` (``[B, Hkv, T]`` with
+    ``draw=pooled``) replaces the Philox
     Gumbel noise (tests). With a ``workspace`` the call allocates nothing
     and never synchronises (CUDA-graph capturable). ``pdl_chain``: the call sits between
     kernels that launch as programmatic dependents (the e2e step's gemm rest): where
@@ -428,15 +482,21 @@ def santapp_decode(
     and loads the representatives before waiting for it, and its last lets the next kernel
     launch early (no effect elsewhere)."""
     M = _check_call(q, kv, packed, M, workspace)  # at most the tables' team count
-    ws = workspace or SantaPPWorkspace.for_inputs(q, kv, packed, M)
+    if draw is None:
+        draw = workspace.plan.draw if workspace is not None else "head"
+    ws = workspace or SantaPPWorkspace.for_inputs(q, kv, packed, M, draw=draw)
     p = ws.plan
+    if draw != p.draw:
+        raise InputError(f"workspace: planned for draw={p.draw}, got draw={draw}")
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
     tau = check_scale(scale, d)
     if gumbels is not None:
-        if tuple(gumbels.shape) != (batch, hq, p.max_teams):
+        rows = hkv if draw == "pooled" else hq
+        if tuple(gumbels.shape) != (batch, rows, p.max_teams):
             raise InputError(
-                f"gumbels: expected shape {(batch, hq, p.max_teams)}, got {tuple(gumbels.shape)}"
+                f"gumbels: expected shape {(batch, rows, p.max_teams)}, got "
+                f"{tuple(gumbels.shape)}"
             )
         gumbels = gumbels.to(device=q.device, dtype=torch.float32).contiguous()
     out = _launch(q, kv, packed, M, ws, tau, seed, gumbels, STAGES, pdl_chain)
@@ -450,6 +510,9 @@ def santapp_decode(
         count=ws.count.view(batch, hkv),
         lengths=kv.lengths,
         head_lists=p.head_lists,
+        draw=p.draw,
+        pool_w=ws.pool_w.view(batch, hkv, -1) if p.draw == "pooled" else None,
+        pool_kappa=ws.pool_kappa.view(batch, hkv) if p.draw == "pooled" else None,
     )
     return out, info
 

@@ -85,7 +85,7 @@ def _team_chunk(chunk, offs_n, offs_d, offs_g, mask_d, mask_g, member, team, mas
                 stride_ky, stride_pt, page_size, m_i, l_i, acc, scale,
                 HEAD_DIM: tl.constexpr, G_PAD: tl.constexpr, SLOT: tl.constexpr,
                 PACKED: tl.constexpr, PAGED: tl.constexpr, HEAD_LISTS: tl.constexpr,
-                DOT_PRECISION: tl.constexpr):
+                DOT_PRECISION: tl.constexpr, pool_w_ptr, POOLED: tl.constexpr):
     """Folds rows ``chunk * SLOT + [0, SLOT)`` of the tile's teams, HT-weighted, into the
     running (m, l, acc)."""
     r = chunk * SLOT + offs_n % SLOT
@@ -95,22 +95,28 @@ def _team_chunk(chunk, offs_n, offs_d, offs_g, mask_d, mask_g, member, team, mas
                     stride_pt, page_size, HEAD_DIM, PACKED, PAGED)
     # loaded after K/V are requested so both round trips overlap
     w = _team_weights(cell, hw, member, offs_g, mask_g, head_rows, z_ptr, phi_ptr, kappa_ptr,
-                      list_len, G_PAD, HEAD_LISTS)
+                      list_len, G_PAD, HEAD_LISTS, pool_w_ptr, bkv, POOLED)
     return _online_update(q, k, v, w, ok[None, :], m_i, l_i, acc, scale, DOT_PRECISION)
 
 
 @triton.jit
 def _team_weights(cell, hw, member, offs_g, mask_g, head_rows, z_ptr, phi_ptr, kappa_ptr,
-                  list_len, G_PAD: tl.constexpr, HEAD_LISTS: tl.constexpr):
+                  list_len, G_PAD: tl.constexpr, HEAD_LISTS: tl.constexpr,
+                  pool_w_ptr, bkv, POOLED: tl.constexpr):
     """``w [G_PAD, N]``: w_{h,g} = 1/pi_{h,g} for the heads that selected team g (the
-    entry at list position ``member``), 0 for the others."""
-    z = tl.load(z_ptr + cell, mask=hw, other=float("-inf"))
-    phi = tl.load(phi_ptr + cell, mask=hw, other=float("-inf"))
-    kappa = tl.load(kappa_ptr + head_rows, mask=mask_g, other=0.0)
-    w = _inclusion_weight(z, phi, kappa[:, None])
-    if HEAD_LISTS:  # a team counts once: in its first selecting head's list
-        first = tl.min(tl.where(w > 0, offs_g[:, None], G_PAD), axis=0)
-        w = tl.where((first == member // list_len)[None, :], w, 0.0)
+    entry at list position ``member``), 0 for the others; POOLED: the entry's shared
+    1/pi, the same for every head of the group."""
+    if POOLED:  # the group's list of M entries (list_len = M), one weight for its heads
+        w = tl.load(pool_w_ptr + bkv.to(tl.int64) * list_len + member[None, :]
+                    + 0 * offs_g[:, None], mask=hw, other=0.0)
+    else:
+        z = tl.load(z_ptr + cell, mask=hw, other=float("-inf"))
+        phi = tl.load(phi_ptr + cell, mask=hw, other=float("-inf"))
+        kappa = tl.load(kappa_ptr + head_rows, mask=mask_g, other=0.0)
+        w = _inclusion_weight(z, phi, kappa[:, None])
+        if HEAD_LISTS:  # a team counts once: in its first selecting head's list
+            first = tl.min(tl.where(w > 0, offs_g[:, None], G_PAD), axis=0)
+            w = tl.where((first == member // list_len)[None, :], w, 0.0)
     return w
 
 
@@ -118,7 +124,7 @@ def _team_weights(cell, hw, member, offs_g, mask_g, head_rows, z_ptr, phi_ptr, k
 def _attend_kernel(
     q_ptr, k_ptr, v_ptr, pk_ptr, pv_ptr, lengths_ptr, page_table_ptr,
     team_start_ptr, team_len_ptr, team_end_ptr,
-    z_ptr, phi_ptr, kappa_ptr, union_ptr, count_ptr,
+    z_ptr, phi_ptr, kappa_ptr, union_ptr, count_ptr, pool_w_ptr,
     part_m_ptr, part_l_ptr, part_o_ptr, sum_l_ptr, sum_o_ptr, ticket_ptr, out_ptr, rng_ptr,
     scale, sink, team_size, t_cap, union_cap, packed_rows, num_parts, team_programs,
     exact_programs, list_len,
@@ -131,7 +137,7 @@ def _attend_kernel(
     DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False, HEAD_LISTS: tl.constexpr = False,
     MERGE_ATOMIC: tl.constexpr = False, BLOCK_S: tl.constexpr = 64,
     LET_NEXT: tl.constexpr = False, LOOPS: tl.constexpr = 1, ATTEND_STAGES: tl.constexpr = 1,
-    PRELOAD: tl.constexpr = False, L_PAD: tl.constexpr = 1,
+    PRELOAD: tl.constexpr = False, L_PAD: tl.constexpr = 1, POOLED: tl.constexpr = False,
 ):
     """Grid ``(B * Hkv, num_parts)``: team programs (LOOPS tiles of TPB teams of the list
     each) and
@@ -139,7 +145,9 @@ def _attend_kernel(
     programs also add it, scaled to kappa, into the heads' sums, and the group's last
     program writes the output (and advances the step counter): no merge kernel.
     LET_NEXT (MERGE_ATOMIC): the kernel after the call may launch once every program has
-    added its partial (not as they start: its programs would wait on SMs this grid needs)."""
+    added its partial (not as they start: its programs would wait on SMs this grid needs).
+    POOLED (draw=pooled, the union list of M teams a group): every head weights a listed
+    team by the group's shared 1/pi (``pool_w``), each team read once for the group."""
     _pdl_wait(PDL)  # launched early: wait for the previous kernel
     if not MERGE_ATOMIC:
         _pdl_trigger(PDL)  # the merge kernel may launch as this grid's last wave starts
@@ -180,7 +188,8 @@ def _attend_kernel(
                     start, n_g, cell, hw, bkv, b, q, k_head, v_head, pk_ptr, pv_ptr, z_ptr,
                     phi_ptr, kappa_ptr, head_rows, page_table_ptr, packed_rows, list_len,
                     stride_kx, stride_ky, stride_pt, page_size, m_i, l_i, acc, scale,
-                    HEAD_DIM, G_PAD, SLOT, PACKED, PAGED, HEAD_LISTS, DOT_PRECISION)
+                    HEAD_DIM, G_PAD, SLOT, PACKED, PAGED, HEAD_LISTS, DOT_PRECISION,
+                    pool_w_ptr, POOLED)
         elif PRELOAD and TPB == 1:
             # LOOPS consecutive teams a program: their list entries, rows and weights
             # [G_PAD, L_PAD] before the loop, which then loads only K/V (addresses from
@@ -194,7 +203,8 @@ def _attend_kernel(
             # the L_PAD - LOOPS last columns are never picked
             n_l = tl.where(mask_l, n_l, 0)
             w_l = _team_weights(cell_l, hw_l, member_l, offs_g, mask_g, head_rows, z_ptr,
-                                phi_ptr, kappa_ptr, list_len, G_PAD, HEAD_LISTS)
+                                phi_ptr, kappa_ptr, list_len, G_PAD, HEAD_LISTS, pool_w_ptr,
+                                bkv, POOLED)
             for step in tl.range(0, LOOPS * CHUNKS, num_stages=ATTEND_STAGES):
                 here = offs_l == step // CHUNKS
                 r = (step % CHUNKS) * SLOT + offs_n
@@ -218,7 +228,8 @@ def _attend_kernel(
                     mask_u, start, n_g, cell, hw, bkv, b, q, k_head, v_head, pk_ptr, pv_ptr,
                     z_ptr, phi_ptr, kappa_ptr, head_rows, page_table_ptr, packed_rows,
                     list_len, stride_kx, stride_ky, stride_pt, page_size, m_i, l_i, acc,
-                    scale, HEAD_DIM, G_PAD, SLOT, PACKED, PAGED, HEAD_LISTS, DOT_PRECISION)
+                    scale, HEAD_DIM, G_PAD, SLOT, PACKED, PAGED, HEAD_LISTS, DOT_PRECISION,
+                    pool_w_ptr, POOLED)
     if exact:
         # exact set E: [0, min(sink, team_end)) and [team_end, length), weight 1
         length = tl.load(lengths_ptr + b)

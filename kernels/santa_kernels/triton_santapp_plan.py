@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from santa_kernels.kv import KVCache
+from santa_kernels.santapp import KERNEL_DRAWS
 from santa_kernels.triton_launch import _sm_count
 from santa_kernels.triton_santapp_common import (
     FINISH_CAP,
@@ -74,6 +75,10 @@ class SantaPPPlan:
     loops: int = 1  # tiles of TPB teams per team program
     attend_stages: int = 1  # software-pipeline depth of a team program's tile loop (loops > 1)
     attend_preload: bool = False  # a team program loads its list entries before its loop
+    # head: each query head its own M teams; pooled: one draw of M a (sequence, KV head)
+    # from the heads' mean probabilities (the pool kernel finishes it, the list holds M
+    # teams a group with their shared 1/pi)
+    draw: str = "head"
 
 
 def make_plan(
@@ -101,13 +106,25 @@ def make_plan(
     attend_stages: int | None = None,
     attend_preload: bool | None = None,
     kv_element_size: int = 2,
+    draw: str = "head",
 ) -> SantaPPPlan:
     """Plans the grids (keyword overrides are for tests and tuning). K/V tiles keep their
-    byte size: 4-byte K/V and d > 128 halve the rows a program loads at once."""
+    byte size: 4-byte K/V and d > 128 halve the rows a program loads at once. ``draw``
+    (:data:`santa_kernels.santapp.KERNEL_DRAWS`): ``pooled`` scores directly (no local
+    candidates, bracket or head lists) and lists ``M`` teams a (sequence, KV head)."""
+    if draw not in KERNEL_DRAWS:
+        raise InputError(f"draw: the SANTA++ kernel implements {KERNEL_DRAWS}, got {draw!r} "
+                         "(union is reference-only: santa_kernels.santapp)")
+    pooled = draw == "pooled"
     group = num_q_heads // num_kv_heads
     g_rows = max(2, _next_pow2(group))
     if batch * num_q_heads * max_teams >= 2**31:
         raise InputError("q: B * Hq * teams must stay below 2**31 (int32 offsets)")
+    if pooled:  # the pool kernel holds one row of every team's key per (sequence, KV head)
+        if _next_pow2(max_teams) > FINISH_MAX_SCALE * FINISH_CAP:
+            raise InputError(f"draw=pooled: at most {FINISH_MAX_SCALE * FINISH_CAP} teams a "
+                             f"(sequence, KV head) in the kernel, got {max_teams}")
+        local, bracket, head_lists, compact, finish_heads = False, False, False, False, 0
     bkv = batch * num_kv_heads
     m1 = M + 1
     target = PROGRAMS_PER_SM * sms
@@ -136,7 +153,7 @@ def make_plan(
     rows_cap = (128 if head_dim <= 128 else 32) // shrink
     slot = min(_next_pow2(max_team_len), rows_cap)
     chunks = -(-max_team_len // slot)
-    union_cap = min(group * M, max_teams)
+    union_cap = min(M if pooled else group * M, max_teams)
     block_rows = HOPPER["attend_rows"][min(HOPPER["attend_rows"], key=lambda k: abs(k - head_dim))]
     block_rows = max(16, block_rows // shrink)
     if teams_per_block is None:
@@ -195,9 +212,12 @@ def make_plan(
     finish_parts = -(-group // h_rows) if finish_heads else 1
     if finish_warps is None:
         finish_warps = select_warps  # the union step holds G x C_PAD keys either way
+        if pooled:  # the pool kernel's search holds one row of C_PAD keys
+            finish_warps = HOPPER["select_warps_large" if c_pad > 2048 else "select_warps_small"]
     check_positive_int(finish_warps, "finish_warps")
+    search_rows = 1 if pooled else h_rows
     finish_ways = (
-        8 if h_rows * c_pad // (32 * finish_warps) <= HOPPER["search_8way_keys_per_thread"]
+        8 if search_rows * c_pad // (32 * finish_warps) <= HOPPER["search_8way_keys_per_thread"]
         else 4
     )
     if bracket is None:
@@ -263,6 +283,7 @@ def make_plan(
         loops=attend_loops,
         attend_stages=attend_stages,
         attend_preload=attend_preload,
+        draw=draw,
     )
 
 
@@ -306,6 +327,10 @@ class SantaPPWorkspace:
         self.kappa = torch.empty(rows, **f32)
         self.union = torch.zeros(bkv, p.union_cap, **i32)  # entries always team ids
         self.count = torch.zeros(bkv, **i32)
+        # draw=pooled: the listed teams' shared 1/pi and each group's kappa
+        pooled = p.draw == "pooled"
+        self.pool_w = torch.zeros(bkv * p.union_cap if pooled else 1, **f32)
+        self.pool_kappa = torch.empty(bkv if pooled else 1, **f32)
         self.part_m = torch.empty(rows * p.num_parts, **f32)
         self.part_l = torch.empty(rows * p.num_parts, **f32)
         self.part_o = torch.empty(rows * p.num_parts * p.head_dim, **f32)

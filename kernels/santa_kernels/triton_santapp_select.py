@@ -383,8 +383,11 @@ def _select_kernel(
     M1_PAD: tl.constexpr, LOCAL: tl.constexpr, HAS_GUMBELS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False,
     ENTRY_PDL: tl.constexpr = False, REPS_AS: tl.constexpr = "", BRACKET: tl.constexpr = 0,
-    HEAD_LISTS: tl.constexpr = False, TOPS: tl.constexpr = False,
+    HEAD_LISTS: tl.constexpr = False, TOPS: tl.constexpr = False, POOLED: tl.constexpr = False,
 ):
+    """Grid ``(splits, B * Hkv)``: scores a block of ``TB`` representatives for the ``G``
+    heads of a KV head, writes ``phi`` and ``z`` (and the finisher's candidates or
+    bracket). POOLED (draw=pooled): writes ``phi`` only; the pool kernel draws."""
     _pdl_enter(PDL, False)  # the next kernel may launch as this grid's last wave starts
     split = tl.program_id(0)
     bkv = tl.program_id(1)
@@ -425,6 +428,9 @@ def _select_kernel(
     phi = s * scale + log_n[None, :]
     valid = mask_h[:, None] & mask_t[None, :]
     cells = head_rows[:, None] * t_cap + offs_t[None, :]  # < 2**31 (checked by the plan)
+    if POOLED:  # the pool kernel pools every head's phi over the teams, then draws
+        tl.store(phi_ptr + cells, phi, mask=valid)
+        return
     if HAS_GUMBELS:
         gumbel = tl.load(gumbel_ptr + cells, mask=valid, other=0.0)
     else:

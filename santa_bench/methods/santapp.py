@@ -22,7 +22,13 @@ from santa_bench.e2e.cache import StaticKVCache
 from santa_bench.methods._core import Method, Param, PlotStyle, register
 from santa_bench.timing import nbytes_of
 from santa_kernels.kv import KVCache
-from santa_kernels.santapp import DEFAULT_M, DEFAULT_SINK, DEFAULT_WINDOW, DRAWS
+from santa_kernels.santapp import (
+    DEFAULT_M,
+    DEFAULT_SINK,
+    DEFAULT_WINDOW,
+    DRAWS,
+    KERNEL_DRAWS,
+)
 from santa_kernels.santapp import santapp as santapp_reference
 
 
@@ -45,11 +51,12 @@ def _santapp_packed(module, kv: KVCache, params: dict[str, Any]):
     return module.time_index_build(kv, **params)
 
 
-def require_head_draw(draw: str) -> None:
-    """Unsupported unless ``draw`` is ``head``, the only one the Triton kernel implements."""
-    if draw != "head":
-        raise Unsupported(f"santapp: the Triton kernel implements draw=head only, not "
-                          f"draw={draw} (use --reference)")
+def require_kernel_draw(draw: str) -> None:
+    """Unsupported unless the Triton kernel implements ``draw`` (``KERNEL_DRAWS``)."""
+    if draw not in KERNEL_DRAWS:
+        raise Unsupported(f"santapp: the Triton kernel implements draw="
+                          f"{' and draw='.join(KERNEL_DRAWS)}, not draw={draw} "
+                          "(use --reference)")
 
 
 def merge_atomic_of(merge: str) -> bool | None:
@@ -90,7 +97,7 @@ def santapp_prepare(
     Where ``M`` covers every team the call is dense attention and runs the split-KV kernel.
     Extra metrics: ``index_build_ms`` and, after ``reads()``, ``read_equivalent`` and
     ``bytes_read_tables`` (the representatives' bytes, counted in the bandwidth)."""
-    require_head_draw(draw)
+    require_kernel_draw(draw)
     module = _triton_santapp()
     try:
         module.check_scheme(scheme, mix)
@@ -110,7 +117,8 @@ def santapp_prepare(
         if module.reads_every_team(M, packed):
             return _every_team_read(q, kv, scale, packed.max_teams)
         workspace = module.SantaPPWorkspace.for_inputs(q, kv, packed, M, seed=seed,
-                                                       merge_atomic=merge_atomic_of(merge))
+                                                       merge_atomic=merge_atomic_of(merge),
+                                                       draw=draw)
 
         def run() -> torch.Tensor:
             return module.santapp_decode(q, kv, packed, M, scale=scale, workspace=workspace)[0]
@@ -135,9 +143,10 @@ def santapp_prepare(
         is the same (as the decode loop's layers share one)."""
         own, _ = _santapp_packed(module, kv, params)
         merge_atomic = merge_atomic_of(merge)
-        same = module._plan_for(q, kv, own, M, merge_atomic=merge_atomic) == workspace.plan
+        same = module._plan_for(q, kv, own, M, merge_atomic=merge_atomic,
+                                draw=draw) == workspace.plan
         ws = workspace if same else module.SantaPPWorkspace.for_inputs(
-            q, kv, own, M, seed=seed, merge_atomic=merge_atomic)
+            q, kv, own, M, seed=seed, merge_atomic=merge_atomic, draw=draw)
         return Prepared(
             lambda: module.santapp_decode(q, kv, own, M, scale=scale, workspace=ws)[0],
             nbytes_of(q, kv), notes, rebind=rebind)
@@ -167,7 +176,7 @@ class TritonSantaPPDecode(DecodeAttention):
         self.name = "triton"
 
     def setup(self, cache: StaticKVCache, q: torch.Tensor) -> None:
-        require_head_draw(self.params.get("draw", "head"))
+        require_kernel_draw(self.params.get("draw", "head"))
         super().setup(cache, q)
         ok, why = santapp_kernel_available()
         if not ok:
@@ -207,7 +216,8 @@ class TritonSantaPPDecode(DecodeAttention):
                     self.workspaces.append(None)
                     continue
                 plan = module._plan_for(self.query, kv, packed, p["M"],
-                                        merge_atomic=merge_atomic_of(p.get("merge", "auto")))
+                                        merge_atomic=merge_atomic_of(p.get("merge", "auto")),
+                                        draw=p.get("draw", "head"))
                 if plan not in by_plan:
                     by_plan[plan] = module.SantaPPWorkspace(
                         plan, device=self.query.device, seed=self.seed + len(by_plan))
@@ -327,7 +337,7 @@ def santapp() -> Method:
                 "by its own inclusion probabilities; pooled = one draw of M per KV head from "
                 "the heads' mean probabilities, shared weights (M teams read); union = each "
                 "its own, every head weighting the group's union by the union's inclusion "
-                "probability (head's reads). Reference only",
+                "probability (head's reads; reference only)",
                 choices=DRAWS,
                 omit_default=True,
             ),
