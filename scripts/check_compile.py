@@ -381,11 +381,11 @@ def check_flash() -> int:
     for d, group, groups, paged, samples in (
             (128, 4, 8, False, 4), (128, 4, 8, False, 1), (128, 1, 8, True, 4),
             (64, 8, 16, False, 1), (256, 3, 16, True, 16), (128, 8, 8, False, 4),
-            (128, 16, 64, False, 2), (128, 4, 64, False, 8)):
+            (128, 16, 64, False, 2), (128, 4, 64, False, 8), (128, 7, 32, False, 4)):
         packed = samples <= 8
         draw_tiles = tsf.default_draw_tiles(group, samples) if packed else 1
         closed = samples >= tsf.CLOSED_MIN_SAMPLES
-        warps, stages = tsf.flash_config(d, groups, pairs=draw_tiles == 2)
+        warps, stages = tsf.flash_config(d, groups, pairs=draw_tiles == 2, heads=group)
         options = {"num_warps": warps, "num_stages": stages}
         if draw_tiles == 2 and tsf.PAIR_MAXNREG.get(warps):
             options["maxnreg"] = tsf.PAIR_MAXNREG[warps]

@@ -28,6 +28,7 @@ from santa_kernels.triton_santa import SantaWorkspace
 from santa_kernels.triton_santa_flash import (
     CLOSED_MIN_SAMPLES,
     FLASH_CONFIG,
+    LARGE_GROUP_MAX_HEADS,
     default_draw_tiles,
     flash_config,
     flash_splits,
@@ -216,9 +217,53 @@ def test_launch_follows_the_samples_and_the_groups(monkeypatch):
     santa_flash(qb, kvb, 8, tile=TILE)  # 32 groups, pairs: no PDL, still 4 warps
     assert not merge.calls[-1]["PDL"] and not stream.calls[-1]["LET_MERGE"]
     assert stream.calls[-1]["DRAW_TILES"] == 2 and stream.calls[-1]["num_warps"] == 4
-    qb, kvb = make_cache(batch=groups, hq=16, hkv=1, d=128, n=32, lengths=(32,) * groups)
-    santa_flash(qb, kvb, 8, tile=TILE)  # 16 heads a group: one tile a draw, 2 warps
+    santa_flash(qb, kvb, 16, tile=TILE)  # P = 8, 4 heads a group: one tile a draw, 2 warps
     assert stream.calls[-1]["DRAW_TILES"] == 1 and stream.calls[-1]["num_warps"] == 2
+    qb, kvb = make_cache(batch=groups, hq=16, hkv=1, d=128, n=32, lengths=(32,) * groups)
+    santa_flash(qb, kvb, 8, tile=TILE)  # 16 heads a group: one tile a draw, 4 warps
+    assert stream.calls[-1]["DRAW_TILES"] == 1 and stream.calls[-1]["num_warps"] == 4
+
+
+def test_groups_of_more_than_four_heads_keep_four_warps(monkeypatch):
+    """Qwen's 28/4 at B=8 (32 groups of 7 heads, P = 4 at S=2048 and 32k: one tile a
+    draw) takes the 4-warp launch and its split (four programs an SM, one wave), not the
+    2-warp launch measured on groups of 4 heads, which those keep."""
+    import santa_kernels.triton_santa_flash as tsf
+
+    large = tsf.FLASH_CONFIG_LARGE[128]
+    assert default_draw_tiles(7, lag_samples(2048, 32768, 64), 64) == 1
+    assert flash_config(128, groups=32, heads=7) == FLASH_CONFIG[128]
+    assert flash_config(128, groups=32, heads=LARGE_GROUP_MAX_HEADS) == large
+    assert flash_config(128, groups=32) == large  # the default: the measured launch
+    assert flash_splits(32, 512, pairs=False, heads=7) == 16  # 512 programs: 4 an SM
+    assert flash_splits(32, 512, pairs=False, heads=4) == 20  # 640: 5 an SM
+    stream = _Launches()
+    monkeypatch.setattr(tsf, "_flash_kernel", stream)
+    monkeypatch.setattr(tsf, "_merge_kernel", _Launches())
+    q, kv = make_cache(batch=8, hq=28, hkv=4, d=128, n=32, lengths=(32,) * 8)
+    santa_flash(q, kv, 8, tile=TILE)  # 2 tiles of 16, 4 samples a tile
+    launch = stream.calls[-1]
+    assert launch["P"] == 4 and launch["DRAW_TILES"] == 1 and launch["ROWS"] == 8
+    assert (launch["num_warps"], launch["num_stages"]) == FLASH_CONFIG[128]
+
+
+def test_groups_of_seven_heads_draw_the_same_samples_at_any_split():
+    """G=7 (8 rows a draw, one of them padding; one tile a draw at P = 4), 32- and 16-bit:
+    the float64 counts and output given uniforms at every split, and seeded draws the
+    same counts and output (to rounding) at the split of either launch."""
+    q, kv = make_cache(batch=2, hq=14, hkv=2, d=64, n=100, lengths=(100, 60))
+    assert lag_samples(28, 100, TILE) == 4 and default_draw_tiles(7, 4, TILE) == 1
+    for splits in (1, 2, 7):
+        check_draw(q, kv, S=28, num_splits=splits)
+    check_draw(q.bfloat16(), KVCache.contiguous(kv.k.bfloat16(), kv.v.bfloat16(), kv.lengths),
+               S=28, out_tol=2e-2, num_splits=3)
+    draws = []
+    for splits in (2, 3):  # the splits of 16 and 20 programs a group, scaled down
+        ws = SantaWorkspace.for_inputs(q, kv, 28, TILE, num_splits=splits)
+        out, info = santa_flash(q, kv, 28, tile=TILE, seed=5, workspace=ws, return_counts=True)
+        draws.append((info.row_counts(), out))
+    assert torch.equal(draws[0][0], draws[1][0])
+    torch.testing.assert_close(draws[0][1], draws[1][1], rtol=1e-5, atol=1e-5)
 
 
 def test_input_errors():

@@ -79,10 +79,18 @@ from santa_kernels.triton_santa import (
 
 # (num_warps, num_stages) of the streaming kernel per head dim (d=64 and 256 were not
 # swept), and from LARGE_GROUPS sequences x KV heads on where tiles are drawn one at a
-# time: two warps, more programs an SM
+# time by groups of at most LARGE_GROUP_MAX_HEADS query heads: two warps, more programs
+# an SM
 FLASH_CONFIG = {64: (4, 4), 128: (4, 3), 256: (8, 2)}
 FLASH_CONFIG_LARGE = {128: (2, 3)}
 LARGE_GROUPS = 32
+# The 2-warp launch was measured on groups of 4 heads (32/8, P = 4: 4 rows a draw, 16
+# gathered V rows a tile). A group of 5 to 8 heads draws 8 rows and gathers 32 V rows a
+# tile at P = 4, twice that on each warp: at 28/4/128, ctx 32k, B=8 (32 groups) santa-flash
+# S=2048 ran at 1.56x its byte floor on 2 warps, where 12/2's groups of 6 on 4 warps (16
+# groups, the same draw and gather) ran at 1.14x (H100 kernel rows of 2026-12-07). Groups
+# of more heads keep 4 warps
+LARGE_GROUP_MAX_HEADS = 4
 W_BITS = 30  # integer tile weights: a tile's total stays below 2**W_BITS
 MAX_LAG_SAMPLES = 64  # the lagged loop's samples a head and tile, at most (P)
 LARGE_GROUP_PROGRAMS_PER_SM = 5  # programs of the 2-warp large-group launch an SM holds
@@ -124,27 +132,30 @@ def v_words(v: torch.Tensor) -> bool:
 
 
 def flash_config(head_dim: int, groups: int = 1, tile: int = 64,
-                 pairs: bool = False) -> tuple[int, int]:
+                 pairs: bool = False, heads: int = 1) -> tuple[int, int]:
     """Returns the ``(num_warps, num_stages)`` of the streaming kernel for ``head_dim``
-    (the nearest swept one), ``groups`` = B * Hkv and ``tile``: tiles of 128 rows or more
-    take at most 2 stages; ``pairs`` (tiles drawn in pairs) keeps the small-group launch
-    at every group count."""
+    (the nearest swept one), ``groups`` = B * Hkv, ``tile`` and ``heads`` query heads a
+    group: tiles of 128 rows or more take at most 2 stages; ``pairs`` (tiles drawn in
+    pairs) and groups of more than :data:`LARGE_GROUP_MAX_HEADS` heads keep the
+    small-group launch at every group count."""
     key = min(FLASH_CONFIG, key=lambda d: (abs(d - head_dim), d))
     if tile >= 128:
         return FLASH_CONFIG[key][0], min(2, FLASH_CONFIG[key][1])
-    if groups >= LARGE_GROUPS and key in FLASH_CONFIG_LARGE and not pairs:
+    if (groups >= LARGE_GROUPS and key in FLASH_CONFIG_LARGE and not pairs
+            and heads <= LARGE_GROUP_MAX_HEADS):
         return FLASH_CONFIG_LARGE[key]
     return FLASH_CONFIG[key]
 
 
 def flash_splits(groups: int, n_tiles: int, head_dim: int = 128, tile: int = 64,
-                 sm_count: int = H200_SM_COUNT, pairs: bool = True) -> int:
+                 sm_count: int = H200_SM_COUNT, pairs: bool = True, heads: int = 1) -> int:
     """Returns the split count for ``groups`` = B * Hkv sequences x KV heads of ``n_tiles``
     tiles: as many programs as fit the SMs at once under :func:`flash_config`'s launch
     (one wave: 4 programs an SM of 4 warps, 5 of the 2-warp large-group launch, whose
     41 KB of shared memory allow five), at least MIN_TILES_PER_SPLIT tiles each.
-    ``pairs``: the launch draws tiles in pairs (:func:`default_draw_tiles`)."""
-    warps, _ = flash_config(head_dim, groups, tile, pairs)
+    ``pairs``: the launch draws tiles in pairs (:func:`default_draw_tiles`); ``heads``:
+    query heads a group."""
+    warps, _ = flash_config(head_dim, groups, tile, pairs, heads)
     per_sm = LARGE_GROUP_PROGRAMS_PER_SM if warps == 2 else PROGRAMS_PER_SM
     splits = max(1, min(per_sm * sm_count // max(1, groups),
                         -(-n_tiles // MIN_TILES_PER_SPLIT)))
@@ -651,7 +662,7 @@ def flash_workspace(q: torch.Tensor, kv: KVCache, S: int, tile: int = 64,
     group = q.shape[1] // max(1, kv.num_kv_heads)
     pairs = default_draw_tiles(group, lag_samples(S, _capacity(kv), tile), tile) == 2
     kw.setdefault("num_splits", flash_splits(groups, _tile_count(kv, tile), kv.head_dim,
-                                             tile, pairs=pairs))
+                                             tile, pairs=pairs, heads=group))
     return SantaWorkspace.for_inputs(q, kv, S, tile, **kw)
 
 
@@ -686,7 +697,7 @@ def santa_flash(
     halves = 2 if v_words(kv.v) else 1
     packed = samples <= 8 and tile <= 128
     draw_tiles = default_draw_tiles(group, samples, tile) if packed else 1
-    warps, stages = flash_config(d, batch * hkv, tile, pairs=draw_tiles == 2)
+    warps, stages = flash_config(d, batch * hkv, tile, pairs=draw_tiles == 2, heads=group)
     closed = samples >= CLOSED_MIN_SAMPLES
     pdl = batch * hkv < LARGE_GROUPS and pdl_available(q.device)
     extra = {}
@@ -728,6 +739,6 @@ def santa_flash(
     return out[:batch], info
 
 
-__all__ = ["CLOSED_MIN_SAMPLES", "FLASH_CONFIG", "default_draw_tiles", "flash_config",
-           "flash_splits", "flash_workspace", "lag_samples", "pair_draws", "santa_flash",
-           "v_words"]
+__all__ = ["CLOSED_MIN_SAMPLES", "FLASH_CONFIG", "LARGE_GROUP_MAX_HEADS", "default_draw_tiles",
+           "flash_config", "flash_splits", "flash_workspace", "lag_samples", "pair_draws",
+           "santa_flash", "v_words"]
