@@ -496,6 +496,28 @@ def check_topk() -> int:
         print(f"topk _select_kernel K={k} G={group} per_head={per_head} sink={sink}: "
               f"{err or 'ok'}")
         failures += err is not None
+        # the spread select (SPREAD_SELECT), split like the score pass
+        splits = _topk_splits(128, hkv)
+        tiles = -(-CTX // tix.SCORE_BLOCK_N[128])
+        span = -(-tiles // splits) * tix.SCORE_BLOCK_N[128]
+        block = min(ttk.SPREAD_BLOCK, _pad(span))
+        spread = {"K": k, "NUM_SEL": consts["NUM_SEL"], "SINK": sink, "WINDOW": window,
+                  "NUM_BINS": ttk.HIST_BINS, "BLOCK": block}
+        err = compile_kernel(ttk._second_byte_kernel, ["*fp32"] + ["*i32"] * 2 + ["*i64"]
+                             + ["*i32"] * 2 + ["i32"] * 5, spread,
+                             {"num_warps": ttk.NUM_WARPS}, max_shared=H100_SHARED,
+                             divisible=_aligned(ttk._second_byte_kernel))
+        print(f"topk _second_byte_kernel K={k} G={group} per_head={per_head} sink={sink}: "
+              f"{err or 'ok'}")
+        failures += err is not None
+        spread.update(GROUP=group, PER_HEAD=per_head, SPLITS_PAD=max(2, _pad(splits)))
+        err = compile_kernel(ttk._spread_write_kernel, ["*fp32"] + ["*i32"] * 2 + ["*i64"]
+                             + ["*i32"] * 7 + ["i32"] * 7, spread,
+                             {"num_warps": ttk.NUM_WARPS}, max_shared=H100_SHARED,
+                             divisible=_aligned(ttk._spread_write_kernel))
+        print(f"topk _spread_write_kernel K={k} G={group} per_head={per_head} sink={sink}: "
+              f"{err or 'ok'}")
+        failures += err is not None
     # (k, S, group, KV heads, head dim): k = 0 (no top set) samples every token
     heads = ["*fp32"] * 3 + ["*i64", "*fp32", "*i32", "*i32", "*fp32", "*i32", "*fp32"]
     for k, samples, group, hkv, d in ((2048, 256, 4, 8, 128), (64, 128, 7, 2, 64),
