@@ -455,11 +455,11 @@ def check_topk() -> int:
                                  (64, 1, 8, True)):
         splits = _topk_splits(d, hkv)
         types = ["*bf16", "*bf16", "*i64", "*i32" if paged else "*i64", "*fp32", "*fp32",
-                 "*fp32", "fp32"] + ["i32"] * 11
+                 "*fp32", "*i64", "fp32"] + ["i32"] * 11
         consts = {"NUM_KV_HEADS": hkv, "GROUP": group, "HEAD_DIM": d,
                   "BLOCK_H": max(MIN_BLOCK_H, _pad(group)), "BLOCK_N": tix.SCORE_BLOCK_N[d],
                   "PAGED": paged, "PAGE_SIZE": PAGE_SIZE if paged else 1,
-                  "DOT_PRECISION": "tf32", "WIDEN_BF16": False}
+                  "DOT_PRECISION": "tf32", "WIDEN_BF16": False, "BUMP": not paged}
         err = compile_kernel(ttk._score_stats_kernel, types, consts,
                              {"num_warps": ttk.NUM_WARPS},
                              max_shared=H100_SHARED, divisible=_aligned(ttk._score_stats_kernel))

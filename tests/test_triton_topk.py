@@ -285,3 +285,42 @@ def test_topk_santa_and_vattention_draw_the_same_with_the_spread_select(monkeypa
     assert torch.equal(listed0[..., :24], listed1[..., :24])
     assert torch.equal(listed0[..., 24:].sort(-1).values, listed1[..., 24:].sort(-1).values)
     assert torch.equal(count0, count1) and torch.equal(tlw0, tlw1) and torch.equal(ex0, ex1)
+
+
+def test_vattention_and_topk_santa_plans_are_kernels_only():
+    """A plan advances the step counter in its score pass and clears vAttention's
+    exclusions in its plan kernel: no torch op (a launch of its own) besides the
+    kernels, and the same counter, exclusions and draws as when torch did both."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ts = pytest.importorskip("santa_kernels.triton_selection")
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    q, kv = _random_problem(batch=2, hkv=2, group=2, n=400, lengths=(400, 150), seed=8)
+    vatt = ts.VAttentionStep(q, kv, sink=4, window=8, topk=16, seed=3)
+    santa = ts.TopKSantaStep(q, kv, k=8, S=4, seed=3)
+    for _ in range(2):  # the second call clears the first call's marks
+        for step in (vatt, santa):
+            with Ops() as ops:
+                step.plan(q, kv)
+            assert not {"add_.Tensor", "zero_.default", "fill_.Scalar"} & ops.names
+    assert int(vatt.rng) == int(santa.rng) == 2
+    for b in range(2):
+        for g in range(kv.num_kv_heads):
+            marked = vatt.exclude[b, g].nonzero().flatten().cpu()
+            top = vatt.listed[b, g, 12:].cpu()
+            assert torch.equal(marked, top[top >= 0].sort().values.long())
+    # the second call's draws: those of a fresh step at counter 1 (torch advancing it)
+    fresh = ts.VAttentionStep(q, kv, sink=4, window=8, topk=16, seed=3)
+    fresh.reset_rng(1)
+    _, tail = fresh.plan(q, kv)
+    assert torch.equal(tail.count.cpu(), vatt.count.cpu())
+    assert torch.equal(tail.log_weight.cpu(), vatt.log_weight.cpu())

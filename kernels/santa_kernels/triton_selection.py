@@ -6,8 +6,8 @@ workspace, splits, the seed) and then called as ``step(q, kv, layer=0)`` for one
 step of one layer: no host-device sync, static shapes (the cache's capacity, never its
 valid lengths), so a decode loop can capture it in a CUDA graph. Random numbers are
 counter-based, keyed by the seed and a device step counter that every call advances
-first (``rng``; ``reset_rng`` replays a run), so layers, steps and graph replays draw
-fresh numbers (Philox, ``tl.rand``, in the kernels):
+first (``rng``, in its first launch; ``reset_rng`` replays a run), so layers, steps and
+graph replays draw fresh numbers (Philox, ``tl.rand``, in the kernels):
 
 - :class:`OracleTopKStep`: the score pass and the exact top-``k`` select of
   ``triton_topk`` (by the group's summed probability, or per head by score), indexed
@@ -433,7 +433,8 @@ def _vattention_plan_kernel(
     SINK: tl.constexpr, WINDOW: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """One (sequence, KV head) of a vAttention step: lists the exact rows (sink, window,
-    top-k), marks the top-k as excluded from the tail, sums the exact set's
+    top-k), marks the top-k as excluded from the tail (clearing the previous call's
+    marks, so ``exclude`` needs no clearing launch), sums the exact set's
     probabilities per head, draws the base sample (two passes over the same Philox
     draws: mean, then spread), and writes the tail's CLT budget (the group's largest,
     within ``[b₀, n_s]``) and its log-weight ``log(n_s / b)``."""
@@ -455,6 +456,12 @@ def _vattention_plan_kernel(
     s_rows = scores_ptr + b.to(tl.int64) * stride_sb + heads[:, None] * stride_sh
     exclude_row = exclude_ptr + pid.to(tl.int64) * exclude_stride
     listed = listed_ptr + pid.to(tl.int64) * (SINK + WINDOW + TOPK)
+    for j0 in range(0, TOPK, BLOCK):  # the previous call's exclusions, cleared
+        j = j0 + offs
+        inside = j < TOPK
+        old = tl.load(listed + SINK + WINDOW + j, mask=inside, other=-1)
+        tl.store(exclude_row + old, tl.zeros([BLOCK], tl.uint8), mask=inside & (old >= 0))
+    tl.debug_barrier()  # cleared before this call's marks
     exact = tl.zeros([BLOCK_H], tl.float32)
     for j0 in range(0, SINK, BLOCK):
         j = j0 + offs
@@ -543,7 +550,8 @@ class VAttentionStep(_Step):
         self.exclude = torch.zeros(batch, hkv, self.capacity + 1, dtype=torch.uint8,
                                    device=q.device)
         width = self.sink + self.window + self.topk
-        self.listed = torch.empty(batch, hkv, width, dtype=torch.int32, device=q.device)
+        # -1: no earlier call's top-k to clear from exclude
+        self.listed = torch.full((batch, hkv, width), -1, dtype=torch.int32, device=q.device)
         self.count = torch.empty(batch, hkv, dtype=torch.int32, device=q.device)
         self.log_weight = torch.empty(batch, hkv, dtype=torch.float32, device=q.device)
         self.lo = torch.empty(batch, dtype=torch.int32, device=q.device)
@@ -552,15 +560,13 @@ class VAttentionStep(_Step):
 
     def plan(self, q: torch.Tensor, kv: KVCache) -> tuple[torch.Tensor, UniformTail]:
         """The exact rows ``[B, Hkv, R]`` and the uniform tail of one call."""
-        self.rng.add_(1)
-        scores = self.top.run_scores(q, kv)
+        scores = self.top.run_scores(q, kv, rng=self.rng)
         top = self.lo  # a placeholder pointer without a top-k
         if self.topk:  # the middle range's top-k; writes lse too
             top = self.top.run_select(kv, self.top_rows, self.sink, self.window)
             lse = self.top.lse
         else:
             lse = torch.logsumexp(scores, dim=-1)  # [B, Hq]
-        self.exclude.zero_()
         _vattention_plan_kernel[(self.batch * self.num_kv_heads,)](
             scores, lse, top, kv.lengths, self.exclude,
             self.listed, self.count, self.log_weight, self.lo, self.hi, self.rng,
@@ -618,8 +624,7 @@ class TopKSantaStep(_Step):
     def plan(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
         """The rows ``[B, Hkv, k + G S]`` of one call (their log-weights written): the
         score pass, the top-k select, the rest's sums and systematic samples."""
-        self.rng.add_(1)
-        self.top.run_scores(q, kv)
+        self.top.run_scores(q, kv, rng=self.rng)
         if self.k:
             self.top.run_select(kv, self.rows)
         self.sampler.run(kv, self.rows, self.log_weights, self.rng,

@@ -73,15 +73,19 @@ def _bucket_of(h, need, NUM_BINS: tl.constexpr):
 
 @triton.jit
 def _score_stats_kernel(
-    q_ptr, k_ptr, lengths_ptr, page_table_ptr, s_ptr, m_ptr, l_ptr,
+    q_ptr, k_ptr, lengths_ptr, page_table_ptr, s_ptr, m_ptr, l_ptr, rng_ptr,
     tau, capacity, tiles_per_split, num_splits,
     stride_qb, stride_qh, stride_kblk, stride_kn, stride_kh, stride_ptb, stride_sb, stride_sh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
     PAGE_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
+    BUMP: tl.constexpr,
 ):
     split = tl.program_id(0)
     pid = tl.program_id(1)
+    if BUMP:  # the caller's step counter advances here, not in a launch of its own
+        first = (split == 0) & (pid == 0)
+        tl.store(rng_ptr, tl.load(rng_ptr, mask=first, other=0) + 1, mask=first)
     b = pid // NUM_KV_HEADS
     kv_head = pid % NUM_KV_HEADS
     offs_h = tl.arange(0, BLOCK_H)
@@ -474,13 +478,16 @@ class TopKSelect:
         self.thr_key = torch.empty(rows, dtype=torch.int32, device=dev)
         self.thr_tok = torch.empty(rows, dtype=torch.int32, device=dev)
 
-    def run_scores(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
-        """Writes the scores ``[B, Hq, capacity]`` and their per-split stats."""
+    def run_scores(self, q: torch.Tensor, kv: KVCache,
+                   rng: torch.Tensor | None = None) -> torch.Tensor:
+        """Writes the scores ``[B, Hq, capacity]`` and their per-split stats; advances the
+        step counter ``rng`` ([1] int64) by one when given (later launches read it)."""
         st = self.static
         page_table = kv.page_table if st.paged else kv.lengths
         ks = kv.k.stride()
         _score_stats_kernel[(self.splits, self.batch * self.num_kv_heads)](
             q, kv.k, kv.lengths, page_table, self.scores, self.stat_m, self.stat_l,
+            rng if rng is not None else kv.lengths,
             self.scale, self.capacity, self.tiles_per_split, self.splits,
             q.stride(0), q.stride(1), ks[0], ks[1], ks[2],
             page_table.stride(0) if st.paged else 0,
@@ -488,7 +495,7 @@ class TopKSelect:
             NUM_KV_HEADS=self.num_kv_heads, GROUP=self.group, HEAD_DIM=self.head_dim,
             BLOCK_H=st.block_h, BLOCK_N=self.block_n, PAGED=st.paged,
             PAGE_SIZE=st.page_size, DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16,
-            num_warps=NUM_WARPS,
+            BUMP=rng is not None, num_warps=NUM_WARPS,
         )  # fmt: skip
         return self.scores
 
