@@ -1,5 +1,6 @@
 """triton-topk: the score pass and the exact top-``k`` select of the selection methods
-(docs/algorithms.md section 10), in three launches and no torch op over the tokens.
+(docs/algorithms.md section 10), in four launches split alike over the tokens and no
+torch op over the tokens.
 
 1. **Score pass** (:meth:`TopKSelect.run_scores`): ``τ q·k`` of every cached token for
    every query head, written once (fp32 ``[B, Hq, capacity]``, ``-inf`` past each
@@ -11,17 +12,25 @@
    order-preserving key (the float's bits, sign flipped); per query head (``per_head``)
    the key is the score itself and nothing is written. The split-0 program writes
    ``lse [B, Hq]``.
-3. **Select** (one program per (sequence, selecting head)): a radix select of the
-   ``k``-th largest key. The histogram gives the bucket of the ``k``-th key; one pass over
-   the tokens writes those of higher buckets and lists the bucket's tokens (candidates);
-   three more histograms over the candidates (a byte of the key each) give the exact key
-   ``T``; the candidates above ``T`` are written, then those equal to ``T`` in token order
-   until ``k`` are chosen, and ``-1`` fills the rest. A token is chosen exactly when
-   ``key > T`` or ``key = T`` and ``token ≤ last tie`` (both stored), which later kernels
-   test without a list.
+3. **Second byte** (split alike): the histogram gives the top byte ``b1`` of the
+   ``k``-th key; each split counts its allowed tokens above ``b1`` and histograms the
+   second byte of those in ``b1`` (kept per split as counts at or above each value, and
+   added to the row's).
+4. **Writes** (split alike): with the top two bytes ``P`` of the ``k``-th key, each split
+   writes its tokens above ``P`` after the earlier splits' ones (their counts from 3)
+   and lists those under ``P`` (the candidates) after the earlier splits' candidates;
+   the row's last program to finish (an arrival counter) takes two histograms of the
+   candidates (the last two bytes: the exact key ``T``), writes those above ``T``, then
+   those equal to ``T`` in token order until ``k`` are chosen, and ``-1`` fills the rest.
+   A token is chosen exactly when ``key > T`` or ``key = T`` and ``token ≤ last tie``
+   (both stored), which later kernels test without a list.
+
+``SPREAD_SELECT = False`` runs 3 and 4 as the former select instead: one program per
+(sequence, selecting head) walks every token (the same tokens, threshold and last tie).
 
 Static shapes (the capacity, never the lengths), no host sync, graph capturable: the
-histogram is zeroed by the select after use, so it starts each call at zero.
+histograms and the arrival counts are zeroed by the last program after use, so they start
+each call at zero.
 """
 
 from __future__ import annotations
