@@ -604,16 +604,17 @@ def check_indexed() -> int:
         types = ["*bf16"] * 3 + ["*i64", table, "*i32", "*i32" if count else "*i64",
                                  "*fp32" if lw else "*i64"]
         types += (["*i32"] * 3 + ["*fp32", "*u8", "*i64"] if tail else ["*i64"] * 6)
-        types += ["*i32" if samples else "*i64", "*bf16"]
+        stash = not method.startswith("quest")  # the token methods' score stash
+        types += ["*i32" if samples else "*i64", "*fp32" if stash else "*i64", "*bf16"]
         types += ["*fp32"] * 3 if split else ["*bf16"] * 3
-        types += ["fp32"] + ["i32"] * 17
+        types += ["fp32"] + ["i32"] * 19
         consts = {"NUM_KV_HEADS": 8, "GROUP": group, "HEAD_DIM": d,
                   "BLOCK_H": max(MIN_BLOCK_H, _pad(group)), "CHUNK": tix.CHUNK[d],
                   "BLOCK": 16 if method.startswith("quest") else 1, "PAGED": paged,
                   "PAGE_SIZE": PAGE_SIZE if paged else 1, "HAS_INDEX": True,
                   "HAS_COUNT": count, "HAS_LW": lw, "LW_PER_HEAD": lw and group > 1,
                   "HAS_TAIL": tail, "HAS_EXCLUDE": tail, "STORE_SAMPLES": samples,
-                  "WRITE_OUT": not split,
+                  "WRITE_OUT": not split, "HAS_SCORES": stash,
                   "DOT_PRECISION": "tf32", "WIDEN_BF16": False}
         err = compile_kernel(tix._indexed_stage1, types, consts, {"num_warps": tix.NUM_WARPS},
                              max_shared=H100_SHARED, divisible=_aligned(tix._indexed_stage1))

@@ -29,6 +29,9 @@ graph replays draw fresh numbers (Philox, ``tl.rand``, in the kernels):
   systematic samples of the rest (``triton_rest_sample``: rest sums per split, then the
   samples and their per-head log-weights), so that one indexed call attends to both.
 
+The three token methods' indexed attention takes the rows' scores from the score pass's
+stash (``scores``), so it reads the chosen or drawn V rows and no key a second time.
+
 ``read_counts`` (untimed, syncs) returns what a call reads, for the byte model.
 """
 
@@ -164,7 +167,8 @@ class OracleTopKStep(_Step):
 
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
         return indexed_attention(q, kv, self.select(q, kv), log_weights=self.log_weights,
-                                 scale=self.scale, out=self.out, workspace=self.workspace)
+                                 scale=self.scale, out=self.out, workspace=self.workspace,
+                                 scores=self.scores)
 
     def read_counts(self, q: torch.Tensor, kv: KVCache) -> ReadCounts:
         """Every key, and the chosen value rows (their union over the group)."""
@@ -583,7 +587,7 @@ class VAttentionStep(_Step):
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
         listed, tail = self.plan(q, kv)
         return indexed_attention(q, kv, listed, tail=tail, scale=self.scale, out=self.out,
-                                 workspace=self.workspace)
+                                 workspace=self.workspace, scores=self.scores)
 
     def read_counts(self, q: torch.Tensor, kv: KVCache) -> ReadCounts:
         """Every key; the value rows of the exact set and of the drawn tail."""
@@ -591,7 +595,7 @@ class VAttentionStep(_Step):
         samples = torch.full((self.batch * self.num_kv_heads, self.capacity), -1,
                              dtype=torch.int32, device=self.device)
         indexed_attention(q, kv, listed, tail=tail, scale=self.scale, out=self.out,
-                          workspace=self.workspace, samples=samples)
+                          workspace=self.workspace, samples=samples, scores=self.scores)
         drawn = samples.view(self.batch, self.num_kv_heads, -1).long()
         hit = self.exclude.gather(2, drawn.clamp_min(0)).bool()
         drawn = torch.where(hit, torch.full_like(drawn, -1), drawn)
@@ -633,7 +637,8 @@ class TopKSantaStep(_Step):
 
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
         return indexed_attention(q, kv, self.plan(q, kv), log_weights=self.log_weights,
-                                 scale=self.scale, out=self.out, workspace=self.workspace)
+                                 scale=self.scale, out=self.out, workspace=self.workspace,
+                                 scores=self.scores)
 
     def read_counts(self, q: torch.Tensor, kv: KVCache) -> ReadCounts:
         """Every key; the value rows of the top-k and of the samples (a head's sample of
