@@ -229,8 +229,12 @@ def _indexed_stage1(
             if HAS_EXCLUDE:
                 hit = tl.load(exclude_ptr + pid.to(tl.int64) * exclude_stride + tok_t,
                               mask=drawn, other=0)
-                ok = ok & (hit == 0)  # a draw on an excluded token counts 0
         ok = ok & (tok >= 0) & (tok < seq_len)
+        counted = ok
+        if HAS_EXCLUDE:  # (with a tail only)
+            # a draw on an excluded token counts 0: its row is read all the same (an exact
+            # row, mostly in L2), so the row loads need not wait for the mark
+            counted = ok & (hit == 0)
         row_off = _row_offsets(page_row_ptr, tok, ok, stride_kblk, stride_kn, PAGED,
                                PAGE_SIZE)
         kv_offs = row_off[:, None] + offs_d[None, :]
@@ -253,7 +257,7 @@ def _indexed_stage1(
                 lw = tl.load(lw_ptr + b * stride_wb + kv_head * stride_wh + slot,
                              mask=listed, other=0.0)
                 s = s + lw[None, :] * 1.4426950408889634
-        s = tl.where(ok[None, :], s, float("-inf"))
+        s = tl.where(counted[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing yet
         alpha = tl.exp2(m_i - m_safe)
