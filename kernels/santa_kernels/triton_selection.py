@@ -421,10 +421,11 @@ def _base_draws(j, draws, seed, rng_base, lo, width, exclude_row, s_rows, lse, m
     that hits an exact token or lies past ``draws``), and which draws are taken."""
     take = j < draws
     tok = _draw_tokens(j, take, seed, rng_base, lo, width)
-    hit = tl.load(exclude_row + tok, mask=take, other=1)
-    keep = take & (hit == 0)
-    s = tl.load(s_rows + tok[None, :], mask=mask_h[:, None] & keep[None, :],
+    # both loads at once (the scores' does not wait for the mark): one round trip a block
+    s = tl.load(s_rows + tok[None, :], mask=mask_h[:, None] & take[None, :],
                 other=float("-inf"))
+    hit = tl.load(exclude_row + tok, mask=take, other=1)
+    s = tl.where((hit == 0)[None, :], s, float("-inf"))
     return tl.exp(s - lse[:, None]), take
 
 
