@@ -455,11 +455,11 @@ def check_topk() -> int:
                                  (64, 1, 8, True)):
         splits = _topk_splits(d, hkv)
         types = ["*bf16", "*bf16", "*i64", "*i32" if paged else "*i64", "*fp32", "*fp32",
-                 "*fp32", "fp32"] + ["i32"] * 11
+                 "*fp32", "*i64", "fp32"] + ["i32"] * 11
         consts = {"NUM_KV_HEADS": hkv, "GROUP": group, "HEAD_DIM": d,
                   "BLOCK_H": max(MIN_BLOCK_H, _pad(group)), "BLOCK_N": tix.SCORE_BLOCK_N[d],
                   "PAGED": paged, "PAGE_SIZE": PAGE_SIZE if paged else 1,
-                  "DOT_PRECISION": "tf32", "WIDEN_BF16": False}
+                  "DOT_PRECISION": "tf32", "WIDEN_BF16": False, "BUMP": not paged}
         err = compile_kernel(ttk._score_stats_kernel, types, consts,
                              {"num_warps": ttk.NUM_WARPS},
                              max_shared=H100_SHARED, divisible=_aligned(ttk._score_stats_kernel))
@@ -494,6 +494,28 @@ def check_topk() -> int:
                              {"num_warps": ttk.SELECT_WARPS},
                              max_shared=H100_SHARED, divisible=_aligned(ttk._select_kernel))
         print(f"topk _select_kernel K={k} G={group} per_head={per_head} sink={sink}: "
+              f"{err or 'ok'}")
+        failures += err is not None
+        # the spread select (SPREAD_SELECT), split like the score pass
+        splits = _topk_splits(128, hkv)
+        tiles = -(-CTX // tix.SCORE_BLOCK_N[128])
+        span = -(-tiles // splits) * tix.SCORE_BLOCK_N[128]
+        block = min(ttk.SPREAD_BLOCK, _pad(span))
+        spread = {"K": k, "NUM_SEL": consts["NUM_SEL"], "SINK": sink, "WINDOW": window,
+                  "NUM_BINS": ttk.HIST_BINS, "BLOCK": block}
+        err = compile_kernel(ttk._second_byte_kernel, ["*fp32"] + ["*i32"] * 2 + ["*i64"]
+                             + ["*i32"] * 2 + ["i32"] * 5, spread,
+                             {"num_warps": ttk.NUM_WARPS}, max_shared=H100_SHARED,
+                             divisible=_aligned(ttk._second_byte_kernel))
+        print(f"topk _second_byte_kernel K={k} G={group} per_head={per_head} sink={sink}: "
+              f"{err or 'ok'}")
+        failures += err is not None
+        spread.update(GROUP=group, PER_HEAD=per_head, SPLITS_PAD=max(2, _pad(splits)))
+        err = compile_kernel(ttk._spread_write_kernel, ["*fp32"] + ["*i32"] * 2 + ["*i64"]
+                             + ["*i32"] * 7 + ["i32"] * 7, spread,
+                             {"num_warps": ttk.NUM_WARPS}, max_shared=H100_SHARED,
+                             divisible=_aligned(ttk._spread_write_kernel))
+        print(f"topk _spread_write_kernel K={k} G={group} per_head={per_head} sink={sink}: "
               f"{err or 'ok'}")
         failures += err is not None
     # (k, S, group, KV heads, head dim): k = 0 (no top set) samples every token
@@ -582,16 +604,17 @@ def check_indexed() -> int:
         types = ["*bf16"] * 3 + ["*i64", table, "*i32", "*i32" if count else "*i64",
                                  "*fp32" if lw else "*i64"]
         types += (["*i32"] * 3 + ["*fp32", "*u8", "*i64"] if tail else ["*i64"] * 6)
-        types += ["*i32" if samples else "*i64", "*bf16"]
+        stash = not method.startswith("quest")  # the token methods' score stash
+        types += ["*i32" if samples else "*i64", "*fp32" if stash else "*i64", "*bf16"]
         types += ["*fp32"] * 3 if split else ["*bf16"] * 3
-        types += ["fp32"] + ["i32"] * 17
+        types += ["fp32"] + ["i32"] * 19
         consts = {"NUM_KV_HEADS": 8, "GROUP": group, "HEAD_DIM": d,
                   "BLOCK_H": max(MIN_BLOCK_H, _pad(group)), "CHUNK": tix.CHUNK[d],
                   "BLOCK": 16 if method.startswith("quest") else 1, "PAGED": paged,
                   "PAGE_SIZE": PAGE_SIZE if paged else 1, "HAS_INDEX": True,
                   "HAS_COUNT": count, "HAS_LW": lw, "LW_PER_HEAD": lw and group > 1,
                   "HAS_TAIL": tail, "HAS_EXCLUDE": tail, "STORE_SAMPLES": samples,
-                  "WRITE_OUT": not split,
+                  "WRITE_OUT": not split, "HAS_SCORES": stash,
                   "DOT_PRECISION": "tf32", "WIDEN_BF16": False}
         err = compile_kernel(tix._indexed_stage1, types, consts, {"num_warps": tix.NUM_WARPS},
                              max_shared=H100_SHARED, divisible=_aligned(tix._indexed_stage1))

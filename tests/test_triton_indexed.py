@@ -110,6 +110,36 @@ def test_uniform_tail_draws_exclusions_and_whole_ranges():
     assert not torch.equal(samples.cpu().view(2, 2, 256)[0, 1, :20], drawn[0, 1, :20])
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_rows_scored_from_a_stash_read_no_key(paged):
+    """With the score pass's stash as ``scores`` the listed rows (per-head log-weights)
+    and the drawn tail attend as when their keys are read: the same output with every
+    key replaced by 1e30 (so none is read), on a contiguous and a paged cache."""
+    q, kv = _problem(lengths=(150, 77))
+    if paged:
+        kv = kv.to_paged(16, generator=torch.Generator().manual_seed(1))
+    stash = ti.qk_scores(q, kv)
+    huge = torch.full_like(kv.k, 1e30)
+    blind = (sk.KVCache.paged(huge, kv.v, kv.page_table, kv.lengths) if paged
+             else sk.KVCache.contiguous(huge, kv.v, kv.lengths))
+    idx = torch.tensor([[[0, 1, 2, 9], [149, -1, 3, 60]], [[76, 75, -1, 5], [0, 1, 2, 3]]],
+                       dtype=torch.int32, device=DEVICE)
+    lw = torch.randn(2, 6, 4, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    rng = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+    tail = ti.UniformTail(torch.tensor([[7, 30], [3, 9]], dtype=torch.int32, device=DEVICE),
+                          torch.tensor([4, 4], dtype=torch.int32, device=DEVICE),
+                          torch.tensor([140, 70], dtype=torch.int32, device=DEVICE),
+                          torch.full((2, 2), 0.5, device=DEVICE), None, rng, seed=5,
+                          stride=64)
+    for kw in ({"log_weights": lw}, {"tail": tail}):
+        want = ti.indexed_attention(q, kv, idx, num_splits=2, **kw)
+        got = ti.indexed_attention(q, blind, idx, num_splits=2, scores=stash, **kw)
+        assert torch.isfinite(got).all()
+        assert torch.allclose(got.cpu(), want.cpu(), atol=1e-5)
+    with pytest.raises(sk.InputError, match="scores"):
+        ti.indexed_attention(q, kv, idx, scores=stash[:, :, :10])
+
+
 def test_tail_draws_are_uniform():
     """40 steps of 100 draws (fewer than the range: with replacement) over 140 tokens."""
     q, kv = _problem(batch=1, hkv=1, group=1, lengths=(150,))

@@ -193,3 +193,134 @@ def test_oracle_topk_step_on_a_paged_cache_is_the_contiguous_one(shared):
     pages = ts.OracleTopKStep(q, paged, k=40, shared=shared)
     assert torch.equal(flat.select(q, kv).cpu(), pages.select(q, paged).cpu())
     assert torch.allclose(flat(q, kv).cpu(), pages(q, paged).cpu(), atol=1e-6)
+
+
+def _both_selects(monkeypatch, make, k, per_head, sink=0, window=0):
+    """The one-program-a-row select's and the spread select's results on one problem."""
+    q, kv = make()
+    runs = []
+    for spread in (False, True):
+        monkeypatch.setattr(tk, "SPREAD_SELECT", spread)
+        top, out = _select(q, kv, k, per_head, sink, window)
+        runs.append((top, out))
+    return runs
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+@pytest.mark.parametrize(("tied", "k", "sink", "window"),
+                         [(False, 1, 0, 0), (False, 150, 0, 0), (True, 64, 0, 0),
+                          (True, 300, 20, 40), (False, 1500, 0, 0)])
+def test_spread_select_takes_the_one_program_selects_tokens(monkeypatch, per_head, tied, k,
+                                                            sink, window):
+    """Split like the score pass (the second byte, then the writes and the last program's
+    candidates): the same tokens per row, the same threshold and last tie, the
+    histograms and arrival counts back at zero, the same list on a second call."""
+    def make():
+        fn = _tied_problem if tied else _random_problem
+        return fn(batch=2, hkv=2, group=2, n=1500, d=16, lengths=(1500, 530), seed=3)
+
+    (old, old_out), (new, new_out) = _both_selects(monkeypatch, make, k, per_head, sink,
+                                                   window)
+    assert new.splits > 4
+    assert torch.equal(old_out.sort(-1).values, new_out.sort(-1).values)
+    assert torch.equal(old.thr_key.cpu(), new.thr_key.cpu())
+    assert torch.equal(old.thr_tok.cpu(), new.thr_tok.cpu())
+    for buf in (new.hist, new.hist2, new.arrivals):
+        assert int(buf.abs().sum()) == 0
+    again = torch.full_like(new_out, 7).to(DEVICE)
+    new.run_select(make()[1], again, sink, window)
+    assert torch.equal(again.cpu(), new_out)
+
+
+@pytest.mark.parametrize("shared", ["group", "head"])
+def test_oracle_topk_spread_select_chooses_the_references_rows(monkeypatch, shared):
+    """oracle-topk's rows against the reference's top-k mask and the one-program select;
+    its output against both."""
+    ts = pytest.importorskip("santa_kernels.triton_selection")
+    from santa_kernels import selection as ref
+
+    q, kv = _random_problem(batch=2, hkv=2, group=4, n=1200, lengths=(1200, 411), seed=5)
+    k = 90
+    outs, rows = [], []
+    for spread in (False, True):
+        monkeypatch.setattr(tk, "SPREAD_SELECT", spread)
+        step = ts.OracleTopKStep(q, kv, k=k, shared=shared)
+        rows.append(step.select(q, kv).cpu())
+        outs.append(step(q, kv).cpu())
+    assert torch.equal(rows[0].sort(-1).values, rows[1].sort(-1).values)
+    assert torch.allclose(outs[0], outs[1], atol=1e-5)
+    scored = ref._scored(q, kv, None, torch.float64)
+    mask = ref.group_topk_mask(scored, k, shared).cpu()  # [B, Hq, N]
+    group = q.shape[1] // kv.num_kv_heads
+    for b in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            g, j = divmod(h, group)
+            got = rows[1][b, g] if shared == "group" else rows[1][b, g, j * k:(j + 1) * k]
+            want = mask[b, h].nonzero().flatten()
+            assert torch.equal(got[got >= 0].sort().values.long(), want)
+    dense = ref.oracle_topk(q, kv, k=k, shared=shared).out.cpu()
+    assert torch.allclose(outs[1], dense.to(outs[1].dtype), atol=1e-4)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_topk_santa_and_vattention_draw_the_same_with_the_spread_select(monkeypatch, seed):
+    """The random methods' plans under both selects, seed by seed: the same top set, the
+    same systematic samples and log-weights (top-k + S²ANTA), the same exact rows and
+    tail budget (vAttention), so their distributions are the one-program select's."""
+    ts = pytest.importorskip("santa_kernels.triton_selection")
+    q, kv = _random_problem(batch=2, hkv=2, group=3, n=900, lengths=(900, 300), seed=6)
+    plans = []
+    for spread in (False, True):
+        monkeypatch.setattr(tk, "SPREAD_SELECT", spread)
+        santa = ts.TopKSantaStep(q, kv, k=40, S=16, seed=seed)
+        rows = santa.plan(q, kv).cpu()
+        vatt = ts.VAttentionStep(q, kv, sink=8, window=16, topk=32, seed=seed)
+        listed, tail = vatt.plan(q, kv)
+        plans.append((rows, santa.log_weights.cpu(), listed.cpu(), tail.count.cpu(),
+                      tail.log_weight.cpu(), vatt.exclude.cpu()))
+    (rows0, lw0, listed0, count0, tlw0, ex0), (rows1, lw1, listed1, count1, tlw1, ex1) = plans
+    assert torch.equal(rows0[..., :40].sort(-1).values, rows1[..., :40].sort(-1).values)
+    assert torch.equal(rows0[..., 40:], rows1[..., 40:])
+    assert torch.equal(lw0, lw1)
+    assert torch.equal(listed0[..., :24], listed1[..., :24])
+    assert torch.equal(listed0[..., 24:].sort(-1).values, listed1[..., 24:].sort(-1).values)
+    assert torch.equal(count0, count1) and torch.equal(tlw0, tlw1) and torch.equal(ex0, ex1)
+
+
+def test_vattention_and_topk_santa_plans_are_kernels_only():
+    """A plan advances the step counter in its score pass and clears vAttention's
+    exclusions in its plan kernel: no torch op (a launch of its own) besides the
+    kernels, and the same counter, exclusions and draws as when torch did both."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ts = pytest.importorskip("santa_kernels.triton_selection")
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    q, kv = _random_problem(batch=2, hkv=2, group=2, n=400, lengths=(400, 150), seed=8)
+    vatt = ts.VAttentionStep(q, kv, sink=4, window=8, topk=16, seed=3)
+    santa = ts.TopKSantaStep(q, kv, k=8, S=4, seed=3)
+    for _ in range(2):  # the second call clears the first call's marks
+        for step in (vatt, santa):
+            with Ops() as ops:
+                step.plan(q, kv)
+            assert not {"add_.Tensor", "zero_.default", "fill_.Scalar"} & ops.names
+    assert int(vatt.rng) == int(santa.rng) == 2
+    for b in range(2):
+        for g in range(kv.num_kv_heads):
+            marked = vatt.exclude[b, g].nonzero().flatten().cpu()
+            top = vatt.listed[b, g, 12:].cpu()
+            assert torch.equal(marked, top[top >= 0].sort().values.long())
+    # the second call's draws: those of a fresh step at counter 1 (torch advancing it)
+    fresh = ts.VAttentionStep(q, kv, sink=4, window=8, topk=16, seed=3)
+    fresh.reset_rng(1)
+    _, tail = fresh.plan(q, kv)
+    assert torch.equal(tail.count.cpu(), vatt.count.cpu())
+    assert torch.equal(tail.log_weight.cpu(), vatt.log_weight.cpu())

@@ -21,6 +21,10 @@ cache. The rows come from two sources, both optional per call:
   counts 0. A count that reaches ``hi − lo`` reads every token of the range once instead
   (with the same ``log w``).
 
+A caller that has every token's ``τ q·k`` already (a score pass's fp32 stash, as the
+token selection methods do) passes it as ``scores``: a row's scores are then read from it
+(``G`` floats) instead of computed from its key, so of the cache only V rows are read.
+
 One program owns a KV head of a sequence and all ``G`` query heads of its group (the
 group's queries padded to ``BLOCK_H ≥ 16`` rows, so both products run on tensor cores
 with ``tl.dot``), and a split of the rows: the rows of a (sequence, KV head) are cut into
@@ -137,17 +141,17 @@ def _indexed_stage1(
     q_ptr, k_ptr, v_ptr, lengths_ptr, page_table_ptr,
     idx_ptr, count_ptr, lw_ptr,
     tail_count_ptr, tail_lo_ptr, tail_hi_ptr, tail_lw_ptr, exclude_ptr, rng_ptr,
-    samples_ptr,
+    samples_ptr, score_ptr,
     out_ptr, part_o_ptr, part_m_ptr, part_l_ptr,
     qk_scale, num_splits, idx_cap, seed, tail_stride, exclude_stride,
     stride_qb, stride_qh, stride_kblk, stride_kn, stride_kh, stride_ptb,
-    stride_ob, stride_oh, stride_ib, stride_ih, stride_wb, stride_wh,
+    stride_ob, stride_oh, stride_ib, stride_ih, stride_wb, stride_wh, stride_sb, stride_sh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HAS_INDEX: tl.constexpr, HAS_COUNT: tl.constexpr, HAS_LW: tl.constexpr,
     LW_PER_HEAD: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_EXCLUDE: tl.constexpr,
-    STORE_SAMPLES: tl.constexpr, WRITE_OUT: tl.constexpr,
+    STORE_SAMPLES: tl.constexpr, WRITE_OUT: tl.constexpr, HAS_SCORES: tl.constexpr,
     DOT_PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
 ):
     split = tl.program_id(0)
@@ -225,14 +229,23 @@ def _indexed_stage1(
             if HAS_EXCLUDE:
                 hit = tl.load(exclude_ptr + pid.to(tl.int64) * exclude_stride + tok_t,
                               mask=drawn, other=0)
-                ok = ok & (hit == 0)  # a draw on an excluded token counts 0
         ok = ok & (tok >= 0) & (tok < seq_len)
+        counted = ok
+        if HAS_EXCLUDE:  # (with a tail only)
+            # a draw on an excluded token counts 0: its row is read all the same (an exact
+            # row, mostly in L2), so the row loads need not wait for the mark
+            counted = ok & (hit == 0)
         row_off = _row_offsets(page_row_ptr, tok, ok, stride_kblk, stride_kn, PAGED,
                                PAGE_SIZE)
         kv_offs = row_off[:, None] + offs_d[None, :]
-        k = tl.load(k_base + kv_offs, mask=ok[:, None], other=0.0)
+        if HAS_SCORES:  # the score pass's τ q·k of the rows: no key is read
+            s = tl.load(score_ptr + b.to(tl.int64) * stride_sb + heads[:, None] * stride_sh
+                        + tok[None, :], mask=mask_h[:, None] & ok[None, :],
+                        other=float("-inf")) * 1.4426950408889634
+        else:
+            k = tl.load(k_base + kv_offs, mask=ok[:, None], other=0.0)
+            s = _mma(q, tl.trans(k), None, DOT_PRECISION, WIDEN_BF16) * qk_scale
         v = tl.load(v_base + kv_offs, mask=ok[:, None], other=0.0)
-        s = _mma(q, tl.trans(k), None, DOT_PRECISION, WIDEN_BF16) * qk_scale
         s = s + tail_w[None, :]
         if HAS_LW:
             if LW_PER_HEAD:
@@ -244,7 +257,7 @@ def _indexed_stage1(
                 lw = tl.load(lw_ptr + b * stride_wb + kv_head * stride_wh + slot,
                              mask=listed, other=0.0)
                 s = s + lw[None, :] * 1.4426950408889634
-        s = tl.where(ok[None, :], s, float("-inf"))
+        s = tl.where(counted[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing yet
         alpha = tl.exp2(m_i - m_safe)
@@ -414,12 +427,15 @@ def indexed_attention(
     workspace: IndexedWorkspace | None = None,
     num_splits: int | None = None,
     samples: torch.Tensor | None = None,
+    scores: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Returns ``[B, Hq, d]`` attention over the listed rows and the uniform tail (see the
     module docstring). ``num_splits`` defaults to what :func:`choose_splits` gives for the
     listed rows (``workspace.num_splits`` when a workspace is passed). ``samples``
     (``[B · Hkv, tail.stride]`` int32) receives the tail's drawn tokens (tests, read
-    counts). Does no host-device sync."""
+    counts). ``scores`` (fp32 ``[B, Hq, ≥N]``, unit stride in N: :func:`qk_scores`' or a
+    score pass's ``τ q·k`` at this ``scale``) gives each row's scores, so no key is read.
+    Does no host-device sync."""
     st = _static_for(q, kv)
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
@@ -441,6 +457,12 @@ def indexed_attention(
                 or log_weights.shape[2] != idx_cap or log_weights.stride(2) != 1):
             raise InputError(f"log_weights: expected [B, Hkv or Hq, {idx_cap}], got "
                              f"{tuple(log_weights.shape)}")
+    if scores is not None and (scores.dtype != torch.float32 or scores.dim() != 3
+                               or tuple(scores.shape[:2]) != (batch, hq)
+                               or scores.shape[2] < kv_capacity(kv) or scores.stride(2) != 1):
+        raise InputError(f"scores: expected an fp32 tensor [B={batch}, Hq={hq}, "
+                         f">={kv_capacity(kv)}] with unit stride, got {tuple(scores.shape)} "
+                         f"{scores.dtype}")
     if num_splits is None:
         num_splits = (workspace.num_splits if workspace is not None
                       else choose_splits(q, kv, idx_cap * block))
@@ -479,7 +501,7 @@ def indexed_attention(
         q, kv.k, kv.v, kv.lengths, page_table,
         idx_t, counts if counts is not None else dummy, lw_t,
         *tail_args, samples if samples is not None else dummy,
-        out, *parts,
+        scores if scores is not None else dummy, out, *parts,
         tau * LOG2E, num_splits, idx_cap, tail.seed if tail is not None else 0,
         tail.stride if tail is not None else 0, exclude_stride,
         q.stride(0), q.stride(1), k_strides[0], k_strides[1], k_strides[2],
@@ -488,14 +510,16 @@ def indexed_attention(
         idx_t.stride(1) if indices is not None else 0,
         lw_t.stride(0) if log_weights is not None else 0,
         lw_t.stride(1) if log_weights is not None else 0,
+        scores.stride(0) if scores is not None else 0,
+        scores.stride(1) if scores is not None else 0,
         NUM_KV_HEADS=hkv, GROUP=st.group, HEAD_DIM=d, BLOCK_H=st.block_h, CHUNK=CHUNK[d],
         BLOCK=block, PAGED=st.paged, PAGE_SIZE=st.page_size,
         HAS_INDEX=indices is not None, HAS_COUNT=counts is not None,
         HAS_LW=log_weights is not None, LW_PER_HEAD=per_head, HAS_TAIL=tail is not None,
         HAS_EXCLUDE=tail is not None and tail.exclude is not None,
         STORE_SAMPLES=samples is not None and tail is not None,
-        WRITE_OUT=num_splits == 1, DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16,
-        num_warps=NUM_WARPS,
+        WRITE_OUT=num_splits == 1, HAS_SCORES=scores is not None,
+        DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16, num_warps=NUM_WARPS,
     )  # fmt: skip
     if num_splits > 1:
         _indexed_merge[(batch * hq,)](

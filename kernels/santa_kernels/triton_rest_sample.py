@@ -31,12 +31,14 @@ def _rest_probs(s_rows, mass_row, tok, inside, n, lse, mask_g, thr, last_tie,
     """``[BLOCK_G, BLOCK]`` probabilities of tokens ``tok`` off the top set (0 on it,
     past the length or outside the split) and their scores."""
     ok = inside & (tok < n)
+    # the scores' load does not wait for the mass (a token of the set is read, then
+    # dropped): one memory round trip a block, not two
+    s = tl.load(s_rows + tok[None, :], mask=mask_g[:, None] & ok[None, :],
+                other=float("-inf"))
     if HAS_TOP:
         key = _order_key(tl.load(mass_row + tok, mask=ok, other=0.0))
         chosen = (key > thr) | ((key == thr) & (tok <= last_tie))
-        ok = ok & ~chosen
-    s = tl.load(s_rows + tok[None, :], mask=mask_g[:, None] & ok[None, :],
-                other=float("-inf"))
+        s = tl.where(chosen[None, :], float("-inf"), s)
     return tl.exp(s - lse[:, None]), s
 
 

@@ -6,8 +6,8 @@ workspace, splits, the seed) and then called as ``step(q, kv, layer=0)`` for one
 step of one layer: no host-device sync, static shapes (the cache's capacity, never its
 valid lengths), so a decode loop can capture it in a CUDA graph. Random numbers are
 counter-based, keyed by the seed and a device step counter that every call advances
-first (``rng``; ``reset_rng`` replays a run), so layers, steps and graph replays draw
-fresh numbers (Philox, ``tl.rand``, in the kernels):
+first (``rng``, in its first launch; ``reset_rng`` replays a run), so layers, steps and
+graph replays draw fresh numbers (Philox, ``tl.rand``, in the kernels):
 
 - :class:`OracleTopKStep`: the score pass and the exact top-``k`` select of
   ``triton_topk`` (by the group's summed probability, or per head by score), indexed
@@ -28,6 +28,9 @@ fresh numbers (Philox, ``tl.rand``, in the kernels):
 - :class:`TopKSantaStep`: the score pass, the group's top-k select, each head's
   systematic samples of the rest (``triton_rest_sample``: rest sums per split, then the
   samples and their per-head log-weights), so that one indexed call attends to both.
+
+The three token methods' indexed attention takes the rows' scores from the score pass's
+stash (``scores``), so it reads the chosen or drawn V rows and no key a second time.
 
 ``read_counts`` (untimed, syncs) returns what a call reads, for the byte model.
 """
@@ -164,7 +167,8 @@ class OracleTopKStep(_Step):
 
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
         return indexed_attention(q, kv, self.select(q, kv), log_weights=self.log_weights,
-                                 scale=self.scale, out=self.out, workspace=self.workspace)
+                                 scale=self.scale, out=self.out, workspace=self.workspace,
+                                 scores=self.scores)
 
     def read_counts(self, q: torch.Tensor, kv: KVCache) -> ReadCounts:
         """Every key, and the chosen value rows (their union over the group)."""
@@ -417,10 +421,11 @@ def _base_draws(j, draws, seed, rng_base, lo, width, exclude_row, s_rows, lse, m
     that hits an exact token or lies past ``draws``), and which draws are taken."""
     take = j < draws
     tok = _draw_tokens(j, take, seed, rng_base, lo, width)
-    hit = tl.load(exclude_row + tok, mask=take, other=1)
-    keep = take & (hit == 0)
-    s = tl.load(s_rows + tok[None, :], mask=mask_h[:, None] & keep[None, :],
+    # both loads at once (the scores' does not wait for the mark): one round trip a block
+    s = tl.load(s_rows + tok[None, :], mask=mask_h[:, None] & take[None, :],
                 other=float("-inf"))
+    hit = tl.load(exclude_row + tok, mask=take, other=1)
+    s = tl.where((hit == 0)[None, :], s, float("-inf"))
     return tl.exp(s - lse[:, None]), take
 
 
@@ -433,7 +438,8 @@ def _vattention_plan_kernel(
     SINK: tl.constexpr, WINDOW: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """One (sequence, KV head) of a vAttention step: lists the exact rows (sink, window,
-    top-k), marks the top-k as excluded from the tail, sums the exact set's
+    top-k), marks the top-k as excluded from the tail (clearing the previous call's
+    marks, so ``exclude`` needs no clearing launch), sums the exact set's
     probabilities per head, draws the base sample (two passes over the same Philox
     draws: mean, then spread), and writes the tail's CLT budget (the group's largest,
     within ``[b₀, n_s]``) and its log-weight ``log(n_s / b)``."""
@@ -455,6 +461,12 @@ def _vattention_plan_kernel(
     s_rows = scores_ptr + b.to(tl.int64) * stride_sb + heads[:, None] * stride_sh
     exclude_row = exclude_ptr + pid.to(tl.int64) * exclude_stride
     listed = listed_ptr + pid.to(tl.int64) * (SINK + WINDOW + TOPK)
+    for j0 in range(0, TOPK, BLOCK):  # the previous call's exclusions, cleared
+        j = j0 + offs
+        inside = j < TOPK
+        old = tl.load(listed + SINK + WINDOW + j, mask=inside, other=-1)
+        tl.store(exclude_row + old, tl.zeros([BLOCK], tl.uint8), mask=inside & (old >= 0))
+    tl.debug_barrier()  # cleared before this call's marks
     exact = tl.zeros([BLOCK_H], tl.float32)
     for j0 in range(0, SINK, BLOCK):
         j = j0 + offs
@@ -543,7 +555,8 @@ class VAttentionStep(_Step):
         self.exclude = torch.zeros(batch, hkv, self.capacity + 1, dtype=torch.uint8,
                                    device=q.device)
         width = self.sink + self.window + self.topk
-        self.listed = torch.empty(batch, hkv, width, dtype=torch.int32, device=q.device)
+        # -1: no earlier call's top-k to clear from exclude
+        self.listed = torch.full((batch, hkv, width), -1, dtype=torch.int32, device=q.device)
         self.count = torch.empty(batch, hkv, dtype=torch.int32, device=q.device)
         self.log_weight = torch.empty(batch, hkv, dtype=torch.float32, device=q.device)
         self.lo = torch.empty(batch, dtype=torch.int32, device=q.device)
@@ -552,15 +565,13 @@ class VAttentionStep(_Step):
 
     def plan(self, q: torch.Tensor, kv: KVCache) -> tuple[torch.Tensor, UniformTail]:
         """The exact rows ``[B, Hkv, R]`` and the uniform tail of one call."""
-        self.rng.add_(1)
-        scores = self.top.run_scores(q, kv)
+        scores = self.top.run_scores(q, kv, rng=self.rng)
         top = self.lo  # a placeholder pointer without a top-k
         if self.topk:  # the middle range's top-k; writes lse too
             top = self.top.run_select(kv, self.top_rows, self.sink, self.window)
             lse = self.top.lse
         else:
             lse = torch.logsumexp(scores, dim=-1)  # [B, Hq]
-        self.exclude.zero_()
         _vattention_plan_kernel[(self.batch * self.num_kv_heads,)](
             scores, lse, top, kv.lengths, self.exclude,
             self.listed, self.count, self.log_weight, self.lo, self.hi, self.rng,
@@ -577,7 +588,7 @@ class VAttentionStep(_Step):
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
         listed, tail = self.plan(q, kv)
         return indexed_attention(q, kv, listed, tail=tail, scale=self.scale, out=self.out,
-                                 workspace=self.workspace)
+                                 workspace=self.workspace, scores=self.scores)
 
     def read_counts(self, q: torch.Tensor, kv: KVCache) -> ReadCounts:
         """Every key; the value rows of the exact set and of the drawn tail."""
@@ -585,7 +596,7 @@ class VAttentionStep(_Step):
         samples = torch.full((self.batch * self.num_kv_heads, self.capacity), -1,
                              dtype=torch.int32, device=self.device)
         indexed_attention(q, kv, listed, tail=tail, scale=self.scale, out=self.out,
-                          workspace=self.workspace, samples=samples)
+                          workspace=self.workspace, samples=samples, scores=self.scores)
         drawn = samples.view(self.batch, self.num_kv_heads, -1).long()
         hit = self.exclude.gather(2, drawn.clamp_min(0)).bool()
         drawn = torch.where(hit, torch.full_like(drawn, -1), drawn)
@@ -618,8 +629,7 @@ class TopKSantaStep(_Step):
     def plan(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
         """The rows ``[B, Hkv, k + G S]`` of one call (their log-weights written): the
         score pass, the top-k select, the rest's sums and systematic samples."""
-        self.rng.add_(1)
-        self.top.run_scores(q, kv)
+        self.top.run_scores(q, kv, rng=self.rng)
         if self.k:
             self.top.run_select(kv, self.rows)
         self.sampler.run(kv, self.rows, self.log_weights, self.rng,
@@ -628,7 +638,8 @@ class TopKSantaStep(_Step):
 
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
         return indexed_attention(q, kv, self.plan(q, kv), log_weights=self.log_weights,
-                                 scale=self.scale, out=self.out, workspace=self.workspace)
+                                 scale=self.scale, out=self.out, workspace=self.workspace,
+                                 scores=self.scores)
 
     def read_counts(self, q: torch.Tensor, kv: KVCache) -> ReadCounts:
         """Every key; the value rows of the top-k and of the samples (a head's sample of

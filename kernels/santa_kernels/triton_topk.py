@@ -1,5 +1,6 @@
 """triton-topk: the score pass and the exact top-``k`` select of the selection methods
-(docs/algorithms.md section 10), in three launches and no torch op over the tokens.
+(docs/algorithms.md section 10), in four launches split alike over the tokens and no
+torch op over the tokens.
 
 1. **Score pass** (:meth:`TopKSelect.run_scores`): ``τ q·k`` of every cached token for
    every query head, written once (fp32 ``[B, Hq, capacity]``, ``-inf`` past each
@@ -11,17 +12,25 @@
    order-preserving key (the float's bits, sign flipped); per query head (``per_head``)
    the key is the score itself and nothing is written. The split-0 program writes
    ``lse [B, Hq]``.
-3. **Select** (one program per (sequence, selecting head)): a radix select of the
-   ``k``-th largest key. The histogram gives the bucket of the ``k``-th key; one pass over
-   the tokens writes those of higher buckets and lists the bucket's tokens (candidates);
-   three more histograms over the candidates (a byte of the key each) give the exact key
-   ``T``; the candidates above ``T`` are written, then those equal to ``T`` in token order
-   until ``k`` are chosen, and ``-1`` fills the rest. A token is chosen exactly when
-   ``key > T`` or ``key = T`` and ``token ≤ last tie`` (both stored), which later kernels
-   test without a list.
+3. **Second byte** (split alike): the histogram gives the top byte ``b1`` of the
+   ``k``-th key; each split counts its allowed tokens above ``b1`` and histograms the
+   second byte of those in ``b1`` (kept per split as counts at or above each value, and
+   added to the row's).
+4. **Writes** (split alike): with the top two bytes ``P`` of the ``k``-th key, each split
+   writes its tokens above ``P`` after the earlier splits' ones (their counts from 3)
+   and lists those under ``P`` (the candidates) after the earlier splits' candidates;
+   the row's last program to finish (an arrival counter) takes two histograms of the
+   candidates (the last two bytes: the exact key ``T``), writes those above ``T``, then
+   those equal to ``T`` in token order until ``k`` are chosen, and ``-1`` fills the rest.
+   A token is chosen exactly when ``key > T`` or ``key = T`` and ``token ≤ last tie``
+   (both stored), which later kernels test without a list.
+
+``SPREAD_SELECT = False`` runs 3 and 4 as the former select instead: one program per
+(sequence, selecting head) walks every token (the same tokens, threshold and last tie).
 
 Static shapes (the capacity, never the lengths), no host sync, graph capturable: the
-histogram is zeroed by the select after use, so it starts each call at zero.
+histograms and the arrival counts are zeroed by the last program after use, so they start
+each call at zero.
 """
 
 from __future__ import annotations
@@ -38,6 +47,8 @@ HIST_BINS = 256  # buckets of a level: one byte of the key (the histogram's cost
 SCORE_PROGRAMS_PER_SM = 4  # the score pass's programs per SM its split count aims for
 MASS_BLOCK = 256  # tokens a step of the mass kernel
 SELECT_BLOCK = 2048  # tokens a step of the select kernel (one program walks them all)
+SPREAD_BLOCK = 1024  # tokens (or candidates) a step of the spread select's kernels
+SPREAD_SELECT = True  # the select split like the score pass (False: one program a row)
 NUM_WARPS = 4
 SELECT_WARPS = 8
 
@@ -71,15 +82,19 @@ def _bucket_of(h, need, NUM_BINS: tl.constexpr):
 
 @triton.jit
 def _score_stats_kernel(
-    q_ptr, k_ptr, lengths_ptr, page_table_ptr, s_ptr, m_ptr, l_ptr,
+    q_ptr, k_ptr, lengths_ptr, page_table_ptr, s_ptr, m_ptr, l_ptr, rng_ptr,
     tau, capacity, tiles_per_split, num_splits,
     stride_qb, stride_qh, stride_kblk, stride_kn, stride_kh, stride_ptb, stride_sb, stride_sh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
     PAGE_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
+    BUMP: tl.constexpr,
 ):
     split = tl.program_id(0)
     pid = tl.program_id(1)
+    if BUMP:  # the caller's step counter advances here, not in a launch of its own
+        first = (split == 0) & (pid == 0)
+        tl.store(rng_ptr, tl.load(rng_ptr, mask=first, other=0) + 1, mask=first)
     b = pid // NUM_KV_HEADS
     kv_head = pid % NUM_KV_HEADS
     offs_h = tl.arange(0, BLOCK_H)
@@ -266,6 +281,168 @@ def _select_kernel(
     tl.store(thr_tok_ptr + pid, last_tie)
 
 
+@triton.jit
+def _allowed_range(lengths_ptr, b, SINK: tl.constexpr, WINDOW: tl.constexpr):
+    """``[t_lo, t_hi)``: the tokens of sequence ``b`` a select may take."""
+    n = tl.load(lengths_ptr + b).to(tl.int32)
+    t_lo = tl.minimum(n, SINK)
+    return t_lo, tl.maximum(n - WINDOW, t_lo)
+
+
+@triton.jit
+def _second_byte_kernel(
+    v_ptr, hist_ptr, hist2_ptr, lengths_ptr, above_ptr, cum_ptr,
+    capacity, num_splits, tokens_per_split, stride_vb, stride_vh,
+    K: tl.constexpr, NUM_SEL: tl.constexpr, SINK: tl.constexpr, WINDOW: tl.constexpr,
+    NUM_BINS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Per split of a row: the allowed tokens above the ``K``-th key's top byte ``b1``
+    (counted), and a histogram of the second byte of those in ``b1`` (kept per split as
+    counts at or above each byte, and added to the row's)."""
+    split = tl.program_id(0)
+    pid = tl.program_id(1)  # b * NUM_SEL + selecting head
+    b = pid // NUM_SEL
+    sel = pid % NUM_SEL
+    t_lo, t_hi = _allowed_range(lengths_ptr, b, SINK, WINDOW)
+    v_row = v_ptr + b.to(tl.int64) * stride_vb + sel * stride_vh
+    bins = tl.arange(0, NUM_BINS)
+    b1, _ = _bucket_of(tl.load(hist_ptr + pid * NUM_BINS + bins), K, NUM_BINS)
+    lo = split * tokens_per_split
+    hi = tl.minimum(lo + tokens_per_split, capacity)
+    offs = tl.arange(0, BLOCK)
+    greater = 0
+    h = tl.zeros([NUM_BINS], tl.int32)
+    for t0 in range(lo, hi, BLOCK):
+        tok = t0 + offs
+        ok = (tok < hi) & (tok >= t_lo) & (tok < t_hi)
+        key = _order_key(tl.load(v_row + tok, mask=ok, other=0.0))
+        top = (key >> 24).to(tl.int32)
+        greater += tl.sum((ok & (top > b1)).to(tl.int32), axis=0)
+        h += _masked_histogram(((key >> 16) & 255).to(tl.int32), ok & (top == b1), NUM_BINS)
+    row = pid * num_splits + split
+    tl.store(above_ptr + row, greater)
+    tl.store(cum_ptr + row * NUM_BINS + bins, tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h)
+    tl.atomic_add(hist2_ptr + pid * NUM_BINS + bins, h, mask=h != 0)
+
+
+@triton.jit
+def _spread_write_kernel(
+    v_ptr, hist_ptr, hist2_ptr, lengths_ptr, above_ptr, cum_ptr, cand_ptr, arrive_ptr,
+    out_ptr, thr_key_ptr, thr_tok_ptr, capacity, num_splits, tokens_per_split,
+    stride_vb, stride_vh, stride_ob, stride_oh,
+    K: tl.constexpr, NUM_SEL: tl.constexpr, GROUP: tl.constexpr, PER_HEAD: tl.constexpr,
+    SINK: tl.constexpr, WINDOW: tl.constexpr, NUM_BINS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Per split of a row, with the top two bytes ``P`` of the ``K``-th key: writes the
+    allowed tokens whose key is above ``P`` (at the count of earlier splits' ones) and
+    lists those under ``P`` (the candidates, in token order across the splits); the
+    row's last program to finish resolves the candidates (:func:`_finish_row`)."""
+    split = tl.program_id(0)
+    pid = tl.program_id(1)  # b * NUM_SEL + selecting head
+    b = pid // NUM_SEL
+    sel = pid % NUM_SEL
+    t_lo, t_hi = _allowed_range(lengths_ptr, b, SINK, WINDOW)
+    v_row = v_ptr + b.to(tl.int64) * stride_vb + sel * stride_vh
+    if PER_HEAD:  # head h of KV head g writes its own segment of g's row list
+        out_row = out_ptr + b * stride_ob + (sel // GROUP) * stride_oh + (sel % GROUP) * K
+    else:
+        out_row = out_ptr + b * stride_ob + sel * stride_oh
+    cand_row = cand_ptr + pid.to(tl.int64) * capacity
+    bins = tl.arange(0, NUM_BINS)
+    b1, above = _bucket_of(tl.load(hist_ptr + pid * NUM_BINS + bins), K, NUM_BINS)
+    b2, above2 = _bucket_of(tl.load(hist2_ptr + pid * NUM_BINS + bins), K - above, NUM_BINS)
+    need = K - above - above2  # keys under P still to take
+    prefix = (b1.to(tl.uint32) << 8) | b2.to(tl.uint32)
+    # the earlier splits' tokens above P and under it, from their counts
+    offs_s = tl.arange(0, SPLITS_PAD)
+    row_s = pid * num_splits + offs_s
+    earlier = offs_s < split
+    # (the scalar test as a tensor: the interpreter's & of the two breaks masks)
+    has_past = (offs_s * 0 + b2 + 1) < NUM_BINS
+    at_b2 = tl.load(cum_ptr + row_s * NUM_BINS + b2, mask=earlier, other=0)
+    past_b2 = tl.load(cum_ptr + row_s * NUM_BINS + b2 + 1, mask=earlier & has_past, other=0)
+    written = tl.sum(tl.load(above_ptr + row_s, mask=earlier, other=0) + past_b2, axis=0)
+    n_cand = tl.sum(at_b2 - past_b2, axis=0)
+    lo = split * tokens_per_split
+    hi = tl.minimum(lo + tokens_per_split, capacity)
+    offs = tl.arange(0, BLOCK)
+    for t0 in range(lo, hi, BLOCK):
+        tok = t0 + offs
+        ok = (tok < hi) & (tok >= t_lo) & (tok < t_hi)
+        high = _order_key(tl.load(v_row + tok, mask=ok, other=0.0)) >> 16
+        take = ok & (high > prefix)
+        cand = ok & (high == prefix)
+        take_i = take.to(tl.int32)
+        cand_i = cand.to(tl.int32)
+        tl.store(out_row + written + tl.cumsum(take_i, axis=0) - 1, tok, mask=take)
+        tl.store(cand_row + n_cand + tl.cumsum(cand_i, axis=0) - 1, tok, mask=cand)
+        written += tl.sum(take_i, axis=0)
+        n_cand += tl.sum(cand_i, axis=0)
+    # the semaphore pattern of Quest's fused select: every thread's stores, a CTA
+    # barrier, one thread's release; its acquire (then the barrier that shares its
+    # result) orders the last program's loads after every program's stores of the row
+    tl.debug_barrier()
+    arrived = tl.atomic_add(arrive_ptr + pid, 1, sem="acq_rel")
+    if arrived == num_splits - 1:  # every split of the row has written its part
+        every = offs_s < num_splits
+        at_b2 = tl.load(cum_ptr + row_s * NUM_BINS + b2, mask=every, other=0)
+        past_b2 = tl.load(cum_ptr + row_s * NUM_BINS + b2 + 1, mask=every & has_past,
+                          other=0)
+        direct = tl.sum(tl.load(above_ptr + row_s, mask=every, other=0) + past_b2, axis=0)
+        _finish_row(v_row, cand_row, out_row, thr_key_ptr + pid, thr_tok_ptr + pid,
+                    prefix, need, direct, tl.sum(at_b2 - past_b2, axis=0), K, NUM_BINS,
+                    BLOCK)
+        tl.store(hist_ptr + pid * NUM_BINS + bins, tl.zeros([NUM_BINS], tl.int32))
+        tl.store(hist2_ptr + pid * NUM_BINS + bins, tl.zeros([NUM_BINS], tl.int32))
+        tl.store(arrive_ptr + pid, 0)  # zero for the next call
+
+
+@triton.jit
+def _finish_row(v_row, cand_row, out_row, thr_key_at, thr_tok_at, prefix, need, written,
+                n_cand, K: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK: tl.constexpr):
+    """The ``K``-th key ``T`` from its top two bytes ``prefix`` and the candidates' last
+    two (a histogram each); writes the candidates above ``T``, then the first ``need``
+    equal to it in token order, after the ``written`` tokens; ``-1`` fills the rest;
+    stores ``T`` and the last tie taken."""
+    offs = tl.arange(0, BLOCK)
+    thr = prefix
+    for level in tl.static_range(2):
+        h = tl.zeros([NUM_BINS], tl.int32)
+        for c0 in range(0, n_cand, BLOCK):
+            at = c0 + offs
+            ok = at < n_cand
+            tok = tl.load(cand_row + at, mask=ok, other=0)
+            key = _order_key(tl.load(v_row + tok, mask=ok, other=0.0))
+            ok = ok & ((key >> (16 - 8 * level)) == thr)
+            h += _masked_histogram(((key >> (8 - 8 * level)) & 255).to(tl.int32), ok,
+                                   NUM_BINS)
+        byte, above = _bucket_of(h, need, NUM_BINS)
+        need -= above
+        thr = (thr << 8) | byte.to(tl.uint32)
+    ties = 0
+    last_tie = -1
+    for c0 in range(0, n_cand, BLOCK):
+        at = c0 + offs
+        ok = at < n_cand
+        tok = tl.load(cand_row + at, mask=ok, other=0)
+        key = _order_key(tl.load(v_row + tok, mask=ok, other=0.0))
+        tie = ok & (key == thr)
+        tie_i = tie.to(tl.int32)
+        tie = tie & (ties + tl.cumsum(tie_i, axis=0) <= need)
+        take = (ok & (key > thr)) | tie
+        take_i = take.to(tl.int32)
+        tl.store(out_row + written + tl.cumsum(take_i, axis=0) - 1, tok, mask=take)
+        written += tl.sum(take_i, axis=0)
+        ties += tl.sum(tie_i, axis=0)
+        last_tie = tl.maximum(last_tie, tl.max(tl.where(tie, tok, -1), axis=0))
+    for j0 in range(0, K, BLOCK):
+        j = j0 + offs
+        tl.store(out_row + j, tl.full([BLOCK], -1, tl.int32), mask=(j >= written) & (j < K))
+    tl.store(thr_key_at, thr.to(tl.int32, bitcast=True))
+    tl.store(thr_tok_at, last_tie)
+
+
 class TopKSelect:
     """The score pass and the top-``k`` select of one query and cache shape (buffers
     allocated once): ``k`` tokens per KV head by the group's summed probability, or per
@@ -300,16 +477,26 @@ class TopKSelect:
                                  dtype=torch.float32, device=dev))
         self.hist = torch.zeros(rows, HIST_BINS, dtype=torch.int32, device=dev)
         self.cand = torch.empty(rows, self.capacity, dtype=torch.int32, device=dev)
+        # the spread select's: the second byte's histogram (zeroed after use, as the
+        # first), per split the tokens above the top byte and the second byte's counts
+        # at or above each value, and the row's programs that have written (0 between)
+        self.hist2 = torch.zeros(rows, HIST_BINS, dtype=torch.int32, device=dev)
+        self.above = torch.empty(rows * self.splits, dtype=torch.int32, device=dev)
+        self.cum = torch.empty(rows * self.splits, HIST_BINS, dtype=torch.int32, device=dev)
+        self.arrivals = torch.zeros(rows, dtype=torch.int32, device=dev)
         self.thr_key = torch.empty(rows, dtype=torch.int32, device=dev)
         self.thr_tok = torch.empty(rows, dtype=torch.int32, device=dev)
 
-    def run_scores(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
-        """Writes the scores ``[B, Hq, capacity]`` and their per-split stats."""
+    def run_scores(self, q: torch.Tensor, kv: KVCache,
+                   rng: torch.Tensor | None = None) -> torch.Tensor:
+        """Writes the scores ``[B, Hq, capacity]`` and their per-split stats; advances the
+        step counter ``rng`` ([1] int64) by one when given (later launches read it)."""
         st = self.static
         page_table = kv.page_table if st.paged else kv.lengths
         ks = kv.k.stride()
         _score_stats_kernel[(self.splits, self.batch * self.num_kv_heads)](
             q, kv.k, kv.lengths, page_table, self.scores, self.stat_m, self.stat_l,
+            rng if rng is not None else kv.lengths,
             self.scale, self.capacity, self.tiles_per_split, self.splits,
             q.stride(0), q.stride(1), ks[0], ks[1], ks[2],
             page_table.stride(0) if st.paged else 0,
@@ -317,7 +504,7 @@ class TopKSelect:
             NUM_KV_HEADS=self.num_kv_heads, GROUP=self.group, HEAD_DIM=self.head_dim,
             BLOCK_H=st.block_h, BLOCK_N=self.block_n, PAGED=st.paged,
             PAGE_SIZE=st.page_size, DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16,
-            num_warps=NUM_WARPS,
+            BUMP=rng is not None, num_warps=NUM_WARPS,
         )  # fmt: skip
         return self.scores
 
@@ -339,6 +526,9 @@ class TopKSelect:
             PER_HEAD=self.per_head, SINK=sink, WINDOW=window, NUM_BINS=HIST_BINS,
             num_warps=NUM_WARPS,
         )  # fmt: skip
+        if SPREAD_SELECT:
+            self._spread_select(values, kv, out, sink, window)
+            return out
         _select_kernel[(self.batch * self.num_sel,)](
             values, self.hist, kv.lengths, self.cand, out, self.thr_key,
             self.thr_tok, self.capacity, values.stride(0), values.stride(1),
@@ -348,3 +538,26 @@ class TopKSelect:
             num_warps=SELECT_WARPS,
         )  # fmt: skip
         return out
+
+    def _spread_select(self, values: torch.Tensor, kv: KVCache, out: torch.Tensor,
+                       sink: int, window: int) -> None:
+        """The select in two launches split like the score pass (the second byte's
+        histogram, then the writes; the row's last program resolves the candidates)."""
+        grid = (self.splits, self.batch * self.num_sel)
+        span = self.tiles_per_split * self.block_n
+        block = min(SPREAD_BLOCK, triton.next_power_of_2(span))
+        _second_byte_kernel[grid](
+            values, self.hist, self.hist2, kv.lengths, self.above, self.cum,
+            self.capacity, self.splits, span, values.stride(0), values.stride(1),
+            K=self.k, NUM_SEL=self.num_sel, SINK=sink, WINDOW=window, NUM_BINS=HIST_BINS,
+            BLOCK=block, num_warps=NUM_WARPS,
+        )  # fmt: skip
+        _spread_write_kernel[grid](
+            values, self.hist, self.hist2, kv.lengths, self.above, self.cum, self.cand,
+            self.arrivals, out, self.thr_key, self.thr_tok, self.capacity, self.splits, span,
+            values.stride(0), values.stride(1), out.stride(0), out.stride(1),
+            K=self.k, NUM_SEL=self.num_sel, GROUP=self.group, PER_HEAD=self.per_head,
+            SINK=sink, WINDOW=window, NUM_BINS=HIST_BINS,
+            SPLITS_PAD=max(2, triton.next_power_of_2(self.splits)), BLOCK=block,
+            num_warps=NUM_WARPS,
+        )  # fmt: skip

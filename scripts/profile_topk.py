@@ -1,0 +1,150 @@
+"""The token selection methods' decode step on the GPU, launch by launch, with either
+top-k select.
+
+Run on the GPU:  python scripts/profile_topk.py [--shapes 1x32k,8x32k]
+
+Per shape (Llama-3.1-8B heads by default, bf16) and method (oracle-topk k=1024, topk-santa
+k=64 S=128, vattention at its defaults), each row is a part of the step's call timed alone
+(``santa_bench.timing.graph_call_us``: CUDA-graph replays over input copies, each with its
+own step, as many as the harness's cold-L2 plan takes), once with the select split like
+the score pass (``triton_topk.SPREAD_SELECT``) and once with one program a row:
+
+- ``scores``: the score pass alone (K once, the scores and their per-split stats);
+- ``scores + select``: the score pass, the mass kernel and the top-k select; minus
+  ``scores``, the mass kernel and the select;
+- ``plan`` (vattention, topk-santa): the rows of a call (vAttention's plan kernel;
+  top-k + S²ANTA's rest sums and systematic samples); minus the row before, those;
+- ``step``: the whole call; minus the row before, the indexed attention and its merge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+import santa_kernels.triton_selection as tsel
+import santa_kernels.triton_topk as ttk
+from santa_bench.baselines import clone_kv
+from santa_bench.inputs import DecodeShape, make_decode_inputs
+from santa_bench.timing import cold_l2_plan, graph_call_us, l2_cache_bytes
+from santa_bench.units import parse_shapes
+
+SELECTS = {"spread": True, "one program a row": False}  # SPREAD_SELECT
+METHODS = {
+    "oracle-topk k=1024": lambda q, kv: tsel.OracleTopKStep(q, kv, k=1024),
+    "topk-santa k=64 S=128": lambda q, kv: tsel.TopKSantaStep(q, kv, k=64, S=128),
+    "vattention": lambda q, kv: tsel.VAttentionStep(q, kv),
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One part of a method's step at one shape, with one select."""
+
+    shape: str
+    method: str
+    select: str
+    stage: str
+    us: float
+
+
+def _select(step) -> Callable:
+    """The score pass, the mass kernel and the select of ``step`` (its own range)."""
+    out = step.rows if hasattr(step, "rows") else step.top_rows
+    sink, window = getattr(step, "sink", 0), getattr(step, "window", 0)
+
+    def run(q, kv):
+        step.top.run_scores(q, kv)
+        step.top.run_select(kv, out, sink, window)
+
+    return run
+
+
+def _stages(step) -> dict[str, Callable]:
+    stages = {"scores": lambda q, kv: step.top.run_scores(q, kv),
+              "scores + select": _select(step)}
+    if hasattr(step, "plan"):
+        stages["plan"] = step.plan
+    stages["step"] = step
+    return stages
+
+
+def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int,
+                  methods: dict[str, Callable] = METHODS, *, device: str = "cuda",
+                  timer: Callable[[list], float] = graph_call_us) -> list[Row]:
+    """Every row of one shape (``device`` and ``timer`` let a CPU test run it through the
+    Triton interpreter)."""
+    shape = f"{ctx // 1024}k B={batch} {heads}/{kv_heads}/{head_dim}"
+    q, kv = make_decode_inputs(DecodeShape(batch, ctx, heads, kv_heads, head_dim), seed=0,
+                               device=device)
+    touched = (2 * batch * ctx * kv_heads * head_dim * kv.k.element_size()
+               + 2 * 4 * batch * heads * ctx)  # K and V, the scores written and read
+    n_copies, _ = cold_l2_plan(touched, l2_cache_bytes(device))
+    inputs = [(q.clone(), clone_kv(kv)) for _ in range(n_copies)]
+    rows = []
+    saved = ttk.SPREAD_SELECT
+    try:
+        for method, build in methods.items():
+            steps = [build(qi, kvi) for qi, kvi in inputs]
+            for name, spread in SELECTS.items():
+                ttk.SPREAD_SELECT = spread  # read at launch: the graph holds this select
+                for stage in _stages(steps[0]):
+                    if stage == "scores" and not spread:
+                        continue  # no select in it
+                    calls = [lambda s=s, qi=qi, kvi=kvi, st=stage: _stages(s)[st](qi, kvi)
+                             for s, (qi, kvi) in zip(steps, inputs, strict=True)]
+                    rows.append(Row(shape, method, "-" if stage == "scores" else name,
+                                    stage, timer(calls)))
+    finally:
+        ttk.SPREAD_SELECT = saved
+    inputs.clear()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def print_rows(rows: list[Row]) -> None:
+    """A Markdown table: each row's time and, but for ``scores``, its difference from the
+    row before of the same method and select."""
+    print("| shape | method | select | stage | us | minus the stage before (us) |")
+    print("|---|---|---|---|---|---|")
+    scores = before = 0.0
+    for r in rows:
+        if r.stage == "scores":
+            scores = r.us
+        diff = r.us - (scores if r.stage == "scores + select" else before)
+        extra = "" if r.stage == "scores" else f"{diff:.1f}"
+        print(f"| {r.shape} | {r.method} | {r.select} | {r.stage} | {r.us:.1f} | {extra} |")
+        before = r.us
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="1x32k,8x32k",
+                        help="BATCHxCTX, comma-separated (default: %(default)s)")
+    parser.add_argument("--heads", type=int, default=32, help="query heads (default: 32)")
+    parser.add_argument("--kv-heads", type=int, default=8, help="KV heads (default: 8)")
+    parser.add_argument("--head-dim", type=int, default=128, help="head dim (default: 128)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("profile_topk.py: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    try:
+        shapes = parse_shapes(args.shapes)
+    except ValueError as exc:
+        print(f"profile_topk.py: --shapes: {exc}", file=sys.stderr)
+        return 2
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    rows: list[Row] = []
+    for batch, ctx in shapes:
+        rows += profile_shape(batch, ctx, args.heads, args.kv_heads, args.head_dim)
+    print_rows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

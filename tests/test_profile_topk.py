@@ -1,0 +1,42 @@
+"""scripts/profile_topk.py: one shape end to end through the Triton interpreter with a
+stand-in timer (the GPU timing itself runs on a GPU only)."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+
+from conftest import load_script
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the kernels on a CPU need the interpreter")
+def test_one_shape_through_the_interpreter(capsys):
+    """Per method the score pass alone, then its select, plan and step with each select,
+    the select switch set while each is captured and restored after."""
+    script = load_script("profile_topk")
+    tsel, ttk = script.tsel, script.ttk
+    methods = {"oracle-topk k=8": lambda q, kv: tsel.OracleTopKStep(q, kv, k=8),
+               "topk-santa k=4 S=4": lambda q, kv: tsel.TopKSantaStep(q, kv, k=4, S=4),
+               "vattention": lambda q, kv: tsel.VAttentionStep(q, kv, sink=4, window=4,
+                                                               topk=8)}
+    seen = []
+
+    def timer(calls) -> float:  # runs the calls; "times" 1, 2, 3 ... us
+        for call in calls:
+            call()
+        seen.append(ttk.SPREAD_SELECT)
+        return float(len(seen))
+
+    rows = script.profile_shape(1, 1024, 4, 2, 16, methods, device="cpu", timer=timer)
+    oracle = [("-", "scores")] + [(s, st) for s in ("spread", "one program a row")
+                                  for st in ("scores + select", "step")]
+    planned = [("-", "scores")] + [(s, st) for s in ("spread", "one program a row")
+                                   for st in ("scores + select", "plan", "step")]
+    assert [(r.select, r.stage) for r in rows] == oracle + planned + planned
+    assert seen == [True] * 3 + [False] * 2 + ([True] * 4 + [False] * 3) * 2
+    assert ttk.SPREAD_SELECT is True
+    script.print_rows(rows)
+    table = capsys.readouterr().out
+    assert "| 1k B=1 4/2/16 | oracle-topk k=8 | spread | scores + select | 2.0 | 1.0 |" in table
