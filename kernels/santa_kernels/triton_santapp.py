@@ -367,6 +367,8 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
     lists = p.head_lists and "score" not in stages
     # the profiling stages "no-union" / "no-search" time the search's parts
     stages_full = "no-union" not in stages and "no-search" not in stages
+    # the group's last select program finishes (not while profiling the finisher's parts)
+    fused = p.fused_finish and "score" not in stages and stages_full
     if "score" in stages:  # profiling: the select kernel alone, without its finisher
         stages = (*stages, "select")
     if "select" in stages:
@@ -376,6 +378,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
             gumbels if gumbels is not None else ws.phi, ws.rng,
             (ws.seed if seed is None else int(seed)) & 0xFFFFFFFF,
             ws.phi, ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.union,
+            ws.kappa, ws.count, ws.ticket,
             tau, M, p.num_splits, p.n_cand, p.max_teams, p.union_cap, q.stride(0), q.stride(1),
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad, G_PAD=p.g_pad,
             G_ROWS=p.g_rows, TB=p.teams_per_split, M1_PAD=p.m1_pad,
@@ -384,6 +387,8 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
             REPS_AS=_REPS_AS[kv.dtype] if packed.reps_scale is not None else "",
             BRACKET=p.bracket, HEAD_LISTS=lists, TOPS=lists and p.compact > 0, num_stages=1,
             num_warps=p.score_warps, **({"POOLED": True} if pooled else {}),
+            **({"FINISH": True, "C_PAD": p.c_pad, "S_PAD": p.s_pad, "WAYS": p.search_ways}
+               if fused else {}),
             **({"launch_pdl": True} if chain else {}),
         )  # fmt: skip
     if "select" in stages and "score" not in stages and pooled:
@@ -396,6 +401,8 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
             HAS_GUMBELS=gumbels is not None, WAYS=p.finish_ways, PDL=early,
             num_warps=p.finish_warps, num_stages=1, **dep_early,
         )  # fmt: skip
+    elif fused:
+        pass  # the select kernel finished the selection
     elif "select" in stages and "score" not in stages and p.finish_heads:
         _finish_heads_kernel[(batch * hkv, p.finish_parts)](
             ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count, ws.ticket,

@@ -89,6 +89,11 @@ HOPPER = {
     # [CAP, CAP] comparison (CAP = next_pow2(compact_slack * (M+1))), up to
     # compact_max_cap; rows with more keys above the bound take the search
     "compact": True,
+    # direct selection: the group's last select program (an acq_rel ticket) finds its
+    # heads' kappas and writes their head lists, a team in its first selecting head's
+    # list only (the attend programs read it once for the group), or the union; the
+    # select kernel then runs select_warps, and no finisher kernel launches
+    "fused_finish": True,
     "compact_slack": 1.5,
     "compact_max_cap": 64,
     # the attend programs add their partials, scaled to the head's kappa (a reference

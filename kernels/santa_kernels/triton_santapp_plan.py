@@ -79,6 +79,9 @@ class SantaPPPlan:
     # from the heads' mean probabilities (the pool kernel finishes it, the list holds M
     # teams a group with their shared 1/pi)
     draw: str = "head"
+    # the group's last select program finishes the selection (kappa, head lists without
+    # duplicates, or the union): no finisher launch (direct selection, draw=head)
+    fused_finish: bool = False
 
 
 def make_plan(
@@ -107,6 +110,7 @@ def make_plan(
     attend_preload: bool | None = None,
     kv_element_size: int = 2,
     draw: str = "head",
+    fused_finish: bool | None = None,
 ) -> SantaPPPlan:
     """Plans the grids (keyword overrides are for tests and tuning). K/V tiles keep their
     byte size: 4-byte K/V and d > 128 halve the rows a program loads at once. ``draw``
@@ -227,12 +231,20 @@ def make_plan(
     if head_lists is None:
         head_lists = HOPPER["head_lists"]
     head_lists = bool(head_lists) and finish_heads > 0 and union_cap == group * M
+    if fused_finish is None:
+        fused_finish = HOPPER["fused_finish"]
+    fused_finish = bool(fused_finish) and not local and not pooled
     if compact is None:
         compact = HOPPER["compact"]
+    compact = compact and not fused_finish  # the fused finisher searches
     compact_cap = 0
     if compact and bracket_rank and head_lists and h_rows == 1:
         compact_cap = max(16, _next_pow2(math.ceil(HOPPER["compact_slack"] * m1)))
         compact_cap = compact_cap if compact_cap <= HOPPER["compact_max_cap"] else 0
+    score_warps = (HOPPER["score_warps_many"] if not local and bkv >= HOPPER["many_groups"]
+                   else HOPPER["score_warps_few"])
+    if fused_finish:  # the last select program holds the group's G_ROWS x C_PAD keys
+        score_warps = max(score_warps, select_warps)
     num_parts = team_programs + exact_programs
     merge_block = min(HOPPER["merge_block"], max(2, _next_pow2(num_parts)))
     merge_warps = HOPPER["merge_warps"] * (2 if merge_block * _next_pow2(head_dim) >= 4096 else 1)
@@ -262,8 +274,7 @@ def make_plan(
         exact_rows=exact_rows,
         num_parts=num_parts,
         select_warps=select_warps,
-        score_warps=(HOPPER["score_warps_many"] if not local and bkv >= HOPPER["many_groups"]
-                     else HOPPER["score_warps_few"]),
+        score_warps=score_warps,
         search_ways=search_ways,
         bracket=bracket_rank,
         head_lists=head_lists,
@@ -284,6 +295,7 @@ def make_plan(
         attend_stages=attend_stages,
         attend_preload=attend_preload,
         draw=draw,
+        fused_finish=fused_finish,
     )
 
 

@@ -372,11 +372,53 @@ def _finish_selection(
     tl.store(kappa_ptr + head_rows, kappa, mask=mask_h)
 
 
+@triton.jit
+def _finish_group(
+    z_ptr, split_kth_ptr, kappa_ptr, union_ptr, count_ptr, head_rows, mask_h, b, kvh, bkv, M,
+    num_splits, t_cap, union_cap,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr,
+    C_PAD: tl.constexpr, S_PAD: tl.constexpr, WAYS: tl.constexpr, BRACKET: tl.constexpr,
+    HEAD_LISTS: tl.constexpr,
+):
+    """kappa of every head of one group (``head_rows [G_ROWS]``, direct selection) and its
+    head lists, in the group's last select program (no finisher launch). Each row's kappa
+    is the finisher kernels': the k-ary search over the row's keys, from the select
+    programs' bracket where there is one (the compaction's [CAP, CAP] rankings of G rows
+    would take more registers than the scoring: fewer select programs an SM). A team goes to
+    the list of the first head that selected it only (team order; the select programs
+    set every slot to -1), so the attend programs read it once for the group; without
+    ``HEAD_LISTS`` the group's compact union and its count are written instead."""
+    K = M + 1
+    offs_h = tl.arange(0, G_ROWS)
+    key, ids, real, _lo = _selection_keys(z_ptr, z_ptr, z_ptr, split_kth_ptr, head_rows, mask_h,
+                                          num_splits, t_cap, t_cap, C_PAD, S_PAD, False)
+    if BRACKET > 0:
+        lo, hi = _split_bracket(key, split_kth_ptr, head_rows, mask_h, K, num_splits, S_PAD,
+                                BRACKET)
+        kth = _kth_search(key, K, lo, hi, WAYS)
+    else:
+        kth = _kth_largest(key, K, (head_rows * 0 - 2139095041).to(tl.int32), WAYS)
+    tl.store(kappa_ptr + head_rows, tl.where(kth > -2139095041, _unkey(kth), float("-inf")),
+             mask=mask_h)
+    if HEAD_LISTS:
+        chosen = (real & (key > kth[:, None]) & mask_h[:, None]).to(tl.int32)
+        owned = chosen > 0
+        if GROUP > 1:  # a team counts in its first selecting head's list only
+            owned = owned & (tl.cumsum(chosen, axis=0) == chosen)
+        slot = tl.cumsum(owned.to(tl.int32), axis=1) - 1
+        tl.store(union_ptr + bkv.to(tl.int64) * union_cap + offs_h[:, None] * M + slot, ids,
+                 mask=owned)
+    else:
+        _write_union(z_ptr, union_ptr, count_ptr, key, ids, real, kth, b, kvh, bkv, t_cap,
+                     union_cap, NUM_KV_HEADS, GROUP, G_ROWS, C_PAD, False)
+
+
 # ---------------------------------------------------------------- kernel 1: select
 @triton.jit
 def _select_kernel(
     q_ptr, reps_ptr, log_n_ptr, reps_scale_ptr, gumbel_ptr, rng_ptr, seed,
     phi_ptr, z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, union_ptr,
+    kappa_ptr, count_ptr, ticket_ptr,
     scale, M, num_splits, n_cand, t_cap, union_cap, stride_qb, stride_qh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr, G_PAD: tl.constexpr, G_ROWS: tl.constexpr, TB: tl.constexpr,
@@ -384,10 +426,15 @@ def _select_kernel(
     DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False,
     ENTRY_PDL: tl.constexpr = False, REPS_AS: tl.constexpr = "", BRACKET: tl.constexpr = 0,
     HEAD_LISTS: tl.constexpr = False, TOPS: tl.constexpr = False, POOLED: tl.constexpr = False,
+    FINISH: tl.constexpr = False, C_PAD: tl.constexpr = 2, S_PAD: tl.constexpr = 2,
+    WAYS: tl.constexpr = 8,
 ):
     """Grid ``(splits, B * Hkv)``: scores a block of ``TB`` representatives for the ``G``
     heads of a KV head, writes ``phi`` and ``z`` (and the finisher's candidates or
-    bracket). POOLED (draw=pooled): writes ``phi`` only; the pool kernel draws."""
+    bracket). POOLED (draw=pooled): writes ``phi`` only; the pool kernel draws. FINISH
+    (direct selection): the group's last program to finish (an acq_rel ticket) finds its
+    heads' kappa and writes their lists or the union (:func:`_finish_group`): no finisher
+    kernel."""
     _pdl_enter(PDL, False)  # the next kernel may launch as this grid's last wave starts
     split = tl.program_id(0)
     bkv = tl.program_id(1)
@@ -487,6 +534,17 @@ def _select_kernel(
             offs_l = tl.arange(0, M1_PAD)[None, :]
             tl.store(union_ptr + bkv.to(tl.int64) * union_cap + offs_h[:, None] * M + offs_l,
                      -1 + 0 * offs_l, mask=mask_h[:, None] & (offs_l < M))
+    if FINISH:
+        # every thread's z, bracket and list stores are ordered before the ticket
+        # (barrier + acq_rel atomic); the last of the group's programs reads them all
+        tl.debug_barrier()
+        ticket = tl.atomic_add(ticket_ptr + bkv, 1, sem="acq_rel")
+        if ticket == num_splits - 1:
+            _finish_group(z_ptr, split_kth_ptr, kappa_ptr, union_ptr, count_ptr,
+                          head_rows.to(tl.int64), mask_h, b, kvh, bkv, M, num_splits, t_cap,
+                          union_cap, NUM_KV_HEADS, GROUP, G_ROWS, C_PAD, S_PAD, WAYS, BRACKET,
+                          HEAD_LISTS)
+            tl.store(ticket_ptr + bkv, 0)  # ready for the next call (graph replay)
 
 
 @triton.jit
