@@ -203,17 +203,21 @@ def check_attend() -> int:
                              "*fp32", "*i32", "*i32", "*fp32", "*fp32", "*fp32", "*fp32",
                              "*fp32", "*fp32", "*i32", "*bf16", "*i64", "fp32"]
     types += ["i32"] * 18
-    for lists, paged, atomic in ((False, False, False), (True, False, False),
-                                 (True, True, False), (True, False, True), (True, True, True)):
+    # the merge: the merge kernel, the atomic sums or (ticket) the group's last program
+    for lists, paged, atomic, ticket in ((False, False, False, False),
+                                         (True, False, False, False), (True, True, False, True),
+                                         (True, False, True, False), (True, True, True, False),
+                                         (False, False, False, True)):
         consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "G_PAD": 16,
                   "TPB": 4, "SLOT": 16, "CHUNKS": 1, "BLOCK_E": 64, "PACKED": False,
                   "PAGED": paged, "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True,
                   "HEAD_LISTS": lists, "MERGE_ATOMIC": atomic, "BLOCK_S": 64,
                   "LET_NEXT": atomic, "LOOPS": 1, "ATTEND_STAGES": 1, "PRELOAD": False,
-                  "L_PAD": 1, "POOLED": False}
+                  "L_PAD": 1, "POOLED": False,
+                  "MERGE_TICKET": ticket}
         err = compile_kernel(tsp_attend._attend_kernel, types, consts, {"num_warps": 4})
-        print(f"_attend_kernel head_lists={lists} paged={paged} atomic={atomic}: "
-              f"{err or 'ok'}")
+        print(f"_attend_kernel head_lists={lists} paged={paged} atomic={atomic} "
+              f"ticket={ticket}: {err or 'ok'}")
         failures += err is not None
     # team programs walking several tiles, pipelined (K/V staged through shared memory:
     # with num_stages=1 only the tile loop can be), 2 chunks of 64-row slots (P = 128),
@@ -224,7 +228,8 @@ def check_attend() -> int:
                   "PAGED": paged, "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True,
                   "HEAD_LISTS": True, "MERGE_ATOMIC": True, "BLOCK_S": 64,
                   "LET_NEXT": True, "LOOPS": 4, "ATTEND_STAGES": stages, "PRELOAD": False,
-                  "L_PAD": 4, "POOLED": False}
+                  "L_PAD": 4, "POOLED": False,
+                  "MERGE_TICKET": False}
         # as launched: num_stages=1 for the kernel (the exact-set loop), the tile loop's own
         err = compile_kernel(tsp_attend._attend_kernel, types, consts,
                              {"num_warps": 4, "num_stages": 1},
@@ -243,7 +248,8 @@ def check_attend() -> int:
                   "PAGED": False, "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True,
                   "HEAD_LISTS": lists, "MERGE_ATOMIC": False, "BLOCK_S": 64,
                   "LET_NEXT": False, "LOOPS": loops, "ATTEND_STAGES": stages, "PRELOAD": True,
-                  "L_PAD": loops, "POOLED": False}
+                  "L_PAD": loops, "POOLED": False,
+                  "MERGE_TICKET": False}
         err = compile_kernel(tsp_attend._attend_kernel, types, consts,
                              {"num_warps": 4, "num_stages": 1},
                              divisible=("stride_kx", "stride_ky", "stride_kh"), pipelined=True,
@@ -262,7 +268,8 @@ def check_attend() -> int:
                   "CHUNKS": 1, "BLOCK_E": 64, "PACKED": False, "PAGED": False,
                   "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True, "HEAD_LISTS": False,
                   "MERGE_ATOMIC": atomic, "BLOCK_S": 64, "LET_NEXT": atomic, "LOOPS": 4,
-                  "ATTEND_STAGES": stages, "PRELOAD": preload, "L_PAD": 4, "POOLED": True}
+                  "ATTEND_STAGES": stages, "PRELOAD": preload, "L_PAD": 4, "POOLED": True,
+                  "MERGE_TICKET": not atomic}
         err = compile_kernel(tsp_attend._attend_kernel, types, consts,
                              {"num_warps": 4, "num_stages": 1},
                              divisible=("stride_kx", "stride_ky", "stride_kh"),

@@ -106,6 +106,9 @@ HOPPER = {
     # faster inside the e2e decode loop there)
     "merge_atomic": True,
     "merge_atomic_max_groups": 16,
+    # above those: the group's last attend program (an acq_rel ticket) merges the group's
+    # partials as the merge kernel would (the same output to the bit; no merge launch)
+    "merge_ticket": True,
     "merge_warps": 4,  # 8 when a merge step holds >= 4096 partial elements
     "merge_block": 64,  # partials merged per step (fewer when there are fewer)
     # every kernel after the first is launched as a programmatic dependent of the one

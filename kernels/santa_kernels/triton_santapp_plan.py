@@ -72,6 +72,9 @@ class SantaPPPlan:
     merge_block: int  # partials per merge step
     merge_warps: int
     merge_atomic: bool = False  # the attend programs merge (atomic sums + ticket)
+    # without merge_atomic: the group's last attend program merges the partials (no merge
+    # kernel; the merge kernel's output to the bit)
+    merge_ticket: bool = False
     loops: int = 1  # tiles of TPB teams per team program
     attend_stages: int = 1  # software-pipeline depth of a team program's tile loop (loops > 1)
     attend_preload: bool = False  # a team program loads its list entries before its loop
@@ -105,6 +108,7 @@ def make_plan(
     head_lists: bool | None = None,
     compact: bool | None = None,
     merge_atomic: bool | None = None,
+    merge_ticket: bool | None = None,
     attend_loops: int | None = None,
     attend_stages: int | None = None,
     attend_preload: bool | None = None,
@@ -246,6 +250,12 @@ def make_plan(
     if fused_finish:  # the last select program holds the group's G_ROWS x C_PAD keys
         score_warps = max(score_warps, select_warps)
     num_parts = team_programs + exact_programs
+    merge_atomic = bool(
+        HOPPER["merge_atomic"] and bkv <= HOPPER["merge_atomic_max_groups"]
+        if merge_atomic is None else merge_atomic
+    )
+    merge_ticket = not merge_atomic and bool(
+        HOPPER["merge_ticket"] if merge_ticket is None else merge_ticket)
     merge_block = min(HOPPER["merge_block"], max(2, _next_pow2(num_parts)))
     merge_warps = HOPPER["merge_warps"] * (2 if merge_block * _next_pow2(head_dim) >= 4096 else 1)
     return SantaPPPlan(
@@ -287,10 +297,8 @@ def make_plan(
         finish_ways=finish_ways,
         merge_block=merge_block,
         merge_warps=merge_warps,
-        merge_atomic=bool(
-            HOPPER["merge_atomic"] and bkv <= HOPPER["merge_atomic_max_groups"]
-            if merge_atomic is None else merge_atomic
-        ),
+        merge_atomic=merge_atomic,
+        merge_ticket=merge_ticket,
         loops=attend_loops,
         attend_stages=attend_stages,
         attend_preload=attend_preload,
@@ -335,7 +343,7 @@ class SantaPPWorkspace:
         # last attend program for the next call)
         self.sum_l = torch.zeros(rows if p.merge_atomic else 1, **f32)
         self.sum_o = torch.zeros(rows * p.head_dim if p.merge_atomic else 1, **f32)
-        self.attend_ticket = torch.zeros(bkv if p.merge_atomic else 1, **i32)
+        self.attend_ticket = torch.zeros(bkv if p.merge_atomic or p.merge_ticket else 1, **i32)
         self.kappa = torch.empty(rows, **f32)
         self.union = torch.zeros(bkv, p.union_cap, **i32)  # entries always team ids
         self.count = torch.zeros(bkv, **i32)
