@@ -293,7 +293,8 @@ def check_select() -> int:
     for reps, local, entry in (("bf16", False, False), ("i8", False, True),
                                ("i8", True, True), ("bf16", True, False)):
         types = ["*bf16", f"*{reps}", "*fp32", "*fp32", "*fp32", "*i64", "i32", "*fp32",
-                 "*fp32", "*fp32", "*i32", "*i32", "*i32", "*fp32", "*i32", "*i32", "fp32"]
+                 "*fp32", "*fp32", "*i32", "*i32", "*i32", "*fp32", "*i32", "*i32", "*fp32",
+                 "*fp32", "fp32"]
         types += ["i32"] * 7
         consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "G_PAD": 16,
                   "G_ROWS": 4, "TB": 128, "M1_PAD": 64, "LOCAL": local, "HAS_GUMBELS": False,
@@ -313,7 +314,8 @@ def check_select() -> int:
     for bracket, m1_pad, tb, lists in ((2, 64, 64, True), (3, 128, 64, True),
                                        (0, 1024, 128, False)):
         types = ["*bf16", "*bf16", "*fp32", "*fp32", "*fp32", "*i64", "i32", "*fp32",
-                 "*fp32", "*fp32", "*i32", "*i32", "*i32", "*fp32", "*i32", "*i32", "fp32"]
+                 "*fp32", "*fp32", "*i32", "*i32", "*i32", "*fp32", "*i32", "*i32", "*fp32",
+                 "*fp32", "fp32"]
         consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "G_PAD": 16,
                   "G_ROWS": 4, "TB": tb, "M1_PAD": m1_pad, "LOCAL": False,
                   "HAS_GUMBELS": False, "DOT_PRECISION": "tf32", "PDL": True,
@@ -327,18 +329,20 @@ def check_select() -> int:
         failures += err is not None
     # draw=pooled: phi only, for the pool kernel (GQA 4 and 6, bf16 and int8 reps), which
     # holds a group's 2048 teams (32k) or 16384 (its most)
-    for reps, group in (("bf16", 4), ("i8", 6)):
+    # (and G=4 again with the group's last program drawing: no pool kernel)
+    for reps, group, fused in (("bf16", 4, False), ("i8", 6, False), ("bf16", 4, True)):
         types = ["*bf16", f"*{reps}", "*fp32", "*fp32", "*fp32", "*i64", "i32", "*fp32",
                  "*fp32", "*fp32", "*i32", "*i32", "*i32", "*fp32", "*i32", "*i32",
-                 "fp32"] + ["i32"] * 7
+                 "*fp32", "*fp32", "fp32"] + ["i32"] * 7
         consts = {"NUM_KV_HEADS": 8, "GROUP": group, "HEAD_DIM": 128, "D_PAD": 128,
                   "G_PAD": 16, "G_ROWS": 8 if group == 6 else 4, "TB": 128, "M1_PAD": 1024,
                   "LOCAL": False, "HAS_GUMBELS": False, "DOT_PRECISION": "tf32", "PDL": True,
                   "ENTRY_PDL": False, "REPS_AS": "bf16" if reps == "i8" else "",
                   "BRACKET": 0, "HEAD_LISTS": False, "TOPS": False, "POOLED": True,
-                  "FINISH": False, "C_PAD": 2, "S_PAD": 2, "WAYS": 8}
+                  "FINISH": fused, "C_PAD": 2048 if fused else 2, "S_PAD": 16 if fused else 2,
+                  "WAYS": 8}
         err = compile_kernel(tsp_select._select_kernel, types, consts, {"num_warps": 4})
-        print(f"_select_kernel pooled reps={reps} G={group}: {err or 'ok'}")
+        print(f"_select_kernel pooled reps={reps} G={group} fused={fused}: {err or 'ok'}")
         failures += err is not None
     pool_types = ["*fp32", "*fp32", "*i64", "i32", "*fp32", "*fp32", "*i32", "*i32", "*fp32",
                   "i32", "i32", "i32"]

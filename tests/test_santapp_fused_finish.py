@@ -164,3 +164,36 @@ def test_the_decode_step_launches_no_finisher(monkeypatch):
         workspace = SantaPPWorkspace.for_inputs(q, kv, packed, 7, head_lists=head_lists)
         out, info = santapp_decode(q, kv, packed, 7, seed=3, workspace=workspace)
         assert torch.isfinite(out).all() and bool((info.kappa > float("-inf")).all())
+
+
+@pytest.mark.parametrize("noise", ["given", "philox"])
+def test_fused_pooled_draw_is_the_pool_kernels(noise, monkeypatch):
+    """draw=pooled: the group's last select program draws the group's M teams as the pool
+    kernel did (the same teams, 1/pi and kappas; no pool kernel launches)."""
+    q, kv = _problem(heads=6, n=330, d=32, lengths=[330, 271], q_scale=2.0,
+                     dtype=torch.float32)
+    packed = pack_teams(kv, build_team_index(kv, team_size=4, sink=2, exact_recent=3))
+    gumbels = None
+    if noise == "given":
+        gumbels = _gumbels(q.shape[0], kv.num_kv_heads, packed.max_teams, 9)
+    got = {}
+    for fused in (False, True):
+        if fused:  # the pool kernel must not launch
+            monkeypatch.setattr(tsp, "_pool_kernel", None)
+        workspace = SantaPPWorkspace.for_inputs(q, kv, packed, 5, draw="pooled", seed=4,
+                                                fused_finish=fused)
+        assert workspace.plan.fused_finish == fused
+        out, info = santapp_decode(q, kv, packed, 5, gumbels=gumbels, workspace=workspace)
+        got[fused] = (out.clone(), info.union.clone(), info.count.clone(),
+                      info.pool_w.clone(), info.pool_kappa.clone(), info.kappa.clone())
+        assert not workspace.ticket.any() and int(workspace.rng) == 1
+    for fused_part, kernel_part in zip(got[True][1:], got[False][1:], strict=True):
+        assert torch.equal(fused_part, kernel_part)
+    torch.testing.assert_close(got[True][0], got[False][0], rtol=1e-5, atol=1e-6)
+
+
+def test_pooled_draws_over_2048_teams_keep_the_pool_kernel():
+    plan = make_plan(1, 32, 8, 128, 8188, 32, 16, 76, 132, draw="pooled")
+    assert not plan.fused_finish and plan.c_pad == 8192
+    plan = make_plan(1, 32, 8, 128, 2044, 32, 16, 76, 132, draw="pooled")
+    assert plan.fused_finish and plan.score_warps == 4

@@ -66,11 +66,12 @@ reference-only): one draw of ``M`` teams per (sequence, KV head) from
 ``p_g = mean_h softmax(phi_h)_g``, every head of the group weighting the same teams by the
 shared ``1/pi_g``. The select programs write ``phi`` only (no Gumbel noise, bracket or
 candidates); the **pool** kernel (``triton_santapp_pool``, grid ``(B*Hkv)``, in place of
-the finishers) pools the group's ``G`` rows of ``phi``, adds Gumbel noise (counter
-``(b, KV head, team)``), finds ``kappa`` by the same k-ary search over one row of ``T``
-keys (at most 16384 teams) and writes the chosen teams (team order) to the group's ``M``
-list slots with their ``1/pi``; the attend programs read each listed team once for all
-``G`` heads (no head lists, no union), so a KV head reads ``M`` teams where ``head``'s
+the finishers; with ``fused_finish``, up to ``HOPPER["fused_pool_max_teams"]`` teams, the
+group's last select program instead) pools the group's ``G`` rows of ``phi``, adds Gumbel
+noise (counter ``(b, KV head, team)``), finds ``kappa`` by the same k-ary search over one
+row of ``T`` keys (at most 16384 teams) and writes the chosen teams (team order) to the
+group's ``M`` list slots with their ``1/pi``; the attend programs read each listed team once
+for all ``G`` heads (no head lists, no union), so a KV head reads ``M`` teams where ``head``'s
 union holds up to ``G*M``.
 
 Team storage (:class:`PackedTeams`): representatives ``[B, Hkv, T, d]`` in the cache dtype,
@@ -387,20 +388,22 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
             gumbels if gumbels is not None else ws.phi, ws.rng,
             (ws.seed if seed is None else int(seed)) & 0xFFFFFFFF,
             ws.phi, ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.union,
-            ws.kappa, ws.count, ws.ticket,
+            ws.kappa, ws.count, ws.ticket, ws.pool_kappa, ws.pool_w,
             tau, M, p.num_splits, p.n_cand, p.max_teams, p.union_cap, q.stride(0), q.stride(1),
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad, G_PAD=p.g_pad,
             G_ROWS=p.g_rows, TB=p.teams_per_split, M1_PAD=p.m1_pad,
-            LOCAL=p.local, HAS_GUMBELS=gumbels is not None and not pooled,
+            LOCAL=p.local, HAS_GUMBELS=gumbels is not None,  # pooled: the fused draw's
             DOT_PRECISION=precision, PDL=early, ENTRY_PDL=chain,
             REPS_AS=_REPS_AS[kv.dtype] if packed.reps_scale is not None else "",
             BRACKET=p.bracket, HEAD_LISTS=lists, TOPS=lists and p.compact > 0, num_stages=1,
             num_warps=p.score_warps, **({"POOLED": True} if pooled else {}),
-            **({"FINISH": True, "C_PAD": p.c_pad, "S_PAD": p.s_pad, "WAYS": p.search_ways}
-               if fused else {}),
+            **({"FINISH": True, "C_PAD": p.c_pad, "S_PAD": p.s_pad,
+                "WAYS": p.finish_ways if pooled else p.search_ways} if fused else {}),
             **({"launch_pdl": True} if chain else {}),
         )  # fmt: skip
-    if "select" in stages and "score" not in stages and pooled:
+    if fused:
+        pass  # the select kernel finished the selection (or drew the pooled teams)
+    elif "select" in stages and "score" not in stages and pooled:
         _pool_kernel[(batch * hkv,)](
             ws.phi, gumbels if gumbels is not None else ws.phi, ws.rng,
             (ws.seed if seed is None else int(seed)) & 0xFFFFFFFF,
@@ -410,8 +413,6 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
             HAS_GUMBELS=gumbels is not None, WAYS=p.finish_ways, PDL=early,
             num_warps=p.finish_warps, num_stages=1, **dep_early,
         )  # fmt: skip
-    elif fused:
-        pass  # the select kernel finished the selection
     elif "select" in stages and "score" not in stages and p.finish_heads:
         _finish_heads_kernel[(batch * hkv, p.finish_parts)](
             ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count, ws.ticket,

@@ -94,6 +94,9 @@ HOPPER = {
     # list only (the attend programs read it once for the group), or the union; the
     # select kernel then runs select_warps, and no finisher kernel launches
     "fused_finish": True,
+    # draw=pooled: the last select program draws the group's teams (no pool kernel) up to
+    # this many teams a (sequence, KV head) (its row of keys in the select kernel's warps)
+    "fused_pool_max_teams": 2048,
     "compact_slack": 1.5,
     "compact_max_cap": 64,
     # the attend programs add their partials, scaled to the head's kappa (a reference

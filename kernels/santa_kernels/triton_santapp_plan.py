@@ -83,7 +83,7 @@ class SantaPPPlan:
     # teams a group with their shared 1/pi)
     draw: str = "head"
     # the group's last select program finishes the selection (kappa, head lists without
-    # duplicates, or the union): no finisher launch (direct selection, draw=head)
+    # duplicates, or the union; draw=pooled: the pool's draw): no finisher launch
     fused_finish: bool = False
 
 
@@ -237,7 +237,9 @@ def make_plan(
     head_lists = bool(head_lists) and finish_heads > 0 and union_cap == group * M
     if fused_finish is None:
         fused_finish = HOPPER["fused_finish"]
-    fused_finish = bool(fused_finish) and not local and not pooled
+    # pooled: while the pool's one row of keys keeps the select kernel's warps (<= 2048)
+    fused_finish = bool(fused_finish) and not local and (
+        not pooled or c_pad <= HOPPER["fused_pool_max_teams"])
     if compact is None:
         compact = HOPPER["compact"]
     compact = compact and not fused_finish  # the fused finisher searches
@@ -248,7 +250,7 @@ def make_plan(
     score_warps = (HOPPER["score_warps_many"] if not local and bkv >= HOPPER["many_groups"]
                    else HOPPER["score_warps_few"])
     if fused_finish:  # the last select program holds the group's G_ROWS x C_PAD keys
-        score_warps = max(score_warps, select_warps)
+        score_warps = max(score_warps, finish_warps if pooled else select_warps)
     num_parts = team_programs + exact_programs
     merge_atomic = bool(
         HOPPER["merge_atomic"] and bkv <= HOPPER["merge_atomic_max_groups"]

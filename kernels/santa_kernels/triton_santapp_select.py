@@ -413,12 +413,79 @@ def _finish_group(
                      union_cap, NUM_KV_HEADS, GROUP, G_ROWS, C_PAD, False)
 
 
+# ------------------------------------------------- draw=pooled: the group's draw
+@triton.jit
+def _pooled_log_probs(phi_ptr, row0, t_cap, offs_t, mask_t, offs_h, GROUP: tl.constexpr,
+                      G_ROWS: tl.constexpr, C_PAD: tl.constexpr):
+    """``(log p [C_PAD], lse [G_ROWS])``: the heads' mean probability of every team (as a
+    log; ``-inf`` for padding teams and past them) and each head's log-sum-exp over its
+    teams, heads ``row0 ..`` of ``phi``."""
+    m = tl.full([C_PAD], float("-inf"), tl.float32)  # running log-sum-exp over the heads
+    s = tl.zeros([C_PAD], dtype=tl.float32)
+    lse = tl.zeros([G_ROWS], dtype=tl.float32)
+    for h in range(GROUP):
+        phi = tl.load(phi_ptr + (row0 + h) * t_cap + offs_t, mask=mask_t, other=float("-inf"),
+                      cache_modifier=".cg")
+        top = tl.max(phi, axis=0)
+        ref = tl.where(top > float("-inf"), top, 0.0)  # a head without teams adds nothing
+        lse_h = ref + tl.log(tl.sum(tl.exp(phi - ref), axis=0))
+        x = phi - lse_h
+        m_new = tl.maximum(m, x)
+        m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
+        s = s * tl.exp(m - m_ref) + tl.exp(x - m_ref)
+        m = m_new
+        lse = tl.where(offs_h == h, lse_h, lse)
+    some = m > float("-inf")  # a team some head has (s >= 1 there)
+    log_p = tl.where(some, m + tl.log(tl.where(some, s, 1.0) / GROUP), float("-inf"))
+    return log_p, lse
+
+
+@triton.jit
+def _pool_group(
+    phi_ptr, gumbel_ptr, rng_ptr, seed, kappa_ptr, pool_kappa_ptr, union_ptr, count_ptr,
+    pool_w_ptr, bkv, M, t_cap, union_cap,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr,
+    C_PAD: tl.constexpr, HAS_GUMBELS: tl.constexpr, WAYS: tl.constexpr,
+):
+    """The pooled draw of (sequence, KV head) ``bkv`` (:mod:`santa_kernels.triton_santapp_pool`):
+    the pool kernel's program, or the group's last select program (fused finish)."""
+    b = bkv // NUM_KV_HEADS
+    kvh = bkv % NUM_KV_HEADS
+    row0 = (b * NUM_KV_HEADS * GROUP + kvh * GROUP).to(tl.int64)
+    offs_t = tl.arange(0, C_PAD)
+    mask_t = offs_t < t_cap
+    offs_h = tl.arange(0, G_ROWS)
+    log_p, lse = _pooled_log_probs(phi_ptr, row0, t_cap, offs_t, mask_t, offs_h, GROUP,
+                                   G_ROWS, C_PAD)
+    cells = bkv * t_cap + offs_t  # < 2**31 (checked by the plan)
+    if HAS_GUMBELS:
+        gumbel = tl.load(gumbel_ptr + cells, mask=mask_t, other=0.0)
+    else:
+        u = tl.rand((tl.load(rng_ptr) << 32) + seed, cells)
+        gumbel = -tl.log(-tl.log(tl.maximum(u, 1e-12)))
+    z = tl.where(log_p > float("-inf"), log_p + gumbel, float("-inf"))
+    key = tl.where(mask_t, _key(z), -2147483648)  # KEY_PAD past the teams
+    kth = _kth_largest(key[None, :], M + 1, tl.full([1], -2139095041, tl.int32), WAYS)
+    kth = tl.max(kth, axis=0)
+    kappa = tl.where(kth > -2139095041, _unkey(kth), float("-inf"))
+    chosen = key > kth  # at most M keys lie above the (M+1)-th largest
+    slot = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
+    w = _inclusion_weight(z, log_p, kappa)
+    lists = bkv.to(tl.int64) * union_cap + slot
+    tl.store(union_ptr + lists, offs_t, mask=chosen)
+    tl.store(pool_w_ptr + lists, w, mask=chosen)
+    tl.store(count_ptr + bkv, tl.sum(chosen.to(tl.int32), axis=0))
+    tl.store(pool_kappa_ptr + bkv, kappa)
+    ref = lse + tl.where(kappa > float("-inf"), kappa, 0.0)
+    tl.store(kappa_ptr + row0 + offs_h, ref, mask=offs_h < GROUP)
+
+
 # ---------------------------------------------------------------- kernel 1: select
 @triton.jit
 def _select_kernel(
     q_ptr, reps_ptr, log_n_ptr, reps_scale_ptr, gumbel_ptr, rng_ptr, seed,
     phi_ptr, z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, union_ptr,
-    kappa_ptr, count_ptr, ticket_ptr,
+    kappa_ptr, count_ptr, ticket_ptr, pool_kappa_ptr, pool_w_ptr,
     scale, M, num_splits, n_cand, t_cap, union_cap, stride_qb, stride_qh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr, G_PAD: tl.constexpr, G_ROWS: tl.constexpr, TB: tl.constexpr,
@@ -433,8 +500,9 @@ def _select_kernel(
     heads of a KV head, writes ``phi`` and ``z`` (and the finisher's candidates or
     bracket). POOLED (draw=pooled): writes ``phi`` only; the pool kernel draws. FINISH
     (direct selection): the group's last program to finish (an acq_rel ticket) finds its
-    heads' kappa and writes their lists or the union (:func:`_finish_group`): no finisher
-    kernel."""
+    heads' kappa and writes their lists or the union (:func:`_finish_group`; POOLED: it
+    draws the group's teams, :func:`_pool_group`, with ``gumbels [B, Hkv, T]`` where
+    HAS_GUMBELS): no finisher or pool kernel."""
     _pdl_enter(PDL, False)  # the next kernel may launch as this grid's last wave starts
     split = tl.program_id(0)
     bkv = tl.program_id(1)
@@ -477,6 +545,13 @@ def _select_kernel(
     cells = head_rows[:, None] * t_cap + offs_t[None, :]  # < 2**31 (checked by the plan)
     if POOLED:  # the pool kernel pools every head's phi over the teams, then draws
         tl.store(phi_ptr + cells, phi, mask=valid)
+        if FINISH:  # the group's last program draws (an acq_rel ticket)
+            tl.debug_barrier()
+            if tl.atomic_add(ticket_ptr + bkv, 1, sem="acq_rel") == num_splits - 1:
+                _pool_group(phi_ptr, gumbel_ptr, rng_ptr, seed, kappa_ptr, pool_kappa_ptr,
+                            union_ptr, count_ptr, pool_w_ptr, bkv, M, t_cap, union_cap,
+                            NUM_KV_HEADS, GROUP, G_ROWS, C_PAD, HAS_GUMBELS, WAYS)
+                tl.store(ticket_ptr + bkv, 0)  # ready for the next call (graph replay)
         return
     if HAS_GUMBELS:
         gumbel = tl.load(gumbel_ptr + cells, mask=valid, other=0.0)
