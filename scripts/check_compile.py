@@ -203,17 +203,21 @@ def check_attend() -> int:
                              "*fp32", "*i32", "*i32", "*fp32", "*fp32", "*fp32", "*fp32",
                              "*fp32", "*fp32", "*i32", "*bf16", "*i64", "fp32"]
     types += ["i32"] * 18
-    for lists, paged, atomic in ((False, False, False), (True, False, False),
-                                 (True, True, False), (True, False, True), (True, True, True)):
+    # the merge: the merge kernel, the atomic sums or (ticket) the group's last program
+    for lists, paged, atomic, ticket in ((False, False, False, False),
+                                         (True, False, False, False), (True, True, False, True),
+                                         (True, False, True, False), (True, True, True, False),
+                                         (False, False, False, True)):
         consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "G_PAD": 16,
                   "TPB": 4, "SLOT": 16, "CHUNKS": 1, "BLOCK_E": 64, "PACKED": False,
                   "PAGED": paged, "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True,
                   "HEAD_LISTS": lists, "MERGE_ATOMIC": atomic, "BLOCK_S": 64,
                   "LET_NEXT": atomic, "LOOPS": 1, "ATTEND_STAGES": 1, "PRELOAD": False,
-                  "L_PAD": 1, "POOLED": False}
+                  "L_PAD": 1, "POOLED": False,
+                  "MERGE_TICKET": ticket}
         err = compile_kernel(tsp_attend._attend_kernel, types, consts, {"num_warps": 4})
-        print(f"_attend_kernel head_lists={lists} paged={paged} atomic={atomic}: "
-              f"{err or 'ok'}")
+        print(f"_attend_kernel head_lists={lists} paged={paged} atomic={atomic} "
+              f"ticket={ticket}: {err or 'ok'}")
         failures += err is not None
     # team programs walking several tiles, pipelined (K/V staged through shared memory:
     # with num_stages=1 only the tile loop can be), 2 chunks of 64-row slots (P = 128),
@@ -224,7 +228,8 @@ def check_attend() -> int:
                   "PAGED": paged, "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True,
                   "HEAD_LISTS": True, "MERGE_ATOMIC": True, "BLOCK_S": 64,
                   "LET_NEXT": True, "LOOPS": 4, "ATTEND_STAGES": stages, "PRELOAD": False,
-                  "L_PAD": 4, "POOLED": False}
+                  "L_PAD": 4, "POOLED": False,
+                  "MERGE_TICKET": False}
         # as launched: num_stages=1 for the kernel (the exact-set loop), the tile loop's own
         err = compile_kernel(tsp_attend._attend_kernel, types, consts,
                              {"num_warps": 4, "num_stages": 1},
@@ -243,7 +248,8 @@ def check_attend() -> int:
                   "PAGED": False, "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True,
                   "HEAD_LISTS": lists, "MERGE_ATOMIC": False, "BLOCK_S": 64,
                   "LET_NEXT": False, "LOOPS": loops, "ATTEND_STAGES": stages, "PRELOAD": True,
-                  "L_PAD": loops, "POOLED": False}
+                  "L_PAD": loops, "POOLED": False,
+                  "MERGE_TICKET": False}
         err = compile_kernel(tsp_attend._attend_kernel, types, consts,
                              {"num_warps": 4, "num_stages": 1},
                              divisible=("stride_kx", "stride_ky", "stride_kh"), pipelined=True,
@@ -262,7 +268,8 @@ def check_attend() -> int:
                   "CHUNKS": 1, "BLOCK_E": 64, "PACKED": False, "PAGED": False,
                   "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True, "HEAD_LISTS": False,
                   "MERGE_ATOMIC": atomic, "BLOCK_S": 64, "LET_NEXT": atomic, "LOOPS": 4,
-                  "ATTEND_STAGES": stages, "PRELOAD": preload, "L_PAD": 4, "POOLED": True}
+                  "ATTEND_STAGES": stages, "PRELOAD": preload, "L_PAD": 4, "POOLED": True,
+                  "MERGE_TICKET": not atomic}
         err = compile_kernel(tsp_attend._attend_kernel, types, consts,
                              {"num_warps": 4, "num_stages": 1},
                              divisible=("stride_kx", "stride_ky", "stride_kh"),
@@ -286,7 +293,8 @@ def check_select() -> int:
     for reps, local, entry in (("bf16", False, False), ("i8", False, True),
                                ("i8", True, True), ("bf16", True, False)):
         types = ["*bf16", f"*{reps}", "*fp32", "*fp32", "*fp32", "*i64", "i32", "*fp32",
-                 "*fp32", "*fp32", "*i32", "*i32", "*i32", "fp32"]
+                 "*fp32", "*fp32", "*i32", "*i32", "*i32", "*fp32", "*i32", "*i32", "*fp32",
+                 "*fp32", "fp32"]
         types += ["i32"] * 7
         consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "G_PAD": 16,
                   "G_ROWS": 4, "TB": 128, "M1_PAD": 64, "LOCAL": local, "HAS_GUMBELS": False,
@@ -294,23 +302,47 @@ def check_select() -> int:
                   "REPS_AS": "bf16" if reps == "i8" else "",
                   "BRACKET": 0 if local else (2 if reps == "bf16" else 3),
                   "HEAD_LISTS": reps == "i8", "TOPS": reps == "i8" and not local,
-                  "POOLED": False}
+                  "POOLED": False,
+                  "FINISH": False, "C_PAD": 2, "S_PAD": 2, "WAYS": 8}
         err = compile_kernel(tsp_select._select_kernel, types, consts, {"num_warps": 4})
         print(f"_select_kernel reps={reps} local={local} entry_pdl={entry} "
               f"bracket={consts['BRACKET']}: {err or 'ok'}")
         failures += err is not None
+    # the group's last program finishing the selection at 32k (2048 teams, 8 warps): head
+    # lists by the bracketed search (M=32, bracket 2; M=64, bracket 3; B=1: 64 teams a
+    # program), the union by the search from the row's keys (M=512, B=8)
+    for bracket, m1_pad, tb, lists in ((2, 64, 64, True), (3, 128, 64, True),
+                                       (0, 1024, 128, False)):
+        types = ["*bf16", "*bf16", "*fp32", "*fp32", "*fp32", "*i64", "i32", "*fp32",
+                 "*fp32", "*fp32", "*i32", "*i32", "*i32", "*fp32", "*i32", "*i32", "*fp32",
+                 "*fp32", "fp32"]
+        consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "G_PAD": 16,
+                  "G_ROWS": 4, "TB": tb, "M1_PAD": m1_pad, "LOCAL": False,
+                  "HAS_GUMBELS": False, "DOT_PRECISION": "tf32", "PDL": True,
+                  "ENTRY_PDL": False, "REPS_AS": "", "BRACKET": bracket, "HEAD_LISTS": lists,
+                  "TOPS": False, "POOLED": False, "FINISH": True, "C_PAD": 2048,
+                  "S_PAD": 2048 // tb, "WAYS": 4}
+        err = compile_kernel(tsp_select._select_kernel, types + ["i32"] * 7, consts,
+                             {"num_warps": 8})
+        print(f"_select_kernel finishing bracket={bracket} head_lists={lists}: "
+              f"{err or 'ok'}")
+        failures += err is not None
     # draw=pooled: phi only, for the pool kernel (GQA 4 and 6, bf16 and int8 reps), which
     # holds a group's 2048 teams (32k) or 16384 (its most)
-    for reps, group in (("bf16", 4), ("i8", 6)):
+    # (and G=4 again with the group's last program drawing: no pool kernel)
+    for reps, group, fused in (("bf16", 4, False), ("i8", 6, False), ("bf16", 4, True)):
         types = ["*bf16", f"*{reps}", "*fp32", "*fp32", "*fp32", "*i64", "i32", "*fp32",
-                 "*fp32", "*fp32", "*i32", "*i32", "*i32", "fp32"] + ["i32"] * 7
+                 "*fp32", "*fp32", "*i32", "*i32", "*i32", "*fp32", "*i32", "*i32",
+                 "*fp32", "*fp32", "fp32"] + ["i32"] * 7
         consts = {"NUM_KV_HEADS": 8, "GROUP": group, "HEAD_DIM": 128, "D_PAD": 128,
                   "G_PAD": 16, "G_ROWS": 8 if group == 6 else 4, "TB": 128, "M1_PAD": 1024,
                   "LOCAL": False, "HAS_GUMBELS": False, "DOT_PRECISION": "tf32", "PDL": True,
                   "ENTRY_PDL": False, "REPS_AS": "bf16" if reps == "i8" else "",
-                  "BRACKET": 0, "HEAD_LISTS": False, "TOPS": False, "POOLED": True}
+                  "BRACKET": 0, "HEAD_LISTS": False, "TOPS": False, "POOLED": True,
+                  "FINISH": fused, "C_PAD": 2048 if fused else 2, "S_PAD": 16 if fused else 2,
+                  "WAYS": 8}
         err = compile_kernel(tsp_select._select_kernel, types, consts, {"num_warps": 4})
-        print(f"_select_kernel pooled reps={reps} G={group}: {err or 'ok'}")
+        print(f"_select_kernel pooled reps={reps} G={group} fused={fused}: {err or 'ok'}")
         failures += err is not None
     pool_types = ["*fp32", "*fp32", "*i64", "i32", "*fp32", "*fp32", "*i32", "*i32", "*fp32",
                   "i32", "i32", "i32"]

@@ -209,7 +209,8 @@ def test_compact_finisher_matches_the_search(case, lengths, M, rank):
     got = {}
     for compact in (True, False):
         workspace = SantaPPWorkspace.for_inputs(q, kv, packed, M, teams_per_split=16,
-                                                compact=compact, local=False)
+                                                compact=compact, local=False,
+                                                fused_finish=False)
         assert (workspace.plan.compact > 0) == compact and workspace.plan.bracket == rank
         out, info = santapp_decode(q, kv, packed, M, gumbels=gumbels, workspace=workspace,
                                    )

@@ -1,7 +1,7 @@
 """Triton kernels for SANTA++ decode attention (docs/algorithms.md sections 6 and 8).
 
 One decode step for ``q [B, Hq, d]`` runs four kernels (one fewer with the atomic
-merge), none of which synchronises with
+merge, one fewer with the fused finish of direct selection), none of which synchronises with
 the host, so a call can be captured in a CUDA graph; the Philox step counter lives on
 the device (``rng``, advanced by the last kernel) so every replay draws fresh Gumbel
 noise.
@@ -32,6 +32,11 @@ noise.
    belongs to the first head that selected it) and its count. The call at 32k B=1: 23.8 us
    with the earlier finisher, 21.6 with lists and bracket, 20.7 with the compaction (H200,
    2026-12-01: results/h200/tune-2026-12-01-s11, tune-2026-12-01-s12).
+   **fused finish** (``fused_finish``, the default in direct selection): no finish kernel;
+   the group's last select program (an acq_rel ticket) finds its ``G`` heads' kappas by
+   the (bracketed) search over the ``[G, T]`` keys and writes the head lists, a team in
+   its first selecting head's list only (so the attend programs load it once for the
+   group, as the byte model counts), or the union.
 2. **attend** ``(B*Hkv, chunks + exact programs)``: a team program loads ``TPB`` teams of
    the list (``SLOT`` rows each; with head lists a slot counts only in the list of the
    first head that selected its team; otherwise programs past the device-side union
@@ -51,18 +56,22 @@ noise.
 3. **merge** ``(B*Hq)``: log-sum-exp merge of every partial as triton_splitkv's stage 2
    (max first, then one weighted sum over up to 64 partials a step; about one attend
    program per SM keeps B=1 at 33 partials per head), ``out = num / den`` in q's dtype
-   (the self-normalised Horvitz-Thompson ratio of section 6); advances ``rng``.
+   (the self-normalised Horvitz-Thompson ratio of section 6); advances ``rng``. With
+   ``merge_ticket`` (the default where the atomic merge is off) no merge kernel runs:
+   the group's last attend program (an acq_rel ticket) merges the group's partials the
+   same way, to the same bits.
 
 ``draw=pooled`` (:data:`santa_kernels.santapp.KERNEL_DRAWS`; ``draw=union`` is
 reference-only): one draw of ``M`` teams per (sequence, KV head) from
 ``p_g = mean_h softmax(phi_h)_g``, every head of the group weighting the same teams by the
 shared ``1/pi_g``. The select programs write ``phi`` only (no Gumbel noise, bracket or
 candidates); the **pool** kernel (``triton_santapp_pool``, grid ``(B*Hkv)``, in place of
-the finishers) pools the group's ``G`` rows of ``phi``, adds Gumbel noise (counter
-``(b, KV head, team)``), finds ``kappa`` by the same k-ary search over one row of ``T``
-keys (at most 16384 teams) and writes the chosen teams (team order) to the group's ``M``
-list slots with their ``1/pi``; the attend programs read each listed team once for all
-``G`` heads (no head lists, no union), so a KV head reads ``M`` teams where ``head``'s
+the finishers; with ``fused_finish``, up to ``HOPPER["fused_pool_max_teams"]`` teams, the
+group's last select program instead) pools the group's ``G`` rows of ``phi``, adds Gumbel
+noise (counter ``(b, KV head, team)``), finds ``kappa`` by the same k-ary search over one
+row of ``T`` keys (at most 16384 teams) and writes the chosen teams (team order) to the
+group's ``M`` list slots with their ``1/pi``; the attend programs read each listed team once
+for all ``G`` heads (no head lists, no union), so a KV head reads ``M`` teams where ``head``'s
 union holds up to ``G*M``.
 
 Team storage (:class:`PackedTeams`): representatives ``[B, Hkv, T, d]`` in the cache dtype,
@@ -166,8 +175,9 @@ class SantaPPInfo:
 
     ``z``/``phi [B, Hq, T]``, ``kappa [B, Hq]``, ``union [B, Hkv, U]`` with ``count [B, Hkv]``
     valid entries (team ids); with ``head_lists`` the union holds ``U / M`` lists of ``M``
-    slots, one per head of the group (team ids, -1: none; a team may sit in several) and
-    ``count`` is not written. ``draw="pooled"``: ``union`` is the group's one list of
+    slots, one per head of the group (team ids, -1: none; a team may sit in several, or
+    with ``fused_finish`` in its first selecting head's only) and ``count`` is not
+    written. ``draw="pooled"``: ``union`` is the group's one list of
     ``M`` teams, ``pool_w [B, Hkv, M]`` their shared ``1/pi`` and ``pool_kappa [B, Hkv]``
     the group's kappa; ``z`` is not written and ``kappa`` holds each head's merge
     reference.
@@ -367,6 +377,8 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
     lists = p.head_lists and "score" not in stages
     # the profiling stages "no-union" / "no-search" time the search's parts
     stages_full = "no-union" not in stages and "no-search" not in stages
+    # the group's last select program finishes (not while profiling the finisher's parts)
+    fused = p.fused_finish and "score" not in stages and stages_full
     if "score" in stages:  # profiling: the select kernel alone, without its finisher
         stages = (*stages, "select")
     if "select" in stages:
@@ -376,17 +388,22 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
             gumbels if gumbels is not None else ws.phi, ws.rng,
             (ws.seed if seed is None else int(seed)) & 0xFFFFFFFF,
             ws.phi, ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.union,
+            ws.kappa, ws.count, ws.ticket, ws.pool_kappa, ws.pool_w,
             tau, M, p.num_splits, p.n_cand, p.max_teams, p.union_cap, q.stride(0), q.stride(1),
             NUM_KV_HEADS=hkv, GROUP=p.group, HEAD_DIM=d, D_PAD=d_pad, G_PAD=p.g_pad,
             G_ROWS=p.g_rows, TB=p.teams_per_split, M1_PAD=p.m1_pad,
-            LOCAL=p.local, HAS_GUMBELS=gumbels is not None and not pooled,
+            LOCAL=p.local, HAS_GUMBELS=gumbels is not None,  # pooled: the fused draw's
             DOT_PRECISION=precision, PDL=early, ENTRY_PDL=chain,
             REPS_AS=_REPS_AS[kv.dtype] if packed.reps_scale is not None else "",
             BRACKET=p.bracket, HEAD_LISTS=lists, TOPS=lists and p.compact > 0, num_stages=1,
             num_warps=p.score_warps, **({"POOLED": True} if pooled else {}),
+            **({"FINISH": True, "C_PAD": p.c_pad, "S_PAD": p.s_pad,
+                "WAYS": p.finish_ways if pooled else p.search_ways} if fused else {}),
             **({"launch_pdl": True} if chain else {}),
         )  # fmt: skip
-    if "select" in stages and "score" not in stages and pooled:
+    if fused:
+        pass  # the select kernel finished the selection (or drew the pooled teams)
+    elif "select" in stages and "score" not in stages and pooled:
         _pool_kernel[(batch * hkv,)](
             ws.phi, gumbels if gumbels is not None else ws.phi, ws.rng,
             (ws.seed if seed is None else int(seed)) & 0xFFFFFFFF,
@@ -423,6 +440,7 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
     packed_rows = int(packed.packed_k.shape[2]) if packed.packed_k is not None else 0
     out = ws.out(q.dtype)
     atomic = p.merge_atomic and "merge" in stages  # the attend programs merge
+    ticket = p.merge_ticket and not atomic and "merge" in stages  # their last one merges
     if "attend" in stages:
         _attend_kernel[(batch * hkv, p.num_parts)](
             q, kv.k, kv.v, packed_k, packed_v, kv.lengths, table,
@@ -438,15 +456,16 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
             TPB=p.teams_per_block, SLOT=p.slot, CHUNKS=p.chunks, BLOCK_E=p.exact_rows,
             PACKED=packed.packed_k is not None, PAGED=paged, REGULAR=packed.regular,
             DOT_PRECISION=precision, PDL=early, HEAD_LISTS=lists,
-            MERGE_ATOMIC=atomic, BLOCK_S=p.merge_block, LET_NEXT=atomic and chain,
+            MERGE_ATOMIC=atomic, BLOCK_S=p.merge_block, LET_NEXT=(atomic or ticket) and chain,
             **({"LOOPS": p.loops, "ATTEND_STAGES": p.attend_stages,
                 "PRELOAD": p.attend_preload, "L_PAD": _next_pow2(p.loops)}
                if p.loops > 1 else {}),
             **({"POOLED": True} if pooled else {}),
+            **({"MERGE_TICKET": True} if ticket else {}),
             num_warps=HOPPER["attend_warps"], num_stages=1,
             **dep_early,
         )  # fmt: skip
-    if "merge" in stages and not atomic:
+    if "merge" in stages and not atomic and not ticket:
         _merge_kernel[(batch * hq,)](
             ws.part_m, ws.part_l, ws.part_o, out, ws.rng,
             p.num_parts, out.stride(0), out.stride(1),

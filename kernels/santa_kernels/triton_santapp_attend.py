@@ -11,7 +11,7 @@ import triton.language as tl
 
 from santa_kernels.triton_launch import _pdl_trigger, _pdl_wait, _row_offsets
 from santa_kernels.triton_santapp_common import _scores, _weighted_values
-from santa_kernels.triton_santapp_merge import _merge_atomic
+from santa_kernels.triton_santapp_merge import _merge_atomic, _merge_ticket
 from santa_kernels.triton_santapp_select import _inclusion_weight
 
 
@@ -138,6 +138,7 @@ def _attend_kernel(
     MERGE_ATOMIC: tl.constexpr = False, BLOCK_S: tl.constexpr = 64,
     LET_NEXT: tl.constexpr = False, LOOPS: tl.constexpr = 1, ATTEND_STAGES: tl.constexpr = 1,
     PRELOAD: tl.constexpr = False, L_PAD: tl.constexpr = 1, POOLED: tl.constexpr = False,
+    MERGE_TICKET: tl.constexpr = False,
 ):
     """Grid ``(B * Hkv, num_parts)``: team programs (LOOPS tiles of TPB teams of the list
     each) and
@@ -146,10 +147,12 @@ def _attend_kernel(
     program writes the output (and advances the step counter): no merge kernel.
     LET_NEXT (MERGE_ATOMIC): the kernel after the call may launch once every program has
     added its partial (not as they start: its programs would wait on SMs this grid needs).
+    MERGE_TICKET (without MERGE_ATOMIC): the group's last program merges the group's
+    partials as the merge kernel does (:func:`_merge_ticket`): no merge kernel.
     POOLED (draw=pooled, the union list of M teams a group): every head weights a listed
     team by the group's shared 1/pi (``pool_w``), each team read once for the group."""
     _pdl_wait(PDL)  # launched early: wait for the previous kernel
-    if not MERGE_ATOMIC:
+    if not MERGE_ATOMIC and not MERGE_TICKET:
         _pdl_trigger(PDL)  # the merge kernel may launch as this grid's last wave starts
     BLOCK_N: tl.constexpr = TPB * SLOT
     bkv = tl.program_id(0)
@@ -257,3 +260,7 @@ def _attend_kernel(
                       out_ptr, rng_ptr, kappa_ptr, m_i, l_i, acc, head_rows, offs_g, offs_d,
                       mask_g, mask_d, b, kvh, bkv, num_parts, stride_ob, stride_oh, GROUP,
                       HEAD_DIM, D_PAD, BLOCK_S, LET_NEXT)
+    elif MERGE_TICKET:
+        _merge_ticket(part_m_ptr, part_l_ptr, part_o_ptr, ticket_ptr, out_ptr, rng_ptr,
+                      b * hq + kvh * GROUP, b, kvh, bkv, num_parts, stride_ob, stride_oh,
+                      offs_d, mask_d, GROUP, HEAD_DIM, D_PAD, BLOCK_S, LET_NEXT)

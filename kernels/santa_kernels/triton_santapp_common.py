@@ -89,6 +89,14 @@ HOPPER = {
     # [CAP, CAP] comparison (CAP = next_pow2(compact_slack * (M+1))), up to
     # compact_max_cap; rows with more keys above the bound take the search
     "compact": True,
+    # direct selection: the group's last select program (an acq_rel ticket) finds its
+    # heads' kappas and writes their head lists, a team in its first selecting head's
+    # list only (the attend programs read it once for the group), or the union; the
+    # select kernel then runs select_warps, and no finisher kernel launches
+    "fused_finish": True,
+    # draw=pooled: the last select program draws the group's teams (no pool kernel) up to
+    # this many teams a (sequence, KV head) (its row of keys in the select kernel's warps)
+    "fused_pool_max_teams": 2048,
     "compact_slack": 1.5,
     "compact_max_cap": 64,
     # the attend programs add their partials, scaled to the head's kappa (a reference
@@ -101,6 +109,9 @@ HOPPER = {
     # faster inside the e2e decode loop there)
     "merge_atomic": True,
     "merge_atomic_max_groups": 16,
+    # above those: the group's last attend program (an acq_rel ticket) merges the group's
+    # partials as the merge kernel would (the same output to the bit; no merge launch)
+    "merge_ticket": True,
     "merge_warps": 4,  # 8 when a merge step holds >= 4096 partial elements
     "merge_block": 64,  # partials merged per step (fewer when there are fewer)
     # every kernel after the first is launched as a programmatic dependent of the one

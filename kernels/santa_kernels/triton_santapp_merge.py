@@ -58,6 +58,47 @@ def _merge_atomic(part_m_ptr, part_l_ptr, part_o_ptr, sum_l_ptr, sum_o_ptr, tick
             tl.store(rng_ptr, tl.load(rng_ptr) + 1)
 
 
+@triton.jit
+def _merge_ticket(part_m_ptr, part_l_ptr, part_o_ptr, ticket_ptr, out_ptr, rng_ptr, row0, b,
+                  kvh, bkv, num_parts, stride_ob, stride_oh, offs_d, mask_d,
+                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                  BLOCK_S: tl.constexpr, LET_NEXT: tl.constexpr):
+    """After an attend program stored its partials: the group's last program to arrive (an
+    acq_rel ticket) merges the partials of the group's heads (``row0``: its first head's
+    row) as the merge kernel does, to the bit, and zeroes the ticket for the next call. No
+    merge kernel launches, and no float atomics: reproducible."""
+    _pdl_trigger(LET_NEXT)  # the kernel after the call waits for this grid's end anyway
+    # every thread's partial stores are ordered before the ticket (barrier + acq_rel atomic)
+    tl.debug_barrier()
+    ticket = tl.atomic_add(ticket_ptr + bkv, 1, sem="acq_rel")
+    if ticket == num_parts - 1:
+        if num_parts <= BLOCK_S:  # one block a head: every head's loads issue at once
+            offs_s = tl.arange(0, BLOCK_S)
+            mask_s = offs_s < num_parts
+            for g in tl.static_range(GROUP):
+                rows = (row0 + g) * num_parts + offs_s
+                m = tl.load(part_m_ptr + rows, mask=mask_s, other=float("-inf"),
+                            cache_modifier=".cg")
+                l_s = tl.load(part_l_ptr + rows, mask=mask_s, other=0.0, cache_modifier=".cg")
+                o = tl.load(part_o_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :],
+                            mask=mask_s[:, None] & mask_d[None, :], other=0.0,
+                            cache_modifier=".cg")
+                m_max = tl.max(m, axis=0)
+                w = tl.exp(m - tl.where(m_max > float("-inf"), m_max, 0.0))  # as _merge_head
+                out = tl.sum(w[:, None] * o, axis=0) / tl.sum(w * l_s, axis=0)
+                tl.store(out_ptr + b * stride_ob + (kvh * GROUP + g) * stride_oh + offs_d,
+                         out.to(out_ptr.dtype.element_ty), mask=mask_d)
+        else:
+            for g in range(GROUP):
+                out = _merge_head(part_m_ptr, part_l_ptr, part_o_ptr, row0 + g, num_parts,
+                                  offs_d, mask_d, HEAD_DIM, D_PAD, BLOCK_S, ".cg")
+                tl.store(out_ptr + b * stride_ob + (kvh * GROUP + g) * stride_oh + offs_d,
+                         out.to(out_ptr.dtype.element_ty), mask=mask_d)
+        tl.store(ticket_ptr + bkv, 0)  # ready for the next call (graph replay)
+        if bkv == 0:  # the call's last kernel advances the step counter (section 8)
+            tl.store(rng_ptr, tl.load(rng_ptr) + 1)
+
+
 # ----------------------------------------------------------------- kernel 3: merge
 @triton.jit
 def _merge_head(part_m_ptr, part_l_ptr, part_o_ptr, row, num_parts, offs_d, mask_d,

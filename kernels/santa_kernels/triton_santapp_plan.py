@@ -72,6 +72,9 @@ class SantaPPPlan:
     merge_block: int  # partials per merge step
     merge_warps: int
     merge_atomic: bool = False  # the attend programs merge (atomic sums + ticket)
+    # without merge_atomic: the group's last attend program merges the partials (no merge
+    # kernel; the merge kernel's output to the bit)
+    merge_ticket: bool = False
     loops: int = 1  # tiles of TPB teams per team program
     attend_stages: int = 1  # software-pipeline depth of a team program's tile loop (loops > 1)
     attend_preload: bool = False  # a team program loads its list entries before its loop
@@ -79,6 +82,9 @@ class SantaPPPlan:
     # from the heads' mean probabilities (the pool kernel finishes it, the list holds M
     # teams a group with their shared 1/pi)
     draw: str = "head"
+    # the group's last select program finishes the selection (kappa, head lists without
+    # duplicates, or the union; draw=pooled: the pool's draw): no finisher launch
+    fused_finish: bool = False
 
 
 def make_plan(
@@ -102,11 +108,13 @@ def make_plan(
     head_lists: bool | None = None,
     compact: bool | None = None,
     merge_atomic: bool | None = None,
+    merge_ticket: bool | None = None,
     attend_loops: int | None = None,
     attend_stages: int | None = None,
     attend_preload: bool | None = None,
     kv_element_size: int = 2,
     draw: str = "head",
+    fused_finish: bool | None = None,
 ) -> SantaPPPlan:
     """Plans the grids (keyword overrides are for tests and tuning). K/V tiles keep their
     byte size: 4-byte K/V and d > 128 halve the rows a program loads at once. ``draw``
@@ -227,13 +235,29 @@ def make_plan(
     if head_lists is None:
         head_lists = HOPPER["head_lists"]
     head_lists = bool(head_lists) and finish_heads > 0 and union_cap == group * M
+    if fused_finish is None:
+        fused_finish = HOPPER["fused_finish"]
+    # pooled: while the pool's one row of keys keeps the select kernel's warps (<= 2048)
+    fused_finish = bool(fused_finish) and not local and (
+        not pooled or c_pad <= HOPPER["fused_pool_max_teams"])
     if compact is None:
         compact = HOPPER["compact"]
+    compact = compact and not fused_finish  # the fused finisher searches
     compact_cap = 0
     if compact and bracket_rank and head_lists and h_rows == 1:
         compact_cap = max(16, _next_pow2(math.ceil(HOPPER["compact_slack"] * m1)))
         compact_cap = compact_cap if compact_cap <= HOPPER["compact_max_cap"] else 0
+    score_warps = (HOPPER["score_warps_many"] if not local and bkv >= HOPPER["many_groups"]
+                   else HOPPER["score_warps_few"])
+    if fused_finish:  # the last select program holds the group's G_ROWS x C_PAD keys
+        score_warps = max(score_warps, finish_warps if pooled else select_warps)
     num_parts = team_programs + exact_programs
+    merge_atomic = bool(
+        HOPPER["merge_atomic"] and bkv <= HOPPER["merge_atomic_max_groups"]
+        if merge_atomic is None else merge_atomic
+    )
+    merge_ticket = not merge_atomic and bool(
+        HOPPER["merge_ticket"] if merge_ticket is None else merge_ticket)
     merge_block = min(HOPPER["merge_block"], max(2, _next_pow2(num_parts)))
     merge_warps = HOPPER["merge_warps"] * (2 if merge_block * _next_pow2(head_dim) >= 4096 else 1)
     return SantaPPPlan(
@@ -262,8 +286,7 @@ def make_plan(
         exact_rows=exact_rows,
         num_parts=num_parts,
         select_warps=select_warps,
-        score_warps=(HOPPER["score_warps_many"] if not local and bkv >= HOPPER["many_groups"]
-                     else HOPPER["score_warps_few"]),
+        score_warps=score_warps,
         search_ways=search_ways,
         bracket=bracket_rank,
         head_lists=head_lists,
@@ -276,14 +299,13 @@ def make_plan(
         finish_ways=finish_ways,
         merge_block=merge_block,
         merge_warps=merge_warps,
-        merge_atomic=bool(
-            HOPPER["merge_atomic"] and bkv <= HOPPER["merge_atomic_max_groups"]
-            if merge_atomic is None else merge_atomic
-        ),
+        merge_atomic=merge_atomic,
+        merge_ticket=merge_ticket,
         loops=attend_loops,
         attend_stages=attend_stages,
         attend_preload=attend_preload,
         draw=draw,
+        fused_finish=fused_finish,
     )
 
 
@@ -323,7 +345,7 @@ class SantaPPWorkspace:
         # last attend program for the next call)
         self.sum_l = torch.zeros(rows if p.merge_atomic else 1, **f32)
         self.sum_o = torch.zeros(rows * p.head_dim if p.merge_atomic else 1, **f32)
-        self.attend_ticket = torch.zeros(bkv if p.merge_atomic else 1, **i32)
+        self.attend_ticket = torch.zeros(bkv if p.merge_atomic or p.merge_ticket else 1, **i32)
         self.kappa = torch.empty(rows, **f32)
         self.union = torch.zeros(bkv, p.union_cap, **i32)  # entries always team ids
         self.count = torch.zeros(bkv, **i32)

@@ -372,11 +372,120 @@ def _finish_selection(
     tl.store(kappa_ptr + head_rows, kappa, mask=mask_h)
 
 
+@triton.jit
+def _finish_group(
+    z_ptr, split_kth_ptr, kappa_ptr, union_ptr, count_ptr, head_rows, mask_h, b, kvh, bkv, M,
+    num_splits, t_cap, union_cap,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr,
+    C_PAD: tl.constexpr, S_PAD: tl.constexpr, WAYS: tl.constexpr, BRACKET: tl.constexpr,
+    HEAD_LISTS: tl.constexpr,
+):
+    """kappa of every head of one group (``head_rows [G_ROWS]``, direct selection) and its
+    head lists, in the group's last select program (no finisher launch). Each row's kappa
+    is the finisher kernels': the k-ary search over the row's keys, from the select
+    programs' bracket where there is one (the compaction's [CAP, CAP] rankings of G rows
+    would take more registers than the scoring: fewer select programs an SM). A team goes to
+    the list of the first head that selected it only (team order; the select programs
+    set every slot to -1), so the attend programs read it once for the group; without
+    ``HEAD_LISTS`` the group's compact union and its count are written instead."""
+    K = M + 1
+    offs_h = tl.arange(0, G_ROWS)
+    key, ids, real, _lo = _selection_keys(z_ptr, z_ptr, z_ptr, split_kth_ptr, head_rows, mask_h,
+                                          num_splits, t_cap, t_cap, C_PAD, S_PAD, False)
+    if BRACKET > 0:
+        lo, hi = _split_bracket(key, split_kth_ptr, head_rows, mask_h, K, num_splits, S_PAD,
+                                BRACKET)
+        kth = _kth_search(key, K, lo, hi, WAYS)
+    else:
+        kth = _kth_largest(key, K, (head_rows * 0 - 2139095041).to(tl.int32), WAYS)
+    tl.store(kappa_ptr + head_rows, tl.where(kth > -2139095041, _unkey(kth), float("-inf")),
+             mask=mask_h)
+    if HEAD_LISTS:
+        chosen = (real & (key > kth[:, None]) & mask_h[:, None]).to(tl.int32)
+        owned = chosen > 0
+        if GROUP > 1:  # a team counts in its first selecting head's list only
+            owned = owned & (tl.cumsum(chosen, axis=0) == chosen)
+        slot = tl.cumsum(owned.to(tl.int32), axis=1) - 1
+        tl.store(union_ptr + bkv.to(tl.int64) * union_cap + offs_h[:, None] * M + slot, ids,
+                 mask=owned)
+    else:
+        _write_union(z_ptr, union_ptr, count_ptr, key, ids, real, kth, b, kvh, bkv, t_cap,
+                     union_cap, NUM_KV_HEADS, GROUP, G_ROWS, C_PAD, False)
+
+
+# ------------------------------------------------- draw=pooled: the group's draw
+@triton.jit
+def _pooled_log_probs(phi_ptr, row0, t_cap, offs_t, mask_t, offs_h, GROUP: tl.constexpr,
+                      G_ROWS: tl.constexpr, C_PAD: tl.constexpr):
+    """``(log p [C_PAD], lse [G_ROWS])``: the heads' mean probability of every team (as a
+    log; ``-inf`` for padding teams and past them) and each head's log-sum-exp over its
+    teams, heads ``row0 ..`` of ``phi``."""
+    m = tl.full([C_PAD], float("-inf"), tl.float32)  # running log-sum-exp over the heads
+    s = tl.zeros([C_PAD], dtype=tl.float32)
+    lse = tl.zeros([G_ROWS], dtype=tl.float32)
+    for h in range(GROUP):
+        phi = tl.load(phi_ptr + (row0 + h) * t_cap + offs_t, mask=mask_t, other=float("-inf"),
+                      cache_modifier=".cg")
+        top = tl.max(phi, axis=0)
+        ref = tl.where(top > float("-inf"), top, 0.0)  # a head without teams adds nothing
+        lse_h = ref + tl.log(tl.sum(tl.exp(phi - ref), axis=0))
+        x = phi - lse_h
+        m_new = tl.maximum(m, x)
+        m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
+        s = s * tl.exp(m - m_ref) + tl.exp(x - m_ref)
+        m = m_new
+        lse = tl.where(offs_h == h, lse_h, lse)
+    some = m > float("-inf")  # a team some head has (s >= 1 there)
+    log_p = tl.where(some, m + tl.log(tl.where(some, s, 1.0) / GROUP), float("-inf"))
+    return log_p, lse
+
+
+@triton.jit
+def _pool_group(
+    phi_ptr, gumbel_ptr, rng_ptr, seed, kappa_ptr, pool_kappa_ptr, union_ptr, count_ptr,
+    pool_w_ptr, bkv, M, t_cap, union_cap,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, G_ROWS: tl.constexpr,
+    C_PAD: tl.constexpr, HAS_GUMBELS: tl.constexpr, WAYS: tl.constexpr,
+):
+    """The pooled draw of (sequence, KV head) ``bkv`` (:mod:`santa_kernels.triton_santapp_pool`):
+    the pool kernel's program, or the group's last select program (fused finish)."""
+    b = bkv // NUM_KV_HEADS
+    kvh = bkv % NUM_KV_HEADS
+    row0 = (b * NUM_KV_HEADS * GROUP + kvh * GROUP).to(tl.int64)
+    offs_t = tl.arange(0, C_PAD)
+    mask_t = offs_t < t_cap
+    offs_h = tl.arange(0, G_ROWS)
+    log_p, lse = _pooled_log_probs(phi_ptr, row0, t_cap, offs_t, mask_t, offs_h, GROUP,
+                                   G_ROWS, C_PAD)
+    cells = bkv * t_cap + offs_t  # < 2**31 (checked by the plan)
+    if HAS_GUMBELS:
+        gumbel = tl.load(gumbel_ptr + cells, mask=mask_t, other=0.0)
+    else:
+        u = tl.rand((tl.load(rng_ptr) << 32) + seed, cells)
+        gumbel = -tl.log(-tl.log(tl.maximum(u, 1e-12)))
+    z = tl.where(log_p > float("-inf"), log_p + gumbel, float("-inf"))
+    key = tl.where(mask_t, _key(z), -2147483648)  # KEY_PAD past the teams
+    kth = _kth_largest(key[None, :], M + 1, tl.full([1], -2139095041, tl.int32), WAYS)
+    kth = tl.max(kth, axis=0)
+    kappa = tl.where(kth > -2139095041, _unkey(kth), float("-inf"))
+    chosen = key > kth  # at most M keys lie above the (M+1)-th largest
+    slot = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
+    w = _inclusion_weight(z, log_p, kappa)
+    lists = bkv.to(tl.int64) * union_cap + slot
+    tl.store(union_ptr + lists, offs_t, mask=chosen)
+    tl.store(pool_w_ptr + lists, w, mask=chosen)
+    tl.store(count_ptr + bkv, tl.sum(chosen.to(tl.int32), axis=0))
+    tl.store(pool_kappa_ptr + bkv, kappa)
+    ref = lse + tl.where(kappa > float("-inf"), kappa, 0.0)
+    tl.store(kappa_ptr + row0 + offs_h, ref, mask=offs_h < GROUP)
+
+
 # ---------------------------------------------------------------- kernel 1: select
 @triton.jit
 def _select_kernel(
     q_ptr, reps_ptr, log_n_ptr, reps_scale_ptr, gumbel_ptr, rng_ptr, seed,
     phi_ptr, z_ptr, cand_z_ptr, cand_id_ptr, split_kth_ptr, union_ptr,
+    kappa_ptr, count_ptr, ticket_ptr, pool_kappa_ptr, pool_w_ptr,
     scale, M, num_splits, n_cand, t_cap, union_cap, stride_qb, stride_qh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr, G_PAD: tl.constexpr, G_ROWS: tl.constexpr, TB: tl.constexpr,
@@ -384,10 +493,16 @@ def _select_kernel(
     DOT_PRECISION: tl.constexpr, PDL: tl.constexpr = False,
     ENTRY_PDL: tl.constexpr = False, REPS_AS: tl.constexpr = "", BRACKET: tl.constexpr = 0,
     HEAD_LISTS: tl.constexpr = False, TOPS: tl.constexpr = False, POOLED: tl.constexpr = False,
+    FINISH: tl.constexpr = False, C_PAD: tl.constexpr = 2, S_PAD: tl.constexpr = 2,
+    WAYS: tl.constexpr = 8,
 ):
     """Grid ``(splits, B * Hkv)``: scores a block of ``TB`` representatives for the ``G``
     heads of a KV head, writes ``phi`` and ``z`` (and the finisher's candidates or
-    bracket). POOLED (draw=pooled): writes ``phi`` only; the pool kernel draws."""
+    bracket). POOLED (draw=pooled): writes ``phi`` only; the pool kernel draws. FINISH
+    (direct selection): the group's last program to finish (an acq_rel ticket) finds its
+    heads' kappa and writes their lists or the union (:func:`_finish_group`; POOLED: it
+    draws the group's teams, :func:`_pool_group`, with ``gumbels [B, Hkv, T]`` where
+    HAS_GUMBELS): no finisher or pool kernel."""
     _pdl_enter(PDL, False)  # the next kernel may launch as this grid's last wave starts
     split = tl.program_id(0)
     bkv = tl.program_id(1)
@@ -430,6 +545,13 @@ def _select_kernel(
     cells = head_rows[:, None] * t_cap + offs_t[None, :]  # < 2**31 (checked by the plan)
     if POOLED:  # the pool kernel pools every head's phi over the teams, then draws
         tl.store(phi_ptr + cells, phi, mask=valid)
+        if FINISH:  # the group's last program draws (an acq_rel ticket)
+            tl.debug_barrier()
+            if tl.atomic_add(ticket_ptr + bkv, 1, sem="acq_rel") == num_splits - 1:
+                _pool_group(phi_ptr, gumbel_ptr, rng_ptr, seed, kappa_ptr, pool_kappa_ptr,
+                            union_ptr, count_ptr, pool_w_ptr, bkv, M, t_cap, union_cap,
+                            NUM_KV_HEADS, GROUP, G_ROWS, C_PAD, HAS_GUMBELS, WAYS)
+                tl.store(ticket_ptr + bkv, 0)  # ready for the next call (graph replay)
         return
     if HAS_GUMBELS:
         gumbel = tl.load(gumbel_ptr + cells, mask=valid, other=0.0)
@@ -487,6 +609,17 @@ def _select_kernel(
             offs_l = tl.arange(0, M1_PAD)[None, :]
             tl.store(union_ptr + bkv.to(tl.int64) * union_cap + offs_h[:, None] * M + offs_l,
                      -1 + 0 * offs_l, mask=mask_h[:, None] & (offs_l < M))
+    if FINISH:
+        # every thread's z, bracket and list stores are ordered before the ticket
+        # (barrier + acq_rel atomic); the last of the group's programs reads them all
+        tl.debug_barrier()
+        ticket = tl.atomic_add(ticket_ptr + bkv, 1, sem="acq_rel")
+        if ticket == num_splits - 1:
+            _finish_group(z_ptr, split_kth_ptr, kappa_ptr, union_ptr, count_ptr,
+                          head_rows.to(tl.int64), mask_h, b, kvh, bkv, M, num_splits, t_cap,
+                          union_cap, NUM_KV_HEADS, GROUP, G_ROWS, C_PAD, S_PAD, WAYS, BRACKET,
+                          HEAD_LISTS)
+            tl.store(ticket_ptr + bkv, 0)  # ready for the next call (graph replay)
 
 
 @triton.jit
