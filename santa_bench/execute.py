@@ -189,6 +189,12 @@ class CaseWorker:
         return (self.store.load_latest_last(self.run_folder.run_id),
                 self.run_folder.env_fingerprint)
 
+    def _own_rows(self) -> tuple[Any, str]:
+        """``(rows, fingerprint)`` of this run alone: the dense timings a resumed run's
+        speedups and floors are taken against (speed is never compared across runs)."""
+        return (self.store.load(runs=[self.run_folder.run_id]),
+                self.run_folder.env_fingerprint)
+
     def runner(self, kind: str) -> Any:
         """Returns the runner of a case kind (kernel, fidelity, accuracy), made on first use."""
         if kind not in self.runners:
@@ -200,8 +206,8 @@ class CaseWorker:
                     gpu_budget_ms=self.options.gpu_budget_ms,
                     copy_bandwidth_gbps=self.copy_bandwidth_gbps,
                 )
-                if self.recall:  # vendor baselines timed earlier (a resumed run)
-                    runner.recall_baselines(*self._stored())
+                if self.recall:  # vendor baselines timed earlier in this run (resumed)
+                    runner.recall_baselines(*self._own_rows())
             elif kind == "fidelity":
                 from santa_bench.runners.fidelity import FidelityRunner
 
@@ -216,8 +222,8 @@ class CaseWorker:
                 from santa_bench.e2e.runner import E2ERunner
 
                 runner = E2ERunner()
-                if self.recall:  # dense decode runs of a resumed run give speedups
-                    runner.recall(*self._stored())
+                if self.recall:  # dense decode runs of this run give a resumed run speedups
+                    runner.recall(*self._own_rows())
             else:
                 raise ValueError(f"no runner for cases of kind {kind!r}")
             if hasattr(runner, "on_samples"):

@@ -286,9 +286,9 @@ class ResultStore:
 
     def load_latest_last(self, current_run: str) -> pd.DataFrame:
         """Every row, ordered so that a later measurement of a case comes after an earlier
-        one: other runs by their run.json date, then ``current_run``. The runners' recall
-        helpers let a case's last row win, so a resumed or repeated run compares against
-        its own (or the newest) stored baselines."""
+        one: other runs by their run.json date, then ``current_run``. The accuracy
+        runner's recall lets a case's last row win (dense scores, for retention); timings
+        are recalled from a run's own rows only."""
         frame = self.load()
         if frame.empty:
             return frame

@@ -505,3 +505,24 @@ def test_speedup_matrix_puts_each_budget_in_its_column():
         "| sdpa-cudnn 240.0 us | failed | 230.0 us, 1.04x |")
     del rows[0]  # no baseline row: the column says so rather than guessing
     assert "| 32k | 8 | santa-prop | - | 150.0 us" in speedup_matrix(pd.DataFrame(rows))
+
+
+def test_a_run_takes_speed_baselines_from_its_own_rows_only(tmp_path):
+    """A faster cuDNN timing in another run of the same environment must not become a new
+    run's best dense: speed is compared within one run."""
+    from santa_bench.execute import CaseWorker, RunOptions
+    from santa_bench.kernel_keys import GROUP_KEYS
+
+    store = ResultStore(tmp_path)
+    env = {"device": "cuda", "gpu_name": "NVIDIA H100 80GB HBM3", "torch": "2.11.0"}
+    case = {"kind": "kernel", "method": "sdpa-cudnn", "family": "baseline", "ctx": 4096,
+            "batch": 1, "heads": 8, "kv_heads": 2, "head_dim": 64, "dtype": "bf16",
+            "layout": "contiguous", "page_size": 16, "device": "cuda", "timing": "graph",
+            "l2": "cold", "seed": 0}
+    assert set(GROUP_KEYS) <= set(case)
+    store.start_run(env, "old").write_case(case, [
+        {"metric": "latency", "value": 5.0, "unit": "us", "samples_us": "[5.0, 5.0]"}])
+    for run_id, found in (("new", {}), ("old", {"sdpa-cudnn"})):
+        worker = CaseWorker(store.start_run(env, run_id), str(tmp_path), RunOptions(), "")
+        best = worker.runner("kernel").best_dense
+        assert {name for name, _ in best.values()} == set(found), run_id

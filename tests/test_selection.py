@@ -272,7 +272,7 @@ def test_an_index_build_is_timed_after_a_warm_up_as_a_median():
     build paid the first launches. The timed builds come after one untimed build."""
     import time
 
-    from santa_bench.methods.selection import timed_build
+    from santa_kernels.build_timing import median_build_ms
 
     calls = []
 
@@ -280,5 +280,5 @@ def test_an_index_build_is_timed_after_a_warm_up_as_a_median():
         time.sleep(0.2 if not calls else 0.001)
         calls.append(1)
 
-    ms = timed_build(build, torch.device("cpu"))
+    ms = median_build_ms(build, torch.device("cpu"))
     assert len(calls) == 4 and ms < 100

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from santa_kernels.build_timing import median_build_ms
 from santa_kernels.kv import KVCache
 from santa_kernels.santapp import (
     DEFAULT_SINK,
@@ -30,7 +30,7 @@ from santa_kernels.santapp import (
     quantize_reps,
     team_end_of,
 )
-from santa_kernels.triton_santapp_common import _next_pow2, _sync
+from santa_kernels.triton_santapp_common import _next_pow2
 from santa_kernels.validate import InputError, check_positive_int
 
 
@@ -507,21 +507,17 @@ def pack_teams(kv: KVCache, index: TeamIndex, *, copy: bool = False) -> PackedTe
 
 def time_index_build(kv: KVCache, *, repeats: int = 3, **params) -> tuple[PackedTeams, float]:
     """Returns ``(packed, milliseconds)``: :func:`build_packed` timed apart from decode
-    (median of ``repeats`` builds after one warm-up where a build is quick: contiguous
-    teams, and k-means on a GPU; otherwise one build)."""
+    (:func:`~santa_kernels.build_timing.median_build_ms`: the median of ``repeats`` builds
+    after one warm-up where a build is quick: contiguous teams, and k-means on a GPU;
+    otherwise one build)."""
     check_positive_int(repeats, "repeats")
     policy = params.get("policy", "contiguous")
     cheap = (policy == "contiguous" and not params.get("copy")) or (
         policy == "kmeans" and kv.device.type == "cuda")
-    if cheap:
-        build_packed(kv, **params)  # warm-up: allocator, kernels' first launch
-    times = []
-    packed = None
-    for _ in range(repeats if cheap else 1):
-        _sync(kv.device)
-        t0 = time.perf_counter()
-        packed = build_packed(kv, **params)
-        _sync(kv.device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    assert packed is not None
-    return packed, sorted(times)[len(times) // 2]
+    built: list[PackedTeams] = []
+
+    def build() -> None:
+        built[:] = [build_packed(kv, **params)]
+
+    ms = median_build_ms(build, kv.device, repeats if cheap else 1, warm_up=cheap)
+    return built[0], ms

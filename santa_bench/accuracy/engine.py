@@ -169,16 +169,13 @@ class Engine:
         c = self.decoder.config
         self.decoder.ensure_positions(c.max_positions)
         self.scale = c.head_dim**-0.5
+        total = (torch.cuda.get_device_properties(0).total_memory
+                 if self.device == "cuda" else None)
         if prefill_bytes is None:
-            prefill_bytes = CPU_PREFILL_BYTES
-            if self.device == "cuda":
-                total = torch.cuda.get_device_properties(0).total_memory
-                prefill_bytes = int(GPU_PREFILL_SHARE * total)
+            prefill_bytes = CPU_PREFILL_BYTES if total is None else int(GPU_PREFILL_SHARE * total)
         self.prefills = PrefillStore(prefill_bytes)
-        self.headroom = 0  # bytes a kept prefill must leave the device (the next prefill's)
-        if self.device == "cuda":
-            self.headroom = int(GPU_PREFILL_HEADROOM * torch.cuda.get_device_properties(0)
-                                .total_memory)
+        # bytes a kept prefill must leave free on the device (the next prefill's)
+        self.headroom = 0 if total is None else int(GPU_PREFILL_HEADROOM * total)
         self.prefill_tokens = 0  # prompt tokens prefilled (store misses), all groups
 
     # ------------------------------------------------------------------ prefill

@@ -11,7 +11,6 @@ extended by each decode step).
 from __future__ import annotations
 
 import importlib
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +23,7 @@ from santa_bench.methods._common import S
 from santa_bench.methods._core import Method, Param, PlotStyle, Promise, register
 from santa_bench.timing import nbytes_of
 from santa_kernels import selection as references
+from santa_kernels.build_timing import median_build_ms
 from santa_kernels.kv import KVCache
 
 SHARED = Param(
@@ -74,30 +74,11 @@ def _topk_santa_step(q, kv, params, scale, seed, num_layers=1):
 StepBuilder = Callable[..., Any]
 
 
-def timed_build(build: Callable[[], None], device: torch.device, repeats: int = 3) -> float:
-    """Milliseconds of an index build (rebuilding is idempotent): the median of ``repeats``
-    builds after a warm-up one, whose first launches (a kernel's or the allocator's) once
-    put 30 ms into Quest's 1-ms build."""
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    build()
-    times = []
-    for _ in range(repeats):
-        sync()
-        started = time.perf_counter()
-        build()
-        sync()
-        times.append((time.perf_counter() - started) * 1e3)
-    return sorted(times)[len(times) // 2]
-
-
 def selection_prepare(name: str, build: StepBuilder) -> Callable[..., Prepared]:
     """The kernel adapter of a selection method: builds its step (Quest: its page bounds,
-    timed into the ``index_build_ms`` metric, :func:`timed_build`), runs it once; the timed
-    call selects and attends."""
+    timed into the ``index_build_ms`` metric by
+    :func:`~santa_kernels.build_timing.median_build_ms`), runs it once; the timed call
+    selects and attends."""
 
     def prepare(q: torch.Tensor, kv: KVCache, *, seed: int = 0, scale: float | None = None,
                 **params: Any) -> Prepared:
@@ -107,7 +88,7 @@ def selection_prepare(name: str, build: StepBuilder) -> Callable[..., Prepared]:
             raise Unsupported(f"{name}: {exc}") from exc
         metrics: dict[str, tuple[float, str]] = {}
         if hasattr(step, "build"):
-            metrics["index_build_ms"] = (timed_build(lambda: step.build(kv), q.device), "ms")
+            metrics["index_build_ms"] = (median_build_ms(lambda: step.build(kv), q.device), "ms")
 
         def run() -> torch.Tensor:
             return step(q, kv)
