@@ -58,7 +58,9 @@ def config_params(row: Row) -> list[tuple[str, str]] | None:
             continue
         value = row.get(param.name)
         if not present(value):
-            continue
+            if param.absent is None:
+                continue
+            value = param.absent  # stored before the default changed
         with contextlib.suppress(MethodError, ValueError, TypeError):
             value = param.validate(value, method.name)
         if param.name in BUDGETS or value != param.default:

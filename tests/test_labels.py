@@ -16,7 +16,7 @@ from santa_bench.report import _label as table_label
 
 ROOT = Path(__file__).resolve().parents[1]
 SANTAPP = {"method": "santapp", "M": 32.0, "team_size": 64.0, "policy": "kmeans",
-           "reps": "int8", "sink": 4, "window": 64}
+           "reps": "int8", "sink": 4, "window": 64, "draw": "pooled"}
 
 
 def test_the_labels_of_one_row():
@@ -28,6 +28,17 @@ def test_the_labels_of_one_row():
     prop = pd.Series({"method": "santa-prop", "S": 128.0, "tile": 32.0})
     assert table_label(prop) == "santa-prop S=128 tile=32"
     assert table_label(pd.Series({**prop, "tile": 64.0})) == "santa-prop S=128"
+
+
+def test_a_row_stored_before_a_default_changed_names_what_it_measured():
+    # SANTA++ rows stored before draw=pooled became the default drew per head: they hold no
+    # draw, and must not share a key with today's default rows
+    old = pd.Series({k: v for k, v in SANTAPP.items() if k != "draw"})
+    assert labels.config_key(old) == "santapp:M=32,team_size=64,policy=kmeans,reps=int8,draw=head"
+    assert "draw=head" in table_label(old) and "draw" not in table_label(pd.Series(SANTAPP))
+    head = pd.Series({**SANTAPP, "draw": "head"})
+    assert labels.config_key(head) == labels.config_key(old) != labels.config_key(
+        pd.Series(SANTAPP))
 
 
 def test_the_accuracy_table_labels_through_the_same_function():

@@ -70,13 +70,13 @@ def store(tmp_path):
              "per_sample": json.dumps(per_sample)},
             {"metric": "decode_kv_read_fraction", "value": 0.5}])
     # a fast, inaccurate one (recording a default explicitly must not split its key)
-    _accuracy(acc, "santapp", {"M": 32, "sink": 4}, {t: r * 0.5 for t, r in dense_rates.items()},
-              seed=2)
+    _accuracy(acc, "santapp", {"M": 32, "sink": 4, "draw": "pooled"},
+              {t: r * 0.5 for t, r in dense_rates.items()}, seed=2)
     _accuracy(acc, "santa-sys", {"S": 64}, dense_rates, seed=1)  # no kernel rows
     kern = results.start_run({**ENV, "command": "santa-bench kernel"}, "kern")
     for batch, (prop, pp, dense_us) in {1: (1.5, 2.5, 30.0), 8: (1.8, 4.0, 150.0)}.items():
         _kernel(kern, "santa-prop", {"S": 128}, batch, dense_us / prop, prop)
-        _kernel(kern, "santapp", {"M": 32}, batch, dense_us / pp, pp)
+        _kernel(kern, "santapp", {"M": 32, "draw": "pooled"}, batch, dense_us / pp, pp)
         _kernel(kern, "sdpa-cudnn", {"family": "baseline"}, batch, dense_us, 1.0)
         # another model's shape, and a retired santa-flash kernel: neither may be joined
         _kernel(kern, "santa-prop", {"S": 128}, batch, 1.0, 30.0, heads=(32, 8, 128))
@@ -85,9 +85,12 @@ def store(tmp_path):
 
 
 def test_config_key_fills_defaults_and_ignores_retired_options():
-    assert pareto.config_key({"method": "santapp", "M": 32.0, "sink": 4}) == "santapp:M=32"
-    assert pareto.config_key({"method": "santapp", "M": 32, "sink": 0.0, "window": 0}) == \
+    santapp = {"method": "santapp", "draw": "pooled"}
+    assert pareto.config_key({**santapp, "M": 32.0, "sink": 4}) == "santapp:M=32"
+    assert pareto.config_key({**santapp, "M": 32, "sink": 0.0, "window": 0}) == \
         "santapp:M=32,sink=0,window=0"
+    # stored before draw=pooled became the default: it drew per head
+    assert pareto.config_key({"method": "santapp", "M": 32.0}) == "santapp:M=32,draw=head"
     assert pareto.config_key({"method": "santa-prop", "S": 128.0}) == "santa-prop:S=128"
     assert pareto.config_key({"method": "santa-flash", "S": 2048, "gather": "compact"}) == \
         pareto.config_key({"method": "santa-flash", "S": 2048})
@@ -174,7 +177,7 @@ def test_a_configuration_with_dense_layers_is_its_own_point_timed_as_a_mixed_ste
         extra = ResultStore(tmp_path / str(len(list(tmp_path.iterdir()))))
         run = extra.start_run({**ENV, "command": "santa-bench accuracy ruler"}, "later")
         for layers, rate in rows_of.items():
-            _accuracy(run, "santapp", {"M": 32, "dense_layers": layers},
+            _accuracy(run, "santapp", {"M": 32, "draw": "pooled", "dense_layers": layers},
                       dict.fromkeys(TASKS, rate), seed=5)
         _accuracy(run, "dense", {"dense_layers": "1,0"}, DENSE_RATES, seed=1)  # dense's
         frame = pd.concat([store.load(), extra.load()], ignore_index=True)

@@ -125,13 +125,16 @@ def test_pooled_gumbels_are_per_kv_head_and_draw_is_checked():
         santapp_attention(q, kv, index, 3, draw="shared")
 
 
-def test_registry_draw_keeps_default_cases_and_the_kernel_refuses_union():
+def test_registry_draw_is_pooled_names_old_rows_head_and_the_kernel_refuses_union():
     method = REGISTRY.get("santapp")
-    assert "draw" not in method.resolve_params({})  # the stored cases' hashes are unchanged
+    # named in every case: a pooled case never takes the hash of a stored head case
+    assert method.resolve_params({})["draw"] == "pooled"
+    assert method.resolve_params({"draw": "head"})["draw"] == "head"
     params = method.resolve_params({"draw": "pooled", "M": 4})
     assert params["draw"] == "pooled"
     row = {"method": "santapp", "M": 4.0, "team_size": 16.0}
-    assert config_key({**row, "draw": "pooled"}) == "santapp:M=4,draw=pooled"
+    assert config_key({**row, "draw": "pooled"}) == "santapp:M=4"
+    assert config_key({**row, "draw": "head"}) == "santapp:M=4,draw=head"
     assert config_key({**row, "draw": float("nan")}) == config_key({**row, "draw": "head"})
     q, kv = decode_problem(batch=1, heads=8, kv_heads=2, n=256, q_scale=2.0)
     out = method.run_reference(q, kv, params, seed=0)

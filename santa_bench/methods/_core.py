@@ -41,6 +41,9 @@ class Param:
     # left out of a case at its default: a parameter added after results were stored
     # keeps those cases' config hashes (the resume key) unchanged
     omit_default: bool = False
+    # what a stored row without this parameter measured, where that differs from today's
+    # default (rows stored before the default changed); None: the default itself
+    absent: Any = None
 
     def validate(self, value: Any, method: str) -> Any:
         """Returns ``value`` converted to the parameter's type, or raises MethodError."""

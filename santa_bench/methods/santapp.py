@@ -37,6 +37,25 @@ def _triton_santapp():
     return importlib.import_module("santa_kernels.triton_santapp")
 
 
+# pooled: 2.14x over cuDNN at 32/8/128, 32k, B=8 (head: 0.68x) and non-inferior to dense on the
+# nine RULER tasks of Qwen2.5-Coder-1.5B at 32k where head's M=512 reads 3x the bytes
+# (results/h100: 2026-12-07-h100-kernels-floor-32k-three-shapes and
+# 2026-12-07-h100-accuracy-ruler-qwen2.5-coder-1.5b-santapp-pooled); rows stored before it was
+# the default drew per head
+DRAW = Param(
+    "draw",
+    "pooled",
+    str,
+    "how a GQA group's query heads draw teams: pooled = one draw of M per KV head from the "
+    "heads' mean probabilities, shared weights (M teams read a KV head); head = each its own "
+    "M, weighted by its own inclusion probabilities (up to G x M teams read); union = each "
+    "its own, every head weighting the group's union by the union's inclusion probability "
+    "(head's reads; reference only)",
+    choices=DRAWS,
+    absent="head",
+)
+
+
 def santapp_kernel_available() -> tuple[bool, str]:
     """Returns whether the Triton SANTA++ kernels can run here, with the reason if not."""
     try:
@@ -89,7 +108,7 @@ def santapp_prepare(
     window: int = DEFAULT_WINDOW,
     reps: str = "model",
     merge: str = "auto",
-    draw: str = "head",
+    draw: str = DRAW.default,
     scale: float | None = None,
 ) -> Prepared:
     """Prepares the Triton SANTA++ kernel: builds and packs the team index outside the timed
@@ -176,7 +195,7 @@ class TritonSantaPPDecode(DecodeAttention):
         self.name = "triton"
 
     def setup(self, cache: StaticKVCache, q: torch.Tensor) -> None:
-        require_kernel_draw(self.params.get("draw", "head"))
+        require_kernel_draw(self.params.get("draw", DRAW.default))
         super().setup(cache, q)
         ok, why = santapp_kernel_available()
         if not ok:
@@ -217,7 +236,7 @@ class TritonSantaPPDecode(DecodeAttention):
                     continue
                 plan = module._plan_for(self.query, kv, packed, p["M"],
                                         merge_atomic=merge_atomic_of(p.get("merge", "auto")),
-                                        draw=p.get("draw", "head"))
+                                        draw=p.get("draw", DRAW.default))
                 if plan not in by_plan:
                     by_plan[plan] = module.SantaPPWorkspace(
                         plan, device=self.query.device, seed=self.seed + len(by_plan))
@@ -270,7 +289,7 @@ def indexed_reference(q: torch.Tensor, kv: KVCache, index: Any, params: dict[str
     p = params
     return santapp_attention(q, kv, index, p["M"], scheme=p["scheme"], mix=p["mix"],
                              sink=p["sink"], window=p["window"], scale=scale, seed=seed,
-                             draw=p.get("draw", "head"))
+                             draw=p.get("draw", DRAW.default))
 
 
 # ------------------------------------------------------------------ the method
@@ -330,18 +349,7 @@ def santapp() -> Method:
                 choices=("auto", "atomic", "kernel"),
                 omit_default=True,
             ),
-            Param(
-                "draw",
-                "head",
-                str,
-                "how a GQA group's query heads draw teams: head = each its own M, weighted "
-                "by its own inclusion probabilities; pooled = one draw of M per KV head from "
-                "the heads' mean probabilities, shared weights (M teams read); union = each "
-                "its own, every head weighting the group's union by the union's inclusion "
-                "probability (head's reads; reference only)",
-                choices=DRAWS,
-                omit_default=True,
-            ),
+            DRAW,
         ),
         reference=santapp_reference,
         prepare=santapp_prepare,  # gumbel-topk, mix=0 (else skipped)
