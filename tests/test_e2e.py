@@ -255,8 +255,10 @@ def test_cli_run_writes_rows_and_resumes(tmp_path):
 def test_e2e_report_labels_name_santapp_variants():
     from santa_bench.e2e.report import _label
 
-    row = {"method": "santapp", "M": 32.0, "reps": "int8"}
+    row = {"method": "santapp", "M": 32.0, "reps": "int8", "draw": "pooled"}
     assert _label(pd.Series(row)) == "santapp M=32 reps=int8"
+    head = {**row, "draw": float("nan")}  # stored before pooled was the default
+    assert _label(pd.Series(head)) == "santapp M=32 draw=head reps=int8"
     assert _label(pd.Series({**row, "merge": "kernel"})) == "santapp M=32 reps=int8 merge=kernel"
     assert _label(pd.Series({**row, "merge": float("nan")})) == "santapp M=32 reps=int8"
 

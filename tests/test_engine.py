@@ -91,7 +91,7 @@ def test_dense_decode_matches_the_models_own_greedy_generation():
 
 @pytest.mark.parametrize("spec", ["dense", "santa-sys:S=8", "santa-prop:S=8",
                                   "santapp:M=2,team_size=8,sink=0,window=0",
-                                  "santapp:M=2,team_size=8,sink=0,window=0,draw=pooled",
+                                  "santapp:M=2,team_size=8,sink=0,window=0,draw=head",
                                   "magicpig:K=3,L=6,sink=2,window=4"])
 def test_batched_decode_gives_the_tokens_of_one_sample_at_a_time(spec):
     from santa_bench.methods import parse_method_specs

@@ -21,7 +21,7 @@ SPECS = [
     "santa-flash:S=256", "santa-sys:S=128", "santa-strat:S=128",
     "santa-iid:S=128", "santapp:M=32", "santapp:M=32,sink=4,window=64",
     "santapp:M=64,team_size=32,policy=kmeans", "bernoulli:value_stage=prop,S=128",
-    "santapp:draw=pooled", "santapp:M=64,draw=pooled",
+    "santapp", "santapp:M=32,draw=head",
 ]
 
 

@@ -440,8 +440,9 @@ def test_report_label_names_santapp_variants():
 
     from santa_bench.report import _label
 
-    row = {"method": "santapp", "M": 32.0, "team_size": 16.0}
+    row = {"method": "santapp", "M": 32.0, "team_size": 16.0, "draw": "pooled"}
     assert _label(pd.Series(row)) == "santapp M=32 P=16"
+    assert _label(pd.Series({**row, "draw": "head"})) == "santapp M=32 P=16 draw=head"
     assert _label(pd.Series({**row, "reps": float("nan"), "merge": "kernel"})) == (
         "santapp M=32 P=16 merge=kernel")
     assert _label(pd.Series({**row, "reps": "int8", "merge": "atomic"})) == (

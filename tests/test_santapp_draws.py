@@ -127,9 +127,10 @@ def test_pooled_gumbels_are_per_kv_head_and_draw_is_checked():
 
 def test_registry_draw_is_pooled_names_old_rows_head_and_the_kernel_refuses_union():
     method = REGISTRY.get("santapp")
-    # named in every case: a pooled case never takes the hash of a stored head case
+    # named in a case unless head: stored head cases keep their hashes, and a pooled case
+    # never takes one of theirs
     assert method.resolve_params({})["draw"] == "pooled"
-    assert method.resolve_params({"draw": "head"})["draw"] == "head"
+    assert "draw" not in method.resolve_params({"draw": "head"})
     params = method.resolve_params({"draw": "pooled", "M": 4})
     assert params["draw"] == "pooled"
     row = {"method": "santapp", "M": 4.0, "team_size": 16.0}

@@ -38,12 +38,19 @@ class Param:
     minimum: int | None = None
     # an open interval (low, high) the value must lie in (e.g. a probability)
     within: tuple[float, float] | None = None
-    # left out of a case at its default: a parameter added after results were stored
-    # keeps those cases' config hashes (the resume key) unchanged
+    # left out of a case at its default (at ``absent`` where that is set): a parameter added
+    # after results were stored keeps those cases' config hashes (the resume key) unchanged
     omit_default: bool = False
     # what a stored row without this parameter measured, where that differs from today's
     # default (rows stored before the default changed); None: the default itself
     absent: Any = None
+
+    @property
+    def omitted(self) -> Any:
+        """The value an ``omit_default`` parameter leaves out of a case: what a stored case
+        without it measured (``absent``, where the default changed since, else the default),
+        so that no stored case changes its hash and no new case takes an old one's."""
+        return self.default if self.absent is None else self.absent
 
     def validate(self, value: Any, method: str) -> Any:
         """Returns ``value`` converted to the parameter's type, or raises MethodError."""
@@ -169,7 +176,7 @@ class Method:
             for name, p in known.items()
         }
         return {name: value for name, value in resolved.items()
-                if not (known[name].omit_default and value == known[name].default)}
+                if not (known[name].omit_default and value == known[name].omitted)}
 
     def available(self) -> tuple[bool, str]:
         """Returns ``(True, "")`` or ``(False, reason)`` for this machine."""
@@ -276,7 +283,9 @@ class MethodSpec:
     def label(self) -> str:
         """Returns ``name`` plus the parameters that differ from the defaults."""
         defaults = {p.name: p.default for p in self.method.params}
-        changed = [f"{k}={v}" for k, v in self.params.items() if defaults.get(k) != v]
+        omitted = {p.name: p.omitted for p in self.method.params if p.omit_default}
+        changed = [f"{k}={v}" for k, v in {**omitted, **self.params}.items()
+                   if defaults.get(k) != v]
         return self.name + (":" + ",".join(changed) if changed else "")
 
 

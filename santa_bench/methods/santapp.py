@@ -52,7 +52,8 @@ DRAW = Param(
     "its own, every head weighting the group's union by the union's inclusion probability "
     "(head's reads; reference only)",
     choices=DRAWS,
-    absent="head",
+    omit_default=True,
+    absent="head",  # left out of a case at head: stored head cases keep their hashes
 )
 
 
@@ -108,7 +109,7 @@ def santapp_prepare(
     window: int = DEFAULT_WINDOW,
     reps: str = "model",
     merge: str = "auto",
-    draw: str = DRAW.default,
+    draw: str = DRAW.omitted,
     scale: float | None = None,
 ) -> Prepared:
     """Prepares the Triton SANTA++ kernel: builds and packs the team index outside the timed
@@ -195,7 +196,7 @@ class TritonSantaPPDecode(DecodeAttention):
         self.name = "triton"
 
     def setup(self, cache: StaticKVCache, q: torch.Tensor) -> None:
-        require_kernel_draw(self.params.get("draw", DRAW.default))
+        require_kernel_draw(self.params.get("draw", DRAW.omitted))
         super().setup(cache, q)
         ok, why = santapp_kernel_available()
         if not ok:
@@ -236,7 +237,7 @@ class TritonSantaPPDecode(DecodeAttention):
                     continue
                 plan = module._plan_for(self.query, kv, packed, p["M"],
                                         merge_atomic=merge_atomic_of(p.get("merge", "auto")),
-                                        draw=p.get("draw", DRAW.default))
+                                        draw=p.get("draw", DRAW.omitted))
                 if plan not in by_plan:
                     by_plan[plan] = module.SantaPPWorkspace(
                         plan, device=self.query.device, seed=self.seed + len(by_plan))
@@ -289,7 +290,7 @@ def indexed_reference(q: torch.Tensor, kv: KVCache, index: Any, params: dict[str
     p = params
     return santapp_attention(q, kv, index, p["M"], scheme=p["scheme"], mix=p["mix"],
                              sink=p["sink"], window=p["window"], scale=scale, seed=seed,
-                             draw=p.get("draw", DRAW.default))
+                             draw=p.get("draw", DRAW.omitted))
 
 
 # ------------------------------------------------------------------ the method
