@@ -42,8 +42,12 @@ SEEDS = 200
 def _problem(dtype: torch.dtype = torch.float32, **kw) -> tuple[torch.Tensor, sk.KVCache]:
     """``conftest.decode_problem`` on the kernels' device (CPU under the interpreter)."""
     q, kv = decode_problem(dtype=dtype, **kw)
-    return q.to(DEVICE), sk.KVCache.contiguous(kv.k.to(DEVICE), kv.v.to(DEVICE),
-                                               kv.lengths.to(DEVICE))
+    return q.to(DEVICE), _on(kv, DEVICE)
+
+
+def _on(kv: sk.KVCache, device: str) -> sk.KVCache:
+    """The contiguous cache ``kv`` on ``device`` (the float64 references run on the CPU)."""
+    return sk.KVCache.contiguous(kv.k.to(device), kv.v.to(device), kv.lengths.to(device))
 
 
 def _gumbels(batch: int, kv_heads: int, teams: int, seed: int) -> torch.Tensor:
@@ -98,7 +102,7 @@ def test_pooled_matches_reference_given_the_same_gumbels(team_size, heads, sink,
 def _kernel_ht_sums(q, kv, index, team_w, top) -> torch.Tensor:
     """``[B, Hq, d + 1]``: the HT numerator and denominator of one kernel draw (its
     teams' ``1/pi`` per head over their members, 1 on the exact set), shifted by ``top``
-    as ``dense_num_den``'s."""
+    as ``dense_num_den``'s; every input on the CPU (the team index is)."""
     keys, values, valid = kv.padded(F64)
     group = q.shape[1] // kv.num_kv_heads
     s = torch.einsum("bhd,bnhd->bhn", q.double(), keys.repeat_interleave(group, dim=2))
@@ -114,11 +118,12 @@ def _kernel_ht_sums(q, kv, index, team_w, top) -> torch.Tensor:
 def test_pooled_draws_match_the_reference_in_distribution_and_are_unbiased():
     # GQA 4, 31 teams of 8 (sink 2, window 6), 8 drawn: the kernel's own Philox draws
     q, kv = _problem(batch=1, heads=4, kv_heads=1, n=256, d=16, q_scale=1.5, seed=3)
+    host_q, host_kv = q.cpu(), _on(kv, "cpu")  # the float64 sums and references
     index = build_team_index(kv, team_size=8, sink=2, exact_recent=6)
     packed = pack_teams(kv, index)
     M = 8
     workspace = SantaPPWorkspace.for_inputs(q, kv, packed, M, seed=5, draw="pooled")
-    exact, top = dense_num_den(q.cpu(), kv)
+    exact, top = dense_num_den(host_q, host_kv)
     outs, teams_weighted = [], []
 
     def kernel_draw(_: int) -> torch.Tensor:
@@ -127,7 +132,7 @@ def test_pooled_draws_match_the_reference_in_distribution_and_are_unbiased():
         team_w = info.team_weights().cpu()
         assert int(info.members().sum()) == M  # M teams read by the KV head
         teams_weighted.append(team_w[:, 0].sum(-1))  # HT count of the teams: E = 31
-        return _kernel_ht_sums(q.cpu(), kv, index, team_w, top)
+        return _kernel_ht_sums(host_q, host_kv, index, team_w, top)
 
     kernel = seed_statistics(kernel_draw, exact, seeds=SEEDS)
     assert kernel.max_abs_z < Z_BOUND, kernel.as_metrics()
@@ -136,7 +141,7 @@ def test_pooled_draws_match_the_reference_in_distribution_and_are_unbiased():
     assert abs(float(counts.mean()) - 31) / float(count_se) < Z_BOUND
 
     def reference_draw(seed: int) -> torch.Tensor:
-        ref = santapp_attention(q.cpu(), kv, index, M, seed=seed, compute_dtype=F64,
+        ref = santapp_attention(host_q, host_kv, index, M, seed=seed, compute_dtype=F64,
                                 sink=2, window=6, draw="pooled")
         reference_draw.outs.append(ref.out)
         rescale = torch.exp(ref.shift - top)[..., None]
@@ -150,7 +155,7 @@ def test_pooled_draws_match_the_reference_in_distribution_and_are_unbiased():
     two_sample = torch.sqrt((kernel_out.var(0) + ref_out.var(0)) / SEEDS)
     gap = (kernel_out.mean(0) - ref_out.mean(0)).abs()
     assert float((gap / two_sample.clamp_min(1e-9)).max()) < Z_BOUND
-    dense = sk.dense_attention(q.cpu(), kv, compute_dtype=F64).out
+    dense = sk.dense_attention(host_q, host_kv, compute_dtype=F64).out
     assert float((kernel_out.mean(0) - dense).norm() / dense.norm()) < 0.1
 
 
@@ -173,8 +178,9 @@ def _poisoned(kv: sk.KVCache, keep: torch.Tensor) -> sk.KVCache:
     """A copy of ``kv`` with NaN in every K and V row outside ``keep [B, Hkv, N]``
     (written after the cache's own finiteness check)."""
     dirty = sk.KVCache.contiguous(kv.k.clone(), kv.v.clone(), kv.lengths.clone())
-    dirty.k[~keep.permute(0, 2, 1)] = float("nan")
-    dirty.v[~keep.permute(0, 2, 1)] = float("nan")
+    drop = ~keep.permute(0, 2, 1).to(kv.device)
+    dirty.k[drop] = float("nan")
+    dirty.v[drop] = float("nan")
     return dirty
 
 
@@ -202,11 +208,12 @@ def test_pooled_reads_M_teams_a_kv_head_and_the_byte_model_counts_them():
     clean = clean.clone()
     members = info.members()
     assert torch.equal(members.sum(-1), torch.full((2, 2), M))
-    start, length = packed.team_start.long(), packed.team_len.long()
+    # the row masks on the CPU, as the read counts
+    start, length = packed.team_start.long().cpu(), packed.team_len.long().cpu()
     positions = torch.arange(n)
     inside = (positions >= start[..., None]) & (positions < (start + length)[..., None])
     teams = (inside & members[..., None]).any(2)  # [B, Hkv, N]
-    end = packed.team_end.long()[:, None, None]
+    end = packed.team_end.long().cpu()[:, None, None]
     valid = positions < kv.lengths.cpu()[:, None, None]
     exact = ((positions < torch.minimum(end, torch.tensor(sink))) | (positions >= end)) & valid
     keep = (teams & valid) | exact
@@ -265,7 +272,7 @@ def test_pooled_decodes_in_the_e2e_loop():
     from santa_bench.e2e.model import Decoder
     from santa_bench.methods.santapp import TritonSantaPPDecode
 
-    model = Decoder.random(NAMED["tiny"], dtype=torch.float32, std=0.1)
+    model = Decoder.random(NAMED["tiny"], dtype=torch.float32, std=0.1, device=DEVICE)
     session = DecodeSession(model, batch=1, ctx=40, steps=2, layout="paged", page_size=8)
     prompt = torch.randint(0, model.config.vocab, (1, 40),
                            generator=torch.Generator().manual_seed(1))
@@ -282,5 +289,5 @@ def test_pooled_decodes_in_the_e2e_loop():
     calls = (2 + len(result.attention_ms)) * model.config.num_layers
     assert int(teams.workspaces[0].rng[0]) == calls
     q = torch.randn(1, model.config.num_heads, model.config.head_dim,
-                    generator=torch.Generator().manual_seed(2))
+                    generator=torch.Generator().manual_seed(2)).to(DEVICE)
     assert 0 < teams.read_fraction(0, q) < 1
