@@ -259,23 +259,26 @@ def check_attend() -> int:
               f"chunks={chunks} lists={lists}: {err or 'ok'}")
         failures += err is not None
     # draw=pooled: the group's list of M teams and their shared 1/pi, as the plan gives it
-    # at 32k B=8 M=512 (32/8/128: 4 tiles of 4 teams a program, the merge kernel;
-    # 12/2/128: the atomic merge), and one team a tile preloaded, pipelined
-    for group, tpb, stages, preload, atomic in ((4, 4, 1, False, False),
-                                                (6, 4, 1, False, True), (4, 1, 3, True, False)):
+    # at 32k B=8 M=512 (32/8/128: 4 tiles of 4 teams a program, the last program merging,
+    # or without merge_ticket the merge kernel; 12/2/128: the atomic merge), and one team a
+    # tile preloaded, pipelined
+    for group, tpb, stages, preload, atomic, ticket in (
+        (4, 4, 1, False, False, True), (4, 4, 1, False, False, False),
+        (6, 4, 1, False, True, False), (4, 1, 3, True, False, True),
+    ):
         consts = {"NUM_KV_HEADS": 8 if group == 4 else 2, "GROUP": group, "HEAD_DIM": 128,
                   "D_PAD": 128, "G_PAD": 16, "TPB": tpb, "SLOT": 16 if tpb == 4 else 64,
                   "CHUNKS": 1, "BLOCK_E": 64, "PACKED": False, "PAGED": False,
                   "REGULAR": True, "DOT_PRECISION": "tf32", "PDL": True, "HEAD_LISTS": False,
                   "MERGE_ATOMIC": atomic, "BLOCK_S": 64, "LET_NEXT": atomic, "LOOPS": 4,
                   "ATTEND_STAGES": stages, "PRELOAD": preload, "L_PAD": 4, "POOLED": True,
-                  "MERGE_TICKET": not atomic}
+                  "MERGE_TICKET": ticket}
         err = compile_kernel(tsp_attend._attend_kernel, types, consts,
                              {"num_warps": 4, "num_stages": 1},
                              divisible=("stride_kx", "stride_ky", "stride_kh"),
                              pipelined=preload, max_shared=H100_SHARED)
         print(f"_attend_kernel pooled G={group} tpb={tpb} preload={preload} "
-              f"atomic={atomic}: {err or 'ok'}")
+              f"atomic={atomic} ticket={ticket}: {err or 'ok'}")
         failures += err is not None
     consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "BLOCK_S": 64,
               "PDL": True, "LET_NEXT": False}

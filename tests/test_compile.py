@@ -41,3 +41,8 @@ def test_kernels_compile_for_hopper():
     missing = [name for name in SELECTION_KERNELS
                if not any(line.startswith(name) and line.endswith(": ok") for line in lines)]
     assert not missing, f"not compiled: {missing}\n{done.stdout}"
+    # SANTA++'s attend kernel with draw=pooled under each merge a plan can give it: the
+    # last attend program merging (merge_ticket), the merge kernel, the atomic sums
+    pooled = [line for line in lines if line.startswith("_attend_kernel pooled")]
+    for merge in ("atomic=False ticket=True", "atomic=False ticket=False", "atomic=True"):
+        assert any(merge in line and line.endswith(": ok") for line in pooled), (merge, pooled)

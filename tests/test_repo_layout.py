@@ -85,6 +85,7 @@ TOOLS = {
     "check_compile.py": "tests/test_compile.py",
     "profile_quest.py": "tests/test_profile_quest.py",
     "profile_santa.py": "tests/test_profile_santa.py",
+    "profile_santapp.py": "tests/test_profile_santapp.py",
     "profile_topk.py": "tests/test_profile_topk.py",
     "fidelity_one_index.py": "tests/test_santapp_draws.py",
     "team_stats.py": "tests/test_team_stats.py",

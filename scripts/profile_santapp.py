@@ -1,0 +1,254 @@
+"""SANTA++'s Triton decode on the GPU under each launch plan of its finish and its merge.
+
+Run on the GPU:  python scripts/profile_santapp.py [--shapes 1x32k,8x32k]
+                 [--attn 32/8/128,28/4/128,12/2/128] [--M 32,64,512] [--draws head,pooled]
+
+Per shape, attention shape (bf16 Gaussian inputs), draw and M, each row is one call of
+``santapp_decode`` (``santa_bench.timing.graph_call_us``: CUDA-graph replays over input
+copies, each with its own team index and workspace, as many as the harness's cold-L2 plan
+takes for the call's bytes) under one plan, every plan's kernels compiled by a call
+before it is timed. The team index is the method's (the library's defaults), built and
+packed once a shape and copy, outside the timing. The plans:
+
+- ``both (today)``: ``fused_finish`` (no finisher kernel: the group's last select program
+  finishes the selection; draw=pooled: draws the group's teams) and ``merge_ticket`` (no
+  merge kernel: the group's last attend program merges);
+- ``fused_finish only``, ``merge_ticket only``, ``neither``.
+
+``vs today`` is the row's time over the time of the plan the defaults give (``HOPPER``):
+below 1, faster. A plan that an option does not change there (``merge_ticket`` where the
+atomic merge runs, ``fused_finish`` in local selection or above the fused pool's teams) is
+the same plan as one above it: its row says so and is not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import triton
+
+import santa_kernels.triton_santapp as tsp
+from santa_bench.baselines import clone_kv
+from santa_bench.inputs import DecodeShape, make_decode_inputs
+from santa_bench.timing import cold_l2_plan, graph_call_us, l2_cache_bytes
+from santa_bench.units import parse_list, parse_shapes
+from santa_kernels.santapp import KERNEL_DRAWS
+from santa_kernels.triton_santapp_common import HOPPER
+
+VARIANTS = {  # plan -> the plan's options
+    "both (today)": {"fused_finish": True, "merge_ticket": True},
+    "fused_finish only": {"fused_finish": True, "merge_ticket": False},
+    "merge_ticket only": {"fused_finish": False, "merge_ticket": True},
+    "neither": {"fused_finish": False, "merge_ticket": False},
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One plan of a case: timed unless ``same_as`` (an earlier variant with this plan)."""
+
+    name: str
+    options: dict
+    plan: tsp.SantaPPPlan
+    same_as: str | None
+    note: str
+    today: bool  # the timed variant whose plan the defaults give
+
+
+@dataclass(frozen=True)
+class Row:
+    """One plan of SANTA++'s call at one shape, attention shape, draw and M."""
+
+    shape: str
+    attn: str
+    draw: str
+    M: int
+    plan: str
+    us: float  # nan: not timed (see note)
+    vs_today: float  # us over the defaults' plan's us
+    note: str = ""
+
+
+def parse_attn(text: str) -> list[tuple[int, int, int]]:
+    """Returns ``[(heads, kv_heads, head_dim), ...]`` for a comma list such as
+    ``"32/8/128,12/2/128"``."""
+    out = []
+    for item in parse_list(text):
+        fields = item.split("/")
+        if len(fields) != 3 or not all(f.isdigit() and int(f) > 0 for f in fields):
+            raise ValueError(f"expected HEADS/KV_HEADS/HEAD_DIM (e.g. 32/8/128), got {item!r}")
+        heads, kv_heads, head_dim = map(int, fields)
+        DecodeShape(1, 1, heads, kv_heads, head_dim)  # heads a multiple of kv_heads
+        out.append((heads, kv_heads, head_dim))
+    if not out:
+        raise ValueError("no attention shape given (e.g. 32/8/128)")
+    return out
+
+
+def parse_draws(text: str) -> list[str]:
+    """Returns the draws of a comma list, each one the kernel implements."""
+    draws = parse_list(text)
+    bad = [d for d in draws if d not in KERNEL_DRAWS]
+    if bad or not draws:
+        raise ValueError(f"expected draws of {', '.join(KERNEL_DRAWS)}, got {text!r}")
+    return draws
+
+
+def _not_applied(plan: tsp.SantaPPPlan) -> list[str]:
+    """Why an option asked for in ``plan`` (both on) is off there."""
+    why = []
+    if not plan.fused_finish:
+        why.append("no fused_finish in local selection" if plan.local else
+                   f"no fused_finish above {HOPPER['fused_pool_max_teams']} teams (pooled)")
+    if not plan.merge_ticket:
+        why.append("the atomic merge runs (no merge_ticket)" if plan.merge_atomic
+                   else "no merge_ticket")
+    return why
+
+
+def plan_variants(plan_of: Callable[..., tsp.SantaPPPlan]) -> list[Variant]:
+    """The plans of one case in :data:`VARIANTS`' order. ``plan_of(**options)`` plans the
+    call (``tsp._plan_for`` of its inputs); a variant whose plan an earlier one has is noted
+    with the options that do not apply, not timed."""
+    default = plan_of()
+    why = "; ".join(_not_applied(plan_of(**VARIANTS["both (today)"])))
+    out: list[Variant] = []
+    for name, options in VARIANTS.items():
+        plan = plan_of(**options)
+        same = next((v.name for v in out if v.plan == plan), None)
+        note = f"same plan as {same}: {why}" if same else ""
+        out.append(Variant(name, options, plan, same, note, same is None and plan == default))
+    return out
+
+
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def profile_attn(batch: int, ctx: int, attn: tuple[int, int, int], Ms: list[int],
+                 draws: list[str], *, device: str = "cuda",
+                 timer: Callable[[list], float] = graph_call_us) -> list[Row]:
+    """Every row of one shape and attention shape (``device`` and ``timer`` let a CPU test
+    run it through the Triton interpreter)."""
+    heads, kv_heads, head_dim = attn
+    shape, label = f"{ctx // 1024}k B={batch}", "/".join(map(str, attn))
+    q, kv = make_decode_inputs(DecodeShape(batch, ctx, heads, kv_heads, head_dim), seed=0,
+                               device=device)
+    packed = tsp.build_packed(kv)  # the method's team index (the library's defaults)
+    cases = [(draw, M) for draw in draws for M in Ms]
+    # the copies the call with the fewest bytes (of the defaults' plans) needs
+    l2 = l2_cache_bytes(device)
+    n_copies = 1
+    for draw, M in cases:
+        if not tsp.reads_every_team(M, packed):
+            _, info = tsp.santapp_decode(q, kv, packed, M, draw=draw)
+            n_copies = max(n_copies, cold_l2_plan(info.bytes_moved(q), l2)[0])
+    copies = [(q, kv, packed)]
+    for _ in range(n_copies - 1):
+        kv_copy = clone_kv(kv)
+        copies.append((q.clone(), kv_copy, tsp.build_packed(kv_copy)))
+    rows: list[Row] = []
+    for draw, M in cases:
+        if tsp.reads_every_team(M, packed):
+            rows.append(Row(shape, label, draw, M, "-", math.nan, math.nan,
+                            f"M covers all {packed.max_teams} teams: dense attention"))
+            continue
+        variants = plan_variants(
+            lambda **kw: tsp._plan_for(q, kv, packed, M, draw=draw, **kw))  # noqa: B023
+        timed: dict[str, float] = {}
+        for v in variants:
+            if v.same_as is not None:
+                continue
+            spaces = [tsp.SantaPPWorkspace.for_inputs(qi, kvi, pi, M, seed=i, draw=draw,
+                                                      **v.options)
+                      for i, (qi, kvi, pi) in enumerate(copies)]
+            tsp.santapp_decode(q, kv, packed, M, workspace=spaces[0])  # compiles its kernels
+            _sync(device)
+            timed[v.name] = timer(
+                [lambda qi=qi, kvi=kvi, pi=pi, w=w, M=M: tsp.santapp_decode(qi, kvi, pi, M,
+                                                                            workspace=w)
+                 for (qi, kvi, pi), w in zip(copies, spaces, strict=True)])
+            spaces.clear()
+        today = next((timed[v.name] for v in variants if v.today), math.nan)
+        for v in variants:
+            us = timed.get(v.name, math.nan)
+            rows.append(Row(shape, label, draw, M, v.name, us, us / today, v.note))
+    copies.clear()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def print_rows(rows: list[Row]) -> None:
+    """A Markdown table: each plan's time and its ratio to the defaults' plan."""
+    print("| shape | attn | draw | M | plan | us | vs today | note |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        us = "" if math.isnan(r.us) else f"{r.us:.1f}"
+        ratio = "" if math.isnan(r.vs_today) else f"{r.vs_today:.2f}"
+        print(f"| {r.shape} | {r.attn} | {r.draw} | {r.M} | {r.plan} | {us} | {ratio} | "
+              f"{r.note} |")
+
+
+def parse_args(argv: list[str] | None = None):
+    """Returns ``(shapes, attns, Ms, draws)``; ValueError names the option at fault."""
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Each case is timed under four plans: both (today), fused_finish only, "
+               "merge_ticket only, neither; vs today = the plan's us / the defaults' plan's.")
+    parser.add_argument("--shapes", default="1x32k,8x32k",
+                        help="BATCHxCTX, comma-separated (default: %(default)s)")
+    parser.add_argument("--attn", default="32/8/128,28/4/128,12/2/128",
+                        help="HEADS/KV_HEADS/HEAD_DIM, comma-separated (default: %(default)s)")
+    parser.add_argument("--M", default="32,64,512",
+                        help="teams selected (per query head with draw=head, per KV head "
+                             "with draw=pooled), comma-separated (default: %(default)s)")
+    parser.add_argument("--draws", default="head,pooled",
+                        help="how a GQA group's heads draw their teams, comma-separated, of "
+                             f"{', '.join(KERNEL_DRAWS)} (default: %(default)s)")
+    args = parser.parse_args(argv)
+    parsers = {"--shapes": (parse_shapes, args.shapes), "--attn": (parse_attn, args.attn),
+               "--M": (_parse_teams, args.M), "--draws": (parse_draws, args.draws)}
+    out = []
+    for option, (parse, text) in parsers.items():
+        try:
+            out.append(parse(text))
+        except ValueError as exc:
+            raise ValueError(f"{option}: {exc}") from None
+    return tuple(out)
+
+
+def _parse_teams(text: str) -> list[int]:
+    Ms = parse_list(text, int)
+    if not Ms or min(Ms) < 1:
+        raise ValueError(f"expected positive integers, got {text!r}")
+    return Ms
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        shapes, attns, Ms, draws = parse_args(argv)
+    except ValueError as exc:
+        print(f"profile_santapp.py: {exc}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("profile_santapp.py: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"triton {triton.__version__}")
+    rows: list[Row] = []
+    for batch, ctx in shapes:
+        for attn in attns:
+            rows += profile_attn(batch, ctx, attn, Ms, draws)
+    print_rows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""scripts/profile_santapp.py: its options, the plans of a case and their notes, one shape
+end to end through the Triton interpreter with a stand-in timer (the GPU timing itself
+runs on a GPU only)."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import functools
+import math
+
+import pytest
+
+from conftest import load_script
+from santa_kernels.triton_santapp_common import HOPPER
+from santa_kernels.triton_santapp_plan import make_plan
+
+PLANS = ["both (today)", "fused_finish only", "merge_ticket only", "neither"]
+
+
+def _script():
+    return load_script("profile_santapp")
+
+
+def _variants(*shape, **kw):
+    return _script().plan_variants(functools.partial(make_plan, *shape, 16, 76, 132, **kw))
+
+
+def test_options_parse_with_their_defaults():
+    script = _script()
+    shapes, attns, Ms, draws = script.parse_args([])
+    assert shapes == [(1, 32768), (8, 32768)]
+    assert attns == [(32, 8, 128), (28, 4, 128), (12, 2, 128)]
+    assert Ms == [32, 64, 512] and draws == ["head", "pooled"]
+    assert script.parse_args(["--shapes", "2x8k", "--attn", "4/2/16", "--M", "7",
+                              "--draws", "pooled"]) == ([(2, 8192)], [(4, 2, 16)], [7],
+                                                        ["pooled"])
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--attn", "32/8"], "--attn: expected HEADS/KV_HEADS/HEAD_DIM"),
+    (["--attn", "32/5/128"], "--attn: heads: 32 query heads is not a multiple of 5"),
+    (["--draws", "head,union"], "--draws: expected draws of head, pooled"),
+    (["--M", "32,0"], "--M: expected positive integers"),
+    (["--shapes", "32k"], "--shapes: expected BATCHxCTX"),
+])
+def test_a_bad_option_is_one_line_and_exit_2(argv, message, capsys):
+    assert _script().main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"profile_santapp.py: {message}") and err.count("\n") == 1
+
+
+def test_every_option_has_help(capsys):
+    with pytest.raises(SystemExit):
+        _script().main(["--help"])
+    out = capsys.readouterr().out
+    for option in ("--shapes", "--attn", "--M", "--draws"):
+        assert option in out
+    assert "(default: 32/8/128,28/4/128,12/2/128)" in " ".join(out.split())
+
+
+def test_four_plans_where_both_options_apply():
+    """32/8/128 at B=8 (64 groups: no atomic merge), 32k: four plans, each timed, today's
+    the first (both on)."""
+    variants = _variants(8, 32, 8, 128, 2044, 32)
+    assert [v.name for v in variants] == PLANS
+    assert [(v.plan.fused_finish, v.plan.merge_ticket) for v in variants] == [
+        (True, True), (True, False), (False, True), (False, False)]
+    assert [v.same_as for v in variants] == [None] * 4 and not any(v.note for v in variants)
+    assert [v.today for v in variants] == [True, False, False, False]
+
+
+def test_the_atomic_merge_leaves_two_plans():
+    """At B=1 (8 groups) the atomic merge runs: merge_ticket changes nothing, so
+    fused_finish only is today's plan and neither is merge_ticket only's, noted."""
+    variants = _variants(1, 32, 8, 128, 2044, 32)
+    assert [v.same_as for v in variants] == [None, "both (today)", None, "merge_ticket only"]
+    assert variants[1].note == ("same plan as both (today): the atomic merge runs "
+                                "(no merge_ticket)")
+    assert variants[0].today and not variants[1].today
+
+
+def test_local_selection_and_the_fused_pools_teams_are_noted():
+    """128k (8188 teams, local selection): fused_finish changes nothing; draw=pooled above
+    fused_pool_max_teams neither; at B=1 only one plan is left to time."""
+    local = _variants(8, 32, 8, 128, 8188, 32)
+    assert [v.same_as for v in local] == [None, None, "both (today)", "fused_finish only"]
+    assert local[3].note == "same plan as fused_finish only: no fused_finish in local selection"
+    one = _variants(1, 32, 8, 128, 8188, 32)
+    assert [v.same_as for v in one] == [None] + ["both (today)"] * 3
+    assert one[3].note.endswith("no fused_finish in local selection; the atomic merge runs "
+                                "(no merge_ticket)")
+    pooled = _variants(8, 32, 8, 128, 4000, 32, draw="pooled")
+    teams = HOPPER["fused_pool_max_teams"]
+    assert pooled[2].note == (f"same plan as both (today): no fused_finish above {teams} "
+                              "teams (pooled)")
+
+
+def test_the_table_from_fake_timings(capsys):
+    script = _script()
+    Row = script.Row
+    rows = [Row("32k B=1", "32/8/128", "head", 32, "both (today)", 33.7, 1.0),
+            Row("32k B=1", "32/8/128", "head", 32, "fused_finish only", math.nan, math.nan,
+                "same plan as both (today): the atomic merge runs (no merge_ticket)"),
+            Row("32k B=1", "32/8/128", "head", 32, "merge_ticket only", 18.8, 18.8 / 33.7)]
+    script.print_rows(rows)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| shape | attn | draw | M | plan | us | vs today | note |"
+    assert lines[2] == "| 32k B=1 | 32/8/128 | head | 32 | both (today) | 33.7 | 1.00 |  |"
+    assert lines[3] == ("| 32k B=1 | 32/8/128 | head | 32 | fused_finish only |  |  | same "
+                        "plan as both (today): the atomic merge runs (no merge_ticket) |")
+    assert lines[4] == "| 32k B=1 | 32/8/128 | head | 32 | merge_ticket only | 18.8 | 0.56 |  |"
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the kernels on a CPU need the interpreter")
+@pytest.mark.usefixtures("one_thread")
+def test_one_shape_through_the_interpreter():
+    """Each draw's distinct plans timed on workspaces planned with their options (B=1: the
+    atomic merge, two plans a draw), the ratio to today's; an M covering every team noted."""
+    script = _script()
+    tsp = script.tsp
+    seen = []
+
+    def timer(calls) -> float:  # runs the calls; "times" 1, 2, 3 ... us
+        for call in calls:
+            call()
+        seen.append(len(calls))
+        return float(len(seen))
+
+    planned = []
+    for_inputs = tsp.SantaPPWorkspace.for_inputs
+
+    def record(*args, **kw):
+        workspace = for_inputs(*args, **kw)
+        planned.append((kw["draw"], workspace.plan.fused_finish, workspace.plan.merge_ticket))
+        return workspace
+
+    tsp.SantaPPWorkspace.for_inputs = record
+    try:
+        rows = script.profile_attn(1, 1024, (4, 2, 16), [4, 1000], ["head", "pooled"],
+                                   device="cpu", timer=timer)
+    finally:
+        tsp.SantaPPWorkspace.for_inputs = for_inputs
+    assert seen == [1] * 4  # one copy without an L2 to rotate through
+    # the defaults' plans size the copies, then each draw's two plans
+    assert planned == [("head", True, False), ("pooled", True, False),
+                       ("head", True, False), ("head", False, False),
+                       ("pooled", True, False), ("pooled", False, False)]
+    assert [(r.draw, r.M, r.plan, r.us) for r in rows if r.M == 4] == [
+        (d, 4, p, us) for d, first in (("head", 1.0), ("pooled", 3.0))
+        for p, us in zip(PLANS, (first, math.nan, first + 1, math.nan), strict=True)]
+    head = [r for r in rows if r.draw == "head" and r.M == 4]
+    assert head[2].vs_today == 2.0 and head[3].note.startswith("same plan as merge_ticket only")
+    dense = [r for r in rows if r.M == 1000]
+    assert [r.note.endswith("teams: dense attention") for r in dense] == [True, True]
