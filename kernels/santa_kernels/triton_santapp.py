@@ -350,6 +350,10 @@ def _check_call(q, kv, packed, M, workspace) -> int:
     return M
 
 
+# the profiling cuts _launch takes besides STAGES (timing only: the outputs are wrong)
+PROFILE_STAGES = ("score", "no-union", "no-search")
+
+
 def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
             pdl_chain: bool = False) -> torch.Tensor:
     """Launches the call's kernels (``stages``: a subset of :data:`STAGES`, for profiling;
@@ -488,6 +492,7 @@ def santapp_decode(
     workspace: SantaPPWorkspace | None = None,
     pdl_chain: bool = False,
     draw: str | None = None,
+    stages: tuple[str, ...] = STAGES,
 ) -> tuple[torch.Tensor, SantaPPInfo]:
     """Returns ``(out [B, Hq, d] in q.dtype, info)``: one SANTA++ decode step (section 6,
     gumbel-topk, exact set = the pack's). ``draw`` (``head`` or ``pooled``; None: the
@@ -499,7 +504,12 @@ def santapp_decode(
     kernels that launch as programmatic dependents (the e2e step's gemm rest): where
     :func:`pdl_available`, its first kernel launches as a dependent of the kernel before
     and loads the representatives before waiting for it, and its last lets the next kernel
-    launch early (no effect elsewhere)."""
+    launch early (no effect elsewhere). ``stages`` (profiling; outputs meaningful only with
+    the default :data:`STAGES`): the launches to run, a subset of :data:`STAGES` and
+    :data:`PROFILE_STAGES` (``("score",)``: the select kernel without finishing the
+    selection; ``("select", "attend")``: no merge)."""
+    if stages is not STAGES and (not stages or not set(stages) <= {*STAGES, *PROFILE_STAGES}):
+        raise InputError(f"stages: expected some of {STAGES + PROFILE_STAGES}, got {stages!r}")
     M = _check_call(q, kv, packed, M, workspace)  # at most the tables' team count
     if draw is None:
         draw = workspace.plan.draw if workspace is not None else "head"
@@ -518,7 +528,7 @@ def santapp_decode(
                 f"{tuple(gumbels.shape)}"
             )
         gumbels = gumbels.to(device=q.device, dtype=torch.float32).contiguous()
-    out = _launch(q, kv, packed, M, ws, tau, seed, gumbels, STAGES, pdl_chain)
+    out = _launch(q, kv, packed, M, ws, tau, seed, gumbels, tuple(stages), pdl_chain)
     info = SantaPPInfo(
         M=M,
         packed=packed,
