@@ -2,6 +2,7 @@
 
 Run on the GPU:  python scripts/profile_santapp.py [--shapes 1x32k,8x32k]
                  [--attn 32/8/128,28/4/128,12/2/128] [--M 32,64,512] [--draws head,pooled]
+                 [--no-stages]
 
 Per shape, attention shape (bf16 Gaussian inputs), draw and M, each row is one call of
 ``santapp_decode`` (``santa_bench.timing.graph_call_us``: CUDA-graph replays over input
@@ -19,6 +20,24 @@ packed once a shape and copy, outside the timing. The plans:
 below 1, faster. A plan that an option does not change there (``merge_ticket`` where the
 atomic merge runs, ``fused_finish`` in local selection or above the fused pool's teams) is
 the same plan as one above it: its row says so and is not timed.
+
+A second table (``--no-stages``: none) breaks today's call down, in the manner of
+``profile_quest.py``: the call cut at each profiling stage of ``santapp_decode``
+(``stages=``), each cut compiled by a call before it is timed, cheapest first, with each
+cut's time minus the one before:
+
+- ``score``: the select kernel alone (no finish, no pooled draw);
+- draw=head with the per-head finisher (no fused finish): ``select + finisher, no
+  search`` (no kth search, no union) and ``select + finisher, no union``;
+- ``select + ...``: the selection finished, by the select kernel's last program of the
+  group (``fused finish``, ``fused pool draw``) or a kernel of its own (``finisher``,
+  ``pool kernel``); minus ``score``, what finishing costs;
+- ``select + attend``: the attend kernel without the merge;
+- ``call (...)``: the whole call (today's row of the first table), with its merge
+  (``atomic merge``, ``merge ticket`` or ``merge kernel``); minus ``select + attend``,
+  what merging costs.
+
+The cuts are timing only: their outputs are wrong.
 """
 
 from __future__ import annotations
@@ -72,6 +91,44 @@ class Row:
     us: float  # nan: not timed (see note)
     vs_today: float  # us over the defaults' plan's us
     note: str = ""
+
+
+@dataclass(frozen=True)
+class Cut:
+    """One cut of a call: its name in the stage table and the stages it launches."""
+
+    name: str
+    stages: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """Today's call at one shape, attention shape, draw and M, cut at one stage."""
+
+    shape: str
+    attn: str
+    draw: str
+    M: int
+    stage: str
+    us: float
+
+
+def stage_cuts(plan: tsp.SantaPPPlan) -> list[Cut]:
+    """The cuts of a call under ``plan``, cheapest first, the whole call last (see the
+    module's docstring)."""
+    pooled = plan.draw == "pooled"
+    if plan.fused_finish:
+        finish = "fused pool draw" if pooled else "fused finish"
+    else:
+        finish = "pool kernel" if pooled else "finisher"
+    cuts = [Cut("score", ("score",))]
+    if not pooled and not plan.fused_finish and plan.finish_heads:  # the per-head finisher
+        cuts += [Cut("select + finisher, no search", ("select", "no-search")),
+                 Cut("select + finisher, no union", ("select", "no-union"))]
+    merge = ("atomic merge" if plan.merge_atomic else
+             "merge ticket" if plan.merge_ticket else "merge kernel")
+    return [*cuts, Cut(f"select + {finish}", ("select",)),
+            Cut("select + attend", ("select", "attend")), Cut(f"call ({merge})", tsp.STAGES)]
 
 
 def parse_attn(text: str) -> list[tuple[int, int, int]]:
@@ -131,11 +188,26 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _time_calls(copies: list, M: int, draw: str, options: dict, stages: tuple[str, ...],
+                device: str, timer: Callable[[list], float]) -> float:
+    """One call (``stages`` of it) on workspaces planned with ``options``, one a copy, timed
+    after a call that compiles its kernels."""
+    spaces = [tsp.SantaPPWorkspace.for_inputs(qi, kvi, pi, M, seed=i, draw=draw, **options)
+              for i, (qi, kvi, pi) in enumerate(copies)]
+    calls = [lambda qi=qi, kvi=kvi, pi=pi, w=w: tsp.santapp_decode(qi, kvi, pi, M, workspace=w,
+                                                                   stages=stages)
+             for (qi, kvi, pi), w in zip(copies, spaces, strict=True)]
+    calls[0]()  # compiles its kernels
+    _sync(device)
+    return timer(calls)
+
+
 def profile_attn(batch: int, ctx: int, attn: tuple[int, int, int], Ms: list[int],
-                 draws: list[str], *, device: str = "cuda",
-                 timer: Callable[[list], float] = graph_call_us) -> list[Row]:
-    """Every row of one shape and attention shape (``device`` and ``timer`` let a CPU test
-    run it through the Triton interpreter)."""
+                 draws: list[str], *, stages: bool = True, device: str = "cuda",
+                 timer: Callable[[list], float] = graph_call_us,
+                 ) -> tuple[list[Row], list[StageRow]]:
+    """Every row of one shape and attention shape, and (``stages``) today's call's cuts
+    (``device`` and ``timer`` let a CPU test run it through the Triton interpreter)."""
     heads, kv_heads, head_dim = attn
     shape, label = f"{ctx // 1024}k B={batch}", "/".join(map(str, attn))
     q, kv = make_decode_inputs(DecodeShape(batch, ctx, heads, kv_heads, head_dim), seed=0,
@@ -154,6 +226,7 @@ def profile_attn(batch: int, ctx: int, attn: tuple[int, int, int], Ms: list[int]
         kv_copy = clone_kv(kv)
         copies.append((q.clone(), kv_copy, tsp.build_packed(kv_copy)))
     rows: list[Row] = []
+    cut_rows: list[StageRow] = []
     for draw, M in cases:
         if tsp.reads_every_team(M, packed):
             rows.append(Row(shape, label, draw, M, "-", math.nan, math.nan,
@@ -161,28 +234,22 @@ def profile_attn(batch: int, ctx: int, attn: tuple[int, int, int], Ms: list[int]
             continue
         variants = plan_variants(
             lambda **kw: tsp._plan_for(q, kv, packed, M, draw=draw, **kw))  # noqa: B023
-        timed: dict[str, float] = {}
-        for v in variants:
-            if v.same_as is not None:
-                continue
-            spaces = [tsp.SantaPPWorkspace.for_inputs(qi, kvi, pi, M, seed=i, draw=draw,
-                                                      **v.options)
-                      for i, (qi, kvi, pi) in enumerate(copies)]
-            tsp.santapp_decode(q, kv, packed, M, workspace=spaces[0])  # compiles its kernels
-            _sync(device)
-            timed[v.name] = timer(
-                [lambda qi=qi, kvi=kvi, pi=pi, w=w, M=M: tsp.santapp_decode(qi, kvi, pi, M,
-                                                                            workspace=w)
-                 for (qi, kvi, pi), w in zip(copies, spaces, strict=True)])
-            spaces.clear()
+        timed = {v.name: _time_calls(copies, M, draw, v.options, tsp.STAGES, device, timer)
+                 for v in variants if v.same_as is None}
         today = next((timed[v.name] for v in variants if v.today), math.nan)
         for v in variants:
             us = timed.get(v.name, math.nan)
             rows.append(Row(shape, label, draw, M, v.name, us, us / today, v.note))
+        today_v = next((v for v in variants if v.today), None)
+        if stages and today_v is not None:
+            *cuts, call = stage_cuts(today_v.plan)
+            cut_rows += [StageRow(shape, label, draw, M, cut.name, _time_calls(
+                copies, M, draw, today_v.options, cut.stages, device, timer)) for cut in cuts]
+            cut_rows.append(StageRow(shape, label, draw, M, call.name, today))
     copies.clear()
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
-    return rows
+    return rows, cut_rows
 
 
 def print_rows(rows: list[Row]) -> None:
@@ -196,12 +263,29 @@ def print_rows(rows: list[Row]) -> None:
               f"{r.note} |")
 
 
+def print_stage_rows(rows: list[StageRow]) -> None:
+    """A Markdown table: each cut of today's call, and its time minus the cut's before
+    (none for a case's first)."""
+    print("| shape | attn | draw | M | stage | us | minus the stage before (us) |")
+    print("|---|---|---|---|---|---|---|")
+    case = before = None
+    for r in rows:
+        us = "" if math.isnan(r.us) else f"{r.us:.1f}"
+        first = (r.shape, r.attn, r.draw, r.M) != case
+        diff = "" if first or math.isnan(r.us - before) else f"{r.us - before:.1f}"
+        print(f"| {r.shape} | {r.attn} | {r.draw} | {r.M} | {r.stage} | {us} | {diff} |")
+        case, before = (r.shape, r.attn, r.draw, r.M), r.us
+
+
 def parse_args(argv: list[str] | None = None):
-    """Returns ``(shapes, attns, Ms, draws)``; ValueError names the option at fault."""
+    """Returns ``(shapes, attns, Ms, draws, stages)``; ValueError names the option at
+    fault."""
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         epilog="Each case is timed under four plans: both (today), fused_finish only, "
-               "merge_ticket only, neither; vs today = the plan's us / the defaults' plan's.")
+               "merge_ticket only, neither; vs today = the plan's us / the defaults' plan's. "
+               "A second table times today's call cut at each stage (score, select, "
+               "select + attend, call) and each cut minus the one before.")
     parser.add_argument("--shapes", default="1x32k,8x32k",
                         help="BATCHxCTX, comma-separated (default: %(default)s)")
     parser.add_argument("--attn", default="32/8/128,28/4/128,12/2/128",
@@ -212,6 +296,8 @@ def parse_args(argv: list[str] | None = None):
     parser.add_argument("--draws", default="head,pooled",
                         help="how a GQA group's heads draw their teams, comma-separated, of "
                              f"{', '.join(KERNEL_DRAWS)} (default: %(default)s)")
+    parser.add_argument("--no-stages", action="store_true",
+                        help="skip the second table (today's call cut at each stage)")
     args = parser.parse_args(argv)
     parsers = {"--shapes": (parse_shapes, args.shapes), "--attn": (parse_attn, args.attn),
                "--M": (_parse_teams, args.M), "--draws": (parse_draws, args.draws)}
@@ -221,7 +307,7 @@ def parse_args(argv: list[str] | None = None):
             out.append(parse(text))
         except ValueError as exc:
             raise ValueError(f"{option}: {exc}") from None
-    return tuple(out)
+    return (*out, not args.no_stages)
 
 
 def _parse_teams(text: str) -> list[int]:
@@ -233,7 +319,7 @@ def _parse_teams(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        shapes, attns, Ms, draws = parse_args(argv)
+        shapes, attns, Ms, draws, stages = parse_args(argv)
     except ValueError as exc:
         print(f"profile_santapp.py: {exc}", file=sys.stderr)
         return 2
@@ -243,10 +329,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
           f"triton {triton.__version__}")
     rows: list[Row] = []
+    cut_rows: list[StageRow] = []
     for batch, ctx in shapes:
         for attn in attns:
-            rows += profile_attn(batch, ctx, attn, Ms, draws)
+            plans, cuts = profile_attn(batch, ctx, attn, Ms, draws, stages=stages)
+            rows += plans
+            cut_rows += cuts
     print_rows(rows)
+    if stages:
+        print()
+        print_stage_rows(cut_rows)
     return 0
 
 

@@ -1,6 +1,6 @@
-"""scripts/profile_santapp.py: its options, the plans of a case and their notes, one shape
-end to end through the Triton interpreter with a stand-in timer (the GPU timing itself
-runs on a GPU only)."""
+"""scripts/profile_santapp.py: its options, the plans of a case and their notes, the
+stage cuts of today's plan, one shape end to end through the Triton interpreter with a
+stand-in timer (the GPU timing itself runs on a GPU only)."""
 
 import os
 
@@ -28,13 +28,13 @@ def _variants(*shape, **kw):
 
 def test_options_parse_with_their_defaults():
     script = _script()
-    shapes, attns, Ms, draws = script.parse_args([])
+    shapes, attns, Ms, draws, stages = script.parse_args([])
     assert shapes == [(1, 32768), (8, 32768)]
     assert attns == [(32, 8, 128), (28, 4, 128), (12, 2, 128)]
-    assert Ms == [32, 64, 512] and draws == ["head", "pooled"]
+    assert Ms == [32, 64, 512] and draws == ["head", "pooled"] and stages
     assert script.parse_args(["--shapes", "2x8k", "--attn", "4/2/16", "--M", "7",
-                              "--draws", "pooled"]) == ([(2, 8192)], [(4, 2, 16)], [7],
-                                                        ["pooled"])
+                              "--draws", "pooled", "--no-stages"]) == (
+        [(2, 8192)], [(4, 2, 16)], [7], ["pooled"], False)
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -54,7 +54,7 @@ def test_every_option_has_help(capsys):
     with pytest.raises(SystemExit):
         _script().main(["--help"])
     out = capsys.readouterr().out
-    for option in ("--shapes", "--attn", "--M", "--draws"):
+    for option in ("--shapes", "--attn", "--M", "--draws", "--no-stages"):
         assert option in out
     assert "(default: 32/8/128,28/4/128,12/2/128)" in " ".join(out.split())
 
@@ -138,11 +138,11 @@ def test_one_shape_through_the_interpreter():
 
     tsp.SantaPPWorkspace.for_inputs = record
     try:
-        rows = script.profile_attn(1, 1024, (4, 2, 16), [4, 1000], ["head", "pooled"],
-                                   device="cpu", timer=timer)
+        rows, cuts = script.profile_attn(1, 1024, (4, 2, 16), [4, 1000], ["head", "pooled"],
+                                         stages=False, device="cpu", timer=timer)
     finally:
         tsp.SantaPPWorkspace.for_inputs = for_inputs
-    assert seen == [1] * 4  # one copy without an L2 to rotate through
+    assert seen == [1] * 4 and cuts == []  # one copy without an L2 to rotate through
     # the defaults' plans size the copies, then each draw's two plans
     assert planned == [("head", True, False), ("pooled", True, False),
                        ("head", True, False), ("head", False, False),
@@ -154,3 +154,108 @@ def test_one_shape_through_the_interpreter():
     assert head[2].vs_today == 2.0 and head[3].note.startswith("same plan as merge_ticket only")
     dense = [r for r in rows if r.M == 1000]
     assert [r.note.endswith("teams: dense attention") for r in dense] == [True, True]
+
+
+def _cuts(*shape, **kw):
+    plan = make_plan(*shape, 16, 76, 132, **kw)
+    return [(c.name, c.stages) for c in _script().stage_cuts(plan)]
+
+
+CALL = ("select", "attend", "merge")
+
+
+@pytest.mark.parametrize(("shape", "kw", "finish", "merge"), [
+    ((8, 32, 8, 128, 2044, 32), {}, "fused finish", "merge ticket"),
+    ((1, 32, 8, 128, 2044, 32), {}, "fused finish", "atomic merge"),
+    ((8, 32, 8, 128, 2044, 32), {"draw": "pooled"}, "fused pool draw", "merge ticket"),
+    ((8, 32, 8, 128, 4000, 32), {"draw": "pooled"}, "pool kernel", "merge ticket"),
+    ((8, 32, 8, 128, 2044, 32), {"fused_finish": False, "finish_heads": 0}, "finisher",
+     "merge ticket"),
+    ((8, 32, 8, 128, 2044, 32), {"merge_ticket": False}, "fused finish", "merge kernel"),
+])
+def test_the_stage_cuts_of_a_plan(shape, kw, finish, merge):
+    """The select kernel alone, the selection finished (how the plan finishes), the attend
+    without the merge, the whole call (how the plan merges)."""
+    assert _cuts(*shape, **kw) == [("score", ("score",)), (f"select + {finish}", ("select",)),
+                                   ("select + attend", ("select", "attend")),
+                                   (f"call ({merge})", CALL)]
+
+
+@pytest.mark.parametrize("kw", [{"fused_finish": False}, {}])
+def test_the_per_head_finisher_is_cut_at_its_search_and_union(kw):
+    """draw=head with the per-head finisher (32k without the fused finish, or 128k: local
+    selection): its kth search and its union step cut off before the whole finisher."""
+    teams = 8188 if not kw else 2044
+    assert _cuts(8, 32, 8, 128, teams, 32, **kw) == [
+        ("score", ("score",)),
+        ("select + finisher, no search", ("select", "no-search")),
+        ("select + finisher, no union", ("select", "no-union")),
+        ("select + finisher", ("select",)), ("select + attend", ("select", "attend")),
+        ("call (merge ticket)", CALL)]
+
+
+def test_the_stage_table_from_fake_timings(capsys):
+    """Each cut minus the one before, none for a case's first cut."""
+    script = _script()
+    StageRow = script.StageRow
+    rows = [StageRow("32k B=1", "32/8/128", "pooled", 32, "score", 8.0),
+            StageRow("32k B=1", "32/8/128", "pooled", 32, "select + fused pool draw", 38.5),
+            StageRow("32k B=1", "32/8/128", "pooled", 32, "select + attend", 50.25),
+            StageRow("32k B=1", "32/8/128", "pooled", 32, "call (atomic merge)", 52.0),
+            StageRow("32k B=1", "32/8/128", "pooled", 64, "score", 9.0),
+            StageRow("32k B=1", "32/8/128", "pooled", 64, "select + fused pool draw",
+                     math.nan)]
+    script.print_stage_rows(rows)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == ["| shape | attn | draw | M | stage | us | minus the stage before (us) |",
+                         "|---|---|---|---|---|---|---|"]
+    assert lines[2:] == [
+        "| 32k B=1 | 32/8/128 | pooled | 32 | score | 8.0 |  |",
+        "| 32k B=1 | 32/8/128 | pooled | 32 | select + fused pool draw | 38.5 | 30.5 |",
+        "| 32k B=1 | 32/8/128 | pooled | 32 | select + attend | 50.2 | 11.8 |",
+        "| 32k B=1 | 32/8/128 | pooled | 32 | call (atomic merge) | 52.0 | 1.8 |",
+        "| 32k B=1 | 32/8/128 | pooled | 64 | score | 9.0 |  |",
+        "| 32k B=1 | 32/8/128 | pooled | 64 | select + fused pool draw |  |  |"]
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the kernels on a CPU need the interpreter")
+@pytest.mark.usefixtures("one_thread")
+def test_the_stage_cuts_through_the_interpreter():
+    """Today's plan (B=1, draw=pooled: the fused pool draw, the atomic merge) cut at each
+    stage, each cut compiled by a call and timed on workspaces of today's options; the
+    whole call's row is today's plan row."""
+    script = _script()
+    tsp = script.tsp
+    seen = []
+
+    def timer(calls) -> float:  # runs the calls; "times" 10, 20, 30 ... us
+        for call in calls:
+            call()
+        seen.append(len(calls))
+        return 10.0 * len(seen)
+
+    cut = []
+    decode = tsp.santapp_decode
+
+    def record(*args, **kw):
+        if "workspace" in kw:  # not the call that sizes the copies
+            cut.append((kw["stages"], kw["workspace"].plan.fused_finish))
+        return decode(*args, **kw)
+
+    tsp.santapp_decode = record
+    try:
+        rows, cuts = script.profile_attn(1, 1024, (4, 2, 16), [4], ["pooled"], device="cpu",
+                                         timer=timer)
+    finally:
+        tsp.santapp_decode = decode
+    assert [(r.plan, r.us) for r in rows if not math.isnan(r.us)] == [
+        ("both (today)", 10.0), ("merge_ticket only", 20.0)]
+    assert [(c.stage, c.us) for c in cuts] == [
+        ("score", 30.0), ("select + fused pool draw", 40.0), ("select + attend", 50.0),
+        ("call (atomic merge)", 10.0)]
+    # the plans' calls (a compile, a timed one each), then each cut's, today's options
+    stages = [CALL, CALL, CALL, CALL, ("score",), ("score",), ("select",), ("select",),
+              ("select", "attend"), ("select", "attend")]
+    assert cut == [(s, f) for s, f in zip(stages, [True] * 2 + [False] * 2 + [True] * 6,
+                                          strict=True)]
