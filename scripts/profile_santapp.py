@@ -26,7 +26,8 @@ A second table (``--no-stages``: none) breaks today's call down, in the manner o
 (``stages=``), each cut compiled by a call before it is timed, cheapest first, with each
 cut's time minus the one before:
 
-- ``score``: the select kernel alone (no finish, no pooled draw);
+- ``score``: the select kernel alone (no finish, no pooled draw); the cuts rotate through
+  the copies this cut's bytes (q and the representatives) take;
 - draw=head with the per-head finisher (no fused finish): ``select + finisher, no
   search`` (no kth search, no union) and ``select + finisher, no union``;
 - ``select + ...``: the selection finished, by the select kernel's last program of the
@@ -214,15 +215,19 @@ def profile_attn(batch: int, ctx: int, attn: tuple[int, int, int], Ms: list[int]
                                device=device)
     packed = tsp.build_packed(kv)  # the method's team index (the library's defaults)
     cases = [(draw, M) for draw in draws for M in Ms]
-    # the copies the call with the fewest bytes (of the defaults' plans) needs
+    # the copies the call with the fewest bytes (of the defaults' plans) needs, and the
+    # cuts the score's (q and the representatives: more copies, for the cuts only)
     l2 = l2_cache_bytes(device)
     n_copies = 1
     for draw, M in cases:
         if not tsp.reads_every_team(M, packed):
             _, info = tsp.santapp_decode(q, kv, packed, M, draw=draw)
             n_copies = max(n_copies, cold_l2_plan(info.bytes_moved(q), l2)[0])
+    score_bytes = sum(t.nbytes for t in (q, packed.reps, packed.log_n, packed.reps_scale)
+                      if t is not None)
+    n_cut_copies = max(n_copies, cold_l2_plan(score_bytes, l2)[0] if stages else 1)
     copies = [(q, kv, packed)]
-    for _ in range(n_copies - 1):
+    for _ in range(n_cut_copies - 1):
         kv_copy = clone_kv(kv)
         copies.append((q.clone(), kv_copy, tsp.build_packed(kv_copy)))
     rows: list[Row] = []
@@ -234,7 +239,8 @@ def profile_attn(batch: int, ctx: int, attn: tuple[int, int, int], Ms: list[int]
             continue
         variants = plan_variants(
             lambda **kw: tsp._plan_for(q, kv, packed, M, draw=draw, **kw))  # noqa: B023
-        timed = {v.name: _time_calls(copies, M, draw, v.options, tsp.STAGES, device, timer)
+        timed = {v.name: _time_calls(copies[:n_copies], M, draw, v.options, tsp.STAGES,
+                                     device, timer)
                  for v in variants if v.same_as is None}
         today = next((timed[v.name] for v in variants if v.today), math.nan)
         for v in variants:

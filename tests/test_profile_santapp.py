@@ -12,6 +12,7 @@ import math
 import pytest
 
 from conftest import load_script
+from santa_bench.timing import cold_l2_plan
 from santa_kernels.triton_santapp_common import HOPPER
 from santa_kernels.triton_santapp_plan import make_plan
 
@@ -221,17 +222,16 @@ def test_the_stage_table_from_fake_timings(capsys):
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                     reason="the kernels on a CPU need the interpreter")
 @pytest.mark.usefixtures("one_thread")
-def test_the_stage_cuts_through_the_interpreter():
+def test_the_stage_cuts_through_the_interpreter(monkeypatch):
     """Today's plan (B=1, draw=pooled: the fused pool draw, the atomic merge) cut at each
-    stage, each cut compiled by a call and timed on workspaces of today's options; the
-    whole call's row is today's plan row."""
+    stage, each cut compiled by a call and timed on workspaces of today's options, over
+    the copies the score's bytes take (more than the whole call's); the whole call's row
+    is today's plan row."""
     script = _script()
     tsp = script.tsp
     seen = []
 
-    def timer(calls) -> float:  # runs the calls; "times" 10, 20, 30 ... us
-        for call in calls:
-            call()
+    def timer(calls) -> float:  # counts the copies; "times" 10, 20, 30 ... us
         seen.append(len(calls))
         return 10.0 * len(seen)
 
@@ -243,19 +243,18 @@ def test_the_stage_cuts_through_the_interpreter():
             cut.append((kw["stages"], kw["workspace"].plan.fused_finish))
         return decode(*args, **kw)
 
-    tsp.santapp_decode = record
-    try:
-        rows, cuts = script.profile_attn(1, 1024, (4, 2, 16), [4], ["pooled"], device="cpu",
-                                         timer=timer)
-    finally:
-        tsp.santapp_decode = decode
+    monkeypatch.setattr(tsp, "santapp_decode", record)
+    monkeypatch.setattr(script, "l2_cache_bytes", lambda device: 4096)
+    rows, cuts = script.profile_attn(1, 1024, (4, 2, 16), [4], ["pooled"], device="cpu",
+                                     timer=timer)
     assert [(r.plan, r.us) for r in rows if not math.isnan(r.us)] == [
         ("both (today)", 10.0), ("merge_ticket only", 20.0)]
     assert [(c.stage, c.us) for c in cuts] == [
         ("score", 30.0), ("select + fused pool draw", 40.0), ("select + attend", 50.0),
         ("call (atomic merge)", 10.0)]
-    # the plans' calls (a compile, a timed one each), then each cut's, today's options
-    stages = [CALL, CALL, CALL, CALL, ("score",), ("score",), ("select",), ("select",),
-              ("select", "attend"), ("select", "attend")]
-    assert cut == [(s, f) for s, f in zip(stages, [True] * 2 + [False] * 2 + [True] * 6,
-                                          strict=True)]
+    # each timing's compiling call: the plans' (whole calls), then each cut's (today's)
+    assert cut == [(CALL, True), (CALL, False), (("score",), True), (("select",), True),
+                   (("select", "attend"), True)]
+    q_bytes, reps = 4 * 16 * 2, 2 * 60 * 16 * 2  # 60 teams of 16 tokens, bf16
+    copies = cold_l2_plan(q_bytes + reps + 2 * 60 * 4, 4096)[0]
+    assert seen == [1, 1] + [copies] * 3 and copies > 1
