@@ -30,8 +30,7 @@ row and the best dense latency of the same run (:func:`with_dense_layers`).
 
 A task is *informative* where dense scores at least :data:`INFORMATIVE` (``--min-dense``):
 a task the model can hardly do says little about what a method keeps (at 25% and n = 100
-a retention interval spans about +-35%), and the accuracy protocol runs every
-configuration at n >= 100 on the tasks above this line; only those count.
+a retention interval spans about +-35%); only the tasks above this line count.
 """
 
 from __future__ import annotations

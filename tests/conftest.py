@@ -77,17 +77,30 @@ def decode_problem(
     return q, sk.KVCache.contiguous(k, v, lens)
 
 
-def dense_num_den(q: torch.Tensor, kv: sk.KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+def kv_on(kv: sk.KVCache, device: str | torch.device) -> sk.KVCache:
+    """The cache ``kv`` (contiguous or paged) with its tensors on ``device``."""
+    if kv.layout == "paged":
+        return sk.KVCache.paged(kv.k.to(device), kv.v.to(device), kv.page_table.to(device),
+                                kv.lengths.to(device))
+    return sk.KVCache.contiguous(kv.k.to(device), kv.v.to(device), kv.lengths.to(device))
+
+
+def dense_num_den(q: torch.Tensor, kv: sk.KVCache, weight: Callable | None = None,
+                  top: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``([B, Hq, d + 1], [B, Hq])`` float64: dense attention's numerator
     ``sum_i e^(s_i - max) v_i`` and denominator ``sum_i e^(s_i - max)`` (the sums a
-    Horvitz-Thompson estimator targets), and the ``max`` they are shifted by."""
-    keys, values, _ = kv.padded(torch.float64)
+    Horvitz-Thompson estimator targets), and the ``max`` they are shifted by. ``weight``
+    (``valid [B, n] -> [B, Hq, n]``) weights each term (an estimator's draw); ``top``
+    replaces the ``max``."""
+    keys, values, valid = kv.padded(torch.float64)
     group = q.shape[1] // kv.num_kv_heads
     k = keys.repeat_interleave(group, dim=2)
     v = values.repeat_interleave(group, dim=2)
     s = torch.einsum("bhd,bnhd->bhn", q.double(), k) * kv.head_dim**-0.5
-    top = s.amax(-1)
+    top = s.amax(-1) if top is None else top
     e = torch.exp(s - top[..., None])
+    if weight is not None:
+        e = weight(valid) * e
     return torch.cat([torch.einsum("bhn,bnhd->bhd", e, v), e.sum(-1)[..., None]], dim=-1), top
 
 

@@ -51,8 +51,6 @@ def doc_plugin(tmp_path, monkeypatch):
     sys.modules.pop("my_tasks", None)
 
 
-
-
 def test_the_docs_task_runs_through_accuracy_task(doc_plugin, monkeypatch):
     from santa_bench.accuracy import models
     from santa_bench.cli import app

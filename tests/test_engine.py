@@ -29,8 +29,6 @@ def _interpreted() -> bool:
     return type(ts._score_pass_kernel).__name__ == "InterpretedFunction"
 
 
-
-
 def prompts(count: int = 5, seed: int = 1) -> list[Prompt]:
     gen = torch.Generator().manual_seed(seed)
     lengths = [40, 57, 33, 64, 48, 71, 36][:count]

@@ -21,8 +21,6 @@ pytest.importorskip("transformers")
 SPECS = (("dense", {}), ("santa-sys", {"S": 8}), ("santa-prop", {"S": 8}))
 
 
-
-
 def test_a_group_decodes_as_each_method_alone_from_one_prefill_per_prompt():
     gen = torch.Generator().manual_seed(1)
     prompts = [Prompt(tuple(torch.randint(0, 90, (n,), generator=gen).tolist()), 6)

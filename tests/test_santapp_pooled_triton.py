@@ -11,12 +11,15 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import math
+from functools import partial
 
 import pytest
 import torch
+from test_triton_santapp import _gumbels
+from test_triton_santapp import _problem as _problem_any
 
 import santa_kernels as sk
-from conftest import decode_problem, dense_num_den
+from conftest import dense_num_den, kv_on
 from santa_bench.baselines import Unsupported
 from santa_bench.fidelity import seed_statistics
 from santa_bench.methods import REGISTRY
@@ -37,23 +40,7 @@ DEVICE = "cuda" if santapp_triton_available()[1].startswith("cuda") else "cpu"
 F64 = torch.float64
 Z_BOUND = 4.0  # |mean - expected| / SE
 SEEDS = 200
-
-
-def _problem(dtype: torch.dtype = torch.float32, **kw) -> tuple[torch.Tensor, sk.KVCache]:
-    """``conftest.decode_problem`` on the kernels' device (CPU under the interpreter)."""
-    q, kv = decode_problem(dtype=dtype, **kw)
-    return q.to(DEVICE), _on(kv, DEVICE)
-
-
-def _on(kv: sk.KVCache, device: str) -> sk.KVCache:
-    """The contiguous cache ``kv`` on ``device`` (the float64 references run on the CPU)."""
-    return sk.KVCache.contiguous(kv.k.to(device), kv.v.to(device), kv.lengths.to(device))
-
-
-def _gumbels(batch: int, kv_heads: int, teams: int, seed: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    u = torch.rand(batch, kv_heads, teams, generator=gen, dtype=F64).clamp(1e-12, 1 - 1e-12)
-    return -torch.log(-torch.log(u))
+_problem = partial(_problem_any, dtype=torch.float32)  # the kernel takes no float64
 
 
 # ------------------------------------------------------------ same noise as the reference
@@ -103,22 +90,20 @@ def _kernel_ht_sums(q, kv, index, team_w, top) -> torch.Tensor:
     """``[B, Hq, d + 1]``: the HT numerator and denominator of one kernel draw (its
     teams' ``1/pi`` per head over their members, 1 on the exact set), shifted by ``top``
     as ``dense_num_den``'s; every input on the CPU (the team index is)."""
-    keys, values, valid = kv.padded(F64)
     group = q.shape[1] // kv.num_kv_heads
-    s = torch.einsum("bhd,bnhd->bhn", q.double(), keys.repeat_interleave(group, dim=2))
-    s = s * kv.head_dim**-0.5
-    team_of = index.team_of.repeat_interleave(group, dim=1)[..., : s.shape[-1]]
-    weight = torch.gather(team_w, 2, team_of.clamp_min(0))
-    weight = torch.where(team_of >= 0, weight, 1.0) * valid[:, None, :]
-    e = weight * torch.exp(s - top[..., None])
-    num = torch.einsum("bhn,bnhd->bhd", e, values.repeat_interleave(group, dim=2))
-    return torch.cat([num, e.sum(-1)[..., None]], dim=-1)
+
+    def weight(valid: torch.Tensor) -> torch.Tensor:
+        team_of = index.team_of.repeat_interleave(group, dim=1)[..., : valid.shape[-1]]
+        w = torch.gather(team_w, 2, team_of.clamp_min(0))
+        return torch.where(team_of >= 0, w, 1.0) * valid[:, None, :]
+
+    return dense_num_den(q, kv, weight, top)[0]
 
 
 def test_pooled_draws_match_the_reference_in_distribution_and_are_unbiased():
     # GQA 4, 31 teams of 8 (sink 2, window 6), 8 drawn: the kernel's own Philox draws
     q, kv = _problem(batch=1, heads=4, kv_heads=1, n=256, d=16, q_scale=1.5, seed=3)
-    host_q, host_kv = q.cpu(), _on(kv, "cpu")  # the float64 sums and references
+    host_q, host_kv = q.cpu(), kv_on(kv, "cpu")  # the float64 sums and references
     index = build_team_index(kv, team_size=8, sink=2, exact_recent=6)
     packed = pack_teams(kv, index)
     M = 8
@@ -162,7 +147,7 @@ def test_pooled_draws_match_the_reference_in_distribution_and_are_unbiased():
 # ------------------------------------------------------------ exact where M covers the teams
 @pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_M_at_the_team_count_is_exact(dtype, atol):
-    q, kv = _problem(dtype, batch=2, heads=8, kv_heads=2, n=200, d=32, q_scale=2.0, seed=6)
+    q, kv = _problem(dtype=dtype, batch=2, heads=8, kv_heads=2, n=200, d=32, q_scale=2.0, seed=6)
     packed = build_packed(kv, team_size=16, sink=3, exact_recent=6)
     assert packed.min_teams == packed.max_teams == 12
     out, info = santapp_decode(q, kv, packed, 12, draw="pooled")

@@ -5,11 +5,13 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere
 
+from functools import partial
+
 import pytest
 import torch
 
 import santa_kernels as sk
-from conftest import decode_problem
+from conftest import decode_problem, kv_on
 from santa_kernels import selection as sel
 from santa_kernels.scores import exact_scores
 
@@ -22,6 +24,8 @@ if not _OK:
 DEVICE = "cuda" if _WHY == "cuda" else "cpu"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 
+_cpu = partial(kv_on, device="cpu")  # the references run on the CPU
+
 
 def _problem(batch=2, hkv=2, group=3, n=150, d=16, dtype=torch.float32, lengths=(150, 77),
              q_scale=1.0, seed=0):
@@ -29,12 +33,6 @@ def _problem(batch=2, hkv=2, group=3, n=150, d=16, dtype=torch.float32, lengths=
                            q_scale=q_scale, seed=seed, lengths=list(lengths), dtype=dtype)
     return q.to(DEVICE), sk.KVCache.contiguous(kv.k.to(DEVICE), kv.v.to(DEVICE),
                                                kv.lengths.to(DEVICE))
-
-
-def _cpu(kv):
-    if kv.layout == "paged":
-        return sk.KVCache.paged(kv.k.cpu(), kv.v.cpu(), kv.page_table.cpu(), kv.lengths.cpu())
-    return sk.KVCache.contiguous(kv.k.cpu(), kv.v.cpu(), kv.lengths.cpu())
 
 
 def _close(out, ref, dtype):

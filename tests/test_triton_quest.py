@@ -6,12 +6,14 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere
 
+from functools import partial
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import santa_kernels as sk
-from conftest import decode_problem
+from conftest import decode_problem, kv_on
 from santa_kernels import selection as sel
 
 ti = pytest.importorskip("santa_kernels.triton_indexed")
@@ -22,6 +24,8 @@ if not _OK:
 
 DEVICE = "cuda" if _WHY == "cuda" else "cpu"
 BF16 = torch.bfloat16
+
+_cpu = partial(kv_on, device="cpu")  # the references run on the CPU
 
 
 def _problem(batch=2, hkv=2, group=2, n=300, d=16, lengths=(300, 141), q_scale=1.0, seed=0,
@@ -142,12 +146,6 @@ def test_quest_page_attention_is_dense_softmax_over_the_chosen_pages(layout, gro
     out = step(q, kv).cpu().double()
     ref = _dense_over_pages(q.cpu(), kv, step.select(q, kv), 16, shared)
     assert float((out - ref).norm() / ref.norm()) < 2e-2
-
-
-def _cpu(kv):
-    if kv.layout == "paged":
-        return sk.KVCache.paged(kv.k.cpu(), kv.v.cpu(), kv.page_table.cpu(), kv.lengths.cpu())
-    return sk.KVCache.contiguous(kv.k.cpu(), kv.v.cpu(), kv.lengths.cpu())
 
 
 def _chosen_lists(step) -> list[list[int]]:

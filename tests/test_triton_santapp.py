@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 import santa_kernels as sk
-from conftest import decode_problem
+from conftest import decode_problem, kv_on
 from santa_kernels.santapp import (
     build_team_index,
     dequantize_reps,
@@ -55,9 +55,7 @@ Z_BOUND = 5.0
 def _problem(**kw) -> tuple[torch.Tensor, sk.KVCache]:
     """``conftest.decode_problem`` on the kernels' device (CPU under the interpreter)."""
     q, kv = decode_problem(**kw)
-    return q.to(DEVICE), sk.KVCache.contiguous(kv.k.to(DEVICE), kv.v.to(DEVICE),
-                                               kv.lengths.to(DEVICE))
-
+    return q.to(DEVICE), kv_on(kv, DEVICE)
 
 
 def _gumbels(batch: int, heads: int, teams: int, seed: int) -> torch.Tensor:

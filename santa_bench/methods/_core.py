@@ -269,26 +269,6 @@ def register(
     return registering(Method, REGISTRY, MethodError, target, registry)
 
 
-@dataclass(frozen=True)
-class MethodSpec:
-    """A method with resolved parameters, as named on the command line."""
-
-    method: Method
-    params: dict[str, Any]
-
-    @property
-    def name(self) -> str:
-        return self.method.name
-
-    def label(self) -> str:
-        """Returns ``name`` plus the parameters that differ from the defaults."""
-        defaults = {p.name: p.default for p in self.method.params}
-        omitted = {p.name: p.omitted for p in self.method.params if p.omit_default}
-        changed = [f"{k}={v}" for k, v in {**omitted, **self.params}.items()
-                   if defaults.get(k) != v]
-        return self.name + (":" + ",".join(changed) if changed else "")
-
-
 def _coerce(text: str) -> Any:
     for kind in (int, float):
         try:
