@@ -151,11 +151,6 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 # ------------------------------------------------------------- jit dot helpers
 @triton.jit
 def _scores(q, k, DOT_PRECISION: tl.constexpr):
