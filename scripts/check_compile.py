@@ -289,16 +289,20 @@ def check_attend() -> int:
     return failures
 
 
+def _select_types(reps: str) -> list[str]:
+    """The select kernel's non-constexpr argument types, its representatives ``*reps``."""
+    return ["*bf16", f"*{reps}", "*fp32", "*fp32", "*fp32", "*i64", "i32", "*fp32", "*fp32",
+            "*fp32", "*i32", "*i32", "*i32", "*fp32", "*i32", "*i32", "*fp32", "*fp32",
+            "fp32"] + ["i32"] * 7
+
+
 def check_select() -> int:
     """The SANTA++ select kernel: bf16 or int8 representatives, direct or local selection,
     launched as a programmatic dependent (ENTRY_PDL) or not."""
     failures = 0
     for reps, local, entry in (("bf16", False, False), ("i8", False, True),
                                ("i8", True, True), ("bf16", True, False)):
-        types = ["*bf16", f"*{reps}", "*fp32", "*fp32", "*fp32", "*i64", "i32", "*fp32",
-                 "*fp32", "*fp32", "*i32", "*i32", "*i32", "*fp32", "*i32", "*i32", "*fp32",
-                 "*fp32", "fp32"]
-        types += ["i32"] * 7
+        types = _select_types(reps)
         consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "G_PAD": 16,
                   "G_ROWS": 4, "TB": 128, "M1_PAD": 64, "LOCAL": local, "HAS_GUMBELS": False,
                   "DOT_PRECISION": "tf32", "PDL": True, "ENTRY_PDL": entry,
@@ -316,16 +320,13 @@ def check_select() -> int:
     # program), the union by the search from the row's keys (M=512, B=8)
     for bracket, m1_pad, tb, lists in ((2, 64, 64, True), (3, 128, 64, True),
                                        (0, 1024, 128, False)):
-        types = ["*bf16", "*bf16", "*fp32", "*fp32", "*fp32", "*i64", "i32", "*fp32",
-                 "*fp32", "*fp32", "*i32", "*i32", "*i32", "*fp32", "*i32", "*i32", "*fp32",
-                 "*fp32", "fp32"]
         consts = {"NUM_KV_HEADS": 8, "GROUP": 4, "HEAD_DIM": 128, "D_PAD": 128, "G_PAD": 16,
                   "G_ROWS": 4, "TB": tb, "M1_PAD": m1_pad, "LOCAL": False,
                   "HAS_GUMBELS": False, "DOT_PRECISION": "tf32", "PDL": True,
                   "ENTRY_PDL": False, "REPS_AS": "", "BRACKET": bracket, "HEAD_LISTS": lists,
                   "TOPS": False, "POOLED": False, "FINISH": True, "C_PAD": 2048,
                   "S_PAD": 2048 // tb, "WAYS": 4}
-        err = compile_kernel(tsp_select._select_kernel, types + ["i32"] * 7, consts,
+        err = compile_kernel(tsp_select._select_kernel, _select_types("bf16"), consts,
                              {"num_warps": 8})
         print(f"_select_kernel finishing bracket={bracket} head_lists={lists}: "
               f"{err or 'ok'}")
@@ -334,11 +335,9 @@ def check_select() -> int:
     # holds a group's 2048 teams (32k) or 16384 (its most)
     # (and G=4 again with the group's last program drawing: no pool kernel)
     for reps, group, fused in (("bf16", 4, False), ("i8", 6, False), ("bf16", 4, True)):
-        types = ["*bf16", f"*{reps}", "*fp32", "*fp32", "*fp32", "*i64", "i32", "*fp32",
-                 "*fp32", "*fp32", "*i32", "*i32", "*i32", "*fp32", "*i32", "*i32",
-                 "*fp32", "*fp32", "fp32"] + ["i32"] * 7
+        types = _select_types(reps)
         consts = {"NUM_KV_HEADS": 8, "GROUP": group, "HEAD_DIM": 128, "D_PAD": 128,
-                  "G_PAD": 16, "G_ROWS": 8 if group == 6 else 4, "TB": 128, "M1_PAD": 1024,
+                  "G_PAD": 16, "G_ROWS": _pad(group), "TB": 128, "M1_PAD": 1024,
                   "LOCAL": False, "HAS_GUMBELS": False, "DOT_PRECISION": "tf32", "PDL": True,
                   "ENTRY_PDL": False, "REPS_AS": "bf16" if reps == "i8" else "",
                   "BRACKET": 0, "HEAD_LISTS": False, "TOPS": False, "POOLED": True,
@@ -351,16 +350,12 @@ def check_select() -> int:
                   "i32", "i32", "i32"]
     for group, c_pad, warps, ways, gumbels in ((4, 2048, 4, 8, False), (6, 2048, 4, 8, True),
                                                (8, 16384, 8, 4, False)):
-        consts = {"NUM_KV_HEADS": 8, "GROUP": group, "G_ROWS": _pow2(group), "C_PAD": c_pad,
+        consts = {"NUM_KV_HEADS": 8, "GROUP": group, "G_ROWS": _pad(group), "C_PAD": c_pad,
                   "HAS_GUMBELS": gumbels, "WAYS": ways, "PDL": True}
         err = compile_kernel(tsp_pool._pool_kernel, pool_types, consts, {"num_warps": warps})
         print(f"_pool_kernel G={group} C_PAD={c_pad} gumbels={gumbels}: {err or 'ok'}")
         failures += err is not None
     return failures
-
-
-def _pow2(x: int) -> int:
-    return 1 << (x - 1).bit_length()
 
 
 def check_bernoulli() -> int:

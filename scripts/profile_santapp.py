@@ -7,9 +7,9 @@ Run on the GPU:  python scripts/profile_santapp.py [--shapes 1x32k,8x32k]
 Per shape, attention shape (bf16 Gaussian inputs), draw and M, each row is one call of
 ``santapp_decode`` (``santa_bench.timing.graph_call_us``: CUDA-graph replays over input
 copies, each with its own team index and workspace, as many as the harness's cold-L2 plan
-takes for the call's bytes) under one plan, every plan's kernels compiled by a call
-before it is timed. The team index is the method's (the library's defaults), built and
-packed once a shape and copy, outside the timing. The plans:
+takes for the call's bytes) under one plan, every plan's kernels compiled by the warm-up
+``graph_call_us`` runs before it times. The team index is the method's (the library's
+defaults), built and packed once a shape and copy, outside the timing. The plans:
 
 - ``both (today)``: ``fused_finish`` (no finisher kernel: the group's last select program
   finishes the selection; draw=pooled: draws the group's teams) and ``merge_ticket`` (no
@@ -23,7 +23,7 @@ the same plan as one above it: its row says so and is not timed.
 
 A second table (``--no-stages``: none) breaks today's call down, in the manner of
 ``profile_quest.py``: the call cut at each profiling stage of ``santapp_decode``
-(``stages=``), each cut compiled by a call before it is timed, cheapest first, with each
+(``stages=``), each cut warmed up by ``graph_call_us`` and timed, cheapest first, with each
 cut's time minus the one before:
 
 - ``score``: the select kernel alone (no finish, no pooled draw); the cuts rotate through
@@ -174,32 +174,26 @@ def plan_variants(plan_of: Callable[..., tsp.SantaPPPlan]) -> list[Variant]:
     call (``tsp._plan_for`` of its inputs); a variant whose plan an earlier one has is noted
     with the options that do not apply, not timed."""
     default = plan_of()
-    why = "; ".join(_not_applied(plan_of(**VARIANTS["both (today)"])))
+    plans = {name: plan_of(**options) for name, options in VARIANTS.items()}
+    why = "; ".join(_not_applied(plans["both (today)"]))
     out: list[Variant] = []
     for name, options in VARIANTS.items():
-        plan = plan_of(**options)
+        plan = plans[name]
         same = next((v.name for v in out if v.plan == plan), None)
         note = f"same plan as {same}: {why}" if same else ""
         out.append(Variant(name, options, plan, same, note, same is None and plan == default))
     return out
 
 
-def _sync(device: str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
 def _time_calls(copies: list, M: int, draw: str, options: dict, stages: tuple[str, ...],
-                device: str, timer: Callable[[list], float]) -> float:
+                timer: Callable[[list], float]) -> float:
     """One call (``stages`` of it) on workspaces planned with ``options``, one a copy, timed
-    after a call that compiles its kernels."""
+    by ``timer`` (``graph_call_us`` warms every call, compiling its kernels, first)."""
     spaces = [tsp.SantaPPWorkspace.for_inputs(qi, kvi, pi, M, seed=i, draw=draw, **options)
               for i, (qi, kvi, pi) in enumerate(copies)]
     calls = [lambda qi=qi, kvi=kvi, pi=pi, w=w: tsp.santapp_decode(qi, kvi, pi, M, workspace=w,
                                                                    stages=stages)
              for (qi, kvi, pi), w in zip(copies, spaces, strict=True)]
-    calls[0]()  # compiles its kernels
-    _sync(device)
     return timer(calls)
 
 
@@ -239,8 +233,7 @@ def profile_attn(batch: int, ctx: int, attn: tuple[int, int, int], Ms: list[int]
             continue
         variants = plan_variants(
             lambda **kw: tsp._plan_for(q, kv, packed, M, draw=draw, **kw))  # noqa: B023
-        timed = {v.name: _time_calls(copies[:n_copies], M, draw, v.options, tsp.STAGES,
-                                     device, timer)
+        timed = {v.name: _time_calls(copies[:n_copies], M, draw, v.options, tsp.STAGES, timer)
                  for v in variants if v.same_as is None}
         today = next((timed[v.name] for v in variants if v.today), math.nan)
         for v in variants:
@@ -250,7 +243,7 @@ def profile_attn(batch: int, ctx: int, attn: tuple[int, int, int], Ms: list[int]
         if stages and today_v is not None:
             *cuts, call = stage_cuts(today_v.plan)
             cut_rows += [StageRow(shape, label, draw, M, cut.name, _time_calls(
-                copies, M, draw, today_v.options, cut.stages, device, timer)) for cut in cuts]
+                copies, M, draw, today_v.options, cut.stages, timer)) for cut in cuts]
             cut_rows.append(StageRow(shape, label, draw, M, call.name, today))
     copies.clear()
     if torch.device(device).type == "cuda":

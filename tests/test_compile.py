@@ -46,3 +46,28 @@ def test_kernels_compile_for_hopper():
     pooled = [line for line in lines if line.startswith("_attend_kernel pooled")]
     for merge in ("atomic=False ticket=True", "atomic=False ticket=False", "atomic=True"):
         assert any(merge in line and line.endswith(": ok") for line in pooled), (merge, pooled)
+
+
+def test_the_select_checks_list_the_kernels_arguments():
+    """check_select's launches (not compiled here): one type per non-constexpr argument,
+    the select kernel's from ``_select_types`` of its representatives, G_ROWS the group
+    padded to a power of two."""
+    import triton
+
+    from conftest import load_script
+
+    script = load_script("check_compile")
+    launches = []
+
+    def record(fn, types, consts, *args, **kw):
+        launches.append((fn, types, consts))
+
+    script.compile_kernel = record
+    assert script.check_select() == 0
+    assert len(launches) == 13
+    for fn, types, consts in launches:
+        assert len(types) == len([a for a in fn.arg_names if a not in consts])
+        assert consts["G_ROWS"] == triton.next_power_of_2(consts["GROUP"])
+        if fn is script.tsp_select._select_kernel:
+            assert types == script._select_types(types[1][1:])
+    assert {types[1] for fn, types, _ in launches[:10]} == {"*bf16", "*i8"}

@@ -97,6 +97,41 @@ def test_local_selection_and_the_fused_pools_teams_are_noted():
                               "teams (pooled)")
 
 
+def test_each_plan_is_planned_once():
+    """The defaults' plan and each variant's, one ``plan_of`` call each (both (today)'s
+    plan also gives the notes)."""
+    planned = []
+
+    def plan_of(**kw):
+        planned.append(kw)
+        return make_plan(1, 32, 8, 128, 2044, 32, 16, 76, 132, **kw)
+
+    variants = _script().plan_variants(plan_of)
+    assert planned == [{}, *(v.options for v in variants)]
+
+
+def test_a_timing_makes_no_call_of_its_own(monkeypatch):
+    """``graph_call_us`` warms (compiles) every call before it times: the calls run in the
+    timer only."""
+    script = _script()
+    ran = []
+    monkeypatch.setattr(script.tsp.SantaPPWorkspace, "for_inputs",
+                        lambda *args, **kw: kw["seed"])
+    monkeypatch.setattr(script.tsp, "santapp_decode",
+                        lambda *args, workspace, stages: ran.append((workspace, stages)))
+    copies = [("q", "kv", "packed")] * 3
+    assert script._time_calls(copies, 4, "head", {}, ("select",), lambda calls: 7.0) == 7.0
+    assert ran == []
+
+    def timer(calls) -> float:
+        for call in calls:
+            call()
+        return 1.0
+
+    script._time_calls(copies, 4, "head", {}, ("select",), timer)
+    assert ran == [(0, ("select",)), (1, ("select",)), (2, ("select",))]
+
+
 def test_the_table_from_fake_timings(capsys):
     script = _script()
     Row = script.Row
@@ -224,14 +259,15 @@ def test_the_stage_table_from_fake_timings(capsys):
 @pytest.mark.usefixtures("one_thread")
 def test_the_stage_cuts_through_the_interpreter(monkeypatch):
     """Today's plan (B=1, draw=pooled: the fused pool draw, the atomic merge) cut at each
-    stage, each cut compiled by a call and timed on workspaces of today's options, over
+    stage, each cut warmed up by the timer and timed on workspaces of today's options, over
     the copies the score's bytes take (more than the whole call's); the whole call's row
     is today's plan row."""
     script = _script()
     tsp = script.tsp
     seen = []
 
-    def timer(calls) -> float:  # counts the copies; "times" 10, 20, 30 ... us
+    def timer(calls) -> float:  # warms the first copy, counts the copies; "times" 10, 20 ... us
+        calls[0]()
         seen.append(len(calls))
         return 10.0 * len(seen)
 
@@ -252,7 +288,7 @@ def test_the_stage_cuts_through_the_interpreter(monkeypatch):
     assert [(c.stage, c.us) for c in cuts] == [
         ("score", 30.0), ("select + fused pool draw", 40.0), ("select + attend", 50.0),
         ("call (atomic merge)", 10.0)]
-    # each timing's compiling call: the plans' (whole calls), then each cut's (today's)
+    # each timing's warm-up call: the plans' (whole calls), then each cut's (today's)
     assert cut == [(CALL, True), (CALL, False), (("score",), True), (("select",), True),
                    (("select", "attend"), True)]
     q_bytes, reps = 4 * 16 * 2, 2 * 60 * 16 * 2  # 60 teams of 16 tokens, bf16

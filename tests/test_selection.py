@@ -280,5 +280,17 @@ def test_an_index_build_is_timed_after_a_warm_up_as_a_median():
         time.sleep(0.2 if not calls else 0.001)
         calls.append(1)
 
-    ms = median_build_ms(build, torch.device("cpu"))
+    _, ms = median_build_ms(build, torch.device("cpu"))
     assert len(calls) == 4 and ms < 100
+
+
+def test_an_index_build_returns_its_last_build():
+    """The timing hands back what the last timed build built (SANTA++'s packed teams)."""
+    from santa_kernels.build_timing import median_build_ms
+
+    builds = iter(range(10))
+    built, ms = median_build_ms(lambda: next(builds), torch.device("cpu"), repeats=3)
+    assert built == 3 and ms >= 0
+    built, _ = median_build_ms(lambda: next(builds), torch.device("cpu"), repeats=1,
+                               warm_up=False)
+    assert built == 4

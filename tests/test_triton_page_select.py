@@ -134,3 +134,15 @@ def test_byte_wise_select_chooses_what_four_bits_a_pass_chooses(width, k, hist_b
         n = int(counts[r])
         expected = scores[r].topk(n).indices.sort().values
         assert torch.equal(index[r, :n], expected)
+
+
+def test_the_docstrings_step_counts_follow_the_blocks():
+    """Four bits a pass over 2048 pages: 8 passes and the write, each ⌈P / block⌉ dependent
+    steps (``MAX_BLOCK`` here, ``QUEST_SELECT_BLOCK`` in Quest's fused select)."""
+    from santa_kernels.triton_selection import QUEST_SELECT_BLOCK
+
+    blocks = 2048 // ps.MAX_BLOCK
+    text = " ".join(ps.__doc__.split())
+    assert f"8 x {blocks} + {blocks} = {9 * blocks} for 2048 pages" in text
+    assert f"{9 * 2048 // QUEST_SELECT_BLOCK} in Quest's fused select" in text
+    assert f"``QUEST_SELECT_BLOCK`` = {QUEST_SELECT_BLOCK}" in text

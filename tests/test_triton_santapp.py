@@ -986,3 +986,31 @@ def test_harness_bandwidth_counts_the_representatives(reps):
             {"metric": "bytes_read_tables", "value": tables}]
     assert moved_bytes(rows, q) == 1000 + tables + 2 * q.numel() * 4
     assert moved_bytes(rows[:1], q) == 1000 + 2 * q.numel() * 4  # other methods: no tables
+
+
+def test_the_unions_scatter_gives_members_and_pooled_weights():
+    """The union's used slots (head lists: the filled ones; else the first ``count``)
+    scattered to their teams: the members read, and draw=pooled's ``1/pi`` weights."""
+    from santa_kernels.triton_santapp import SantaPPInfo
+
+    teams = 6
+    union = torch.tensor([[[4, 1, -1, 3], [0, 5, 2, -1]]], dtype=torch.int32)  # [1, 2, 4]
+    count = torch.tensor([[2, 3]], dtype=torch.int32)
+    z = torch.zeros(1, 4, teams)
+    info = SantaPPInfo(M=2, packed=None, z=z, phi=z, kappa=torch.zeros(1, 4), union=union,
+                       count=count, lengths=torch.tensor([96]))
+    expect = torch.zeros(1, 2, teams, dtype=torch.bool)
+    expect[0, 0, [4, 1]] = expect[0, 1, [0, 5, 2]] = True
+    assert torch.equal(info._scatter_union(torch.tensor(True), False), expect)
+    assert torch.equal(info.members(), expect)
+    lists = dataclasses.replace(info, head_lists=True)
+    expect[0, 0, 3] = True
+    assert torch.equal(lists.members(), expect)
+    pool_w = torch.tensor([[[2.0, 3.0, 9.0, 9.0], [4.0, 5.0, 6.0, 9.0]]])
+    pooled = dataclasses.replace(info, draw="pooled", pool_w=pool_w,
+                                 pool_kappa=torch.zeros(1, 2))
+    weights = torch.zeros(1, 2, teams, dtype=torch.float64)
+    weights[0, 0, [4, 1]] = torch.tensor([2.0, 3.0], dtype=torch.float64)
+    weights[0, 1, [0, 5, 2]] = torch.tensor([4.0, 5.0, 6.0], dtype=torch.float64)
+    assert torch.equal(pooled.team_weights(), weights.repeat_interleave(2, dim=1))
+    assert torch.equal(pooled.selected(), (weights > 0).repeat_interleave(2, dim=1))

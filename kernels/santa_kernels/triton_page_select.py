@@ -13,7 +13,9 @@ it, until ``k`` are taken; ``-inf`` is never taken. The rest of the row's ``k`` 
   5 dependent steps in all, the write included);
 - **four bits a pass** (8 passes, each counting, for the 16 values of the next digit,
   the keys at or above it, ``MAX_BLOCK`` scores a step: 8 x ⌈P / MAX_BLOCK⌉ dependent
-  steps of 16 x ``MAX_BLOCK`` compares, about 72 for 2048 pages).
+  steps of 16 x ``MAX_BLOCK`` compares, then ⌈P / MAX_BLOCK⌉ to write: 8 x 4 + 4 = 36
+  for 2048 pages; 72 in Quest's fused select, ``QUEST_SELECT_BLOCK`` = 256 scores a step,
+  in ``triton_selection``).
 
 A row holds any number of scores (re-read from L1/L2 each pass). No host-device sync,
 static shapes: a decode step can capture it in a CUDA graph.

@@ -1,10 +1,10 @@
 """Triton kernels for SANTA++ decode attention (docs/algorithms.md sections 6 and 8).
 
 One decode step for ``q [B, Hq, d]`` runs four kernels (one fewer with the atomic
-merge, one fewer with the fused finish of direct selection), none of which synchronises with
-the host, so a call can be captured in a CUDA graph; the Philox step counter lives on
-the device (``rng``, advanced by the last kernel) so every replay draws fresh Gumbel
-noise.
+merge, or with the merge ticket, the default where the atomic merge is off; one fewer with
+the fused finish of direct selection), none of which synchronises with the host, so a call
+can be captured in a CUDA graph; the Philox step counter lives on the device (``rng``,
+advanced by the last kernel) so every replay draws fresh Gumbel noise.
 
 1. **select** ``(splits, B*Hkv)``: each program scores a block of ``TB`` representatives
    for all ``G`` query heads of its KV head with one ``tl.dot`` (``phi = tau q.r + log n``,
@@ -209,30 +209,31 @@ class SantaPPInfo:
     def team_weights(self) -> torch.Tensor:
         """``[B, Hq, T]`` float64: ``1/pi`` of each selected team, 0 elsewhere."""
         if self.draw == "pooled":
-            slots = torch.arange(self.union.shape[-1])
-            used = slots < self.count.long().cpu()[..., None]
-            teams = self.z.shape[-1]
-            weights = torch.zeros(*self.union.shape[:2], teams + 1, dtype=torch.float64)
-            weights.scatter_(2, torch.where(used, self.union.long().cpu(), teams),
-                             torch.where(used, self.pool_w.double().cpu(), 0))
-            return self._per_head(weights[..., :teams]).to(self.z.device)
+            weights = self._scatter_union(self.pool_w.double().cpu(), 0.0)
+            return self._per_head(weights).to(self.z.device)
         z, phi, kappa = self.z.double(), self.phi.double(), self.kappa.double()[..., None]
         pi = -torch.expm1(-torch.exp(phi - kappa))
         chosen = z > kappa
         return torch.where(chosen, 1 / torch.where(chosen, pi, 1), 0)
 
-    def members(self) -> torch.Tensor:
-        """``[B, Hkv, T]`` bool: the teams the attend programs read (the group's union;
-        draw=pooled: its one list of M)."""
+    def _scatter_union(self, values: torch.Tensor, empty: float | bool) -> torch.Tensor:
+        """``[B, Hkv, T]`` on the CPU: ``values`` (one a slot of the union, or one for all)
+        at the teams of the union's used slots, ``empty`` elsewhere."""
         union = self.union.long().cpu()
         slots = torch.arange(union.shape[-1])
         if self.head_lists:
             used = union >= 0
         else:
             used = slots[None, None, :] < self.count.long().cpu()[..., None]
-        members = torch.zeros(*union.shape[:2], self.z.shape[-1] + 1, dtype=torch.bool)
-        members.scatter_(2, torch.where(used, union, members.shape[-1] - 1), True)
-        return members[..., :-1]
+        teams = self.z.shape[-1]
+        out = torch.full((*union.shape[:2], teams + 1), empty, dtype=values.dtype)
+        out.scatter_(2, torch.where(used, union, teams), torch.where(used, values, empty))
+        return out[..., :teams]
+
+    def members(self) -> torch.Tensor:
+        """``[B, Hkv, T]`` bool: the teams the attend programs read (the group's union;
+        draw=pooled: its one list of M)."""
+        return self._scatter_union(torch.tensor(True), False)
 
     def union_sets(self) -> list[list[set[int]]]:
         """The union of every (sequence, KV head) as Python sets."""
@@ -405,38 +406,39 @@ def _launch(q, kv, packed, M, ws, tau, seed, gumbels, stages,
                 "WAYS": p.finish_ways if pooled else p.search_ways} if fused else {}),
             **({"launch_pdl": True} if chain else {}),
         )  # fmt: skip
-    if fused:
-        pass  # the select kernel finished the selection (or drew the pooled teams)
-    elif "select" in stages and "score" not in stages and pooled:
-        _pool_kernel[(batch * hkv,)](
-            ws.phi, gumbels if gumbels is not None else ws.phi, ws.rng,
-            (ws.seed if seed is None else int(seed)) & 0xFFFFFFFF,
-            ws.kappa, ws.pool_kappa, ws.union, ws.count, ws.pool_w, M, p.max_teams,
-            p.union_cap,
-            NUM_KV_HEADS=hkv, GROUP=p.group, G_ROWS=p.g_rows, C_PAD=p.c_pad,
-            HAS_GUMBELS=gumbels is not None, WAYS=p.finish_ways, PDL=early,
-            num_warps=p.finish_warps, num_stages=1, **dep_early,
-        )  # fmt: skip
-    elif "select" in stages and "score" not in stages and p.finish_heads:
-        _finish_heads_kernel[(batch * hkv, p.finish_parts)](
-            ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count, ws.ticket,
-            ws.scratch_key, ws.scratch_id,
-            M, p.num_splits, p.n_cand, p.max_teams, p.union_cap, p.finish_parts,
-            NUM_KV_HEADS=hkv, GROUP=p.group, G_ROWS=p.g_rows, H_ROWS=p.h_rows, C_PAD=p.c_pad,
-            S_PAD=p.s_pad, LOCAL=p.local, WAYS=p.finish_ways, PDL=early,
-            num_warps=p.finish_warps, num_stages=1, WRITE_UNION="no-union" not in stages,
-            SEARCH="no-search" not in stages, BRACKET=p.bracket, HEAD_LISTS=lists,
-            COMPACT=p.compact if lists and stages_full else 0, TOPS_PAD=p.tops_pad,
-            **dep_early,
-        )  # fmt: skip
-    elif "select" in stages and "score" not in stages:
-        _finish_kernel[(batch * hkv,)](
-            ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count,
-            M, p.num_splits, p.n_cand, p.max_teams, p.union_cap,
-            NUM_KV_HEADS=hkv, GROUP=p.group, G_ROWS=p.g_rows, C_PAD=p.c_pad, S_PAD=p.s_pad,
-            LOCAL=p.local, WAYS=p.search_ways, PDL=early, BRACKET=p.bracket,
-            num_warps=p.finish_warps, num_stages=1, **dep_early,
-        )  # fmt: skip
+    # the finishing kernel, unless the select kernel finished the selection (or drew the
+    # pooled teams)
+    if not fused and "select" in stages and "score" not in stages:
+        if pooled:
+            _pool_kernel[(batch * hkv,)](
+                ws.phi, gumbels if gumbels is not None else ws.phi, ws.rng,
+                (ws.seed if seed is None else int(seed)) & 0xFFFFFFFF,
+                ws.kappa, ws.pool_kappa, ws.union, ws.count, ws.pool_w, M, p.max_teams,
+                p.union_cap,
+                NUM_KV_HEADS=hkv, GROUP=p.group, G_ROWS=p.g_rows, C_PAD=p.c_pad,
+                HAS_GUMBELS=gumbels is not None, WAYS=p.finish_ways, PDL=early,
+                num_warps=p.finish_warps, num_stages=1, **dep_early,
+            )  # fmt: skip
+        elif p.finish_heads:
+            _finish_heads_kernel[(batch * hkv, p.finish_parts)](
+                ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count, ws.ticket,
+                ws.scratch_key, ws.scratch_id,
+                M, p.num_splits, p.n_cand, p.max_teams, p.union_cap, p.finish_parts,
+                NUM_KV_HEADS=hkv, GROUP=p.group, G_ROWS=p.g_rows, H_ROWS=p.h_rows, C_PAD=p.c_pad,
+                S_PAD=p.s_pad, LOCAL=p.local, WAYS=p.finish_ways, PDL=early,
+                num_warps=p.finish_warps, num_stages=1, WRITE_UNION="no-union" not in stages,
+                SEARCH="no-search" not in stages, BRACKET=p.bracket, HEAD_LISTS=lists,
+                COMPACT=p.compact if lists and stages_full else 0, TOPS_PAD=p.tops_pad,
+                **dep_early,
+            )  # fmt: skip
+        else:
+            _finish_kernel[(batch * hkv,)](
+                ws.z, ws.cand_z, ws.cand_id, ws.split_kth, ws.kappa, ws.union, ws.count,
+                M, p.num_splits, p.n_cand, p.max_teams, p.union_cap,
+                NUM_KV_HEADS=hkv, GROUP=p.group, G_ROWS=p.g_rows, C_PAD=p.c_pad, S_PAD=p.s_pad,
+                LOCAL=p.local, WAYS=p.search_ways, PDL=early, BRACKET=p.bracket,
+                num_warps=p.finish_warps, num_stages=1, **dep_early,
+            )  # fmt: skip
     paged = kv.layout == "paged"
     table = kv.page_table if paged else kv.lengths
     packed_k = packed.packed_k if packed.packed_k is not None else kv.k

@@ -87,7 +87,8 @@ HOPPER = {
     # largest of those bounds kappa from below, the finisher compacts the few keys at or
     # above that bound (~M+5 of 2048 on Gumbel-perturbed rows) and ranks them by one
     # [CAP, CAP] comparison (CAP = next_pow2(compact_slack * (M+1))), up to
-    # compact_max_cap; rows with more keys above the bound take the search
+    # compact_max_cap; rows with more keys above the bound take the search. Planned only
+    # without fused_finish (the fused finisher searches)
     "compact": True,
     # direct selection: the group's last select program (an acq_rel ticket) finds its
     # heads' kappas and writes their head lists, a team in its first selecting head's
@@ -149,11 +150,6 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # ------------------------------------------------------------- jit dot helpers

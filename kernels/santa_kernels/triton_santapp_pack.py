@@ -514,10 +514,5 @@ def time_index_build(kv: KVCache, *, repeats: int = 3, **params) -> tuple[Packed
     policy = params.get("policy", "contiguous")
     cheap = (policy == "contiguous" and not params.get("copy")) or (
         policy == "kmeans" and kv.device.type == "cuda")
-    built: list[PackedTeams] = []
-
-    def build() -> None:
-        built[:] = [build_packed(kv, **params)]
-
-    ms = median_build_ms(build, kv.device, repeats if cheap else 1, warm_up=cheap)
-    return built[0], ms
+    return median_build_ms(lambda: build_packed(kv, **params), kv.device,
+                           repeats if cheap else 1, warm_up=cheap)

@@ -88,7 +88,8 @@ def selection_prepare(name: str, build: StepBuilder) -> Callable[..., Prepared]:
             raise Unsupported(f"{name}: {exc}") from exc
         metrics: dict[str, tuple[float, str]] = {}
         if hasattr(step, "build"):
-            metrics["index_build_ms"] = (median_build_ms(lambda: step.build(kv), q.device), "ms")
+            _, ms = median_build_ms(lambda: step.build(kv), q.device)
+            metrics["index_build_ms"] = (ms, "ms")
 
         def run() -> torch.Tensor:
             return step(q, kv)
