@@ -75,8 +75,8 @@ StepBuilder = Callable[..., Any]
 
 
 def selection_prepare(name: str, build: StepBuilder) -> Callable[..., Prepared]:
-    """The kernel adapter of a selection method: builds its step (Quest: its page bounds,
-    timed into the ``index_build_ms`` metric by
+    """The kernel adapter of a selection method: builds its step (Quest: its page bounds;
+    ``index_build_ms`` is the median of three builds after an untimed one,
     :func:`~santa_kernels.build_timing.median_build_ms`), runs it once; the timed call
     selects and attends."""
 
