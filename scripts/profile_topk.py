@@ -10,11 +10,16 @@ own step, as many as the harness's cold-L2 plan takes), once with the select spl
 the score pass (``triton_topk.SPREAD_SELECT``) and once with one program a row:
 
 - ``scores``: the score pass alone (K once, the scores and their per-split stats);
+- ``scores + mass``, ``scores + mass + second byte`` (spread select only): the score
+  pass and the select's first launches (these calls leave the select's histograms
+  growing: their times, not their choices, are meant);
 - ``scores + select``: the score pass, the mass kernel and the top-k select; minus
-  ``scores``, the mass kernel and the select;
+  ``scores``, the mass kernel and the select (spread: minus the row before, the writes);
 - ``plan`` (vattention, topk-santa): the rows of a call (vAttention's plan kernel;
   top-k + S²ANTA's rest sums and systematic samples); minus the row before, those;
-- ``step``: the whole call; minus the row before, the indexed attention and its merge.
+- ``step``: the whole call; minus the row before, the indexed attention and its merge;
+- ``scores + mass (N a step)``: the mass kernel with ``N`` tokens a step instead of
+  ``triton_topk.MASS_BLOCK``'s.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from santa_bench.timing import cold_l2_plan, graph_call_us, l2_cache_bytes
 from santa_bench.units import parse_shapes
 
 SELECTS = {"spread": True, "one program a row": False}  # SPREAD_SELECT
+MASS_BLOCKS = (512, 1024)  # the mass kernel's tokens a step, timed against MASS_BLOCK's
 METHODS = {
     "oracle-topk k=1024": lambda q, kv: tsel.OracleTopKStep(q, kv, k=1024),
     "topk-santa k=64 S=128": lambda q, kv: tsel.TopKSantaStep(q, kv, k=64, S=128),
@@ -52,21 +58,25 @@ class Row:
     us: float
 
 
-def _select(step) -> Callable:
-    """The score pass, the mass kernel and the select of ``step`` (its own range)."""
+def _select(step, upto: str = "write") -> Callable:
+    """The score pass, the mass kernel and the select of ``step`` (its own range), up to
+    the launch ``upto`` (``TopKSelect.run_select``)."""
     out = step.rows if hasattr(step, "rows") else step.top_rows
     sink, window = getattr(step, "sink", 0), getattr(step, "window", 0)
 
     def run(q, kv):
         step.top.run_scores(q, kv)
-        step.top.run_select(kv, out, sink, window)
+        step.top.run_select(kv, out, sink, window, upto=upto)
 
     return run
 
 
 def _stages(step) -> dict[str, Callable]:
-    stages = {"scores": lambda q, kv: step.top.run_scores(q, kv),
-              "scores + select": _select(step)}
+    stages = {"scores": lambda q, kv: step.top.run_scores(q, kv)}
+    if ttk.SPREAD_SELECT:
+        stages["scores + mass"] = _select(step, "mass")
+        stages["scores + mass + second byte"] = _select(step, "second")
+    stages["scores + select"] = _select(step)
     if hasattr(step, "plan"):
         stages["plan"] = step.plan
     stages["step"] = step
@@ -86,7 +96,7 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
     n_copies, _ = cold_l2_plan(touched, l2_cache_bytes(device))
     inputs = [(q.clone(), clone_kv(kv)) for _ in range(n_copies)]
     rows = []
-    saved = ttk.SPREAD_SELECT
+    saved, saved_block = ttk.SPREAD_SELECT, ttk.MASS_BLOCK
     try:
         for method, build in methods.items():
             steps = [build(qi, kvi) for qi, kvi in inputs]
@@ -99,8 +109,16 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
                              for s, (qi, kvi) in zip(steps, inputs, strict=True)]
                     rows.append(Row(shape, method, "-" if stage == "scores" else name,
                                     stage, timer(calls)))
+            ttk.SPREAD_SELECT = True
+            for block in MASS_BLOCKS:  # the mass kernel's step, against MASS_BLOCK's
+                ttk.MASS_BLOCK = block
+                calls = [lambda s=s, qi=qi, kvi=kvi: _select(s, "mass")(qi, kvi)
+                         for s, (qi, kvi) in zip(steps, inputs, strict=True)]
+                rows.append(Row(shape, method, "spread", f"scores + mass ({block} a step)",
+                                timer(calls)))
+                ttk.MASS_BLOCK = saved_block
     finally:
-        ttk.SPREAD_SELECT = saved
+        ttk.SPREAD_SELECT, ttk.MASS_BLOCK = saved, saved_block
     inputs.clear()
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -116,7 +134,8 @@ def print_rows(rows: list[Row]) -> None:
     for r in rows:
         if r.stage == "scores":
             scores = r.us
-        diff = r.us - (scores if r.stage == "scores + select" else before)
+        diff = r.us - (scores if r.stage == "scores + select" and r.select != "spread"
+                       else before)
         extra = "" if r.stage == "scores" else f"{diff:.1f}"
         print(f"| {r.shape} | {r.method} | {r.select} | {r.stage} | {r.us:.1f} | {extra} |")
         before = r.us

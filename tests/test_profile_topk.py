@@ -30,13 +30,21 @@ def test_one_shape_through_the_interpreter(capsys):
         return float(len(seen))
 
     rows = script.profile_shape(1, 1024, 4, 2, 16, methods, device="cpu", timer=timer)
-    oracle = [("-", "scores")] + [(s, st) for s in ("spread", "one program a row")
-                                  for st in ("scores + select", "step")]
-    planned = [("-", "scores")] + [(s, st) for s in ("spread", "one program a row")
-                                   for st in ("scores + select", "plan", "step")]
+    spread = ("scores + mass", "scores + mass + second byte", "scores + select")
+    sweep = [("spread", f"scores + mass ({b} a step)") for b in script.MASS_BLOCKS]
+    oracle = ([("-", "scores")] + [("spread", st) for st in (*spread, "step")]
+              + [("one program a row", st) for st in ("scores + select", "step")] + sweep)
+    planned = ([("-", "scores")] + [("spread", st) for st in (*spread, "plan", "step")]
+               + [("one program a row", st) for st in ("scores + select", "plan", "step")]
+               + sweep)
     assert [(r.select, r.stage) for r in rows] == oracle + planned + planned
-    assert seen == [True] * 3 + [False] * 2 + ([True] * 4 + [False] * 3) * 2
-    assert ttk.SPREAD_SELECT is True
+    swept = [True] * len(sweep)
+    assert seen == ([True] * 5 + [False] * 2 + swept
+                    + ([True] * 6 + [False] * 3 + swept) * 2)
+    assert ttk.SPREAD_SELECT is True and ttk.MASS_BLOCK == 256
     script.print_rows(rows)
     table = capsys.readouterr().out
-    assert "| 1k B=1 4/2/16 | oracle-topk k=8 | spread | scores + select | 2.0 | 1.0 |" in table
+    # each spread row less the row before it; one program a row's select less the scores
+    assert "| 1k B=1 4/2/16 | oracle-topk k=8 | spread | scores + mass | 2.0 | 1.0 |" in table
+    assert "| oracle-topk k=8 | spread | scores + select | 4.0 | 1.0 |" in table
+    assert "| oracle-topk k=8 | one program a row | scores + select | 6.0 | 5.0 |" in table

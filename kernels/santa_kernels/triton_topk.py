@@ -509,11 +509,13 @@ class TopKSelect:
         return self.scores
 
     def run_select(self, kv: KVCache, out: torch.Tensor, sink: int = 0,
-                   window: int = 0) -> torch.Tensor:
+                   window: int = 0, *, upto: str = "write") -> torch.Tensor:
         """Writes the chosen tokens into ``out [B, Hkv, ≥k]`` int32 (per head: head ``j``
         of a group at ``j·k``; ``-1`` where fewer are allowed), the tokens allowed being
         ``[min(n, sink), max(n − window, min(n, sink)))`` of a sequence of length ``n``;
-        with the group's mass, also ``lse``."""
+        with the group's mass, also ``lse``. ``upto`` (profiling) stops after a launch:
+        ``mass`` or ``second`` (the spread select's second byte); the call is then
+        incomplete and leaves the histograms unzeroed."""
         values = self.scores if self.per_head else self.mass
         mass = self.mass if self.mass is not None else self.scores
         _mass_hist_kernel[(self.splits, self.batch * self.num_sel)](
@@ -526,8 +528,10 @@ class TopKSelect:
             PER_HEAD=self.per_head, SINK=sink, WINDOW=window, NUM_BINS=HIST_BINS,
             num_warps=NUM_WARPS,
         )  # fmt: skip
+        if upto == "mass":
+            return out
         if SPREAD_SELECT:
-            self._spread_select(values, kv, out, sink, window)
+            self._spread_select(values, kv, out, sink, window, upto)
             return out
         _select_kernel[(self.batch * self.num_sel,)](
             values, self.hist, kv.lengths, self.cand, out, self.thr_key,
@@ -540,7 +544,7 @@ class TopKSelect:
         return out
 
     def _spread_select(self, values: torch.Tensor, kv: KVCache, out: torch.Tensor,
-                       sink: int, window: int) -> None:
+                       sink: int, window: int, upto: str = "write") -> None:
         """The select in two launches split like the score pass (the second byte's
         histogram, then the writes; the row's last program resolves the candidates)."""
         grid = (self.splits, self.batch * self.num_sel)
@@ -552,6 +556,8 @@ class TopKSelect:
             K=self.k, NUM_SEL=self.num_sel, SINK=sink, WINDOW=window, NUM_BINS=HIST_BINS,
             BLOCK=block, num_warps=NUM_WARPS,
         )  # fmt: skip
+        if upto == "second":
+            return
         _spread_write_kernel[grid](
             values, self.hist, self.hist2, kv.lengths, self.above, self.cum, self.cand,
             self.arrivals, out, self.thr_key, self.thr_tok, self.capacity, self.splits, span,
