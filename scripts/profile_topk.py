@@ -19,7 +19,9 @@ the score pass (``triton_topk.SPREAD_SELECT``) and once with one program a row:
   top-k + S²ANTA's rest sums and systematic samples); minus the row before, those;
 - ``step``: the whole call; minus the row before, the indexed attention and its merge;
 - ``scores + mass (N a step)``: the mass kernel with ``N`` tokens a step instead of
-  ``triton_topk.MASS_BLOCK``'s.
+  ``triton_topk.MASS_BLOCK``'s;
+- ``step (N attend programs an SM)``: the whole call of a step built with the indexed
+  attend's splits aimed at ``N`` programs an SM (``triton_indexed.PROGRAMS_PER_SM``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+import santa_kernels.triton_indexed as tix
 import santa_kernels.triton_selection as tsel
 import santa_kernels.triton_topk as ttk
 from santa_bench.baselines import clone_kv
@@ -40,6 +43,7 @@ from santa_bench.units import parse_shapes
 
 SELECTS = {"spread": True, "one program a row": False}  # SPREAD_SELECT
 MASS_BLOCKS = (512, 1024)  # the mass kernel's tokens a step, timed against MASS_BLOCK's
+ATTEND_PROGRAMS = (4, 8, 16)  # the attend's programs an SM, timed against PROGRAMS_PER_SM's
 METHODS = {
     "oracle-topk k=1024": lambda q, kv: tsel.OracleTopKStep(q, kv, k=1024),
     "topk-santa k=64 S=128": lambda q, kv: tsel.TopKSantaStep(q, kv, k=64, S=128),
@@ -117,6 +121,19 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
                 rows.append(Row(shape, method, "spread", f"scores + mass ({block} a step)",
                                 timer(calls)))
                 ttk.MASS_BLOCK = saved_block
+            saved_programs = tix.PROGRAMS_PER_SM
+            try:
+                for per_sm in ATTEND_PROGRAMS:  # the step built for this many programs
+                    tix.PROGRAMS_PER_SM = per_sm
+                    built = [build(qi, kvi) for qi, kvi in inputs]
+                    rows.append(Row(shape, method, "spread",
+                                    f"step ({per_sm} attend programs an SM)",
+                                    timer([lambda s=s, qi=qi, kvi=kvi: s(qi, kvi)
+                                           for s, (qi, kvi) in zip(built, inputs,
+                                                                   strict=True)])))
+                    del built
+            finally:
+                tix.PROGRAMS_PER_SM = saved_programs
     finally:
         ttk.SPREAD_SELECT, ttk.MASS_BLOCK = saved, saved_block
     inputs.clear()

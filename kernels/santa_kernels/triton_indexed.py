@@ -70,6 +70,9 @@ CHUNK = {16: 64, 32: 64, 64: 64, 128: 64, 256: 32}  # rows a step of a program
 SCORE_BLOCK_N = {16: 128, 32: 128, 64: 128, 128: 64, 256: 32}  # tokens a score program
 NUM_WARPS = 4
 MERGE_BLOCK_S = 16
+# stage-1 programs per SM the split count aims for (each program's row loop waits on its
+# gathers: more programs keep more of them in flight)
+PROGRAMS_PER_SM = 2
 
 
 def indexed_available() -> tuple[bool, str]:
@@ -410,7 +413,7 @@ def choose_splits(q: torch.Tensor, kv: KVCache, rows: int) -> int:
     if d not in CHUNK:
         raise InputError(f"k: head dim {d} is not supported by triton-indexed")
     return choose_num_splits(q.shape[0] * kv.num_kv_heads, max(1, rows), CHUNK[d],
-                             num_sms(q.device))
+                             num_sms(q.device), PROGRAMS_PER_SM)
 
 
 def indexed_attention(
