@@ -20,6 +20,8 @@ the score pass (``triton_topk.SPREAD_SELECT``) and once with one program a row:
 - ``step``: the whole call; minus the row before, the indexed attention and its merge;
 - ``scores + mass (N a step)``: the mass kernel with ``N`` tokens a step instead of
   ``triton_topk.MASS_BLOCK``'s;
+- ``scores (L2 hints)``, ``scores + mass (L2 hints)``: with
+  ``triton_topk.SCORE_L2_HINTS`` (K loaded evict-first, the scores stored evict-last);
 - ``step (N attend programs an SM)``: the whole call of a step built with the indexed
   attend's splits aimed at ``N`` programs an SM (``triton_indexed.PROGRAMS_PER_SM``).
 """
@@ -100,7 +102,7 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
     n_copies, _ = cold_l2_plan(touched, l2_cache_bytes(device))
     inputs = [(q.clone(), clone_kv(kv)) for _ in range(n_copies)]
     rows = []
-    saved, saved_block = ttk.SPREAD_SELECT, ttk.MASS_BLOCK
+    saved, saved_block, saved_hints = ttk.SPREAD_SELECT, ttk.MASS_BLOCK, ttk.SCORE_L2_HINTS
     try:
         for method, build in methods.items():
             steps = [build(qi, kvi) for qi, kvi in inputs]
@@ -121,6 +123,14 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
                 rows.append(Row(shape, method, "spread", f"scores + mass ({block} a step)",
                                 timer(calls)))
                 ttk.MASS_BLOCK = saved_block
+            ttk.SCORE_L2_HINTS = True
+            for stage, part in (("scores (L2 hints)", lambda s: lambda q, kv:
+                                 s.top.run_scores(q, kv)),
+                                ("scores + mass (L2 hints)", lambda s: _select(s, "mass"))):
+                calls = [lambda s=s, qi=qi, kvi=kvi, part=part: part(s)(qi, kvi)
+                         for s, (qi, kvi) in zip(steps, inputs, strict=True)]
+                rows.append(Row(shape, method, "spread", stage, timer(calls)))
+            ttk.SCORE_L2_HINTS = saved_hints
             saved_programs = tix.PROGRAMS_PER_SM
             try:
                 for per_sm in ATTEND_PROGRAMS:  # the step built for this many programs
@@ -136,6 +146,7 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
                 tix.PROGRAMS_PER_SM = saved_programs
     finally:
         ttk.SPREAD_SELECT, ttk.MASS_BLOCK = saved, saved_block
+        ttk.SCORE_L2_HINTS = saved_hints
     inputs.clear()
     if device == "cuda":
         torch.cuda.empty_cache()

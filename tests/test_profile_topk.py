@@ -32,6 +32,7 @@ def test_one_shape_through_the_interpreter(capsys):
     rows = script.profile_shape(1, 1024, 4, 2, 16, methods, device="cpu", timer=timer)
     spread = ("scores + mass", "scores + mass + second byte", "scores + select")
     sweep = ([("spread", f"scores + mass ({b} a step)") for b in script.MASS_BLOCKS]
+             + [("spread", "scores (L2 hints)"), ("spread", "scores + mass (L2 hints)")]
              + [("spread", f"step ({n} attend programs an SM)")
                 for n in script.ATTEND_PROGRAMS])
     oracle = ([("-", "scores")] + [("spread", st) for st in (*spread, "step")]
@@ -44,7 +45,7 @@ def test_one_shape_through_the_interpreter(capsys):
     assert seen == ([True] * 5 + [False] * 2 + swept
                     + ([True] * 6 + [False] * 3 + swept) * 2)
     assert ttk.SPREAD_SELECT is True and ttk.MASS_BLOCK == 256
-    assert script.tix.PROGRAMS_PER_SM == 2
+    assert script.tix.PROGRAMS_PER_SM == 2 and ttk.SCORE_L2_HINTS is False
     script.print_rows(rows)
     table = capsys.readouterr().out
     # each spread row less the row before it; one program a row's select less the scores
