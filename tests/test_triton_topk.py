@@ -225,7 +225,7 @@ def test_spread_select_takes_the_one_program_selects_tokens(monkeypatch, per_hea
     assert torch.equal(old_out.sort(-1).values, new_out.sort(-1).values)
     assert torch.equal(old.thr_key.cpu(), new.thr_key.cpu())
     assert torch.equal(old.thr_tok.cpu(), new.thr_tok.cpu())
-    for buf in (new.hist, new.hist2, new.arrivals):
+    for buf in (new.hist, new.arrivals):
         assert int(buf.abs().sum()) == 0
     again = torch.full_like(new_out, 7).to(DEVICE)
     new.run_select(make()[1], again, sink, window)
