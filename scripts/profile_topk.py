@@ -10,9 +10,9 @@ own step, as many as the harness's cold-L2 plan takes), once with the select spl
 the score pass (``triton_topk.SPREAD_SELECT``) and once with one program a row:
 
 - ``scores``: the score pass alone (K once, the scores and their per-split stats);
-- ``scores + mass``, ``scores + mass + second byte`` (spread select only): the score
-  pass and the select's first launches (these calls leave the select's histograms
-  growing: their times, not their choices, are meant);
+- ``scores + mass`` (spread select only): the score pass and the select's first launch,
+  the mass and its histogram (these calls leave the select's histograms growing: their
+  times, not their choices, are meant);
 - ``scores + select``: the score pass, the mass kernel and the top-k select; minus
   ``scores``, the mass kernel and the select (spread: minus the row before, the writes);
 - ``plan`` (vattention, topk-santa): the rows of a call (vAttention's plan kernel;
@@ -39,7 +39,7 @@ from santa_bench.timing import cold_l2_plan, graph_call_us, l2_cache_bytes
 from santa_bench.units import parse_shapes
 
 SELECTS = {"spread": True, "one program a row": False}  # SPREAD_SELECT
-MASS_BLOCKS = (512, 1024)  # the mass kernel's tokens a step, timed against MASS_BLOCK's
+MASS_BLOCKS = (1024, 4096)  # the mass kernel's tokens a step, timed against MASS_BLOCK's
 METHODS = {
     "oracle-topk k=1024": lambda q, kv: tsel.OracleTopKStep(q, kv, k=1024),
     "topk-santa k=64 S=128": lambda q, kv: tsel.TopKSantaStep(q, kv, k=64, S=128),
@@ -75,7 +75,6 @@ def _stages(step) -> dict[str, Callable]:
     stages = {"scores": lambda q, kv: step.top.run_scores(q, kv)}
     if ttk.SPREAD_SELECT:
         stages["scores + mass"] = _select(step, "mass")
-        stages["scores + mass + second byte"] = _select(step, "second")
     stages["scores + select"] = _select(step)
     if hasattr(step, "plan"):
         stages["plan"] = step.plan

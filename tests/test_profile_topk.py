@@ -30,7 +30,7 @@ def test_one_shape_through_the_interpreter(capsys):
         return float(len(seen))
 
     rows = script.profile_shape(1, 1024, 4, 2, 16, methods, device="cpu", timer=timer)
-    spread = ("scores + mass", "scores + mass + second byte", "scores + select")
+    spread = ("scores + mass", "scores + select")
     sweep = [("spread", f"scores + mass ({b} a step)") for b in script.MASS_BLOCKS]
     oracle = ([("-", "scores")] + [("spread", st) for st in (*spread, "step")]
               + [("one program a row", st) for st in ("scores + select", "step")] + sweep)
@@ -39,12 +39,12 @@ def test_one_shape_through_the_interpreter(capsys):
                + sweep)
     assert [(r.select, r.stage) for r in rows] == oracle + planned + planned
     swept = [True] * len(sweep)
-    assert seen == ([True] * 5 + [False] * 2 + swept
-                    + ([True] * 6 + [False] * 3 + swept) * 2)
-    assert ttk.SPREAD_SELECT is True and ttk.MASS_BLOCK == 256
+    assert seen == ([True] * 4 + [False] * 2 + swept
+                    + ([True] * 5 + [False] * 3 + swept) * 2)
+    assert ttk.SPREAD_SELECT is True and ttk.MASS_BLOCK == 2048
     script.print_rows(rows)
     table = capsys.readouterr().out
     # each spread row less the row before it; one program a row's select less the scores
     assert "| 1k B=1 4/2/16 | oracle-topk k=8 | spread | scores + mass | 2.0 | 1.0 |" in table
-    assert "| oracle-topk k=8 | spread | scores + select | 4.0 | 1.0 |" in table
-    assert "| oracle-topk k=8 | one program a row | scores + select | 6.0 | 5.0 |" in table
+    assert "| oracle-topk k=8 | spread | scores + select | 3.0 | 1.0 |" in table
+    assert "| oracle-topk k=8 | one program a row | scores + select | 5.0 | 4.0 |" in table
