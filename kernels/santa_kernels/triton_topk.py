@@ -1,5 +1,5 @@
 """triton-topk: the score pass and the exact top-``k`` select of the selection methods
-(docs/algorithms.md section 10), in four launches split alike over the tokens and no
+(docs/algorithms.md section 10), in three launches split alike over the tokens and no
 torch op over the tokens.
 
 1. **Score pass** (:meth:`TopKSelect.run_scores`): ``τ q·k`` of every cached token for
@@ -8,25 +8,30 @@ torch op over the tokens.
    (the stats), so the softmax's normaliser ``lse`` needs no second pass over the scores.
 2. **Mass and histogram** (:meth:`TopKSelect.run_select`, split like the score pass): per
    (sequence, KV head) the group's summed probabilities ``Σ_h e^{s_h − lse_h}`` (written,
-   fp32, ``-1`` on tokens not allowed) and a histogram of the top byte of their
-   order-preserving key (the float's bits, sign flipped); per query head (``per_head``)
-   the key is the score itself and nothing is written. The split-0 program writes
-   ``lse [B, Hq]``.
-3. **Second byte** (split alike): the histogram gives the top byte ``b1`` of the
-   ``k``-th key; each split counts its allowed tokens above ``b1`` and histograms the
-   second byte of those in ``b1`` (kept per split as counts at or above each value, and
-   added to the row's).
-4. **Writes** (split alike): with the top two bytes ``P`` of the ``k``-th key, each split
-   writes its tokens above ``P`` after the earlier splits' ones (their counts from 3)
-   and lists those under ``P`` (the candidates) after the earlier splits' candidates;
-   the row's last program to finish (an arrival counter) takes two histograms of the
-   candidates (the last two bytes: the exact key ``T``), writes those above ``T``, then
-   those equal to ``T`` in token order until ``k`` are chosen, and ``-1`` fills the rest.
-   A token is chosen exactly when ``key > T`` or ``key = T`` and ``token ≤ last tie``
-   (both stored), which later kernels test without a list.
+   fp32, ``-1`` on tokens not allowed) and a histogram of the allowed tokens' buckets:
+   the top 12 bits of their order-preserving key (the float's bits, sign flipped), for
+   a mass 8 exponent and 3 mantissa bits, so a bucket spans 1/8 of an octave. Per query
+   head (``per_head``) the key is the score itself and nothing is written. Each split
+   keeps its counts at or above each bucket (``cum``) and adds its histogram to the
+   row's; the split-0 program writes ``lse [B, Hq]``.
+3. **Writes** (split alike): the row's histogram gives the bucket ``b1`` of the ``k``-th
+   key; each split writes its tokens above ``b1`` after the earlier splits' ones and
+   lists those in ``b1`` (the candidates) after the earlier splits' candidates (both
+   counts from the earlier splits' ``cum`` at ``b1`` and ``b1 + 1``); the row's last
+   program to finish (an arrival counter) takes three histograms of the candidates (the
+   key's other 20 bits: 8, 8, 4; the exact key ``T``), writes those above ``T``, then
+   those equal to ``T`` in token order until ``k`` are chosen, and ``-1`` fills the
+   rest. A token is chosen exactly when ``key > T`` or ``key = T`` and ``token ≤ last
+   tie`` (both stored), which later kernels test without a list.
 
-``SPREAD_SELECT = False`` runs 3 and 4 as the former select instead: one program per
-(sequence, selecting head) walks every token (the same tokens, threshold and last tie).
+``SPREAD_SELECT = False`` runs 3 as the former select instead: one program per
+(sequence, selecting head) walks every token (the same histogram, candidates, tokens,
+threshold and last tie).
+
+Bytes of the select at 32 query / 8 KV heads, 32k tokens, B = 8 (10 splits): the mass
+kernel reads the scores (33.5 MB) and writes the mass (8.4 MB) and ``cum`` (10.5 MB,
+16 KiB a split of a row); the write kernel reads the mass once more (8.4 MB) and each
+program its row's histogram (16 KiB, from L2), then the candidates (about 1% of a row).
 
 Static shapes (the capacity, never the lengths), no host sync, graph capturable: the
 histograms and the arrival counts are zeroed by the last program after use, so they start
