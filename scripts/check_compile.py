@@ -508,7 +508,7 @@ def check_topk() -> int:
             (4, 8, 128, False, 0, 0), (1, 8, 128, False, 128, 128), (7, 2, 64, False, 0, 0),
             (2, 8, 128, False, 0, 0), (4, 8, 128, True, 0, 0)):
         splits = _topk_splits(d, hkv)
-        types = ["*fp32"] * 3 + ["*i64"] + ["*fp32"] * 2 + ["*i32"] * 2 + ["i32"] * 5
+        types = ["*fp32"] * 3 + ["*i64"] + ["*fp32"] * 2 + ["*i32", "*i16"] + ["i32"] * 5
         consts = {"NUM_SEL": hkv * group if per_head else hkv, "GROUP": group,
                   "BLOCK_G": _pad(group), "SPLITS_PAD": max(2, _pad(splits)),
                   "BLOCK": min(ttk.MASS_BLOCK, _pad(_topk_span(d, hkv))),
@@ -540,8 +540,8 @@ def check_topk() -> int:
                   "PER_HEAD": per_head, "SINK": sink, "WINDOW": window,
                   "NUM_BINS": ttk.HIST_BINS, "SPLITS_PAD": max(2, _pad(splits)),
                   "BLOCK": min(ttk.SPREAD_BLOCK, _pad(_topk_span(128, hkv)))}
-        err = compile_kernel(ttk._spread_write_kernel, ["*fp32", "*i32", "*i64"]
-                             + ["*i32"] * 6 + ["i32"] * 7, spread,
+        err = compile_kernel(ttk._spread_write_kernel, ["*fp32", "*i32", "*i64", "*i16"]
+                             + ["*i32"] * 5 + ["i32"] * 7, spread,
                              {"num_warps": ttk.SELECT_WARPS}, max_shared=H100_SHARED,
                              divisible=_aligned(ttk._spread_write_kernel))
         print(f"topk _spread_write_kernel K={k} G={group} per_head={per_head} sink={sink}: "

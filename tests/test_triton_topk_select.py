@@ -122,7 +122,7 @@ def test_mass_kernel_histograms_the_allowed_keys_top_12_bits_per_split():
     top.run_scores(q, kv)
     top.run_select(kv, torch.empty(2, HKV, 10, dtype=torch.int32, device=DEVICE), 8, 16,
                    upto="mass")
-    assert tk.HIST_BINS == 4096 and top.splits > 2
+    assert tk.HIST_BINS == 4096 and top.splits > 2 and top.cum.dtype == torch.int16
     span = top.tiles_per_split * top.block_n
     buckets = _order_keys(top.mass.cpu()) >> 20
     cum = top.cum.cpu().view(2 * HKV, top.splits, tk.HIST_BINS)

@@ -12,8 +12,9 @@ torch op over the tokens.
    the top 12 bits of their order-preserving key (the float's bits, sign flipped), for
    a mass 8 exponent and 3 mantissa bits, so a bucket spans 1/8 of an octave. Per query
    head (``per_head``) the key is the score itself and nothing is written. Each split
-   keeps its counts at or above each bucket (``cum``) and adds its histogram to the
-   row's; the split-0 program writes ``lse [B, Hq]``.
+   keeps its counts at or above each bucket (``cum``: int16 while a split spans fewer
+   than 2^15 tokens) and adds its histogram to the row's; the split-0 program writes
+   ``lse [B, Hq]``.
 3. **Writes** (split alike): the row's histogram gives the bucket ``b1`` of the ``k``-th
    key; each split writes its tokens above ``b1`` after the earlier splits' ones and
    lists those in ``b1`` (the candidates) after the earlier splits' candidates (both
@@ -29,9 +30,10 @@ torch op over the tokens.
 threshold and last tie).
 
 Bytes of the select at 32 query / 8 KV heads, 32k tokens, B = 8 (10 splits): the mass
-kernel reads the scores (33.5 MB) and writes the mass (8.4 MB) and ``cum`` (10.5 MB,
-16 KiB a split of a row); the write kernel reads the mass once more (8.4 MB) and each
-program its row's histogram (16 KiB, from L2), then the candidates (about 1% of a row).
+kernel reads the scores (33.5 MB) and writes the mass (8.4 MB) and ``cum`` (5.2 MB,
+8 KiB a split of a row; per head, 4x the rows: 21 MB); the write kernel reads the mass
+once more (8.4 MB) and each program its row's histogram (16 KiB, from L2), then the
+candidates (about 1% of a row).
 
 Static shapes (the capacity, never the lengths), no host sync, graph capturable: the
 histograms and the arrival counts are zeroed by the last program after use, so they start
@@ -215,8 +217,9 @@ def _mass_hist_kernel(
             tl.store(mass_row + tok, mass, mask=inside)
             hist += _masked_histogram(_bucket_key(_order_key(mass)), ok, NUM_BINS)
     bins = tl.arange(0, NUM_BINS)
+    cum = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
     tl.store(cum_ptr + (pid * num_splits + split) * NUM_BINS + bins,
-             tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist)
+             cum.to(cum_ptr.dtype.element_ty))
     tl.atomic_add(hist_ptr + pid * NUM_BINS + bins, hist, mask=hist != 0)
 
 
@@ -305,8 +308,9 @@ def _spread_write_kernel(
     earlier = offs_s < split
     # (the scalar test as a tensor: the interpreter's & of the two breaks masks)
     has_past = (offs_s * 0 + b1 + 1) < NUM_BINS
-    at_b1 = tl.load(cum_ptr + row_s * NUM_BINS + b1, mask=earlier, other=0)
-    past_b1 = tl.load(cum_ptr + row_s * NUM_BINS + b1 + 1, mask=earlier & has_past, other=0)
+    at_b1 = tl.load(cum_ptr + row_s * NUM_BINS + b1, mask=earlier, other=0).to(tl.int32)
+    past_b1 = tl.load(cum_ptr + row_s * NUM_BINS + b1 + 1, mask=earlier & has_past,
+                      other=0).to(tl.int32)
     written = tl.sum(past_b1, axis=0)
     n_cand = tl.sum(at_b1 - past_b1, axis=0)
     lo = split * tokens_per_split
@@ -331,9 +335,9 @@ def _spread_write_kernel(
     arrived = tl.atomic_add(arrive_ptr + pid, 1, sem="acq_rel")
     if arrived == num_splits - 1:  # every split of the row has written its part
         every = offs_s < num_splits
-        at_b1 = tl.load(cum_ptr + row_s * NUM_BINS + b1, mask=every, other=0)
+        at_b1 = tl.load(cum_ptr + row_s * NUM_BINS + b1, mask=every, other=0).to(tl.int32)
         past_b1 = tl.load(cum_ptr + row_s * NUM_BINS + b1 + 1, mask=every & has_past,
-                          other=0)
+                          other=0).to(tl.int32)
         _finish_row(v_row, cand_row, out_row, thr_key_ptr + pid, thr_tok_ptr + pid,
                     b1.to(tl.uint32), K - above, tl.sum(past_b1, axis=0),
                     tl.sum(at_b1 - past_b1, axis=0), K, BLOCK)
@@ -431,7 +435,9 @@ class TopKSelect:
         # or above each bucket, the candidates, and the row's programs that have written
         # (the spread select's; 0 between calls)
         self.hist = torch.zeros(rows, HIST_BINS, dtype=torch.int32, device=dev)
-        self.cum = torch.empty(rows * self.splits, HIST_BINS, dtype=torch.int32, device=dev)
+        span = self.tiles_per_split * self.block_n  # a split's counts fit int16 below 2^15
+        self.cum = torch.empty(rows * self.splits, HIST_BINS, device=dev,
+                               dtype=torch.int16 if span < 2**15 else torch.int32)
         self.cand = torch.empty(rows, self.capacity, dtype=torch.int32, device=dev)
         self.arrivals = torch.zeros(rows, dtype=torch.int32, device=dev)
         self.thr_key = torch.empty(rows, dtype=torch.int32, device=dev)
