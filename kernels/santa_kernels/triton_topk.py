@@ -50,7 +50,7 @@ from santa_kernels.kv import KVCache
 from santa_kernels.triton_indexed import SCORE_BLOCK_N, _row_offsets, _static_for
 from santa_kernels.triton_splitkv import _mma, choose_num_splits, kv_capacity, num_sms
 
-HIST_BITS = 12  # the key's top bits a bucket of the row's histogram holds (_bucket_key)
+HIST_BITS = 12  # the key's top bits a bucket holds (_bucket_key and _finish_row assume 12)
 HIST_BINS = 1 << HIST_BITS  # for a mass: 8 exponent and 3 mantissa bits, 1/8 of an octave
 SCORE_PROGRAMS_PER_SM = 4  # the score pass's programs per SM its split count aims for
 MASS_BLOCK = 2048  # tokens a step (and a histogram call) of the mass kernel, at most
