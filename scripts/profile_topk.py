@@ -22,6 +22,8 @@ the score pass (``triton_topk.SPREAD_SELECT``) and once with one program a row:
   ``triton_topk.MASS_BLOCK``'s;
 - ``scores (L2 hints)``, ``scores + mass (L2 hints)``: with
   ``triton_topk.SCORE_L2_HINTS`` (K loaded evict-first, the scores stored evict-last);
+- ``plan (N rest tokens a step)`` (topk-santa): the plan with the rest sampler's kernels
+  stepping ``N`` tokens instead of ``triton_rest_sample.REST_BLOCK``'s;
 - ``step (N attend programs an SM)``: the whole call of a step built with the indexed
   attend's splits aimed at ``N`` programs an SM (``triton_indexed.PROGRAMS_PER_SM``).
 """
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 import santa_kernels.triton_indexed as tix
+import santa_kernels.triton_rest_sample as trs
 import santa_kernels.triton_selection as tsel
 import santa_kernels.triton_topk as ttk
 from santa_bench.baselines import clone_kv
@@ -46,6 +49,7 @@ from santa_bench.units import parse_shapes
 SELECTS = {"spread": True, "one program a row": False}  # SPREAD_SELECT
 MASS_BLOCKS = (1024, 4096)  # the mass kernel's tokens a step, timed against MASS_BLOCK's
 ATTEND_PROGRAMS = (4, 8, 16)  # the attend's programs an SM, timed against PROGRAMS_PER_SM's
+REST_BLOCKS = (512, 1024)  # the rest sampler's tokens a step, timed against REST_BLOCK's
 METHODS = {
     "oracle-topk k=1024": lambda q, kv: tsel.OracleTopKStep(q, kv, k=1024),
     "topk-santa k=64 S=128": lambda q, kv: tsel.TopKSantaStep(q, kv, k=64, S=128),
@@ -130,6 +134,18 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
                          for s, (qi, kvi) in zip(steps, inputs, strict=True)]
                 rows.append(Row(shape, method, "spread", stage, timer(calls)))
             ttk.SCORE_L2_HINTS = saved_hints
+            if "plan" in _stages(steps[0]) and hasattr(steps[0], "sampler"):
+                saved_rest = trs.REST_BLOCK
+                try:
+                    for block in REST_BLOCKS:  # top-k + S²ANTA's rest sums and samples
+                        trs.REST_BLOCK = block
+                        rows.append(Row(shape, method, "spread",
+                                        f"plan ({block} rest tokens a step)",
+                                        timer([lambda s=s, qi=qi, kvi=kvi: s.plan(qi, kvi)
+                                               for s, (qi, kvi) in zip(steps, inputs,
+                                                                       strict=True)])))
+                finally:
+                    trs.REST_BLOCK = saved_rest
             saved_programs = tix.PROGRAMS_PER_SM
             try:
                 for per_sm in ATTEND_PROGRAMS:  # the step built for this many programs

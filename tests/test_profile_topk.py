@@ -40,10 +40,15 @@ def test_one_shape_through_the_interpreter(capsys):
     planned = ([("-", "scores")] + [("spread", st) for st in (*spread, "plan", "step")]
                + [("one program a row", st) for st in ("scores + select", "plan", "step")]
                + sweep)
-    assert [(r.select, r.stage) for r in rows] == oracle + planned + planned
+    rest = [("spread", f"plan ({b} rest tokens a step)") for b in script.REST_BLOCKS]
+    at = len(sweep) - len(script.ATTEND_PROGRAMS)  # the rest sweep: before the attend's
+    santa = planned[:len(planned) - len(sweep)] + sweep[:at] + rest + sweep[at:]
+    assert [(r.select, r.stage) for r in rows] == oracle + santa + planned
     swept = [True] * len(sweep)
     assert seen == ([True] * 4 + [False] * 2 + swept
-                    + ([True] * 5 + [False] * 3 + swept) * 2)
+                    + [True] * 5 + [False] * 3 + swept + [True] * len(rest)
+                    + [True] * 5 + [False] * 3 + swept)
+    assert script.trs.REST_BLOCK == 256
     assert ttk.SPREAD_SELECT is True and ttk.MASS_BLOCK == 2048
     assert script.tix.PROGRAMS_PER_SM == 2 and ttk.SCORE_L2_HINTS is False
     script.print_rows(rows)
