@@ -259,12 +259,13 @@ def check_attend() -> int:
               f"chunks={chunks} lists={lists}: {err or 'ok'}")
         failures += err is not None
     # draw=pooled: the group's list of M teams and their shared 1/pi, as the plan gives it
-    # at 32k B=8 M=512 (32/8/128: 4 tiles of 4 teams a program, the last program merging,
-    # or without merge_ticket the merge kernel; 12/2/128: the atomic merge), and one team a
-    # tile preloaded, pipelined
+    # at 32k B=8 M=512 (32/8/128: 4 tiles of 4 teams a program, the merge kernel after it,
+    # or with merge_ticket the last program merging; 12/2/128: the atomic merge), and one
+    # team a tile preloaded, pipelined (either merge)
     for group, tpb, stages, preload, atomic, ticket in (
         (4, 4, 1, False, False, True), (4, 4, 1, False, False, False),
         (6, 4, 1, False, True, False), (4, 1, 3, True, False, True),
+        (4, 1, 3, True, False, False),
     ):
         consts = {"NUM_KV_HEADS": 8 if group == 4 else 2, "GROUP": group, "HEAD_DIM": 128,
                   "D_PAD": 128, "G_PAD": 16, "TPB": tpb, "SLOT": 16 if tpb == 4 else 64,

@@ -11,18 +11,24 @@ takes for the call's bytes) under one plan, every plan's kernels compiled by the
 ``graph_call_us`` runs before it times. The team index is the method's (the library's
 defaults), built and packed once a shape and copy, outside the timing. The plans:
 
-- ``both (today)``: ``fused_finish`` (no finisher kernel: the group's last select program
+- ``both``: ``fused_finish`` (no finisher kernel: the group's last select program
   finishes the selection; draw=pooled: draws the group's teams) and ``merge_ticket`` (no
   merge kernel: the group's last attend program merges);
-- ``fused_finish only``, ``merge_ticket only``, ``neither``.
+- ``fused_finish only``, ``merge_ticket only``;
+- ``neither``: a finisher kernel (draw=pooled: the pool kernel) and the merge kernel.
 
-``vs today`` is the row's time over the time of the plan the defaults give (``HOPPER``):
-below 1, faster. A plan that an option does not change there (``merge_ticket`` where the
-atomic merge runs, ``fused_finish`` in local selection or above the fused pool's teams) is
-the same plan as one above it: its row says so and is not timed.
+Where the atomic merge runs (up to ``HOPPER["merge_atomic_max_groups"]`` (sequence, KV
+head) groups) it takes the merge kernel's or the ticket's place in every plan.
 
-A second table (``--no-stages``: none) breaks today's call down, in the manner of
-``profile_quest.py``: the call cut at each profiling stage of ``santapp_decode``
+The plan whose options are ``HOPPER``'s (the defaults') comes first, its name marked
+``(default)``; the other three follow in that order. ``vs default`` is the row's time over
+the defaults' plan's: below 1, faster. A plan that an option does not change there
+(``merge_ticket`` where the atomic merge runs, ``fused_finish`` in local selection or above
+the fused pool's teams) is the same plan as one above it: its row says so (why the options
+it differs in do not apply) and is not timed.
+
+A second table (``--no-stages``: none) breaks the defaults' plan's call down, in the
+manner of ``profile_quest.py``: the call cut at each profiling stage of ``santapp_decode``
 (``stages=``), each cut warmed up by ``graph_call_us`` and timed, cheapest first, with each
 cut's time minus the one before:
 
@@ -34,7 +40,7 @@ cut's time minus the one before:
   group (``fused finish``, ``fused pool draw``) or a kernel of its own (``finisher``,
   ``pool kernel``); minus ``score``, what finishing costs;
 - ``select + attend``: the attend kernel without the merge;
-- ``call (...)``: the whole call (today's row of the first table), with its merge
+- ``call (...)``: the whole call (the defaults' row of the first table), with its merge
   (``atomic merge``, ``merge ticket`` or ``merge kernel``); minus ``select + attend``,
   what merging costs.
 
@@ -60,12 +66,13 @@ from santa_bench.units import parse_list, parse_shapes
 from santa_kernels.santapp import KERNEL_DRAWS
 from santa_kernels.triton_santapp_common import HOPPER
 
-VARIANTS = {  # plan -> the plan's options
-    "both (today)": {"fused_finish": True, "merge_ticket": True},
+VARIANTS = {  # plan -> the plan's options (the defaults' plan is timed first)
+    "both": {"fused_finish": True, "merge_ticket": True},
     "fused_finish only": {"fused_finish": True, "merge_ticket": False},
     "merge_ticket only": {"fused_finish": False, "merge_ticket": True},
     "neither": {"fused_finish": False, "merge_ticket": False},
 }
+DEFAULT_MARK = " (default)"  # after the name of the plan the defaults (HOPPER) give
 
 
 @dataclass(frozen=True)
@@ -77,7 +84,7 @@ class Variant:
     plan: tsp.SantaPPPlan
     same_as: str | None
     note: str
-    today: bool  # the timed variant whose plan the defaults give
+    default: bool  # the variant whose options are HOPPER's (first, timed)
 
 
 @dataclass(frozen=True)
@@ -90,7 +97,7 @@ class Row:
     M: int
     plan: str
     us: float  # nan: not timed (see note)
-    vs_today: float  # us over the defaults' plan's us
+    vs_default: float  # us over the defaults' plan's us
     note: str = ""
 
 
@@ -104,7 +111,8 @@ class Cut:
 
 @dataclass(frozen=True)
 class StageRow:
-    """Today's call at one shape, attention shape, draw and M, cut at one stage."""
+    """The defaults' plan's call at one shape, attention shape, draw and M, cut at one
+    stage."""
 
     shape: str
     attn: str
@@ -157,31 +165,46 @@ def parse_draws(text: str) -> list[str]:
     return draws
 
 
-def _not_applied(plan: tsp.SantaPPPlan) -> list[str]:
-    """Why an option asked for in ``plan`` (both on) is off there."""
-    why = []
+def default_variant() -> str:
+    """The :data:`VARIANTS` plan whose options are ``HOPPER``'s (the defaults')."""
+    return next(name for name, options in VARIANTS.items()
+                if all(bool(HOPPER[k]) == on for k, on in options.items()))
+
+
+def _not_applied(plan: tsp.SantaPPPlan) -> dict[str, str]:
+    """Why each option asked for in ``plan`` (every option on) is off there, by option."""
+    why = {}
     if not plan.fused_finish:
-        why.append("no fused_finish in local selection" if plan.local else
-                   f"no fused_finish above {HOPPER['fused_pool_max_teams']} teams (pooled)")
+        why["fused_finish"] = (
+            "no fused_finish in local selection" if plan.local else
+            f"no fused_finish above {HOPPER['fused_pool_max_teams']} teams (pooled)")
     if not plan.merge_ticket:
-        why.append("the atomic merge runs (no merge_ticket)" if plan.merge_atomic
-                   else "no merge_ticket")
+        why["merge_ticket"] = ("the atomic merge runs (no merge_ticket)" if plan.merge_atomic
+                               else "no merge_ticket")
     return why
 
 
 def plan_variants(plan_of: Callable[..., tsp.SantaPPPlan]) -> list[Variant]:
-    """The plans of one case in :data:`VARIANTS`' order. ``plan_of(**options)`` plans the
-    call (``tsp._plan_for`` of its inputs); a variant whose plan an earlier one has is noted
-    with the options that do not apply, not timed."""
-    default = plan_of()
-    plans = {name: plan_of(**options) for name, options in VARIANTS.items()}
-    why = "; ".join(_not_applied(plans["both (today)"]))
+    """The plans of one case: the defaults' plan (named with :data:`DEFAULT_MARK`), then
+    the others in :data:`VARIANTS`' order. ``plan_of(**options)`` plans the call
+    (``tsp._plan_for`` of its inputs); a variant whose plan an earlier one has is noted with
+    why the options it differs in do not apply, not timed."""
+    first = default_variant()
+    names = [first, *(name for name in VARIANTS if name != first)]
+    plans = {name: plan_of(**VARIANTS[name]) for name in names}
+    every = next(name for name, options in VARIANTS.items() if all(options.values()))
+    why = _not_applied(plans[every])
     out: list[Variant] = []
-    for name, options in VARIANTS.items():
-        plan = plans[name]
-        same = next((v.name for v in out if v.plan == plan), None)
-        note = f"same plan as {same}: {why}" if same else ""
-        out.append(Variant(name, options, plan, same, note, same is None and plan == default))
+    for name in names:
+        options, plan = VARIANTS[name], plans[name]
+        label = name + DEFAULT_MARK if name == first else name
+        twin = next((v for v in out if v.plan == plan), None)
+        note = ""
+        if twin is not None:
+            differ = [why[k] for k in options if options[k] != twin.options[k] and k in why]
+            note = f"same plan as {twin.name}: {'; '.join(differ)}"
+        out.append(Variant(label, options, plan, twin.name if twin else None, note,
+                           name == first))
     return out
 
 
@@ -201,8 +224,9 @@ def profile_attn(batch: int, ctx: int, attn: tuple[int, int, int], Ms: list[int]
                  draws: list[str], *, stages: bool = True, device: str = "cuda",
                  timer: Callable[[list], float] = graph_call_us,
                  ) -> tuple[list[Row], list[StageRow]]:
-    """Every row of one shape and attention shape, and (``stages``) today's call's cuts
-    (``device`` and ``timer`` let a CPU test run it through the Triton interpreter)."""
+    """Every row of one shape and attention shape, and (``stages``) the defaults' plan's
+    call's cuts (``device`` and ``timer`` let a CPU test run it through the Triton
+    interpreter)."""
     heads, kv_heads, head_dim = attn
     shape, label = f"{ctx // 1024}k B={batch}", "/".join(map(str, attn))
     q, kv = make_decode_inputs(DecodeShape(batch, ctx, heads, kv_heads, head_dim), seed=0,
@@ -235,16 +259,16 @@ def profile_attn(batch: int, ctx: int, attn: tuple[int, int, int], Ms: list[int]
             lambda **kw: tsp._plan_for(q, kv, packed, M, draw=draw, **kw))  # noqa: B023
         timed = {v.name: _time_calls(copies[:n_copies], M, draw, v.options, tsp.STAGES, timer)
                  for v in variants if v.same_as is None}
-        today = next((timed[v.name] for v in variants if v.today), math.nan)
+        default = next(v for v in variants if v.default)
+        default_us = timed[default.name]
         for v in variants:
             us = timed.get(v.name, math.nan)
-            rows.append(Row(shape, label, draw, M, v.name, us, us / today, v.note))
-        today_v = next((v for v in variants if v.today), None)
-        if stages and today_v is not None:
-            *cuts, call = stage_cuts(today_v.plan)
+            rows.append(Row(shape, label, draw, M, v.name, us, us / default_us, v.note))
+        if stages:
+            *cuts, call = stage_cuts(default.plan)
             cut_rows += [StageRow(shape, label, draw, M, cut.name, _time_calls(
-                copies, M, draw, today_v.options, cut.stages, timer)) for cut in cuts]
-            cut_rows.append(StageRow(shape, label, draw, M, call.name, today))
+                copies, M, draw, default.options, cut.stages, timer)) for cut in cuts]
+            cut_rows.append(StageRow(shape, label, draw, M, call.name, default_us))
     copies.clear()
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()
@@ -253,18 +277,18 @@ def profile_attn(batch: int, ctx: int, attn: tuple[int, int, int], Ms: list[int]
 
 def print_rows(rows: list[Row]) -> None:
     """A Markdown table: each plan's time and its ratio to the defaults' plan."""
-    print("| shape | attn | draw | M | plan | us | vs today | note |")
+    print("| shape | attn | draw | M | plan | us | vs default | note |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         us = "" if math.isnan(r.us) else f"{r.us:.1f}"
-        ratio = "" if math.isnan(r.vs_today) else f"{r.vs_today:.2f}"
+        ratio = "" if math.isnan(r.vs_default) else f"{r.vs_default:.2f}"
         print(f"| {r.shape} | {r.attn} | {r.draw} | {r.M} | {r.plan} | {us} | {ratio} | "
               f"{r.note} |")
 
 
 def print_stage_rows(rows: list[StageRow]) -> None:
-    """A Markdown table: each cut of today's call, and its time minus the cut's before
-    (none for a case's first)."""
+    """A Markdown table: each cut of the defaults' plan's call, and its time minus the
+    cut's before (none for a case's first)."""
     print("| shape | attn | draw | M | stage | us | minus the stage before (us) |")
     print("|---|---|---|---|---|---|---|")
     case = before = None
@@ -281,9 +305,10 @@ def parse_args(argv: list[str] | None = None):
     fault."""
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="Each case is timed under four plans: both (today), fused_finish only, "
-               "merge_ticket only, neither; vs today = the plan's us / the defaults' plan's. "
-               "A second table times today's call cut at each stage (score, select, "
+        epilog="Each case is timed under four plans: both, fused_finish only, "
+               "merge_ticket only, neither, the defaults' plan first and marked (default); "
+               "vs default = the plan's us / the defaults' plan's. A second table times "
+               "the defaults' plan's call cut at each stage (score, select, "
                "select + attend, call) and each cut minus the one before.")
     parser.add_argument("--shapes", default="1x32k,8x32k",
                         help="BATCHxCTX, comma-separated (default: %(default)s)")
@@ -296,7 +321,8 @@ def parse_args(argv: list[str] | None = None):
                         help="how a GQA group's heads draw their teams, comma-separated, of "
                              f"{', '.join(KERNEL_DRAWS)} (default: %(default)s)")
     parser.add_argument("--no-stages", action="store_true",
-                        help="skip the second table (today's call cut at each stage)")
+                        help="skip the second table (the defaults' plan's call cut at each "
+                             "stage)")
     args = parser.parse_args(argv)
     parsers = {"--shapes": (parse_shapes, args.shapes), "--attn": (parse_attn, args.attn),
                "--M": (_parse_teams, args.M), "--draws": (parse_draws, args.draws)}

@@ -115,13 +115,13 @@ def test_gpu_pdl_launches_change_nothing(monkeypatch, backend):
     O GEMM launch early): with and without PDL (graph replays, bf16) the same deterministic
     kernels give the same bits. SANTA++ at batch 4 (8 KV groups) and 9 (18, above
     ``HOPPER["pdl_max_groups"]``): its chain with and without PDL between its own kernels;
-    with int8 representatives the run without PDL also launches select (which finishes the
-    selection) and attend one after the other (``pdl_before_merge`` off). santa-prop: its
-    score pass a dependent of the K/V write, its sample pass letting the O GEMM launch early
-    (from 32 KV groups, where its score pass streams in several waves: 16 x 2 here). SANTA++
-    merges as the merge kernel (bitwise reproducible; in each group's last attend program)
-    except for "atomic": the atomic merge, whose sums' order varies, so the logits agree to
-    bf16 rounding of the last layers' outputs there."""
+    with int8 representatives the run without PDL also launches select, the finisher and
+    attend one after the other (``pdl_before_merge`` off). santa-prop: its score pass a
+    dependent of the K/V write, its sample pass letting the O GEMM launch early (from 32 KV
+    groups, where its score pass streams in several waves: 16 x 2 here). SANTA++ merges with
+    the merge kernel (bitwise reproducible) except for "atomic": the atomic merge, whose
+    sums' order varies, so the logits agree to bf16 rounding of the last layers' outputs
+    there."""
     import santa_kernels.triton_santapp as tsp
     import santa_kernels.triton_splitkv as tsk
     from santa_bench.e2e.configs import ModelConfig

@@ -1,5 +1,5 @@
 """scripts/profile_santapp.py: its options, the plans of a case and their notes, the
-stage cuts of today's plan, one shape end to end through the Triton interpreter with a
+stage cuts of the defaults' plan, one shape end to end through the Triton interpreter with a
 stand-in timer (the GPU timing itself runs on a GPU only)."""
 
 import os
@@ -16,7 +16,8 @@ from santa_bench.timing import cold_l2_plan
 from santa_kernels.triton_santapp_common import HOPPER
 from santa_kernels.triton_santapp_plan import make_plan
 
-PLANS = ["both (today)", "fused_finish only", "merge_ticket only", "neither"]
+# the defaults' plan (HOPPER: neither option) first, the others in the script's order
+PLANS = ["neither (default)", "both", "fused_finish only", "merge_ticket only"]
 
 
 def _script():
@@ -61,45 +62,71 @@ def test_every_option_has_help(capsys):
 
 
 def test_four_plans_where_both_options_apply():
-    """32/8/128 at B=8 (64 groups: no atomic merge), 32k: four plans, each timed, today's
-    the first (both on)."""
+    """32/8/128 at B=8 (64 groups: no atomic merge), 32k: four plans, each timed, the
+    defaults' first (neither option)."""
     variants = _variants(8, 32, 8, 128, 2044, 32)
     assert [v.name for v in variants] == PLANS
     assert [(v.plan.fused_finish, v.plan.merge_ticket) for v in variants] == [
-        (True, True), (True, False), (False, True), (False, False)]
+        (False, False), (True, True), (True, False), (False, True)]
     assert [v.same_as for v in variants] == [None] * 4 and not any(v.note for v in variants)
-    assert [v.today for v in variants] == [True, False, False, False]
+    assert [v.default for v in variants] == [True, False, False, False]
+
+
+@pytest.mark.parametrize(("options", "names"), [
+    ({"fused_finish": True, "merge_ticket": True},
+     ["both (default)", "fused_finish only", "merge_ticket only", "neither"]),
+    ({"fused_finish": True, "merge_ticket": False},
+     ["fused_finish only (default)", "both", "merge_ticket only", "neither"]),
+    ({"fused_finish": False, "merge_ticket": True},
+     ["merge_ticket only (default)", "both", "fused_finish only", "neither"]),
+])
+def test_the_plan_the_defaults_give_is_marked_and_first(options, names, monkeypatch):
+    """The labels follow HOPPER: whichever plan its options give is first, timed, marked."""
+    for key, on in options.items():
+        monkeypatch.setitem(HOPPER, key, on)
+    variants = _variants(8, 32, 8, 128, 2044, 32)
+    assert [v.name for v in variants] == names
+    assert variants[0].default and variants[0].options == options
+    assert (variants[0].plan.fused_finish, variants[0].plan.merge_ticket) == (
+        options["fused_finish"], options["merge_ticket"])
+    assert not any(v.default for v in variants[1:])
 
 
 def test_the_atomic_merge_leaves_two_plans():
     """At B=1 (8 groups) the atomic merge runs: merge_ticket changes nothing, so
-    fused_finish only is today's plan and neither is merge_ticket only's, noted."""
+    merge_ticket only is the defaults' plan and fused_finish only is both's, noted."""
     variants = _variants(1, 32, 8, 128, 2044, 32)
-    assert [v.same_as for v in variants] == [None, "both (today)", None, "merge_ticket only"]
-    assert variants[1].note == ("same plan as both (today): the atomic merge runs "
+    assert [v.same_as for v in variants] == [None, None, "both", "neither (default)"]
+    assert variants[2].note == "same plan as both: the atomic merge runs (no merge_ticket)"
+    assert variants[3].note == ("same plan as neither (default): the atomic merge runs "
                                 "(no merge_ticket)")
-    assert variants[0].today and not variants[1].today
+    assert variants[0].default and not variants[3].default
 
 
 def test_local_selection_and_the_fused_pools_teams_are_noted():
     """128k (8188 teams, local selection): fused_finish changes nothing; draw=pooled above
-    fused_pool_max_teams neither; at B=1 only one plan is left to time."""
+    fused_pool_max_teams neither; at B=1 only one plan is left to time. Each note names
+    the options its plan differs in from the one it matches."""
     local = _variants(8, 32, 8, 128, 8188, 32)
-    assert [v.same_as for v in local] == [None, None, "both (today)", "fused_finish only"]
-    assert local[3].note == "same plan as fused_finish only: no fused_finish in local selection"
+    assert [v.same_as for v in local] == [None, None, "neither (default)", "both"]
+    assert local[2].note == ("same plan as neither (default): no fused_finish in local "
+                             "selection")
+    assert local[3].note == "same plan as both: no fused_finish in local selection"
     one = _variants(1, 32, 8, 128, 8188, 32)
-    assert [v.same_as for v in one] == [None] + ["both (today)"] * 3
-    assert one[3].note.endswith("no fused_finish in local selection; the atomic merge runs "
-                                "(no merge_ticket)")
+    assert [v.same_as for v in one] == [None] + ["neither (default)"] * 3
+    assert [v.note.split(": ", 1)[1] for v in one[1:]] == [
+        "no fused_finish in local selection; the atomic merge runs (no merge_ticket)",
+        "no fused_finish in local selection", "the atomic merge runs (no merge_ticket)"]
     pooled = _variants(8, 32, 8, 128, 4000, 32, draw="pooled")
     teams = HOPPER["fused_pool_max_teams"]
-    assert pooled[2].note == (f"same plan as both (today): no fused_finish above {teams} "
+    assert pooled[2].note == (f"same plan as neither (default): no fused_finish above {teams} "
                               "teams (pooled)")
+    assert pooled[3].same_as == "both"
 
 
 def test_each_plan_is_planned_once():
-    """The defaults' plan and each variant's, one ``plan_of`` call each (both (today)'s
-    plan also gives the notes)."""
+    """Each variant's plan, one ``plan_of`` call each (the defaults' plan is its
+    variant's)."""
     planned = []
 
     def plan_of(**kw):
@@ -107,7 +134,8 @@ def test_each_plan_is_planned_once():
         return make_plan(1, 32, 8, 128, 2044, 32, 16, 76, 132, **kw)
 
     variants = _script().plan_variants(plan_of)
-    assert planned == [{}, *(v.options for v in variants)]
+    assert planned == [v.options for v in variants]
+    assert variants[0].plan == make_plan(1, 32, 8, 128, 2044, 32, 16, 76, 132)
 
 
 def test_a_timing_makes_no_call_of_its_own(monkeypatch):
@@ -135,17 +163,17 @@ def test_a_timing_makes_no_call_of_its_own(monkeypatch):
 def test_the_table_from_fake_timings(capsys):
     script = _script()
     Row = script.Row
-    rows = [Row("32k B=1", "32/8/128", "head", 32, "both (today)", 33.7, 1.0),
-            Row("32k B=1", "32/8/128", "head", 32, "fused_finish only", math.nan, math.nan,
-                "same plan as both (today): the atomic merge runs (no merge_ticket)"),
-            Row("32k B=1", "32/8/128", "head", 32, "merge_ticket only", 18.8, 18.8 / 33.7)]
+    rows = [Row("32k B=1", "32/8/128", "head", 32, "neither (default)", 18.8, 1.0),
+            Row("32k B=1", "32/8/128", "head", 32, "both", 33.7, 33.7 / 18.8),
+            Row("32k B=1", "32/8/128", "head", 32, "merge_ticket only", math.nan, math.nan,
+                "same plan as neither (default): the atomic merge runs (no merge_ticket)")]
     script.print_rows(rows)
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "| shape | attn | draw | M | plan | us | vs today | note |"
-    assert lines[2] == "| 32k B=1 | 32/8/128 | head | 32 | both (today) | 33.7 | 1.00 |  |"
-    assert lines[3] == ("| 32k B=1 | 32/8/128 | head | 32 | fused_finish only |  |  | same "
-                        "plan as both (today): the atomic merge runs (no merge_ticket) |")
-    assert lines[4] == "| 32k B=1 | 32/8/128 | head | 32 | merge_ticket only | 18.8 | 0.56 |  |"
+    assert lines[0] == "| shape | attn | draw | M | plan | us | vs default | note |"
+    assert lines[2] == "| 32k B=1 | 32/8/128 | head | 32 | neither (default) | 18.8 | 1.00 |  |"
+    assert lines[3] == "| 32k B=1 | 32/8/128 | head | 32 | both | 33.7 | 1.79 |  |"
+    assert lines[4] == ("| 32k B=1 | 32/8/128 | head | 32 | merge_ticket only |  |  | same "
+                        "plan as neither (default): the atomic merge runs (no merge_ticket) |")
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -153,7 +181,8 @@ def test_the_table_from_fake_timings(capsys):
 @pytest.mark.usefixtures("one_thread")
 def test_one_shape_through_the_interpreter():
     """Each draw's distinct plans timed on workspaces planned with their options (B=1: the
-    atomic merge, two plans a draw), the ratio to today's; an M covering every team noted."""
+    atomic merge, two plans a draw), the ratio to the defaults'; an M covering every team
+    noted."""
     script = _script()
     tsp = script.tsp
     seen = []
@@ -180,14 +209,15 @@ def test_one_shape_through_the_interpreter():
         tsp.SantaPPWorkspace.for_inputs = for_inputs
     assert seen == [1] * 4 and cuts == []  # one copy without an L2 to rotate through
     # the defaults' plans size the copies, then each draw's two plans
-    assert planned == [("head", True, False), ("pooled", True, False),
-                       ("head", True, False), ("head", False, False),
-                       ("pooled", True, False), ("pooled", False, False)]
+    assert planned == [("head", False, False), ("pooled", False, False),
+                       ("head", False, False), ("head", True, False),
+                       ("pooled", False, False), ("pooled", True, False)]
     assert [(r.draw, r.M, r.plan, r.us) for r in rows if r.M == 4] == [
         (d, 4, p, us) for d, first in (("head", 1.0), ("pooled", 3.0))
-        for p, us in zip(PLANS, (first, math.nan, first + 1, math.nan), strict=True)]
+        for p, us in zip(PLANS, (first, first + 1, math.nan, math.nan), strict=True)]
     head = [r for r in rows if r.draw == "head" and r.M == 4]
-    assert head[2].vs_today == 2.0 and head[3].note.startswith("same plan as merge_ticket only")
+    assert head[1].vs_default == 2.0 and head[2].note.startswith("same plan as both:")
+    assert head[3].note.startswith("same plan as neither (default):")
     dense = [r for r in rows if r.M == 1000]
     assert [r.note.endswith("teams: dense attention") for r in dense] == [True, True]
 
@@ -200,14 +230,19 @@ def _cuts(*shape, **kw):
 CALL = ("select", "attend", "merge")
 
 
+BOTH = {"fused_finish": True, "merge_ticket": True}
+
+
 @pytest.mark.parametrize(("shape", "kw", "finish", "merge"), [
-    ((8, 32, 8, 128, 2044, 32), {}, "fused finish", "merge ticket"),
-    ((1, 32, 8, 128, 2044, 32), {}, "fused finish", "atomic merge"),
-    ((8, 32, 8, 128, 2044, 32), {"draw": "pooled"}, "fused pool draw", "merge ticket"),
-    ((8, 32, 8, 128, 4000, 32), {"draw": "pooled"}, "pool kernel", "merge ticket"),
-    ((8, 32, 8, 128, 2044, 32), {"fused_finish": False, "finish_heads": 0}, "finisher",
+    ((8, 32, 8, 128, 2044, 32), BOTH, "fused finish", "merge ticket"),
+    ((1, 32, 8, 128, 2044, 32), BOTH, "fused finish", "atomic merge"),
+    ((8, 32, 8, 128, 2044, 32), {"draw": "pooled", **BOTH}, "fused pool draw", "merge ticket"),
+    ((8, 32, 8, 128, 4000, 32), {"draw": "pooled", **BOTH}, "pool kernel", "merge ticket"),
+    ((8, 32, 8, 128, 2044, 32), {"draw": "pooled"}, "pool kernel", "merge kernel"),
+    ((1, 32, 8, 128, 2044, 32), {"draw": "pooled"}, "pool kernel", "atomic merge"),
+    ((8, 32, 8, 128, 2044, 32), {"finish_heads": 0, "merge_ticket": True}, "finisher",
      "merge ticket"),
-    ((8, 32, 8, 128, 2044, 32), {"merge_ticket": False}, "fused finish", "merge kernel"),
+    ((8, 32, 8, 128, 2044, 32), {"fused_finish": True}, "fused finish", "merge kernel"),
 ])
 def test_the_stage_cuts_of_a_plan(shape, kw, finish, merge):
     """The select kernel alone, the selection finished (how the plan finishes), the attend
@@ -217,17 +252,20 @@ def test_the_stage_cuts_of_a_plan(shape, kw, finish, merge):
                                    (f"call ({merge})", CALL)]
 
 
-@pytest.mark.parametrize("kw", [{"fused_finish": False}, {}])
-def test_the_per_head_finisher_is_cut_at_its_search_and_union(kw):
-    """draw=head with the per-head finisher (32k without the fused finish, or 128k: local
-    selection): its kth search and its union step cut off before the whole finisher."""
-    teams = 8188 if not kw else 2044
+@pytest.mark.parametrize(("kw", "teams", "merge"), [
+    ({}, 2044, "merge kernel"),
+    ({"fused_finish": True, "merge_ticket": True}, 8188, "merge ticket"),
+])
+def test_the_per_head_finisher_is_cut_at_its_search_and_union(kw, teams, merge):
+    """draw=head with the per-head finisher (32k with the defaults, or 128k: local
+    selection, where the fused finish asked for does not apply): its kth search and its
+    union step cut off before the whole finisher."""
     assert _cuts(8, 32, 8, 128, teams, 32, **kw) == [
         ("score", ("score",)),
         ("select + finisher, no search", ("select", "no-search")),
         ("select + finisher, no union", ("select", "no-union")),
         ("select + finisher", ("select",)), ("select + attend", ("select", "attend")),
-        ("call (merge ticket)", CALL)]
+        (f"call ({merge})", CALL)]
 
 
 def test_the_stage_table_from_fake_timings(capsys):
@@ -258,10 +296,10 @@ def test_the_stage_table_from_fake_timings(capsys):
                     reason="the kernels on a CPU need the interpreter")
 @pytest.mark.usefixtures("one_thread")
 def test_the_stage_cuts_through_the_interpreter(monkeypatch):
-    """Today's plan (B=1, draw=pooled: the fused pool draw, the atomic merge) cut at each
-    stage, each cut warmed up by the timer and timed on workspaces of today's options, over
-    the copies the score's bytes take (more than the whole call's); the whole call's row
-    is today's plan row."""
+    """The defaults' plan (B=1, draw=pooled: the pool kernel, the atomic merge) cut at each
+    stage, each cut warmed up by the timer and timed on workspaces of the defaults'
+    options, over the copies the score's bytes take (more than the whole call's); the whole
+    call's row is the defaults' plan row."""
     script = _script()
     tsp = script.tsp
     seen = []
@@ -284,13 +322,13 @@ def test_the_stage_cuts_through_the_interpreter(monkeypatch):
     rows, cuts = script.profile_attn(1, 1024, (4, 2, 16), [4], ["pooled"], device="cpu",
                                      timer=timer)
     assert [(r.plan, r.us) for r in rows if not math.isnan(r.us)] == [
-        ("both (today)", 10.0), ("merge_ticket only", 20.0)]
+        ("neither (default)", 10.0), ("both", 20.0)]
     assert [(c.stage, c.us) for c in cuts] == [
-        ("score", 30.0), ("select + fused pool draw", 40.0), ("select + attend", 50.0),
+        ("score", 30.0), ("select + pool kernel", 40.0), ("select + attend", 50.0),
         ("call (atomic merge)", 10.0)]
-    # each timing's warm-up call: the plans' (whole calls), then each cut's (today's)
-    assert cut == [(CALL, True), (CALL, False), (("score",), True), (("select",), True),
-                   (("select", "attend"), True)]
+    # each timing's warm-up call: the plans' (whole calls), then each cut's (the defaults')
+    assert cut == [(CALL, False), (CALL, True), (("score",), False), (("select",), False),
+                   (("select", "attend"), False)]
     q_bytes, reps = 4 * 16 * 2, 2 * 60 * 16 * 2  # 60 teams of 16 tokens, bf16
     copies = cold_l2_plan(q_bytes + reps + 2 * 60 * 4, 4096)[0]
     assert seen == [1, 1] + [copies] * 3 and copies > 1

@@ -6,6 +6,7 @@ kappas, teams and weights as the per-head finisher, outputs equal within fp tole
 each team of a group listed once (in its first selecting head's list).
 """
 
+import itertools
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -23,6 +24,7 @@ from santa_kernels.triton_santapp import (
     santapp_decode,
     santapp_triton_available,
 )
+from santa_kernels.triton_santapp_common import HOPPER
 
 pytestmark = [pytest.mark.skipif(not santapp_triton_available()[0], reason="no Triton backend"),
               pytest.mark.usefixtures("one_thread")]
@@ -114,7 +116,7 @@ def test_fused_finish_matches_the_reference():
                      dtype=torch.float32)
     index = build_team_index(kv, team_size=8, sink=0, exact_recent=4)
     packed = pack_teams(kv, index)
-    workspace = SantaPPWorkspace.for_inputs(q, kv, packed, 5)
+    workspace = SantaPPWorkspace.for_inputs(q, kv, packed, 5, fused_finish=True)
     assert workspace.plan.fused_finish and workspace.plan.head_lists
     _compare(q, kv, index, packed, 5, workspace=workspace)
 
@@ -138,12 +140,12 @@ def test_fused_finish_draws_the_same_teams_from_the_philox_stream():
     assert not torch.equal(got[True][0][2], got[True][1][2])
 
 
-def test_the_decode_step_launches_no_finisher(monkeypatch):
-    """At Llama-3.1-8B's shape (32/8/128, 32k, teams of 16) the plan fuses the finisher
-    into the select kernel; a call launches select and attend only (no merge kernel at
-    B=1), with head lists and with the union list."""
+def test_the_fused_finish_launches_no_finisher(monkeypatch):
+    """With ``fused_finish`` at Llama-3.1-8B's shape (32/8/128, 32k, teams of 16) the plan
+    fuses the finisher into the select kernel; a call launches select and attend only (no
+    merge kernel at B=1), with head lists and with the union list."""
     for batch, M in ((1, 32), (1, 64), (8, 32), (8, 64), (1, 512), (8, 512)):
-        plan = make_plan(batch, 32, 8, 128, 2044, M, 16, 76, 132)
+        plan = make_plan(batch, 32, 8, 128, 2044, M, 16, 76, 132, fused_finish=True)
         assert plan.fused_finish and not plan.local
         assert plan.head_lists == (M < 512)  # 4 x 512 slots > 2044 teams: the union
     q, kv = _problem(heads=4, n=330, d=32, lengths=[330, 271], q_scale=2.0,
@@ -161,9 +163,42 @@ def test_the_decode_step_launches_no_finisher(monkeypatch):
     monkeypatch.setattr(tsp, "_finish_kernel", Refused())
     monkeypatch.setattr(tsp, "_merge_kernel", Refused())
     for head_lists in (True, False):
-        workspace = SantaPPWorkspace.for_inputs(q, kv, packed, 7, head_lists=head_lists)
+        workspace = SantaPPWorkspace.for_inputs(q, kv, packed, 7, head_lists=head_lists,
+                                                fused_finish=True)
         out, info = santapp_decode(q, kv, packed, 7, seed=3, workspace=workspace)
         assert torch.isfinite(out).all() and bool((info.kappa > float("-inf")).all())
+
+
+class _Counted:
+    """A kernel whose launches are listed by name (then run)."""
+
+    def __init__(self, kernel, name: str, launches: list[str]) -> None:
+        self.kernel, self.name, self.launches = kernel, name, launches
+
+    def __getitem__(self, grid):
+        self.launches.append(self.name)
+        return self.kernel[grid]
+
+
+def test_the_default_plan_launches_the_finisher(monkeypatch):
+    """The fused finish is an option: at Llama-3.1-8B's shape the defaults plan the
+    finisher kernel (draw=head) or the pool kernel (draw=pooled) after the select kernel,
+    and a call with the defaults launches it."""
+    assert not HOPPER["fused_finish"]
+    for batch, M, draw in itertools.product((1, 8), (32, 64, 512), ("head", "pooled")):
+        plan = make_plan(batch, 32, 8, 128, 2044, M, 16, 76, 132, draw=draw)
+        assert not plan.fused_finish and not plan.local, (batch, M, draw)
+    q, kv = _problem(heads=4, n=330, d=32, lengths=[330, 271], q_scale=2.0,
+                     dtype=torch.float32)
+    packed = pack_teams(kv, build_team_index(kv, team_size=4, sink=2, exact_recent=3))
+    launches: list[str] = []
+    for name in ("_select_kernel", "_finish_heads_kernel", "_finish_kernel", "_pool_kernel"):
+        monkeypatch.setattr(tsp, name, _Counted(getattr(tsp, name), name, launches))
+    for draw, finisher in (("head", "_finish_heads_kernel"), ("pooled", "_pool_kernel")):
+        launches.clear()
+        out, _ = santapp_decode(q, kv, packed, 7, seed=3, draw=draw)
+        assert launches == ["_select_kernel", finisher], draw
+        assert torch.isfinite(out).all()
 
 
 @pytest.mark.parametrize("noise", ["given", "philox"])
@@ -193,7 +228,7 @@ def test_fused_pooled_draw_is_the_pool_kernels(noise, monkeypatch):
 
 
 def test_pooled_draws_over_2048_teams_keep_the_pool_kernel():
-    plan = make_plan(1, 32, 8, 128, 8188, 32, 16, 76, 132, draw="pooled")
+    plan = make_plan(1, 32, 8, 128, 8188, 32, 16, 76, 132, draw="pooled", fused_finish=True)
     assert not plan.fused_finish and plan.c_pad == 8192
-    plan = make_plan(1, 32, 8, 128, 2044, 32, 16, 76, 132, draw="pooled")
+    plan = make_plan(1, 32, 8, 128, 2044, 32, 16, 76, 132, draw="pooled", fused_finish=True)
     assert plan.fused_finish and plan.score_warps == 4

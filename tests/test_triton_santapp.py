@@ -262,20 +262,23 @@ def test_atomic_merge_matches_the_merge_kernel(q_scale, sums_in_range):
     torch.testing.assert_close(got[True], got[False], rtol=1e-5, atol=1e-6)
 
 
-def test_stages_cut_the_call_for_profiling():
+@pytest.mark.parametrize("fused", [False, True])
+def test_stages_cut_the_call_for_profiling(fused):
     """``stages`` (profiling) runs the call up to a cut: ``("score",)`` the select kernel
     without finishing the selection (no union), ``("select",)`` with it (the whole call's
     union, no output), ``("select", "attend")`` no merge (no output, the step counter the
-    merge advances left at 0); a stage it does not know is one line."""
+    merge advances left at 0), the selection finished by the finisher kernel or (``fused``)
+    the select kernel; a stage it does not know is one line."""
     q, kv = _problem(heads=4, n=200, d=16, q_scale=2.0, dtype=torch.float32)
     index = build_team_index(kv, team_size=4, sink=0, exact_recent=0)
     packed = pack_teams(kv, index)
     gumbels = _gumbels(2, 4, packed.max_teams, 0)
-    _, info = santapp_decode(q, kv, packed, 5, gumbels=gumbels)
+    whole = SantaPPWorkspace.for_inputs(q, kv, packed, 5, fused_finish=fused)
+    _, info = santapp_decode(q, kv, packed, 5, gumbels=gumbels, workspace=whole)
     union = info.union.clone()
     for stages in (("score",), ("select",), ("select", "attend")):
-        ws = SantaPPWorkspace.for_inputs(q, kv, packed, 5)
-        assert ws.plan.fused_finish and ws.plan.merge_atomic
+        ws = SantaPPWorkspace.for_inputs(q, kv, packed, 5, fused_finish=fused)
+        assert ws.plan.fused_finish == fused and ws.plan.merge_atomic
         ws.out(q.dtype).fill_(7.0)
         got, cut = santapp_decode(q, kv, packed, 5, gumbels=gumbels, workspace=ws,
                                   stages=stages)

@@ -1,10 +1,11 @@
 """Triton kernels for SANTA++ decode attention (docs/algorithms.md sections 6 and 8).
 
-One decode step for ``q [B, Hq, d]`` runs four kernels (one fewer with the atomic
-merge, or with the merge ticket, the default where the atomic merge is off; one fewer with
-the fused finish of direct selection), none of which synchronises with the host, so a call
-can be captured in a CUDA graph; the Philox step counter lives on the device (``rng``,
-advanced by the last kernel) so every replay draws fresh Gumbel noise.
+One decode step for ``q [B, Hq, d]`` runs four kernels: select, finish, attend and merge
+(no merge kernel with the atomic merge, the default up to 16 (sequence, KV head) groups;
+the options ``fused_finish`` and ``merge_ticket`` drop the finish and the merge kernel,
+measured slower), none of which synchronises with the host, so a call can be captured in
+a CUDA graph; the Philox step counter lives on the device (``rng``, advanced by the last
+kernel) so every replay draws fresh Gumbel noise.
 
 1. **select** ``(splits, B*Hkv)``: each program scores a block of ``TB`` representatives
    for all ``G`` query heads of its KV head with one ``tl.dot`` (``phi = tau q.r + log n``,
@@ -32,11 +33,12 @@ advanced by the last kernel) so every replay draws fresh Gumbel noise.
    belongs to the first head that selected it) and its count. The call at 32k B=1: 23.8 us
    with the earlier finisher, 21.6 with lists and bracket, 20.7 with the compaction (H200,
    2026-12-01: results/h200/tune-2026-12-01-s11, tune-2026-12-01-s12).
-   **fused finish** (``fused_finish``, the default in direct selection): no finish kernel;
-   the group's last select program (an acq_rel ticket) finds its ``G`` heads' kappas by
-   the (bracketed) search over the ``[G, T]`` keys and writes the head lists, a team in
-   its first selecting head's list only (so the attend programs load it once for the
-   group, as the byte model counts), or the union.
+   **fused finish** (``fused_finish``, an option of direct selection; off by default, the
+   finish kernel being faster at every M and draw timed: H100, 2026-12-07): no finish
+   kernel; the group's last select program (an acq_rel ticket) finds its ``G`` heads'
+   kappas by the (bracketed) search over the ``[G, T]`` keys and writes the head lists, a
+   team in its first selecting head's list only (so the attend programs load it once for
+   the group, as the byte model counts), or the union.
 2. **attend** ``(B*Hkv, chunks + exact programs)``: a team program loads ``TPB`` teams of
    the list (``SLOT`` rows each; with head lists a slot counts only in the list of the
    first head that selected its team; otherwise programs past the device-side union
@@ -53,26 +55,28 @@ advanced by the last kernel) so every replay draws fresh Gumbel noise.
    group's last program (an acq_rel ticket) writes ``sum_o / sum_l``, or merges the
    partials as below where a sum left [2^-64, 2^64]; it advances ``rng``. No merge kernel
    runs then (20.7 -> 18.1 us at 32k B=1; not bitwise reproducible: the adds' order).
-3. **merge** ``(B*Hq)``: log-sum-exp merge of every partial as triton_splitkv's stage 2
-   (max first, then one weighted sum over up to 64 partials a step; about one attend
-   program per SM keeps B=1 at 33 partials per head), ``out = num / den`` in q's dtype
-   (the self-normalised Horvitz-Thompson ratio of section 6); advances ``rng``. With
-   ``merge_ticket`` (the default where the atomic merge is off) no merge kernel runs:
-   the group's last attend program (an acq_rel ticket) merges the group's partials the
-   same way, to the same bits.
+3. **merge** ``(B*Hq)``, the default where the atomic merge is off: log-sum-exp merge of
+   every partial as triton_splitkv's stage 2 (max first, then one weighted sum over up to
+   64 partials a step; about one attend program per SM keeps B=1 at 33 partials per head),
+   ``out = num / den`` in q's dtype (the self-normalised Horvitz-Thompson ratio of section
+   6); advances ``rng``. With ``merge_ticket`` (an option; off by default, the merge kernel
+   being faster at every M and draw timed: H100, 2026-12-07) no merge kernel runs: the
+   group's last attend program (an acq_rel ticket) merges the group's partials the same
+   way, to the same bits.
 
 ``draw=pooled`` (:data:`santa_kernels.santapp.KERNEL_DRAWS`; ``draw=union`` is
 reference-only): one draw of ``M`` teams per (sequence, KV head) from
 ``p_g = mean_h softmax(phi_h)_g``, every head of the group weighting the same teams by the
 shared ``1/pi_g``. The select programs write ``phi`` only (no Gumbel noise, bracket or
 candidates); the **pool** kernel (``triton_santapp_pool``, grid ``(B*Hkv)``, in place of
-the finishers; with ``fused_finish``, up to ``HOPPER["fused_pool_max_teams"]`` teams, the
-group's last select program instead) pools the group's ``G`` rows of ``phi``, adds Gumbel
-noise (counter ``(b, KV head, team)``), finds ``kappa`` by the same k-ary search over one
-row of ``T`` keys (at most 16384 teams) and writes the chosen teams (team order) to the
-group's ``M`` list slots with their ``1/pi``; the attend programs read each listed team once
-for all ``G`` heads (no head lists, no union), so a KV head reads ``M`` teams where ``head``'s
-union holds up to ``G*M``.
+the finishers, the default; with the option ``fused_finish``, up to
+``HOPPER["fused_pool_max_teams"]`` teams, the group's last select program instead) pools
+the group's ``G`` rows of ``phi``, adds Gumbel noise (counter ``(b, KV head, team)``),
+finds ``kappa`` by the same k-ary search over one row of ``T`` keys (at most 16384 teams)
+and writes the chosen teams (team order) to the group's ``M`` list slots with their
+``1/pi``; the attend programs read each listed team once for all ``G`` heads (no head
+lists, no union), so a KV head reads ``M`` teams where ``head``'s union holds up to
+``G*M``.
 
 Team storage (:class:`PackedTeams`): representatives ``[B, Hkv, T, d]`` in the cache dtype,
 ``log n_g`` (``-inf`` for padding), team start/length tables and the exact-set bounds.

@@ -90,13 +90,19 @@ HOPPER = {
     # compact_max_cap; rows with more keys above the bound take the search. Planned only
     # without fused_finish (the fused finisher searches)
     "compact": True,
-    # direct selection: the group's last select program (an acq_rel ticket) finds its
-    # heads' kappas and writes their head lists, a team in its first selecting head's
-    # list only (the attend programs read it once for the group), or the union; the
-    # select kernel then runs select_warps, and no finisher kernel launches
-    "fused_finish": True,
-    # draw=pooled: the last select program draws the group's teams (no pool kernel) up to
-    # this many teams a (sequence, KV head) (its row of keys in the select kernel's warps)
+    # an option of direct selection, off by default (the finisher kernel runs): with it
+    # the group's last select program (an acq_rel ticket) finds its heads' kappas and
+    # writes their head lists, a team in its first selecting head's list only (the attend
+    # programs read it once for the group), or the union; the select kernel then runs
+    # select_warps, and no finisher kernel launches. Off: the single program's search is
+    # a serial tail, the finisher kernel faster at every M and draw timed (H100, 32/8/128
+    # at 32k, per-head M=32: 33.3 -> 18.8 us at B=1, 107.2 -> 66.0 with merge_ticket off
+    # at B=8; pooled M=512 159.5 -> 151.2 at B=8;
+    # results/h100/2026-12-07-h100-kernels-floor-32k-bar-shapes, profile-santapp.md)
+    "fused_finish": False,
+    # with fused_finish and draw=pooled: the last select program draws the group's teams
+    # (no pool kernel) up to this many teams a (sequence, KV head) (its row of keys in the
+    # select kernel's warps); the pool kernel above
     "fused_pool_max_teams": 2048,
     "compact_slack": 1.5,
     "compact_max_cap": 64,
@@ -110,9 +116,11 @@ HOPPER = {
     # faster inside the e2e decode loop there)
     "merge_atomic": True,
     "merge_atomic_max_groups": 16,
-    # above those: the group's last attend program (an acq_rel ticket) merges the group's
-    # partials as the merge kernel would (the same output to the bit; no merge launch)
-    "merge_ticket": True,
+    # above those the merge kernel runs; an option there, off by default: the group's last
+    # attend program (an acq_rel ticket) merges the group's partials as the merge kernel
+    # would (the same output to the bit; no merge launch). Off: the merge kernel is faster
+    # at every M and draw timed (same run as above)
+    "merge_ticket": False,
     "merge_warps": 4,  # 8 when a merge step holds >= 4096 partial elements
     "merge_block": 64,  # partials merged per step (fewer when there are fewer)
     # every kernel after the first is launched as a programmatic dependent of the one

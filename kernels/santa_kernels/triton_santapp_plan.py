@@ -72,8 +72,9 @@ class SantaPPPlan:
     merge_block: int  # partials per merge step
     merge_warps: int
     merge_atomic: bool = False  # the attend programs merge (atomic sums + ticket)
-    # without merge_atomic: the group's last attend program merges the partials (no merge
-    # kernel; the merge kernel's output to the bit)
+    # without merge_atomic, an option (HOPPER's default: off, the merge kernel runs): the
+    # group's last attend program merges the partials (no merge kernel; the merge kernel's
+    # output to the bit)
     merge_ticket: bool = False
     loops: int = 1  # tiles of TPB teams per team program
     attend_stages: int = 1  # software-pipeline depth of a team program's tile loop (loops > 1)
@@ -82,8 +83,9 @@ class SantaPPPlan:
     # from the heads' mean probabilities (the pool kernel finishes it, the list holds M
     # teams a group with their shared 1/pi)
     draw: str = "head"
-    # the group's last select program finishes the selection (kappa, head lists without
-    # duplicates, or the union; draw=pooled: the pool's draw): no finisher launch
+    # an option of direct selection (HOPPER's default: off, the finisher or pool kernel
+    # runs): the group's last select program finishes the selection (kappa, head lists
+    # without duplicates, or the union; draw=pooled: the pool's draw), no finisher launch
     fused_finish: bool = False
 
 

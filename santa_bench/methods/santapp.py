@@ -344,7 +344,7 @@ def santapp() -> Method:
                 "kernel only: atomic = the attend programs add their partials into "
                 "per-head sums and the group's last one divides (the sums' order, so "
                 "the output's last bits, vary between GPU runs); kernel = the "
-                "partials merged by their maxima, by each group's last attend program "
+                "partials merged by their maxima in a merge kernel "
                 "(bitwise reproducible); auto = atomic up to 16 (sequence, KV "
                 "head) groups, where it measured faster",
                 choices=("auto", "atomic", "kernel"),
