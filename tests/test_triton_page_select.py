@@ -122,9 +122,9 @@ def test_byte_wise_select_chooses_what_four_bits_a_pass_chooses(width, k, hist_b
     if hist_block is not None:
         monkeypatch.setattr(ps, "HIST_BLOCK", hist_block)
     scores = _hard_rows(width)
-    monkeypatch.setattr(ps, "BY_HISTOGRAM", False)
+    monkeypatch.setattr(ps, "SELECT", "nibbles")
     old_index, old_counts = _select(scores, k)
-    monkeypatch.setattr(ps, "BY_HISTOGRAM", True)
+    monkeypatch.setattr(ps, "SELECT", "bytes")
     index, counts = _select(scores, k)
     _check_layout(index, counts)
     assert torch.equal(index, old_index) and torch.equal(counts, old_counts)

@@ -173,7 +173,7 @@ def test_quest_byte_wise_select_chooses_the_pages_of_the_old_select_and_the_refe
     step = _step(q, kv, page=page, pages=12, shared=shared)
     runs = {}
     for histogram in (False, True):
-        monkeypatch.setattr(ts.triton_page_select, "BY_HISTOGRAM", histogram)
+        monkeypatch.setattr(ts.triton_page_select, "SELECT", "bytes" if histogram else "nibbles")
         out = step(q, kv).clone()
         runs[histogram] = (_chosen_lists(step), step.counts.clone(), out)
     assert not step.arrivals.any()
