@@ -19,7 +19,8 @@ graph replays draw fresh numbers (Philox, ``tl.rand``, in the kernels):
   token's key into its page (the last page's bounds, not the whole cache), writes every
   page's score bound ``τ (q⁺·max + q⁻·min)`` (the group's largest; the products exact,
   fp32 sums), and its last program of each row picks the row's top pages by a radix
-  select (``triton_page_select``; per head, its own launch); the indexed kernel attends
+  select (``triton_page_select``, the one its ``SELECT`` names at launch; per head, its
+  own launch, byte-wise or four bits a pass); the indexed kernel attends
   to the chosen pages in blocks (split-KV, then its merge, skipped with one split).
 - :class:`VAttentionStep`: the score pass, ``triton_topk``'s select of the middle
   range, then one Triton kernel per (sequence, KV head) lists the sink/window/top-k
