@@ -22,10 +22,10 @@ find the same threshold and so list the same pages:
   their pages, each add them to the row's histogram of the keys' top 12 bits (4096
   bins, an atomic a live page: ``-inf`` is not counted); the row's last program loads
   it once and finds the bucket ``b1`` of the ``k``-th key and the count above it,
-  compacts the row's pages in ``b1`` (the candidates) in one pass, ranks them by a
-  ``[C, C]`` compare when they fit ``CAND_BLOCK`` (else three histograms of their other
-  20 bits: 8, 8, 4, ⌈C / ``HIST_BLOCK``⌉ steps each) for the exact threshold and its
-  ties, then writes as the others do and zeroes the histogram: 1 + ⌈P / ``HIST_BLOCK``⌉
+  compacts the keys of the row's pages in ``b1`` (the candidates) in one pass, ranks
+  them by a ``[C, C]`` compare when they fit ``CAND_BLOCK`` (else three histograms of
+  their other 20 bits: 8, 8, 4, ⌈C / ``HIST_BLOCK``⌉ steps each) for the exact threshold
+  and its ties, then writes as the others do and zeroes the histogram: 1 + ⌈P / ``HIST_BLOCK``⌉
   + 1 + ⌈P / ``HIST_BLOCK``⌉ dependent steps, 4 for 2048 pages (6 with more candidates
   than ``CAND_BLOCK``).
 
@@ -45,7 +45,6 @@ from santa_kernels.triton_topk import (
     _bucket_of,
     _masked_histogram,
     _order_key,
-    _refine,
 )
 from santa_kernels.validate import InputError, check_positive_int
 
@@ -174,14 +173,13 @@ def _spread_count(hist_ptr, row, scores, live):
 
 
 @triton.jit
-def _rank_candidates(base, cand_row, n_cand, need, CAND: tl.constexpr):
-    """The ``need``-th largest key ``T`` of the ``n_cand <= CAND`` candidates (positions
-    at ``cand_row``) by ``[CAND, CAND]`` compares, and the ``need`` left at ``T`` (the
-    candidates above it taken first)."""
+def _rank_candidates(cand_row, n_cand, need, CAND: tl.constexpr):
+    """The ``need``-th largest of the ``n_cand <= CAND`` candidates' keys (int32 bits at
+    ``cand_row``) by ``[CAND, CAND]`` compares, ``T``, and the ``need`` left at ``T``
+    (the candidates above it taken first)."""
     offs = tl.arange(0, CAND)
     ok = offs < n_cand
-    pos = tl.load(cand_row + offs, mask=ok, other=0)
-    key = _order_key(tl.load(base + pos, mask=ok, other=0.0))
+    key = tl.load(cand_row + offs, mask=ok, other=0).to(tl.uint32, bitcast=True)
     above = tl.sum((ok[None, :] & (key[None, :] > key[:, None])).to(tl.int32), axis=1)
     at_least = tl.sum((ok[None, :] & (key[None, :] >= key[:, None])).to(tl.int32), axis=1)
     hit = ok & (above < need) & (at_least >= need)  # the keys equal to T
@@ -190,11 +188,30 @@ def _rank_candidates(base, cand_row, n_cand, need, CAND: tl.constexpr):
 
 
 @triton.jit
+def _refine_keys(cand_row, n_cand, thr, need, DONE: tl.constexpr, BITS: tl.constexpr,
+                 BINS: tl.constexpr, BLOCK: tl.constexpr):
+    """As ``triton_topk._refine`` over the candidates' keys themselves: the ``need``-th
+    largest key's top ``DONE + BITS`` bits among those whose top ``DONE`` are ``thr``,
+    and the ``need`` left below them."""
+    offs = tl.arange(0, BLOCK)
+    h = tl.zeros([BINS], tl.int32)
+    for c0 in range(0, n_cand, BLOCK):
+        at = c0 + offs
+        ok = at < n_cand
+        key = tl.load(cand_row + at, mask=ok, other=0).to(tl.uint32, bitcast=True)
+        ok = ok & ((key >> (32 - DONE)) == thr)
+        h += _masked_histogram(((key >> (32 - DONE - BITS)) & (BINS - 1)).to(tl.int32), ok,
+                               BINS)
+    digit, above = _bucket_of(h, need, BINS)
+    return (thr << BITS) | digit.to(tl.uint32), need - above
+
+
+@triton.jit
 def _spread_select_row(base, out_row, count_at, hist_ptr, cand_ptr, row, width,
                        K: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):
     """As :func:`_select_row`, from row ``row``'s histogram that the bound programs filled
-    (zeroed here for the next call) and its bucket's candidates, listed in the row's
-    ``width`` slots at ``cand_ptr`` (see the module docstring)."""
+    (zeroed here for the next call) and its bucket's candidates, whose keys it lists in
+    the row's ``width`` int32 slots at ``cand_ptr`` (see the module docstring)."""
     hist_row = hist_ptr + row.to(tl.int64) * KEY_BUCKETS
     cand_row = cand_ptr + row.to(tl.int64) * width
     bins = tl.arange(0, KEY_BUCKETS)
@@ -208,18 +225,21 @@ def _spread_select_row(base, out_row, count_at, hist_ptr, cand_ptr, row, width,
     for p0 in range(0, width, BLOCK):
         inside = p0 + offs < width
         s = tl.load(base + p0 + offs, mask=inside, other=float("-inf"))
-        cand = inside & (s > float("-inf")) & (_bucket_key(_order_key(s)) == b1)
+        key = _order_key(s)
+        cand = inside & (s > float("-inf")) & (_bucket_key(key) == b1)
         cand_i = cand.to(tl.int32)
-        tl.store(cand_row + n_cand + tl.cumsum(cand_i, axis=0) - 1, p0 + offs, mask=cand)
+        # the keys, not the positions: the threshold needs no second (dependent) load
+        tl.store(cand_row + n_cand + tl.cumsum(cand_i, axis=0) - 1,
+                 key.to(tl.int32, bitcast=True), mask=cand)
         n_cand += tl.sum(cand_i, axis=0)
     tl.debug_barrier()  # the candidates are visible to the loads below
     need = want - above
     if n_cand <= CAND_BLOCK:
-        thr, ties = _rank_candidates(base, cand_row, n_cand, need, CAND_BLOCK)
+        thr, ties = _rank_candidates(cand_row, n_cand, need, CAND_BLOCK)
     else:  # many in one bucket: the key's other 20 bits by histograms of the candidates
-        thr, ties = _refine(base, cand_row, n_cand, b1.to(tl.uint32), need, 12, 8, 256, BLOCK)
-        thr, ties = _refine(base, cand_row, n_cand, thr, ties, 20, 8, 256, BLOCK)
-        thr, ties = _refine(base, cand_row, n_cand, thr, ties, 28, 4, 16, BLOCK)
+        thr, ties = _refine_keys(cand_row, n_cand, b1.to(tl.uint32), need, 12, 8, 256, BLOCK)
+        thr, ties = _refine_keys(cand_row, n_cand, thr, ties, 20, 8, 256, BLOCK)
+        thr, ties = _refine_keys(cand_row, n_cand, thr, ties, 28, 4, 16, BLOCK)
     _write_taken(base, out_row, count_at, width, thr.to(tl.int64), ties, K, BLOCK, BLOCK_K)
 
 

@@ -211,7 +211,7 @@ class QuestStep(_Step):
         self.counts = torch.empty(self.batch * heads, dtype=torch.int32, device=q.device)
         self.arrivals = torch.zeros(self.batch * self.num_kv_heads, dtype=torch.int32,
                                     device=q.device)  # the fused select's, 0 between calls
-        # the spread select's row histograms (0 between calls) and candidates
+        # the spread select's row histograms (0 between calls) and its candidates' keys
         fused_rows = self.batch * self.num_kv_heads if shared == "group" else 1
         self.hist = torch.zeros(fused_rows, HIST_BINS, dtype=torch.int32, device=q.device)
         self.cand = torch.empty(fused_rows, self.page_cap, dtype=torch.int32, device=q.device)
