@@ -575,41 +575,44 @@ def check_quest() -> int:
     failures = 0
     page = 16
     page_cap = CTX // page
-    # (head dim, group, paged, per head, update, select, pages, histogram): shared=group
-    # selects in the bound kernel (its page_bounds without), byte-wise or four bits a
-    # pass; shared=head selects with _row_topk_kernel
-    for d, group, paged, per_head, update, select, pages, histogram in (
-            (128, 4, False, False, True, True, 256, True),
-            (128, 4, True, False, True, True, 64, True),
-            (128, 8, False, False, True, True, 64, False),
-            (64, 7, False, True, True, False, 64, True),
-            (64, 1, True, False, False, True, 64, True),
-            (128, 8, True, True, True, False, 256, True),
-            (128, 4, False, False, True, False, 64, True)):
+    # (head dim, group, paged, per head, update, select, pages, how): shared=group
+    # selects in the bound kernel (its page_bounds without), byte-wise, four bits a pass
+    # or spread; shared=head selects with _row_topk_kernel
+    for d, group, paged, per_head, update, select, pages, how in (
+            (128, 4, False, False, True, True, 256, "bytes"),
+            (128, 4, True, False, True, True, 64, "bytes"),
+            (128, 8, False, False, True, True, 64, "nibbles"),
+            (128, 4, False, False, True, True, 64, "spread"),
+            (128, 8, True, False, True, True, 256, "spread"),
+            (64, 1, True, False, False, True, 64, "spread"),
+            (64, 7, False, True, True, False, 64, "bytes"),
+            (64, 1, True, False, False, True, 64, "bytes"),
+            (128, 8, True, True, True, False, 256, "bytes"),
+            (128, 4, False, False, True, False, 64, "bytes")):
         types = ["*bf16", "*bf16", "*i64", "*i32" if paged else "*i64", "*bf16", "*fp32",
-                 "*i32", "*i32", "*i32", "fp32"] + ["i32"] * 12
+                 "*i32", "*i32", "*i32", "*i32", "*i32", "fp32"] + ["i32"] * 12
         consts = {"NUM_KV_HEADS": 8, "GROUP": group, "HEAD_DIM": d,
                   "BLOCK_H": max(MIN_BLOCK_H, _pad(group)),
                   "BLOCK_P": tsel.QUEST_BLOCK_P[d] * 2,  # bf16 bounds: twice fp32's pages
                   "PAGE": page, "PAGED": paged, "PAGE_SIZE": PAGE_SIZE if paged else 1,
                   "PER_HEAD": per_head, "UPDATE": update, "DOT_PRECISION": "tf32",
                   "WIDEN_BF16": False, "SELECT": select, "PAGES": pages,
-                  "SELECT_BLOCK": (tps.select_block(page_cap, histogram=True) if histogram
-                                   else tsel.QUEST_SELECT_BLOCK),
-                  "SELECT_BLOCK_K": min(1024, _pad(pages)), "HISTOGRAM": histogram}
+                  "SELECT_BLOCK": (tsel.QUEST_SELECT_BLOCK if how == "nibbles"
+                                   else tps.select_block(page_cap, "bytes")),
+                  "SELECT_BLOCK_K": min(1024, _pad(pages)), "SELECT_BY": how}
         err = compile_kernel(tsel._quest_bound_kernel, types, consts, {"num_warps": 4},
                              max_shared=H100_SHARED, divisible=_aligned(tsel._quest_bound_kernel))
         print(f"_quest_bound_kernel d={d} G={group} paged={paged} per_head={per_head} "
-              f"update={update} select={select} pages={pages} histogram={histogram}: "
+              f"update={update} select={select} pages={pages} select_by={how}: "
               f"{err or 'ok'}")
         failures += err is not None
-    for pages, histogram in ((64, True), (256, True), (64, False)):  # shared=head: a row a head
-        consts = {"K": pages, "BLOCK": tps.select_block(page_cap, histogram),
-                  "BLOCK_K": min(1024, _pad(pages)), "HISTOGRAM": histogram}
+    for pages, how in ((64, "bytes"), (256, "bytes"), (64, "nibbles")):  # shared=head: a row a head
+        consts = {"K": pages, "BLOCK": tps.select_block(page_cap, how),
+                  "BLOCK_K": min(1024, _pad(pages)), "HOW": how}
         err = compile_kernel(tps._row_topk_kernel, ["*fp32", "*i32", "*i32"] + ["i32"] * 3,
                              consts, {"num_warps": tps.NUM_WARPS},
                              max_shared=H100_SHARED, divisible=_aligned(tps._row_topk_kernel))
-        print(f"_row_topk_kernel K={pages} BLOCK={consts['BLOCK']} histogram={histogram}: "
+        print(f"_row_topk_kernel K={pages} BLOCK={consts['BLOCK']} how={how}: "
               f"{err or 'ok'}")
         failures += err is not None
     return failures

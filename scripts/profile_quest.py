@@ -1,12 +1,12 @@
-"""Quest's decode step on the GPU, launch by launch, with either page select.
+"""Quest's decode step on the GPU, launch by launch, with each page select.
 
 Run on the GPU:  python scripts/profile_quest.py [--shapes 1x32k,8x32k] [--pages 64,256]
 
 Per shape (Llama-3.1-8B heads by default, bf16, page 16) and page budget, each row is a
 part of ``QuestStep``'s call timed alone (``santa_bench.timing.graph_call_us``: CUDA-graph
 replays over input copies, each with its own step, as many as the harness's cold-L2 plan
-takes), once with the byte-wise page select (``triton_page_select.BY_HISTOGRAM``) and
-once with the select four bits a pass:
+takes), once with each page select ``triton_page_select.SELECT`` names: byte-wise, four
+bits a pass, and spread (its histogram filled by the bound programs):
 
 - ``bounds``: the bound kernel without the select (every page's score bound);
 - ``bounds + select``: the same launch whose last program per (sequence, KV head) picks
@@ -32,7 +32,8 @@ from santa_bench.timing import cold_l2_plan, graph_call_us, l2_cache_bytes
 from santa_bench.units import parse_shapes
 
 PAGE = 16
-SELECTS = {"byte-wise": True, "four bits a pass": False}  # BY_HISTOGRAM
+SELECTS = {"byte-wise": "bytes", "four bits a pass": "nibbles",
+           "spread": "spread"}  # triton_page_select.SELECT
 
 
 @dataclass(frozen=True)
@@ -66,16 +67,16 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
     rows = [Row(shape, pages, "-", "bounds", timer(
         [lambda s=s, qi=qi, kvi=kvi: s.page_bounds(qi, kvi, update=False)
          for s, (qi, kvi) in pairs]))]
-    saved = tps.BY_HISTOGRAM
+    saved = tps.SELECT
     try:
-        for name, histogram in SELECTS.items():
-            tps.BY_HISTOGRAM = histogram  # read at launch: the graph holds this select
+        for name, select in SELECTS.items():
+            tps.SELECT = select  # read at launch: the graph holds this select
             rows.append(Row(shape, pages, name, "bounds + select", timer(
                 [lambda s=s, qi=qi, kvi=kvi: s.select(qi, kvi) for s, (qi, kvi) in pairs])))
             rows.append(Row(shape, pages, name, "step", timer(
                 [lambda s=s, qi=qi, kvi=kvi: s(qi, kvi) for s, (qi, kvi) in pairs])))
     finally:
-        tps.BY_HISTOGRAM = saved
+        tps.SELECT = saved
     inputs.clear()
     if device == "cuda":
         torch.cuda.empty_cache()

@@ -22,14 +22,16 @@ def test_one_shape_through_the_interpreter(capsys):
     def timer(calls) -> float:  # runs the calls; "times" 1, 2, 3 ... us
         for call in calls:
             call()
-        seen.append(tps.BY_HISTOGRAM)
+        seen.append(tps.SELECT)
         return float(len(seen))
 
     rows = script.profile_shape(1, 1024, 4, 2, 16, 4, device="cpu", timer=timer)
     assert [(r.select, r.stage) for r in rows] == [
         ("-", "bounds"), ("byte-wise", "bounds + select"), ("byte-wise", "step"),
-        ("four bits a pass", "bounds + select"), ("four bits a pass", "step")]
-    assert seen == [True, True, True, False, False] and tps.BY_HISTOGRAM is True
+        ("four bits a pass", "bounds + select"), ("four bits a pass", "step"),
+        ("spread", "bounds + select"), ("spread", "step")]
+    assert seen == ["bytes", "bytes", "bytes", "nibbles", "nibbles", "spread", "spread"]
+    assert tps.SELECT == "bytes"
     script.print_rows(rows)
     table = capsys.readouterr().out
     assert "| 1k B=1 4/2/16 | 4 | byte-wise | bounds + select | 2.0 | 1.0 |" in table

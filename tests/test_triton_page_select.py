@@ -122,9 +122,9 @@ def test_byte_wise_select_chooses_what_four_bits_a_pass_chooses(width, k, hist_b
     if hist_block is not None:
         monkeypatch.setattr(ps, "HIST_BLOCK", hist_block)
     scores = _hard_rows(width)
-    monkeypatch.setattr(ps, "BY_HISTOGRAM", False)
+    monkeypatch.setattr(ps, "SELECT", "nibbles")
     old_index, old_counts = _select(scores, k)
-    monkeypatch.setattr(ps, "BY_HISTOGRAM", True)
+    monkeypatch.setattr(ps, "SELECT", "bytes")
     index, counts = _select(scores, k)
     _check_layout(index, counts)
     assert torch.equal(index, old_index) and torch.equal(counts, old_counts)
@@ -138,7 +138,8 @@ def test_byte_wise_select_chooses_what_four_bits_a_pass_chooses(width, k, hist_b
 
 def test_the_docstrings_step_counts_follow_the_blocks():
     """Four bits a pass over 2048 pages: 8 passes and the write, each ⌈P / block⌉ dependent
-    steps (``MAX_BLOCK`` here, ``QUEST_SELECT_BLOCK`` in Quest's fused select)."""
+    steps (``MAX_BLOCK`` here, ``QUEST_SELECT_BLOCK`` in Quest's fused select); spread:
+    two steps over the row and two of the histogram and the candidates."""
     from santa_kernels.triton_selection import QUEST_SELECT_BLOCK
 
     blocks = 2048 // ps.MAX_BLOCK
@@ -146,3 +147,6 @@ def test_the_docstrings_step_counts_follow_the_blocks():
     assert f"8 x {blocks} + {blocks} = {9 * blocks} for 2048 pages" in text
     assert f"{9 * 2048 // QUEST_SELECT_BLOCK} in Quest's fused select" in text
     assert f"``QUEST_SELECT_BLOCK`` = {QUEST_SELECT_BLOCK}" in text
+    # spread: the histogram's bucket, the candidates' pass, their rank, the write
+    spread = 1 + -(-2048 // ps.HIST_BLOCK) + 1 + -(-2048 // ps.HIST_BLOCK)
+    assert f"{spread} for 2048 pages (6 with more candidates" in text

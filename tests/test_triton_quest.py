@@ -173,7 +173,7 @@ def test_quest_byte_wise_select_chooses_the_pages_of_the_old_select_and_the_refe
     step = _step(q, kv, page=page, pages=12, shared=shared)
     runs = {}
     for histogram in (False, True):
-        monkeypatch.setattr(ts.triton_page_select, "BY_HISTOGRAM", histogram)
+        monkeypatch.setattr(ts.triton_page_select, "SELECT", "bytes" if histogram else "nibbles")
         out = step(q, kv).clone()
         runs[histogram] = (_chosen_lists(step), step.counts.clone(), out)
     assert not step.arrivals.any()
@@ -192,6 +192,37 @@ def test_quest_byte_wise_select_chooses_the_pages_of_the_old_select_and_the_refe
     assert float((out.cpu().double() - expected).norm() / expected.norm()) < 2e-2
 
 
+@pytest.mark.parametrize(("layout", "page", "n", "lengths", "q_scale", "seeds"), [
+    ("contiguous", 16, 1024, (1024, 700), 2.0, 3),
+    ("paged", 4, 1024, (1024, 37), 0.5, 3),  # 10 pages in the second: fewer than 12
+    ("paged", 16, 512, (150, 512), 8.0, 3),  # peaked bounds
+    ("contiguous", 2, 4096, (4096, 2500), 2.0, 1)])  # 2048 pages a row, as 32k of 16
+def test_quest_spread_select_chooses_the_byte_wise_pages_and_the_reference(
+        layout, page, n, lengths, q_scale, seeds, monkeypatch):
+    """The spread select (the bound programs' histogram, the last program's candidates)
+    lists the byte-wise select's pages in the same slots, so the step's output is the
+    same to the bit, and the reference's choice; its histogram and arrival counters are
+    zero after each call, so a second call chooses the same."""
+    monkeypatch.setattr(ts, "QUEST_FUSED_SELECT", True)
+    for seed in range(seeds):
+        q, kv = _problem(batch=2, hkv=2, group=4, n=n, d=16, lengths=lengths, seed=seed,
+                         layout=layout, q_scale=q_scale)
+        step = _step(q, kv, page=page, pages=12)
+        runs = []
+        for select in ("bytes", "spread", "spread"):
+            monkeypatch.setattr(ts.triton_page_select, "SELECT", select)
+            out = step(q, kv).clone()
+            runs.append((_chosen_lists(step), step.counts.clone(), out))
+            assert not step.hist.any() and not step.arrivals.any()
+        (old, old_counts, old_out), (new, counts, out), again = runs
+        assert new == old and torch.equal(counts, old_counts) and torch.equal(out, old_out)
+        assert again[0] == new and torch.equal(again[2], out)
+        bound = step.upper.cpu().double().repeat_interleave(step.group, 1)
+        ref = sel.quest_page_choice(bound, kv.lengths.cpu(), page, 12, step.group, "group")
+        assert new == [row.nonzero().flatten().tolist() for row in ref[:, ::step.group]
+                       .flatten(0, 1)]
+
+
 class _TorchOps(TorchDispatchMode):
     """The names of the torch ops run inside the mode."""
 
@@ -208,11 +239,13 @@ class _TorchOps(TorchDispatchMode):
 INTERPRETER_OPS = {"set_", "empty", "new_empty", "copy_", "empty_strided", "detach", "alias"}
 
 
-@pytest.mark.parametrize("shared", ["group", "head"])
-def test_quest_step_runs_kernels_only(shared, monkeypatch):
-    """No torch op of its own (topk, index building, casts), views aside: the bound
-    kernel (with the page select, per group), the select (per head), the indexed kernel
-    and its merge; graph-capturable."""
+@pytest.mark.parametrize(("shared", "select"), [("group", "bytes"), ("head", "bytes"),
+                                               ("group", "spread"), ("head", "spread")])
+def test_quest_step_runs_kernels_only(shared, select, monkeypatch):
+    """No torch op of its own (topk, index building, casts, the spread select's
+    histogram zeroing), views aside: the bound kernel (with the page select, per group),
+    the select (per head), the indexed kernel and its merge; graph-capturable."""
+    monkeypatch.setattr(ts.triton_page_select, "SELECT", select)
     q, kv = _problem(group=4)
     step = _step(q, kv, page=8, pages=4, shared=shared)
     step(q, kv)

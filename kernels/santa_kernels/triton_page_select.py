@@ -5,9 +5,10 @@ One program owns a row. It finds the row's ``k``-th largest value by a radix sel
 the scores' order-preserving integer keys (``triton_topk``'s), then writes, in ascending
 position order, every position above that threshold and the first positions equal to
 it, until ``k`` are taken; ``-inf`` is never taken. The rest of the row's ``k`` slots get
-``-1`` and ``counts`` the number taken. Two selects find the same threshold:
+``-1`` and ``counts`` the number taken. ``SELECT`` names one of three selects, which
+find the same threshold and so list the same pages:
 
-- **byte-wise** (``BY_HISTOGRAM``, the default): a byte a pass from the top (4 passes),
+- **byte-wise** (``"bytes"``, the default): a byte a pass from the top (4 passes),
   each one ``tl.histogram`` of the next byte of the keys under the bytes found, over the
   row in blocks of ``HIST_BLOCK`` (a row of up to ``HIST_BLOCK`` scores is one block:
   5 dependent steps in all, the write included);
@@ -15,7 +16,18 @@ it, until ``k`` are taken; ``-inf`` is never taken. The rest of the row's ``k`` 
   the keys at or above it, ``MAX_BLOCK`` scores a step: 8 x ⌈P / MAX_BLOCK⌉ dependent
   steps of 16 x ``MAX_BLOCK`` compares, then ⌈P / MAX_BLOCK⌉ to write: 8 x 4 + 4 = 36
   for 2048 pages; 72 in Quest's fused select, ``QUEST_SELECT_BLOCK`` = 256 scores a step,
-  in ``triton_selection``).
+  in ``triton_selection``);
+- **spread** (``"spread"``, Quest's fused group select only: the per-head launch of
+  :func:`row_topk` runs byte-wise with it): the bound kernel's programs, as they score
+  their pages, each add them to the row's histogram of the keys' top 12 bits (4096
+  bins, an atomic a live page: ``-inf`` is not counted); the row's last program loads
+  it once and finds the bucket ``b1`` of the ``k``-th key and the count above it,
+  compacts the keys of the row's pages in ``b1`` (the candidates) in one pass, ranks
+  them by a ``[C, C]`` compare when they fit ``CAND_BLOCK`` (else three histograms of
+  their other 20 bits: 8, 8, 4, ⌈C / ``HIST_BLOCK``⌉ steps each) for the exact threshold
+  and its ties, then writes as the others do and zeroes the histogram: 1 + ⌈P / ``HIST_BLOCK``⌉
+  + 1 + ⌈P / ``HIST_BLOCK``⌉ dependent steps, 4 for 2048 pages (6 with more candidates
+  than ``CAND_BLOCK``).
 
 A row holds any number of scores (re-read from L1/L2 each pass). No host-device sync,
 static shapes: a decode step can capture it in a CUDA graph.
@@ -27,7 +39,13 @@ import torch
 import triton
 import triton.language as tl
 
-from santa_kernels.triton_topk import _bucket_of, _masked_histogram, _order_key
+from santa_kernels import triton_topk
+from santa_kernels.triton_topk import (
+    _bucket_key,
+    _bucket_of,
+    _masked_histogram,
+    _order_key,
+)
 from santa_kernels.validate import InputError, check_positive_int
 
 MAX_BLOCK = 512  # scores a program counts at a time (four bits a pass)
@@ -36,20 +54,23 @@ RADIX = tl.constexpr(16)
 HIST_BLOCK = 2048  # scores a histogram pass reads at a time (byte-wise: a row of pages)
 HIST_BITS = tl.constexpr(8)  # key bits a histogram pass resolves (4 passes)
 HIST_BINS = tl.constexpr(256)
-BY_HISTOGRAM = True  # the byte-wise select (False: four bits a pass)
+SELECTS = ("bytes", "nibbles", "spread")  # byte-wise, four bits a pass, spread (Quest's)
+SELECT = "bytes"  # the select a launch builds (read at launch)
+CAND_BLOCK = tl.constexpr(64)  # candidates the spread select ranks by [C, C] compares
+KEY_BUCKETS = tl.constexpr(triton_topk.HIST_BINS)  # the spread histogram: top 12 key bits
 NUM_WARPS = 8
 
 
 @triton.jit
 def _select_row(base, out_row, count_at, width, K: tl.constexpr, BLOCK: tl.constexpr,
-                BLOCK_K: tl.constexpr, HISTOGRAM: tl.constexpr):
+                BLOCK_K: tl.constexpr, HOW: tl.constexpr):
     """The top ``K`` of the ``width`` scores at ``base`` into ``out_row`` (ascending, -1
-    after them) and their number into ``count_at`` (see the module docstring): byte-wise
-    with ``HISTOGRAM``, else four bits a pass."""
-    if HISTOGRAM:
-        prefix, greater = _threshold_by_bytes(base, width, K, BLOCK)
-    else:
+    after them) and their number into ``count_at`` (see the module docstring): four bits a
+    pass with ``HOW == "nibbles"``, else byte-wise."""
+    if HOW == "nibbles":
         prefix, greater = _threshold_by_nibbles(base, width, K, BLOCK)
+    else:
+        prefix, greater = _threshold_by_bytes(base, width, K, BLOCK)
     _write_taken(base, out_row, count_at, width, prefix, tl.minimum(width, K) - greater, K,
                  BLOCK, BLOCK_K)
 
@@ -134,18 +155,108 @@ def _write_taken(base, out_row, count_at, width, prefix, ties, K: tl.constexpr,
 @triton.jit
 def _row_topk_kernel(
     s_ptr, out_ptr, count_ptr, width, stride_s, stride_o,
-    K: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, HISTOGRAM: tl.constexpr,
+    K: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, HOW: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     _select_row(s_ptr + row * stride_s, out_ptr + row * stride_o, count_ptr + row, width, K,
-                BLOCK, BLOCK_K, HISTOGRAM)
+                BLOCK, BLOCK_K, HOW)
 
 
-def select_block(width: int, histogram: bool | None = None) -> int:
-    """Scores a step of the select reads for rows of ``width`` (``histogram``: the
-    byte-wise select, default ``BY_HISTOGRAM``)."""
-    histogram = BY_HISTOGRAM if histogram is None else histogram
-    return min(HIST_BLOCK if histogram else MAX_BLOCK, triton.next_power_of_2(max(width, 16)))
+@triton.jit
+def _spread_count(hist_ptr, row, scores, live):
+    """Adds the ``live`` ``scores`` to row ``row``'s histogram of their keys' top 12 bits
+    (the spread select's first step, in every bound program; relaxed: the arrival
+    counter's release orders them before the last program's read)."""
+    hist_row = hist_ptr + row.to(tl.int64) * KEY_BUCKETS
+    bucket = _bucket_key(_order_key(scores))
+    tl.atomic_add(hist_row + bucket, live.to(tl.int32), mask=live, sem="relaxed")
+
+
+@triton.jit
+def _rank_candidates(cand_row, n_cand, need, CAND: tl.constexpr):
+    """The ``need``-th largest of the ``n_cand <= CAND`` candidates' keys (int32 bits at
+    ``cand_row``) by ``[CAND, CAND]`` compares, ``T``, and the ``need`` left at ``T``
+    (the candidates above it taken first)."""
+    offs = tl.arange(0, CAND)
+    ok = offs < n_cand
+    key = tl.load(cand_row + offs, mask=ok, other=0).to(tl.uint32, bitcast=True)
+    above = tl.sum((ok[None, :] & (key[None, :] > key[:, None])).to(tl.int32), axis=1)
+    at_least = tl.sum((ok[None, :] & (key[None, :] >= key[:, None])).to(tl.int32), axis=1)
+    hit = ok & (above < need) & (at_least >= need)  # the keys equal to T
+    thr = tl.max(tl.where(hit, key, tl.zeros_like(key)), axis=0)
+    return thr, need - tl.max(tl.where(hit, above, 0), axis=0)
+
+
+@triton.jit
+def _refine_keys(cand_row, n_cand, thr, need, DONE: tl.constexpr, BITS: tl.constexpr,
+                 BINS: tl.constexpr, BLOCK: tl.constexpr):
+    """As ``triton_topk._refine`` over the candidates' keys themselves: the ``need``-th
+    largest key's top ``DONE + BITS`` bits among those whose top ``DONE`` are ``thr``,
+    and the ``need`` left below them."""
+    offs = tl.arange(0, BLOCK)
+    h = tl.zeros([BINS], tl.int32)
+    for c0 in range(0, n_cand, BLOCK):
+        at = c0 + offs
+        ok = at < n_cand
+        key = tl.load(cand_row + at, mask=ok, other=0).to(tl.uint32, bitcast=True)
+        ok = ok & ((key >> (32 - DONE)) == thr)
+        h += _masked_histogram(((key >> (32 - DONE - BITS)) & (BINS - 1)).to(tl.int32), ok,
+                               BINS)
+    digit, above = _bucket_of(h, need, BINS)
+    return (thr << BITS) | digit.to(tl.uint32), need - above
+
+
+@triton.jit
+def _spread_select_row(base, out_row, count_at, hist_ptr, cand_ptr, row, width,
+                       K: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):
+    """As :func:`_select_row`, from row ``row``'s histogram that the bound programs filled
+    (zeroed here for the next call) and its bucket's candidates, whose keys it lists in
+    the row's ``width`` int32 slots at ``cand_ptr`` (see the module docstring)."""
+    hist_row = hist_ptr + row.to(tl.int64) * KEY_BUCKETS
+    cand_row = cand_ptr + row.to(tl.int64) * width
+    bins = tl.arange(0, KEY_BUCKETS)
+    h = tl.load(hist_row + bins)
+    tl.debug_barrier()  # every thread has read before any zeroes
+    tl.store(hist_row + bins, tl.zeros([KEY_BUCKETS], tl.int32))
+    want = tl.minimum(tl.sum(h, axis=0), K)  # the live pages counted, at most K
+    b1, above = _bucket_of(h, want, KEY_BUCKETS)
+    offs = tl.arange(0, BLOCK)
+    n_cand = 0
+    for p0 in range(0, width, BLOCK):
+        inside = p0 + offs < width
+        s = tl.load(base + p0 + offs, mask=inside, other=float("-inf"))
+        key = _order_key(s)
+        cand = inside & (s > float("-inf")) & (_bucket_key(key) == b1)
+        cand_i = cand.to(tl.int32)
+        # the keys, not the positions: the threshold needs no second (dependent) load
+        tl.store(cand_row + n_cand + tl.cumsum(cand_i, axis=0) - 1,
+                 key.to(tl.int32, bitcast=True), mask=cand)
+        n_cand += tl.sum(cand_i, axis=0)
+    tl.debug_barrier()  # the candidates are visible to the loads below
+    need = want - above
+    if n_cand <= CAND_BLOCK:
+        thr, ties = _rank_candidates(cand_row, n_cand, need, CAND_BLOCK)
+    else:  # many in one bucket: the key's other 20 bits by histograms of the candidates
+        thr, ties = _refine_keys(cand_row, n_cand, b1.to(tl.uint32), need, 12, 8, 256, BLOCK)
+        thr, ties = _refine_keys(cand_row, n_cand, thr, ties, 20, 8, 256, BLOCK)
+        thr, ties = _refine_keys(cand_row, n_cand, thr, ties, 28, 4, 16, BLOCK)
+    _write_taken(base, out_row, count_at, width, thr.to(tl.int64), ties, K, BLOCK, BLOCK_K)
+
+
+def row_select(select: str | None = None) -> str:
+    """The select :func:`row_topk`'s own launch runs for ``select`` (default ``SELECT``):
+    the spread select lives in Quest's bound kernel, so a row launch runs byte-wise."""
+    select = SELECT if select is None else select
+    if select not in SELECTS:
+        raise InputError(f"select: expected one of {', '.join(SELECTS)}, got {select!r}")
+    return "bytes" if select == "spread" else select
+
+
+def select_block(width: int, select: str | None = None) -> int:
+    """Scores a step of the select reads for rows of ``width`` (``select``: default
+    ``SELECT``; ``HIST_BLOCK`` but four bits a pass)."""
+    block = MAX_BLOCK if row_select(select) == "nibbles" else HIST_BLOCK
+    return min(block, triton.next_power_of_2(max(width, 16)))
 
 
 def row_topk(scores: torch.Tensor, k: int, out: torch.Tensor | None = None,
@@ -171,6 +282,6 @@ def row_topk(scores: torch.Tensor, k: int, out: torch.Tensor | None = None,
     _row_topk_kernel[(rows,)](
         scores, out, counts, width, scores.stride(0), out.stride(0),
         K=k, BLOCK=select_block(width), BLOCK_K=min(1024, triton.next_power_of_2(k)),
-        HISTOGRAM=BY_HISTOGRAM, num_warps=NUM_WARPS,
+        HOW=row_select(), num_warps=NUM_WARPS,
     )  # fmt: skip
     return out, counts

@@ -19,7 +19,8 @@ graph replays draw fresh numbers (Philox, ``tl.rand``, in the kernels):
   token's key into its page (the last page's bounds, not the whole cache), writes every
   page's score bound ``τ (q⁺·max + q⁻·min)`` (the group's largest; the products exact,
   fp32 sums), and its last program of each row picks the row's top pages by a radix
-  select (``triton_page_select``; per head, its own launch); the indexed kernel attends
+  select (``triton_page_select``, the one its ``SELECT`` names at launch; per head, its
+  own launch, byte-wise or four bits a pass); the indexed kernel attends
   to the chosen pages in blocks (split-KV, then its merge, skipped with one split).
 - :class:`VAttentionStep`: the score pass, ``triton_topk``'s select of the middle
   range, then one Triton kernel per (sequence, KV head) lists the sink/window/top-k
@@ -54,10 +55,16 @@ from santa_kernels.triton_indexed import (
     choose_splits,
     indexed_attention,
 )
-from santa_kernels.triton_page_select import _select_row, row_topk, select_block
+from santa_kernels.triton_page_select import (
+    _select_row,
+    _spread_count,
+    _spread_select_row,
+    row_topk,
+    select_block,
+)
 from santa_kernels.triton_rest_sample import RestSampler
 from santa_kernels.triton_splitkv import _mma, kv_capacity
-from santa_kernels.triton_topk import TopKSelect
+from santa_kernels.triton_topk import HIST_BINS, TopKSelect
 from santa_kernels.validate import InputError, check_positive_int, check_scale
 
 UNIFORM_KEY = 0x5BD1E995  # the tensor-side uniforms' Philox key differs from the kernels'
@@ -204,6 +211,10 @@ class QuestStep(_Step):
         self.counts = torch.empty(self.batch * heads, dtype=torch.int32, device=q.device)
         self.arrivals = torch.zeros(self.batch * self.num_kv_heads, dtype=torch.int32,
                                     device=q.device)  # the fused select's, 0 between calls
+        # the spread select's row histograms (0 between calls) and its candidates' keys
+        fused_rows = self.batch * self.num_kv_heads if shared == "group" else 1
+        self.hist = torch.zeros(fused_rows, HIST_BINS, dtype=torch.int32, device=q.device)
+        self.cand = torch.empty(fused_rows, self.page_cap, dtype=torch.int32, device=q.device)
         self.log_weights = self._own_segments(self.pages) if shared == "head" else None
         rows = self.pages * page * (1 if shared == "group" else self.group)
         self.workspace = self._workspace(q, kv, rows)
@@ -250,7 +261,7 @@ class QuestStep(_Step):
         block_p = QUEST_BLOCK_P[self.head_dim] * max(1, 4 // bounds.element_size())
         _quest_bound_kernel[(-(-self.page_cap // block_p), self.batch * self.num_kv_heads)](
             q, kv.k, kv.lengths, page_table, bounds, out, self.arrivals, self.chosen,
-            self.counts, self.scale, self.page_cap,
+            self.counts, self.hist, self.cand, self.scale, self.page_cap,
             q.stride(0), q.stride(1), k_strides[0], k_strides[1], k_strides[2],
             page_table.stride(0) if st.paged else 0,
             bounds.stride(0), bounds.stride(1), bounds.stride(2), out.stride(0), out.stride(1),
@@ -260,16 +271,24 @@ class QuestStep(_Step):
             DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16, SELECT=select,
             PAGES=self.pages, SELECT_BLOCK=self._select_block(),
             SELECT_BLOCK_K=min(1024, triton.next_power_of_2(self.pages)),
-            HISTOGRAM=triton_page_select.BY_HISTOGRAM, num_warps=4,
+            SELECT_BY=self._select_by(), num_warps=4,
         )  # fmt: skip
         return out
 
+    def _select_by(self) -> str:
+        """The fused select ``triton_page_select.SELECT`` names (read at launch)."""
+        select = triton_page_select.SELECT
+        if select not in triton_page_select.SELECTS:
+            raise InputError(f"triton_page_select.SELECT: expected one of "
+                             f"{', '.join(triton_page_select.SELECTS)}, got {select!r}")
+        return select
+
     def _select_block(self) -> int:
-        """Bounds a step of the fused select reads (byte-wise: the row of up to
+        """Bounds a step of the fused select reads (byte-wise or spread: the row of up to
         ``HIST_BLOCK`` pages at once)."""
-        if triton_page_select.BY_HISTOGRAM:
-            return select_block(self.page_cap, histogram=True)
-        return QUEST_SELECT_BLOCK
+        if self._select_by() == "nibbles":
+            return QUEST_SELECT_BLOCK
+        return select_block(self.page_cap, "bytes")
 
     def select(self, q: torch.Tensor, kv: KVCache, layer: int = 0,
                update: bool = False) -> torch.Tensor:
@@ -315,7 +334,7 @@ QUEST_SELECT_BLOCK = 256  # scores the fused select counts at a time, four bits 
 @triton.jit
 def _quest_bound_kernel(
     q_ptr, k_ptr, lengths_ptr, page_table_ptr, bounds_ptr, out_ptr,
-    arrive_ptr, chosen_ptr, count_ptr, tau, page_cap,
+    arrive_ptr, chosen_ptr, count_ptr, hist_ptr, cand_ptr, tau, page_cap,
     stride_qb, stride_qh, stride_kblk, stride_kn, stride_kh, stride_ptb,
     stride_bb, stride_bh, stride_bp, stride_ob, stride_oh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -323,13 +342,15 @@ def _quest_bound_kernel(
     PAGE_SIZE: tl.constexpr, PER_HEAD: tl.constexpr, UPDATE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
     SELECT: tl.constexpr, PAGES: tl.constexpr, SELECT_BLOCK: tl.constexpr,
-    SELECT_BLOCK_K: tl.constexpr, HISTOGRAM: tl.constexpr,
+    SELECT_BLOCK_K: tl.constexpr, SELECT_BY: tl.constexpr,
 ):
     """Quest's score bounds of ``BLOCK_P`` pages of one (sequence, KV head) for its
     ``G`` query heads, ``τ (q⁺·max + q⁻·min)``; the program holding the sequence's last
     page first folds the newest key into that page's bounds (its bound is +inf anyway).
     With ``SELECT`` (the group's bound), the row's last program to finish (an arrival
-    counter, reset after) picks its top ``PAGES`` pages (``triton_page_select``)."""
+    counter, reset after) picks its top ``PAGES`` pages (``triton_page_select``, the
+    select ``SELECT_BY`` names; ``"spread"``: every program first adds its live pages to
+    the row's key histogram at ``hist_ptr``, the candidates listed at ``cand_ptr``)."""
     tile = tl.program_id(0)
     pid = tl.program_id(1)
     b = pid // NUM_KV_HEADS
@@ -384,15 +405,22 @@ def _quest_bound_kernel(
         tl.store(out_ptr + b * stride_ob + kv_head * stride_oh + offs_p, group_max,
                  mask=mask_p)
         if SELECT:
+            if SELECT_BY == "spread":  # the row's histogram, a page at a time
+                _spread_count(hist_ptr, pid, group_max, mask_p & (group_max > float("-inf")))
             # the semaphore pattern: every thread's stores, a CTA barrier, one thread's
             # release; its acquire (then the barrier that shares its result) orders the
             # select's loads after every program's stores of the row
             tl.debug_barrier()
             arrived = tl.atomic_add(arrive_ptr + pid, 1, sem="acq_rel")
             if arrived == tl.num_programs(0) - 1:  # the row's bounds are all written
-                _select_row(out_ptr + b * stride_ob + kv_head * stride_oh,
-                            chosen_ptr + pid.to(tl.int64) * PAGES, count_ptr + pid, page_cap,
-                            PAGES, SELECT_BLOCK, SELECT_BLOCK_K, HISTOGRAM)
+                row_at = out_ptr + b * stride_ob + kv_head * stride_oh
+                chosen_at = chosen_ptr + pid.to(tl.int64) * PAGES
+                if SELECT_BY == "spread":
+                    _spread_select_row(row_at, chosen_at, count_ptr + pid, hist_ptr, cand_ptr,
+                                       pid, page_cap, PAGES, SELECT_BLOCK, SELECT_BLOCK_K)
+                else:
+                    _select_row(row_at, chosen_at, count_ptr + pid, page_cap, PAGES,
+                                SELECT_BLOCK, SELECT_BLOCK_K, SELECT_BY)
                 tl.store(arrive_ptr + pid, 0)  # the next call counts afresh
 
 # ------------------------------------------------------------------ vAttention
