@@ -98,7 +98,8 @@ HOPPER = {
     # a serial tail, the finisher kernel faster at every M and draw timed (H100, 32/8/128
     # at 32k, per-head M=32: 33.3 -> 18.8 us at B=1, 107.2 -> 66.0 with merge_ticket off
     # at B=8; pooled M=512 159.5 -> 151.2 at B=8;
-    # results/h100/2026-12-07-h100-kernels-floor-32k-bar-shapes, profile-santapp.md)
+    # results/h100/2026-12-07-h100-kernels-floor-32k-three-shapes,
+    # profile-santapp-plans.md)
     "fused_finish": False,
     # with fused_finish and draw=pooled: the last select program draws the group's teams
     # (no pool kernel) up to this many teams a (sequence, KV head) (its row of keys in the
