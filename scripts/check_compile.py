@@ -460,13 +460,6 @@ def _topk_splits(d: int, num_kv_heads: int) -> int:
     return -(-tiles // -(-tiles // splits))
 
 
-def _topk_span(d: int, num_kv_heads: int) -> int:
-    """The tokens a split of triton_topk's score pass and select covers (TopKSelect's)."""
-    block_n = tix.SCORE_BLOCK_N[d]
-    tiles = -(-CTX // block_n)
-    return -(-tiles // _topk_splits(d, num_kv_heads)) * block_n
-
-
 # the selection kernels' integer arguments (besides strides) that are multiples of 16 at
 # CTX and BATCH: capacities, page counts, list widths, split spans
 ALIGNED = ("capacity", "tokens_per_split", "page_cap", "width", "idx_cap", "tail_stride",
@@ -510,14 +503,13 @@ def check_topk() -> int:
             (4, 8, 128, False, 0, 0), (1, 8, 128, False, 128, 128), (7, 2, 64, False, 0, 0),
             (2, 8, 128, False, 0, 0), (4, 8, 128, True, 0, 0)):
         splits = _topk_splits(d, hkv)
-        types = ["*fp32"] * 3 + ["*i64"] + ["*fp32"] * 2 + ["*i32", "*i16"] + ["i32"] * 5
+        types = ["*fp32"] * 3 + ["*i64"] + ["*fp32"] * 2 + ["*i32"] + ["i32"] * 5
         consts = {"NUM_SEL": hkv * group if per_head else hkv, "GROUP": group,
                   "BLOCK_G": _pad(group), "SPLITS_PAD": max(2, _pad(splits)),
-                  "BLOCK": min(ttk.MASS_BLOCK, _pad(_topk_span(d, hkv))),
-                  "PER_HEAD": per_head, "SINK": sink, "WINDOW": window,
-                  "NUM_BINS": ttk.HIST_BINS}
+                  "BLOCK": ttk.MASS_BLOCK, "PER_HEAD": per_head, "SINK": sink,
+                  "WINDOW": window, "NUM_BINS": ttk.HIST_BINS}
         err = compile_kernel(ttk._mass_hist_kernel, types, consts,
-                             {"num_warps": ttk.MASS_WARPS},
+                             {"num_warps": ttk.NUM_WARPS},
                              max_shared=H100_SHARED, divisible=_aligned(ttk._mass_hist_kernel))
         print(f"_mass_hist_kernel G={group} per_head={per_head} splits={splits} "
               f"sink={sink}: {err or 'ok'}")
@@ -538,13 +530,22 @@ def check_topk() -> int:
         failures += err is not None
         # the spread select (SPREAD_SELECT), split like the score pass
         splits = _topk_splits(128, hkv)
-        spread = {"K": k, "NUM_SEL": consts["NUM_SEL"], "GROUP": group,
-                  "PER_HEAD": per_head, "SINK": sink, "WINDOW": window,
-                  "NUM_BINS": ttk.HIST_BINS, "SPLITS_PAD": max(2, _pad(splits)),
-                  "BLOCK": min(ttk.SPREAD_BLOCK, _pad(_topk_span(128, hkv)))}
-        err = compile_kernel(ttk._spread_write_kernel, ["*fp32", "*i32", "*i64", "*i16"]
-                             + ["*i32"] * 5 + ["i32"] * 7, spread,
-                             {"num_warps": ttk.SELECT_WARPS}, max_shared=H100_SHARED,
+        tiles = -(-CTX // tix.SCORE_BLOCK_N[128])
+        span = -(-tiles // splits) * tix.SCORE_BLOCK_N[128]
+        block = min(ttk.SPREAD_BLOCK, _pad(span))
+        spread = {"K": k, "NUM_SEL": consts["NUM_SEL"], "SINK": sink, "WINDOW": window,
+                  "NUM_BINS": ttk.HIST_BINS, "BLOCK": block}
+        err = compile_kernel(ttk._second_byte_kernel, ["*fp32"] + ["*i32"] * 2 + ["*i64"]
+                             + ["*i32"] * 2 + ["i32"] * 5, spread,
+                             {"num_warps": ttk.NUM_WARPS}, max_shared=H100_SHARED,
+                             divisible=_aligned(ttk._second_byte_kernel))
+        print(f"topk _second_byte_kernel K={k} G={group} per_head={per_head} sink={sink}: "
+              f"{err or 'ok'}")
+        failures += err is not None
+        spread.update(GROUP=group, PER_HEAD=per_head, SPLITS_PAD=max(2, _pad(splits)))
+        err = compile_kernel(ttk._spread_write_kernel, ["*fp32"] + ["*i32"] * 2 + ["*i64"]
+                             + ["*i32"] * 7 + ["i32"] * 7, spread,
+                             {"num_warps": ttk.NUM_WARPS}, max_shared=H100_SHARED,
                              divisible=_aligned(ttk._spread_write_kernel))
         print(f"topk _spread_write_kernel K={k} G={group} per_head={per_head} sink={sink}: "
               f"{err or 'ok'}")

@@ -10,9 +10,9 @@ own step, as many as the harness's cold-L2 plan takes), once with the select spl
 the score pass (``triton_topk.SPREAD_SELECT``) and once with one program a row:
 
 - ``scores``: the score pass alone (K once, the scores and their per-split stats);
-- ``scores + mass`` (spread select only): the score pass and the select's first launch,
-  the mass and its histogram (these calls leave the select's histograms growing: their
-  times, not their choices, are meant);
+- ``scores + mass``, ``scores + mass + second byte`` (spread select only): the score
+  pass and the select's first launches (these calls leave the select's histograms
+  growing: their times, not their choices, are meant);
 - ``scores + select``: the score pass, the mass kernel and the top-k select; minus
   ``scores``, the mass kernel and the select (spread: minus the row before, the writes);
 - ``plan`` (vattention, topk-santa): the rows of a call (vAttention's plan kernel;
@@ -47,7 +47,7 @@ from santa_bench.timing import cold_l2_plan, graph_call_us, l2_cache_bytes
 from santa_bench.units import parse_shapes
 
 SELECTS = {"spread": True, "one program a row": False}  # SPREAD_SELECT
-MASS_BLOCKS = (1024, 4096)  # the mass kernel's tokens a step, timed against MASS_BLOCK's
+MASS_BLOCKS = (256, 1024)  # the mass kernel's tokens a step, timed against MASS_BLOCK's
 ATTEND_PROGRAMS = (4, 8, 16)  # the attend's programs an SM, timed against PROGRAMS_PER_SM's
 REST_BLOCKS = (512, 1024)  # the rest sampler's tokens a step, timed against REST_BLOCK's
 METHODS = {
@@ -85,6 +85,7 @@ def _stages(step) -> dict[str, Callable]:
     stages = {"scores": lambda q, kv: step.top.run_scores(q, kv)}
     if ttk.SPREAD_SELECT:
         stages["scores + mass"] = _select(step, "mass")
+        stages["scores + mass + second byte"] = _select(step, "second")
     stages["scores + select"] = _select(step)
     if hasattr(step, "plan"):
         stages["plan"] = step.plan
@@ -170,27 +171,18 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
 
 def print_rows(rows: list[Row]) -> None:
     """A Markdown table: each row's time and, but for ``scores``, its difference from the
-    row before of the same method and select; a variant row (``stage (variant)``) against
-    its method's spread row of that stage instead."""
+    row before of the same method and select."""
     print("| shape | method | select | stage | us | minus the stage before (us) |")
     print("|---|---|---|---|---|---|")
     scores = before = 0.0
-    seen: dict[tuple[str, str, str], float] = {}
     for r in rows:
-        base = r.stage.split(" (")[0]
         if r.stage == "scores":
             scores = r.us
-        if base != r.stage:
-            diff = r.us - seen[r.shape, r.method, base]
-            extra = f"{diff:+.1f} against {base}"
-        else:
-            diff = r.us - (scores if r.stage == "scores + select" and r.select != "spread"
-                           else before)
-            extra = "" if r.stage == "scores" else f"{diff:.1f}"
-            before = r.us
-            if r.select in ("spread", "-"):
-                seen[r.shape, r.method, r.stage] = r.us
+        diff = r.us - (scores if r.stage == "scores + select" and r.select != "spread"
+                       else before)
+        extra = "" if r.stage == "scores" else f"{diff:.1f}"
         print(f"| {r.shape} | {r.method} | {r.select} | {r.stage} | {r.us:.1f} | {extra} |")
+        before = r.us
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -212,10 +212,9 @@ def _both_selects(monkeypatch, make, k, per_head, sink=0, window=0):
                           (True, 300, 20, 40), (False, 1500, 0, 0)])
 def test_spread_select_takes_the_one_program_selects_tokens(monkeypatch, per_head, tied, k,
                                                             sink, window):
-    """Split like the score pass (the mass kernel's histogram, then the writes and the
-    last program's candidates): the same tokens per row, the same threshold and last
-    tie, the histograms and arrival counts back at zero, the same list on a second
-    call."""
+    """Split like the score pass (the second byte, then the writes and the last program's
+    candidates): the same tokens per row, the same threshold and last tie, the
+    histograms and arrival counts back at zero, the same list on a second call."""
     def make():
         fn = _tied_problem if tied else _random_problem
         return fn(batch=2, hkv=2, group=2, n=1500, d=16, lengths=(1500, 530), seed=3)
@@ -226,7 +225,7 @@ def test_spread_select_takes_the_one_program_selects_tokens(monkeypatch, per_hea
     assert torch.equal(old_out.sort(-1).values, new_out.sort(-1).values)
     assert torch.equal(old.thr_key.cpu(), new.thr_key.cpu())
     assert torch.equal(old.thr_tok.cpu(), new.thr_tok.cpu())
-    for buf in (new.hist, new.arrivals):
+    for buf in (new.hist, new.hist2, new.arrivals):
         assert int(buf.abs().sum()) == 0
     again = torch.full_like(new_out, 7).to(DEVICE)
     new.run_select(make()[1], again, sink, window)

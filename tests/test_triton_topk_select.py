@@ -114,26 +114,3 @@ def test_select_is_a_stable_sort_of_the_values(monkeypatch, spread, per_head, ki
         assert int(top.hist.abs().sum()) == 0 and int(top.arrivals.abs().sum()) == 0
 
 
-def test_mass_kernel_histograms_the_allowed_keys_top_12_bits_per_split():
-    """The mass kernel's row histogram (12 bits of the key: 1/8 of an octave of a mass)
-    and per split the allowed tokens at or above each bucket, against torch."""
-    q, kv = _problem("gauss", 0, 1024, (1024, 300))
-    top = tk.TopKSelect(q, kv, 10, scale=D ** -0.5)
-    top.run_scores(q, kv)
-    top.run_select(kv, torch.empty(2, HKV, 10, dtype=torch.int32, device=DEVICE), 8, 16,
-                   upto="mass")
-    assert tk.HIST_BINS == 4096 and top.splits > 2 and top.cum.dtype == torch.int16
-    span = top.tiles_per_split * top.block_n
-    buckets = _order_keys(top.mass.cpu()) >> 20
-    cum = top.cum.cpu().view(2 * HKV, top.splits, tk.HIST_BINS)
-    for b, length in enumerate((1024, 300)):
-        tok = torch.arange(1024)
-        allowed = (tok >= 8) & (tok < length - 16)
-        for g in range(HKV):
-            row = b * HKV + g
-            hist = torch.bincount(buckets[b, g][allowed], minlength=tk.HIST_BINS)
-            assert torch.equal(top.hist[row].cpu().long(), hist)
-            for s in range(top.splits):
-                part = allowed & (tok >= s * span) & (tok < (s + 1) * span)
-                h = torch.bincount(buckets[b, g][part], minlength=tk.HIST_BINS)
-                assert torch.equal(cum[row, s].long(), h.flip(0).cumsum(0).flip(0))

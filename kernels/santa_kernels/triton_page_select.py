@@ -39,13 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from santa_kernels import triton_topk
-from santa_kernels.triton_topk import (
-    _bucket_key,
-    _bucket_of,
-    _masked_histogram,
-    _order_key,
-)
+from santa_kernels.triton_topk import _bucket_of, _masked_histogram, _order_key
 from santa_kernels.validate import InputError, check_positive_int
 
 MAX_BLOCK = 512  # scores a program counts at a time (four bits a pass)
@@ -57,8 +51,15 @@ HIST_BINS = tl.constexpr(256)
 SELECTS = ("bytes", "nibbles", "spread")  # byte-wise, four bits a pass, spread (Quest's)
 SELECT = "bytes"  # the select a launch builds (read at launch)
 CAND_BLOCK = tl.constexpr(64)  # candidates the spread select ranks by [C, C] compares
-KEY_BUCKETS = tl.constexpr(triton_topk.HIST_BINS)  # the spread histogram: top 12 key bits
+KEY_BITS = 12  # the spread histogram's buckets: the order key's top bits (_bucket_key)
+KEY_BUCKETS = tl.constexpr(1 << KEY_BITS)
 NUM_WARPS = 8
+
+
+@triton.jit
+def _bucket_key(key):
+    """The spread histogram's bucket of an order key: its top ``KEY_BITS`` (12) bits."""
+    return (key >> 20).to(tl.int32)
 
 
 @triton.jit
@@ -190,7 +191,7 @@ def _rank_candidates(cand_row, n_cand, need, CAND: tl.constexpr):
 @triton.jit
 def _refine_keys(cand_row, n_cand, thr, need, DONE: tl.constexpr, BITS: tl.constexpr,
                  BINS: tl.constexpr, BLOCK: tl.constexpr):
-    """As ``triton_topk._refine`` over the candidates' keys themselves: the ``need``-th
+    """A histogram level over the candidates' keys themselves: the ``need``-th
     largest key's top ``DONE + BITS`` bits among those whose top ``DONE`` are ``thr``,
     and the ``need`` left below them."""
     offs = tl.arange(0, BLOCK)

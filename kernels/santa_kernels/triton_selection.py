@@ -64,7 +64,7 @@ from santa_kernels.triton_page_select import (
 )
 from santa_kernels.triton_rest_sample import RestSampler
 from santa_kernels.triton_splitkv import _mma, kv_capacity
-from santa_kernels.triton_topk import HIST_BINS, TopKSelect
+from santa_kernels.triton_topk import TopKSelect
 from santa_kernels.validate import InputError, check_positive_int, check_scale
 
 UNIFORM_KEY = 0x5BD1E995  # the tensor-side uniforms' Philox key differs from the kernels'
@@ -213,7 +213,8 @@ class QuestStep(_Step):
                                     device=q.device)  # the fused select's, 0 between calls
         # the spread select's row histograms (0 between calls) and its candidates' keys
         fused_rows = self.batch * self.num_kv_heads if shared == "group" else 1
-        self.hist = torch.zeros(fused_rows, HIST_BINS, dtype=torch.int32, device=q.device)
+        self.hist = torch.zeros(fused_rows, triton_page_select.KEY_BUCKETS, dtype=torch.int32,
+                                device=q.device)
         self.cand = torch.empty(fused_rows, self.page_cap, dtype=torch.int32, device=q.device)
         self.log_weights = self._own_segments(self.pages) if shared == "head" else None
         rows = self.pages * page * (1 if shared == "group" else self.group)

@@ -1,5 +1,5 @@
 """triton-topk: the score pass and the exact top-``k`` select of the selection methods
-(docs/algorithms.md section 10), in three launches split alike over the tokens and no
+(docs/algorithms.md section 10), in four launches split alike over the tokens and no
 torch op over the tokens.
 
 1. **Score pass** (:meth:`TopKSelect.run_scores`): ``τ q·k`` of every cached token for
@@ -8,32 +8,25 @@ torch op over the tokens.
    (the stats), so the softmax's normaliser ``lse`` needs no second pass over the scores.
 2. **Mass and histogram** (:meth:`TopKSelect.run_select`, split like the score pass): per
    (sequence, KV head) the group's summed probabilities ``Σ_h e^{s_h − lse_h}`` (written,
-   fp32, ``-1`` on tokens not allowed) and a histogram of the allowed tokens' buckets:
-   the top 12 bits of their order-preserving key (the float's bits, sign flipped), for
-   a mass 8 exponent and 3 mantissa bits, so a bucket spans 1/8 of an octave. Per query
-   head (``per_head``) the key is the score itself and nothing is written. Each split
-   keeps its counts at or above each bucket (``cum``: int16 while a split spans fewer
-   than 2^15 tokens) and adds its histogram to the row's; the split-0 program writes
+   fp32, ``-1`` on tokens not allowed) and a histogram of the top byte of their
+   order-preserving key (the float's bits, sign flipped); per query head (``per_head``)
+   the key is the score itself and nothing is written. The split-0 program writes
    ``lse [B, Hq]``.
-3. **Writes** (split alike): the row's histogram gives the bucket ``b1`` of the ``k``-th
-   key; each split writes its tokens above ``b1`` after the earlier splits' ones and
-   lists those in ``b1`` (the candidates) after the earlier splits' candidates (both
-   counts from the earlier splits' ``cum`` at ``b1`` and ``b1 + 1``); the row's last
-   program to finish (an arrival counter) takes three histograms of the candidates (the
-   key's other 20 bits: 8, 8, 4; the exact key ``T``), writes those above ``T``, then
-   those equal to ``T`` in token order until ``k`` are chosen, and ``-1`` fills the
-   rest. A token is chosen exactly when ``key > T`` or ``key = T`` and ``token ≤ last
-   tie`` (both stored), which later kernels test without a list.
+3. **Second byte** (split alike): the histogram gives the top byte ``b1`` of the
+   ``k``-th key; each split counts its allowed tokens above ``b1`` and histograms the
+   second byte of those in ``b1`` (kept per split as counts at or above each value, and
+   added to the row's).
+4. **Writes** (split alike): with the top two bytes ``P`` of the ``k``-th key, each split
+   writes its tokens above ``P`` after the earlier splits' ones (their counts from 3)
+   and lists those under ``P`` (the candidates) after the earlier splits' candidates;
+   the row's last program to finish (an arrival counter) takes two histograms of the
+   candidates (the last two bytes: the exact key ``T``), writes those above ``T``, then
+   those equal to ``T`` in token order until ``k`` are chosen, and ``-1`` fills the rest.
+   A token is chosen exactly when ``key > T`` or ``key = T`` and ``token ≤ last tie``
+   (both stored), which later kernels test without a list.
 
-``SPREAD_SELECT = False`` runs 3 as the former select instead: one program per
-(sequence, selecting head) walks every token (the same histogram, candidates, tokens,
-threshold and last tie).
-
-Bytes of the select at 32 query / 8 KV heads, 32k tokens, B = 8 (10 splits): the mass
-kernel reads the scores (33.5 MB) and writes the mass (8.4 MB) and ``cum`` (5.2 MB,
-8 KiB a split of a row; per head, 4x the rows: 21 MB); the write kernel reads the mass
-once more (8.4 MB) and each program its row's histogram (16 KiB, from L2), then the
-candidates (about 1% of a row).
+``SPREAD_SELECT = False`` runs 3 and 4 as the former select instead: one program per
+(sequence, selecting head) walks every token (the same tokens, threshold and last tie).
 
 Static shapes (the capacity, never the lengths), no host sync, graph capturable: the
 histograms and the arrival counts are zeroed by the last program after use, so they start
@@ -50,13 +43,13 @@ from santa_kernels.kv import KVCache
 from santa_kernels.triton_indexed import SCORE_BLOCK_N, _row_offsets, _static_for
 from santa_kernels.triton_splitkv import _mma, choose_num_splits, kv_capacity, num_sms
 
-HIST_BITS = 12  # the key's top bits a bucket holds (_bucket_key and _finish_row assume 12)
-HIST_BINS = 1 << HIST_BITS  # for a mass: 8 exponent and 3 mantissa bits, 1/8 of an octave
+HIST_BINS = 256  # buckets of a level: one byte of the key (the histogram's cost grows with them)
 SCORE_PROGRAMS_PER_SM = 4  # the score pass's programs per SM its split count aims for
-MASS_BLOCK = 2048  # tokens a step (and a histogram call) of the mass kernel, at most
-MASS_WARPS = 8
+# tokens a step of the mass kernel (256: 14 us slower at 32/8/128, 32k, B=8 on an H100;
+# results/h100/2026-12-07-h100-kernels-floor-32k-three-shapes, profile-topk-launches.md)
+MASS_BLOCK = 512
 SELECT_BLOCK = 2048  # tokens a step of the select kernel (one program walks them all)
-SPREAD_BLOCK = 2048  # tokens (or candidates) a step of the spread write kernel, at most
+SPREAD_BLOCK = 1024  # tokens (or candidates) a step of the spread select's kernels
 SPREAD_SELECT = True  # the select split like the score pass (False: one program a row)
 # the score pass loads K evict-first and stores the scores evict-last (L2), so the mass
 # kernel's read of them may hit L2
@@ -167,35 +160,20 @@ def _lse_of(m_ptr, l_ptr, rows, mask_h, num_splits, SPLITS_PAD: tl.constexpr):
 
 
 @triton.jit
-def _bucket_key(key):
-    """The histogram bucket of an order key: its top ``HIST_BITS`` (12) bits."""
-    return (key >> 20).to(tl.int32)
-
-
-@triton.jit
-def _allowed_range(lengths_ptr, b, SINK: tl.constexpr, WINDOW: tl.constexpr):
-    """``[t_lo, t_hi)``: the tokens of sequence ``b`` a select may take."""
-    n = tl.load(lengths_ptr + b).to(tl.int32)
-    t_lo = tl.minimum(n, SINK)
-    return t_lo, tl.maximum(n - WINDOW, t_lo)
-
-
-@triton.jit
 def _mass_hist_kernel(
-    s_ptr, m_ptr, l_ptr, lengths_ptr, mass_ptr, lse_ptr, hist_ptr, cum_ptr,
+    s_ptr, m_ptr, l_ptr, lengths_ptr, mass_ptr, lse_ptr, hist_ptr,
     capacity, num_splits, tokens_per_split, stride_sb, stride_sh,
     NUM_SEL: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     SPLITS_PAD: tl.constexpr, BLOCK: tl.constexpr, PER_HEAD: tl.constexpr,
     SINK: tl.constexpr, WINDOW: tl.constexpr, NUM_BINS: tl.constexpr,
 ):
-    """Per split of a row: the group's mass (written; not per head), a histogram of the
-    allowed tokens' buckets (one ``tl.histogram`` per ``BLOCK`` tokens), kept per split
-    as counts at or above each bucket and added to the row's."""
     split = tl.program_id(0)
     pid = tl.program_id(1)  # b * NUM_SEL + selecting head
     b = pid // NUM_SEL
     sel = pid % NUM_SEL
-    t_lo, t_hi = _allowed_range(lengths_ptr, b, SINK, WINDOW)
+    n = tl.load(lengths_ptr + b).to(tl.int32)
+    t_lo = tl.minimum(n, SINK)
+    t_hi = tl.maximum(n - WINDOW, t_lo)
     lo = split * tokens_per_split
     hi = tl.minimum(lo + tokens_per_split, capacity)
     offs = tl.arange(0, BLOCK)
@@ -204,9 +182,11 @@ def _mass_hist_kernel(
         s_row = s_ptr + b.to(tl.int64) * stride_sb + sel * stride_sh
         for t0 in range(lo, hi, BLOCK):
             tok = t0 + offs
-            ok = (tok < hi) & (tok >= t_lo) & (tok < t_hi)
-            key = _order_key(tl.load(s_row + tok, mask=ok, other=0.0))
-            hist += _masked_histogram(_bucket_key(key), ok, NUM_BINS)
+            inside = tok < hi
+            s = tl.load(s_row + tok, mask=inside, other=float("-inf"))
+            ok = (tok >= t_lo) & (tok < t_hi)
+            s = tl.where(ok, s, float("-inf"))
+            hist += _masked_histogram((_order_key(s) >> 24).to(tl.int32), inside, NUM_BINS)
     else:
         offs_g = tl.arange(0, BLOCK_G)
         mask_g = offs_g < GROUP
@@ -221,30 +201,15 @@ def _mass_hist_kernel(
         for t0 in range(lo, hi, BLOCK):
             tok = t0 + offs
             inside = tok < hi
-            ok = inside & (tok >= t_lo) & (tok < t_hi)
-            s = tl.load(s_rows + tok[None, :], mask=mask_g[:, None] & ok[None, :],
+            ok = (tok >= t_lo) & (tok < t_hi)
+            s = tl.load(s_rows + tok[None, :], mask=mask_g[:, None] & (inside & ok)[None, :],
                         other=float("-inf"))
             mass = tl.sum(tl.exp(s - lse[:, None]), axis=0)
             mass = tl.where(ok, mass, -1.0)
             tl.store(mass_row + tok, mass, mask=inside)
-            hist += _masked_histogram(_bucket_key(_order_key(mass)), ok, NUM_BINS)
+            hist += _masked_histogram((_order_key(mass) >> 24).to(tl.int32), inside, NUM_BINS)
     bins = tl.arange(0, NUM_BINS)
-    cum = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
-    tl.store(cum_ptr + (pid * num_splits + split) * NUM_BINS + bins,
-             cum.to(cum_ptr.dtype.element_ty))
     tl.atomic_add(hist_ptr + pid * NUM_BINS + bins, hist, mask=hist != 0)
-
-
-@triton.jit
-def _out_row_of(out_ptr, b, sel, stride_ob, stride_oh, K: tl.constexpr, GROUP: tl.constexpr,
-                PER_HEAD: tl.constexpr):
-    """Where row ``(b, sel)``'s list starts (per head: head ``j`` of KV head ``g`` writes
-    its own segment of ``g``'s row list)."""
-    if PER_HEAD:
-        row = out_ptr + b * stride_ob + (sel // GROUP) * stride_oh + (sel % GROUP) * K
-    else:
-        row = out_ptr + b * stride_ob + sel * stride_oh
-    return row
 
 
 @triton.jit
@@ -254,15 +219,17 @@ def _select_kernel(
     K: tl.constexpr, NUM_SEL: tl.constexpr, GROUP: tl.constexpr, PER_HEAD: tl.constexpr,
     SINK: tl.constexpr, WINDOW: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """One program a row: with the row's histogram's bucket ``b1`` of the ``K``-th key,
-    writes the allowed tokens above it and lists those in it (the candidates), which
-    :func:`_finish_row` resolves."""
     pid = tl.program_id(0)  # b * NUM_SEL + selecting head
     b = pid // NUM_SEL
     sel = pid % NUM_SEL
-    t_lo, t_hi = _allowed_range(lengths_ptr, b, SINK, WINDOW)
+    n = tl.load(lengths_ptr + b).to(tl.int32)
+    t_lo = tl.minimum(n, SINK)
+    t_hi = tl.maximum(n - WINDOW, t_lo)
     v_row = v_ptr + b.to(tl.int64) * stride_vb + sel * stride_vh
-    out_row = _out_row_of(out_ptr, b, sel, stride_ob, stride_oh, K, GROUP, PER_HEAD)
+    if PER_HEAD:  # head h of KV head g writes its own segment of g's row list
+        out_row = out_ptr + b * stride_ob + (sel // GROUP) * stride_oh + (sel % GROUP) * K
+    else:
+        out_row = out_ptr + b * stride_ob + sel * stride_oh
     cand_row = cand_ptr + pid.to(tl.int64) * capacity
     bins = tl.arange(0, NUM_BINS)
     hist_at = hist_ptr + pid * NUM_BINS + bins
@@ -270,15 +237,17 @@ def _select_kernel(
     tl.debug_barrier()
     tl.store(hist_at, tl.zeros([NUM_BINS], tl.int32))  # zero for the next call
     b1, above = _bucket_of(h1, K, NUM_BINS)
+    need = K - above
     offs = tl.arange(0, BLOCK)
+    # tokens of higher buckets are chosen; the bucket's own are the candidates
     written = 0
     n_cand = 0
     for t0 in range(0, capacity, BLOCK):
         tok = t0 + offs
         ok = (tok >= t_lo) & (tok < t_hi)
-        bucket = _bucket_key(_order_key(tl.load(v_row + tok, mask=ok, other=0.0)))
-        take = ok & (bucket > b1)
-        cand = ok & (bucket == b1)
+        top = (_order_key(tl.load(v_row + tok, mask=ok, other=0.0)) >> 24).to(tl.int32)
+        take = ok & (top > b1)
+        cand = ok & (top == b1)
         take_i = take.to(tl.int32)
         cand_i = cand.to(tl.int32)
         tl.store(out_row + written + tl.cumsum(take_i, axis=0) - 1, tok, mask=take)
@@ -286,54 +255,138 @@ def _select_kernel(
         written += tl.sum(take_i, axis=0)
         n_cand += tl.sum(cand_i, axis=0)
     tl.debug_barrier()  # the candidates are visible to the passes below
-    _finish_row(v_row, cand_row, out_row, thr_key_ptr + pid, thr_tok_ptr + pid,
-                b1.to(tl.uint32), K - above, written, n_cand, K, BLOCK)
+    # the next three bytes of the k-th key, each from a histogram of the candidates
+    # that share the bytes found so far
+    thr = b1.to(tl.uint32)
+    for level in tl.static_range(3):
+        h = tl.zeros([NUM_BINS], tl.int32)
+        for c0 in range(0, n_cand, BLOCK):
+            at = c0 + offs
+            ok = at < n_cand
+            tok = tl.load(cand_row + at, mask=ok, other=0)
+            key = _order_key(tl.load(v_row + tok, mask=ok, other=0.0))
+            ok = ok & ((key >> (24 - 8 * level)) == thr)
+            h += _masked_histogram(((key >> (16 - 8 * level)) & 255).to(tl.int32), ok,
+                                   NUM_BINS)
+        byte, above = _bucket_of(h, need, NUM_BINS)
+        need -= above
+        thr = (thr << 8) | byte.to(tl.uint32)
+    # need: ties at the threshold still to take, in token order
+    ties = 0
+    last_tie = -1
+    for c0 in range(0, n_cand, BLOCK):
+        at = c0 + offs
+        ok = at < n_cand
+        tok = tl.load(cand_row + at, mask=ok, other=0)
+        key = _order_key(tl.load(v_row + tok, mask=ok, other=0.0))
+        tie = ok & (key == thr)
+        tie_i = tie.to(tl.int32)
+        tie = tie & (ties + tl.cumsum(tie_i, axis=0) <= need)
+        take = (ok & (key > thr)) | tie
+        take_i = take.to(tl.int32)
+        tl.store(out_row + written + tl.cumsum(take_i, axis=0) - 1, tok, mask=take)
+        written += tl.sum(take_i, axis=0)
+        ties += tl.sum(tie_i, axis=0)
+        last_tie = tl.maximum(last_tie, tl.max(tl.where(tie, tok, -1), axis=0))
+    for j0 in range(0, K, BLOCK):
+        j = j0 + offs
+        tl.store(out_row + j, tl.full([BLOCK], -1, tl.int32), mask=(j >= written) & (j < K))
+    tl.store(thr_key_ptr + pid, thr.to(tl.int32, bitcast=True))
+    tl.store(thr_tok_ptr + pid, last_tie)
 
 
 @triton.jit
-def _spread_write_kernel(
-    v_ptr, hist_ptr, lengths_ptr, cum_ptr, cand_ptr, arrive_ptr,
-    out_ptr, thr_key_ptr, thr_tok_ptr, capacity, num_splits, tokens_per_split,
-    stride_vb, stride_vh, stride_ob, stride_oh,
-    K: tl.constexpr, NUM_SEL: tl.constexpr, GROUP: tl.constexpr, PER_HEAD: tl.constexpr,
-    SINK: tl.constexpr, WINDOW: tl.constexpr, NUM_BINS: tl.constexpr,
-    SPLITS_PAD: tl.constexpr, BLOCK: tl.constexpr,
+def _allowed_range(lengths_ptr, b, SINK: tl.constexpr, WINDOW: tl.constexpr):
+    """``[t_lo, t_hi)``: the tokens of sequence ``b`` a select may take."""
+    n = tl.load(lengths_ptr + b).to(tl.int32)
+    t_lo = tl.minimum(n, SINK)
+    return t_lo, tl.maximum(n - WINDOW, t_lo)
+
+
+@triton.jit
+def _second_byte_kernel(
+    v_ptr, hist_ptr, hist2_ptr, lengths_ptr, above_ptr, cum_ptr,
+    capacity, num_splits, tokens_per_split, stride_vb, stride_vh,
+    K: tl.constexpr, NUM_SEL: tl.constexpr, SINK: tl.constexpr, WINDOW: tl.constexpr,
+    NUM_BINS: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """Per split of a row, with the row histogram's bucket ``b1`` of the ``K``-th key:
-    writes the allowed tokens above ``b1`` (after the earlier splits' ones, counted by
-    their ``cum``) and lists those in ``b1`` (the candidates, in token order across the
-    splits); the row's last program to finish resolves the candidates
-    (:func:`_finish_row`) and zeroes the row's histogram and arrival count."""
+    """Per split of a row: the allowed tokens above the ``K``-th key's top byte ``b1``
+    (counted), and a histogram of the second byte of those in ``b1`` (kept per split as
+    counts at or above each byte, and added to the row's)."""
     split = tl.program_id(0)
     pid = tl.program_id(1)  # b * NUM_SEL + selecting head
     b = pid // NUM_SEL
     sel = pid % NUM_SEL
     t_lo, t_hi = _allowed_range(lengths_ptr, b, SINK, WINDOW)
     v_row = v_ptr + b.to(tl.int64) * stride_vb + sel * stride_vh
-    out_row = _out_row_of(out_ptr, b, sel, stride_ob, stride_oh, K, GROUP, PER_HEAD)
+    bins = tl.arange(0, NUM_BINS)
+    b1, _ = _bucket_of(tl.load(hist_ptr + pid * NUM_BINS + bins), K, NUM_BINS)
+    lo = split * tokens_per_split
+    hi = tl.minimum(lo + tokens_per_split, capacity)
+    offs = tl.arange(0, BLOCK)
+    greater = 0
+    h = tl.zeros([NUM_BINS], tl.int32)
+    for t0 in range(lo, hi, BLOCK):
+        tok = t0 + offs
+        ok = (tok < hi) & (tok >= t_lo) & (tok < t_hi)
+        key = _order_key(tl.load(v_row + tok, mask=ok, other=0.0))
+        top = (key >> 24).to(tl.int32)
+        greater += tl.sum((ok & (top > b1)).to(tl.int32), axis=0)
+        h += _masked_histogram(((key >> 16) & 255).to(tl.int32), ok & (top == b1), NUM_BINS)
+    row = pid * num_splits + split
+    tl.store(above_ptr + row, greater)
+    tl.store(cum_ptr + row * NUM_BINS + bins, tl.sum(h, axis=0) - tl.cumsum(h, axis=0) + h)
+    tl.atomic_add(hist2_ptr + pid * NUM_BINS + bins, h, mask=h != 0)
+
+
+@triton.jit
+def _spread_write_kernel(
+    v_ptr, hist_ptr, hist2_ptr, lengths_ptr, above_ptr, cum_ptr, cand_ptr, arrive_ptr,
+    out_ptr, thr_key_ptr, thr_tok_ptr, capacity, num_splits, tokens_per_split,
+    stride_vb, stride_vh, stride_ob, stride_oh,
+    K: tl.constexpr, NUM_SEL: tl.constexpr, GROUP: tl.constexpr, PER_HEAD: tl.constexpr,
+    SINK: tl.constexpr, WINDOW: tl.constexpr, NUM_BINS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Per split of a row, with the top two bytes ``P`` of the ``K``-th key: writes the
+    allowed tokens whose key is above ``P`` (at the count of earlier splits' ones) and
+    lists those under ``P`` (the candidates, in token order across the splits); the
+    row's last program to finish resolves the candidates (:func:`_finish_row`)."""
+    split = tl.program_id(0)
+    pid = tl.program_id(1)  # b * NUM_SEL + selecting head
+    b = pid // NUM_SEL
+    sel = pid % NUM_SEL
+    t_lo, t_hi = _allowed_range(lengths_ptr, b, SINK, WINDOW)
+    v_row = v_ptr + b.to(tl.int64) * stride_vb + sel * stride_vh
+    if PER_HEAD:  # head h of KV head g writes its own segment of g's row list
+        out_row = out_ptr + b * stride_ob + (sel // GROUP) * stride_oh + (sel % GROUP) * K
+    else:
+        out_row = out_ptr + b * stride_ob + sel * stride_oh
     cand_row = cand_ptr + pid.to(tl.int64) * capacity
     bins = tl.arange(0, NUM_BINS)
     b1, above = _bucket_of(tl.load(hist_ptr + pid * NUM_BINS + bins), K, NUM_BINS)
-    # the earlier splits' tokens above b1 and in it, from their counts
+    b2, above2 = _bucket_of(tl.load(hist2_ptr + pid * NUM_BINS + bins), K - above, NUM_BINS)
+    need = K - above - above2  # keys under P still to take
+    prefix = (b1.to(tl.uint32) << 8) | b2.to(tl.uint32)
+    # the earlier splits' tokens above P and under it, from their counts
     offs_s = tl.arange(0, SPLITS_PAD)
     row_s = pid * num_splits + offs_s
     earlier = offs_s < split
     # (the scalar test as a tensor: the interpreter's & of the two breaks masks)
-    has_past = (offs_s * 0 + b1 + 1) < NUM_BINS
-    at_b1 = tl.load(cum_ptr + row_s * NUM_BINS + b1, mask=earlier, other=0).to(tl.int32)
-    past_b1 = tl.load(cum_ptr + row_s * NUM_BINS + b1 + 1, mask=earlier & has_past,
-                      other=0).to(tl.int32)
-    written = tl.sum(past_b1, axis=0)
-    n_cand = tl.sum(at_b1 - past_b1, axis=0)
+    has_past = (offs_s * 0 + b2 + 1) < NUM_BINS
+    at_b2 = tl.load(cum_ptr + row_s * NUM_BINS + b2, mask=earlier, other=0)
+    past_b2 = tl.load(cum_ptr + row_s * NUM_BINS + b2 + 1, mask=earlier & has_past, other=0)
+    written = tl.sum(tl.load(above_ptr + row_s, mask=earlier, other=0) + past_b2, axis=0)
+    n_cand = tl.sum(at_b2 - past_b2, axis=0)
     lo = split * tokens_per_split
     hi = tl.minimum(lo + tokens_per_split, capacity)
     offs = tl.arange(0, BLOCK)
     for t0 in range(lo, hi, BLOCK):
         tok = t0 + offs
         ok = (tok < hi) & (tok >= t_lo) & (tok < t_hi)
-        bucket = _bucket_key(_order_key(tl.load(v_row + tok, mask=ok, other=0.0)))
-        take = ok & (bucket > b1)
-        cand = ok & (bucket == b1)
+        high = _order_key(tl.load(v_row + tok, mask=ok, other=0.0)) >> 16
+        take = ok & (high > prefix)
+        cand = ok & (high == prefix)
         take_i = take.to(tl.int32)
         cand_i = cand.to(tl.int32)
         tl.store(out_row + written + tl.cumsum(take_i, axis=0) - 1, tok, mask=take)
@@ -347,47 +400,40 @@ def _spread_write_kernel(
     arrived = tl.atomic_add(arrive_ptr + pid, 1, sem="acq_rel")
     if arrived == num_splits - 1:  # every split of the row has written its part
         every = offs_s < num_splits
-        at_b1 = tl.load(cum_ptr + row_s * NUM_BINS + b1, mask=every, other=0).to(tl.int32)
-        past_b1 = tl.load(cum_ptr + row_s * NUM_BINS + b1 + 1, mask=every & has_past,
-                          other=0).to(tl.int32)
+        at_b2 = tl.load(cum_ptr + row_s * NUM_BINS + b2, mask=every, other=0)
+        past_b2 = tl.load(cum_ptr + row_s * NUM_BINS + b2 + 1, mask=every & has_past,
+                          other=0)
+        direct = tl.sum(tl.load(above_ptr + row_s, mask=every, other=0) + past_b2, axis=0)
         _finish_row(v_row, cand_row, out_row, thr_key_ptr + pid, thr_tok_ptr + pid,
-                    b1.to(tl.uint32), K - above, tl.sum(past_b1, axis=0),
-                    tl.sum(at_b1 - past_b1, axis=0), K, BLOCK)
+                    prefix, need, direct, tl.sum(at_b2 - past_b2, axis=0), K, NUM_BINS,
+                    BLOCK)
         tl.store(hist_ptr + pid * NUM_BINS + bins, tl.zeros([NUM_BINS], tl.int32))
+        tl.store(hist2_ptr + pid * NUM_BINS + bins, tl.zeros([NUM_BINS], tl.int32))
         tl.store(arrive_ptr + pid, 0)  # zero for the next call
 
 
 @triton.jit
-def _refine(v_row, cand_row, n_cand, thr, need, DONE: tl.constexpr, BITS: tl.constexpr,
-            BINS: tl.constexpr, BLOCK: tl.constexpr):
-    """The ``need``-th largest key among the candidates whose top ``DONE`` bits are
-    ``thr``: its top ``DONE + BITS`` bits (one histogram of ``BINS = 2^BITS`` buckets)
-    and the ``need`` left below them."""
+def _finish_row(v_row, cand_row, out_row, thr_key_at, thr_tok_at, prefix, need, written,
+                n_cand, K: tl.constexpr, NUM_BINS: tl.constexpr, BLOCK: tl.constexpr):
+    """The ``K``-th key ``T`` from its top two bytes ``prefix`` and the candidates' last
+    two (a histogram each); writes the candidates above ``T``, then the first ``need``
+    equal to it in token order, after the ``written`` tokens; ``-1`` fills the rest;
+    stores ``T`` and the last tie taken."""
     offs = tl.arange(0, BLOCK)
-    h = tl.zeros([BINS], tl.int32)
-    for c0 in range(0, n_cand, BLOCK):
-        at = c0 + offs
-        ok = at < n_cand
-        tok = tl.load(cand_row + at, mask=ok, other=0)
-        key = _order_key(tl.load(v_row + tok, mask=ok, other=0.0))
-        ok = ok & ((key >> (32 - DONE)) == thr)
-        h += _masked_histogram(((key >> (32 - DONE - BITS)) & (BINS - 1)).to(tl.int32), ok,
-                               BINS)
-    digit, above = _bucket_of(h, need, BINS)
-    return (thr << BITS) | digit.to(tl.uint32), need - above
-
-
-@triton.jit
-def _finish_row(v_row, cand_row, out_row, thr_key_at, thr_tok_at, bucket, need, written,
-                n_cand, K: tl.constexpr, BLOCK: tl.constexpr):
-    """The ``K``-th key ``T`` from its bucket (its top 12 bits) and the candidates' other
-    20 bits (histograms of 8, 8 and 4 bits); writes the candidates above ``T``, then the
-    first ``need`` equal to it in token order, after the ``written`` tokens; ``-1`` fills
-    the rest; stores ``T`` and the last tie taken."""
-    thr, need = _refine(v_row, cand_row, n_cand, bucket, need, 12, 8, 256, BLOCK)
-    thr, need = _refine(v_row, cand_row, n_cand, thr, need, 20, 8, 256, BLOCK)
-    thr, need = _refine(v_row, cand_row, n_cand, thr, need, 28, 4, 16, BLOCK)
-    offs = tl.arange(0, BLOCK)
+    thr = prefix
+    for level in tl.static_range(2):
+        h = tl.zeros([NUM_BINS], tl.int32)
+        for c0 in range(0, n_cand, BLOCK):
+            at = c0 + offs
+            ok = at < n_cand
+            tok = tl.load(cand_row + at, mask=ok, other=0)
+            key = _order_key(tl.load(v_row + tok, mask=ok, other=0.0))
+            ok = ok & ((key >> (16 - 8 * level)) == thr)
+            h += _masked_histogram(((key >> (8 - 8 * level)) & 255).to(tl.int32), ok,
+                                   NUM_BINS)
+        byte, above = _bucket_of(h, need, NUM_BINS)
+        need -= above
+        thr = (thr << 8) | byte.to(tl.uint32)
     ties = 0
     last_tie = -1
     for c0 in range(0, n_cand, BLOCK):
@@ -443,14 +489,14 @@ class TopKSelect:
         self.mass = (None if per_head else
                      torch.empty(self.batch, self.num_kv_heads, self.capacity,
                                  dtype=torch.float32, device=dev))
-        # the row's histogram (zeroed by the select after use), per split the counts at
-        # or above each bucket, the candidates, and the row's programs that have written
-        # (the spread select's; 0 between calls)
         self.hist = torch.zeros(rows, HIST_BINS, dtype=torch.int32, device=dev)
-        span = self.tiles_per_split * self.block_n  # a split's counts fit int16 below 2^15
-        self.cum = torch.empty(rows * self.splits, HIST_BINS, device=dev,
-                               dtype=torch.int16 if span < 2**15 else torch.int32)
         self.cand = torch.empty(rows, self.capacity, dtype=torch.int32, device=dev)
+        # the spread select's: the second byte's histogram (zeroed after use, as the
+        # first), per split the tokens above the top byte and the second byte's counts
+        # at or above each value, and the row's programs that have written (0 between)
+        self.hist2 = torch.zeros(rows, HIST_BINS, dtype=torch.int32, device=dev)
+        self.above = torch.empty(rows * self.splits, dtype=torch.int32, device=dev)
+        self.cum = torch.empty(rows * self.splits, HIST_BINS, dtype=torch.int32, device=dev)
         self.arrivals = torch.zeros(rows, dtype=torch.int32, device=dev)
         self.thr_key = torch.empty(rows, dtype=torch.int32, device=dev)
         self.thr_tok = torch.empty(rows, dtype=torch.int32, device=dev)
@@ -481,34 +527,25 @@ class TopKSelect:
         """Writes the chosen tokens into ``out [B, Hkv, ≥k]`` int32 (per head: head ``j``
         of a group at ``j·k``; ``-1`` where fewer are allowed), the tokens allowed being
         ``[min(n, sink), max(n − window, min(n, sink)))`` of a sequence of length ``n``;
-        with the group's mass, also ``lse``. ``upto="mass"`` (profiling) stops after the
-        mass kernel; the call is then incomplete and leaves the histograms unzeroed."""
+        with the group's mass, also ``lse``. ``upto`` (profiling) stops after a launch:
+        ``mass`` or ``second`` (the spread select's second byte); the call is then
+        incomplete and leaves the histograms unzeroed."""
         values = self.scores if self.per_head else self.mass
         mass = self.mass if self.mass is not None else self.scores
-        span = self.tiles_per_split * self.block_n
         _mass_hist_kernel[(self.splits, self.batch * self.num_sel)](
             self.scores, self.stat_m, self.stat_l, kv.lengths, mass, self.lse,
-            self.hist, self.cum, self.capacity, self.splits, span,
+            self.hist, self.capacity, self.splits, self.tiles_per_split * self.block_n,
             self.scores.stride(0), self.scores.stride(1),
             NUM_SEL=self.num_sel, GROUP=self.group,
             BLOCK_G=triton.next_power_of_2(self.group),
-            SPLITS_PAD=max(2, triton.next_power_of_2(self.splits)),
-            BLOCK=min(MASS_BLOCK, triton.next_power_of_2(span)), PER_HEAD=self.per_head,
-            SINK=sink, WINDOW=window, NUM_BINS=HIST_BINS, num_warps=MASS_WARPS,
+            SPLITS_PAD=max(2, triton.next_power_of_2(self.splits)), BLOCK=MASS_BLOCK,
+            PER_HEAD=self.per_head, SINK=sink, WINDOW=window, NUM_BINS=HIST_BINS,
+            num_warps=NUM_WARPS,
         )  # fmt: skip
         if upto == "mass":
             return out
         if SPREAD_SELECT:
-            _spread_write_kernel[(self.splits, self.batch * self.num_sel)](
-                values, self.hist, kv.lengths, self.cum, self.cand, self.arrivals, out,
-                self.thr_key, self.thr_tok, self.capacity, self.splits, span,
-                values.stride(0), values.stride(1), out.stride(0), out.stride(1),
-                K=self.k, NUM_SEL=self.num_sel, GROUP=self.group, PER_HEAD=self.per_head,
-                SINK=sink, WINDOW=window, NUM_BINS=HIST_BINS,
-                SPLITS_PAD=max(2, triton.next_power_of_2(self.splits)),
-                BLOCK=min(SPREAD_BLOCK, triton.next_power_of_2(span)),
-                num_warps=SELECT_WARPS,
-            )  # fmt: skip
+            self._spread_select(values, kv, out, sink, window, upto)
             return out
         _select_kernel[(self.batch * self.num_sel,)](
             values, self.hist, kv.lengths, self.cand, out, self.thr_key,
@@ -519,3 +556,28 @@ class TopKSelect:
             num_warps=SELECT_WARPS,
         )  # fmt: skip
         return out
+
+    def _spread_select(self, values: torch.Tensor, kv: KVCache, out: torch.Tensor,
+                       sink: int, window: int, upto: str = "write") -> None:
+        """The select in two launches split like the score pass (the second byte's
+        histogram, then the writes; the row's last program resolves the candidates)."""
+        grid = (self.splits, self.batch * self.num_sel)
+        span = self.tiles_per_split * self.block_n
+        block = min(SPREAD_BLOCK, triton.next_power_of_2(span))
+        _second_byte_kernel[grid](
+            values, self.hist, self.hist2, kv.lengths, self.above, self.cum,
+            self.capacity, self.splits, span, values.stride(0), values.stride(1),
+            K=self.k, NUM_SEL=self.num_sel, SINK=sink, WINDOW=window, NUM_BINS=HIST_BINS,
+            BLOCK=block, num_warps=NUM_WARPS,
+        )  # fmt: skip
+        if upto == "second":
+            return
+        _spread_write_kernel[grid](
+            values, self.hist, self.hist2, kv.lengths, self.above, self.cum, self.cand,
+            self.arrivals, out, self.thr_key, self.thr_tok, self.capacity, self.splits, span,
+            values.stride(0), values.stride(1), out.stride(0), out.stride(1),
+            K=self.k, NUM_SEL=self.num_sel, GROUP=self.group, PER_HEAD=self.per_head,
+            SINK=sink, WINDOW=window, NUM_BINS=HIST_BINS,
+            SPLITS_PAD=max(2, triton.next_power_of_2(self.splits)), BLOCK=block,
+            num_warps=NUM_WARPS,
+        )  # fmt: skip
