@@ -126,17 +126,16 @@ def _rows(kind: str, width: int, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize(("width", "k", "block"), [(300, 16, None), (300, 64, None),
                                                    (200, 7, 64), (1000, 40, 256)])
 def test_spread_select_chooses_what_the_byte_wise_select_and_torch_choose(kind, width, k,
-                                                                         block, monkeypatch):
+                                                                         block):
     """Many seeds per kind; ragged rows (shorter than ``k``, empty, +inf last); several
     blocks a pass where ``block`` is small; the same positions in the same slots and the
     same counts as the byte-wise select's own launch and the reference."""
-    monkeypatch.setattr(ps, "SELECT", "bytes")
     spread = _Spread(8, width)
     for seed in range(4):
         scores = _rows(kind, width, seed * 101 + width + k)
         index, counts = spread(scores, k, block)
         ref_index, ref_counts = _reference(scores, k)
-        byte_index, byte_counts = ps.row_topk(scores.to(DEVICE), k)
+        byte_index, byte_counts = ps.row_topk(scores.to(DEVICE), k, select="bytes")
         assert torch.equal(index, ref_index) and torch.equal(counts, ref_counts)
         assert torch.equal(index, byte_index.cpu().long())
         assert torch.equal(counts, byte_counts.cpu().long())

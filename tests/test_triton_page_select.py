@@ -21,8 +21,9 @@ DEVICE = "cuda" if _WHY == "cuda" else "cpu"
 INF = float("inf")
 
 
-def _select(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    index, counts = ps.row_topk(scores.to(DEVICE), k)
+def _select(scores: torch.Tensor, k: int,
+            select: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    index, counts = ps.row_topk(scores.to(DEVICE), k, select=select)
     return index.cpu().long(), counts.cpu().long()
 
 
@@ -122,10 +123,8 @@ def test_byte_wise_select_chooses_what_four_bits_a_pass_chooses(width, k, hist_b
     if hist_block is not None:
         monkeypatch.setattr(ps, "HIST_BLOCK", hist_block)
     scores = _hard_rows(width)
-    monkeypatch.setattr(ps, "SELECT", "nibbles")
-    old_index, old_counts = _select(scores, k)
-    monkeypatch.setattr(ps, "SELECT", "bytes")
-    index, counts = _select(scores, k)
+    old_index, old_counts = _select(scores, k, "nibbles")
+    index, counts = _select(scores, k, "bytes")
     _check_layout(index, counts)
     assert torch.equal(index, old_index) and torch.equal(counts, old_counts)
     live = (scores > -INF).sum(-1)

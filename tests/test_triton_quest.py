@@ -170,10 +170,10 @@ def test_quest_byte_wise_select_chooses_the_pages_of_the_old_select_and_the_refe
         monkeypatch.setattr(ts.triton_page_select, "HIST_BLOCK", hist_block)
     q, kv = _problem(batch=2, hkv=2, group=4, n=n, d=16, lengths=(n, n * 7 // 10), seed=5,
                      layout=layout, q_scale=2.0)
-    step = _step(q, kv, page=page, pages=12, shared=shared)
     runs = {}
     for histogram in (False, True):
-        monkeypatch.setattr(ts.triton_page_select, "SELECT", "bytes" if histogram else "nibbles")
+        step = _step(q, kv, page=page, pages=12, shared=shared,
+                     select="bytes" if histogram else "nibbles")
         out = step(q, kv).clone()
         runs[histogram] = (_chosen_lists(step), step.counts.clone(), out)
     assert not step.arrivals.any()
@@ -207,10 +207,11 @@ def test_quest_spread_select_chooses_the_byte_wise_pages_and_the_reference(
     for seed in range(seeds):
         q, kv = _problem(batch=2, hkv=2, group=4, n=n, d=16, lengths=lengths, seed=seed,
                          layout=layout, q_scale=q_scale)
-        step = _step(q, kv, page=page, pages=12)
+        steps = {select: _step(q, kv, page=page, pages=12, select=select)
+                 for select in ("bytes", "spread")}
         runs = []
         for select in ("bytes", "spread", "spread"):
-            monkeypatch.setattr(ts.triton_page_select, "SELECT", select)
+            step = steps[select]
             out = step(q, kv).clone()
             runs.append((_chosen_lists(step), step.counts.clone(), out))
             assert not step.hist.any() and not step.arrivals.any()
@@ -245,9 +246,8 @@ def test_quest_step_runs_kernels_only(shared, select, monkeypatch):
     """No torch op of its own (topk, index building, casts, the spread select's
     histogram zeroing), views aside: the bound kernel (with the page select, per group),
     the select (per head), the indexed kernel and its merge; graph-capturable."""
-    monkeypatch.setattr(ts.triton_page_select, "SELECT", select)
     q, kv = _problem(group=4)
-    step = _step(q, kv, page=8, pages=4, shared=shared)
+    step = _step(q, kv, page=8, pages=4, shared=shared, select=select)
     step(q, kv)
     launches = []
     kernel_type = type(ts._quest_bound_kernel)

@@ -41,9 +41,9 @@ def _random_problem(batch=2, hkv=2, group=4, n=700, d=16, lengths=(700, 341), se
                                                torch.tensor(lengths, device=DEVICE))
 
 
-def _select(q, kv, k, per_head, sink=0, window=0):
+def _select(q, kv, k, per_head, sink=0, window=0, **options):
     scale = q.shape[-1] ** -0.5
-    top = tk.TopKSelect(q, kv, k, per_head=per_head, scale=scale)
+    top = tk.TopKSelect(q, kv, k, per_head=per_head, scale=scale, **options)
     width = k * (top.group if per_head else 1)
     out = torch.full((q.shape[0], kv.num_kv_heads, width), 7, dtype=torch.int32,
                      device=q.device)
@@ -195,13 +195,12 @@ def test_oracle_topk_step_on_a_paged_cache_is_the_contiguous_one(shared):
     assert torch.allclose(flat(q, kv).cpu(), pages(q, paged).cpu(), atol=1e-6)
 
 
-def _both_selects(monkeypatch, make, k, per_head, sink=0, window=0):
+def _both_selects(make, k, per_head, sink=0, window=0):
     """The one-program-a-row select's and the spread select's results on one problem."""
     q, kv = make()
     runs = []
     for spread in (False, True):
-        monkeypatch.setattr(tk, "SPREAD_SELECT", spread)
-        top, out = _select(q, kv, k, per_head, sink, window)
+        top, out = _select(q, kv, k, per_head, sink, window, spread=spread)
         runs.append((top, out))
     return runs
 
@@ -210,8 +209,7 @@ def _both_selects(monkeypatch, make, k, per_head, sink=0, window=0):
 @pytest.mark.parametrize(("tied", "k", "sink", "window"),
                          [(False, 1, 0, 0), (False, 150, 0, 0), (True, 64, 0, 0),
                           (True, 300, 20, 40), (False, 1500, 0, 0)])
-def test_spread_select_takes_the_one_program_selects_tokens(monkeypatch, per_head, tied, k,
-                                                            sink, window):
+def test_spread_select_takes_the_one_program_selects_tokens(per_head, tied, k, sink, window):
     """Split like the score pass (the second byte, then the writes and the last program's
     candidates): the same tokens per row, the same threshold and last tie, the
     histograms and arrival counts back at zero, the same list on a second call."""
@@ -219,8 +217,7 @@ def test_spread_select_takes_the_one_program_selects_tokens(monkeypatch, per_hea
         fn = _tied_problem if tied else _random_problem
         return fn(batch=2, hkv=2, group=2, n=1500, d=16, lengths=(1500, 530), seed=3)
 
-    (old, old_out), (new, new_out) = _both_selects(monkeypatch, make, k, per_head, sink,
-                                                   window)
+    (old, old_out), (new, new_out) = _both_selects(make, k, per_head, sink, window)
     assert new.splits > 4
     assert torch.equal(old_out.sort(-1).values, new_out.sort(-1).values)
     assert torch.equal(old.thr_key.cpu(), new.thr_key.cpu())
@@ -233,7 +230,7 @@ def test_spread_select_takes_the_one_program_selects_tokens(monkeypatch, per_hea
 
 
 @pytest.mark.parametrize("shared", ["group", "head"])
-def test_oracle_topk_spread_select_chooses_the_references_rows(monkeypatch, shared):
+def test_oracle_topk_spread_select_chooses_the_references_rows(shared):
     """oracle-topk's rows against the reference's top-k mask and the one-program select;
     its output against both."""
     ts = pytest.importorskip("santa_kernels.triton_selection")
@@ -243,8 +240,8 @@ def test_oracle_topk_spread_select_chooses_the_references_rows(monkeypatch, shar
     k = 90
     outs, rows = [], []
     for spread in (False, True):
-        monkeypatch.setattr(tk, "SPREAD_SELECT", spread)
-        step = ts.OracleTopKStep(q, kv, k=k, shared=shared)
+        step = ts.OracleTopKStep(q, kv, k=k, shared=shared,
+                                 select_options={"spread": spread})
         rows.append(step.select(q, kv).cpu())
         outs.append(step(q, kv).cpu())
     assert torch.equal(rows[0].sort(-1).values, rows[1].sort(-1).values)
@@ -263,7 +260,7 @@ def test_oracle_topk_spread_select_chooses_the_references_rows(monkeypatch, shar
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_topk_santa_and_vattention_draw_the_same_with_the_spread_select(monkeypatch, seed):
+def test_topk_santa_and_vattention_draw_the_same_with_the_spread_select(seed):
     """The random methods' plans under both selects, seed by seed: the same top set, the
     same systematic samples and log-weights (top-k + S²ANTA), the same exact rows and
     tail budget (vAttention), so their distributions are the one-program select's."""
@@ -271,10 +268,11 @@ def test_topk_santa_and_vattention_draw_the_same_with_the_spread_select(monkeypa
     q, kv = _random_problem(batch=2, hkv=2, group=3, n=900, lengths=(900, 300), seed=6)
     plans = []
     for spread in (False, True):
-        monkeypatch.setattr(tk, "SPREAD_SELECT", spread)
-        santa = ts.TopKSantaStep(q, kv, k=40, S=16, seed=seed)
+        options = {"spread": spread}
+        santa = ts.TopKSantaStep(q, kv, k=40, S=16, seed=seed, select_options=options)
         rows = santa.plan(q, kv).cpu()
-        vatt = ts.VAttentionStep(q, kv, sink=8, window=16, topk=32, seed=seed)
+        vatt = ts.VAttentionStep(q, kv, sink=8, window=16, topk=32, seed=seed,
+                                 select_options=options)
         listed, tail = vatt.plan(q, kv)
         plans.append((rows, santa.log_weights.cpu(), listed.cpu(), tail.count.cpu(),
                       tail.log_weight.cpu(), vatt.exclude.cpu()))

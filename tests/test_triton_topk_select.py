@@ -70,8 +70,8 @@ def _check_row(chosen, values, allowed, k, thr_key, thr_tok):
     assert torch.equal(mark.nonzero().flatten(), want.sort().values)
 
 
-def _run(q, kv, k, per_head, sink, window):
-    top = tk.TopKSelect(q, kv, k, per_head=per_head, scale=D ** -0.5)
+def _run(q, kv, k, per_head, sink, window, spread=tk.SPREAD_SELECT):
+    top = tk.TopKSelect(q, kv, k, per_head=per_head, scale=D ** -0.5, spread=spread)
     out = torch.full((2, HKV, k * (GROUP if per_head else 1)), 7, dtype=torch.int32,
                      device=DEVICE)
     top.run_scores(q, kv)
@@ -94,12 +94,11 @@ CASES = [  # (kind, n, lengths, k, sink, window)
 @pytest.mark.parametrize("spread", [True, False])
 @pytest.mark.parametrize("per_head", [False, True])
 @pytest.mark.parametrize(("kind", "n", "lengths", "k", "sink", "window"), CASES)
-def test_select_is_a_stable_sort_of_the_values(monkeypatch, spread, per_head, kind, n,
-                                               lengths, k, sink, window):
-    monkeypatch.setattr(tk, "SPREAD_SELECT", spread)
+def test_select_is_a_stable_sort_of_the_values(spread, per_head, kind, n, lengths, k,
+                                               sink, window):
     for seed in range(3):
         q, kv = _problem(kind, seed, n, lengths)
-        top, out = _run(q, kv, k, per_head, sink, window)
+        top, out = _run(q, kv, k, per_head, sink, window, spread)
         values = (top.scores if per_head else top.mass).cpu()
         for b in range(2):
             length = lengths[b]

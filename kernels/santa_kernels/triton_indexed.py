@@ -407,13 +407,15 @@ def _static_for(q: torch.Tensor, kv: KVCache) -> _Static:
                    kv.k.dtype, kv.k.stride(), kv.v.stride())
 
 
-def choose_splits(q: torch.Tensor, kv: KVCache, rows: int) -> int:
-    """Splits for a call expected to attend ``rows`` rows per (sequence, KV head)."""
+def choose_splits(q: torch.Tensor, kv: KVCache, rows: int,
+                  programs_per_sm: int = PROGRAMS_PER_SM) -> int:
+    """Splits for a call expected to attend ``rows`` rows per (sequence, KV head), aimed
+    at ``programs_per_sm`` programs an SM."""
     d = q.shape[2]
     if d not in CHUNK:
         raise InputError(f"k: head dim {d} is not supported by triton-indexed")
     return choose_num_splits(q.shape[0] * kv.num_kv_heads, max(1, rows), CHUNK[d],
-                             num_sms(q.device), PROGRAMS_PER_SM)
+                             num_sms(q.device), programs_per_sm)
 
 
 def indexed_attention(

@@ -261,11 +261,13 @@ def select_block(width: int, select: str | None = None) -> int:
 
 
 def row_topk(scores: torch.Tensor, k: int, out: torch.Tensor | None = None,
-             counts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             counts: torch.Tensor | None = None,
+             select: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(index [R, k] int32, counts [R] int32)``: each row's positions of its
     ``k`` largest finite-or-``+inf`` scores of ``scores [R, P]`` (fp32, unit stride in
     P) in ascending order, ``-1`` after the ``counts`` taken (see the module
-    docstring). Ties at the threshold go to the lowest positions."""
+    docstring). Ties at the threshold go to the lowest positions. ``select``: as
+    :func:`row_select` (default ``SELECT``)."""
     check_positive_int(k, "k")
     if scores.dim() != 2 or scores.dtype != torch.float32 or scores.stride(1) != 1:
         raise InputError(f"scores: expected an fp32 [R, P] tensor with unit stride in P, got "
@@ -282,7 +284,7 @@ def row_topk(scores: torch.Tensor, k: int, out: torch.Tensor | None = None,
         return out, counts
     _row_topk_kernel[(rows,)](
         scores, out, counts, width, scores.stride(0), out.stride(0),
-        K=k, BLOCK=select_block(width), BLOCK_K=min(1024, triton.next_power_of_2(k)),
-        HOW=row_select(), num_warps=NUM_WARPS,
+        K=k, BLOCK=select_block(width, select), BLOCK_K=min(1024, triton.next_power_of_2(k)),
+        HOW=row_select(select), num_warps=NUM_WARPS,
     )  # fmt: skip
     return out, counts

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from santa_kernels.triton_topk import TopKSelect, _lse_of, _order_key
+from santa_kernels.validate import check_positive_int
 
 REST_BLOCK = 256  # tokens a step of either kernel
 NUM_WARPS = 4
@@ -154,8 +155,10 @@ class RestSampler:
     """The two launches of the rest's systematic samples over a :class:`TopKSelect`'s
     stash (``k`` its top set's size, 0 for none; ``S`` samples per query head)."""
 
-    def __init__(self, top: TopKSelect, k: int, S: int) -> None:
-        self.top, self.k, self.S = top, k, S
+    def __init__(self, top: TopKSelect, k: int, S: int, *, block: int = REST_BLOCK) -> None:
+        """``block``: tokens a step of either kernel (``REST_BLOCK`` by default)."""
+        check_positive_int(block, "block")
+        self.top, self.k, self.S, self.block = top, k, S, block
         self.rest = torch.empty(top.batch * top.num_q_heads * top.splits, dtype=torch.float32,
                                 device=top.scores.device)
 
@@ -169,7 +172,7 @@ class RestSampler:
             NUM_KV_HEADS=top.num_kv_heads, GROUP=top.group,
             BLOCK_G=triton.next_power_of_2(top.group),
             SPLITS_PAD=max(2, triton.next_power_of_2(top.splits)), K=self.k, S=self.S,
-            BLOCK=REST_BLOCK, HAS_TOP=self.k > 0, num_warps=NUM_WARPS,
+            BLOCK=self.block, HAS_TOP=self.k > 0, num_warps=NUM_WARPS,
         )  # fmt: skip
         grid = (top.splits, top.batch * top.num_kv_heads)
         strides = (top.scores.stride(0), top.scores.stride(1), rows.stride(0), rows.stride(1),

@@ -19,8 +19,8 @@ graph replays draw fresh numbers (Philox, ``tl.rand``, in the kernels):
   token's key into its page (the last page's bounds, not the whole cache), writes every
   page's score bound ``τ (q⁺·max + q⁻·min)`` (the group's largest; the products exact,
   fp32 sums), and its last program of each row picks the row's top pages by a radix
-  select (``triton_page_select``, the one its ``SELECT`` names at launch; per head, its
-  own launch, byte-wise or four bits a pass); the indexed kernel attends
+  select (``triton_page_select``, the one its ``select`` names, ``SELECT`` by default;
+  per head, its own launch, byte-wise or four bits a pass); the indexed kernel attends
   to the chosen pages in blocks (split-KV, then its merge, skipped with one split).
 - :class:`VAttentionStep`: the score pass, ``triton_topk``'s select of the middle
   range, then one Triton kernel per (sequence, KV head) lists the sink/window/top-k
@@ -49,6 +49,7 @@ from santa_kernels.kv import KVCache
 from santa_kernels.reads import ReadCounts
 from santa_kernels.selection import normal_quantile
 from santa_kernels.triton_indexed import (
+    PROGRAMS_PER_SM,
     IndexedWorkspace,
     UniformTail,
     _static_for,
@@ -62,7 +63,7 @@ from santa_kernels.triton_page_select import (
     row_topk,
     select_block,
 )
-from santa_kernels.triton_rest_sample import RestSampler
+from santa_kernels.triton_rest_sample import REST_BLOCK, RestSampler
 from santa_kernels.triton_splitkv import _mma, kv_capacity
 from santa_kernels.triton_topk import TopKSelect
 from santa_kernels.validate import InputError, check_positive_int, check_scale
@@ -122,8 +123,13 @@ class _Step:
         """Sets the device step counter: a run replays exactly."""
         self.rng.fill_(step)
 
-    def _workspace(self, q: torch.Tensor, kv: KVCache, rows: int) -> IndexedWorkspace:
-        splits = choose_splits(q, kv, rows)
+    def _workspace(self, q: torch.Tensor, kv: KVCache, rows: int,
+                   programs_per_sm: int = PROGRAMS_PER_SM) -> IndexedWorkspace:
+        """The indexed attend's workspace, its splits aimed at ``programs_per_sm``
+        programs an SM."""
+        check_positive_int(programs_per_sm, "attend_programs_per_sm")
+        self.attend_programs_per_sm = programs_per_sm
+        splits = choose_splits(q, kv, rows, programs_per_sm)
         return IndexedWorkspace(self.batch, self.num_q_heads, self.head_dim, splits,
                                 device=q.device)
 
@@ -153,19 +159,25 @@ class OracleTopKStep(_Step):
     select of ``triton_topk``, then indexed attention."""
 
     def __init__(self, q: torch.Tensor, kv: KVCache, *, k: int, shared: str = "group",
-                 scale: float | None = None, seed: int = 0) -> None:
+                 scale: float | None = None, seed: int = 0,
+                 select_options: dict | None = None,
+                 attend_programs_per_sm: int = PROGRAMS_PER_SM) -> None:
+        """``select_options``: :class:`TopKSelect`'s launch options (``spread``,
+        ``l2_hints``, ``mass_block``); ``attend_programs_per_sm``: the indexed attend's
+        programs an SM its splits aim at."""
         super().__init__(q, kv, scale, seed)
         check_positive_int(k, "k")
         if shared not in ("group", "head"):
             raise InputError(f"shared: expected group or head, got {shared!r}")
         self.k, self.shared = min(k, self.capacity), shared
-        self.top = TopKSelect(q, kv, self.k, per_head=shared == "head", scale=self.scale)
+        self.top = TopKSelect(q, kv, self.k, per_head=shared == "head", scale=self.scale,
+                              **(select_options or {}))
         self.scores = self.top.scores
         rows = self.k if shared == "group" else self.group * self.k
         self.rows = torch.empty(self.batch, self.num_kv_heads, rows, dtype=torch.int32,
                                 device=q.device)
         self.log_weights = self._own_segments(self.k) if shared == "head" else None
-        self.workspace = self._workspace(q, kv, rows)
+        self.workspace = self._workspace(q, kv, rows, attend_programs_per_sm)
 
     def select(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
         """``[B, Hkv, R]`` int32 chosen tokens (-1: none)."""
@@ -189,8 +201,16 @@ class QuestStep(_Step):
 
     def __init__(self, q: torch.Tensor, kv: KVCache, *, page: int = 16, pages: int = 64,
                  shared: str = "group", scale: float | None = None, seed: int = 0,
-                 num_layers: int = 1) -> None:
+                 num_layers: int = 1, select: str = triton_page_select.SELECT,
+                 attend_programs_per_sm: int = PROGRAMS_PER_SM) -> None:
+        """``select``: the page select its launches run (one of
+        ``triton_page_select.SELECTS``, kept as ``select_by``); ``attend_programs_per_sm``:
+        the indexed attend's programs an SM its splits aim at."""
         super().__init__(q, kv, scale, seed)
+        if select not in triton_page_select.SELECTS:
+            raise InputError(f"select: expected one of "
+                             f"{', '.join(triton_page_select.SELECTS)}, got {select!r}")
+        self.select_by = select
         check_positive_int(page, "page")
         check_positive_int(pages, "pages")
         if shared not in ("group", "head"):
@@ -218,7 +238,7 @@ class QuestStep(_Step):
         self.cand = torch.empty(fused_rows, self.page_cap, dtype=torch.int32, device=q.device)
         self.log_weights = self._own_segments(self.pages) if shared == "head" else None
         rows = self.pages * page * (1 if shared == "group" else self.group)
-        self.workspace = self._workspace(q, kv, rows)
+        self.workspace = self._workspace(q, kv, rows, attend_programs_per_sm)
 
     def _keys(self, kv: KVCache, positions: torch.Tensor) -> torch.Tensor:
         """Keys at token ``positions [B, T]``: ``[B, T, Hkv, d]``."""
@@ -272,22 +292,14 @@ class QuestStep(_Step):
             DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16, SELECT=select,
             PAGES=self.pages, SELECT_BLOCK=self._select_block(),
             SELECT_BLOCK_K=min(1024, triton.next_power_of_2(self.pages)),
-            SELECT_BY=self._select_by(), num_warps=4,
+            SELECT_BY=self.select_by, num_warps=4,
         )  # fmt: skip
         return out
-
-    def _select_by(self) -> str:
-        """The fused select ``triton_page_select.SELECT`` names (read at launch)."""
-        select = triton_page_select.SELECT
-        if select not in triton_page_select.SELECTS:
-            raise InputError(f"triton_page_select.SELECT: expected one of "
-                             f"{', '.join(triton_page_select.SELECTS)}, got {select!r}")
-        return select
 
     def _select_block(self) -> int:
         """Bounds a step of the fused select reads (byte-wise or spread: the row of up to
         ``HIST_BLOCK`` pages at once)."""
-        if self._select_by() == "nibbles":
+        if self.select_by == "nibbles":
             return QUEST_SELECT_BLOCK
         return select_block(self.page_cap, "bytes")
 
@@ -302,7 +314,7 @@ class QuestStep(_Step):
         else:  # per head: a program per row rather than G rows in a bound program
             upper = self.page_bounds(q, kv, layer, update)
             row_topk(upper.view(-1, self.page_cap), self.pages, out=self.chosen,
-                     counts=self.counts)
+                     counts=self.counts, select=self.select_by)
         return self.chosen.view(self.batch, self.num_kv_heads, -1)
 
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
@@ -561,7 +573,10 @@ class VAttentionStep(_Step):
     def __init__(self, q: torch.Tensor, kv: KVCache, *, sink: int = 128, window: int = 128,
                  topk: int = 256, epsilon: float = 0.05, delta: float = 0.05,
                  base_rate: float = 0.01, mode: str = "denominator",
-                 scale: float | None = None, seed: int = 0) -> None:
+                 scale: float | None = None, seed: int = 0,
+                 select_options: dict | None = None,
+                 attend_programs_per_sm: int = PROGRAMS_PER_SM) -> None:
+        """``select_options``, ``attend_programs_per_sm``: as :class:`OracleTopKStep`'s."""
         super().__init__(q, kv, scale, seed)
         if mode != "denominator":
             raise InputError(f"mode={mode}: the GPU path computes the denominator budget "
@@ -577,7 +592,8 @@ class VAttentionStep(_Step):
         self.z_over_eps = normal_quantile(1.0 - delta / 2.0) / epsilon
         self.block_h = _static_for(q, kv).block_h
         batch, hkv = self.batch, self.num_kv_heads
-        self.top = TopKSelect(q, kv, max(self.topk, 1), scale=self.scale)
+        self.top = TopKSelect(q, kv, max(self.topk, 1), scale=self.scale,
+                              **(select_options or {}))
         self.scores = self.top.scores
         self.top_rows = torch.empty(batch, hkv, max(self.topk, 1), dtype=torch.int32,
                                     device=q.device)
@@ -590,7 +606,8 @@ class VAttentionStep(_Step):
         self.log_weight = torch.empty(batch, hkv, dtype=torch.float32, device=q.device)
         self.lo = torch.empty(batch, dtype=torch.int32, device=q.device)
         self.hi = torch.empty(batch, dtype=torch.int32, device=q.device)
-        self.workspace = self._workspace(q, kv, width + self.capacity // 8)
+        self.workspace = self._workspace(q, kv, width + self.capacity // 8,
+                                         attend_programs_per_sm)
 
     def plan(self, q: torch.Tensor, kv: KVCache) -> tuple[torch.Tensor, UniformTail]:
         """The exact rows ``[B, Hkv, R]`` and the uniform tail of one call."""
@@ -638,22 +655,28 @@ class TopKSantaStep(_Step):
     """Top-``k`` exact plus S²ANTA-sys samples of the rest (see the module docstring)."""
 
     def __init__(self, q: torch.Tensor, kv: KVCache, *, k: int = 64, S: int = 128,
-                 scale: float | None = None, seed: int = 0) -> None:
+                 scale: float | None = None, seed: int = 0,
+                 select_options: dict | None = None, rest_block: int = REST_BLOCK,
+                 attend_programs_per_sm: int = PROGRAMS_PER_SM) -> None:
+        """``select_options``, ``attend_programs_per_sm``: as :class:`OracleTopKStep`'s;
+        ``rest_block``: the rest sampler's tokens a step."""
         super().__init__(q, kv, scale, seed)
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise InputError(f"k: expected an integer >= 0, got {k!r}")
         check_positive_int(S, "S")
         self.k, self.S = min(k, self.capacity), S
-        self.top = TopKSelect(q, kv, max(self.k, 1), scale=self.scale)
+        self.top = TopKSelect(q, kv, max(self.k, 1), scale=self.scale,
+                              **(select_options or {}))
         self.scores = self.top.scores
-        self.sampler = RestSampler(self.top, self.k, S)
+        self.sampler = RestSampler(self.top, self.k, S, block=rest_block)
         self.rows = torch.empty(self.batch, self.num_kv_heads, self.k + self.group * S,
                                 dtype=torch.int32, device=q.device)
         # log-weights: 0 on the top-k rows, each head's own samples after them
         self.log_weights = torch.cat([
             torch.zeros(self.batch, self.num_q_heads, self.k, device=q.device),
             self._own_segments(S)], -1).contiguous()
-        self.workspace = self._workspace(q, kv, self.k + self.group * S)
+        self.workspace = self._workspace(q, kv, self.k + self.group * S,
+                                         attend_programs_per_sm)
 
     def plan(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
         """The rows ``[B, Hkv, k + G S]`` of one call (their log-weights written): the

@@ -25,8 +25,9 @@ torch op over the tokens.
    A token is chosen exactly when ``key > T`` or ``key = T`` and ``token ≤ last tie``
    (both stored), which later kernels test without a list.
 
-``SPREAD_SELECT = False`` runs 3 and 4 as the former select instead: one program per
-(sequence, selecting head) walks every token (the same tokens, threshold and last tie).
+``TopKSelect(spread=False)`` (default ``SPREAD_SELECT``) runs 3 and 4 as the former
+select instead: one program per (sequence, selecting head) walks every token (the same
+tokens, threshold and last tie).
 
 Static shapes (the capacity, never the lengths), no host sync, graph capturable: the
 histograms and the arrival counts are zeroed by the last program after use, so they start
@@ -42,6 +43,7 @@ import triton.language as tl
 from santa_kernels.kv import KVCache
 from santa_kernels.triton_indexed import SCORE_BLOCK_N, _row_offsets, _static_for
 from santa_kernels.triton_splitkv import _mma, choose_num_splits, kv_capacity, num_sms
+from santa_kernels.validate import check_positive_int
 
 HIST_BINS = 256  # buckets of a level: one byte of the key (the histogram's cost grows with them)
 SCORE_PROGRAMS_PER_SM = 4  # the score pass's programs per SM its split count aims for
@@ -463,7 +465,12 @@ class TopKSelect:
     query head by score (``per_head``), optionally within a token range per sequence."""
 
     def __init__(self, q: torch.Tensor, kv: KVCache, k: int, *, per_head: bool = False,
-                 scale: float) -> None:
+                 scale: float, spread: bool = SPREAD_SELECT, l2_hints: bool = SCORE_L2_HINTS,
+                 mass_block: int = MASS_BLOCK) -> None:
+        """``spread``, ``l2_hints``, ``mass_block``: this object's launch choices
+        (``SPREAD_SELECT``, ``SCORE_L2_HINTS``, ``MASS_BLOCK`` by default)."""
+        check_positive_int(mass_block, "mass_block")
+        self.spread, self.l2_hints, self.mass_block = bool(spread), bool(l2_hints), mass_block
         st = _static_for(q, kv)
         self.static = st
         self.batch, self.num_q_heads, self.head_dim = q.shape
@@ -518,7 +525,7 @@ class TopKSelect:
             NUM_KV_HEADS=self.num_kv_heads, GROUP=self.group, HEAD_DIM=self.head_dim,
             BLOCK_H=st.block_h, BLOCK_N=self.block_n, PAGED=st.paged,
             PAGE_SIZE=st.page_size, DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16,
-            BUMP=rng is not None, L2_HINTS=SCORE_L2_HINTS, num_warps=NUM_WARPS,
+            BUMP=rng is not None, L2_HINTS=self.l2_hints, num_warps=NUM_WARPS,
         )  # fmt: skip
         return self.scores
 
@@ -538,13 +545,13 @@ class TopKSelect:
             self.scores.stride(0), self.scores.stride(1),
             NUM_SEL=self.num_sel, GROUP=self.group,
             BLOCK_G=triton.next_power_of_2(self.group),
-            SPLITS_PAD=max(2, triton.next_power_of_2(self.splits)), BLOCK=MASS_BLOCK,
+            SPLITS_PAD=max(2, triton.next_power_of_2(self.splits)), BLOCK=self.mass_block,
             PER_HEAD=self.per_head, SINK=sink, WINDOW=window, NUM_BINS=HIST_BINS,
             num_warps=NUM_WARPS,
         )  # fmt: skip
         if upto == "mass":
             return out
-        if SPREAD_SELECT:
+        if self.spread:
             self._spread_select(values, kv, out, sink, window, upto)
             return out
         _select_kernel[(self.batch * self.num_sel,)](
