@@ -5,8 +5,8 @@ Run on the GPU:  python scripts/profile_quest.py [--shapes 1x32k,8x32k] [--pages
 Per shape (Llama-3.1-8B heads by default, bf16, page 16) and page budget, each row is a
 part of ``QuestStep``'s call timed alone (``santa_bench.timing.graph_call_us``: CUDA-graph
 replays over input copies, each with its own step, as many as the harness's cold-L2 plan
-takes), once with each page select ``triton_page_select.SELECT`` names: byte-wise, four
-bits a pass, and spread (its histogram filled by the bound programs):
+takes), once with steps built for each page select (``QuestStep(select=...)``): byte-wise,
+four bits a pass, and spread (its histogram filled by the bound programs):
 
 - ``bounds``: the bound kernel without the select (every page's score bound);
 - ``bounds + select``: the same launch whose last program per (sequence, KV head) picks
@@ -33,7 +33,7 @@ from santa_bench.units import parse_shapes
 
 PAGE = 16
 SELECTS = {"byte-wise": "bytes", "four bits a pass": "nibbles",
-           "spread": "spread"}  # triton_page_select.SELECT
+           "spread": "spread"}  # QuestStep's select
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,16 @@ class Row:
     select: str
     stage: str
     us: float
+
+
+def _built(inputs: list, pages: int, select: str = tps.SELECT) -> list:
+    """``(step, (q, kv))`` per input copy: a ``QuestStep`` launching ``select``, its
+    bounds built."""
+    steps = [tsel.QuestStep(qi, kvi, page=PAGE, pages=pages, select=select)
+             for qi, kvi in inputs]
+    for step, (_, kvi) in zip(steps, inputs, strict=True):
+        step.build(kvi)
+    return list(zip(steps, inputs, strict=True))
 
 
 def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int,
@@ -60,23 +70,17 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
     touched = batch * kv_heads * (page_cap * 2 * head_dim + pages * PAGE * 2 * head_dim) * es
     n_copies, _ = cold_l2_plan(touched, l2_cache_bytes(device))
     inputs = [(q.clone(), clone_kv(kv)) for _ in range(n_copies)]
-    steps = [tsel.QuestStep(qi, kvi, page=PAGE, pages=pages) for qi, kvi in inputs]
-    for step, (_, kvi) in zip(steps, inputs, strict=True):
-        step.build(kvi)
-    pairs = list(zip(steps, inputs, strict=True))
+    pairs = _built(inputs, pages)
     rows = [Row(shape, pages, "-", "bounds", timer(
         [lambda s=s, qi=qi, kvi=kvi: s.page_bounds(qi, kvi, update=False)
          for s, (qi, kvi) in pairs]))]
-    saved = tps.SELECT
-    try:
-        for name, select in SELECTS.items():
-            tps.SELECT = select  # read at launch: the graph holds this select
-            rows.append(Row(shape, pages, name, "bounds + select", timer(
-                [lambda s=s, qi=qi, kvi=kvi: s.select(qi, kvi) for s, (qi, kvi) in pairs])))
-            rows.append(Row(shape, pages, name, "step", timer(
-                [lambda s=s, qi=qi, kvi=kvi: s(qi, kvi) for s, (qi, kvi) in pairs])))
-    finally:
-        tps.SELECT = saved
+    for name, select in SELECTS.items():
+        pairs = _built(inputs, pages, select)  # each step launches this select
+        rows.append(Row(shape, pages, name, "bounds + select", timer(
+            [lambda s=s, qi=qi, kvi=kvi: s.select(qi, kvi) for s, (qi, kvi) in pairs])))
+        rows.append(Row(shape, pages, name, "step", timer(
+            [lambda s=s, qi=qi, kvi=kvi: s(qi, kvi) for s, (qi, kvi) in pairs])))
+    del pairs
     inputs.clear()
     if device == "cuda":
         torch.cuda.empty_cache()

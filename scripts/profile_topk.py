@@ -6,8 +6,10 @@ Run on the GPU:  python scripts/profile_topk.py [--shapes 1x32k,8x32k]
 Per shape (Llama-3.1-8B heads by default, bf16) and method (oracle-topk k=1024, topk-santa
 k=64 S=128, vattention at its defaults), each row is a part of the step's call timed alone
 (``santa_bench.timing.graph_call_us``: CUDA-graph replays over input copies, each with its
-own step, as many as the harness's cold-L2 plan takes), once with the select split like
-the score pass (``triton_topk.SPREAD_SELECT``) and once with one program a row:
+own step, as many as the harness's cold-L2 plan takes), once with steps whose select is
+split like the score pass (``TopKSelect(spread=True)``) and once with one program a row;
+each variant below is a step built with that option (``select_options``, ``rest_block``,
+``attend_programs_per_sm``), the module constants untouched:
 
 - ``scores``: the score pass alone (K once, the scores and their per-split stats);
 - ``scores + mass``, ``scores + mass + second byte`` (spread select only): the score
@@ -18,14 +20,15 @@ the score pass (``triton_topk.SPREAD_SELECT``) and once with one program a row:
 - ``plan`` (vattention, topk-santa): the rows of a call (vAttention's plan kernel;
   top-k + S²ANTA's rest sums and systematic samples); minus the row before, those;
 - ``step``: the whole call; minus the row before, the indexed attention and its merge;
-- ``scores + mass (N a step)``: the mass kernel with ``N`` tokens a step instead of
-  ``triton_topk.MASS_BLOCK``'s;
-- ``scores (L2 hints)``, ``scores + mass (L2 hints)``: with
-  ``triton_topk.SCORE_L2_HINTS`` (K loaded evict-first, the scores stored evict-last);
+- ``scores + mass (N a step)``: the mass kernel with ``N`` tokens a step
+  (``mass_block``) instead of ``triton_topk.MASS_BLOCK``'s;
+- ``scores (L2 hints)``, ``scores + mass (L2 hints)``: with ``l2_hints`` (K loaded
+  evict-first, the scores stored evict-last; ``triton_topk.SCORE_L2_HINTS`` by default);
 - ``plan (N rest tokens a step)`` (topk-santa): the plan with the rest sampler's kernels
-  stepping ``N`` tokens instead of ``triton_rest_sample.REST_BLOCK``'s;
+  stepping ``N`` tokens (``rest_block``) instead of ``triton_rest_sample.REST_BLOCK``'s;
 - ``step (N attend programs an SM)``: the whole call of a step built with the indexed
-  attend's splits aimed at ``N`` programs an SM (``triton_indexed.PROGRAMS_PER_SM``).
+  attend's splits aimed at ``N`` programs an SM (``attend_programs_per_sm``;
+  ``triton_indexed.PROGRAMS_PER_SM`` by default).
 """
 
 from __future__ import annotations
@@ -37,24 +40,26 @@ from dataclasses import dataclass
 
 import torch
 
-import santa_kernels.triton_indexed as tix
-import santa_kernels.triton_rest_sample as trs
 import santa_kernels.triton_selection as tsel
-import santa_kernels.triton_topk as ttk
 from santa_bench.baselines import clone_kv
 from santa_bench.inputs import DecodeShape, make_decode_inputs
 from santa_bench.timing import cold_l2_plan, graph_call_us, l2_cache_bytes
 from santa_bench.units import parse_shapes
 
-SELECTS = {"spread": True, "one program a row": False}  # SPREAD_SELECT
+SELECTS = {"spread": True, "one program a row": False}  # TopKSelect's spread
 MASS_BLOCKS = (256, 1024)  # the mass kernel's tokens a step, timed against MASS_BLOCK's
 ATTEND_PROGRAMS = (4, 8, 16)  # the attend's programs an SM, timed against PROGRAMS_PER_SM's
 REST_BLOCKS = (512, 1024)  # the rest sampler's tokens a step, timed against REST_BLOCK's
+# a method's step from (q, kv) and its options (select_options, attend_programs_per_sm;
+# topk-santa's rest_block)
 METHODS = {
-    "oracle-topk k=1024": lambda q, kv: tsel.OracleTopKStep(q, kv, k=1024),
-    "topk-santa k=64 S=128": lambda q, kv: tsel.TopKSantaStep(q, kv, k=64, S=128),
-    "vattention": lambda q, kv: tsel.VAttentionStep(q, kv),
+    "oracle-topk k=1024": lambda q, kv, **o: tsel.OracleTopKStep(q, kv, k=1024, **o),
+    "topk-santa k=64 S=128": lambda q, kv, **o: tsel.TopKSantaStep(q, kv, k=64, S=128, **o),
+    "vattention": lambda q, kv, **o: tsel.VAttentionStep(q, kv, **o),
 }
+
+
+SPREAD = {"spread": True}  # the option sweeps' select
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,7 @@ def _select(step, upto: str = "write") -> Callable:
 
 def _stages(step) -> dict[str, Callable]:
     stages = {"scores": lambda q, kv: step.top.run_scores(q, kv)}
-    if ttk.SPREAD_SELECT:
+    if step.top.spread:
         stages["scores + mass"] = _select(step, "mass")
         stages["scores + mass + second byte"] = _select(step, "second")
     stages["scores + select"] = _select(step)
@@ -91,6 +96,24 @@ def _stages(step) -> dict[str, Callable]:
         stages["plan"] = step.plan
     stages["step"] = step
     return stages
+
+
+def _built(build: Callable, inputs: list, **options) -> list:
+    """A step per input copy, built with ``options``."""
+    return [build(qi, kvi, **options) for qi, kvi in inputs]
+
+
+def _time(timer: Callable[[list], float], steps: list, inputs: list,
+          part: Callable) -> float:
+    """``timer`` over each step's ``part(step)`` called on its own input copy."""
+    return timer([lambda s=s, qi=qi, kvi=kvi: part(s)(qi, kvi)
+                  for s, (qi, kvi) in zip(steps, inputs, strict=True)])
+
+
+def _time_built(timer: Callable[[list], float], build: Callable, inputs: list,
+                part: Callable, **options) -> float:
+    """:func:`_time` over steps built with ``options`` (freed after)."""
+    return _time(timer, _built(build, inputs, **options), inputs, part)
 
 
 def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int,
@@ -106,63 +129,39 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
     n_copies, _ = cold_l2_plan(touched, l2_cache_bytes(device))
     inputs = [(q.clone(), clone_kv(kv)) for _ in range(n_copies)]
     rows = []
-    saved, saved_block, saved_hints = ttk.SPREAD_SELECT, ttk.MASS_BLOCK, ttk.SCORE_L2_HINTS
-    try:
-        for method, build in methods.items():
-            steps = [build(qi, kvi) for qi, kvi in inputs]
-            for name, spread in SELECTS.items():
-                ttk.SPREAD_SELECT = spread  # read at launch: the graph holds this select
-                for stage in _stages(steps[0]):
-                    if stage == "scores" and not spread:
-                        continue  # no select in it
-                    calls = [lambda s=s, qi=qi, kvi=kvi, st=stage: _stages(s)[st](qi, kvi)
-                             for s, (qi, kvi) in zip(steps, inputs, strict=True)]
-                    rows.append(Row(shape, method, "-" if stage == "scores" else name,
-                                    stage, timer(calls)))
-            ttk.SPREAD_SELECT = True
-            for block in MASS_BLOCKS:  # the mass kernel's step, against MASS_BLOCK's
-                ttk.MASS_BLOCK = block
-                calls = [lambda s=s, qi=qi, kvi=kvi: _select(s, "mass")(qi, kvi)
-                         for s, (qi, kvi) in zip(steps, inputs, strict=True)]
-                rows.append(Row(shape, method, "spread", f"scores + mass ({block} a step)",
-                                timer(calls)))
-                ttk.MASS_BLOCK = saved_block
-            ttk.SCORE_L2_HINTS = True
-            for stage, part in (("scores (L2 hints)", lambda s: lambda q, kv:
-                                 s.top.run_scores(q, kv)),
-                                ("scores + mass (L2 hints)", lambda s: _select(s, "mass"))):
-                calls = [lambda s=s, qi=qi, kvi=kvi, part=part: part(s)(qi, kvi)
-                         for s, (qi, kvi) in zip(steps, inputs, strict=True)]
-                rows.append(Row(shape, method, "spread", stage, timer(calls)))
-            ttk.SCORE_L2_HINTS = saved_hints
-            if "plan" in _stages(steps[0]) and hasattr(steps[0], "sampler"):
-                saved_rest = trs.REST_BLOCK
-                try:
-                    for block in REST_BLOCKS:  # top-k + S²ANTA's rest sums and samples
-                        trs.REST_BLOCK = block
-                        rows.append(Row(shape, method, "spread",
-                                        f"plan ({block} rest tokens a step)",
-                                        timer([lambda s=s, qi=qi, kvi=kvi: s.plan(qi, kvi)
-                                               for s, (qi, kvi) in zip(steps, inputs,
-                                                                       strict=True)])))
-                finally:
-                    trs.REST_BLOCK = saved_rest
-            saved_programs = tix.PROGRAMS_PER_SM
-            try:
-                for per_sm in ATTEND_PROGRAMS:  # the step built for this many programs
-                    tix.PROGRAMS_PER_SM = per_sm
-                    built = [build(qi, kvi) for qi, kvi in inputs]
-                    rows.append(Row(shape, method, "spread",
-                                    f"step ({per_sm} attend programs an SM)",
-                                    timer([lambda s=s, qi=qi, kvi=kvi: s(qi, kvi)
-                                           for s, (qi, kvi) in zip(built, inputs,
-                                                                   strict=True)])))
-                    del built
-            finally:
-                tix.PROGRAMS_PER_SM = saved_programs
-    finally:
-        ttk.SPREAD_SELECT, ttk.MASS_BLOCK = saved, saved_block
-        ttk.SCORE_L2_HINTS = saved_hints
+    for method, build in methods.items():
+        sampled = False
+        for name, spread in SELECTS.items():
+            steps = _built(build, inputs, select_options={"spread": spread})
+            for stage in _stages(steps[0]):
+                if stage == "scores" and not spread:
+                    continue  # no select in it
+                rows.append(Row(shape, method, "-" if stage == "scores" else name, stage,
+                                _time(timer, steps, inputs,
+                                      lambda s, st=stage: _stages(s)[st])))
+            sampled = "plan" in _stages(steps[0]) and hasattr(steps[0], "sampler")
+            del steps
+        for block in MASS_BLOCKS:  # the mass kernel's step, against MASS_BLOCK's
+            rows.append(Row(shape, method, "spread", f"scores + mass ({block} a step)",
+                            _time_built(timer, build, inputs, lambda s: _select(s, "mass"),
+                                        select_options={**SPREAD, "mass_block": block})))
+        steps = _built(build, inputs, select_options={**SPREAD, "l2_hints": True})
+        for stage, part in (("scores (L2 hints)", lambda s: lambda q, kv:
+                             s.top.run_scores(q, kv)),
+                            ("scores + mass (L2 hints)", lambda s: _select(s, "mass"))):
+            rows.append(Row(shape, method, "spread", stage,
+                            _time(timer, steps, inputs, part)))
+        del steps
+        if sampled:
+            for block in REST_BLOCKS:  # top-k + S²ANTA's rest sums and samples
+                rows.append(Row(shape, method, "spread", f"plan ({block} rest tokens a step)",
+                                _time_built(timer, build, inputs, lambda s: s.plan,
+                                            select_options=SPREAD, rest_block=block)))
+        for per_sm in ATTEND_PROGRAMS:  # the step built for this many programs
+            rows.append(Row(shape, method, "spread", f"step ({per_sm} attend programs an SM)",
+                            _time_built(timer, build, inputs, lambda s: s,
+                                        select_options=SPREAD,
+                                        attend_programs_per_sm=per_sm)))
     inputs.clear()
     if device == "cuda":
         torch.cuda.empty_cache()

@@ -13,20 +13,29 @@ from conftest import load_script
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                     reason="the kernels on a CPU need the interpreter")
 def test_one_shape_through_the_interpreter(capsys):
-    """Per method the score pass alone, then its select, plan and step with each select,
-    the select switch set while each is captured and restored after."""
+    """Per method the score pass alone, then its select, plan and step with steps built
+    for each select, then the option sweeps, each timed on steps built with its option;
+    the module constants untouched."""
     script = load_script("profile_topk")
-    tsel, ttk = script.tsel, script.ttk
-    methods = {"oracle-topk k=8": lambda q, kv: tsel.OracleTopKStep(q, kv, k=8),
-               "topk-santa k=4 S=4": lambda q, kv: tsel.TopKSantaStep(q, kv, k=4, S=4),
-               "vattention": lambda q, kv: tsel.VAttentionStep(q, kv, sink=4, window=4,
-                                                               topk=8)}
+    tsel = script.tsel
+    from santa_kernels import triton_indexed as tix
+    from santa_kernels import triton_rest_sample as trs
+    from santa_kernels import triton_topk as ttk
+
+    methods = {"oracle-topk k=8": lambda q, kv, **o: tsel.OracleTopKStep(q, kv, k=8, **o),
+               "topk-santa k=4 S=4": lambda q, kv, **o: tsel.TopKSantaStep(q, kv, k=4, S=4,
+                                                                           **o),
+               "vattention": lambda q, kv, **o: tsel.VAttentionStep(q, kv, sink=4, window=4,
+                                                                    topk=8, **o)}
     seen = []
 
     def timer(calls) -> float:  # runs the calls; "times" 1, 2, 3 ... us
         for call in calls:
             call()
-        seen.append(ttk.SPREAD_SELECT)
+        step = calls[0].__defaults__[0]  # the step a call runs: its options
+        sampler = getattr(step, "sampler", None)
+        seen.append((step.top.spread, step.top.mass_block, step.top.l2_hints,
+                     sampler.block if sampler else None, step.attend_programs_per_sm))
         return float(len(seen))
 
     rows = script.profile_shape(1, 1024, 4, 2, 16, methods, device="cpu", timer=timer)
@@ -44,13 +53,24 @@ def test_one_shape_through_the_interpreter(capsys):
     at = len(sweep) - len(script.ATTEND_PROGRAMS)  # the rest sweep: before the attend's
     santa = planned[:len(planned) - len(sweep)] + sweep[:at] + rest + sweep[at:]
     assert [(r.select, r.stage) for r in rows] == oracle + santa + planned
-    swept = [True] * len(sweep)
-    assert seen == ([True] * 5 + [False] * 2 + swept
-                    + [True] * 6 + [False] * 3 + swept + [True] * len(rest)
-                    + [True] * 6 + [False] * 3 + swept)
-    assert script.trs.REST_BLOCK == 256
+
+    def options(n, spread=True, mass=512, hints=False, programs=2, rest=None):
+        return [(spread, mass, hints, rest, programs)] * n
+
+    def swept(rest=None):
+        return (options(1, mass=256, rest=rest) + options(1, mass=1024, rest=rest)
+                + options(2, hints=True, rest=rest)
+                + [x for r in script.REST_BLOCKS if rest for x in options(1, rest=r)]
+                + [x for n in script.ATTEND_PROGRAMS for x in options(1, programs=n,
+                                                                       rest=rest)])
+
+    assert seen == (options(5) + options(2, spread=False) + swept()
+                    + options(6, rest=256) + options(3, spread=False, rest=256)
+                    + swept(rest=256)
+                    + options(6) + options(3, spread=False) + swept())
+    assert trs.REST_BLOCK == 256
     assert ttk.SPREAD_SELECT is True and ttk.MASS_BLOCK == 512
-    assert script.tix.PROGRAMS_PER_SM == 2 and ttk.SCORE_L2_HINTS is False
+    assert tix.PROGRAMS_PER_SM == 2 and ttk.SCORE_L2_HINTS is False
     script.print_rows(rows)
     table = capsys.readouterr().out
     # each spread row less the row before it; one program a row's select less the scores
