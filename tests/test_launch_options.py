@@ -1,0 +1,148 @@
+"""The kernels' launch choices as options of the objects that launch them: two objects
+built with different options in one process launch their own choice, choose the same
+tokens or pages, and leave the module defaults as they are (runs under
+TRITON_INTERPRET=1 on CPU; the same tests run the compiled kernels on a GPU)."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere
+
+import pytest
+import torch
+
+import santa_kernels as sk
+from conftest import decode_problem
+
+ti = pytest.importorskip("santa_kernels.triton_indexed")
+tk = pytest.importorskip("santa_kernels.triton_topk")
+ts = pytest.importorskip("santa_kernels.triton_selection")
+trs = pytest.importorskip("santa_kernels.triton_rest_sample")
+tps = ts.triton_page_select
+_OK, _WHY = ti.indexed_available()
+if not _OK:
+    pytest.skip(f"triton-indexed unavailable: {_WHY}", allow_module_level=True)
+
+DEVICE = "cuda" if _WHY == "cuda" else "cpu"
+DEFAULTS = (tk.SPREAD_SELECT, tk.SCORE_L2_HINTS, tk.MASS_BLOCK, tps.SELECT,
+            ti.PROGRAMS_PER_SM, trs.REST_BLOCK)
+
+
+def _defaults() -> tuple:
+    return (tk.SPREAD_SELECT, tk.SCORE_L2_HINTS, tk.MASS_BLOCK, tps.SELECT,
+            ti.PROGRAMS_PER_SM, trs.REST_BLOCK)
+
+
+def _problem(n=900, lengths=(900, 333), seed=2):
+    q, kv = decode_problem(batch=2, heads=8, kv_heads=2, n=n, d=16, q_scale=2.0, seed=seed,
+                           lengths=list(lengths), dtype=torch.float32)
+    kv = sk.KVCache.contiguous(kv.k.to(DEVICE), kv.v.to(DEVICE), kv.lengths.to(DEVICE))
+    return q.to(DEVICE), kv
+
+
+def _recorded(monkeypatch) -> list:
+    """``(kernel, constexpr keywords)`` of every Triton launch from now on."""
+    launches = []
+    kernel_type = type(tk._mass_hist_kernel)
+    launch = kernel_type.__getitem__
+
+    def getitem(self, grid):
+        run = launch(self, grid)
+
+        def record(*args, **kwargs):
+            launches.append((self, kwargs))
+            return run(*args, **kwargs)
+
+        return record
+
+    monkeypatch.setattr(kernel_type, "__getitem__", getitem)
+    return launches
+
+
+def _kwarg(launches, kernel, name):
+    return [kw[name] for k, kw in launches if k is kernel]
+
+
+def test_two_topk_selects_launch_their_own_select_and_choose_the_same_tokens(monkeypatch):
+    """spread=False and spread=True built side by side: one program a row against the
+    two split launches, the same tokens and threshold; each object's mass block and
+    L2 hints reach its launches."""
+    q, kv = _problem()
+    launches = _recorded(monkeypatch)
+    tops = [tk.TopKSelect(q, kv, 40, scale=0.25, spread=False, mass_block=256),
+            tk.TopKSelect(q, kv, 40, scale=0.25, spread=True, l2_hints=True)]
+    outs = []
+    for top in tops:
+        out = torch.full((2, 2, 40), 7, dtype=torch.int32, device=DEVICE)
+        top.run_scores(q, kv)
+        top.run_select(kv, out)
+        outs.append(out.cpu())
+    kernels = [k for k, _ in launches]
+    assert kernels.count(tk._select_kernel) == 1
+    assert kernels.count(tk._second_byte_kernel) == kernels.count(tk._spread_write_kernel) == 1
+    assert kernels.index(tk._select_kernel) < kernels.index(tk._second_byte_kernel)
+    assert _kwarg(launches, tk._mass_hist_kernel, "BLOCK") == [256, tk.MASS_BLOCK]
+    assert _kwarg(launches, tk._score_stats_kernel, "L2_HINTS") == [False, True]
+    assert torch.equal(outs[0].sort(-1).values, outs[1].sort(-1).values)
+    assert torch.equal(tops[0].thr_key.cpu(), tops[1].thr_key.cpu())
+    assert torch.equal(tops[0].thr_tok.cpu(), tops[1].thr_tok.cpu())
+    assert _defaults() == DEFAULTS
+
+
+@pytest.mark.parametrize("shared", ["group", "head"])
+def test_two_quest_steps_launch_their_own_page_select_and_choose_the_same_pages(
+        monkeypatch, shared):
+    """QuestStep(select="nibbles"), (select="bytes") and (select="spread") built side by
+    side: each launch runs its own select (the fused one per group, the row launch per
+    head), the same pages in the same slots and the same output."""
+    q, kv = _problem(n=600, lengths=(600, 250))
+    launches = _recorded(monkeypatch)
+    runs = []
+    for select in ("nibbles", "bytes", "spread"):
+        step = ts.QuestStep(q, kv, page=8, pages=10, shared=shared, select=select)
+        step.build(kv)
+        out = step(q, kv).cpu()
+        runs.append((step.chosen.cpu(), step.counts.cpu(), out))
+    if shared == "group":
+        fused = [kw["SELECT_BY"] for k, kw in launches
+                 if k is ts._quest_bound_kernel and kw["SELECT"]]
+        assert fused == ["nibbles", "bytes", "spread"]
+    else:  # the spread select lives in the fused launch: a row launch runs byte-wise
+        assert _kwarg(launches, tps._row_topk_kernel, "HOW") == ["nibbles", "bytes", "bytes"]
+    for chosen, counts, out in runs[1:]:
+        assert torch.equal(chosen, runs[0][0]) and torch.equal(counts, runs[0][1])
+        assert torch.equal(out, runs[0][2])
+    assert _defaults() == DEFAULTS
+
+
+def test_the_steps_pass_their_options_to_what_they_launch(monkeypatch):
+    """select_options reach each step's TopKSelect, rest_block its sampler's launches,
+    attend_programs_per_sm its attend's split count; the defaults are the constants."""
+    q, kv = _problem()
+    launches = _recorded(monkeypatch)
+    opts = {"spread": False, "l2_hints": True, "mass_block": 1024}
+    steps = [ts.OracleTopKStep(q, kv, k=16, select_options=opts, attend_programs_per_sm=64),
+             ts.VAttentionStep(q, kv, sink=4, window=4, topk=8, select_options=opts,
+                               attend_programs_per_sm=64),
+             ts.TopKSantaStep(q, kv, k=8, S=4, select_options=opts, rest_block=128,
+                              attend_programs_per_sm=64)]
+    for step in steps:
+        assert (step.top.spread, step.top.l2_hints, step.top.mass_block) == (False, True, 1024)
+        assert step.attend_programs_per_sm == 64
+    assert steps[2].sampler.block == 128
+    assert steps[0].workspace.num_splits == ti.choose_splits(q, kv, 16, programs_per_sm=64)
+    steps[2](q, kv)
+    assert _kwarg(launches, trs._rest_sum_kernel, "BLOCK") == [128]
+    assert _kwarg(launches, trs._systematic_kernel, "BLOCK") == [128]
+    plain = ts.TopKSantaStep(q, kv, k=8, S=4)
+    assert (plain.top.spread, plain.top.l2_hints, plain.top.mass_block) == DEFAULTS[:3]
+    assert plain.sampler.block == trs.REST_BLOCK
+    assert plain.attend_programs_per_sm == ti.PROGRAMS_PER_SM
+    assert plain.workspace.num_splits == ti.choose_splits(q, kv, 8 + 4 * 4)
+    assert _defaults() == DEFAULTS
+
+
+def test_a_quest_step_refuses_an_unknown_select():
+    q, kv = _problem(n=64, lengths=(64, 30))
+    with pytest.raises(tps.InputError, match=r"^select: expected one of bytes, nibbles, "
+                                             r"spread, got 'radix'$"):
+        ts.QuestStep(q, kv, page=8, pages=4, select="radix")
