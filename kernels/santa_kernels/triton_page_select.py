@@ -49,7 +49,7 @@ HIST_BLOCK = 2048  # scores a histogram pass reads at a time (byte-wise: a row o
 HIST_BITS = tl.constexpr(8)  # key bits a histogram pass resolves (4 passes)
 HIST_BINS = tl.constexpr(256)
 SELECTS = ("bytes", "nibbles", "spread")  # byte-wise, four bits a pass, spread (Quest's)
-SELECT = "bytes"  # the select a launch builds (read at launch)
+SELECT = "bytes"  # QuestStep's default select (its select= option)
 CAND_BLOCK = tl.constexpr(64)  # candidates the spread select ranks by [C, C] compares
 KEY_BITS = 12  # the spread histogram's buckets: the order key's top bits (_bucket_key)
 KEY_BUCKETS = tl.constexpr(1 << KEY_BITS)

@@ -52,9 +52,9 @@ SCORE_PROGRAMS_PER_SM = 4  # the score pass's programs per SM its split count ai
 MASS_BLOCK = 512
 SELECT_BLOCK = 2048  # tokens a step of the select kernel (one program walks them all)
 SPREAD_BLOCK = 1024  # tokens (or candidates) a step of the spread select's kernels
-SPREAD_SELECT = True  # the select split like the score pass (False: one program a row)
-# the score pass loads K evict-first and stores the scores evict-last (L2), so the mass
-# kernel's read of them may hit L2
+SPREAD_SELECT = True  # TopKSelect's default: split like the score pass (False: one program a row)
+# TopKSelect's default l2_hints: the score pass loads K evict-first and stores the scores
+# evict-last (L2), so the mass kernel's read of them may hit L2
 SCORE_L2_HINTS = False
 NUM_WARPS = 4
 SELECT_WARPS = 8
