@@ -491,7 +491,9 @@ def check_topk() -> int:
                   "BLOCK_H": max(MIN_BLOCK_H, _pad(group)), "BLOCK_N": tix.SCORE_BLOCK_N[d],
                   "PAGED": paged, "PAGE_SIZE": PAGE_SIZE if paged else 1,
                   "DOT_PRECISION": "tf32", "WIDEN_BF16": False, "BUMP": not paged,
-                  "L2_HINTS": d == 128}  # the hinted loads and stores, and the plain ones
+                  # the L2-hinted loads and stores, and the plain ones
+                  "K_EVICTION": "evict_first" if d == 128 else "",
+                  "S_EVICTION": "evict_last" if d == 128 else ""}
         err = compile_kernel(ttk._score_stats_kernel, types, consts,
                              {"num_warps": ttk.NUM_WARPS},
                              max_shared=H100_SHARED, divisible=_aligned(ttk._score_stats_kernel))

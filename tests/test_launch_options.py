@@ -81,7 +81,8 @@ def test_two_topk_selects_launch_their_own_select_and_choose_the_same_tokens(mon
     assert kernels.count(tk._second_byte_kernel) == kernels.count(tk._spread_write_kernel) == 1
     assert kernels.index(tk._select_kernel) < kernels.index(tk._second_byte_kernel)
     assert _kwarg(launches, tk._mass_hist_kernel, "BLOCK") == [256, tk.MASS_BLOCK]
-    assert _kwarg(launches, tk._score_stats_kernel, "L2_HINTS") == [False, True]
+    assert _kwarg(launches, tk._score_stats_kernel, "K_EVICTION") == ["", "evict_first"]
+    assert _kwarg(launches, tk._score_stats_kernel, "S_EVICTION") == ["", "evict_last"]
     assert torch.equal(outs[0].sort(-1).values, outs[1].sort(-1).values)
     assert torch.equal(tops[0].thr_key.cpu(), tops[1].thr_key.cpu())
     assert torch.equal(tops[0].thr_tok.cpu(), tops[1].thr_tok.cpu())

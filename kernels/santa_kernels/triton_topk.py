@@ -95,7 +95,7 @@ def _score_stats_kernel(
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
     PAGE_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
-    BUMP: tl.constexpr, L2_HINTS: tl.constexpr,
+    BUMP: tl.constexpr, K_EVICTION: tl.constexpr, S_EVICTION: tl.constexpr,
 ):
     split = tl.program_id(0)
     pid = tl.program_id(1)
@@ -125,19 +125,14 @@ def _score_stats_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         ok = offs_n < seq_len
         row_off = _row_offsets(page_row, offs_n, ok, stride_kblk, stride_kn, PAGED, PAGE_SIZE)
-        if L2_HINTS:  # K streams past; the scores stay in L2 for the mass kernel
-            k = tl.load(k_base + row_off[:, None] + offs_d[None, :], mask=ok[:, None],
-                        other=0.0, eviction_policy="evict_first")
-        else:
-            k = tl.load(k_base + row_off[:, None] + offs_d[None, :], mask=ok[:, None],
-                        other=0.0)
+        # with L2 hints K streams past ("evict_first") and the scores stay in L2 for the
+        # mass kernel ("evict_last"); "" is the default policy
+        k = tl.load(k_base + row_off[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0,
+                    eviction_policy=K_EVICTION)
         s = _mma(q, tl.trans(k), None, DOT_PRECISION, WIDEN_BF16) * tau
         s = tl.where(ok[None, :], s, float("-inf"))
-        if L2_HINTS:
-            tl.store(s_rows + offs_n[None, :], s, mask=mask_h[:, None] & (offs_n < hi)[None, :],
-                     eviction_policy="evict_last")
-        else:
-            tl.store(s_rows + offs_n[None, :], s, mask=mask_h[:, None] & (offs_n < hi)[None, :])
+        tl.store(s_rows + offs_n[None, :], s, mask=mask_h[:, None] & (offs_n < hi)[None, :],
+                 eviction_policy=S_EVICTION)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         l_i = l_i * tl.exp(m_i - m_safe) + tl.sum(tl.exp(s - m_safe[:, None]), axis=1)
@@ -525,7 +520,8 @@ class TopKSelect:
             NUM_KV_HEADS=self.num_kv_heads, GROUP=self.group, HEAD_DIM=self.head_dim,
             BLOCK_H=st.block_h, BLOCK_N=self.block_n, PAGED=st.paged,
             PAGE_SIZE=st.page_size, DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16,
-            BUMP=rng is not None, L2_HINTS=self.l2_hints, num_warps=NUM_WARPS,
+            BUMP=rng is not None, K_EVICTION="evict_first" if self.l2_hints else "",
+            S_EVICTION="evict_last" if self.l2_hints else "", num_warps=NUM_WARPS,
         )  # fmt: skip
         return self.scores
 
