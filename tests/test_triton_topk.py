@@ -230,6 +230,52 @@ def test_spread_select_takes_the_one_program_selects_tokens(per_head, tied, k, s
     assert torch.equal(again.cpu(), new_out)
 
 
+# spans of the select's programs against the score pass's (256 tokens at n = 1500 here):
+# finer (64, 128: a last program of 28 or 92 tokens), coarser (512) and one program a row
+SPANS = [64, 128, 512, 2048]
+
+
+@pytest.mark.parametrize("span", SPANS)
+@pytest.mark.parametrize(("per_head", "tied", "k", "sink", "window"),
+                         [(False, True, 64, 0, 0), (False, False, 300, 20, 40),
+                          (True, True, 150, 8, 24), (True, False, 1, 0, 0)])
+def test_a_select_span_takes_the_default_spans_tokens(span, per_head, tied, k, sink, window):
+    """``select_span`` splits the mass, second-byte and write kernels in spans of its own
+    (the lse still from the score pass's splits): the same mass, tokens in the same
+    order, threshold and last tie as the default span; buffers back at zero."""
+    fn = _tied_problem if tied else _random_problem
+    q, kv = fn(batch=2, hkv=2, group=2, n=1500, d=16, lengths=(1500, 530), seed=3)
+    (old, old_out), (new, new_out) = (
+        _select(q, kv, k, per_head, sink, window, **options)
+        for options in ({}, {"select_span": span, "mass_block": min(span, tk.MASS_BLOCK)}))
+    assert (old.splits, old.span, old.select_splits) == (6, 256, 6)
+    assert (new.splits, new.span, new.select_splits) == (6, span, -(-1500 // span))
+    assert torch.equal(old_out, new_out)
+    for name in ("thr_key", "thr_tok") + (() if per_head else ("lse", "mass")):
+        assert torch.equal(getattr(old, name).cpu(), getattr(new, name).cpu())
+    for buf in (new.hist, new.hist2, new.arrivals):
+        assert int(buf.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("span", [128, 2048])
+def test_a_select_span_draws_the_same_rest_samples(span):
+    """top-k + S²ANTA and vAttention with a select span: the same top set, systematic
+    samples and log-weights (the rest sampler stays split like the score pass)."""
+    ts = pytest.importorskip("santa_kernels.triton_selection")
+    q, kv = _random_problem(batch=2, hkv=2, group=3, n=900, lengths=(900, 300), seed=6)
+    plans = []
+    for options in ({}, {"select_span": span, "mass_block": 128}):
+        santa = ts.TopKSantaStep(q, kv, k=40, S=16, seed=1, select_options=options)
+        vatt = ts.VAttentionStep(q, kv, sink=8, window=16, topk=32, seed=1,
+                                 select_options=options)
+        listed, tail = vatt.plan(q, kv)
+        plans.append((santa.plan(q, kv).cpu(), santa.log_weights.cpu(), listed.cpu(),
+                      tail.count.cpu(), tail.log_weight.cpu()))
+        assert santa.sampler.rest.numel() == 2 * 6 * santa.top.splits
+    for old, new in zip(*plans, strict=True):
+        assert torch.equal(old, new)
+
+
 @pytest.mark.parametrize("shared", ["group", "head"])
 def test_oracle_topk_spread_select_chooses_the_references_rows(shared):
     """oracle-topk's rows against the reference's top-k mask and the one-program select;

@@ -179,6 +179,7 @@ class RestSampler:
                    log_weights.stride(0), log_weights.stride(1))
         head = (top.scores, top.stat_m, top.stat_l, kv.lengths, mass, top.thr_key,
                 top.thr_tok, self.rest, rows, log_weights)
+        # split like the score pass (its stats' splits), whatever the select's span
         span = top.tiles_per_split * top.block_n
         _rest_sum_kernel[grid](
             *head, top.capacity, top.splits, span, *strides,

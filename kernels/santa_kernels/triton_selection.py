@@ -163,8 +163,8 @@ class OracleTopKStep(_Step):
                  select_options: dict | None = None,
                  attend_programs_per_sm: int = PROGRAMS_PER_SM) -> None:
         """``select_options``: :class:`TopKSelect`'s launch options (``spread``,
-        ``l2_hints``, ``mass_block``); ``attend_programs_per_sm``: the indexed attend's
-        programs an SM its splits aim at."""
+        ``l2_hints``, ``mass_block``, ``select_span``); ``attend_programs_per_sm``: the
+        indexed attend's programs an SM its splits aim at."""
         super().__init__(q, kv, scale, seed)
         check_positive_int(k, "k")
         if shared not in ("group", "head"):

@@ -6,12 +6,13 @@ torch op over the tokens.
    every query head, written once (fp32 ``[B, Hq, capacity]``, ``-inf`` past each
    length), and per split of the tokens each head's running max and sum of exponentials
    (the stats), so the softmax's normaliser ``lse`` needs no second pass over the scores.
-2. **Mass and histogram** (:meth:`TopKSelect.run_select`, split like the score pass): per
+2. **Mass and histogram** (:meth:`TopKSelect.run_select`, split in spans of
+   ``select_span`` tokens, by default the score pass's split): per
    (sequence, KV head) the group's summed probabilities ``Σ_h e^{s_h − lse_h}`` (written,
    fp32, ``-1`` on tokens not allowed) and a histogram of the top byte of their
    order-preserving key (the float's bits, sign flipped); per query head (``per_head``)
-   the key is the score itself and nothing is written. The split-0 program writes
-   ``lse [B, Hq]``.
+   the key is the score itself and nothing is written. Each program merges the score
+   pass's per-split stats into ``lse``; the split-0 program writes ``lse [B, Hq]``.
 3. **Second byte** (split alike): the histogram gives the top byte ``b1`` of the
    ``k``-th key; each split counts its allowed tokens above ``b1`` and histograms the
    second byte of those in ``b1`` (kept per split as counts at or above each value, and
@@ -27,7 +28,11 @@ torch op over the tokens.
 
 ``TopKSelect(spread=False)`` (default ``SPREAD_SELECT``) runs 3 and 4 as the former
 select instead: one program per (sequence, selecting head) walks every token (the same
-tokens, threshold and last tie).
+tokens, threshold and last tie). ``TopKSelect(select_span=N)`` (default ``SELECT_SPAN``)
+gives each program of launches 2 to 4 ``N`` tokens (a power of two, at least the mass
+kernel's step) instead of the score pass's span: more programs with fewer serial steps
+each, or fewer where the score pass's span is short (the same tokens, threshold and last
+tie). The mass kernel still merges the score pass's per-split stats.
 
 Static shapes (the capacity, never the lengths), no host sync, graph capturable: the
 histograms and the arrival counts are zeroed by the last program after use, so they start
@@ -43,7 +48,7 @@ import triton.language as tl
 from santa_kernels.kv import KVCache
 from santa_kernels.triton_indexed import SCORE_BLOCK_N, _row_offsets, _static_for
 from santa_kernels.triton_splitkv import _mma, choose_num_splits, kv_capacity, num_sms
-from santa_kernels.validate import check_positive_int
+from santa_kernels.validate import InputError, check_positive_int
 
 HIST_BINS = 256  # buckets of a level: one byte of the key (the histogram's cost grows with them)
 SCORE_PROGRAMS_PER_SM = 4  # the score pass's programs per SM its split count aims for
@@ -53,6 +58,9 @@ MASS_BLOCK = 512
 SELECT_BLOCK = 2048  # tokens a step of the select kernel (one program walks them all)
 SPREAD_BLOCK = 1024  # tokens (or candidates) a step of the spread select's kernels
 SPREAD_SELECT = True  # TopKSelect's default: split like the score pass (False: one program a row)
+# TopKSelect's default select_span: tokens per program of the mass, second-byte and write
+# kernels (None: the score pass's span, so the select is split like it)
+SELECT_SPAN = None
 # TopKSelect's default l2_hints: the score pass loads K evict-first and stores the scores
 # evict-last (L2), so the mass kernel's read of them may hit L2
 SCORE_L2_HINTS = False
@@ -461,11 +469,19 @@ class TopKSelect:
 
     def __init__(self, q: torch.Tensor, kv: KVCache, k: int, *, per_head: bool = False,
                  scale: float, spread: bool = SPREAD_SELECT, l2_hints: bool = SCORE_L2_HINTS,
-                 mass_block: int = MASS_BLOCK) -> None:
-        """``spread``, ``l2_hints``, ``mass_block``: this object's launch choices
-        (``SPREAD_SELECT``, ``SCORE_L2_HINTS``, ``MASS_BLOCK`` by default)."""
+                 mass_block: int = MASS_BLOCK, select_span: int | None = SELECT_SPAN) -> None:
+        """``spread``, ``l2_hints``, ``mass_block``, ``select_span``: this object's launch
+        choices (``SPREAD_SELECT``, ``SCORE_L2_HINTS``, ``MASS_BLOCK``, ``SELECT_SPAN`` by
+        default); ``select_span``: tokens per program of the mass, second-byte and write
+        kernels, a power of two >= ``mass_block`` (None: the score pass's span)."""
         check_positive_int(mass_block, "mass_block")
+        if select_span is not None:
+            check_positive_int(select_span, "select_span")
+            if select_span & (select_span - 1) or select_span < mass_block:
+                raise InputError(f"select_span: must be a power of two >= mass_block "
+                                 f"({mass_block}), got {select_span}")
         self.spread, self.l2_hints, self.mass_block = bool(spread), bool(l2_hints), mass_block
+        self.select_span = select_span
         st = _static_for(q, kv)
         self.static = st
         self.batch, self.num_q_heads, self.head_dim = q.shape
@@ -478,7 +494,11 @@ class TopKSelect:
         splits = choose_num_splits(self.batch * self.num_kv_heads, self.capacity,
                                    self.block_n, num_sms(q.device), SCORE_PROGRAMS_PER_SM)
         self.tiles_per_split = -(-tiles // splits)
-        self.splits = -(-tiles // self.tiles_per_split)
+        self.splits = -(-tiles // self.tiles_per_split)  # the score pass's (and its stats')
+        # the select's programs a row, each over span tokens (the last one's may be fewer)
+        self.span = (self.tiles_per_split * self.block_n if select_span is None
+                     else select_span)
+        self.select_splits = -(-self.capacity // self.span)
         dev = q.device
         self.num_sel = self.num_q_heads if per_head else self.num_kv_heads
         rows = self.batch * self.num_sel
@@ -494,11 +514,12 @@ class TopKSelect:
         self.hist = torch.zeros(rows, HIST_BINS, dtype=torch.int32, device=dev)
         self.cand = torch.empty(rows, self.capacity, dtype=torch.int32, device=dev)
         # the spread select's: the second byte's histogram (zeroed after use, as the
-        # first), per split the tokens above the top byte and the second byte's counts
-        # at or above each value, and the row's programs that have written (0 between)
+        # first), per select split the tokens above the top byte and the second byte's
+        # counts at or above each value, and the row's programs that have written (0 between)
         self.hist2 = torch.zeros(rows, HIST_BINS, dtype=torch.int32, device=dev)
-        self.above = torch.empty(rows * self.splits, dtype=torch.int32, device=dev)
-        self.cum = torch.empty(rows * self.splits, HIST_BINS, dtype=torch.int32, device=dev)
+        self.above = torch.empty(rows * self.select_splits, dtype=torch.int32, device=dev)
+        self.cum = torch.empty(rows * self.select_splits, HIST_BINS, dtype=torch.int32,
+                               device=dev)
         self.arrivals = torch.zeros(rows, dtype=torch.int32, device=dev)
         self.thr_key = torch.empty(rows, dtype=torch.int32, device=dev)
         self.thr_tok = torch.empty(rows, dtype=torch.int32, device=dev)
@@ -535,9 +556,10 @@ class TopKSelect:
         incomplete and leaves the histograms unzeroed."""
         values = self.scores if self.per_head else self.mass
         mass = self.mass if self.mass is not None else self.scores
-        _mass_hist_kernel[(self.splits, self.batch * self.num_sel)](
+        # split by the select's span; lse from the score pass's splits' stats
+        _mass_hist_kernel[(self.select_splits, self.batch * self.num_sel)](
             self.scores, self.stat_m, self.stat_l, kv.lengths, mass, self.lse,
-            self.hist, self.capacity, self.splits, self.tiles_per_split * self.block_n,
+            self.hist, self.capacity, self.splits, self.span,
             self.scores.stride(0), self.scores.stride(1),
             NUM_SEL=self.num_sel, GROUP=self.group,
             BLOCK_G=triton.next_power_of_2(self.group),
@@ -562,14 +584,14 @@ class TopKSelect:
 
     def _spread_select(self, values: torch.Tensor, kv: KVCache, out: torch.Tensor,
                        sink: int, window: int, upto: str = "write") -> None:
-        """The select in two launches split like the score pass (the second byte's
+        """The select in two launches split like the mass kernel (the second byte's
         histogram, then the writes; the row's last program resolves the candidates)."""
-        grid = (self.splits, self.batch * self.num_sel)
-        span = self.tiles_per_split * self.block_n
+        grid = (self.select_splits, self.batch * self.num_sel)
+        span = self.span
         block = min(SPREAD_BLOCK, triton.next_power_of_2(span))
         _second_byte_kernel[grid](
             values, self.hist, self.hist2, kv.lengths, self.above, self.cum,
-            self.capacity, self.splits, span, values.stride(0), values.stride(1),
+            self.capacity, self.select_splits, span, values.stride(0), values.stride(1),
             K=self.k, NUM_SEL=self.num_sel, SINK=sink, WINDOW=window, NUM_BINS=HIST_BINS,
             BLOCK=block, num_warps=NUM_WARPS,
         )  # fmt: skip
@@ -577,10 +599,10 @@ class TopKSelect:
             return
         _spread_write_kernel[grid](
             values, self.hist, self.hist2, kv.lengths, self.above, self.cum, self.cand,
-            self.arrivals, out, self.thr_key, self.thr_tok, self.capacity, self.splits, span,
-            values.stride(0), values.stride(1), out.stride(0), out.stride(1),
+            self.arrivals, out, self.thr_key, self.thr_tok, self.capacity, self.select_splits,
+            span, values.stride(0), values.stride(1), out.stride(0), out.stride(1),
             K=self.k, NUM_SEL=self.num_sel, GROUP=self.group, PER_HEAD=self.per_head,
             SINK=sink, WINDOW=window, NUM_BINS=HIST_BINS,
-            SPLITS_PAD=max(2, triton.next_power_of_2(self.splits)), BLOCK=block,
+            SPLITS_PAD=max(2, triton.next_power_of_2(self.select_splits)), BLOCK=block,
             num_warps=NUM_WARPS,
         )  # fmt: skip
