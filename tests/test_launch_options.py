@@ -4,6 +4,7 @@ tokens or pages, and leave the module defaults as they are (runs under
 TRITON_INTERPRET=1 on CPU; the same tests run the compiled kernels on a GPU)."""
 
 import os
+import re
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere
 
@@ -24,12 +25,12 @@ if not _OK:
 
 DEVICE = "cuda" if _WHY == "cuda" else "cpu"
 DEFAULTS = (tk.SPREAD_SELECT, tk.SCORE_L2_HINTS, tk.MASS_BLOCK, tps.SELECT,
-            ti.PROGRAMS_PER_SM, trs.REST_BLOCK)
+            ti.PROGRAMS_PER_SM, trs.REST_BLOCK, tk.SELECT_SPAN)
 
 
 def _defaults() -> tuple:
     return (tk.SPREAD_SELECT, tk.SCORE_L2_HINTS, tk.MASS_BLOCK, tps.SELECT,
-            ti.PROGRAMS_PER_SM, trs.REST_BLOCK)
+            ti.PROGRAMS_PER_SM, trs.REST_BLOCK, tk.SELECT_SPAN)
 
 
 def _problem(n=900, lengths=(900, 333), seed=2):
@@ -40,7 +41,8 @@ def _problem(n=900, lengths=(900, 333), seed=2):
 
 
 def _recorded(monkeypatch) -> list:
-    """``(kernel, constexpr keywords)`` of every Triton launch from now on."""
+    """``(kernel, constexpr keywords, grid, arguments by name)`` of every Triton launch
+    from now on."""
     launches = []
     kernel_type = type(tk._mass_hist_kernel)
     launch = kernel_type.__getitem__
@@ -49,7 +51,7 @@ def _recorded(monkeypatch) -> list:
         run = launch(self, grid)
 
         def record(*args, **kwargs):
-            launches.append((self, kwargs))
+            launches.append((self, kwargs, grid, dict(zip(self.arg_names, args, strict=False))))
             return run(*args, **kwargs)
 
         return record
@@ -59,7 +61,7 @@ def _recorded(monkeypatch) -> list:
 
 
 def _kwarg(launches, kernel, name):
-    return [kw[name] for k, kw in launches if k is kernel]
+    return [kw[name] for k, kw, *_ in launches if k is kernel]
 
 
 def test_two_topk_selects_launch_their_own_select_and_choose_the_same_tokens(monkeypatch):
@@ -76,7 +78,7 @@ def test_two_topk_selects_launch_their_own_select_and_choose_the_same_tokens(mon
         top.run_scores(q, kv)
         top.run_select(kv, out)
         outs.append(out.cpu())
-    kernels = [k for k, _ in launches]
+    kernels = [k for k, *_ in launches]
     assert kernels.count(tk._select_kernel) == 1
     assert kernels.count(tk._second_byte_kernel) == kernels.count(tk._spread_write_kernel) == 1
     assert kernels.index(tk._select_kernel) < kernels.index(tk._second_byte_kernel)
@@ -104,7 +106,7 @@ def test_two_quest_steps_launch_their_own_page_select_and_choose_the_same_pages(
         out = step(q, kv).cpu()
         runs.append((step.chosen.cpu(), step.counts.cpu(), out))
     if shared == "group":
-        fused = [kw["SELECT_BY"] for k, kw in launches
+        fused = [kw["SELECT_BY"] for k, kw, *_ in launches
                  if k is ts._quest_bound_kernel and kw["SELECT"]]
         assert fused == ["nibbles", "bytes", "spread"]
     else:  # the spread select lives in the fused launch: a row launch runs byte-wise
@@ -120,14 +122,15 @@ def test_the_steps_pass_their_options_to_what_they_launch(monkeypatch):
     attend_programs_per_sm its attend's split count; the defaults are the constants."""
     q, kv = _problem()
     launches = _recorded(monkeypatch)
-    opts = {"spread": False, "l2_hints": True, "mass_block": 1024}
+    opts = {"spread": False, "l2_hints": True, "mass_block": 1024, "select_span": 2048}
     steps = [ts.OracleTopKStep(q, kv, k=16, select_options=opts, attend_programs_per_sm=64),
              ts.VAttentionStep(q, kv, sink=4, window=4, topk=8, select_options=opts,
                                attend_programs_per_sm=64),
              ts.TopKSantaStep(q, kv, k=8, S=4, select_options=opts, rest_block=128,
                               attend_programs_per_sm=64)]
     for step in steps:
-        assert (step.top.spread, step.top.l2_hints, step.top.mass_block) == (False, True, 1024)
+        assert (step.top.spread, step.top.l2_hints, step.top.mass_block,
+                step.top.select_span) == (False, True, 1024, 2048)
         assert step.attend_programs_per_sm == 64
     assert steps[2].sampler.block == 128
     assert steps[0].workspace.num_splits == ti.choose_splits(q, kv, 16, programs_per_sm=64)
@@ -136,6 +139,7 @@ def test_the_steps_pass_their_options_to_what_they_launch(monkeypatch):
     assert _kwarg(launches, trs._systematic_kernel, "BLOCK") == [128]
     plain = ts.TopKSantaStep(q, kv, k=8, S=4)
     assert (plain.top.spread, plain.top.l2_hints, plain.top.mass_block) == DEFAULTS[:3]
+    assert plain.top.select_span == DEFAULTS[6]
     assert plain.sampler.block == trs.REST_BLOCK
     assert plain.attend_programs_per_sm == ti.PROGRAMS_PER_SM
     assert plain.workspace.num_splits == ti.choose_splits(q, kv, 8 + 4 * 4)
@@ -147,3 +151,69 @@ def test_a_quest_step_refuses_an_unknown_select():
     with pytest.raises(tps.InputError, match=r"^select: expected one of bytes, nibbles, "
                                              r"spread, got 'radix'$"):
         ts.QuestStep(q, kv, page=8, pages=4, select="radix")
+
+
+SELECT_KERNELS = (tk._mass_hist_kernel, tk._second_byte_kernel, tk._spread_write_kernel)
+
+
+def _select_launches(launches) -> list:
+    """Per launch of the mass, second-byte and write kernels: the kernel, its grid, its
+    split count and tokens a program, and its splits' padding (the stats' for the mass)."""
+    return [(k, grid, args["num_splits"], args["tokens_per_split"], kw.get("SPLITS_PAD"))
+            for k, kw, grid, args in launches if k in SELECT_KERNELS]
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_a_select_span_launches_the_select_over_its_own_splits(monkeypatch, per_head):
+    """The default launches the mass, second-byte and write kernels split like the score
+    pass (its grid, splits, span and padding); select_span=N over ceil(capacity / N)
+    programs a row of N tokens (the mass kernel merging the score pass's stats), the
+    rest sampler still split like the score pass; the same tokens."""
+    q, kv = _problem()  # 900 tokens: the score pass's 4 splits of 256
+    launches = _recorded(monkeypatch)
+    outs = []
+    for span in (None, 128, 512, 1024):
+        options = {} if span is None else {"select_span": span, "mass_block": 128}
+        top = tk.TopKSelect(q, kv, 40, per_head=per_head, scale=0.25, **options)
+        out = torch.full((2, 2, 40 * (4 if per_head else 1)), 7, dtype=torch.int32,
+                         device=DEVICE)
+        top.run_scores(q, kv)
+        top.run_select(kv, out)
+        outs.append(out.cpu())
+    rows = 2 * (8 if per_head else 2)
+    score = [(tk._mass_hist_kernel, (4, rows), 4, 256, 4),
+             (tk._second_byte_kernel, (4, rows), 4, 256, None),
+             (tk._spread_write_kernel, (4, rows), 4, 256, 4)]
+    for span, splits, pad in ((128, 8, 8), (512, 2, 2), (1024, 1, 2)):
+        score += [(tk._mass_hist_kernel, (splits, rows), 4, span, 4),
+                  (tk._second_byte_kernel, (splits, rows), splits, span, None),
+                  (tk._spread_write_kernel, (splits, rows), splits, span, pad)]
+    assert _select_launches(launches) == score
+    assert all(torch.equal(out, outs[0]) for out in outs[1:])
+    assert _defaults() == DEFAULTS
+
+
+def test_the_rest_sampler_stays_split_like_the_score_pass(monkeypatch):
+    q, kv = _problem()
+    launches = _recorded(monkeypatch)
+    step = ts.TopKSantaStep(q, kv, k=8, S=4, select_options={"select_span": 512})
+    step.plan(q, kv)
+    rest = [(grid, args["num_splits"], args["tokens_per_split"], kw["SPLITS_PAD"])
+            for k, kw, grid, args in launches
+            if k in (trs._rest_sum_kernel, trs._systematic_kernel)]
+    assert rest == [((4, 4), 4, 256, 4)] * 2
+    assert _select_launches(launches)[1][1:] == ((2, 4), 2, 512, None)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"select_span": 300}, "select_span: must be a power of two >= mass_block (512), got 300"),
+    ({"select_span": 256}, "select_span: must be a power of two >= mass_block (512), got 256"),
+    ({"select_span": 64, "mass_block": 128},
+     "select_span: must be a power of two >= mass_block (128), got 64"),
+    ({"select_span": 0}, "select_span: must be > 0, got 0"),
+    ({"select_span": "1k"}, "select_span: expected an integer, got '1k'"),
+])
+def test_a_topk_select_refuses_a_bad_select_span(options, message):
+    q, kv = _problem(n=64, lengths=(64, 30))
+    with pytest.raises(tk.InputError, match=f"^{re.escape(message)}$"):
+        tk.TopKSelect(q, kv, 8, scale=0.25, **options)
