@@ -22,6 +22,10 @@ each variant below is a step built with that option (``select_options``, ``rest_
 - ``step``: the whole call; minus the row before, the indexed attention and its merge;
 - ``scores + mass (N a step)``: the mass kernel with ``N`` tokens a step
   (``mass_block``) instead of ``triton_topk.MASS_BLOCK``'s;
+- ``scores + mass (N tokens a program)``, ``scores + mass + second byte (...)``,
+  ``scores + select (...)`` (oracle-topk): the spread select's launches as above with
+  ``N`` tokens a program of the mass, second-byte and write kernels (``select_span``),
+  and with the score pass's span (``triton_topk.SELECT_SPAN``'s), timed alongside;
 - ``scores (L2 hints)``, ``scores + mass (L2 hints)``: with ``l2_hints`` (K loaded
   evict-first, the scores stored evict-last; ``triton_topk.SCORE_L2_HINTS`` by default);
 - ``plan (N rest tokens a step)`` (topk-santa): the plan with the rest sampler's kernels
@@ -50,6 +54,11 @@ SELECTS = {"spread": True, "one program a row": False}  # TopKSelect's spread
 MASS_BLOCKS = (256, 1024)  # the mass kernel's tokens a step, timed against MASS_BLOCK's
 ATTEND_PROGRAMS = (4, 8, 16)  # the attend's programs an SM, timed against PROGRAMS_PER_SM's
 REST_BLOCKS = (512, 1024)  # the rest sampler's tokens a step, timed against REST_BLOCK's
+# oracle-topk's select's tokens a program (None: the score pass's span, SELECT_SPAN's)
+SELECT_SPANS = (None, 1024, 2048)
+# the spread select's stages up to each launch (TopKSelect.run_select's upto)
+SELECT_STAGES = {"scores + mass": "mass", "scores + mass + second byte": "second",
+                 "scores + select": "write"}
 # a method's step from (q, kv) and its options (select_options, attend_programs_per_sm;
 # topk-santa's rest_block)
 METHODS = {
@@ -84,6 +93,10 @@ def _select(step, upto: str = "write") -> Callable:
         step.top.run_select(kv, out, sink, window, upto=upto)
 
     return run
+
+
+def _span_name(span: int | None) -> str:
+    return "the score pass's span" if span is None else f"{span} tokens a program"
 
 
 def _stages(step) -> dict[str, Callable]:
@@ -130,7 +143,7 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
     inputs = [(q.clone(), clone_kv(kv)) for _ in range(n_copies)]
     rows = []
     for method, build in methods.items():
-        sampled = False
+        sampled = oracle = False
         for name, spread in SELECTS.items():
             steps = _built(build, inputs, select_options={"spread": spread})
             for stage in _stages(steps[0]):
@@ -140,11 +153,18 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
                                 _time(timer, steps, inputs,
                                       lambda s, st=stage: _stages(s)[st])))
             sampled = "plan" in _stages(steps[0]) and hasattr(steps[0], "sampler")
+            oracle = isinstance(steps[0], tsel.OracleTopKStep)
             del steps
         for block in MASS_BLOCKS:  # the mass kernel's step, against MASS_BLOCK's
             rows.append(Row(shape, method, "spread", f"scores + mass ({block} a step)",
                             _time_built(timer, build, inputs, lambda s: _select(s, "mass"),
                                         select_options={**SPREAD, "mass_block": block})))
+        for span in SELECT_SPANS if oracle else ():  # the select's programs, each span long
+            steps = _built(build, inputs, select_options={**SPREAD, "select_span": span})
+            for stage, upto in SELECT_STAGES.items():
+                rows.append(Row(shape, method, "spread", f"{stage} ({_span_name(span)})",
+                                _time(timer, steps, inputs, lambda s, u=upto: _select(s, u))))
+            del steps
         steps = _built(build, inputs, select_options={**SPREAD, "l2_hints": True})
         for stage, part in (("scores (L2 hints)", lambda s: lambda q, kv:
                              s.top.run_scores(q, kv)),

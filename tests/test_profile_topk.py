@@ -14,8 +14,8 @@ from conftest import load_script
                     reason="the kernels on a CPU need the interpreter")
 def test_one_shape_through_the_interpreter(capsys):
     """Per method the score pass alone, then its select, plan and step with steps built
-    for each select, then the option sweeps, each timed on steps built with its option;
-    the module constants untouched."""
+    for each select, then the option sweeps (oracle-topk's select spans too), each timed
+    on steps built with its option; the module constants untouched."""
     script = load_script("profile_topk")
     tsel = script.tsel
     from santa_kernels import triton_indexed as tix
@@ -35,7 +35,8 @@ def test_one_shape_through_the_interpreter(capsys):
         step = calls[0].__defaults__[0]  # the step a call runs: its options
         sampler = getattr(step, "sampler", None)
         seen.append((step.top.spread, step.top.mass_block, step.top.l2_hints,
-                     sampler.block if sampler else None, step.attend_programs_per_sm))
+                     sampler.block if sampler else None, step.attend_programs_per_sm,
+                     step.top.select_span, step.top.select_splits))
         return float(len(seen))
 
     rows = script.profile_shape(1, 1024, 4, 2, 16, methods, device="cpu", timer=timer)
@@ -44,8 +45,14 @@ def test_one_shape_through_the_interpreter(capsys):
              + [("spread", "scores (L2 hints)"), ("spread", "scores + mass (L2 hints)")]
              + [("spread", f"step ({n} attend programs an SM)")
                 for n in script.ATTEND_PROGRAMS])
+    spans = [("spread", f"{st} ({name})") for name in ("the score pass's span",
+                                                       "1024 tokens a program",
+                                                       "2048 tokens a program")
+             for st in spread]
+    mass_at = len(script.MASS_BLOCKS)  # oracle-topk's span rows: after the mass blocks'
     oracle = ([("-", "scores")] + [("spread", st) for st in (*spread, "step")]
-              + [("one program a row", st) for st in ("scores + select", "step")] + sweep)
+              + [("one program a row", st) for st in ("scores + select", "step")]
+              + sweep[:mass_at] + spans + sweep[mass_at:])
     planned = ([("-", "scores")] + [("spread", st) for st in (*spread, "plan", "step")]
                + [("one program a row", st) for st in ("scores + select", "plan", "step")]
                + sweep)
@@ -54,22 +61,25 @@ def test_one_shape_through_the_interpreter(capsys):
     santa = planned[:len(planned) - len(sweep)] + sweep[:at] + rest + sweep[at:]
     assert [(r.select, r.stage) for r in rows] == oracle + santa + planned
 
-    def options(n, spread=True, mass=512, hints=False, programs=2, rest=None):
-        return [(spread, mass, hints, rest, programs)] * n
+    def options(n, spread=True, mass=512, hints=False, programs=2, rest=None, span=None):
+        # the score pass's span at 1k tokens, B=1, 2 KV heads: 4 splits of 256
+        return [(spread, mass, hints, rest, programs, span, -(-1024 // (span or 256)))] * n
 
-    def swept(rest=None):
+    def swept(rest=None, spans=False):
         return (options(1, mass=256, rest=rest) + options(1, mass=1024, rest=rest)
+                + [x for span in script.SELECT_SPANS if spans for x in options(3, span=span)]
                 + options(2, hints=True, rest=rest)
                 + [x for r in script.REST_BLOCKS if rest for x in options(1, rest=r)]
                 + [x for n in script.ATTEND_PROGRAMS for x in options(1, programs=n,
                                                                        rest=rest)])
 
-    assert seen == (options(5) + options(2, spread=False) + swept()
+    assert script.SELECT_SPANS == (None, 1024, 2048)
+    assert seen == (options(5) + options(2, spread=False) + swept(spans=True)
                     + options(6, rest=256) + options(3, spread=False, rest=256)
                     + swept(rest=256)
                     + options(6) + options(3, spread=False) + swept())
     assert trs.REST_BLOCK == 256
-    assert ttk.SPREAD_SELECT is True and ttk.MASS_BLOCK == 512
+    assert ttk.SPREAD_SELECT is True and ttk.MASS_BLOCK == 512 and ttk.SELECT_SPAN is None
     assert tix.PROGRAMS_PER_SM == 2 and ttk.SCORE_L2_HINTS is False
     script.print_rows(rows)
     table = capsys.readouterr().out
