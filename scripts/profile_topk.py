@@ -25,7 +25,7 @@ each variant below is a step built with that option (``select_options``, ``rest_
 - ``scores + mass (N tokens a program)``, ``scores + mass + second byte (...)``,
   ``scores + select (...)`` (oracle-topk): the spread select's launches as above with
   ``N`` tokens a program of the mass, second-byte and write kernels (``select_span``),
-  and with the score pass's span (``triton_topk.SELECT_SPAN``'s), timed alongside;
+  and with the score pass's span (``select_span=None``), timed alongside;
 - ``scores (L2 hints)``, ``scores + mass (L2 hints)``: with ``l2_hints`` (K loaded
   evict-first, the scores stored evict-last; ``triton_topk.SCORE_L2_HINTS`` by default);
 - ``plan (N rest tokens a step)`` (topk-santa): the plan with the rest sampler's kernels
@@ -54,7 +54,7 @@ SELECTS = {"spread": True, "one program a row": False}  # TopKSelect's spread
 MASS_BLOCKS = (256, 1024)  # the mass kernel's tokens a step, timed against MASS_BLOCK's
 ATTEND_PROGRAMS = (4, 8, 16)  # the attend's programs an SM, timed against PROGRAMS_PER_SM's
 REST_BLOCKS = (512, 1024)  # the rest sampler's tokens a step, timed against REST_BLOCK's
-# oracle-topk's select's tokens a program (None: the score pass's span, SELECT_SPAN's)
+# oracle-topk's select's tokens a program (None: the score pass's span)
 SELECT_SPANS = (None, 1024, 2048)
 # the spread select's stages up to each launch (TopKSelect.run_select's upto)
 SELECT_STAGES = {"scores + mass": "mass", "scores + mass + second byte": "second",
