@@ -55,7 +55,7 @@ MASS_BLOCKS = (256, 1024)  # the mass kernel's tokens a step, timed against MASS
 ATTEND_PROGRAMS = (4, 8, 16)  # the attend's programs an SM, timed against PROGRAMS_PER_SM's
 REST_BLOCKS = (512, 1024)  # the rest sampler's tokens a step, timed against REST_BLOCK's
 # oracle-topk's select's tokens a program (None: the score pass's span)
-SELECT_SPANS = (None, 1024, 2048)
+SELECT_SPANS = (None, 512, 1024, 2048)
 # the spread select's stages up to each launch (TopKSelect.run_select's upto)
 SELECT_STAGES = {"scores + mass": "mass", "scores + mass + second byte": "second",
                  "scores + select": "write"}

@@ -167,13 +167,14 @@ def _select_launches(launches) -> list:
 def test_a_select_span_launches_the_select_over_its_own_splits(monkeypatch, per_head):
     """The default launches the mass, second-byte and write kernels split like the score
     pass (its grid, splits, span and padding); select_span=N over ceil(capacity / N)
-    programs a row of N tokens (the mass kernel merging the score pass's stats), the
-    rest sampler still split like the score pass; the same tokens."""
+    programs a row of N tokens (the mass kernel merging the score pass's stats), at most
+    the score pass's span; the rest sampler still split like the score pass; the same
+    tokens."""
     q, kv = _problem()  # 900 tokens: the score pass's 4 splits of 256
     launches = _recorded(monkeypatch)
     outs = []
-    for span in (None, 128, 512, 1024):
-        options = {} if span is None else {"select_span": span, "mass_block": 128}
+    for span in (None, 64, 128, 1024):
+        options = {} if span is None else {"select_span": span, "mass_block": 64}
         top = tk.TopKSelect(q, kv, 40, per_head=per_head, scale=0.25, **options)
         out = torch.full((2, 2, 40 * (4 if per_head else 1)), 7, dtype=torch.int32,
                          device=DEVICE)
@@ -184,7 +185,7 @@ def test_a_select_span_launches_the_select_over_its_own_splits(monkeypatch, per_
     score = [(tk._mass_hist_kernel, (4, rows), 4, 256, 4),
              (tk._second_byte_kernel, (4, rows), 4, 256, None),
              (tk._spread_write_kernel, (4, rows), 4, 256, 4)]
-    for span, splits, pad in ((128, 8, 8), (512, 2, 2), (1024, 1, 2)):
+    for span, splits, pad in ((64, 15, 16), (128, 8, 8), (256, 4, 4)):  # 1024: capped
         score += [(tk._mass_hist_kernel, (splits, rows), 4, span, 4),
                   (tk._second_byte_kernel, (splits, rows), splits, span, None),
                   (tk._spread_write_kernel, (splits, rows), splits, span, pad)]
@@ -196,13 +197,14 @@ def test_a_select_span_launches_the_select_over_its_own_splits(monkeypatch, per_
 def test_the_rest_sampler_stays_split_like_the_score_pass(monkeypatch):
     q, kv = _problem()
     launches = _recorded(monkeypatch)
-    step = ts.TopKSantaStep(q, kv, k=8, S=4, select_options={"select_span": 512})
+    step = ts.TopKSantaStep(q, kv, k=8, S=4, select_options={"select_span": 128,
+                                                                "mass_block": 128})
     step.plan(q, kv)
     rest = [(grid, args["num_splits"], args["tokens_per_split"], kw["SPLITS_PAD"])
             for k, kw, grid, args in launches
             if k in (trs._rest_sum_kernel, trs._systematic_kernel)]
     assert rest == [((4, 4), 4, 256, 4)] * 2
-    assert _select_launches(launches)[1][1:] == ((2, 4), 2, 512, None)
+    assert _select_launches(launches)[1][1:] == ((8, 4), 8, 128, None)
 
 
 @pytest.mark.parametrize(("options", "message"), [

@@ -46,6 +46,7 @@ def test_one_shape_through_the_interpreter(capsys):
              + [("spread", f"step ({n} attend programs an SM)")
                 for n in script.ATTEND_PROGRAMS])
     spans = [("spread", f"{st} ({name})") for name in ("the score pass's span",
+                                                       "512 tokens a program",
                                                        "1024 tokens a program",
                                                        "2048 tokens a program")
              for st in spread]
@@ -62,8 +63,10 @@ def test_one_shape_through_the_interpreter(capsys):
     assert [(r.select, r.stage) for r in rows] == oracle + santa + planned
 
     def options(n, spread=True, mass=512, hints=False, programs=2, rest=None, span=None):
-        # the score pass's span at 1k tokens, B=1, 2 KV heads: 4 splits of 256
-        return [(spread, mass, hints, rest, programs, span, -(-1024 // (span or 256)))] * n
+        # the score pass's span at 1k tokens, B=1, 2 KV heads: 4 splits of 256 (a longer
+        # select_span is capped at it)
+        return [(spread, mass, hints, rest, programs, span, -(-1024 // min(span or 256, 256)))
+                ] * n
 
     def swept(rest=None, spans=False):
         return (options(1, mass=256, rest=rest) + options(1, mass=1024, rest=rest)
@@ -73,7 +76,7 @@ def test_one_shape_through_the_interpreter(capsys):
                 + [x for n in script.ATTEND_PROGRAMS for x in options(1, programs=n,
                                                                        rest=rest)])
 
-    assert script.SELECT_SPANS == (None, 1024, 2048)
+    assert script.SELECT_SPANS == (None, 512, 1024, 2048)
     assert seen == (options(5) + options(2, spread=False) + swept(spans=True)
                     + options(6, rest=256) + options(3, spread=False, rest=256)
                     + swept(rest=256)

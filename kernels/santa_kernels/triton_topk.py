@@ -29,10 +29,10 @@ torch op over the tokens.
 ``TopKSelect(spread=False)`` (default ``SPREAD_SELECT``) runs 3 and 4 as the former
 select instead: one program per (sequence, selecting head) walks every token (the same
 tokens, threshold and last tie). ``TopKSelect(select_span=N)`` (default ``SELECT_SPAN``)
-gives each program of launches 2 to 4 ``N`` tokens (a power of two, at least the mass
-kernel's step) instead of the score pass's span: more programs with fewer serial steps
-each, or fewer where the score pass's span is short (the same tokens, threshold and last
-tie). The mass kernel still merges the score pass's per-split stats.
+gives each program of launches 2 to 4 at most ``N`` tokens (a power of two, at least the
+mass kernel's step; the score pass's span where that is shorter): more programs with fewer
+serial steps each (the same tokens, threshold and last tie). The mass kernel still
+merges the score pass's per-split stats.
 
 Static shapes (the capacity, never the lengths), no host sync, graph capturable: the
 histograms and the arrival counts are zeroed by the last program after use, so they start
@@ -58,8 +58,8 @@ MASS_BLOCK = 512
 SELECT_BLOCK = 2048  # tokens a step of the select kernel (one program walks them all)
 SPREAD_BLOCK = 1024  # tokens (or candidates) a step of the spread select's kernels
 SPREAD_SELECT = True  # TopKSelect's default: split like the score pass (False: one program a row)
-# TopKSelect's default select_span: tokens per program of the mass, second-byte and write
-# kernels (None: the score pass's span, so the select is split like it)
+# TopKSelect's default select_span: at most this many tokens per program of the mass,
+# second-byte and write kernels (None: the score pass's span, so the select is split like it)
 SELECT_SPAN = None
 # TopKSelect's default l2_hints: the score pass loads K evict-first and stores the scores
 # evict-last (L2), so the mass kernel's read of them may hit L2
@@ -472,8 +472,9 @@ class TopKSelect:
                  mass_block: int = MASS_BLOCK, select_span: int | None = SELECT_SPAN) -> None:
         """``spread``, ``l2_hints``, ``mass_block``, ``select_span``: this object's launch
         choices (``SPREAD_SELECT``, ``SCORE_L2_HINTS``, ``MASS_BLOCK``, ``SELECT_SPAN`` by
-        default); ``select_span``: tokens per program of the mass, second-byte and write
-        kernels, a power of two >= ``mass_block`` (None: the score pass's span)."""
+        default); ``select_span``: at most this many tokens per program of the mass, second-byte
+        and write kernels, a power of two >= ``mass_block`` (None: the score pass's span,
+        which also caps it)."""
         check_positive_int(mass_block, "mass_block")
         if select_span is not None:
             check_positive_int(select_span, "select_span")
@@ -496,8 +497,9 @@ class TopKSelect:
         self.tiles_per_split = -(-tiles // splits)
         self.splits = -(-tiles // self.tiles_per_split)  # the score pass's (and its stats')
         # the select's programs a row, each over span tokens (the last one's may be fewer)
-        self.span = (self.tiles_per_split * self.block_n if select_span is None
-                     else select_span)
+        self.span = self.tiles_per_split * self.block_n
+        if select_span is not None:  # never fewer programs than the score pass's
+            self.span = min(self.span, select_span)
         self.select_splits = -(-self.capacity // self.span)
         dev = q.device
         self.num_sel = self.num_q_heads if per_head else self.num_kv_heads
