@@ -66,7 +66,8 @@ from santa_kernels.validate import InputError, check_positive_int, check_scale
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-CHUNK = {16: 64, 32: 64, 64: 64, 128: 64, 256: 32}  # rows a step of a program
+CHUNK = {16: 64, 32: 64, 64: 64, 128: 64, 256: 32}  # rows a step of a program (chunk=)
+CHUNKS = (16, 32, 64, 128, 256)  # the rows a step a call may ask for (both products' sizes)
 SCORE_BLOCK_N = {16: 128, 32: 128, 64: 128, 128: 64, 256: 32}  # tokens a score program
 NUM_WARPS = 4
 MERGE_BLOCK_S = 16
@@ -407,15 +408,26 @@ def _static_for(q: torch.Tensor, kv: KVCache) -> _Static:
                    kv.k.dtype, kv.k.stride(), kv.v.stride())
 
 
+def check_chunk(chunk: int | None, head_dim: int) -> int:
+    """The rows a step of a call: ``chunk``, or :data:`CHUNK`'s for the head dim."""
+    if head_dim not in CHUNK:
+        raise InputError(f"k: head dim {head_dim} is not supported by triton-indexed")
+    if chunk is None:
+        return CHUNK[head_dim]
+    if isinstance(chunk, bool) or chunk not in CHUNKS:
+        raise InputError(f"chunk: expected one of {', '.join(map(str, CHUNKS))}, "
+                         f"got {chunk!r}")
+    return chunk
+
+
 def choose_splits(q: torch.Tensor, kv: KVCache, rows: int,
-                  programs_per_sm: int = PROGRAMS_PER_SM) -> int:
-    """Splits for a call expected to attend ``rows`` rows per (sequence, KV head), aimed
-    at ``programs_per_sm`` programs an SM."""
-    d = q.shape[2]
-    if d not in CHUNK:
-        raise InputError(f"k: head dim {d} is not supported by triton-indexed")
-    return choose_num_splits(q.shape[0] * kv.num_kv_heads, max(1, rows), CHUNK[d],
-                             num_sms(q.device), programs_per_sm)
+                  programs_per_sm: int = PROGRAMS_PER_SM, chunk: int | None = None) -> int:
+    """Splits for a call expected to attend ``rows`` rows per (sequence, KV head) in
+    ``chunk``-row steps (:data:`CHUNK`'s by default), aimed at ``programs_per_sm``
+    programs an SM."""
+    return choose_num_splits(q.shape[0] * kv.num_kv_heads, max(1, rows),
+                             check_chunk(chunk, q.shape[2]), num_sms(q.device),
+                             programs_per_sm)
 
 
 def indexed_attention(
@@ -433,6 +445,7 @@ def indexed_attention(
     num_splits: int | None = None,
     samples: torch.Tensor | None = None,
     scores: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Returns ``[B, Hq, d]`` attention over the listed rows and the uniform tail (see the
     module docstring). ``num_splits`` defaults to what :func:`choose_splits` gives for the
@@ -440,12 +453,15 @@ def indexed_attention(
     (``[B · Hkv, tail.stride]`` int32) receives the tail's drawn tokens (tests, read
     counts). ``scores`` (fp32 ``[B, Hq, ≥N]``, unit stride in N: :func:`qk_scores`' or a
     score pass's ``τ q·k`` at this ``scale``) gives each row's scores, so no key is read.
+    ``chunk``: the rows a program gathers a step (one of :data:`CHUNKS`; :data:`CHUNK`'s
+    for the head dim by default); the tail's draws do not depend on it or on the splits.
     Does no host-device sync."""
     st = _static_for(q, kv)
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
     tau = check_scale(scale, d)
     check_positive_int(block, "block")
+    chunk = check_chunk(chunk, d)
     if indices is None and tail is None:
         raise InputError("indices: give row indices, a uniform tail, or both")
     if indices is not None and (indices.dim() != 3 or tuple(indices.shape[:2]) != (batch, hkv)
@@ -470,7 +486,7 @@ def indexed_attention(
                          f"{scores.dtype}")
     if num_splits is None:
         num_splits = (workspace.num_splits if workspace is not None
-                      else choose_splits(q, kv, idx_cap * block))
+                      else choose_splits(q, kv, idx_cap * block, chunk=chunk))
     check_positive_int(num_splits, "num_splits")
     if out is None:
         out = torch.empty((batch, hq, d), dtype=q.dtype, device=q.device)
@@ -517,7 +533,7 @@ def indexed_attention(
         lw_t.stride(1) if log_weights is not None else 0,
         scores.stride(0) if scores is not None else 0,
         scores.stride(1) if scores is not None else 0,
-        NUM_KV_HEADS=hkv, GROUP=st.group, HEAD_DIM=d, BLOCK_H=st.block_h, CHUNK=CHUNK[d],
+        NUM_KV_HEADS=hkv, GROUP=st.group, HEAD_DIM=d, BLOCK_H=st.block_h, CHUNK=chunk,
         BLOCK=block, PAGED=st.paged, PAGE_SIZE=st.page_size,
         HAS_INDEX=indices is not None, HAS_COUNT=counts is not None,
         HAS_LW=log_weights is not None, LW_PER_HEAD=per_head, HAS_TAIL=tail is not None,

@@ -53,6 +53,7 @@ from santa_kernels.triton_indexed import (
     IndexedWorkspace,
     UniformTail,
     _static_for,
+    check_chunk,
     choose_splits,
     indexed_attention,
 )
@@ -124,12 +125,13 @@ class _Step:
         self.rng.fill_(step)
 
     def _workspace(self, q: torch.Tensor, kv: KVCache, rows: int,
-                   programs_per_sm: int = PROGRAMS_PER_SM) -> IndexedWorkspace:
+                   programs_per_sm: int = PROGRAMS_PER_SM,
+                   chunk: int | None = None) -> IndexedWorkspace:
         """The indexed attend's workspace, its splits aimed at ``programs_per_sm``
-        programs an SM."""
+        programs an SM for ``rows`` rows in ``chunk``-row steps."""
         check_positive_int(programs_per_sm, "attend_programs_per_sm")
         self.attend_programs_per_sm = programs_per_sm
-        splits = choose_splits(q, kv, rows, programs_per_sm)
+        splits = choose_splits(q, kv, rows, programs_per_sm, chunk)
         return IndexedWorkspace(self.batch, self.num_q_heads, self.head_dim, splits,
                                 device=q.device)
 
@@ -438,6 +440,10 @@ def _quest_bound_kernel(
 
 # ------------------------------------------------------------------ vAttention
 VATTENTION_BLOCK = 128  # rows of the exact set or draws a step of the plan kernel
+# the attend's programs an SM (VAttentionStep's attend_programs_per_sm): its tail, up to
+# the whole sampled range of drawn rows a (sequence, KV head), waits on its gathers, so
+# it is split over more programs than the listed methods' few hundred rows
+VATTENTION_PROGRAMS_PER_SM = 8
 
 
 @triton.jit
@@ -575,9 +581,15 @@ class VAttentionStep(_Step):
                  base_rate: float = 0.01, mode: str = "denominator",
                  scale: float | None = None, seed: int = 0,
                  select_options: dict | None = None,
-                 attend_programs_per_sm: int = PROGRAMS_PER_SM) -> None:
-        """``select_options``, ``attend_programs_per_sm``: as :class:`OracleTopKStep`'s."""
+                 attend_programs_per_sm: int = VATTENTION_PROGRAMS_PER_SM,
+                 attend_chunk: int | None = None) -> None:
+        """``select_options``: as :class:`OracleTopKStep`'s; ``attend_programs_per_sm``:
+        the indexed attend's programs an SM its splits aim at, for the exact rows and
+        the largest tail (the whole sampled range); ``attend_chunk``: the attend's rows
+        a step (``triton_indexed.CHUNK``'s for the head dim when None; kept as
+        ``chunk``). Neither changes the draws."""
         super().__init__(q, kv, scale, seed)
+        self.chunk = check_chunk(attend_chunk, self.head_dim)
         if mode != "denominator":
             raise InputError(f"mode={mode}: the GPU path computes the denominator budget "
                              "only (mode=output runs the reference)")
@@ -606,8 +618,10 @@ class VAttentionStep(_Step):
         self.log_weight = torch.empty(batch, hkv, dtype=torch.float32, device=q.device)
         self.lo = torch.empty(batch, dtype=torch.int32, device=q.device)
         self.hi = torch.empty(batch, dtype=torch.int32, device=q.device)
-        self.workspace = self._workspace(q, kv, width + self.capacity // 8,
-                                         attend_programs_per_sm)
+        # the tail draws at most the whole range [sink, capacity - window)
+        tail_rows = max(self.capacity - self.sink - self.window, 0)
+        self.workspace = self._workspace(q, kv, width + tail_rows, attend_programs_per_sm,
+                                         self.chunk)
 
     def plan(self, q: torch.Tensor, kv: KVCache) -> tuple[torch.Tensor, UniformTail]:
         """The exact rows ``[B, Hkv, R]`` and the uniform tail of one call."""
@@ -634,7 +648,8 @@ class VAttentionStep(_Step):
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
         listed, tail = self.plan(q, kv)
         return indexed_attention(q, kv, listed, tail=tail, scale=self.scale, out=self.out,
-                                 workspace=self.workspace, scores=self.scores)
+                                 workspace=self.workspace, scores=self.scores,
+                                 chunk=self.chunk)
 
     def read_counts(self, q: torch.Tensor, kv: KVCache) -> ReadCounts:
         """Every key; the value rows of the exact set and of the drawn tail."""
@@ -642,7 +657,8 @@ class VAttentionStep(_Step):
         samples = torch.full((self.batch * self.num_kv_heads, self.capacity), -1,
                              dtype=torch.int32, device=self.device)
         indexed_attention(q, kv, listed, tail=tail, scale=self.scale, out=self.out,
-                          workspace=self.workspace, samples=samples, scores=self.scores)
+                          workspace=self.workspace, samples=samples, scores=self.scores,
+                          chunk=self.chunk)
         drawn = samples.view(self.batch, self.num_kv_heads, -1).long()
         hit = self.exclude.gather(2, drawn.clamp_min(0)).bool()
         drawn = torch.where(hit, torch.full_like(drawn, -1), drawn)
