@@ -28,7 +28,10 @@ each variant below is a step built with that option (``select_options``, ``rest_
   stepping ``N`` tokens (``rest_block``) instead of ``triton_rest_sample.REST_BLOCK``'s;
 - ``step (N attend programs an SM)``: the whole call of a step built with the indexed
   attend's splits aimed at ``N`` programs an SM (``attend_programs_per_sm``;
-  ``triton_indexed.PROGRAMS_PER_SM`` by default).
+  ``triton_indexed.PROGRAMS_PER_SM`` by default, vattention's
+  ``triton_selection.VATTENTION_PROGRAMS_PER_SM``);
+- ``step (N attend rows a step)`` (vattention): the whole call of a step whose attend
+  gathers ``N`` rows a step (``attend_chunk``) instead of ``triton_indexed.CHUNK``'s.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ from santa_bench.units import parse_shapes
 
 SELECTS = {"spread": True, "one program a row": False}  # TopKSelect's spread
 MASS_BLOCKS = (256, 1024)  # the mass kernel's tokens a step, timed against MASS_BLOCK's
-ATTEND_PROGRAMS = (4, 8, 16)  # the attend's programs an SM, timed against PROGRAMS_PER_SM's
+ATTEND_PROGRAMS = (4, 8, 16)  # the attend's programs an SM, timed against the default's
+ATTEND_CHUNKS = (32, 128)  # vattention's attend rows a step, timed against CHUNK's
 REST_BLOCKS = (512, 1024)  # the rest sampler's tokens a step, timed against REST_BLOCK's
 # a method's step from (q, kv) and its options (select_options, attend_programs_per_sm;
 # topk-santa's rest_block)
@@ -162,6 +166,10 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
                             _time_built(timer, build, inputs, lambda s: s,
                                         select_options=SPREAD,
                                         attend_programs_per_sm=per_sm)))
+        for chunk in ATTEND_CHUNKS if method == "vattention" else ():
+            rows.append(Row(shape, method, "spread", f"step ({chunk} attend rows a step)",
+                            _time_built(timer, build, inputs, lambda s: s,
+                                        select_options=SPREAD, attend_chunk=chunk)))
     inputs.clear()
     if device == "cuda":
         torch.cuda.empty_cache()
