@@ -31,7 +31,10 @@ each variant below is a step built with that option (``select_options``, ``rest_
   ``triton_indexed.PROGRAMS_PER_SM`` by default, vattention's
   ``triton_selection.VATTENTION_PROGRAMS_PER_SM``);
 - ``step (N attend rows a step)`` (vattention): the whole call of a step whose attend
-  gathers ``N`` rows a step (``attend_chunk``) instead of ``triton_indexed.CHUNK``'s.
+  gathers ``N`` rows a step (``attend_chunk``) instead of ``triton_indexed.CHUNK``'s;
+- ``step (attend registers uncapped)`` (vattention): the whole call of a step whose
+  attend leaves its registers to the compiler (``attend_max_registers=None``) instead of
+  ``triton_selection.VATTENTION_MAX_REGISTERS``.
 """
 
 from __future__ import annotations
@@ -166,10 +169,14 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
                             _time_built(timer, build, inputs, lambda s: s,
                                         select_options=SPREAD,
                                         attend_programs_per_sm=per_sm)))
-        for chunk in ATTEND_CHUNKS if method == "vattention" else ():
-            rows.append(Row(shape, method, "spread", f"step ({chunk} attend rows a step)",
+        if method == "vattention":  # its attend's rows a step and register cap
+            for chunk in ATTEND_CHUNKS:
+                rows.append(Row(shape, method, "spread", f"step ({chunk} attend rows a step)",
+                                _time_built(timer, build, inputs, lambda s: s,
+                                            select_options=SPREAD, attend_chunk=chunk)))
+            rows.append(Row(shape, method, "spread", "step (attend registers uncapped)",
                             _time_built(timer, build, inputs, lambda s: s,
-                                        select_options=SPREAD, attend_chunk=chunk)))
+                                        select_options=SPREAD, attend_max_registers=None)))
     inputs.clear()
     if device == "cuda":
         torch.cuda.empty_cache()

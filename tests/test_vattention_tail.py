@@ -140,8 +140,11 @@ def test_vattention_steps_built_with_other_launches_draw_alike():
     q, kv = _problem(batch=1, n=300, lengths=(300,), q_scale=1.5)
     params = dict(sink=4, window=4, topk=8, epsilon=0.3, delta=0.3, base_rate=0.05, seed=7)
     plain = ts.VAttentionStep(q, kv, **params)
-    other = ts.VAttentionStep(q, kv, **params, attend_chunk=16, attend_programs_per_sm=40)
+    other = ts.VAttentionStep(q, kv, **params, attend_chunk=16, attend_programs_per_sm=40,
+                              attend_max_registers=None)
     assert other.chunk == 16 and plain.chunk == ti.CHUNK[16]
+    assert other.max_registers is None
+    assert plain.max_registers == ts.VATTENTION_MAX_REGISTERS
     assert other.workspace.num_splits != plain.workspace.num_splits
     for _ in range(2):
         assert torch.allclose(other(q, kv).cpu(), plain(q, kv).cpu(), atol=1e-5)
@@ -161,3 +164,38 @@ def test_vattention_splits_its_attend_for_the_whole_range():
     assert step.workspace.num_splits > ti.choose_splits(q, kv, 64 + 4096 // 8)
     with pytest.raises(sk.InputError, match=r"^chunk: "):
         ts.VAttentionStep(q, kv, attend_chunk=24)
+
+
+def test_vattention_steps_launch_their_attend_with_their_register_cap(monkeypatch):
+    """attend_max_registers reaches the row programs' launch as maxnreg (the default's
+    constant, another value, or none), for the call and for read_counts alike."""
+    q, kv = _problem(batch=1, n=200, lengths=(200,))
+    launches = []
+    kernel_type = type(ti._indexed_stage1)
+    launch = kernel_type.__getitem__
+
+    def getitem(self, grid):
+        run = launch(self, grid)
+
+        def record(*args, **kwargs):
+            if self is ti._indexed_stage1:
+                launches.append(kwargs.get("maxnreg", "unset"))
+            return run(*args, **kwargs)
+
+        return record
+
+    monkeypatch.setattr(kernel_type, "__getitem__", getitem)
+    params = dict(sink=4, window=4, topk=8, seed=2)
+    for cap in (ts.VATTENTION_MAX_REGISTERS, 96, None):
+        launches.clear()
+        step = (ts.VAttentionStep(q, kv, **params) if cap == ts.VATTENTION_MAX_REGISTERS
+                else ts.VAttentionStep(q, kv, **params, attend_max_registers=cap))
+        step(q, kv)
+        step.read_counts(q, kv)
+        assert launches == [cap, cap]
+    for bad in (0, -4, 1.5):
+        with pytest.raises(sk.InputError, match=r"^attend_max_registers: "):
+            ts.VAttentionStep(q, kv, **params, attend_max_registers=bad)
+    with pytest.raises(sk.InputError, match=r"^max_registers: "):
+        ti.indexed_attention(q, kv, torch.zeros(1, 2, 4, dtype=torch.int32, device=DEVICE),
+                             max_registers=0)

@@ -444,6 +444,9 @@ VATTENTION_BLOCK = 128  # rows of the exact set or draws a step of the plan kern
 # the whole sampled range of drawn rows a (sequence, KV head), waits on its gathers, so
 # it is split over more programs than the listed methods' few hundred rows
 VATTENTION_PROGRAMS_PER_SM = 8
+# the registers a thread of its attend (attend_max_registers): compiled for sm_90 at
+# d = 128 the row programs take 148, three programs an SM; 128 (a 16-byte spill) fit four
+VATTENTION_MAX_REGISTERS = 128
 
 
 @triton.jit
@@ -582,14 +585,20 @@ class VAttentionStep(_Step):
                  scale: float | None = None, seed: int = 0,
                  select_options: dict | None = None,
                  attend_programs_per_sm: int = VATTENTION_PROGRAMS_PER_SM,
-                 attend_chunk: int | None = None) -> None:
+                 attend_chunk: int | None = None,
+                 attend_max_registers: int | None = VATTENTION_MAX_REGISTERS) -> None:
         """``select_options``: as :class:`OracleTopKStep`'s; ``attend_programs_per_sm``:
         the indexed attend's programs an SM its splits aim at, for the exact rows and
         the largest tail (the whole sampled range); ``attend_chunk``: the attend's rows
         a step (``triton_indexed.CHUNK``'s for the head dim when None; kept as
-        ``chunk``). Neither changes the draws."""
+        ``chunk``); ``attend_max_registers``: the registers a thread of its row programs
+        (None: the compiler's choice; kept as ``max_registers``). None changes the
+        draws."""
         super().__init__(q, kv, scale, seed)
         self.chunk = check_chunk(attend_chunk, self.head_dim)
+        if attend_max_registers is not None:
+            check_positive_int(attend_max_registers, "attend_max_registers")
+        self.max_registers = attend_max_registers
         if mode != "denominator":
             raise InputError(f"mode={mode}: the GPU path computes the denominator budget "
                              "only (mode=output runs the reference)")
@@ -649,7 +658,7 @@ class VAttentionStep(_Step):
         listed, tail = self.plan(q, kv)
         return indexed_attention(q, kv, listed, tail=tail, scale=self.scale, out=self.out,
                                  workspace=self.workspace, scores=self.scores,
-                                 chunk=self.chunk)
+                                 chunk=self.chunk, max_registers=self.max_registers)
 
     def read_counts(self, q: torch.Tensor, kv: KVCache) -> ReadCounts:
         """Every key; the value rows of the exact set and of the drawn tail."""
@@ -658,7 +667,7 @@ class VAttentionStep(_Step):
                              dtype=torch.int32, device=self.device)
         indexed_attention(q, kv, listed, tail=tail, scale=self.scale, out=self.out,
                           workspace=self.workspace, samples=samples, scores=self.scores,
-                          chunk=self.chunk)
+                          chunk=self.chunk, max_registers=self.max_registers)
         drawn = samples.view(self.batch, self.num_kv_heads, -1).long()
         hit = self.exclude.gather(2, drawn.clamp_min(0)).bool()
         drawn = torch.where(hit, torch.full_like(drawn, -1), drawn)
