@@ -656,10 +656,12 @@ def check_indexed() -> int:
                   "HAS_TAIL": tail, "HAS_EXCLUDE": tail, "STORE_SAMPLES": samples,
                   "WRITE_OUT": not split, "HAS_SCORES": stash,
                   "DOT_PRECISION": "tf32", "WIDEN_BF16": False}
-        # vAttention's step caps the attend's registers (attend_max_registers)
+        # vAttention's step caps the attend's registers and deepens its pipeline
+        # (attend_max_registers, attend_stages)
         options = {"num_warps": tix.NUM_WARPS}
         if method.startswith("vattention-"):
-            options["maxnreg"] = tsel.VATTENTION_MAX_REGISTERS
+            options.update(maxnreg=tsel.VATTENTION_MAX_REGISTERS,
+                           num_stages=tsel.VATTENTION_STAGES)
         err = compile_kernel(tix._indexed_stage1, types, consts, options,
                              max_shared=H100_SHARED, divisible=_aligned(tix._indexed_stage1))
         print(f"_indexed_stage1 {method} d={d} G={group} paged={paged} split={split}: "

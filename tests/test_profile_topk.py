@@ -36,7 +36,8 @@ def test_one_shape_through_the_interpreter(capsys):
         sampler = getattr(step, "sampler", None)
         seen.append((step.top.spread, step.top.mass_block, step.top.l2_hints,
                      sampler.block if sampler else None, step.attend_programs_per_sm,
-                     getattr(step, "chunk", None), getattr(step, "max_registers", None)))
+                     getattr(step, "chunk", None), getattr(step, "max_registers", None),
+                     getattr(step, "stages", None)))
         return float(len(seen))
 
     rows = script.profile_shape(1, 1024, 4, 2, 16, methods, device="cpu", timer=timer)
@@ -54,12 +55,12 @@ def test_one_shape_through_the_interpreter(capsys):
     at = len(sweep) - len(script.ATTEND_PROGRAMS)  # the rest sweep: before the attend's
     santa = planned[:len(planned) - len(sweep)] + sweep[:at] + rest + sweep[at:]
     attend = [("spread", f"step ({c} attend rows a step)") for c in script.ATTEND_CHUNKS]
-    attend.append(("spread", "step (attend registers uncapped)"))
+    attend += [("spread", stage) for stage in script.VATTENTION_ATTENDS]
     assert [(r.select, r.stage) for r in rows] == oracle + santa + planned + attend
 
     def options(n, spread=True, mass=512, hints=False, programs=2, rest=None, chunk=None,
-                regs=None):
-        return [(spread, mass, hints, rest, programs, chunk, regs)] * n
+                regs=None, stages=None):
+        return [(spread, mass, hints, rest, programs, chunk, regs, stages)] * n
 
     def swept(rest=None, **vatt):
         return (options(1, mass=256, rest=rest, **vatt)
@@ -70,19 +71,21 @@ def test_one_shape_through_the_interpreter(capsys):
                    for x in options(1, rest=rest, **{**vatt, "programs": n})])
 
     vatt = {"programs": tsel.VATTENTION_PROGRAMS_PER_SM, "chunk": tix.CHUNK[16],
-            "regs": tsel.VATTENTION_MAX_REGISTERS}
+            "regs": tsel.VATTENTION_MAX_REGISTERS, "stages": tsel.VATTENTION_STAGES}
     assert seen == (options(5) + options(2, spread=False) + swept()
                     + options(6, rest=256) + options(3, spread=False, rest=256)
                     + swept(rest=256)
                     + options(6, **vatt) + options(3, spread=False, **vatt) + swept(**vatt)
                     + [x for c in script.ATTEND_CHUNKS
                        for x in options(1, **{**vatt, "chunk": c})]
-                    + options(1, **{**vatt, "regs": None}))
+                    + options(1, **{**vatt, "regs": None})
+                    + options(1, **{**vatt, "stages": None})
+                    + options(1, **{**vatt, "regs": None, "stages": None, "programs": 2}))
     assert trs.REST_BLOCK == 256
     assert ttk.SPREAD_SELECT is True and ttk.MASS_BLOCK == 512
     assert tix.PROGRAMS_PER_SM == 2 and ttk.SCORE_L2_HINTS is False
     assert tsel.VATTENTION_PROGRAMS_PER_SM == 8 and tix.CHUNK[16] == 64
-    assert tsel.VATTENTION_MAX_REGISTERS == 128
+    assert tsel.VATTENTION_MAX_REGISTERS == 128 and tsel.VATTENTION_STAGES == 5
     script.print_rows(rows)
     table = capsys.readouterr().out
     # each spread row less the row before it; one program a row's select less the scores

@@ -141,7 +141,7 @@ def test_vattention_steps_built_with_other_launches_draw_alike():
     params = dict(sink=4, window=4, topk=8, epsilon=0.3, delta=0.3, base_rate=0.05, seed=7)
     plain = ts.VAttentionStep(q, kv, **params)
     other = ts.VAttentionStep(q, kv, **params, attend_chunk=16, attend_programs_per_sm=40,
-                              attend_max_registers=None)
+                              attend_max_registers=None, attend_stages=2)
     assert other.chunk == 16 and plain.chunk == ti.CHUNK[16]
     assert other.max_registers is None
     assert plain.max_registers == ts.VATTENTION_MAX_REGISTERS
@@ -166,9 +166,10 @@ def test_vattention_splits_its_attend_for_the_whole_range():
         ts.VAttentionStep(q, kv, attend_chunk=24)
 
 
-def test_vattention_steps_launch_their_attend_with_their_register_cap(monkeypatch):
-    """attend_max_registers reaches the row programs' launch as maxnreg (the default's
-    constant, another value, or none), for the call and for read_counts alike."""
+def test_vattention_steps_launch_their_attend_with_their_registers_and_stages(monkeypatch):
+    """attend_max_registers and attend_stages reach the row programs' launch as maxnreg
+    and num_stages (the defaults' constants, other values, or none), for the call and for
+    read_counts alike."""
     q, kv = _problem(batch=1, n=200, lengths=(200,))
     launches = []
     kernel_type = type(ti._indexed_stage1)
@@ -179,23 +180,28 @@ def test_vattention_steps_launch_their_attend_with_their_register_cap(monkeypatc
 
         def record(*args, **kwargs):
             if self is ti._indexed_stage1:
-                launches.append(kwargs.get("maxnreg", "unset"))
+                launches.append((kwargs.get("maxnreg", "unset"),
+                                 kwargs.get("num_stages", "unset")))
             return run(*args, **kwargs)
 
         return record
 
     monkeypatch.setattr(kernel_type, "__getitem__", getitem)
     params = dict(sink=4, window=4, topk=8, seed=2)
-    for cap in (ts.VATTENTION_MAX_REGISTERS, 96, None):
+    defaults = (ts.VATTENTION_MAX_REGISTERS, ts.VATTENTION_STAGES)
+    for cap, stages in (defaults, (96, 2), (None, None)):
         launches.clear()
-        step = (ts.VAttentionStep(q, kv, **params) if cap == ts.VATTENTION_MAX_REGISTERS
-                else ts.VAttentionStep(q, kv, **params, attend_max_registers=cap))
+        step = (ts.VAttentionStep(q, kv, **params) if (cap, stages) == defaults
+                else ts.VAttentionStep(q, kv, **params, attend_max_registers=cap,
+                                       attend_stages=stages))
         step(q, kv)
         step.read_counts(q, kv)
-        assert launches == [cap, cap]
-    for bad in (0, -4, 1.5):
-        with pytest.raises(sk.InputError, match=r"^attend_max_registers: "):
-            ts.VAttentionStep(q, kv, **params, attend_max_registers=bad)
-    with pytest.raises(sk.InputError, match=r"^max_registers: "):
-        ti.indexed_attention(q, kv, torch.zeros(1, 2, 4, dtype=torch.int32, device=DEVICE),
-                             max_registers=0)
+        assert launches == [(cap, stages)] * 2
+    for name in ("attend_max_registers", "attend_stages"):
+        for bad in (0, -4, 1.5):
+            with pytest.raises(sk.InputError, match=rf"^{name}: "):
+                ts.VAttentionStep(q, kv, **params, **{name: bad})
+    rows = torch.zeros(1, 2, 4, dtype=torch.int32, device=DEVICE)
+    for name in ("max_registers", "stages"):
+        with pytest.raises(sk.InputError, match=rf"^{name}: "):
+            ti.indexed_attention(q, kv, rows, **{name: 0})

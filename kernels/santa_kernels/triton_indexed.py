@@ -447,6 +447,7 @@ def indexed_attention(
     scores: torch.Tensor | None = None,
     chunk: int | None = None,
     max_registers: int | None = None,
+    stages: int | None = None,
 ) -> torch.Tensor:
     """Returns ``[B, Hq, d]`` attention over the listed rows and the uniform tail (see the
     module docstring). ``num_splits`` defaults to what :func:`choose_splits` gives for the
@@ -458,6 +459,8 @@ def indexed_attention(
     for the head dim by default); the tail's draws do not depend on it or on the splits.
     ``max_registers``: the registers a thread of the row programs may use (the launch's
     ``maxnreg``; the compiler's choice when None): fewer, more programs an SM.
+    ``stages``: the software pipeline's stages of their row loop (the launch's
+    ``num_stages``; Triton's default when None): more, more row steps' loads in flight.
     Does no host-device sync."""
     st = _static_for(q, kv)
     batch, hq, d = q.shape
@@ -465,8 +468,9 @@ def indexed_attention(
     tau = check_scale(scale, d)
     check_positive_int(block, "block")
     chunk = check_chunk(chunk, d)
-    if max_registers is not None:
-        check_positive_int(max_registers, "max_registers")
+    for name, value in (("max_registers", max_registers), ("stages", stages)):
+        if value is not None:
+            check_positive_int(value, name)
     if indices is None and tail is None:
         raise InputError("indices: give row indices, a uniform tail, or both")
     if indices is not None and (indices.dim() != 3 or tuple(indices.shape[:2]) != (batch, hkv)
@@ -546,7 +550,7 @@ def indexed_attention(
         STORE_SAMPLES=samples is not None and tail is not None,
         WRITE_OUT=num_splits == 1, HAS_SCORES=scores is not None,
         DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16, num_warps=NUM_WARPS,
-        maxnreg=max_registers,
+        maxnreg=max_registers, num_stages=stages,
     )  # fmt: skip
     if num_splits > 1:
         _indexed_merge[(batch * hq,)](

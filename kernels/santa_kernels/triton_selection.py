@@ -445,8 +445,13 @@ VATTENTION_BLOCK = 128  # rows of the exact set or draws a step of the plan kern
 # it is split over more programs than the listed methods' few hundred rows
 VATTENTION_PROGRAMS_PER_SM = 8
 # the registers a thread of its attend (attend_max_registers): compiled for sm_90 at
-# d = 128 the row programs take 148, three programs an SM; 128 (a 16-byte spill) fit four
+# d = 128 the row programs take 148, three programs an SM; 128 fit four (a spill of 16
+# bytes a thread, 72 with VATTENTION_STAGES)
 VATTENTION_MAX_REGISTERS = 128
+# its attend's software pipeline stages (attend_stages): at 5 its row loop stages the V
+# rows and scores of two row steps in shared memory (Triton's default, one: the next
+# step's copies wait for this step's rows to leave it)
+VATTENTION_STAGES = 5
 
 
 @triton.jit
@@ -586,19 +591,23 @@ class VAttentionStep(_Step):
                  select_options: dict | None = None,
                  attend_programs_per_sm: int = VATTENTION_PROGRAMS_PER_SM,
                  attend_chunk: int | None = None,
-                 attend_max_registers: int | None = VATTENTION_MAX_REGISTERS) -> None:
+                 attend_max_registers: int | None = VATTENTION_MAX_REGISTERS,
+                 attend_stages: int | None = VATTENTION_STAGES) -> None:
         """``select_options``: as :class:`OracleTopKStep`'s; ``attend_programs_per_sm``:
         the indexed attend's programs an SM its splits aim at, for the exact rows and
         the largest tail (the whole sampled range); ``attend_chunk``: the attend's rows
         a step (``triton_indexed.CHUNK``'s for the head dim when None; kept as
         ``chunk``); ``attend_max_registers``: the registers a thread of its row programs
-        (None: the compiler's choice; kept as ``max_registers``). None changes the
-        draws."""
+        (None: the compiler's choice; kept as ``max_registers``); ``attend_stages``: its
+        row loop's pipeline stages (None: Triton's default; kept as ``stages``). None of
+        them changes the draws."""
         super().__init__(q, kv, scale, seed)
         self.chunk = check_chunk(attend_chunk, self.head_dim)
-        if attend_max_registers is not None:
-            check_positive_int(attend_max_registers, "attend_max_registers")
-        self.max_registers = attend_max_registers
+        for name, value in (("attend_max_registers", attend_max_registers),
+                            ("attend_stages", attend_stages)):
+            if value is not None:
+                check_positive_int(value, name)
+        self.max_registers, self.stages = attend_max_registers, attend_stages
         if mode != "denominator":
             raise InputError(f"mode={mode}: the GPU path computes the denominator budget "
                              "only (mode=output runs the reference)")
@@ -658,7 +667,8 @@ class VAttentionStep(_Step):
         listed, tail = self.plan(q, kv)
         return indexed_attention(q, kv, listed, tail=tail, scale=self.scale, out=self.out,
                                  workspace=self.workspace, scores=self.scores,
-                                 chunk=self.chunk, max_registers=self.max_registers)
+                                 chunk=self.chunk, max_registers=self.max_registers,
+                                 stages=self.stages)
 
     def read_counts(self, q: torch.Tensor, kv: KVCache) -> ReadCounts:
         """Every key; the value rows of the exact set and of the drawn tail."""
@@ -667,7 +677,8 @@ class VAttentionStep(_Step):
                              dtype=torch.int32, device=self.device)
         indexed_attention(q, kv, listed, tail=tail, scale=self.scale, out=self.out,
                           workspace=self.workspace, samples=samples, scores=self.scores,
-                          chunk=self.chunk, max_registers=self.max_registers)
+                          chunk=self.chunk, max_registers=self.max_registers,
+                          stages=self.stages)
         drawn = samples.view(self.batch, self.num_kv_heads, -1).long()
         hit = self.exclude.gather(2, drawn.clamp_min(0)).bool()
         drawn = torch.where(hit, torch.full_like(drawn, -1), drawn)
