@@ -653,7 +653,8 @@ def check_indexed() -> int:
                   "BLOCK": 16 if method.startswith("quest") else 1, "PAGED": paged,
                   "PAGE_SIZE": PAGE_SIZE if paged else 1, "HAS_INDEX": True,
                   "HAS_COUNT": count, "HAS_LW": lw, "LW_PER_HEAD": lw and group > 1,
-                  "HAS_TAIL": tail, "HAS_EXCLUDE": tail, "STORE_SAMPLES": samples,
+                  "HAS_TAIL": tail, "HAS_EXCLUDE": tail, "EXCLUDE_WORDS": tail,
+                  "STORE_SAMPLES": samples,
                   "WRITE_OUT": not split, "HAS_SCORES": stash,
                   "DOT_PRECISION": "tf32", "WIDEN_BF16": False}
         # vAttention's step caps the attend's registers and deepens its pipeline
@@ -662,7 +663,10 @@ def check_indexed() -> int:
         if method.startswith("vattention-"):
             options.update(maxnreg=tsel.VATTENTION_MAX_REGISTERS,
                            num_stages=tsel.VATTENTION_STAGES)
-        err = compile_kernel(tix._indexed_stage1, types, consts, options,
+        # its step's row loop: every mark, score and index load staged (no load waited
+        # for in the loop but the pipeline's)
+        staged = ("i8", "i32", "f32") if method.startswith("vattention-") else ()
+        err = compile_kernel(tix._indexed_stage1, types, consts, options, staged=staged,
                              max_shared=H100_SHARED, divisible=_aligned(tix._indexed_stage1))
         print(f"_indexed_stage1 {method} d={d} G={group} paged={paged} split={split}: "
               f"{err or 'ok'}")

@@ -205,3 +205,40 @@ def test_vattention_steps_launch_their_attend_with_their_registers_and_stages(mo
     for name in ("max_registers", "stages"):
         with pytest.raises(sk.InputError, match=rf"^{name}: "):
             ti.indexed_attention(q, kv, rows, **{name: 0})
+
+
+def test_the_exclusions_read_a_word_or_a_byte_at_a_time_alike():
+    """An exclude map of whole aligned 4-byte words (the kernel reads its marks a word at
+    a time), a row-padded view of one and a map starting off a word (a byte at a time):
+    the same draws counted and the same output, marks at every byte of a word."""
+    q, kv = _problem()
+    marks = torch.zeros(2, 2, 152, dtype=torch.uint8)
+    marks[0, 1, 20:24] = 1  # a whole word
+    marks[0, 1, [41, 66, 67]] = 1
+    marks[1, 0, [5, 6, 60]] = 1
+    padded = torch.zeros(2, 2, 153, dtype=torch.uint8)
+    padded[..., :152] = marks
+    shifted = torch.zeros(2 * 2 * 152 + 1, dtype=torch.uint8)[1:].view(2, 2, 152)
+    shifted.copy_(marks)
+    idx = torch.tensor([[[0, 1, 2], [149, -1, 3]], [[76, 75, -1], [0, 1, 2]]],
+                       dtype=torch.int32, device=DEVICE)
+    runs = []
+    for exclude in (marks, padded[..., :152], shifted):
+        assert ti._word_readable(exclude.to(DEVICE)) == (exclude is marks)
+        tail = _tail([[40, 90], [150, 3]], [4, 4], [140, 70], exclude.to(DEVICE), seed=5)
+        runs.append(_drawn(q, kv, tail, idx, chunk=32, num_splits=3))
+    for out, samples in runs[1:]:
+        assert torch.equal(samples, runs[0][1])
+        assert torch.allclose(out, runs[0][0], atol=1e-6)
+    drawn = runs[0][1].view(2, 2, STRIDE).long()
+    lw = _tail([[40, 90], [150, 3]], [4, 4], [140, 70]).log_weight.cpu()
+    lw = lw[..., None].expand(2, 2, STRIDE).clone()
+    hit = marks.long().gather(2, drawn.clamp_min(0)) > 0
+    assert int(hit[0, 1].sum()) > 0 and int(hit[1, 0].sum()) > 0
+    lw[hit] = float("-inf")
+    tokens = torch.cat([idx.cpu().long(), drawn], -1)
+    weights = torch.cat([torch.zeros(2, 2, 3), lw], -1)
+    ref = sel.indexed_reference(q.cpu(), sk.KVCache.contiguous(kv.k.cpu(), kv.v.cpu(),
+                                                               kv.lengths.cpu()),
+                                tokens, weights)
+    assert float((runs[0][0].double() - ref).norm() / ref.norm()) < 1e-4

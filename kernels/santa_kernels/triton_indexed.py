@@ -90,7 +90,9 @@ class UniformTail:
     """Rows drawn uniformly inside the kernel (see the module docstring).
 
     ``count`` ``[B, Hkv]`` int32 draws; ``lo``/``hi`` ``[B]`` int32 token range;
-    ``log_weight`` ``[B, Hkv]`` fp32; ``exclude`` ``[B, Hkv, ≥capacity]`` uint8 or None;
+    ``log_weight`` ``[B, Hkv]`` fp32; ``exclude`` ``[B, Hkv, ≥capacity]`` uint8 or None
+    (a contiguous map of whole 4-byte words is read a word at a time, a load the row
+    loop's pipeline stages; any other, a byte at a time);
     ``rng`` a one-element int64 device step counter (the caller advances it); ``seed`` the
     Philox key; ``stride`` draws kept apart per (sequence, KV head) (≥ the largest count).
     """
@@ -103,6 +105,13 @@ class UniformTail:
     rng: torch.Tensor
     seed: int
     stride: int
+
+
+def _word_readable(exclude: torch.Tensor | None) -> bool:
+    """Whether the kernel may read ``exclude``'s marks a 4-byte word at a time (the
+    words of a contiguous map of whole words, from an aligned start)."""
+    return (exclude is not None and exclude.is_contiguous() and exclude.numel() % 4 == 0
+            and exclude.data_ptr() % 4 == 0)
 
 
 class IndexedWorkspace:
@@ -155,6 +164,7 @@ def _indexed_stage1(
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HAS_INDEX: tl.constexpr, HAS_COUNT: tl.constexpr, HAS_LW: tl.constexpr,
     LW_PER_HEAD: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_EXCLUDE: tl.constexpr,
+    EXCLUDE_WORDS: tl.constexpr,
     STORE_SAMPLES: tl.constexpr, WRITE_OUT: tl.constexpr, HAS_SCORES: tl.constexpr,
     DOT_PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
 ):
@@ -231,8 +241,13 @@ def _indexed_stage1(
             ok = ok | drawn
             tail_w = tl.where(drawn, t_lw, 0.0)
             if HAS_EXCLUDE:
-                hit = tl.load(exclude_ptr + pid.to(tl.int64) * exclude_stride + tok_t,
-                              mask=drawn, other=0)
+                at = pid.to(tl.int64) * exclude_stride + tok_t
+                if EXCLUDE_WORDS:  # the mark's 4-byte word: a load the pipeline stages
+                    word = tl.load(exclude_ptr.to(tl.pointer_type(tl.int32)) + (at >> 2),
+                                   mask=drawn, other=0)
+                    hit = (word >> ((at & 3) * 8).to(tl.int32)) & 0xFF
+                else:
+                    hit = tl.load(exclude_ptr + at, mask=drawn, other=0)
         ok = ok & (tok >= 0) & (tok < seq_len)
         counted = ok
         if HAS_EXCLUDE:  # (with a tail only)
@@ -547,6 +562,7 @@ def indexed_attention(
         HAS_INDEX=indices is not None, HAS_COUNT=counts is not None,
         HAS_LW=log_weights is not None, LW_PER_HEAD=per_head, HAS_TAIL=tail is not None,
         HAS_EXCLUDE=tail is not None and tail.exclude is not None,
+        EXCLUDE_WORDS=tail is not None and _word_readable(tail.exclude),
         STORE_SAMPLES=samples is not None and tail is not None,
         WRITE_OUT=num_splits == 1, HAS_SCORES=scores is not None,
         DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16, num_warps=NUM_WARPS,

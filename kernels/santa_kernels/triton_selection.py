@@ -627,8 +627,9 @@ class VAttentionStep(_Step):
         self.scores = self.top.scores
         self.top_rows = torch.empty(batch, hkv, max(self.topk, 1), dtype=torch.int32,
                                     device=q.device)
-        self.exclude = torch.zeros(batch, hkv, self.capacity + 1, dtype=torch.uint8,
-                                   device=q.device)
+        # whole 4-byte words a row, so the attend reads the marks a word at a time
+        self.exclude = torch.zeros(batch, hkv, -(-(self.capacity + 1) // 4) * 4,
+                                   dtype=torch.uint8, device=q.device)
         width = self.sink + self.window + self.topk
         # -1: no earlier call's top-k to clear from exclude
         self.listed = torch.full((batch, hkv, width), -1, dtype=torch.int32, device=q.device)
