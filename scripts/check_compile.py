@@ -631,6 +631,8 @@ def check_indexed() -> int:
             ("oracle", 128, 4, False, True), ("oracle-head", 128, 4, True, True),
             ("quest", 128, 8, True, True), ("quest-head", 64, 7, False, True),
             ("vattention", 128, 4, False, True), ("vattention-reads", 64, 1, True, True),
+            ("vattention-capped", 128, 4, False, True),
+            ("vattention-128-rows", 128, 4, False, True),
             ("topk-santa", 128, 4, True, True), ("topk-santa", 64, 1, False, True),
             ("oracle", 64, 2, False, False)):
         tail = method.startswith("vattention")
@@ -646,14 +648,25 @@ def check_indexed() -> int:
         types += ["*fp32"] * 3 if split else ["*bf16"] * 3
         types += ["fp32"] + ["i32"] * 19
         consts = {"NUM_KV_HEADS": 8, "GROUP": group, "HEAD_DIM": d,
-                  "BLOCK_H": max(MIN_BLOCK_H, _pad(group)), "CHUNK": tix.CHUNK[d],
+                  "BLOCK_H": max(MIN_BLOCK_H, _pad(group)),
+                  "CHUNK": 128 if method.endswith("128-rows") else tix.CHUNK[d],
                   "BLOCK": 16 if method.startswith("quest") else 1, "PAGED": paged,
                   "PAGE_SIZE": PAGE_SIZE if paged else 1, "HAS_INDEX": True,
                   "HAS_COUNT": count, "HAS_LW": lw, "LW_PER_HEAD": lw and group > 1,
-                  "HAS_TAIL": tail, "HAS_EXCLUDE": tail, "STORE_SAMPLES": samples,
+                  "HAS_TAIL": tail, "HAS_EXCLUDE": tail, "EXCLUDE_WORDS": tail,
+                  "STORE_SAMPLES": samples,
                   "WRITE_OUT": not split, "HAS_SCORES": stash,
                   "DOT_PRECISION": "tf32", "WIDEN_BF16": False}
-        err = compile_kernel(tix._indexed_stage1, types, consts, {"num_warps": tix.NUM_WARPS},
+        # vAttention's step caps the attend's registers and deepens its pipeline
+        # (attend_max_registers, attend_stages)
+        options = {"num_warps": tix.NUM_WARPS}
+        if method.startswith("vattention-"):
+            options.update(maxnreg=tsel.VATTENTION_MAX_REGISTERS,
+                           num_stages=tsel.VATTENTION_STAGES)
+        # its step's row loop: every mark, score and index load staged (no load waited
+        # for in the loop but the pipeline's)
+        staged = ("i8", "i32", "f32") if method.startswith("vattention-") else ()
+        err = compile_kernel(tix._indexed_stage1, types, consts, options, staged=staged,
                              max_shared=H100_SHARED, divisible=_aligned(tix._indexed_stage1))
         print(f"_indexed_stage1 {method} d={d} G={group} paged={paged} split={split}: "
               f"{err or 'ok'}")

@@ -32,7 +32,17 @@ each variant below is a step built with that option (``select_options``, ``rest_
   stepping ``N`` tokens (``rest_block``) instead of ``triton_rest_sample.REST_BLOCK``'s;
 - ``step (N attend programs an SM)``: the whole call of a step built with the indexed
   attend's splits aimed at ``N`` programs an SM (``attend_programs_per_sm``;
-  ``triton_indexed.PROGRAMS_PER_SM`` by default).
+  ``triton_indexed.PROGRAMS_PER_SM`` by default, vattention's
+  ``triton_selection.VATTENTION_PROGRAMS_PER_SM``);
+- ``step (N attend rows a step)`` (vattention): the whole call of a step whose attend
+  gathers ``N`` rows a step (``attend_chunk``) instead of ``triton_indexed.CHUNK``'s;
+- ``step (attend registers uncapped)``, ``step (attend stages Triton's)``,
+  ``step (attend as the other methods')`` (vattention): the whole call of a step whose
+  attend leaves its registers to the compiler (``attend_max_registers=None``), its
+  pipeline stages to Triton (``attend_stages=None``), or both with
+  ``triton_indexed.PROGRAMS_PER_SM`` (the other methods' attend), instead of
+  ``triton_selection``'s ``VATTENTION_MAX_REGISTERS``, ``VATTENTION_STAGES`` and
+  ``VATTENTION_PROGRAMS_PER_SM``.
 """
 
 from __future__ import annotations
@@ -52,7 +62,16 @@ from santa_bench.units import parse_shapes
 
 SELECTS = {"spread": True, "one program a row": False}  # TopKSelect's spread
 MASS_BLOCKS = (256, 1024)  # the mass kernel's tokens a step, timed against MASS_BLOCK's
-ATTEND_PROGRAMS = (4, 8, 16)  # the attend's programs an SM, timed against PROGRAMS_PER_SM's
+ATTEND_PROGRAMS = (4, 8, 16)  # the attend's programs an SM, timed against the default's
+ATTEND_CHUNKS = (32, 128)  # vattention's attend rows a step, timed against CHUNK's
+# vattention's attend launched otherwise than its defaults
+VATTENTION_ATTENDS = {
+    "step (attend registers uncapped)": {"attend_max_registers": None},
+    "step (attend stages Triton's)": {"attend_stages": None},
+    "step (attend as the other methods')": {
+        "attend_max_registers": None, "attend_stages": None,
+        "attend_programs_per_sm": tsel.PROGRAMS_PER_SM},
+}
 REST_BLOCKS = (512, 1024)  # the rest sampler's tokens a step, timed against REST_BLOCK's
 # oracle-topk's select's tokens a program (None: the score pass's span)
 SELECT_SPANS = (None, 512, 1024, 2048)
@@ -182,6 +201,15 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
                             _time_built(timer, build, inputs, lambda s: s,
                                         select_options=SPREAD,
                                         attend_programs_per_sm=per_sm)))
+        if method == "vattention":  # its attend's rows a step and register cap
+            for chunk in ATTEND_CHUNKS:
+                rows.append(Row(shape, method, "spread", f"step ({chunk} attend rows a step)",
+                                _time_built(timer, build, inputs, lambda s: s,
+                                            select_options=SPREAD, attend_chunk=chunk)))
+            for stage, options in VATTENTION_ATTENDS.items():
+                rows.append(Row(shape, method, "spread", stage,
+                                _time_built(timer, build, inputs, lambda s: s,
+                                            select_options=SPREAD, **options)))
     inputs.clear()
     if device == "cuda":
         torch.cuda.empty_cache()

@@ -14,8 +14,8 @@ from conftest import load_script
                     reason="the kernels on a CPU need the interpreter")
 def test_one_shape_through_the_interpreter(capsys):
     """Per method the score pass alone, then its select, plan and step with steps built
-    for each select, then the option sweeps (oracle-topk's select spans too), each timed
-    on steps built with its option; the module constants untouched."""
+    for each select, then the option sweeps, each timed on steps built with its option;
+    the module constants untouched."""
     script = load_script("profile_topk")
     tsel = script.tsel
     from santa_kernels import triton_indexed as tix
@@ -36,7 +36,8 @@ def test_one_shape_through_the_interpreter(capsys):
         sampler = getattr(step, "sampler", None)
         seen.append((step.top.spread, step.top.mass_block, step.top.l2_hints,
                      sampler.block if sampler else None, step.attend_programs_per_sm,
-                     step.top.select_span, step.top.select_splits))
+                     getattr(step, "chunk", None), getattr(step, "max_registers", None),
+                     getattr(step, "stages", None)))
         return float(len(seen))
 
     rows = script.profile_shape(1, 1024, 4, 2, 16, methods, device="cpu", timer=timer)
@@ -45,45 +46,46 @@ def test_one_shape_through_the_interpreter(capsys):
              + [("spread", "scores (L2 hints)"), ("spread", "scores + mass (L2 hints)")]
              + [("spread", f"step ({n} attend programs an SM)")
                 for n in script.ATTEND_PROGRAMS])
-    spans = [("spread", f"{st} ({name})") for name in ("the score pass's span",
-                                                       "512 tokens a program",
-                                                       "1024 tokens a program",
-                                                       "2048 tokens a program")
-             for st in spread]
-    mass_at = len(script.MASS_BLOCKS)  # oracle-topk's span rows: after the mass blocks'
     oracle = ([("-", "scores")] + [("spread", st) for st in (*spread, "step")]
-              + [("one program a row", st) for st in ("scores + select", "step")]
-              + sweep[:mass_at] + spans + sweep[mass_at:])
+              + [("one program a row", st) for st in ("scores + select", "step")] + sweep)
     planned = ([("-", "scores")] + [("spread", st) for st in (*spread, "plan", "step")]
                + [("one program a row", st) for st in ("scores + select", "plan", "step")]
                + sweep)
     rest = [("spread", f"plan ({b} rest tokens a step)") for b in script.REST_BLOCKS]
     at = len(sweep) - len(script.ATTEND_PROGRAMS)  # the rest sweep: before the attend's
     santa = planned[:len(planned) - len(sweep)] + sweep[:at] + rest + sweep[at:]
-    assert [(r.select, r.stage) for r in rows] == oracle + santa + planned
+    attend = [("spread", f"step ({c} attend rows a step)") for c in script.ATTEND_CHUNKS]
+    attend += [("spread", stage) for stage in script.VATTENTION_ATTENDS]
+    assert [(r.select, r.stage) for r in rows] == oracle + santa + planned + attend
 
-    def options(n, spread=True, mass=512, hints=False, programs=2, rest=None, span=None):
-        # the score pass's span at 1k tokens, B=1, 2 KV heads: 4 splits of 256 (a longer
-        # select_span is capped at it)
-        return [(spread, mass, hints, rest, programs, span, -(-1024 // min(span or 256, 256)))
-                ] * n
+    def options(n, spread=True, mass=512, hints=False, programs=2, rest=None, chunk=None,
+                regs=None, stages=None):
+        return [(spread, mass, hints, rest, programs, chunk, regs, stages)] * n
 
-    def swept(rest=None, spans=False):
-        return (options(1, mass=256, rest=rest) + options(1, mass=1024, rest=rest)
-                + [x for span in script.SELECT_SPANS if spans for x in options(3, span=span)]
-                + options(2, hints=True, rest=rest)
+    def swept(rest=None, **vatt):
+        return (options(1, mass=256, rest=rest, **vatt)
+                + options(1, mass=1024, rest=rest, **vatt)
+                + options(2, hints=True, rest=rest, **vatt)
                 + [x for r in script.REST_BLOCKS if rest for x in options(1, rest=r)]
-                + [x for n in script.ATTEND_PROGRAMS for x in options(1, programs=n,
-                                                                       rest=rest)])
+                + [x for n in script.ATTEND_PROGRAMS
+                   for x in options(1, rest=rest, **{**vatt, "programs": n})])
 
-    assert script.SELECT_SPANS == (None, 512, 1024, 2048)
-    assert seen == (options(5) + options(2, spread=False) + swept(spans=True)
+    vatt = {"programs": tsel.VATTENTION_PROGRAMS_PER_SM, "chunk": tix.CHUNK[16],
+            "regs": tsel.VATTENTION_MAX_REGISTERS, "stages": tsel.VATTENTION_STAGES}
+    assert seen == (options(5) + options(2, spread=False) + swept()
                     + options(6, rest=256) + options(3, spread=False, rest=256)
                     + swept(rest=256)
-                    + options(6) + options(3, spread=False) + swept())
+                    + options(6, **vatt) + options(3, spread=False, **vatt) + swept(**vatt)
+                    + [x for c in script.ATTEND_CHUNKS
+                       for x in options(1, **{**vatt, "chunk": c})]
+                    + options(1, **{**vatt, "regs": None})
+                    + options(1, **{**vatt, "stages": None})
+                    + options(1, **{**vatt, "regs": None, "stages": None, "programs": 2}))
     assert trs.REST_BLOCK == 256
-    assert ttk.SPREAD_SELECT is True and ttk.MASS_BLOCK == 512 and ttk.SELECT_SPAN is None
+    assert ttk.SPREAD_SELECT is True and ttk.MASS_BLOCK == 512
     assert tix.PROGRAMS_PER_SM == 2 and ttk.SCORE_L2_HINTS is False
+    assert tsel.VATTENTION_PROGRAMS_PER_SM == 8 and tix.CHUNK[16] == 64
+    assert tsel.VATTENTION_MAX_REGISTERS == 128 and tsel.VATTENTION_STAGES == 5
     script.print_rows(rows)
     table = capsys.readouterr().out
     # each spread row less the row before it; one program a row's select less the scores

@@ -66,7 +66,8 @@ from santa_kernels.validate import InputError, check_positive_int, check_scale
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-CHUNK = {16: 64, 32: 64, 64: 64, 128: 64, 256: 32}  # rows a step of a program
+CHUNK = {16: 64, 32: 64, 64: 64, 128: 64, 256: 32}  # rows a step of a program (chunk=)
+CHUNKS = (16, 32, 64, 128, 256)  # the rows a step a call may ask for (both products' sizes)
 SCORE_BLOCK_N = {16: 128, 32: 128, 64: 128, 128: 64, 256: 32}  # tokens a score program
 NUM_WARPS = 4
 MERGE_BLOCK_S = 16
@@ -89,7 +90,9 @@ class UniformTail:
     """Rows drawn uniformly inside the kernel (see the module docstring).
 
     ``count`` ``[B, Hkv]`` int32 draws; ``lo``/``hi`` ``[B]`` int32 token range;
-    ``log_weight`` ``[B, Hkv]`` fp32; ``exclude`` ``[B, Hkv, ≥capacity]`` uint8 or None;
+    ``log_weight`` ``[B, Hkv]`` fp32; ``exclude`` ``[B, Hkv, ≥capacity]`` uint8 or None
+    (a contiguous map of whole 4-byte words is read a word at a time, a load the row
+    loop's pipeline stages; any other, a byte at a time);
     ``rng`` a one-element int64 device step counter (the caller advances it); ``seed`` the
     Philox key; ``stride`` draws kept apart per (sequence, KV head) (≥ the largest count).
     """
@@ -102,6 +105,13 @@ class UniformTail:
     rng: torch.Tensor
     seed: int
     stride: int
+
+
+def _word_readable(exclude: torch.Tensor | None) -> bool:
+    """Whether the kernel may read ``exclude``'s marks a 4-byte word at a time (the
+    words of a contiguous map of whole words, from an aligned start)."""
+    return (exclude is not None and exclude.is_contiguous() and exclude.numel() % 4 == 0
+            and exclude.data_ptr() % 4 == 0)
 
 
 class IndexedWorkspace:
@@ -154,6 +164,7 @@ def _indexed_stage1(
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HAS_INDEX: tl.constexpr, HAS_COUNT: tl.constexpr, HAS_LW: tl.constexpr,
     LW_PER_HEAD: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_EXCLUDE: tl.constexpr,
+    EXCLUDE_WORDS: tl.constexpr,
     STORE_SAMPLES: tl.constexpr, WRITE_OUT: tl.constexpr, HAS_SCORES: tl.constexpr,
     DOT_PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
 ):
@@ -230,8 +241,13 @@ def _indexed_stage1(
             ok = ok | drawn
             tail_w = tl.where(drawn, t_lw, 0.0)
             if HAS_EXCLUDE:
-                hit = tl.load(exclude_ptr + pid.to(tl.int64) * exclude_stride + tok_t,
-                              mask=drawn, other=0)
+                at = pid.to(tl.int64) * exclude_stride + tok_t
+                if EXCLUDE_WORDS:  # the mark's 4-byte word: a load the pipeline stages
+                    word = tl.load(exclude_ptr.to(tl.pointer_type(tl.int32)) + (at >> 2),
+                                   mask=drawn, other=0)
+                    hit = (word >> ((at & 3) * 8).to(tl.int32)) & 0xFF
+                else:
+                    hit = tl.load(exclude_ptr + at, mask=drawn, other=0)
         ok = ok & (tok >= 0) & (tok < seq_len)
         counted = ok
         if HAS_EXCLUDE:  # (with a tail only)
@@ -407,15 +423,26 @@ def _static_for(q: torch.Tensor, kv: KVCache) -> _Static:
                    kv.k.dtype, kv.k.stride(), kv.v.stride())
 
 
+def check_chunk(chunk: int | None, head_dim: int) -> int:
+    """The rows a step of a call: ``chunk``, or :data:`CHUNK`'s for the head dim."""
+    if head_dim not in CHUNK:
+        raise InputError(f"k: head dim {head_dim} is not supported by triton-indexed")
+    if chunk is None:
+        return CHUNK[head_dim]
+    if isinstance(chunk, bool) or chunk not in CHUNKS:
+        raise InputError(f"chunk: expected one of {', '.join(map(str, CHUNKS))}, "
+                         f"got {chunk!r}")
+    return chunk
+
+
 def choose_splits(q: torch.Tensor, kv: KVCache, rows: int,
-                  programs_per_sm: int = PROGRAMS_PER_SM) -> int:
-    """Splits for a call expected to attend ``rows`` rows per (sequence, KV head), aimed
-    at ``programs_per_sm`` programs an SM."""
-    d = q.shape[2]
-    if d not in CHUNK:
-        raise InputError(f"k: head dim {d} is not supported by triton-indexed")
-    return choose_num_splits(q.shape[0] * kv.num_kv_heads, max(1, rows), CHUNK[d],
-                             num_sms(q.device), programs_per_sm)
+                  programs_per_sm: int = PROGRAMS_PER_SM, chunk: int | None = None) -> int:
+    """Splits for a call expected to attend ``rows`` rows per (sequence, KV head) in
+    ``chunk``-row steps (:data:`CHUNK`'s by default), aimed at ``programs_per_sm``
+    programs an SM."""
+    return choose_num_splits(q.shape[0] * kv.num_kv_heads, max(1, rows),
+                             check_chunk(chunk, q.shape[2]), num_sms(q.device),
+                             programs_per_sm)
 
 
 def indexed_attention(
@@ -433,6 +460,9 @@ def indexed_attention(
     num_splits: int | None = None,
     samples: torch.Tensor | None = None,
     scores: torch.Tensor | None = None,
+    chunk: int | None = None,
+    max_registers: int | None = None,
+    stages: int | None = None,
 ) -> torch.Tensor:
     """Returns ``[B, Hq, d]`` attention over the listed rows and the uniform tail (see the
     module docstring). ``num_splits`` defaults to what :func:`choose_splits` gives for the
@@ -440,12 +470,22 @@ def indexed_attention(
     (``[B · Hkv, tail.stride]`` int32) receives the tail's drawn tokens (tests, read
     counts). ``scores`` (fp32 ``[B, Hq, ≥N]``, unit stride in N: :func:`qk_scores`' or a
     score pass's ``τ q·k`` at this ``scale``) gives each row's scores, so no key is read.
+    ``chunk``: the rows a program gathers a step (one of :data:`CHUNKS`; :data:`CHUNK`'s
+    for the head dim by default); the tail's draws do not depend on it or on the splits.
+    ``max_registers``: the registers a thread of the row programs may use (the launch's
+    ``maxnreg``; the compiler's choice when None): fewer, more programs an SM.
+    ``stages``: the software pipeline's stages of their row loop (the launch's
+    ``num_stages``; Triton's default when None): more, more row steps' loads in flight.
     Does no host-device sync."""
     st = _static_for(q, kv)
     batch, hq, d = q.shape
     hkv = kv.num_kv_heads
     tau = check_scale(scale, d)
     check_positive_int(block, "block")
+    chunk = check_chunk(chunk, d)
+    for name, value in (("max_registers", max_registers), ("stages", stages)):
+        if value is not None:
+            check_positive_int(value, name)
     if indices is None and tail is None:
         raise InputError("indices: give row indices, a uniform tail, or both")
     if indices is not None and (indices.dim() != 3 or tuple(indices.shape[:2]) != (batch, hkv)
@@ -470,7 +510,7 @@ def indexed_attention(
                          f"{scores.dtype}")
     if num_splits is None:
         num_splits = (workspace.num_splits if workspace is not None
-                      else choose_splits(q, kv, idx_cap * block))
+                      else choose_splits(q, kv, idx_cap * block, chunk=chunk))
     check_positive_int(num_splits, "num_splits")
     if out is None:
         out = torch.empty((batch, hq, d), dtype=q.dtype, device=q.device)
@@ -517,14 +557,16 @@ def indexed_attention(
         lw_t.stride(1) if log_weights is not None else 0,
         scores.stride(0) if scores is not None else 0,
         scores.stride(1) if scores is not None else 0,
-        NUM_KV_HEADS=hkv, GROUP=st.group, HEAD_DIM=d, BLOCK_H=st.block_h, CHUNK=CHUNK[d],
+        NUM_KV_HEADS=hkv, GROUP=st.group, HEAD_DIM=d, BLOCK_H=st.block_h, CHUNK=chunk,
         BLOCK=block, PAGED=st.paged, PAGE_SIZE=st.page_size,
         HAS_INDEX=indices is not None, HAS_COUNT=counts is not None,
         HAS_LW=log_weights is not None, LW_PER_HEAD=per_head, HAS_TAIL=tail is not None,
         HAS_EXCLUDE=tail is not None and tail.exclude is not None,
+        EXCLUDE_WORDS=tail is not None and _word_readable(tail.exclude),
         STORE_SAMPLES=samples is not None and tail is not None,
         WRITE_OUT=num_splits == 1, HAS_SCORES=scores is not None,
         DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16, num_warps=NUM_WARPS,
+        maxnreg=max_registers, num_stages=stages,
     )  # fmt: skip
     if num_splits > 1:
         _indexed_merge[(batch * hq,)](

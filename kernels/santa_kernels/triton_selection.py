@@ -53,6 +53,7 @@ from santa_kernels.triton_indexed import (
     IndexedWorkspace,
     UniformTail,
     _static_for,
+    check_chunk,
     choose_splits,
     indexed_attention,
 )
@@ -124,12 +125,13 @@ class _Step:
         self.rng.fill_(step)
 
     def _workspace(self, q: torch.Tensor, kv: KVCache, rows: int,
-                   programs_per_sm: int = PROGRAMS_PER_SM) -> IndexedWorkspace:
+                   programs_per_sm: int = PROGRAMS_PER_SM,
+                   chunk: int | None = None) -> IndexedWorkspace:
         """The indexed attend's workspace, its splits aimed at ``programs_per_sm``
-        programs an SM."""
+        programs an SM for ``rows`` rows in ``chunk``-row steps."""
         check_positive_int(programs_per_sm, "attend_programs_per_sm")
         self.attend_programs_per_sm = programs_per_sm
-        splits = choose_splits(q, kv, rows, programs_per_sm)
+        splits = choose_splits(q, kv, rows, programs_per_sm, chunk)
         return IndexedWorkspace(self.batch, self.num_q_heads, self.head_dim, splits,
                                 device=q.device)
 
@@ -438,6 +440,18 @@ def _quest_bound_kernel(
 
 # ------------------------------------------------------------------ vAttention
 VATTENTION_BLOCK = 128  # rows of the exact set or draws a step of the plan kernel
+# the attend's programs an SM (VAttentionStep's attend_programs_per_sm): its tail, up to
+# the whole sampled range of drawn rows a (sequence, KV head), waits on its gathers, so
+# it is split over more programs than the listed methods' few hundred rows
+VATTENTION_PROGRAMS_PER_SM = 8
+# the registers a thread of its attend (attend_max_registers): compiled for sm_90 at
+# d = 128 the row programs take 148, three programs an SM; 128 fit four (a spill of 16
+# bytes a thread, 80 with VATTENTION_STAGES)
+VATTENTION_MAX_REGISTERS = 128
+# its attend's software pipeline stages (attend_stages): at 5 its row loop stages the V
+# rows and scores of two row steps in shared memory (Triton's default, one: the next
+# step's copies wait for this step's rows to leave it)
+VATTENTION_STAGES = 5
 
 
 @triton.jit
@@ -575,9 +589,25 @@ class VAttentionStep(_Step):
                  base_rate: float = 0.01, mode: str = "denominator",
                  scale: float | None = None, seed: int = 0,
                  select_options: dict | None = None,
-                 attend_programs_per_sm: int = PROGRAMS_PER_SM) -> None:
-        """``select_options``, ``attend_programs_per_sm``: as :class:`OracleTopKStep`'s."""
+                 attend_programs_per_sm: int = VATTENTION_PROGRAMS_PER_SM,
+                 attend_chunk: int | None = None,
+                 attend_max_registers: int | None = VATTENTION_MAX_REGISTERS,
+                 attend_stages: int | None = VATTENTION_STAGES) -> None:
+        """``select_options``: as :class:`OracleTopKStep`'s; ``attend_programs_per_sm``:
+        the indexed attend's programs an SM its splits aim at, for the exact rows and
+        the largest tail (the whole sampled range); ``attend_chunk``: the attend's rows
+        a step (``triton_indexed.CHUNK``'s for the head dim when None; kept as
+        ``chunk``); ``attend_max_registers``: the registers a thread of its row programs
+        (None: the compiler's choice; kept as ``max_registers``); ``attend_stages``: its
+        row loop's pipeline stages (None: Triton's default; kept as ``stages``). None of
+        them changes the draws."""
         super().__init__(q, kv, scale, seed)
+        self.chunk = check_chunk(attend_chunk, self.head_dim)
+        for name, value in (("attend_max_registers", attend_max_registers),
+                            ("attend_stages", attend_stages)):
+            if value is not None:
+                check_positive_int(value, name)
+        self.max_registers, self.stages = attend_max_registers, attend_stages
         if mode != "denominator":
             raise InputError(f"mode={mode}: the GPU path computes the denominator budget "
                              "only (mode=output runs the reference)")
@@ -597,8 +627,9 @@ class VAttentionStep(_Step):
         self.scores = self.top.scores
         self.top_rows = torch.empty(batch, hkv, max(self.topk, 1), dtype=torch.int32,
                                     device=q.device)
-        self.exclude = torch.zeros(batch, hkv, self.capacity + 1, dtype=torch.uint8,
-                                   device=q.device)
+        # whole 4-byte words a row, so the attend reads the marks a word at a time
+        self.exclude = torch.zeros(batch, hkv, -(-(self.capacity + 1) // 4) * 4,
+                                   dtype=torch.uint8, device=q.device)
         width = self.sink + self.window + self.topk
         # -1: no earlier call's top-k to clear from exclude
         self.listed = torch.full((batch, hkv, width), -1, dtype=torch.int32, device=q.device)
@@ -606,8 +637,10 @@ class VAttentionStep(_Step):
         self.log_weight = torch.empty(batch, hkv, dtype=torch.float32, device=q.device)
         self.lo = torch.empty(batch, dtype=torch.int32, device=q.device)
         self.hi = torch.empty(batch, dtype=torch.int32, device=q.device)
-        self.workspace = self._workspace(q, kv, width + self.capacity // 8,
-                                         attend_programs_per_sm)
+        # the tail draws at most the whole range [sink, capacity - window)
+        tail_rows = max(self.capacity - self.sink - self.window, 0)
+        self.workspace = self._workspace(q, kv, width + tail_rows, attend_programs_per_sm,
+                                         self.chunk)
 
     def plan(self, q: torch.Tensor, kv: KVCache) -> tuple[torch.Tensor, UniformTail]:
         """The exact rows ``[B, Hkv, R]`` and the uniform tail of one call."""
@@ -634,7 +667,9 @@ class VAttentionStep(_Step):
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
         listed, tail = self.plan(q, kv)
         return indexed_attention(q, kv, listed, tail=tail, scale=self.scale, out=self.out,
-                                 workspace=self.workspace, scores=self.scores)
+                                 workspace=self.workspace, scores=self.scores,
+                                 chunk=self.chunk, max_registers=self.max_registers,
+                                 stages=self.stages)
 
     def read_counts(self, q: torch.Tensor, kv: KVCache) -> ReadCounts:
         """Every key; the value rows of the exact set and of the drawn tail."""
@@ -642,7 +677,9 @@ class VAttentionStep(_Step):
         samples = torch.full((self.batch * self.num_kv_heads, self.capacity), -1,
                              dtype=torch.int32, device=self.device)
         indexed_attention(q, kv, listed, tail=tail, scale=self.scale, out=self.out,
-                          workspace=self.workspace, samples=samples, scores=self.scores)
+                          workspace=self.workspace, samples=samples, scores=self.scores,
+                          chunk=self.chunk, max_registers=self.max_registers,
+                          stages=self.stages)
         drawn = samples.view(self.batch, self.num_kv_heads, -1).long()
         hit = self.exclude.gather(2, drawn.clamp_min(0)).bool()
         drawn = torch.where(hit, torch.full_like(drawn, -1), drawn)
