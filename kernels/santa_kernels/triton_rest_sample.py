@@ -36,7 +36,7 @@ REST_BLOCK = 256  # tokens a step of the walks over the scores
 REST_SUMS = "stats"  # RestSampler's default: the rest masses from the stats ("pass": a walk)
 SUMS = ("stats", "pass")
 TOP_BLOCK = 512  # listed top tokens a step of the rest masses from the stats
-FIXED: tl.constexpr = 2.0**40  # the top tokens' sum in units of 2^-40 of the split's max term
+FIXED = tl.constexpr(2.0**40)  # the top tokens' sum in units of 2^-40 of the split's max term
 NUM_WARPS = 4
 
 
