@@ -35,7 +35,8 @@ def test_one_shape_through_the_interpreter(capsys):
         step = calls[0].__defaults__[0]  # the step a call runs: its options
         sampler = getattr(step, "sampler", None)
         seen.append((step.top.spread, step.top.mass_block, step.top.l2_hints,
-                     sampler.block if sampler else None, step.attend_programs_per_sm))
+                     (sampler.block, sampler.sums) if sampler else None,
+                     step.attend_programs_per_sm))
         return float(len(seen))
 
     rows = script.profile_shape(1, 1024, 4, 2, 16, methods, device="cpu", timer=timer)
@@ -49,7 +50,8 @@ def test_one_shape_through_the_interpreter(capsys):
     planned = ([("-", "scores")] + [("spread", st) for st in (*spread, "plan", "step")]
                + [("one program a row", st) for st in ("scores + select", "plan", "step")]
                + sweep)
-    rest = [("spread", f"plan ({b} rest tokens a step)") for b in script.REST_BLOCKS]
+    rest = [("spread", "plan (rest masses by a pass)")] + [
+        ("spread", f"plan ({b} rest tokens a step)") for b in script.REST_BLOCKS]
     at = len(sweep) - len(script.ATTEND_PROGRAMS)  # the rest sweep: before the attend's
     santa = planned[:len(planned) - len(sweep)] + sweep[:at] + rest + sweep[at:]
     assert [(r.select, r.stage) for r in rows] == oracle + santa + planned
@@ -60,15 +62,17 @@ def test_one_shape_through_the_interpreter(capsys):
     def swept(rest=None):
         return (options(1, mass=256, rest=rest) + options(1, mass=1024, rest=rest)
                 + options(2, hints=True, rest=rest)
-                + [x for r in script.REST_BLOCKS if rest for x in options(1, rest=r)]
+                + (options(1, rest=(256, "pass")) if rest else [])
+                + [x for r in script.REST_BLOCKS if rest for x in options(1, rest=(r, "stats"))]
                 + [x for n in script.ATTEND_PROGRAMS for x in options(1, programs=n,
                                                                        rest=rest)])
 
+    santa = (256, "stats")
     assert seen == (options(5) + options(2, spread=False) + swept()
-                    + options(6, rest=256) + options(3, spread=False, rest=256)
-                    + swept(rest=256)
+                    + options(6, rest=santa) + options(3, spread=False, rest=santa)
+                    + swept(rest=santa)
                     + options(6) + options(3, spread=False) + swept())
-    assert trs.REST_BLOCK == 256
+    assert trs.REST_BLOCK == 256 and trs.REST_SUMS == "stats"
     assert ttk.SPREAD_SELECT is True and ttk.MASS_BLOCK == 512
     assert tix.PROGRAMS_PER_SM == 2 and ttk.SCORE_L2_HINTS is False
     script.print_rows(rows)
