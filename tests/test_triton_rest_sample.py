@@ -179,3 +179,57 @@ def test_the_sampler_refuses_an_unknown_source_of_masses():
     with pytest.raises(sk.InputError, match=r"^sums: expected one of stats, pass, "
                                             r"got 'walk'$"):
         trs.RestSampler(top, 8, 4, sums="walk")
+
+
+class _Skipped:
+    """A kernel whose launches do nothing (the rest masses set by the test instead)."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+@pytest.mark.parametrize(("scale0", "scale1"), [(1.3, 0.7), (0.6, 1.0)])
+def test_rest_masses_off_the_walks_sums_keep_each_split_to_its_own_slots(monkeypatch, scale0,
+                                                                          scale1):
+    """Split masses unlike the walk's sums (as rounding makes them, here scaled): each
+    split writes only the slots between its earlier splits' masses and its own end, the
+    slots its walk falls short of go to its last token of the rest, and every slot of a
+    head holds one sample."""
+    q, kv = _problem("random", group=2, n=640, lengths=(640, 500), seed=4)
+    S, k = 16, 8
+    step = ts.TopKSantaStep(q, kv, k=k, S=S, seed=2)
+    span = step.top.tiles_per_split * step.top.block_n
+    assert step.top.splits == 2
+    step.plan(q, kv)
+    rest = step.sampler.rest.view(2, 4, 2)
+    rest[..., 0] *= scale0
+    rest[..., 1] *= scale1
+    step.rows[..., k:] = -1
+    step.log_weights[..., k:] = float("-inf")
+    monkeypatch.setattr(trs, "_rest_stats_kernel", _Skipped())
+    step.sampler.run(kv, step.rows, step.log_weights, step.rng,
+                     (step.seed ^ ts.UNIFORM_KEY) & 0x7FFFFFFF)
+    rows, lw = step.rows.cpu(), step.log_weights.cpu()
+    r = rest.cpu().double()
+    mass = r.sum(-1)
+    u = ts.counter_uniform(step.seed, step.rng, (2, 4, 1)).cpu().double()[..., 0]
+    scores = step.scores.cpu().double()
+    for b in range(2):
+        for h in range(4):
+            g, j = divmod(h, 2)
+            got = rows[b, g, k + j * S:k + (j + 1) * S].long()
+            w = lw[b, h, k + j * S:k + (j + 1) * S].double()
+            assert (got >= 0).all() and (got[1:] >= got[:-1]).all()
+            pos = (u[b, h] + torch.arange(S)) * mass[b, h] / S
+            owned = int((pos < r[b, h, 0]).sum())  # split 0's slots
+            assert (got[:owned] < span).all() and (got[owned:] >= span).all()
+            top = set(rows[b, g, :k].tolist())
+            off = [t for t in range(span) if t not in top]
+            probs = torch.softmax(scores[b, h], -1)
+            walked = float(probs[off].sum())  # split 0's walk ends here
+            short = (pos < r[b, h, 0]) & (pos >= walked * (1 + 1e-6))
+            assert (got[short] == off[-1]).all()
+            want = (mass[b, h] / S).log() + torch.logsumexp(scores[b, h], -1) - scores[b, h, got]
+            assert torch.allclose(w, want, atol=1e-4)
+            if scale0 > 1:
+                assert short.any()  # the case this draws
