@@ -212,7 +212,8 @@ def _systematic_kernel(
         c = run[:, None] + tl.cumsum(p, axis=1)
         rest = live[:, None] & (p > 0)
         # a token's samples end at N(C_i) = #{m: (u + m) M / S < C_i}, kept in the
-        # split's range; they start where the rest's earlier token's end (running max)
+        # split's range, and start where the rest's earlier tokens' end (a running max,
+        # so a rounding of C between two tokens neither repeats nor skips a slot)
         end = _samples_below(c, per_sample[:, None], u[:, None], S)
         end = tl.minimum(tl.maximum(end, first[:, None]), last[:, None])
         none = tl.full([BLOCK_G, BLOCK], -1, tl.int32)
