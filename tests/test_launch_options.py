@@ -25,12 +25,12 @@ if not _OK:
 
 DEVICE = "cuda" if _WHY == "cuda" else "cpu"
 DEFAULTS = (tk.SPREAD_SELECT, tk.SCORE_L2_HINTS, tk.MASS_BLOCK, tps.SELECT,
-            ti.PROGRAMS_PER_SM, trs.REST_BLOCK, tk.SELECT_SPAN)
+            ti.PROGRAMS_PER_SM, trs.REST_BLOCK, tk.SELECT_SPAN, trs.REST_SUMS)
 
 
 def _defaults() -> tuple:
     return (tk.SPREAD_SELECT, tk.SCORE_L2_HINTS, tk.MASS_BLOCK, tps.SELECT,
-            ti.PROGRAMS_PER_SM, trs.REST_BLOCK, tk.SELECT_SPAN)
+            ti.PROGRAMS_PER_SM, trs.REST_BLOCK, tk.SELECT_SPAN, trs.REST_SUMS)
 
 
 def _problem(n=900, lengths=(900, 333), seed=2):
@@ -118,8 +118,9 @@ def test_two_quest_steps_launch_their_own_page_select_and_choose_the_same_pages(
 
 
 def test_the_steps_pass_their_options_to_what_they_launch(monkeypatch):
-    """select_options reach each step's TopKSelect, rest_block its sampler's launches,
-    attend_programs_per_sm its attend's split count; the defaults are the constants."""
+    """select_options reach each step's TopKSelect, rest_block and rest_sums its
+    sampler's launches, attend_programs_per_sm its attend's split count; the defaults are
+    the constants."""
     q, kv = _problem()
     launches = _recorded(monkeypatch)
     opts = {"spread": False, "l2_hints": True, "mass_block": 1024, "select_span": 2048}
@@ -127,20 +128,26 @@ def test_the_steps_pass_their_options_to_what_they_launch(monkeypatch):
              ts.VAttentionStep(q, kv, sink=4, window=4, topk=8, select_options=opts,
                                attend_programs_per_sm=64),
              ts.TopKSantaStep(q, kv, k=8, S=4, select_options=opts, rest_block=128,
-                              attend_programs_per_sm=64)]
+                              rest_sums="pass", attend_programs_per_sm=64)]
     for step in steps:
         assert (step.top.spread, step.top.l2_hints, step.top.mass_block,
                 step.top.select_span) == (False, True, 1024, 2048)
         assert step.attend_programs_per_sm == 64
-    assert steps[2].sampler.block == 128
+    assert (steps[2].sampler.block, steps[2].sampler.sums) == (128, "pass")
     assert steps[0].workspace.num_splits == ti.choose_splits(q, kv, 16, programs_per_sm=64)
     steps[2](q, kv)
     assert _kwarg(launches, trs._rest_sum_kernel, "BLOCK") == [128]
     assert _kwarg(launches, trs._systematic_kernel, "BLOCK") == [128]
+    assert not _kwarg(launches, trs._rest_stats_kernel, "K")
     plain = ts.TopKSantaStep(q, kv, k=8, S=4)
     assert (plain.top.spread, plain.top.l2_hints, plain.top.mass_block) == DEFAULTS[:3]
     assert plain.top.select_span == DEFAULTS[6]
-    assert plain.sampler.block == trs.REST_BLOCK
+    assert (plain.sampler.block, plain.sampler.sums) == (trs.REST_BLOCK, trs.REST_SUMS)
+    launches.clear()
+    plain(q, kv)  # the rest masses from the stats: the sampling walk is the one walk
+    assert _kwarg(launches, trs._rest_stats_kernel, "K") == [8]
+    assert not _kwarg(launches, trs._rest_sum_kernel, "K")
+    assert _kwarg(launches, trs._systematic_kernel, "BLOCK") == [trs.REST_BLOCK]
     assert plain.attend_programs_per_sm == ti.PROGRAMS_PER_SM
     assert plain.workspace.num_splits == ti.choose_splits(q, kv, 8 + 4 * 4)
     assert _defaults() == DEFAULTS
