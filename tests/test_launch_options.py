@@ -209,7 +209,7 @@ def test_the_rest_sampler_stays_split_like_the_score_pass(monkeypatch):
     step.plan(q, kv)
     rest = [(grid, args["num_splits"], args["tokens_per_split"], kw["SPLITS_PAD"])
             for k, kw, grid, args in launches
-            if k in (trs._rest_sum_kernel, trs._systematic_kernel)]
+            if k in (trs._rest_stats_kernel, trs._systematic_kernel)]
     assert rest == [((4, 4), 4, 256, 4)] * 2
     assert _select_launches(launches)[1][1:] == ((8, 4), 8, 128, None)
 
