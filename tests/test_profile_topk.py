@@ -35,9 +35,11 @@ def test_one_shape_through_the_interpreter(capsys):
         step = calls[0].__defaults__[0]  # the step a call runs: its options
         sampler = getattr(step, "sampler", None)
         seen.append((step.top.spread, step.top.mass_block, step.top.l2_hints,
-                     sampler.block if sampler else None, step.attend_programs_per_sm,
+                     (sampler.block, sampler.sums) if sampler else None,
+                     step.attend_programs_per_sm,
                      getattr(step, "chunk", None), getattr(step, "max_registers", None),
-                     getattr(step, "stages", None)))
+                     getattr(step, "stages", None), step.top.select_span,
+                     step.top.select_splits))
         return float(len(seen))
 
     rows = script.profile_shape(1, 1024, 4, 2, 16, methods, device="cpu", timer=timer)
@@ -46,12 +48,20 @@ def test_one_shape_through_the_interpreter(capsys):
              + [("spread", "scores (L2 hints)"), ("spread", "scores + mass (L2 hints)")]
              + [("spread", f"step ({n} attend programs an SM)")
                 for n in script.ATTEND_PROGRAMS])
+    spans = [("spread", f"{st} ({name})") for name in ("the score pass's span",
+                                                       "512 tokens a program",
+                                                       "1024 tokens a program",
+                                                       "2048 tokens a program")
+             for st in spread]
+    mass_at = len(script.MASS_BLOCKS)  # oracle-topk's span rows: after the mass blocks'
     oracle = ([("-", "scores")] + [("spread", st) for st in (*spread, "step")]
-              + [("one program a row", st) for st in ("scores + select", "step")] + sweep)
+              + [("one program a row", st) for st in ("scores + select", "step")]
+              + sweep[:mass_at] + spans + sweep[mass_at:])
     planned = ([("-", "scores")] + [("spread", st) for st in (*spread, "plan", "step")]
                + [("one program a row", st) for st in ("scores + select", "plan", "step")]
                + sweep)
-    rest = [("spread", f"plan ({b} rest tokens a step)") for b in script.REST_BLOCKS]
+    rest = [("spread", "plan (rest masses by a pass)")] + [
+        ("spread", f"plan ({b} rest tokens a step)") for b in script.REST_BLOCKS]
     at = len(sweep) - len(script.ATTEND_PROGRAMS)  # the rest sweep: before the attend's
     santa = planned[:len(planned) - len(sweep)] + sweep[:at] + rest + sweep[at:]
     attend = [("spread", f"step ({c} attend rows a step)") for c in script.ATTEND_CHUNKS]
@@ -59,30 +69,37 @@ def test_one_shape_through_the_interpreter(capsys):
     assert [(r.select, r.stage) for r in rows] == oracle + santa + planned + attend
 
     def options(n, spread=True, mass=512, hints=False, programs=2, rest=None, chunk=None,
-                regs=None, stages=None):
-        return [(spread, mass, hints, rest, programs, chunk, regs, stages)] * n
+                regs=None, stages=None, span=None):
+        # the score pass's span at 1k tokens, B=1, 2 KV heads: 4 splits of 256 (a longer
+        # select_span is capped at it)
+        splits = -(-1024 // min(span or 256, 256))
+        return [(spread, mass, hints, rest, programs, chunk, regs, stages, span, splits)] * n
 
-    def swept(rest=None, **vatt):
+    def swept(rest=None, spans=False, **vatt):
         return (options(1, mass=256, rest=rest, **vatt)
                 + options(1, mass=1024, rest=rest, **vatt)
+                + [x for span in script.SELECT_SPANS if spans for x in options(3, span=span)]
                 + options(2, hints=True, rest=rest, **vatt)
-                + [x for r in script.REST_BLOCKS if rest for x in options(1, rest=r)]
+                + (options(1, rest=(256, "pass")) if rest else [])
+                + [x for r in script.REST_BLOCKS if rest for x in options(1, rest=(r, "stats"))]
                 + [x for n in script.ATTEND_PROGRAMS
                    for x in options(1, rest=rest, **{**vatt, "programs": n})])
 
+    santa = (256, "stats")
     vatt = {"programs": tsel.VATTENTION_PROGRAMS_PER_SM, "chunk": tix.CHUNK[16],
             "regs": tsel.VATTENTION_MAX_REGISTERS, "stages": tsel.VATTENTION_STAGES}
-    assert seen == (options(5) + options(2, spread=False) + swept()
-                    + options(6, rest=256) + options(3, spread=False, rest=256)
-                    + swept(rest=256)
+    assert script.SELECT_SPANS == (None, 512, 1024, 2048)
+    assert seen == (options(5) + options(2, spread=False) + swept(spans=True)
+                    + options(6, rest=santa) + options(3, spread=False, rest=santa)
+                    + swept(rest=santa)
                     + options(6, **vatt) + options(3, spread=False, **vatt) + swept(**vatt)
                     + [x for c in script.ATTEND_CHUNKS
                        for x in options(1, **{**vatt, "chunk": c})]
                     + options(1, **{**vatt, "regs": None})
                     + options(1, **{**vatt, "stages": None})
                     + options(1, **{**vatt, "regs": None, "stages": None, "programs": 2}))
-    assert trs.REST_BLOCK == 256
-    assert ttk.SPREAD_SELECT is True and ttk.MASS_BLOCK == 512
+    assert trs.REST_BLOCK == 256 and trs.REST_SUMS == "stats"
+    assert ttk.SPREAD_SELECT is True and ttk.MASS_BLOCK == 512 and ttk.SELECT_SPAN is None
     assert tix.PROGRAMS_PER_SM == 2 and ttk.SCORE_L2_HINTS is False
     assert tsel.VATTENTION_PROGRAMS_PER_SM == 8 and tix.CHUNK[16] == 64
     assert tsel.VATTENTION_MAX_REGISTERS == 128 and tsel.VATTENTION_STAGES == 5
