@@ -40,13 +40,13 @@ each variant below is a step built with that option (``select_options``, ``rest_
   ``triton_selection.VATTENTION_PROGRAMS_PER_SM``);
 - ``step (N attend rows a step)`` (vattention): the whole call of a step whose attend
   gathers ``N`` rows a step (``attend_chunk``) instead of ``triton_indexed.CHUNK``'s;
-- ``step (attend registers uncapped)``, ``step (attend stages Triton's)``,
+- ``step (attend registers uncapped)``, ``step (attend stages 5)``,
   ``step (attend as the other methods')`` (vattention): the whole call of a step whose
-  attend leaves its registers to the compiler (``attend_max_registers=None``), its
-  pipeline stages to Triton (``attend_stages=None``), or both with
+  attend leaves its registers to the compiler (``attend_max_registers=None``), stages its
+  row loop 5 deep (``attend_stages=5``), or leaves both to the compiler with
   ``triton_indexed.PROGRAMS_PER_SM`` (the other methods' attend), instead of
-  ``triton_selection``'s ``VATTENTION_MAX_REGISTERS``, ``VATTENTION_STAGES`` and
-  ``VATTENTION_PROGRAMS_PER_SM``.
+  ``triton_selection``'s ``VATTENTION_MAX_REGISTERS``, ``VATTENTION_STAGES`` (Triton's)
+  and ``VATTENTION_PROGRAMS_PER_SM``.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ ATTEND_CHUNKS = (32, 128)  # vattention's attend rows a step, timed against CHUN
 # vattention's attend launched otherwise than its defaults
 VATTENTION_ATTENDS = {
     "step (attend registers uncapped)": {"attend_max_registers": None},
-    "step (attend stages Triton's)": {"attend_stages": None},
+    "step (attend stages 5)": {"attend_stages": 5},
     "step (attend as the other methods')": {
         "attend_max_registers": None, "attend_stages": None,
         "attend_programs_per_sm": tsel.PROGRAMS_PER_SM},

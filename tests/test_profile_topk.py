@@ -68,8 +68,9 @@ def test_one_shape_through_the_interpreter(capsys):
     attend += [("spread", stage) for stage in script.VATTENTION_ATTENDS]
     assert [(r.select, r.stage) for r in rows] == oracle + santa + planned + attend
 
-    def options(n, spread=True, mass=512, hints=False, programs=2, rest=None, chunk=None,
-                regs=None, stages=None, span=None):
+    def options(n, spread=True, mass=512, hints=False, programs=tix.PROGRAMS_PER_SM, rest=None,
+                chunk=None,
+                regs=None, stages=None, span=ttk.SELECT_SPAN):
         # the score pass's span at 1k tokens, B=1, 2 KV heads: 4 splits of 256 (a longer
         # select_span is capped at it)
         splits = -(-1024 // min(span or 256, 256))
@@ -96,13 +97,14 @@ def test_one_shape_through_the_interpreter(capsys):
                     + [x for c in script.ATTEND_CHUNKS
                        for x in options(1, **{**vatt, "chunk": c})]
                     + options(1, **{**vatt, "regs": None})
-                    + options(1, **{**vatt, "stages": None})
-                    + options(1, **{**vatt, "regs": None, "stages": None, "programs": 2}))
+                    + options(1, **{**vatt, "stages": 5})
+                    + options(1, **{**vatt, "regs": None, "stages": None,
+                                    "programs": tix.PROGRAMS_PER_SM}))
     assert trs.REST_BLOCK == 256 and trs.REST_SUMS == "stats"
-    assert ttk.SPREAD_SELECT is True and ttk.MASS_BLOCK == 512 and ttk.SELECT_SPAN is None
-    assert tix.PROGRAMS_PER_SM == 2 and ttk.SCORE_L2_HINTS is False
+    assert ttk.SPREAD_SELECT is True and ttk.MASS_BLOCK == 512 and ttk.SELECT_SPAN == 2048
+    assert tix.PROGRAMS_PER_SM == 8 and ttk.SCORE_L2_HINTS is False
     assert tsel.VATTENTION_PROGRAMS_PER_SM == 8 and tix.CHUNK[16] == 64
-    assert tsel.VATTENTION_MAX_REGISTERS == 128 and tsel.VATTENTION_STAGES == 5
+    assert tsel.VATTENTION_MAX_REGISTERS == 128 and tsel.VATTENTION_STAGES is None
     script.print_rows(rows)
     table = capsys.readouterr().out
     # each spread row less the row before it; one program a row's select less the scores

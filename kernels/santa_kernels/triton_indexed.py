@@ -72,8 +72,10 @@ SCORE_BLOCK_N = {16: 128, 32: 128, 64: 128, 128: 64, 256: 32}  # tokens a score 
 NUM_WARPS = 4
 MERGE_BLOCK_S = 16
 # stage-1 programs per SM the split count aims for (each program's row loop waits on its
-# gathers: more programs keep more of them in flight)
-PROGRAMS_PER_SM = 2
+# gathers: more programs keep more of them in flight; 8: oracle-topk's step 286.5 -> 281.2
+# us at 32/8/128, 32k, B=8 on an H100, profile-topk.md of
+# results/h100/2026-12-07-h100-kernels-floor-32k-every-method)
+PROGRAMS_PER_SM = 8
 
 
 def indexed_available() -> tuple[bool, str]:

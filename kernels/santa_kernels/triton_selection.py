@@ -449,10 +449,11 @@ VATTENTION_PROGRAMS_PER_SM = 8
 # d = 128 the row programs take 148, three programs an SM; 128 fit four (a spill of 16
 # bytes a thread, 80 with VATTENTION_STAGES)
 VATTENTION_MAX_REGISTERS = 128
-# its attend's software pipeline stages (attend_stages): at 5 its row loop stages the V
-# rows and scores of two row steps in shared memory (Triton's default, one: the next
-# step's copies wait for this step's rows to leave it)
-VATTENTION_STAGES = 5
+# its attend's software pipeline stages (attend_stages; None: Triton's): 5 stages the V
+# rows and scores of two row steps in shared memory, yet its step took 624.5 us against
+# 534.5 with Triton's at 32/8/128, 32k, B=8 on an H100 (profile-topk.md of
+# results/h100/2026-12-07-h100-kernels-floor-32k-every-method)
+VATTENTION_STAGES = None
 
 
 @triton.jit

@@ -59,8 +59,10 @@ SELECT_BLOCK = 2048  # tokens a step of the select kernel (one program walks the
 SPREAD_BLOCK = 1024  # tokens (or candidates) a step of the spread select's kernels
 SPREAD_SELECT = True  # TopKSelect's default: split like the score pass (False: one program a row)
 # TopKSelect's default select_span: at most this many tokens per program of the mass,
-# second-byte and write kernels (None: the score pass's span, so the select is split like it)
-SELECT_SPAN = None
+# second-byte and write kernels (None: the score pass's span, so the select is split like
+# it; 2048: the select 69.1 -> 64.2 us at 32/8/128, 32k, B=8 on an H100, profile-topk.md of
+# results/h100/2026-12-07-h100-kernels-floor-32k-every-method)
+SELECT_SPAN = 2048
 # TopKSelect's default l2_hints: the score pass loads K evict-first and stores the scores
 # evict-last (L2), so the mass kernel's read of them may hit L2
 SCORE_L2_HINTS = False
