@@ -447,7 +447,8 @@ VATTENTION_BLOCK = 128  # rows of the exact set or draws a step of the plan kern
 VATTENTION_PROGRAMS_PER_SM = 8
 # the registers a thread of its attend (attend_max_registers): compiled for sm_90 at
 # d = 128 the row programs take 148, three programs an SM; 128 fit four (a spill of 16
-# bytes a thread, 80 with VATTENTION_STAGES)
+# bytes a thread); uncapped ran the same (626.0 against 624.5 us at 5 stages, the H100
+# profile named below)
 VATTENTION_MAX_REGISTERS = 128
 # its attend's software pipeline stages (attend_stages; None: Triton's): 5 stages the V
 # rows and scores of two row steps in shared memory, yet its step took 624.5 us against
