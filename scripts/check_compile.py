@@ -640,6 +640,7 @@ def check_indexed() -> int:
             ("vattention", 128, 4, False, True), ("vattention-reads", 64, 1, True, True),
             ("vattention-capped", 128, 4, False, True),
             ("vattention-128-rows", 128, 4, False, True),
+            ("vattention-5-stages", 128, 4, False, True),
             ("topk-santa", 128, 4, True, True), ("topk-santa", 64, 1, False, True),
             ("oracle", 64, 2, False, False)):
         tail = method.startswith("vattention")
@@ -664,15 +665,18 @@ def check_indexed() -> int:
                   "STORE_SAMPLES": samples,
                   "WRITE_OUT": not split, "HAS_SCORES": stash,
                   "DOT_PRECISION": "tf32", "WIDEN_BF16": False}
-        # vAttention's step caps the attend's registers and deepens its pipeline
-        # (attend_max_registers, attend_stages)
+        # vAttention's step caps the attend's registers and sets its pipeline's stages
+        # (attend_max_registers, attend_stages: Triton's by default, 5 as an option)
         options = {"num_warps": tix.NUM_WARPS}
+        stages = 5 if method.endswith("5-stages") else tsel.VATTENTION_STAGES
         if method.startswith("vattention-"):
-            options.update(maxnreg=tsel.VATTENTION_MAX_REGISTERS,
-                           num_stages=tsel.VATTENTION_STAGES)
-        # its step's row loop: every mark, score and index load staged (no load waited
-        # for in the loop but the pipeline's)
-        staged = ("i8", "i32", "f32") if method.startswith("vattention-") else ()
+            options["maxnreg"] = tsel.VATTENTION_MAX_REGISTERS
+            if stages is not None:
+                options["num_stages"] = stages
+        # a row loop given its stages: every mark, score and index load staged (no load
+        # waited for in the loop but the pipeline's)
+        staged = (("i8", "i32", "f32") if method.startswith("vattention-") and stages
+                  else ())
         err = compile_kernel(tix._indexed_stage1, types, consts, options, staged=staged,
                              max_shared=H100_SHARED, divisible=_aligned(tix._indexed_stage1))
         print(f"_indexed_stage1 {method} d={d} G={group} paged={paged} split={split}: "
