@@ -117,6 +117,27 @@ def test_two_quest_steps_launch_their_own_page_select_and_choose_the_same_pages(
     assert _defaults() == DEFAULTS
 
 
+def test_two_quest_steps_select_in_the_bound_kernel_or_their_own_launch(monkeypatch):
+    """QuestStep(fused_select=True) selects in the bound kernel's launch,
+    (fused_select=False) in triton_page_select's own: the same pages in the same slots,
+    the same output, the module default unchanged."""
+    q, kv = _problem(n=600, lengths=(600, 250))
+    launches = _recorded(monkeypatch)
+    runs = []
+    for fused in (True, False):
+        step = ts.QuestStep(q, kv, page=8, pages=10, fused_select=fused)
+        step.build(kv)
+        assert step.fused_select is fused
+        out = step(q, kv).cpu()
+        runs.append((out, step.chosen.cpu(), step.counts.cpu()))
+    assert [kw["SELECT"] for k, kw, *_ in launches if k is ts._quest_bound_kernel] == [
+        True, False]
+    assert len(_kwarg(launches, tps._row_topk_kernel, "HOW")) == 1
+    for new, old in zip(runs[1], runs[0], strict=True):
+        assert torch.equal(new, old)
+    assert ts.QUEST_FUSED_SELECT is True and _defaults() == DEFAULTS
+
+
 def test_the_steps_pass_their_options_to_what_they_launch(monkeypatch):
     """select_options reach each step's TopKSelect, rest_block and rest_sums its
     sampler's launches, attend_programs_per_sm its attend's split count; the defaults are

@@ -95,13 +95,11 @@ def test_quest_pages_from_bf16_bounds_recall_the_fp32_choice(q_scale, peaky, sha
 
 
 @pytest.mark.parametrize("fused", [True, False])
-def test_quest_select_lists_pages_ascending_counts_them_and_keeps_the_last(fused,
-                                                                           monkeypatch):
+def test_quest_select_lists_pages_ascending_counts_them_and_keeps_the_last(fused):
     """In the bound kernel (its last program per row, the arrival counters back at 0 for
     the next call or graph replay) or in triton_page_select's own launch."""
-    monkeypatch.setattr(ts, "QUEST_FUSED_SELECT", fused)
     q, kv = _problem(lengths=(300, 45))  # 6 pages of 8 in the second sequence
-    step = _step(q, kv, page=8, pages=10)
+    step = _step(q, kv, page=8, pages=10, fused_select=fused)
     chosen = step.select(q, kv).cpu()
     assert not step.arrivals.any()
     counts = step.counts.cpu().view(2, 2)
@@ -139,10 +137,9 @@ def _dense_over_pages(q, kv, pages: torch.Tensor, page: int, shared: str) -> tor
     ("contiguous", 1, 16, "group"), ("paged", 4, 64, "group"), ("contiguous", 8, 32, "head"),
     ("paged", 2, 16, "head"), ("paged", 3, 128, "group")])
 def test_quest_page_attention_is_dense_softmax_over_the_chosen_pages(layout, group, d,
-                                                                      shared, monkeypatch):
-    monkeypatch.setattr(ts, "QUEST_FUSED_SELECT", d != 64)  # both select paths
+                                                                      shared):
     q, kv = _problem(group=group, d=d, layout=layout, lengths=(300, 141), q_scale=2.0)
-    step = _step(q, kv, page=16, pages=5, shared=shared)
+    step = _step(q, kv, page=16, pages=5, shared=shared, fused_select=d != 64)  # both
     out = step(q, kv).cpu().double()
     ref = _dense_over_pages(q.cpu(), kv, step.select(q, kv), 16, shared)
     assert float((out - ref).norm() / ref.norm()) < 2e-2
@@ -165,14 +162,13 @@ def test_quest_byte_wise_select_chooses_the_pages_of_the_old_select_and_the_refe
     launch) lists the same pages in the same slots as the select four bits a pass, so
     the step's output is the same to the bit; both are the reference's page choice on
     the kernel's bounds, and its attention within fp tolerance."""
-    monkeypatch.setattr(ts, "QUEST_FUSED_SELECT", fused)
     if hist_block is not None:
         monkeypatch.setattr(ts.triton_page_select, "HIST_BLOCK", hist_block)
     q, kv = _problem(batch=2, hkv=2, group=4, n=n, d=16, lengths=(n, n * 7 // 10), seed=5,
                      layout=layout, q_scale=2.0)
     runs = {}
     for histogram in (False, True):
-        step = _step(q, kv, page=page, pages=12, shared=shared,
+        step = _step(q, kv, page=page, pages=12, shared=shared, fused_select=fused,
                      select="bytes" if histogram else "nibbles")
         out = step(q, kv).clone()
         runs[histogram] = (_chosen_lists(step), step.counts.clone(), out)
@@ -198,16 +194,15 @@ def test_quest_byte_wise_select_chooses_the_pages_of_the_old_select_and_the_refe
     ("paged", 16, 512, (150, 512), 8.0, 3),  # peaked bounds
     ("contiguous", 2, 4096, (4096, 2500), 2.0, 1)])  # 2048 pages a row, as 32k of 16
 def test_quest_spread_select_chooses_the_byte_wise_pages_and_the_reference(
-        layout, page, n, lengths, q_scale, seeds, monkeypatch):
+        layout, page, n, lengths, q_scale, seeds):
     """The spread select (the bound programs' histogram, the last program's candidates)
     lists the byte-wise select's pages in the same slots, so the step's output is the
     same to the bit, and the reference's choice; its histogram and arrival counters are
     zero after each call, so a second call chooses the same."""
-    monkeypatch.setattr(ts, "QUEST_FUSED_SELECT", True)
     for seed in range(seeds):
         q, kv = _problem(batch=2, hkv=2, group=4, n=n, d=16, lengths=lengths, seed=seed,
                          layout=layout, q_scale=q_scale)
-        steps = {select: _step(q, kv, page=page, pages=12, select=select)
+        steps = {select: _step(q, kv, page=page, pages=12, select=select, fused_select=True)
                  for select in ("bytes", "spread")}
         runs = []
         for select in ("bytes", "spread", "spread"):

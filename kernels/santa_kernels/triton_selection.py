@@ -199,17 +199,26 @@ class OracleTopKStep(_Step):
 
 
 # ------------------------------------------------------------------ Quest
+# QuestStep's default fused_select: with shared="group" the bound kernel's last program per
+# row selects (False: triton_page_select's own launch)
+QUEST_FUSED_SELECT = True
+
+
 class QuestStep(_Step):
     """Quest with per-layer page bounds (see the module docstring)."""
 
     def __init__(self, q: torch.Tensor, kv: KVCache, *, page: int = 16, pages: int = 64,
                  shared: str = "group", scale: float | None = None, seed: int = 0,
                  num_layers: int = 1, select: str = triton_page_select.SELECT,
+                 fused_select: bool = QUEST_FUSED_SELECT,
                  attend_programs_per_sm: int = PROGRAMS_PER_SM) -> None:
         """``select``: the page select its launches run (one of
-        ``triton_page_select.SELECTS``, kept as ``select_by``); ``attend_programs_per_sm``:
-        the indexed attend's programs an SM its splits aim at."""
+        ``triton_page_select.SELECTS``, kept as ``select_by``); ``fused_select``: with
+        ``shared="group"``, select in the bound kernel's last program per row (else in
+        ``triton_page_select``'s own launch); ``attend_programs_per_sm``: the indexed
+        attend's programs an SM its splits aim at."""
         super().__init__(q, kv, scale, seed)
+        self.fused_select = bool(fused_select)
         if select not in triton_page_select.SELECTS:
             raise InputError(f"select: expected one of "
                              f"{', '.join(triton_page_select.SELECTS)}, got {select!r}")
@@ -312,7 +321,7 @@ class QuestStep(_Step):
         ``pages`` one after the other with ``shared="head"``), -1 after the chosen ones:
         the top ``pages`` bounds of each row (``triton_page_select``), never a page past
         the sequence, always its last one."""
-        if self.shared == "group" and QUEST_FUSED_SELECT:  # one launch for both
+        if self.shared == "group" and self.fused_select:  # one launch for both
             self._bounds(q, kv, layer, update, select=True)
         else:  # per head: a program per row rather than G rows in a bound program
             upper = self.page_bounds(q, kv, layer, update)
@@ -343,7 +352,6 @@ class QuestStep(_Step):
 
 # ------------------------------------------------------------------ Quest's page bounds
 QUEST_BLOCK_P = {16: 64, 32: 64, 64: 64, 128: 32, 256: 16}  # pages a program scores (fp32)
-QUEST_FUSED_SELECT = True  # shared="group": the bound kernel's last program per row selects
 QUEST_SELECT_BLOCK = 256  # scores the fused select counts at a time, four bits a pass
 
 
