@@ -149,3 +149,23 @@ def load_script(name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def record_launches(monkeypatch: pytest.MonkeyPatch, kernel: Any) -> list:
+    """``(kernel, launch keywords, grid, arguments by name)`` of every launch, from now
+    on, of a Triton kernel of ``kernel``'s type (compiled or interpreted)."""
+    launches = []
+    kernel_type = type(kernel)
+    launch = kernel_type.__getitem__
+
+    def getitem(self, grid):
+        run = launch(self, grid)
+
+        def record(*args, **kwargs):
+            launches.append((self, kwargs, grid, dict(zip(self.arg_names, args, strict=False))))
+            return run(*args, **kwargs)
+
+        return record
+
+    monkeypatch.setattr(kernel_type, "__getitem__", getitem)
+    return launches

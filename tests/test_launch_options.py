@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import santa_kernels as sk
-from conftest import decode_problem
+from conftest import decode_problem, record_launches
 
 ti = pytest.importorskip("santa_kernels.triton_indexed")
 tk = pytest.importorskip("santa_kernels.triton_topk")
@@ -41,23 +41,8 @@ def _problem(n=900, lengths=(900, 333), seed=2):
 
 
 def _recorded(monkeypatch) -> list:
-    """``(kernel, constexpr keywords, grid, arguments by name)`` of every Triton launch
-    from now on."""
-    launches = []
-    kernel_type = type(tk._mass_hist_kernel)
-    launch = kernel_type.__getitem__
-
-    def getitem(self, grid):
-        run = launch(self, grid)
-
-        def record(*args, **kwargs):
-            launches.append((self, kwargs, grid, dict(zip(self.arg_names, args, strict=False))))
-            return run(*args, **kwargs)
-
-        return record
-
-    monkeypatch.setattr(kernel_type, "__getitem__", getitem)
-    return launches
+    """Every Triton launch from now on (:func:`conftest.record_launches`)."""
+    return record_launches(monkeypatch, tk._mass_hist_kernel)
 
 
 def _kwarg(launches, kernel, name):
