@@ -6,11 +6,13 @@ Per shape (Llama-3.1-8B heads by default, bf16, page 16) and page budget, each r
 part of ``QuestStep``'s call timed alone (``santa_bench.timing.graph_call_us``: CUDA-graph
 replays over input copies, each with its own step, as many as the harness's cold-L2 plan
 takes), once with steps built for each page select (``QuestStep(select=...)``): byte-wise,
-four bits a pass, and spread (its histogram filled by the bound programs):
+four bits a pass, spread (its histogram filled by the bound programs), and byte-wise in
+its own launch after the bound kernel (``fused_select=False``):
 
 - ``bounds``: the bound kernel without the select (every page's score bound);
 - ``bounds + select``: the same launch whose last program per (sequence, KV head) picks
-  the row's pages (what a step runs); minus ``bounds``, the select's serial tail;
+  the row's pages (what a step runs), or the bound kernel and the select's own launch;
+  minus ``bounds``, the select's cost;
 - ``step``: the whole call (bounds and select, the indexed attention, its merge); minus
   ``bounds + select``, the attention.
 """
@@ -32,8 +34,10 @@ from santa_bench.timing import cold_l2_plan, graph_call_us, l2_cache_bytes
 from santa_bench.units import parse_shapes
 
 PAGE = 16
-SELECTS = {"byte-wise": "bytes", "four bits a pass": "nibbles",
-           "spread": "spread"}  # QuestStep's select
+# QuestStep's select and fused_select: the select in the bound kernel's last program per
+# row, or (byte-wise) in triton_page_select's own launch after the bound kernel
+SELECTS = {"byte-wise": ("bytes", True), "four bits a pass": ("nibbles", True),
+           "spread": ("spread", True), "byte-wise, own launch": ("bytes", False)}
 
 
 @dataclass(frozen=True)
@@ -47,10 +51,12 @@ class Row:
     us: float
 
 
-def _built(inputs: list, pages: int, select: str = tps.SELECT) -> list:
-    """``(step, (q, kv))`` per input copy: a ``QuestStep`` launching ``select``, its
-    bounds built."""
-    steps = [tsel.QuestStep(qi, kvi, page=PAGE, pages=pages, select=select)
+def _built(inputs: list, pages: int, select: str = tps.SELECT,
+           fused: bool = tsel.QUEST_FUSED_SELECT) -> list:
+    """``(step, (q, kv))`` per input copy: a ``QuestStep`` launching ``select`` (in the
+    bound kernel with ``fused``), its bounds built."""
+    steps = [tsel.QuestStep(qi, kvi, page=PAGE, pages=pages, select=select,
+                            fused_select=fused)
              for qi, kvi in inputs]
     for step, (_, kvi) in zip(steps, inputs, strict=True):
         step.build(kvi)
@@ -74,8 +80,8 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
     rows = [Row(shape, pages, "-", "bounds", timer(
         [lambda s=s, qi=qi, kvi=kvi: s.page_bounds(qi, kvi, update=False)
          for s, (qi, kvi) in pairs]))]
-    for name, select in SELECTS.items():
-        pairs = _built(inputs, pages, select)  # each step launches this select
+    for name, (select, fused) in SELECTS.items():
+        pairs = _built(inputs, pages, select, fused)  # each step launches this select
         rows.append(Row(shape, pages, name, "bounds + select", timer(
             [lambda s=s, qi=qi, kvi=kvi: s.select(qi, kvi) for s, (qi, kvi) in pairs])))
         rows.append(Row(shape, pages, name, "step", timer(

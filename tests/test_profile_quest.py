@@ -13,8 +13,9 @@ from conftest import load_script
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                     reason="the kernels on a CPU need the interpreter")
 def test_one_shape_through_the_interpreter(capsys):
-    """The bounds alone, then the fused select and the step of steps built with each
-    select; the module's default select untouched."""
+    """The bounds alone, then the select and the step of steps built with each select
+    (fused in the bound kernel, and byte-wise in its own launch); the module's default
+    select untouched."""
     script = load_script("profile_quest")
     tps = script.tps
     seen = []
@@ -22,15 +23,18 @@ def test_one_shape_through_the_interpreter(capsys):
     def timer(calls) -> float:  # runs the calls; "times" 1, 2, 3 ... us
         for call in calls:
             call()
-        seen.append(calls[0].__defaults__[0].select_by)  # the step a call runs
+        step = calls[0].__defaults__[0]  # the step a call runs
+        seen.append((step.select_by, step.fused_select))
         return float(len(seen))
 
     rows = script.profile_shape(1, 1024, 4, 2, 16, 4, device="cpu", timer=timer)
     assert [(r.select, r.stage) for r in rows] == [
         ("-", "bounds"), ("byte-wise", "bounds + select"), ("byte-wise", "step"),
         ("four bits a pass", "bounds + select"), ("four bits a pass", "step"),
-        ("spread", "bounds + select"), ("spread", "step")]
-    assert seen == ["bytes", "bytes", "bytes", "nibbles", "nibbles", "spread", "spread"]
+        ("spread", "bounds + select"), ("spread", "step"),
+        ("byte-wise, own launch", "bounds + select"), ("byte-wise, own launch", "step")]
+    assert seen == [("bytes", True)] * 3 + [("nibbles", True)] * 2 + [("spread", True)] * 2 \
+        + [("bytes", False)] * 2
     assert tps.SELECT == "bytes"
     script.print_rows(rows)
     table = capsys.readouterr().out
