@@ -478,8 +478,8 @@ def _pad(n: int) -> int:
 
 def check_topk() -> int:
     """triton_topk's score pass, mass + histogram and radix select; triton_rest_sample's
-    rest masses (from the stats, or summed) and systematic samples (top-k + S²ANTA), at
-    the GQA groups, head dims and layouts the selection methods launch them with."""
+    rest sums and systematic samples (top-k + S²ANTA), at the GQA groups, head dims and
+    layouts the selection methods launch them with."""
     failures = 0
     # (head dim, group, KV heads, paged)
     for d, group, hkv, paged in ((128, 4, 8, False), (128, 8, 4, True), (64, 7, 2, False),
@@ -568,16 +568,9 @@ def check_topk() -> int:
                                       (0, 128, 1, 8, 128), (64, 100, 2, 8, 128)):
         consts = {"NUM_KV_HEADS": hkv, "GROUP": group, "BLOCK_G": _pad(group),
                   "SPLITS_PAD": max(2, _pad(_topk_splits(d, hkv))), "K": k, "S": samples,
-                  "BLOCK_S": min(128, _pad(samples)), "HAS_TOP": k > 0}
-        err = compile_kernel(trs._rest_stats_kernel,
-                             ["*fp32"] * 3 + ["*i64", "*fp32", "*i32", "*fp32"] + ["i32"] * 9,
-                             {**consts, "TOP": min(trs.TOP_BLOCK, _pad(max(k, 1)))},
-                             {"num_warps": trs.NUM_WARPS}, max_shared=H100_SHARED,
-                             divisible=_aligned(trs._rest_stats_kernel))
-        print(f"_rest_stats_kernel k={k} S={samples} G={group}: {err or 'ok'}")
-        failures += err is not None
-        consts["BLOCK"] = trs.REST_BLOCK
-        err = compile_kernel(trs._rest_sum_kernel, heads + ["i32"] * 9, consts,
+                  "BLOCK": trs.REST_BLOCK, "HAS_TOP": k > 0}
+        err = compile_kernel(trs._rest_sum_kernel, heads + ["i32"] * 9,
+                             {**consts, "BLOCK_S": min(128, _pad(samples))},
                              {"num_warps": trs.NUM_WARPS}, max_shared=H100_SHARED,
                              divisible=_aligned(trs._rest_sum_kernel))
         print(f"_rest_sum_kernel k={k} S={samples} G={group}: {err or 'ok'}")

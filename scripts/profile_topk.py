@@ -9,7 +9,7 @@ k=64 S=128, vattention at its defaults), each row is a part of the step's call t
 own step, as many as the harness's cold-L2 plan takes), once with steps whose select is
 split like the score pass (``TopKSelect(spread=True)``) and once with one program a row;
 each variant below is a step built with that option (``select_options``, ``rest_block``,
-``rest_sums``, ``attend_programs_per_sm``), the module constants untouched:
+``attend_programs_per_sm``), the module constants untouched:
 
 - ``scores``: the score pass alone (K once, the scores and their per-split stats);
 - ``scores + mass``, ``scores + mass + second byte`` (spread select only): the score
@@ -18,8 +18,7 @@ each variant below is a step built with that option (``select_options``, ``rest_
 - ``scores + select``: the score pass, the mass kernel and the top-k select; minus
   ``scores``, the mass kernel and the select (spread: minus the row before, the writes);
 - ``plan`` (vattention, topk-santa): the rows of a call (vAttention's plan kernel;
-  top-k + S²ANTA's rest masses from the score pass's stats and systematic samples);
-  minus the row before, those;
+  top-k + S²ANTA's rest sums and systematic samples); minus the row before, those;
 - ``step``: the whole call; minus the row before, the indexed attention and its merge;
 - ``scores + mass (N a step)``: the mass kernel with ``N`` tokens a step
   (``mass_block``) instead of ``triton_topk.MASS_BLOCK``'s;
@@ -29,10 +28,7 @@ each variant below is a step built with that option (``select_options``, ``rest_
   and with the score pass's span (``select_span=None``), timed alongside;
 - ``scores (L2 hints)``, ``scores + mass (L2 hints)``: with ``l2_hints`` (K loaded
   evict-first, the scores stored evict-last; ``triton_topk.SCORE_L2_HINTS`` by default);
-- ``plan (rest masses by a pass)`` (topk-santa): the plan with the rest's masses summed
-  by a walk over the scores (``rest_sums="pass"``) instead of taken from the stats
-  (``triton_rest_sample.REST_SUMS``);
-- ``plan (N rest tokens a step)`` (topk-santa): the plan with the rest sampler's walks
+- ``plan (N rest tokens a step)`` (topk-santa): the plan with the rest sampler's kernels
   stepping ``N`` tokens (``rest_block``) instead of ``triton_rest_sample.REST_BLOCK``'s;
 - ``step (N attend programs an SM)``: the whole call of a step built with the indexed
   attend's splits aimed at ``N`` programs an SM (``attend_programs_per_sm``;
@@ -83,7 +79,7 @@ SELECT_SPANS = (None, 512, 1024, 2048)
 SELECT_STAGES = {"scores + mass": "mass", "scores + mass + second byte": "second",
                  "scores + select": "write"}
 # a method's step from (q, kv) and its options (select_options, attend_programs_per_sm;
-# topk-santa's rest_block, rest_sums)
+# topk-santa's rest_block)
 METHODS = {
     "oracle-topk k=1024": lambda q, kv, **o: tsel.OracleTopKStep(q, kv, k=1024, **o),
     "topk-santa k=64 S=128": lambda q, kv, **o: tsel.TopKSantaStep(q, kv, k=64, S=128, **o),
@@ -195,11 +191,8 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
             rows.append(Row(shape, method, "spread", stage,
                             _time(timer, steps, inputs, part)))
         del steps
-        if sampled:  # top-k + S²ANTA's rest masses summed by a walk, then its walks' steps
-            rows.append(Row(shape, method, "spread", "plan (rest masses by a pass)",
-                            _time_built(timer, build, inputs, lambda s: s.plan,
-                                        select_options=SPREAD, rest_sums="pass")))
-            for block in REST_BLOCKS:
+        if sampled:
+            for block in REST_BLOCKS:  # top-k + S²ANTA's rest sums and samples
                 rows.append(Row(shape, method, "spread", f"plan ({block} rest tokens a step)",
                                 _time_built(timer, build, inputs, lambda s: s.plan,
                                             select_options=SPREAD, rest_block=block)))

@@ -21,8 +21,7 @@ import pytest
 # the selection fast paths' kernels, each compiled at least once by scripts/check_compile.py
 SELECTION_KERNELS = (
     "_score_stats_kernel", "_mass_hist_kernel", "topk _select_kernel",
-    "topk _second_byte_kernel", "topk _spread_write_kernel", "_rest_stats_kernel",
-    "_rest_sum_kernel",
+    "topk _second_byte_kernel", "topk _spread_write_kernel", "_rest_sum_kernel",
     "_systematic_kernel", "_quest_bound_kernel", "_row_topk_kernel", "_indexed_stage1",
     "_indexed_merge", "_scores_kernel", "_vattention_plan_kernel", "_uniform_kernel",
 )

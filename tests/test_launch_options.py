@@ -25,12 +25,12 @@ if not _OK:
 
 DEVICE = "cuda" if _WHY == "cuda" else "cpu"
 DEFAULTS = (tk.SPREAD_SELECT, tk.SCORE_L2_HINTS, tk.MASS_BLOCK, tps.SELECT,
-            ti.PROGRAMS_PER_SM, trs.REST_BLOCK, tk.SELECT_SPAN, trs.REST_SUMS)
+            ti.PROGRAMS_PER_SM, trs.REST_BLOCK, tk.SELECT_SPAN)
 
 
 def _defaults() -> tuple:
     return (tk.SPREAD_SELECT, tk.SCORE_L2_HINTS, tk.MASS_BLOCK, tps.SELECT,
-            ti.PROGRAMS_PER_SM, trs.REST_BLOCK, tk.SELECT_SPAN, trs.REST_SUMS)
+            ti.PROGRAMS_PER_SM, trs.REST_BLOCK, tk.SELECT_SPAN)
 
 
 def _problem(n=900, lengths=(900, 333), seed=2):
@@ -124,9 +124,8 @@ def test_two_quest_steps_select_in_the_bound_kernel_or_their_own_launch(monkeypa
 
 
 def test_the_steps_pass_their_options_to_what_they_launch(monkeypatch):
-    """select_options reach each step's TopKSelect, rest_block and rest_sums its
-    sampler's launches, attend_programs_per_sm its attend's split count; the defaults are
-    the constants."""
+    """select_options reach each step's TopKSelect, rest_block its sampler's launches,
+    attend_programs_per_sm its attend's split count; the defaults are the constants."""
     q, kv = _problem()
     launches = _recorded(monkeypatch)
     opts = {"spread": False, "l2_hints": True, "mass_block": 1024, "select_span": 2048}
@@ -134,26 +133,20 @@ def test_the_steps_pass_their_options_to_what_they_launch(monkeypatch):
              ts.VAttentionStep(q, kv, sink=4, window=4, topk=8, select_options=opts,
                                attend_programs_per_sm=64),
              ts.TopKSantaStep(q, kv, k=8, S=4, select_options=opts, rest_block=128,
-                              rest_sums="pass", attend_programs_per_sm=64)]
+                              attend_programs_per_sm=64)]
     for step in steps:
         assert (step.top.spread, step.top.l2_hints, step.top.mass_block,
                 step.top.select_span) == (False, True, 1024, 2048)
         assert step.attend_programs_per_sm == 64
-    assert (steps[2].sampler.block, steps[2].sampler.sums) == (128, "pass")
+    assert steps[2].sampler.block == 128
     assert steps[0].workspace.num_splits == ti.choose_splits(q, kv, 16, programs_per_sm=64)
     steps[2](q, kv)
     assert _kwarg(launches, trs._rest_sum_kernel, "BLOCK") == [128]
     assert _kwarg(launches, trs._systematic_kernel, "BLOCK") == [128]
-    assert not _kwarg(launches, trs._rest_stats_kernel, "K")
     plain = ts.TopKSantaStep(q, kv, k=8, S=4)
     assert (plain.top.spread, plain.top.l2_hints, plain.top.mass_block) == DEFAULTS[:3]
     assert plain.top.select_span == DEFAULTS[6]
-    assert (plain.sampler.block, plain.sampler.sums) == (trs.REST_BLOCK, trs.REST_SUMS)
-    launches.clear()
-    plain(q, kv)  # the rest masses from the stats: the sampling walk is the one walk
-    assert _kwarg(launches, trs._rest_stats_kernel, "K") == [8]
-    assert not _kwarg(launches, trs._rest_sum_kernel, "K")
-    assert _kwarg(launches, trs._systematic_kernel, "BLOCK") == [trs.REST_BLOCK]
+    assert plain.sampler.block == trs.REST_BLOCK
     assert plain.attend_programs_per_sm == ti.PROGRAMS_PER_SM
     assert plain.workspace.num_splits == ti.choose_splits(q, kv, 8 + 4 * 4)
     assert _defaults() == DEFAULTS
@@ -215,7 +208,7 @@ def test_the_rest_sampler_stays_split_like_the_score_pass(monkeypatch):
     step.plan(q, kv)
     rest = [(grid, args["num_splits"], args["tokens_per_split"], kw["SPLITS_PAD"])
             for k, kw, grid, args in launches
-            if k in (trs._rest_stats_kernel, trs._systematic_kernel)]
+            if k in (trs._rest_sum_kernel, trs._systematic_kernel)]
     assert rest == [((4, 4), 4, 256, 4)] * 2
     assert _select_launches(launches)[1][1:] == ((8, 4), 8, 128, None)
 

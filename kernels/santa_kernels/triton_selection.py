@@ -27,9 +27,8 @@ graph replays draw fresh numbers (Philox, ``tl.rand``, in the kernels):
   rows, draws the base sample and writes the CLT budget, and the indexed kernel draws
   the uniform tail itself (Philox).
 - :class:`TopKSantaStep`: the score pass, the group's top-k select, each head's
-  systematic samples of the rest (``triton_rest_sample``: the rest's mass per split from
-  the score pass's stats less the top set's, then one walk writing the samples and their
-  per-head log-weights), so that one indexed call attends to both.
+  systematic samples of the rest (``triton_rest_sample``: rest sums per split, then the
+  samples and their per-head log-weights), so that one indexed call attends to both.
 
 The three token methods' indexed attention takes the rows' scores from the score pass's
 stash (``scores``), so it reads the chosen or drawn V rows and no key a second time.
@@ -65,7 +64,7 @@ from santa_kernels.triton_page_select import (
     row_topk,
     select_block,
 )
-from santa_kernels.triton_rest_sample import REST_BLOCK, REST_SUMS, RestSampler
+from santa_kernels.triton_rest_sample import REST_BLOCK, RestSampler
 from santa_kernels.triton_splitkv import _mma, kv_capacity
 from santa_kernels.triton_topk import TopKSelect
 from santa_kernels.validate import InputError, check_positive_int, check_scale
@@ -705,11 +704,9 @@ class TopKSantaStep(_Step):
     def __init__(self, q: torch.Tensor, kv: KVCache, *, k: int = 64, S: int = 128,
                  scale: float | None = None, seed: int = 0,
                  select_options: dict | None = None, rest_block: int = REST_BLOCK,
-                 rest_sums: str = REST_SUMS,
                  attend_programs_per_sm: int = PROGRAMS_PER_SM) -> None:
         """``select_options``, ``attend_programs_per_sm``: as :class:`OracleTopKStep`'s;
-        ``rest_block``, ``rest_sums``: the rest sampler's tokens a step and where its rest
-        masses come from (:class:`RestSampler`'s ``block`` and ``sums``)."""
+        ``rest_block``: the rest sampler's tokens a step."""
         super().__init__(q, kv, scale, seed)
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise InputError(f"k: expected an integer >= 0, got {k!r}")
@@ -718,7 +715,7 @@ class TopKSantaStep(_Step):
         self.top = TopKSelect(q, kv, max(self.k, 1), scale=self.scale,
                               **(select_options or {}))
         self.scores = self.top.scores
-        self.sampler = RestSampler(self.top, self.k, S, block=rest_block, sums=rest_sums)
+        self.sampler = RestSampler(self.top, self.k, S, block=rest_block)
         self.rows = torch.empty(self.batch, self.num_kv_heads, self.k + self.group * S,
                                 dtype=torch.int32, device=q.device)
         # log-weights: 0 on the top-k rows, each head's own samples after them
@@ -730,7 +727,7 @@ class TopKSantaStep(_Step):
 
     def plan(self, q: torch.Tensor, kv: KVCache) -> torch.Tensor:
         """The rows ``[B, Hkv, k + G S]`` of one call (their log-weights written): the
-        score pass, the top-k select, the rest's masses and systematic samples."""
+        score pass, the top-k select, the rest's sums and systematic samples."""
         self.top.run_scores(q, kv, rng=self.rng)
         if self.k:
             self.top.run_select(kv, self.rows)
