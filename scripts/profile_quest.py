@@ -14,7 +14,10 @@ its own launch after the bound kernel (``fused_select=False``):
   the row's pages (what a step runs), or the bound kernel and the select's own launch;
   minus ``bounds``, the select's cost;
 - ``step``: the whole call (bounds and select, the indexed attention, its merge); minus
-  ``bounds + select``, the attention.
+  ``bounds + select``, the attention;
+- ``step (N pages a bound program)``: the whole call of a step (the default select)
+  whose bound kernel scores ``N`` pages a program (``bound_pages``) instead of
+  ``triton_selection.QUEST_BLOCK_P``'s (64 at head dim 128, 16-bit bounds).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ PAGE = 16
 # row, or (byte-wise) in triton_page_select's own launch after the bound kernel
 SELECTS = {"byte-wise": ("bytes", True), "four bits a pass": ("nibbles", True),
            "spread": ("spread", True), "byte-wise, own launch": ("bytes", False)}
+BOUND_PAGES = (32, 128)  # pages a bound program scores, timed against the default's
 
 
 @dataclass(frozen=True)
@@ -52,11 +56,12 @@ class Row:
 
 
 def _built(inputs: list, pages: int, select: str = tps.SELECT,
-           fused: bool = tsel.QUEST_FUSED_SELECT) -> list:
+           fused: bool = tsel.QUEST_FUSED_SELECT, **options) -> list:
     """``(step, (q, kv))`` per input copy: a ``QuestStep`` launching ``select`` (in the
-    bound kernel with ``fused``), its bounds built."""
+    bound kernel with ``fused``; ``options``: its other launch options), its bounds
+    built."""
     steps = [tsel.QuestStep(qi, kvi, page=PAGE, pages=pages, select=select,
-                            fused_select=fused)
+                            fused_select=fused, **options)
              for qi, kvi in inputs]
     for step, (_, kvi) in zip(steps, inputs, strict=True):
         step.build(kvi)
@@ -86,6 +91,10 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
             [lambda s=s, qi=qi, kvi=kvi: s.select(qi, kvi) for s, (qi, kvi) in pairs])))
         rows.append(Row(shape, pages, name, "step", timer(
             [lambda s=s, qi=qi, kvi=kvi: s(qi, kvi) for s, (qi, kvi) in pairs])))
+    for per_program in BOUND_PAGES:  # the default select, the bound kernel split otherwise
+        pairs = _built(inputs, pages, bound_pages=per_program)
+        rows.append(Row(shape, pages, "byte-wise", f"step ({per_program} pages a bound program)",
+                        timer([lambda s=s, qi=qi, kvi=kvi: s(qi, kvi) for s, (qi, kvi) in pairs])))
     del pairs
     inputs.clear()
     if device == "cuda":

@@ -123,6 +123,31 @@ def test_two_quest_steps_select_in_the_bound_kernel_or_their_own_launch(monkeypa
     assert ts.QUEST_FUSED_SELECT is True and _defaults() == DEFAULTS
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_quest_bound_pages_split_the_bound_kernel_alike(monkeypatch, fused):
+    """QuestStep(bound_pages=N) launches the bound kernel over N pages a program (a grid
+    of ceil(pages / N) a row): the same bounds, pages in the same slots and output as the
+    default; a bad N is an InputError."""
+    q, kv = _problem(n=600, lengths=(600, 250))
+    launches = _recorded(monkeypatch)
+    runs = []
+    for pages in (None, 4, 32):
+        step = ts.QuestStep(q, kv, page=8, pages=10, fused_select=fused, bound_pages=pages)
+        step.build(kv)
+        out = step(q, kv).cpu()
+        runs.append((out, step.chosen.cpu(), step.counts.cpu(), step.upper.cpu()))
+    grids = [(grid, kw["BLOCK_P"]) for k, kw, grid, *_ in launches
+             if k is ts._quest_bound_kernel]
+    assert [g for g, _ in grids[1:]] == [((75 + 3) // 4, 4), ((75 + 31) // 32, 4)]
+    assert [p for _, p in grids[1:]] == [4, 32]
+    for run in runs[1:]:
+        for new, old in zip(run, runs[0], strict=True):
+            assert torch.equal(new, old)
+    assert _defaults() == DEFAULTS
+    with pytest.raises(tps.InputError, match="bound_pages"):
+        ts.QuestStep(q, kv, page=8, pages=10, bound_pages=24)
+
+
 def test_the_steps_pass_their_options_to_what_they_launch(monkeypatch):
     """select_options reach each step's TopKSelect, rest_block its sampler's launches,
     attend_programs_per_sm its attend's split count; the defaults are the constants."""

@@ -24,7 +24,7 @@ def test_one_shape_through_the_interpreter(capsys):
         for call in calls:
             call()
         step = calls[0].__defaults__[0]  # the step a call runs
-        seen.append((step.select_by, step.fused_select))
+        seen.append((step.select_by, step.fused_select, step.bound_pages))
         return float(len(seen))
 
     rows = script.profile_shape(1, 1024, 4, 2, 16, 4, device="cpu", timer=timer)
@@ -32,9 +32,12 @@ def test_one_shape_through_the_interpreter(capsys):
         ("-", "bounds"), ("byte-wise", "bounds + select"), ("byte-wise", "step"),
         ("four bits a pass", "bounds + select"), ("four bits a pass", "step"),
         ("spread", "bounds + select"), ("spread", "step"),
-        ("byte-wise, own launch", "bounds + select"), ("byte-wise, own launch", "step")]
-    assert seen == [("bytes", True)] * 3 + [("nibbles", True)] * 2 + [("spread", True)] * 2 \
-        + [("bytes", False)] * 2
+        ("byte-wise, own launch", "bounds + select"), ("byte-wise, own launch", "step"),
+        ("byte-wise", "step (32 pages a bound program)"),
+        ("byte-wise", "step (128 pages a bound program)")]
+    assert seen == [("bytes", True, None)] * 3 + [("nibbles", True, None)] * 2 \
+        + [("spread", True, None)] * 2 + [("bytes", False, None)] * 2 \
+        + [("bytes", True, 32), ("bytes", True, 128)]
     assert tps.SELECT == "bytes"
     script.print_rows(rows)
     table = capsys.readouterr().out

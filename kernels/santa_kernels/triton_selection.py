@@ -210,13 +210,21 @@ class QuestStep(_Step):
                  shared: str = "group", scale: float | None = None, seed: int = 0,
                  num_layers: int = 1, select: str = triton_page_select.SELECT,
                  fused_select: bool = QUEST_FUSED_SELECT,
+                 bound_pages: int | None = None,
                  attend_programs_per_sm: int = PROGRAMS_PER_SM) -> None:
         """``select``: the page select its launches run (one of
         ``triton_page_select.SELECTS``, kept as ``select_by``); ``fused_select``: with
         ``shared="group"``, select in the bound kernel's last program per row (else in
-        ``triton_page_select``'s own launch); ``attend_programs_per_sm``: the indexed
-        attend's programs an SM its splits aim at."""
+        ``triton_page_select``'s own launch); ``bound_pages``: pages a program of the
+        bound kernel scores (a power of two; None: ``QUEST_BLOCK_P``'s for the head dim,
+        twice that for 16-bit bounds); ``attend_programs_per_sm``: the indexed attend's
+        programs an SM its splits aim at."""
         super().__init__(q, kv, scale, seed)
+        if bound_pages is not None:
+            check_positive_int(bound_pages, "bound_pages")
+            if bound_pages & (bound_pages - 1):
+                raise InputError(f"bound_pages: expected a power of two, got {bound_pages}")
+        self.bound_pages = bound_pages
         self.fused_select = bool(fused_select)
         if select not in triton_page_select.SELECTS:
             raise InputError(f"select: expected one of "
@@ -290,7 +298,8 @@ class QuestStep(_Step):
         k_strides = kv.k.stride()
         bounds = self.bounds[layer]
         # 16-bit bounds: twice the pages of fp32 in a program's registers
-        block_p = QUEST_BLOCK_P[self.head_dim] * max(1, 4 // bounds.element_size())
+        block_p = self.bound_pages or (QUEST_BLOCK_P[self.head_dim]
+                                       * max(1, 4 // bounds.element_size()))
         _quest_bound_kernel[(-(-self.page_cap // block_p), self.batch * self.num_kv_heads)](
             q, kv.k, kv.lengths, page_table, bounds, out, self.arrivals, self.chosen,
             self.counts, self.hist, self.cand, self.scale, self.page_cap,
