@@ -83,6 +83,7 @@ def test_shell_scripts_parse(script):
 TOOLS = {
     "accuracy_table.py": "tests/test_engine.py",
     "check_compile.py": "tests/test_compile.py",
+    "profile_kernels.py": "tests/test_profile_kernels.py",
     "profile_quest.py": "tests/test_profile_quest.py",
     "profile_santa.py": "tests/test_profile_santa.py",
     "profile_santapp.py": "tests/test_profile_santapp.py",
