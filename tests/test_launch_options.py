@@ -148,6 +148,25 @@ def test_quest_bound_pages_split_the_bound_kernel_alike(monkeypatch, fused):
         ts.QuestStep(q, kv, page=8, pages=10, bound_pages=24)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_quest_hist_block_reaches_its_select(monkeypatch, fused):
+    """QuestStep(hist_block=N): the byte-wise select reads N bounds a step, fused in the
+    bound kernel or in its own launch (the default HIST_BLOCK untouched); a block that is
+    no power of two is an InputError."""
+    q, kv = _problem(n=600, lengths=(600, 250))
+    launches = _recorded(monkeypatch)
+    step = ts.QuestStep(q, kv, page=8, pages=10, fused_select=fused, hist_block=32)
+    step.build(kv)
+    step(q, kv)
+    if fused:
+        assert _kwarg(launches, ts._quest_bound_kernel, "SELECT_BLOCK") == [32]
+    else:
+        assert _kwarg(launches, tps._row_topk_kernel, "BLOCK") == [32]
+    assert tps.HIST_BLOCK == 2048
+    with pytest.raises(tps.InputError, match="hist_block"):
+        ts.QuestStep(q, kv, page=8, pages=10, hist_block=48)
+
+
 def test_the_steps_pass_their_options_to_what_they_launch(monkeypatch):
     """select_options reach each step's TopKSelect, rest_block its sampler's launches,
     attend_programs_per_sm its attend's split count; the defaults are the constants."""

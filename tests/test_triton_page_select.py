@@ -26,9 +26,9 @@ DEVICE = "cuda" if _WHY == "cuda" else "cpu"
 INF = float("inf")
 
 
-def _select(scores: torch.Tensor, k: int,
-            select: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    index, counts = ps.row_topk(scores.to(DEVICE), k, select=select)
+def _select(scores: torch.Tensor, k: int, select: str | None = None,
+            hist_block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    index, counts = ps.row_topk(scores.to(DEVICE), k, select=select, hist_block=hist_block)
     return index.cpu().long(), counts.cpu().long()
 
 
@@ -119,17 +119,14 @@ def _hard_rows(width: int) -> torch.Tensor:
 @pytest.mark.parametrize(("width", "k", "hist_block"), [
     (50, 8, None), (300, 64, None), (2048, 64, None), (2048, 256, None), (300, 7, 64),
     (1000, 300, 128)])
-def test_byte_wise_select_chooses_what_four_bits_a_pass_chooses(width, k, hist_block,
-                                                                 monkeypatch):
+def test_byte_wise_select_chooses_what_four_bits_a_pass_chooses(width, k, hist_block):
     """The byte-wise select (4 histogram passes, the row of 2048 pages one block) lists
     the same positions in the same slots as the select four bits a pass, and as the
     reference's top-k where no tie is at stake; several blocks a pass with a small
-    ``HIST_BLOCK``."""
-    if hist_block is not None:
-        monkeypatch.setattr(ps, "HIST_BLOCK", hist_block)
+    ``hist_block``."""
     scores = _hard_rows(width)
     old_index, old_counts = _select(scores, k, "nibbles")
-    index, counts = _select(scores, k, "bytes")
+    index, counts = _select(scores, k, "bytes", hist_block)
     _check_layout(index, counts)
     assert torch.equal(index, old_index) and torch.equal(counts, old_counts)
     live = (scores > -INF).sum(-1)

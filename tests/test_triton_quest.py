@@ -157,19 +157,17 @@ def _chosen_lists(step) -> list[list[int]]:
     ("contiguous", "group", True, 2, 4096, None),  # 2048 pages a row, as 32k tokens of 16
     ("paged", "group", True, 4, 1024, 32)])  # a row of 256 pages in 8 blocks
 def test_quest_byte_wise_select_chooses_the_pages_of_the_old_select_and_the_reference(
-        layout, shared, fused, page, n, hist_block, monkeypatch):
+        layout, shared, fused, page, n, hist_block):
     """The byte-wise select (fused in the bound kernel, or triton_page_select's own
     launch) lists the same pages in the same slots as the select four bits a pass, so
     the step's output is the same to the bit; both are the reference's page choice on
     the kernel's bounds, and its attention within fp tolerance."""
-    if hist_block is not None:
-        monkeypatch.setattr(ts.triton_page_select, "HIST_BLOCK", hist_block)
     q, kv = _problem(batch=2, hkv=2, group=4, n=n, d=16, lengths=(n, n * 7 // 10), seed=5,
                      layout=layout, q_scale=2.0)
     runs = {}
     for histogram in (False, True):
         step = _step(q, kv, page=page, pages=12, shared=shared, fused_select=fused,
-                     select="bytes" if histogram else "nibbles")
+                     select="bytes" if histogram else "nibbles", hist_block=hist_block)
         out = step(q, kv).clone()
         runs[histogram] = (_chosen_lists(step), step.counts.clone(), out)
     assert not step.arrivals.any()

@@ -253,21 +253,25 @@ def row_select(select: str | None = None) -> str:
     return "bytes" if select == "spread" else select
 
 
-def select_block(width: int, select: str | None = None) -> int:
+def select_block(width: int, select: str | None = None, hist_block: int | None = None) -> int:
     """Scores a step of the select reads for rows of ``width`` (``select``: default
-    ``SELECT``; ``HIST_BLOCK`` but four bits a pass)."""
-    block = MAX_BLOCK if row_select(select) == "nibbles" else HIST_BLOCK
+    ``SELECT``; ``hist_block``, by default ``HIST_BLOCK``, but four bits a pass)."""
+    if hist_block is not None:
+        check_positive_int(hist_block, "hist_block")
+        if hist_block & (hist_block - 1) or hist_block < 16:
+            raise InputError(f"hist_block: expected a power of two >= 16, got {hist_block}")
+    block = MAX_BLOCK if row_select(select) == "nibbles" else (hist_block or HIST_BLOCK)
     return min(block, triton.next_power_of_2(max(width, 16)))
 
 
 def row_topk(scores: torch.Tensor, k: int, out: torch.Tensor | None = None,
-             counts: torch.Tensor | None = None,
-             select: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             counts: torch.Tensor | None = None, select: str | None = None,
+             hist_block: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(index [R, k] int32, counts [R] int32)``: each row's positions of its
     ``k`` largest finite-or-``+inf`` scores of ``scores [R, P]`` (fp32, unit stride in
     P) in ascending order, ``-1`` after the ``counts`` taken (see the module
     docstring). Ties at the threshold go to the lowest positions. ``select``: as
-    :func:`row_select` (default ``SELECT``)."""
+    :func:`row_select` (default ``SELECT``); ``hist_block``: as :func:`select_block`."""
     check_positive_int(k, "k")
     if scores.dim() != 2 or scores.dtype != torch.float32 or scores.stride(1) != 1:
         raise InputError(f"scores: expected an fp32 [R, P] tensor with unit stride in P, got "
@@ -284,7 +288,8 @@ def row_topk(scores: torch.Tensor, k: int, out: torch.Tensor | None = None,
         return out, counts
     _row_topk_kernel[(rows,)](
         scores, out, counts, width, scores.stride(0), out.stride(0),
-        K=k, BLOCK=select_block(width, select), BLOCK_K=min(1024, triton.next_power_of_2(k)),
+        K=k, BLOCK=select_block(width, select, hist_block),
+        BLOCK_K=min(1024, triton.next_power_of_2(k)),
         HOW=row_select(select), num_warps=NUM_WARPS,
     )  # fmt: skip
     return out, counts

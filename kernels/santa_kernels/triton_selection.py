@@ -210,21 +210,25 @@ class QuestStep(_Step):
                  shared: str = "group", scale: float | None = None, seed: int = 0,
                  num_layers: int = 1, select: str = triton_page_select.SELECT,
                  fused_select: bool = QUEST_FUSED_SELECT,
-                 bound_pages: int | None = None,
+                 bound_pages: int | None = None, hist_block: int | None = None,
                  attend_programs_per_sm: int = PROGRAMS_PER_SM) -> None:
         """``select``: the page select its launches run (one of
         ``triton_page_select.SELECTS``, kept as ``select_by``); ``fused_select``: with
         ``shared="group"``, select in the bound kernel's last program per row (else in
         ``triton_page_select``'s own launch); ``bound_pages``: pages a program of the
         bound kernel scores (a power of two; None: ``QUEST_BLOCK_P``'s for the head dim,
-        twice that for 16-bit bounds); ``attend_programs_per_sm``: the indexed attend's
-        programs an SM its splits aim at."""
+        twice that for 16-bit bounds); ``hist_block``: the bounds a byte-wise or spread
+        select step reads (``triton_page_select.select_block``; None: ``HIST_BLOCK``);
+        ``attend_programs_per_sm``: the indexed attend's programs an SM its splits aim
+        at."""
         super().__init__(q, kv, scale, seed)
         if bound_pages is not None:
             check_positive_int(bound_pages, "bound_pages")
             if bound_pages & (bound_pages - 1):
                 raise InputError(f"bound_pages: expected a power of two, got {bound_pages}")
         self.bound_pages = bound_pages
+        self.hist_block = hist_block
+        select_block(1, "bytes", hist_block)  # checks it
         self.fused_select = bool(fused_select)
         if select not in triton_page_select.SELECTS:
             raise InputError(f"select: expected one of "
@@ -321,7 +325,7 @@ class QuestStep(_Step):
         ``HIST_BLOCK`` pages at once)."""
         if self.select_by == "nibbles":
             return QUEST_SELECT_BLOCK
-        return select_block(self.page_cap, "bytes")
+        return select_block(self.page_cap, "bytes", self.hist_block)
 
     def select(self, q: torch.Tensor, kv: KVCache, layer: int = 0,
                update: bool = False) -> torch.Tensor:
@@ -334,7 +338,7 @@ class QuestStep(_Step):
         else:  # per head: a program per row rather than G rows in a bound program
             upper = self.page_bounds(q, kv, layer, update)
             row_topk(upper.view(-1, self.page_cap), self.pages, out=self.chosen,
-                     counts=self.counts, select=self.select_by)
+                     counts=self.counts, select=self.select_by, hist_block=self.hist_block)
         return self.chosen.view(self.batch, self.num_kv_heads, -1)
 
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
