@@ -39,7 +39,7 @@ def test_one_shape_through_the_interpreter(capsys):
                      step.attend_programs_per_sm,
                      getattr(step, "chunk", None), getattr(step, "max_registers", None),
                      getattr(step, "stages", None), step.top.select_span,
-                     step.top.select_splits, step.top.finish_launch))
+                     step.top.select_splits))
         return float(len(seen))
 
     rows = script.profile_shape(1, 1024, 4, 2, 16, methods, device="cpu", timer=timer)
@@ -54,13 +54,12 @@ def test_one_shape_through_the_interpreter(capsys):
                                                        "2048 tokens a program")
              for st in spread]
     mass_at = len(script.MASS_BLOCKS)  # oracle-topk's span rows: after the mass blocks'
-    finish = [("spread", st) for st in script.FINISH_STAGES]
     oracle = ([("-", "scores")] + [("spread", st) for st in (*spread, "step")]
-              + [("one program a row", st) for st in ("scores + select", "step")] + finish
+              + [("one program a row", st) for st in ("scores + select", "step")]
               + sweep[:mass_at] + spans + sweep[mass_at:])
     planned = ([("-", "scores")] + [("spread", st) for st in (*spread, "plan", "step")]
                + [("one program a row", st) for st in ("scores + select", "plan", "step")]
-               + finish + sweep)
+               + sweep)
     rest = [("spread", f"plan ({b} rest tokens a step)") for b in script.REST_BLOCKS]
     at = len(sweep) - len(script.ATTEND_PROGRAMS)  # the rest sweep: before the attend's
     santa = planned[:len(planned) - len(sweep)] + sweep[:at] + rest + sweep[at:]
@@ -70,12 +69,11 @@ def test_one_shape_through_the_interpreter(capsys):
 
     def options(n, spread=True, mass=512, hints=False, programs=tix.PROGRAMS_PER_SM, rest=None,
                 chunk=None,
-                regs=None, stages=None, span=ttk.SELECT_SPAN, finish=False):
+                regs=None, stages=None, span=ttk.SELECT_SPAN):
         # the score pass's span at 1k tokens, B=1, 2 KV heads: 4 splits of 256 (a longer
         # select_span is capped at it)
         splits = -(-1024 // min(span or 256, 256))
-        return [(spread, mass, hints, rest, programs, chunk, regs, stages, span, splits,
-                 finish)] * n
+        return [(spread, mass, hints, rest, programs, chunk, regs, stages, span, splits)] * n
 
     def swept(rest=None, spans=False, **vatt):
         return (options(1, mass=256, rest=rest, **vatt)
@@ -90,12 +88,10 @@ def test_one_shape_through_the_interpreter(capsys):
     vatt = {"programs": tsel.VATTENTION_PROGRAMS_PER_SM, "chunk": tix.CHUNK[16],
             "regs": tsel.VATTENTION_MAX_REGISTERS, "stages": tsel.VATTENTION_STAGES}
     assert script.SELECT_SPANS == (None, 512, 1024, 2048)
-    assert seen == (options(5) + options(2, spread=False) + options(2, finish=True)
-                    + swept(spans=True)
+    assert seen == (options(5) + options(2, spread=False) + swept(spans=True)
                     + options(6, rest=santa) + options(3, spread=False, rest=santa)
-                    + options(2, rest=santa, finish=True) + swept(rest=santa)
-                    + options(6, **vatt) + options(3, spread=False, **vatt)
-                    + options(2, finish=True, **vatt) + swept(**vatt)
+                    + swept(rest=santa)
+                    + options(6, **vatt) + options(3, spread=False, **vatt) + swept(**vatt)
                     + [x for c in script.ATTEND_CHUNKS
                        for x in options(1, **{**vatt, "chunk": c})]
                     + options(1, **{**vatt, "regs": None})
@@ -105,7 +101,6 @@ def test_one_shape_through_the_interpreter(capsys):
     assert trs.REST_BLOCK == 256
     assert ttk.SPREAD_SELECT is True and ttk.MASS_BLOCK == 512 and ttk.SELECT_SPAN == 2048
     assert tix.PROGRAMS_PER_SM == 8 and ttk.SCORE_L2_HINTS is False
-    assert ttk.FINISH_LAUNCH is False
     assert tsel.VATTENTION_PROGRAMS_PER_SM == 8 and tix.CHUNK[16] == 64
     assert tsel.VATTENTION_MAX_REGISTERS == 128 and tsel.VATTENTION_STAGES is None
     script.print_rows(rows)
