@@ -82,7 +82,7 @@ def profile_step(step, flush: torch.Tensor, calls: int) -> tuple[dict[str, float
         if "_l2_flush_kernel" in event.name:
             continue
         name = _short(event.name)
-        us[name] += getattr(event, "device_time", None) or event.cuda_time
+        us[name] += event.device_time
         launches[name] += 1
     return {k: v / calls for k, v in us.items()}, {k: v / calls for k, v in launches.items()}
 

@@ -253,13 +253,18 @@ def row_select(select: str | None = None) -> str:
     return "bytes" if select == "spread" else select
 
 
-def select_block(width: int, select: str | None = None, hist_block: int | None = None) -> int:
-    """Scores a step of the select reads for rows of ``width`` (``select``: default
-    ``SELECT``; ``hist_block``, by default ``HIST_BLOCK``, but four bits a pass)."""
+def check_hist_block(hist_block: int | None) -> None:
+    """Raises InputError unless ``hist_block`` is None or a power of two >= 16."""
     if hist_block is not None:
         check_positive_int(hist_block, "hist_block")
         if hist_block & (hist_block - 1) or hist_block < 16:
             raise InputError(f"hist_block: expected a power of two >= 16, got {hist_block}")
+
+
+def select_block(width: int, select: str | None = None, hist_block: int | None = None) -> int:
+    """Scores a step of the select reads for rows of ``width`` (``select``: default
+    ``SELECT``; ``hist_block``, by default ``HIST_BLOCK``, but four bits a pass)."""
+    check_hist_block(hist_block)
     block = MAX_BLOCK if row_select(select) == "nibbles" else (hist_block or HIST_BLOCK)
     return min(block, triton.next_power_of_2(max(width, 16)))
 

@@ -228,7 +228,7 @@ class QuestStep(_Step):
                 raise InputError(f"bound_pages: expected a power of two, got {bound_pages}")
         self.bound_pages = bound_pages
         self.hist_block = hist_block
-        select_block(1, "bytes", hist_block)  # checks it
+        triton_page_select.check_hist_block(hist_block)
         self.fused_select = bool(fused_select)
         if select not in triton_page_select.SELECTS:
             raise InputError(f"select: expected one of "
