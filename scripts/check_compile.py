@@ -581,12 +581,14 @@ def check_quest() -> int:
     page_cap = CTX // page
     # (head dim, group, paged, per head, update, select, pages, how): shared=group
     # selects in the bound kernel (its page_bounds without), byte-wise, four bits a pass
-    # or spread; shared=head selects with _row_topk_kernel
+    # spread or resident; shared=head selects with _row_topk_kernel
     for d, group, paged, per_head, update, select, pages, how in (
             (128, 4, False, False, True, True, 256, "bytes"),
             (128, 4, True, False, True, True, 64, "bytes"),
             (128, 8, False, False, True, True, 64, "nibbles"),
             (128, 4, False, False, True, True, 64, "spread"),
+            (128, 4, False, False, True, True, 64, "resident"),
+            (128, 8, True, False, True, True, 256, "resident"),
             (128, 8, True, False, True, True, 256, "spread"),
             (64, 1, True, False, False, True, 64, "spread"),
             (64, 7, False, True, True, False, 64, "bytes"),
@@ -602,7 +604,7 @@ def check_quest() -> int:
                   "PER_HEAD": per_head, "UPDATE": update, "DOT_PRECISION": "tf32",
                   "WIDEN_BF16": False, "SELECT": select, "PAGES": pages,
                   "SELECT_BLOCK": (tsel.QUEST_SELECT_BLOCK if how == "nibbles"
-                                   else tps.select_block(page_cap, "bytes")),
+                                   else tps.select_block(page_cap, how)),
                   "SELECT_BLOCK_K": min(1024, _pad(pages)), "SELECT_BY": how}
         err = compile_kernel(tsel._quest_bound_kernel, types, consts, {"num_warps": 4},
                              max_shared=H100_SHARED, divisible=_aligned(tsel._quest_bound_kernel))
@@ -610,7 +612,8 @@ def check_quest() -> int:
               f"update={update} select={select} pages={pages} select_by={how}: "
               f"{err or 'ok'}")
         failures += err is not None
-    for pages, how in ((64, "bytes"), (256, "bytes"), (64, "nibbles")):  # shared=head: a row a head
+    # shared=head: a row a head
+    for pages, how in ((64, "bytes"), (256, "bytes"), (64, "nibbles"), (64, "resident")):
         consts = {"K": pages, "BLOCK": tps.select_block(page_cap, how),
                   "BLOCK_K": min(1024, _pad(pages)), "HOW": how}
         err = compile_kernel(tps._row_topk_kernel, ["*fp32", "*i32", "*i32"] + ["i32"] * 3,

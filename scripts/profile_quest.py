@@ -6,8 +6,9 @@ Per shape (Llama-3.1-8B heads by default, bf16, page 16) and page budget, each r
 part of ``QuestStep``'s call timed alone (``santa_bench.timing.graph_call_us``: CUDA-graph
 replays over input copies, each with its own step, as many as the harness's cold-L2 plan
 takes), once with steps built for each page select (``QuestStep(select=...)``): byte-wise,
-four bits a pass, spread (its histogram filled by the bound programs), and byte-wise in
-its own launch after the bound kernel (``fused_select=False``):
+four bits a pass, spread (its histogram filled by the bound programs), byte-wise in
+its own launch after the bound kernel (``fused_select=False``), and resident (the row of
+bounds held in registers) fused and in its own launch:
 
 - ``bounds``: the bound kernel without the select (every page's score bound);
 - ``bounds + select``: the same launch whose last program per (sequence, KV head) picks
@@ -40,7 +41,8 @@ PAGE = 16
 # QuestStep's select and fused_select: the select in the bound kernel's last program per
 # row, or (byte-wise) in triton_page_select's own launch after the bound kernel
 SELECTS = {"byte-wise": ("bytes", True), "four bits a pass": ("nibbles", True),
-           "spread": ("spread", True), "byte-wise, own launch": ("bytes", False)}
+           "spread": ("spread", True), "byte-wise, own launch": ("bytes", False),
+           "resident": ("resident", True), "resident, own launch": ("resident", False)}
 BOUND_PAGES = (32, 128)  # pages a bound program scores, timed against the default's
 
 

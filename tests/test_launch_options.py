@@ -79,13 +79,14 @@ def test_two_topk_selects_launch_their_own_select_and_choose_the_same_tokens(mon
 @pytest.mark.parametrize("shared", ["group", "head"])
 def test_two_quest_steps_launch_their_own_page_select_and_choose_the_same_pages(
         monkeypatch, shared):
-    """QuestStep(select="nibbles"), (select="bytes") and (select="spread") built side by
-    side: each launch runs its own select (the fused one per group, the row launch per
-    head), the same pages in the same slots and the same output."""
+    """QuestStep(select="nibbles"), (select="bytes"), (select="spread") and
+    (select="resident") built side by side: each launch runs its own select (the fused one
+    per group, the row launch per head), the same pages in the same slots and the same
+    output."""
     q, kv = _problem(n=600, lengths=(600, 250))
     launches = _recorded(monkeypatch)
     runs = []
-    for select in ("nibbles", "bytes", "spread"):
+    for select in ("nibbles", "bytes", "spread", "resident"):
         step = ts.QuestStep(q, kv, page=8, pages=10, shared=shared, select=select)
         step.build(kv)
         out = step(q, kv).cpu()
@@ -93,9 +94,10 @@ def test_two_quest_steps_launch_their_own_page_select_and_choose_the_same_pages(
     if shared == "group":
         fused = [kw["SELECT_BY"] for k, kw, *_ in launches
                  if k is ts._quest_bound_kernel and kw["SELECT"]]
-        assert fused == ["nibbles", "bytes", "spread"]
+        assert fused == ["nibbles", "bytes", "spread", "resident"]
     else:  # the spread select lives in the fused launch: a row launch runs byte-wise
-        assert _kwarg(launches, tps._row_topk_kernel, "HOW") == ["nibbles", "bytes", "bytes"]
+        assert _kwarg(launches, tps._row_topk_kernel, "HOW") == ["nibbles", "bytes", "bytes",
+                                                                  "resident"]
     for chosen, counts, out in runs[1:]:
         assert torch.equal(chosen, runs[0][0]) and torch.equal(counts, runs[0][1])
         assert torch.equal(out, runs[0][2])
@@ -199,7 +201,7 @@ def test_the_steps_pass_their_options_to_what_they_launch(monkeypatch):
 def test_a_quest_step_refuses_an_unknown_select():
     q, kv = _problem(n=64, lengths=(64, 30))
     with pytest.raises(tps.InputError, match=r"^select: expected one of bytes, nibbles, "
-                                             r"spread, got 'radix'$"):
+                                             r"spread, resident, got 'radix'$"):
         ts.QuestStep(q, kv, page=8, pages=4, select="radix")
 
 

@@ -33,10 +33,13 @@ def test_one_shape_through_the_interpreter(capsys):
         ("four bits a pass", "bounds + select"), ("four bits a pass", "step"),
         ("spread", "bounds + select"), ("spread", "step"),
         ("byte-wise, own launch", "bounds + select"), ("byte-wise, own launch", "step"),
+        ("resident", "bounds + select"), ("resident", "step"),
+        ("resident, own launch", "bounds + select"), ("resident, own launch", "step"),
         ("byte-wise", "step (32 pages a bound program)"),
         ("byte-wise", "step (128 pages a bound program)")]
     assert seen == [("bytes", True, None)] * 3 + [("nibbles", True, None)] * 2 \
         + [("spread", True, None)] * 2 + [("bytes", False, None)] * 2 \
+        + [("resident", True, None)] * 2 + [("resident", False, None)] * 2 \
         + [("bytes", True, 32), ("bytes", True, 128)]
     assert tps.SELECT == "bytes"
     script.print_rows(rows)

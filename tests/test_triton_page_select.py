@@ -153,6 +153,33 @@ def test_the_docstrings_step_counts_follow_the_blocks():
     assert f"{spread} for 2048 pages (6 with more candidates" in text
 
 
+@pytest.mark.parametrize(("width", "k"), [
+    (5, 1), (50, 8), (300, 64), (1000, 300), (2048, 64), (2048, 256)])
+def test_resident_select_chooses_what_the_byte_wise_select_chooses(width, k):
+    """The resident select (the row loaded once, its four histograms over the held keys,
+    the slots from cumulative sums) lists the byte-wise select's positions in the same
+    slots, with the same counts, on rows with ties, -inf tails, +inf and nothing live."""
+    scores = _hard_rows(width)
+    index, counts = _select(scores, k, "resident")
+    _check_layout(index, counts)
+    old_index, old_counts = _select(scores, k, "bytes")
+    assert torch.equal(index, old_index) and torch.equal(counts, old_counts)
+
+
+def test_resident_select_runs_byte_wise_past_its_widest_row(monkeypatch):
+    """Rows wider than RESIDENT_MAX_WIDTH run byte-wise in blocks, choosing the same; the
+    resident select's step is the whole row."""
+    assert ps.select_block(300, "resident") == 512 and ps.row_select("resident", 300) == "resident"
+    monkeypatch.setattr(ps, "RESIDENT_MAX_WIDTH", 256)
+    assert ps.row_select("resident", 300) == "bytes"
+    assert ps.row_select("resident", 256) == "resident"
+    assert ps.select_block(300, "resident", 64) == 64
+    scores = _hard_rows(300)
+    index, counts = _select(scores, 20, "resident")
+    old_index, old_counts = _select(scores, 20, "bytes", 64)
+    assert torch.equal(index, old_index) and torch.equal(counts, old_counts)
+
+
 # the spread select (Quest's fused group select): a stand-in for the bound kernel counts
 # each tile's scores into the row's histogram and its row's last program selects, as
 # ``_quest_bound_kernel`` does; the choice is the byte-wise select's and torch's
@@ -304,5 +331,6 @@ def test_spread_select_leaves_its_workspace_zero_so_calls_repeat():
 def test_the_per_head_launch_runs_byte_wise_under_the_spread_select():
     """``row_topk`` (per head) has no bound programs to fill a histogram: byte-wise."""
     assert ps.row_select("spread") == "bytes" and ps.row_select("nibbles") == "nibbles"
-    with pytest.raises(ps.InputError, match="select: expected one of bytes, nibbles, spread"):
+    with pytest.raises(ps.InputError,
+                       match="select: expected one of bytes, nibbles, spread, resident"):
         ps.row_select("fast")

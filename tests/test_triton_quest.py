@@ -217,6 +217,25 @@ def test_quest_spread_select_chooses_the_byte_wise_pages_and_the_reference(
                        .flatten(0, 1)]
 
 
+@pytest.mark.parametrize(("layout", "page", "n", "lengths", "fused"), [
+    ("contiguous", 16, 1024, (1024, 700), True),
+    ("paged", 4, 1024, (1024, 37), False),  # 10 pages in the second: fewer than 12
+    ("contiguous", 2, 4096, (4096, 2500), True)])  # 2048 pages a row, as 32k of 16
+def test_quest_resident_select_chooses_the_byte_wise_pages(layout, page, n, lengths, fused):
+    """The resident select (the row of bounds held in registers), fused in the bound
+    kernel or in its own launch, lists the byte-wise select's pages in the same slots, so
+    the step's output is the same to the bit."""
+    q, kv = _problem(batch=2, hkv=2, group=4, n=n, d=16, lengths=lengths, seed=n,
+                     layout=layout, q_scale=2.0)
+    runs = []
+    for select in ("bytes", "resident"):
+        step = _step(q, kv, page=page, pages=12, select=select, fused_select=fused)
+        out = step(q, kv).clone()
+        runs.append((_chosen_lists(step), step.counts.clone(), out))
+    (old, old_counts, old_out), (new, counts, out) = runs
+    assert new == old and torch.equal(counts, old_counts) and torch.equal(out, old_out)
+
+
 class _TorchOps(TorchDispatchMode):
     """The names of the torch ops run inside the mode."""
 

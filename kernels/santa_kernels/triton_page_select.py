@@ -29,8 +29,13 @@ find the same threshold and so list the same pages:
   + 1 + ⌈P / ``HIST_BLOCK``⌉ dependent steps, 4 for 2048 pages (6 with more candidates
   than ``CAND_BLOCK``).
 
-A row holds any number of scores (re-read from L1/L2 each pass). No host-device sync,
-static shapes: a decode step can capture it in a CUDA graph.
+- **resident** (``"resident"``): byte-wise as above, over the row loaded once and held in
+  registers (a row of up to ``RESIDENT_MAX_WIDTH`` scores; a wider row runs byte-wise):
+  the four histograms read no memory, and the write takes its slots from two cumulative
+  sums of the held keys: 1 load, 4 histograms, 1 write.
+
+A row holds any number of scores (re-read from L1/L2 each pass; held once by resident).
+No host-device sync, static shapes: a decode step can capture it in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -48,8 +53,10 @@ RADIX = tl.constexpr(16)
 HIST_BLOCK = 2048  # scores a histogram pass reads at a time (byte-wise: a row of pages)
 HIST_BITS = tl.constexpr(8)  # key bits a histogram pass resolves (4 passes)
 HIST_BINS = tl.constexpr(256)
-SELECTS = ("bytes", "nibbles", "spread")  # byte-wise, four bits a pass, spread (Quest's)
+# byte-wise, four bits a pass, spread (Quest's), byte-wise over the row held in registers
+SELECTS = ("bytes", "nibbles", "spread", "resident")
 SELECT = "bytes"  # QuestStep's default select (its select= option)
+RESIDENT_MAX_WIDTH = 4096  # the widest row the resident select holds (wider: byte-wise)
 CAND_BLOCK = tl.constexpr(64)  # candidates the spread select ranks by [C, C] compares
 KEY_BITS = 12  # the spread histogram's buckets: the order key's top bits (_bucket_key)
 KEY_BUCKETS = tl.constexpr(1 << KEY_BITS)
@@ -67,13 +74,17 @@ def _select_row(base, out_row, count_at, width, K: tl.constexpr, BLOCK: tl.const
                 BLOCK_K: tl.constexpr, HOW: tl.constexpr):
     """The top ``K`` of the ``width`` scores at ``base`` into ``out_row`` (ascending, -1
     after them) and their number into ``count_at`` (see the module docstring): four bits a
-    pass with ``HOW == "nibbles"``, else byte-wise."""
-    if HOW == "nibbles":
-        prefix, greater = _threshold_by_nibbles(base, width, K, BLOCK)
+    pass with ``HOW == "nibbles"``, the row held in registers with ``HOW == "resident"``
+    (``BLOCK >= width``), else byte-wise."""
+    if HOW == "resident":
+        _select_resident(base, out_row, count_at, width, K, BLOCK, BLOCK_K)
     else:
-        prefix, greater = _threshold_by_bytes(base, width, K, BLOCK)
-    _write_taken(base, out_row, count_at, width, prefix, tl.minimum(width, K) - greater, K,
-                 BLOCK, BLOCK_K)
+        if HOW == "nibbles":
+            prefix, greater = _threshold_by_nibbles(base, width, K, BLOCK)
+        else:
+            prefix, greater = _threshold_by_bytes(base, width, K, BLOCK)
+        _write_taken(base, out_row, count_at, width, prefix, tl.minimum(width, K) - greater,
+                     K, BLOCK, BLOCK_K)
 
 
 @triton.jit
@@ -146,6 +157,40 @@ def _write_taken(base, out_row, count_at, width, prefix, ties, K: tl.constexpr,
         tl.store(out_row + slot, p0 + offs, mask=take)
         taken += tl.sum(take.to(tl.int32), axis=0)
         seen += tl.sum(equal.to(tl.int32), axis=0)
+    offs_k = tl.arange(0, BLOCK_K)
+    for j0 in range(0, K, BLOCK_K):
+        j = j0 + offs_k
+        tl.store(out_row + j, tl.full([BLOCK_K], -1, tl.int32), mask=(j >= taken) & (j < K))
+    tl.store(count_at, taken)
+
+
+@triton.jit
+def _select_resident(base, out_row, count_at, width, K: tl.constexpr, BLOCK: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+    """:func:`_select_row` over the ``width <= BLOCK`` scores loaded once: the ``K``-th
+    largest key by a ``tl.histogram`` of the next byte a pass over the held keys, then
+    the positions above it and the first ties, ascending, from two cumulative sums."""
+    offs = tl.arange(0, BLOCK)
+    inside = offs < width
+    s = tl.load(base + offs, mask=inside, other=float("-inf"))
+    key = _order_key(s).to(tl.int64)  # shifts by up to 32 bits below
+    want = tl.minimum(width, K)
+    prefix = tl.cast(0, tl.int64)
+    greater = 0
+    for shift in tl.static_range(32 - HIST_BITS, -HIST_BITS, -HIST_BITS):
+        match = inside & ((key >> (shift + HIST_BITS)) == (prefix >> (shift + HIST_BITS)))
+        digit = ((key >> shift) & (HIST_BINS - 1)).to(tl.int32)
+        pick, above = _bucket_of(_masked_histogram(digit, match, HIST_BINS), want - greater,
+                                 HIST_BINS)
+        greater += above
+        prefix = prefix | (pick.to(tl.int64) << shift)
+    live = inside & (s > float("-inf"))
+    equal = live & (key == prefix)
+    rank = tl.cumsum(equal.to(tl.int32), axis=0) - 1
+    take = live & ((key > prefix) | (equal & (rank < want - greater)))
+    slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
+    tl.store(out_row + slot, offs, mask=take)
+    taken = tl.sum(take.to(tl.int32), axis=0)
     offs_k = tl.arange(0, BLOCK_K)
     for j0 in range(0, K, BLOCK_K):
         j = j0 + offs_k
@@ -244,13 +289,22 @@ def _spread_select_row(base, out_row, count_at, hist_ptr, cand_ptr, row, width,
     _write_taken(base, out_row, count_at, width, thr.to(tl.int64), ties, K, BLOCK, BLOCK_K)
 
 
-def row_select(select: str | None = None) -> str:
-    """The select :func:`row_topk`'s own launch runs for ``select`` (default ``SELECT``):
-    the spread select lives in Quest's bound kernel, so a row launch runs byte-wise."""
-    select = SELECT if select is None else select
+def row_select(select: str | None = None, width: int | None = None) -> str:
+    """The select :func:`row_topk`'s own launch runs for ``select`` (default ``SELECT``)
+    over rows of ``width``: the spread select lives in Quest's bound kernel, so a row
+    launch runs byte-wise, as does the resident select over rows wider than
+    ``RESIDENT_MAX_WIDTH``."""
+    select = held_select(SELECT if select is None else select, width)
+    return "bytes" if select == "spread" else select
+
+
+def held_select(select: str, width: int | None = None) -> str:
+    """``select`` (one of ``SELECTS``), byte-wise where it is resident and rows of
+    ``width`` are wider than ``RESIDENT_MAX_WIDTH``."""
     if select not in SELECTS:
         raise InputError(f"select: expected one of {', '.join(SELECTS)}, got {select!r}")
-    return "bytes" if select == "spread" else select
+    wide = width is not None and width > RESIDENT_MAX_WIDTH
+    return "bytes" if select == "resident" and wide else select
 
 
 def check_hist_block(hist_block: int | None) -> None:
@@ -263,10 +317,14 @@ def check_hist_block(hist_block: int | None) -> None:
 
 def select_block(width: int, select: str | None = None, hist_block: int | None = None) -> int:
     """Scores a step of the select reads for rows of ``width`` (``select``: default
-    ``SELECT``; ``hist_block``, by default ``HIST_BLOCK``, but four bits a pass)."""
+    ``SELECT``; ``hist_block``, by default ``HIST_BLOCK``, but four bits a pass and the
+    whole row for the resident select)."""
     check_hist_block(hist_block)
-    block = MAX_BLOCK if row_select(select) == "nibbles" else (hist_block or HIST_BLOCK)
-    return min(block, triton.next_power_of_2(max(width, 16)))
+    how = row_select(select, width)
+    row = triton.next_power_of_2(max(width, 16))
+    if how == "resident":
+        return row
+    return min(MAX_BLOCK if how == "nibbles" else (hist_block or HIST_BLOCK), row)
 
 
 def row_topk(scores: torch.Tensor, k: int, out: torch.Tensor | None = None,
@@ -295,6 +353,6 @@ def row_topk(scores: torch.Tensor, k: int, out: torch.Tensor | None = None,
         scores, out, counts, width, scores.stride(0), out.stride(0),
         K=k, BLOCK=select_block(width, select, hist_block),
         BLOCK_K=min(1024, triton.next_power_of_2(k)),
-        HOW=row_select(select), num_warps=NUM_WARPS,
+        HOW=row_select(select, width), num_warps=NUM_WARPS,
     )  # fmt: skip
     return out, counts

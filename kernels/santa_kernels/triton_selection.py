@@ -316,15 +316,18 @@ class QuestStep(_Step):
             DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16, SELECT=select,
             PAGES=self.pages, SELECT_BLOCK=self._select_block(),
             SELECT_BLOCK_K=min(1024, triton.next_power_of_2(self.pages)),
-            SELECT_BY=self.select_by, num_warps=4,
+            SELECT_BY=triton_page_select.held_select(self.select_by, self.page_cap),
+            num_warps=4,
         )  # fmt: skip
         return out
 
     def _select_block(self) -> int:
         """Bounds a step of the fused select reads (byte-wise or spread: the row of up to
-        ``HIST_BLOCK`` pages at once)."""
+        ``HIST_BLOCK`` pages at once; resident: the whole row)."""
         if self.select_by == "nibbles":
             return QUEST_SELECT_BLOCK
+        if self.select_by == "resident":  # the whole row (or byte-wise past its widest)
+            return select_block(self.page_cap, "resident", self.hist_block)
         return select_block(self.page_cap, "bytes", self.hist_block)
 
     def select(self, q: torch.Tensor, kv: KVCache, layer: int = 0,
