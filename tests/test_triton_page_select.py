@@ -154,7 +154,7 @@ def test_the_docstrings_step_counts_follow_the_blocks():
 
 
 @pytest.mark.parametrize(("width", "k"), [
-    (5, 1), (50, 8), (300, 64), (1000, 300), (2048, 64), (2048, 256)])
+    (5, 1), (50, 8), (300, 64), (1000, 300), (2048, 64), (2048, 256), (4096, 64)])
 def test_resident_select_chooses_what_the_byte_wise_select_chooses(width, k):
     """The resident select (the row loaded once, its four histograms over the held keys,
     the slots from cumulative sums) lists the byte-wise select's positions in the same

@@ -31,8 +31,9 @@ find the same threshold and so list the same pages:
 
 - **resident** (``"resident"``): byte-wise as above, over the row loaded once and held in
   registers (a row of up to ``RESIDENT_MAX_WIDTH`` scores; a wider row runs byte-wise):
-  the four histograms read no memory, and the write takes its slots from two cumulative
-  sums of the held keys: 1 load, 4 histograms, 1 write.
+  the four histograms read no memory (each bucket found by one scan and one sum), and
+  the write takes its slots from one cumulative sum of the held keys: 1 load, 4
+  histograms, 1 write.
 
 A row holds any number of scores (re-read from L1/L2 each pass; held once by resident).
 No host-device sync, static shapes: a decode step can capture it in a CUDA graph.
@@ -169,7 +170,8 @@ def _select_resident(base, out_row, count_at, width, K: tl.constexpr, BLOCK: tl.
                      BLOCK_K: tl.constexpr):
     """:func:`_select_row` over the ``width <= BLOCK`` scores loaded once: the ``K``-th
     largest key by a ``tl.histogram`` of the next byte a pass over the held keys, then
-    the positions above it and the first ties, ascending, from two cumulative sums."""
+    the positions above it and the first ties, ascending, from one cumulative sum of
+    both counts (``BLOCK < 2^16``)."""
     offs = tl.arange(0, BLOCK)
     inside = offs < width
     s = tl.load(base + offs, mask=inside, other=float("-inf"))
@@ -180,22 +182,35 @@ def _select_resident(base, out_row, count_at, width, K: tl.constexpr, BLOCK: tl.
     for shift in tl.static_range(32 - HIST_BITS, -HIST_BITS, -HIST_BITS):
         match = inside & ((key >> (shift + HIST_BITS)) == (prefix >> (shift + HIST_BITS)))
         digit = ((key >> shift) & (HIST_BINS - 1)).to(tl.int32)
-        pick, above = _bucket_of(_masked_histogram(digit, match, HIST_BINS), want - greater,
-                                 HIST_BINS)
+        pick, above = _held_bucket_of(_masked_histogram(digit, match, HIST_BINS),
+                                      want - greater)
         greater += above
         prefix = prefix | (pick.to(tl.int64) << shift)
     live = inside & (s > float("-inf"))
+    above = live & (key > prefix)
     equal = live & (key == prefix)
-    rank = tl.cumsum(equal.to(tl.int32), axis=0) - 1
-    take = live & ((key > prefix) | (equal & (rank < want - greater)))
-    slot = tl.cumsum(take.to(tl.int32), axis=0) - 1
-    tl.store(out_row + slot, offs, mask=take)
+    # one scan of both counts: the keys above the threshold and its ties up to here
+    seen = tl.cumsum(above.to(tl.int32) + (equal.to(tl.int32) << 16), axis=0)
+    ties = tl.minimum(seen >> 16, want - greater)  # the ties taken up to here
+    take = above | (equal & ((seen >> 16) <= want - greater))
+    tl.store(out_row + (seen & 0xFFFF) + ties - 1, offs, mask=take)
     taken = tl.sum(take.to(tl.int32), axis=0)
     offs_k = tl.arange(0, BLOCK_K)
     for j0 in range(0, K, BLOCK_K):
         j = j0 + offs_k
         tl.store(out_row + j, tl.full([BLOCK_K], -1, tl.int32), mask=(j >= taken) & (j < K))
     tl.store(count_at, taken)
+
+
+@triton.jit
+def _held_bucket_of(h, need):
+    """:func:`_bucket_of` of a ``HIST_BINS`` histogram by one scan and one sum: each bin
+    with at least ``need`` keys at or above it adds ``2^20``, each other its count, so the
+    sum holds the bucket + 1 above bit 20 and the keys in higher buckets below it
+    (``1 <= need <=`` the histogram's total, fewer than ``2^20`` keys)."""
+    at_least = tl.cumsum(h, axis=0, reverse=True)  # keys in buckets >= the bin's
+    packed = tl.sum(tl.where(at_least >= need, 1 << 20, h), axis=0)
+    return (packed >> 20) - 1, packed & ((1 << 20) - 1)
 
 
 @triton.jit
