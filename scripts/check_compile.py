@@ -4,16 +4,25 @@ interpreter cannot see, e.g. a variable whose type differs between branches).
 Run anywhere:  python3 scripts/check_compile.py   (the kernel groups in up to 2 processes)
 Registers and spills: TRITON_DUMP_PTXAS_LOG=1 TRITON_CACHE_DIR=$(mktemp -d) before it
 (ptxas's report above each kernel's line; a cached kernel prints none).
+A kernel's static cost, to compare variants before any GPU run: ``--sass`` prints above
+each kernel's line its SASS instruction count and the counts of the instructions that
+set a program's serial latency (barriers, shuffles and warp reductions, shared and global
+atomics, global and shared loads and stores; nvdisasm from the Triton wheel); ``--only
+quest,topk`` compiles those groups alone.
 """
 
 from __future__ import annotations
 
+import argparse
+import collections
 import contextlib
 import io
 import multiprocessing
 import os
 import re
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 
@@ -41,6 +50,10 @@ H100_SMS = 132
 CTX = 32768  # the selection methods' shapes: ctx 32k, B = 8, page size 16
 BATCH = 8
 PAGE_SIZE = 16
+SASS_ENV = "CHECK_COMPILE_SASS"  # "1": each compiled kernel's SASS summary (--sass)
+# the SASS opcodes a summary counts: barriers, shuffles and warp reductions, shared and
+# global atomics and reductions, global and shared loads and stores
+SASS_OPS = ("BAR", "SHFL", "REDUX", "ATOMS", "ATOMG", "RED", "LDG", "STG", "LDS", "STS")
 
 
 def compile_kernel(fn, types: list[str], consts: dict, options: dict | None = None,
@@ -76,6 +89,8 @@ def compile_kernel(fn, types: list[str], consts: dict, options: dict | None = No
         kernel = triton.compile(src, target=TARGET, options=options)
     except Exception as exc:  # report the frontend's message
         return f"{type(exc).__name__}: {exc}"
+    if os.environ.get(SASS_ENV) == "1":
+        print(f"  {sass_summary(kernel.asm['cubin'])}")
     ttgir = kernel.asm["ttgir"]
     if max_shared is not None and kernel.metadata.shared > max_shared:
         return f"needs {kernel.metadata.shared} bytes of shared memory (> {max_shared})"
@@ -87,6 +102,27 @@ def compile_kernel(fn, types: list[str], consts: dict, options: dict | None = No
         if re.search(rf"tt\.load %[\w.]+(, [^:]*)?: tensor<[0-9x]+x!tt\.ptr<{ty}>", ttgir):
             return f"a {ty} load is not staged through shared memory"
     return None
+
+
+def sass_summary(cubin: bytes) -> str:
+    """``sass: N instructions (BAR b, ...)``: the kernel's SASS instructions (nvdisasm of
+    the Triton wheel) and the count of each of ``SASS_OPS`` present."""
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                            "nvdisasm")
+    if not os.path.exists(nvdisasm):
+        return "sass: no nvdisasm in the Triton wheel"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        done = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True,
+                              check=False)
+    if done.returncode:
+        return f"sass: nvdisasm failed: {done.stderr.strip()[:200]}"
+    ops = collections.Counter(
+        m.group(1).split(".")[0] for m in
+        re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", done.stdout))
+    counts = ", ".join(f"{op} {ops[op]}" for op in SASS_OPS if ops[op])
+    return f"sass: {sum(ops.values())} instructions ({counts})"
 
 
 def check_finish() -> int:
@@ -723,12 +759,30 @@ def _captured(check: Callable[[], int]) -> tuple[int, str]:
     return failures, out.getvalue()
 
 
-def main(jobs: int | None = None) -> int:
-    """Compiles every group, ``jobs`` processes at a time (default: up to 2 CPUs); 1 on
-    any failure."""
-    checks = (check_score, check_finish, check_attend, check_select, check_flash,
-              check_decode_linear, check_bernoulli, check_topk, check_quest, check_indexed)
-    jobs = jobs or min(2, os.cpu_count() or 1)
+CHECKS = (check_score, check_finish, check_attend, check_select, check_flash,
+          check_decode_linear, check_bernoulli, check_topk, check_quest, check_indexed)
+GROUPS = {check.__name__.removeprefix("check_"): check for check in CHECKS}
+
+
+def main(argv: list[str] | None = None, jobs: int | None = None) -> int:
+    """Compiles every group (or ``--only``'s), ``jobs`` processes at a time (default: up
+    to 2 CPUs); 1 on any failure, 2 on a bad option."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sass", action="store_true",
+                        help="print each kernel's SASS instruction and barrier counts")
+    parser.add_argument("--only", default="",
+                        help=f"comma-separated groups to compile ({', '.join(GROUPS)}; "
+                             f"default: all)")
+    args = parser.parse_args(argv)
+    names = [n for n in args.only.split(",") if n]
+    unknown = [n for n in names if n not in GROUPS]
+    if unknown:
+        parser.error(f"--only: unknown group {unknown[0]!r} (expected one of "
+                     f"{', '.join(GROUPS)})")
+    if args.sass:  # the spawned workers inherit it
+        os.environ[SASS_ENV] = "1"
+    checks = [GROUPS[n] for n in names] or list(CHECKS)
+    jobs = jobs or min(2, os.cpu_count() or 1, len(checks))
     if jobs == 1:
         results = [_captured(check) for check in checks]
     else:  # spawned workers: each imports Triton afresh (no forked compiler state)

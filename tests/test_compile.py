@@ -12,6 +12,7 @@ which otherwise run only under the interpreter here.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,28 @@ def test_kernels_compile_for_hopper():
     pooled = [line for line in lines if line.startswith("_attend_kernel pooled")]
     for merge in ("atomic=False ticket=True", "atomic=False ticket=False", "atomic=True"):
         assert any(merge in line and line.endswith(": ok") for line in pooled), (merge, pooled)
+
+
+def test_sass_summaries_of_one_group_and_a_bad_group():
+    """``--only quest --sass``: Quest's kernels alone, each line after its SASS summary
+    (an instruction count and the barriers every select runs); an unknown group is one
+    line of error and exit 2."""
+    pytest.importorskip("triton.backends.nvidia", reason="Triton without its NVIDIA backend")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "check_compile.py"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, str(script), "--only", "quest", "--sass"], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    kernels = [i for i, line in enumerate(lines) if line.endswith(": ok")]
+    assert kernels and all(lines[i].startswith(("_quest_bound_kernel", "_row_topk_kernel"))
+                           for i in kernels)
+    for i in kernels:
+        assert re.fullmatch(r"  sass: \d+ instructions \(BAR \d+, .*\)", lines[i - 1]), lines[i - 1]
+    bad = subprocess.run([sys.executable, str(script), "--only", "quest,nope"], env=env,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert bad.returncode == 2 and "--only: unknown group 'nope'" in bad.stderr
+    assert "Traceback" not in bad.stderr
 
 
 def test_the_select_checks_list_the_kernels_arguments():
