@@ -7,7 +7,8 @@ Registers and spills: TRITON_DUMP_PTXAS_LOG=1 TRITON_CACHE_DIR=$(mktemp -d) befo
 A kernel's static cost, to compare variants before any GPU run: ``--sass`` prints above
 each kernel's line its SASS instruction count and the counts of the instructions that
 set a program's serial latency (barriers, shuffles and warp reductions, shared and global
-atomics, global and shared loads and stores; nvdisasm from the Triton wheel); ``--only
+atomics, global and shared loads and stores, asynchronous copies, tensor-core
+instructions; nvdisasm from the Triton wheel); ``--only
 quest,topk`` compiles those groups alone.
 """
 
@@ -52,8 +53,10 @@ BATCH = 8
 PAGE_SIZE = 16
 SASS_ENV = "CHECK_COMPILE_SASS"  # "1": each compiled kernel's SASS summary (--sass)
 # the SASS opcodes a summary counts: barriers, shuffles and warp reductions, shared and
-# global atomics and reductions, global and shared loads and stores
-SASS_OPS = ("BAR", "SHFL", "REDUX", "ATOMS", "ATOMG", "RED", "LDG", "STG", "LDS", "STS")
+# global atomics and reductions, global and shared loads and stores, asynchronous copies
+# (cp.async, TMA), tensor-core instructions
+SASS_OPS = ("BAR", "SHFL", "REDUX", "ATOMS", "ATOMG", "RED", "LDG", "STG", "LDS", "STS",
+            "LDGSTS", "UTMALDG", "HMMA", "HGMMA")
 
 
 def compile_kernel(fn, types: list[str], consts: dict, options: dict | None = None,
