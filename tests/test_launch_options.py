@@ -198,6 +198,24 @@ def test_the_steps_pass_their_options_to_what_they_launch(monkeypatch):
     assert _defaults() == DEFAULTS
 
 
+def test_a_quest_step_holds_its_bounds_only_where_a_thread_holds_few(monkeypatch):
+    """select="resident" runs byte-wise where a row needs more than RESIDENT_KEYS bounds a
+    thread: here (one a thread) 150 pages fit a row launch's 8 warps but not the bound
+    kernel's 4, and the pages chosen are the same."""
+    monkeypatch.setattr(tps, "RESIDENT_KEYS", 1)
+    q, kv = _problem(n=600, lengths=(600, 250))
+    launches = _recorded(monkeypatch)
+    runs = []
+    for fused in (True, False):
+        step = ts.QuestStep(q, kv, page=4, pages=10, select="resident", fused_select=fused)
+        step.build(kv)
+        runs.append((step(q, kv).cpu(), step.chosen.cpu()))
+    fused_by = [kw["SELECT_BY"] for k, kw, *_ in launches
+                if k is ts._quest_bound_kernel and kw["SELECT"]]
+    assert fused_by == ["bytes"] and _kwarg(launches, tps._row_topk_kernel, "HOW") == ["resident"]
+    assert torch.equal(runs[0][1], runs[1][1]) and torch.equal(runs[0][0], runs[1][0])
+
+
 def test_a_quest_step_refuses_an_unknown_select():
     q, kv = _problem(n=64, lengths=(64, 30))
     with pytest.raises(tps.InputError, match=r"^select: expected one of bytes, nibbles, "

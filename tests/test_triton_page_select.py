@@ -167,10 +167,14 @@ def test_resident_select_chooses_what_the_byte_wise_select_chooses(width, k):
 
 
 def test_resident_select_runs_byte_wise_past_its_widest_row(monkeypatch):
-    """Rows wider than RESIDENT_MAX_WIDTH run byte-wise in blocks, choosing the same; the
-    resident select's step is the whole row."""
+    """Rows needing more than RESIDENT_KEYS scores a thread run byte-wise in blocks,
+    choosing the same; the resident select's step is the whole row (2048 pages in Quest's
+    4-warp bound kernel, 4096 in a row launch of 8)."""
     assert ps.select_block(300, "resident") == 512 and ps.row_select("resident", 300) == "resident"
-    monkeypatch.setattr(ps, "RESIDENT_MAX_WIDTH", 256)
+    assert ps.row_select("resident", 4096, 8) == "resident"
+    assert ps.row_select("resident", 4096, 4) == "bytes"
+    assert ps.row_select("resident", 2048, 4) == "resident"
+    monkeypatch.setattr(ps, "RESIDENT_KEYS", 1)  # 256 a row of 8 warps
     assert ps.row_select("resident", 300) == "bytes"
     assert ps.row_select("resident", 256) == "resident"
     assert ps.select_block(300, "resident", 64) == 64

@@ -30,7 +30,8 @@ find the same threshold and so list the same pages:
   than ``CAND_BLOCK``).
 
 - **resident** (``"resident"``): byte-wise as above, over the row loaded once and held in
-  registers (a row of up to ``RESIDENT_MAX_WIDTH`` scores; a wider row runs byte-wise):
+  registers (``RESIDENT_KEYS`` a thread at most: 2048 scores in 4 warps; a wider row
+  runs byte-wise):
   the four histograms read no memory (each bucket found by one scan and one sum), and
   the write takes its slots from one cumulative sum of the held keys: 1 load, 4
   histograms, 1 write.
@@ -57,7 +58,10 @@ HIST_BINS = tl.constexpr(256)
 # byte-wise, four bits a pass, spread (Quest's), byte-wise over the row held in registers
 SELECTS = ("bytes", "nibbles", "spread", "resident")
 SELECT = "bytes"  # QuestStep's default select (its select= option)
-RESIDENT_MAX_WIDTH = 4096  # the widest row the resident select holds (wider: byte-wise)
+# the scores a thread of the resident select holds at most (a wider row runs byte-wise):
+# 2048 in Quest's 4-warp bound kernel (compiled for sm_90 at 4096 pages it took 210
+# registers a thread against 133 at 2048, fewer bound programs an SM), 4096 in a row launch
+RESIDENT_KEYS = 16
 CAND_BLOCK = tl.constexpr(64)  # candidates the spread select ranks by [C, C] compares
 KEY_BITS = 12  # the spread histogram's buckets: the order key's top bits (_bucket_key)
 KEY_BUCKETS = tl.constexpr(1 << KEY_BITS)
@@ -304,21 +308,24 @@ def _spread_select_row(base, out_row, count_at, hist_ptr, cand_ptr, row, width,
     _write_taken(base, out_row, count_at, width, thr.to(tl.int64), ties, K, BLOCK, BLOCK_K)
 
 
-def row_select(select: str | None = None, width: int | None = None) -> str:
+def row_select(select: str | None = None, width: int | None = None,
+               warps: int = NUM_WARPS) -> str:
     """The select :func:`row_topk`'s own launch runs for ``select`` (default ``SELECT``)
-    over rows of ``width``: the spread select lives in Quest's bound kernel, so a row
-    launch runs byte-wise, as does the resident select over rows wider than
-    ``RESIDENT_MAX_WIDTH``."""
-    select = held_select(SELECT if select is None else select, width)
+    over rows of ``width`` in programs of ``warps``: the spread select lives in Quest's
+    bound kernel, so a row launch runs byte-wise, as does the resident select over rows
+    wider than ``RESIDENT_KEYS`` a thread."""
+    select = held_select(SELECT if select is None else select, width, warps)
     return "bytes" if select == "spread" else select
 
 
-def held_select(select: str, width: int | None = None) -> str:
+def held_select(select: str, width: int | None = None, warps: int = NUM_WARPS) -> str:
     """``select`` (one of ``SELECTS``), byte-wise where it is resident and rows of
-    ``width`` are wider than ``RESIDENT_MAX_WIDTH``."""
+    ``width`` (padded to a power of two) need more than ``RESIDENT_KEYS`` a thread of
+    ``warps`` warps."""
     if select not in SELECTS:
         raise InputError(f"select: expected one of {', '.join(SELECTS)}, got {select!r}")
-    wide = width is not None and width > RESIDENT_MAX_WIDTH
+    wide = (width is not None
+            and triton.next_power_of_2(max(width, 16)) > RESIDENT_KEYS * 32 * warps)
     return "bytes" if select == "resident" and wide else select
 
 
@@ -330,12 +337,13 @@ def check_hist_block(hist_block: int | None) -> None:
             raise InputError(f"hist_block: expected a power of two >= 16, got {hist_block}")
 
 
-def select_block(width: int, select: str | None = None, hist_block: int | None = None) -> int:
-    """Scores a step of the select reads for rows of ``width`` (``select``: default
-    ``SELECT``; ``hist_block``, by default ``HIST_BLOCK``, but four bits a pass and the
-    whole row for the resident select)."""
+def select_block(width: int, select: str | None = None, hist_block: int | None = None,
+                 warps: int = NUM_WARPS) -> int:
+    """Scores a step of the select reads for rows of ``width`` in programs of ``warps``
+    (``select``: default ``SELECT``; ``hist_block``, by default ``HIST_BLOCK``, but four
+    bits a pass and the whole row for the resident select)."""
     check_hist_block(hist_block)
-    how = row_select(select, width)
+    how = row_select(select, width, warps)
     row = triton.next_power_of_2(max(width, 16))
     if how == "resident":
         return row

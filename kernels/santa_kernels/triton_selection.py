@@ -316,8 +316,9 @@ class QuestStep(_Step):
             DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16, SELECT=select,
             PAGES=self.pages, SELECT_BLOCK=self._select_block(),
             SELECT_BLOCK_K=min(1024, triton.next_power_of_2(self.pages)),
-            SELECT_BY=triton_page_select.held_select(self.select_by, self.page_cap),
-            num_warps=4,
+            SELECT_BY=triton_page_select.held_select(self.select_by, self.page_cap,
+                                                     QUEST_BOUND_WARPS),
+            num_warps=QUEST_BOUND_WARPS,
         )  # fmt: skip
         return out
 
@@ -327,7 +328,7 @@ class QuestStep(_Step):
         if self.select_by == "nibbles":
             return QUEST_SELECT_BLOCK
         if self.select_by == "resident":  # the whole row (or byte-wise past its widest)
-            return select_block(self.page_cap, "resident", self.hist_block)
+            return select_block(self.page_cap, "resident", self.hist_block, QUEST_BOUND_WARPS)
         return select_block(self.page_cap, "bytes", self.hist_block)
 
     def select(self, q: torch.Tensor, kv: KVCache, layer: int = 0,
@@ -368,6 +369,7 @@ class QuestStep(_Step):
 # ------------------------------------------------------------------ Quest's page bounds
 QUEST_BLOCK_P = {16: 64, 32: 64, 64: 64, 128: 32, 256: 16}  # pages a program scores (fp32)
 QUEST_SELECT_BLOCK = 256  # scores the fused select counts at a time, four bits a pass
+QUEST_BOUND_WARPS = 4  # warps a program of the bound kernel (and its fused select) runs
 
 
 @triton.jit
