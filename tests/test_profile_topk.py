@@ -39,7 +39,7 @@ def test_one_shape_through_the_interpreter(capsys):
                      step.attend_programs_per_sm,
                      getattr(step, "chunk", None), getattr(step, "max_registers", None),
                      getattr(step, "stages", None), step.top.select_span,
-                     step.top.select_splits))
+                     step.top.select_splits, getattr(step, "tail_by_token", None)))
         return float(len(seen))
 
     rows = script.profile_shape(1, 1024, 4, 2, 16, methods, device="cpu", timer=timer)
@@ -69,11 +69,12 @@ def test_one_shape_through_the_interpreter(capsys):
 
     def options(n, spread=True, mass=512, hints=False, programs=tix.PROGRAMS_PER_SM, rest=None,
                 chunk=None,
-                regs=None, stages=None, span=ttk.SELECT_SPAN):
+                regs=None, stages=None, span=ttk.SELECT_SPAN, by_token=None):
         # the score pass's span at 1k tokens, B=1, 2 KV heads: 4 splits of 256 (a longer
         # select_span is capped at it)
         splits = -(-1024 // min(span or 256, 256))
-        return [(spread, mass, hints, rest, programs, chunk, regs, stages, span, splits)] * n
+        return [(spread, mass, hints, rest, programs, chunk, regs, stages, span, splits,
+                 by_token)] * n
 
     def swept(rest=None, spans=False, **vatt):
         return (options(1, mass=256, rest=rest, **vatt)
@@ -86,7 +87,8 @@ def test_one_shape_through_the_interpreter(capsys):
 
     santa = 256
     vatt = {"programs": tsel.VATTENTION_PROGRAMS_PER_SM, "chunk": tix.CHUNK[16],
-            "regs": tsel.VATTENTION_MAX_REGISTERS, "stages": tsel.VATTENTION_STAGES}
+            "regs": tsel.VATTENTION_MAX_REGISTERS, "stages": tsel.VATTENTION_STAGES,
+            "by_token": False}
     assert script.SELECT_SPANS == (None, 512, 1024, 2048)
     assert seen == (options(5) + options(2, spread=False) + swept(spans=True)
                     + options(6, rest=santa) + options(3, spread=False, rest=santa)
@@ -97,7 +99,8 @@ def test_one_shape_through_the_interpreter(capsys):
                     + options(1, **{**vatt, "regs": None})
                     + options(1, **{**vatt, "stages": 5})
                     + options(1, **{**vatt, "regs": None, "stages": None,
-                                    "programs": tix.PROGRAMS_PER_SM}))
+                                    "programs": tix.PROGRAMS_PER_SM})
+                    + options(1, **{**vatt, "by_token": True}))
     assert trs.REST_BLOCK == 256
     assert ttk.SPREAD_SELECT is True and ttk.MASS_BLOCK == 512 and ttk.SELECT_SPAN == 2048
     assert tix.PROGRAMS_PER_SM == 8 and ttk.SCORE_L2_HINTS is False
