@@ -18,7 +18,10 @@ bounds held in registers) fused and in its own launch:
   ``bounds + select``, the attention;
 - ``step (N pages a bound program)``: the whole call of a step (the default select)
   whose bound kernel scores ``N`` pages a program (``bound_pages``) instead of
-  ``triton_selection.QUEST_BLOCK_P``'s (64 at head dim 128, 16-bit bounds).
+  ``triton_selection.QUEST_BLOCK_P``'s (64 at head dim 128, 16-bit bounds);
+- ``step (N attend programs an SM)``: the whole call of a step whose indexed attend's
+  splits aim at ``N`` programs an SM (``attend_programs_per_sm``) instead of
+  ``triton_selection.QUEST_PROGRAMS_PER_SM``.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ SELECTS = {"byte-wise": ("bytes", True), "four bits a pass": ("nibbles", True),
            "spread": ("spread", True), "byte-wise, own launch": ("bytes", False),
            "resident": ("resident", True), "resident, own launch": ("resident", False)}
 BOUND_PAGES = (32, 128)  # pages a bound program scores, timed against the default's
+ATTEND_PROGRAMS = (2, 4, 16)  # the attend's programs an SM, timed against the default's
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,10 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
     for per_program in BOUND_PAGES:  # the default select, the bound kernel split otherwise
         pairs = _built(inputs, pages, bound_pages=per_program)
         rows.append(Row(shape, pages, "byte-wise", f"step ({per_program} pages a bound program)",
+                        timer([lambda s=s, qi=qi, kvi=kvi: s(qi, kvi) for s, (qi, kvi) in pairs])))
+    for per_sm in ATTEND_PROGRAMS:  # the default select, the attend split otherwise
+        pairs = _built(inputs, pages, attend_programs_per_sm=per_sm)
+        rows.append(Row(shape, pages, "byte-wise", f"step ({per_sm} attend programs an SM)",
                         timer([lambda s=s, qi=qi, kvi=kvi: s(qi, kvi) for s, (qi, kvi) in pairs])))
     del pairs
     inputs.clear()

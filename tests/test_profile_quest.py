@@ -24,7 +24,8 @@ def test_one_shape_through_the_interpreter(capsys):
         for call in calls:
             call()
         step = calls[0].__defaults__[0]  # the step a call runs
-        seen.append((step.select_by, step.fused_select, step.bound_pages))
+        seen.append((step.select_by, step.fused_select, step.bound_pages,
+                     step.attend_programs_per_sm))
         return float(len(seen))
 
     rows = script.profile_shape(1, 1024, 4, 2, 16, 4, device="cpu", timer=timer)
@@ -36,11 +37,17 @@ def test_one_shape_through_the_interpreter(capsys):
         ("resident", "bounds + select"), ("resident", "step"),
         ("resident, own launch", "bounds + select"), ("resident, own launch", "step"),
         ("byte-wise", "step (32 pages a bound program)"),
-        ("byte-wise", "step (128 pages a bound program)")]
-    assert seen == [("bytes", True, None)] * 3 + [("nibbles", True, None)] * 2 \
+        ("byte-wise", "step (128 pages a bound program)"),
+        ("byte-wise", "step (2 attend programs an SM)"),
+        ("byte-wise", "step (4 attend programs an SM)"),
+        ("byte-wise", "step (16 attend programs an SM)")]
+    per_sm = script.tsel.QUEST_PROGRAMS_PER_SM
+    assert [x[3] for x in seen] == [per_sm] * (len(seen) - 3) + [2, 4, 16]
+    assert [x[:3] for x in seen] == [("bytes", True, None)] * 3 \
+        + [("nibbles", True, None)] * 2 \
         + [("spread", True, None)] * 2 + [("bytes", False, None)] * 2 \
         + [("resident", True, None)] * 2 + [("resident", False, None)] * 2 \
-        + [("bytes", True, 32), ("bytes", True, 128)]
+        + [("bytes", True, 32), ("bytes", True, 128)] + [("bytes", True, None)] * 3
     assert tps.SELECT == "bytes"
     script.print_rows(rows)
     table = capsys.readouterr().out

@@ -202,6 +202,9 @@ class OracleTopKStep(_Step):
 # QuestStep's default fused_select: with shared="group" the bound kernel's last program per
 # row selects (False: triton_page_select's own launch)
 QUEST_FUSED_SELECT = True
+# QuestStep's default attend_programs_per_sm: its indexed attend's programs an SM (the
+# other listed methods': its chosen pages are as few rows as theirs)
+QUEST_PROGRAMS_PER_SM = PROGRAMS_PER_SM
 
 
 class QuestStep(_Step):
@@ -212,7 +215,7 @@ class QuestStep(_Step):
                  num_layers: int = 1, select: str = triton_page_select.SELECT,
                  fused_select: bool = QUEST_FUSED_SELECT,
                  bound_pages: int | None = None, hist_block: int | None = None,
-                 attend_programs_per_sm: int = PROGRAMS_PER_SM) -> None:
+                 attend_programs_per_sm: int = QUEST_PROGRAMS_PER_SM) -> None:
         """``select``: the page select its launches run (one of
         ``triton_page_select.SELECTS``, kept as ``select_by``); ``fused_select``: with
         ``shared="group"``, select in the bound kernel's last program per row (else in
