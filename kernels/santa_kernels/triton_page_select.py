@@ -31,10 +31,9 @@ find the same threshold and so list the same pages:
 
 - **resident** (``"resident"``): byte-wise as above, over the row loaded once and held in
   registers (``RESIDENT_KEYS`` a thread at most: 2048 scores in 4 warps; a wider row
-  runs byte-wise):
-  the four histograms read no memory (each bucket found by one scan and one sum), and
-  the write takes its slots from one cumulative sum of the held keys: 1 load, 4
-  histograms, 1 write.
+  runs byte-wise): the four histograms read no memory (each bucket found by one scan and
+  one sum), and the write takes its slots from one cumulative sum of the held keys: 1
+  load, 4 histograms, 1 write.
 
 A row holds any number of scores (re-read from L1/L2 each pass; held once by resident).
 No host-device sync, static shapes: a decode step can capture it in a CUDA graph.
