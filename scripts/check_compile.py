@@ -597,14 +597,17 @@ def check_topk() -> int:
                                       (0, 128, 1, 8, 128), (64, 100, 2, 8, 128)):
         consts = {"NUM_KV_HEADS": hkv, "GROUP": group, "BLOCK_G": _pad(group),
                   "SPLITS_PAD": max(2, _pad(_topk_splits(d, hkv))), "K": k, "S": samples,
+                  # the rest's splits at 1024 tokens a program (a rest span finer than the
+                  # score pass's)
+                  "REST_PAD": max(2, _pad(-(-CTX // 1024))),
                   "BLOCK": trs.REST_BLOCK, "HAS_TOP": k > 0}
-        err = compile_kernel(trs._rest_sum_kernel, heads + ["i32"] * 9,
+        err = compile_kernel(trs._rest_sum_kernel, heads + ["i32"] * 10,
                              {**consts, "BLOCK_S": min(128, _pad(samples))},
                              {"num_warps": trs.NUM_WARPS}, max_shared=H100_SHARED,
                              divisible=_aligned(trs._rest_sum_kernel))
         print(f"_rest_sum_kernel k={k} S={samples} G={group}: {err or 'ok'}")
         failures += err is not None
-        err = compile_kernel(trs._systematic_kernel, heads + ["*i64", "i32"] + ["i32"] * 9,
+        err = compile_kernel(trs._systematic_kernel, heads + ["*i64", "i32"] + ["i32"] * 10,
                              consts, {"num_warps": trs.NUM_WARPS},
                              max_shared=H100_SHARED, divisible=_aligned(trs._systematic_kernel))
         print(f"_systematic_kernel k={k} S={samples} G={group}: {err or 'ok'}")

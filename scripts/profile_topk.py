@@ -9,6 +9,7 @@ k=64 S=128, vattention at its defaults), each row is a part of the step's call t
 own step, as many as the harness's cold-L2 plan takes), once with steps whose select is
 split like the score pass (``TopKSelect(spread=True)``) and once with one program a row;
 each variant below is a step built with that option (``select_options``, ``rest_block``,
+``rest_span``,
 ``attend_programs_per_sm``), the module constants untouched:
 
 - ``scores``: the score pass alone (K once, the scores and their per-split stats);
@@ -30,6 +31,9 @@ each variant below is a step built with that option (``select_options``, ``rest_
   evict-first, the scores stored evict-last; ``triton_topk.SCORE_L2_HINTS`` by default);
 - ``plan (N rest tokens a step)`` (topk-santa): the plan with the rest sampler's kernels
   stepping ``N`` tokens (``rest_block``) instead of ``triton_rest_sample.REST_BLOCK``'s;
+- ``plan (N rest tokens a program)`` (topk-santa): the plan with the rest sampler's
+  kernels at most ``N`` tokens a program (``rest_span``) instead of
+  ``triton_rest_sample.REST_SPAN``'s (the score pass's span);
 - ``step (N attend programs an SM)``: the whole call of a step built with the indexed
   attend's splits aimed at ``N`` programs an SM (``attend_programs_per_sm``;
   ``triton_indexed.PROGRAMS_PER_SM`` by default, vattention's
@@ -77,6 +81,7 @@ VATTENTION_ATTENDS = {
     "step (tail by token)": {"tail_by_token": True},
 }
 REST_BLOCKS = (512, 1024)  # the rest sampler's tokens a step, timed against REST_BLOCK's
+REST_SPANS = (512, 1024, 2048)  # the rest sampler's tokens a program, against REST_SPAN's
 # oracle-topk's select's tokens a program (None: the score pass's span)
 SELECT_SPANS = (None, 512, 1024, 2048)
 # the spread select's stages up to each launch (TopKSelect.run_select's upto)
@@ -200,6 +205,11 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
                 rows.append(Row(shape, method, "spread", f"plan ({block} rest tokens a step)",
                                 _time_built(timer, build, inputs, lambda s: s.plan,
                                             select_options=SPREAD, rest_block=block)))
+            for span in REST_SPANS:  # the rest sampler's programs, each span long
+                rows.append(Row(shape, method, "spread",
+                                f"plan ({span} rest tokens a program)",
+                                _time_built(timer, build, inputs, lambda s: s.plan,
+                                            select_options=SPREAD, rest_span=span)))
         for per_sm in ATTEND_PROGRAMS:  # the step built for this many programs
             rows.append(Row(shape, method, "spread", f"step ({per_sm} attend programs an SM)",
                             _time_built(timer, build, inputs, lambda s: s,

@@ -35,7 +35,7 @@ def test_one_shape_through_the_interpreter(capsys):
         step = calls[0].__defaults__[0]  # the step a call runs: its options
         sampler = getattr(step, "sampler", None)
         seen.append((step.top.spread, step.top.mass_block, step.top.l2_hints,
-                     sampler.block if sampler else None,
+                     (sampler.block, sampler.span) if sampler else None,
                      step.attend_programs_per_sm,
                      getattr(step, "chunk", None), getattr(step, "max_registers", None),
                      getattr(step, "stages", None), step.top.select_span,
@@ -61,6 +61,7 @@ def test_one_shape_through_the_interpreter(capsys):
                + [("one program a row", st) for st in ("scores + select", "plan", "step")]
                + sweep)
     rest = [("spread", f"plan ({b} rest tokens a step)") for b in script.REST_BLOCKS]
+    rest += [("spread", f"plan ({n} rest tokens a program)") for n in script.REST_SPANS]
     at = len(sweep) - len(script.ATTEND_PROGRAMS)  # the rest sweep: before the attend's
     santa = planned[:len(planned) - len(sweep)] + sweep[:at] + rest + sweep[at:]
     attend = [("spread", f"step ({c} attend rows a step)") for c in script.ATTEND_CHUNKS]
@@ -81,11 +82,13 @@ def test_one_shape_through_the_interpreter(capsys):
                 + options(1, mass=1024, rest=rest, **vatt)
                 + [x for span in script.SELECT_SPANS if spans for x in options(3, span=span)]
                 + options(2, hints=True, rest=rest, **vatt)
-                + [x for r in script.REST_BLOCKS if rest for x in options(1, rest=r)]
+                + [x for r in script.REST_BLOCKS if rest for x in options(1, rest=(r, 256))]
+                + [x for n in script.REST_SPANS if rest
+                   for x in options(1, rest=(trs.REST_BLOCK, min(n, 256)))]
                 + [x for n in script.ATTEND_PROGRAMS
                    for x in options(1, rest=rest, **{**vatt, "programs": n})])
 
-    santa = 256
+    santa = (256, 256)  # the rest sampler's tokens a step and a program (the score pass's)
     vatt = {"programs": tsel.VATTENTION_PROGRAMS_PER_SM, "chunk": tix.CHUNK[16],
             "regs": tsel.VATTENTION_MAX_REGISTERS, "stages": tsel.VATTENTION_STAGES,
             "by_token": False}
@@ -101,7 +104,7 @@ def test_one_shape_through_the_interpreter(capsys):
                     + options(1, **{**vatt, "regs": None, "stages": None,
                                     "programs": tix.PROGRAMS_PER_SM})
                     + options(1, **{**vatt, "by_token": True}))
-    assert trs.REST_BLOCK == 256
+    assert trs.REST_BLOCK == 256 and trs.REST_SPAN is None
     assert ttk.SPREAD_SELECT is True and ttk.MASS_BLOCK == 512 and ttk.SELECT_SPAN == 2048
     assert tix.PROGRAMS_PER_SM == 8 and ttk.SCORE_L2_HINTS is False
     assert tsel.VATTENTION_PROGRAMS_PER_SM == 8 and tix.CHUNK[16] == 64

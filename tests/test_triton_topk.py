@@ -278,6 +278,27 @@ def test_a_select_span_draws_the_same_rest_samples(span):
         assert torch.equal(old, new)
 
 
+@pytest.mark.parametrize("span", [64, 128, 4096])
+def test_a_rest_span_draws_the_score_pass_spans_rest_samples(span):
+    """top-k + S²ANTA with the rest sampler in spans of its own (``rest_span``; a longer
+    one is capped at the score pass's): the same top set, systematic samples and
+    log-weights as split like the score pass, its rest sums over its own splits."""
+    ts = pytest.importorskip("santa_kernels.triton_selection")
+    q, kv = _random_problem(batch=2, hkv=2, group=3, n=900, lengths=(900, 300), seed=8)
+    plans = []
+    for options in ({}, {"rest_span": span}):
+        santa = ts.TopKSantaStep(q, kv, k=40, S=16, seed=2, **options)
+        plans.append((santa.plan(q, kv).cpu(), santa.log_weights.cpu(),
+                      santa.sampler.rest.view(2, 6, -1).sum(-1).cpu()))
+        score_span = santa.top.tiles_per_split * santa.top.block_n
+        assert santa.sampler.span == min(span if options else score_span, score_span)
+        assert santa.sampler.splits == -(-900 // santa.sampler.span)
+    assert plans[0][0].shape == plans[1][0].shape
+    assert torch.equal(plans[0][0], plans[1][0])
+    torch.testing.assert_close(plans[0][1], plans[1][1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(plans[0][2], plans[1][2], rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("shared", ["group", "head"])
 def test_oracle_topk_spread_select_chooses_the_references_rows(shared):
     """oracle-topk's rows against the reference's top-k mask and the one-program select;

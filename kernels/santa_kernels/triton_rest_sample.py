@@ -1,6 +1,7 @@
 """S²ANTA-sys samples of the tokens off a top-``k`` set, for top-k + S²ANTA
 (docs/algorithms.md section 10.4), in two launches over the score stash of
-``triton_topk`` (split like its score pass):
+``triton_topk``, split alike in spans of the tokens (the score pass's, or at most
+``RestSampler(span=N)`` tokens a program: more programs, fewer serial steps each):
 
 1. **Rest sums**: per split and query head, ``R = Σ p_i`` over the split's valid tokens
    off the top set (``p_i = e^{s_i − lse}``; a token is in the set by the select's
@@ -23,6 +24,9 @@ from santa_kernels.triton_topk import TopKSelect, _lse_of, _order_key
 from santa_kernels.validate import check_positive_int
 
 REST_BLOCK = 256  # tokens a step of either kernel
+# RestSampler's default span: at most this many tokens a program of either kernel (None: the
+# score pass's span, so the rest is split like it)
+REST_SPAN = None
 NUM_WARPS = 4
 
 
@@ -46,11 +50,11 @@ def _rest_probs(s_rows, mass_row, tok, inside, n, lse, mask_g, thr, last_tie,
 @triton.jit
 def _rest_sum_kernel(
     s_ptr, m_ptr, l_ptr, lengths_ptr, mass_ptr, thr_key_ptr, thr_tok_ptr, rest_ptr,
-    rows_ptr, lw_ptr, capacity, num_splits, tokens_per_split, stride_sb, stride_sh,
-    stride_rb, stride_rh, stride_wb, stride_wh,
+    rows_ptr, lw_ptr, capacity, num_splits, rest_splits, tokens_per_split, stride_sb,
+    stride_sh, stride_rb, stride_rh, stride_wb, stride_wh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-    SPLITS_PAD: tl.constexpr, K: tl.constexpr, S: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK: tl.constexpr, HAS_TOP: tl.constexpr,
+    SPLITS_PAD: tl.constexpr, REST_PAD: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK: tl.constexpr, HAS_TOP: tl.constexpr,
 ):
     split = tl.program_id(0)
     pid = tl.program_id(1)  # b * Hkv + g
@@ -75,7 +79,7 @@ def _rest_sum_kernel(
         p, _ = _rest_probs(s_rows, mass_row, tok, tok < hi, n, lse, mask_g, thr, last_tie,
                            HAS_TOP)
         total += tl.sum(p, axis=1)
-    tl.store(rest_ptr + rows * num_splits + split, total, mask=mask_g)
+    tl.store(rest_ptr + rows * rest_splits + split, total, mask=mask_g)
     if split == 0:  # clear the heads' sample slots (a slot no token takes stays empty)
         for m0 in range(0, S, BLOCK_S):
             m = m0 + tl.arange(0, BLOCK_S)
@@ -90,11 +94,11 @@ def _rest_sum_kernel(
 @triton.jit
 def _systematic_kernel(
     s_ptr, m_ptr, l_ptr, lengths_ptr, mass_ptr, thr_key_ptr, thr_tok_ptr, rest_ptr,
-    rows_ptr, lw_ptr, rng_ptr, seed, capacity, num_splits, tokens_per_split,
+    rows_ptr, lw_ptr, rng_ptr, seed, capacity, num_splits, rest_splits, tokens_per_split,
     stride_sb, stride_sh, stride_rb, stride_rh, stride_wb, stride_wh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-    SPLITS_PAD: tl.constexpr, K: tl.constexpr, S: tl.constexpr, BLOCK: tl.constexpr,
-    HAS_TOP: tl.constexpr,
+    SPLITS_PAD: tl.constexpr, REST_PAD: tl.constexpr, K: tl.constexpr, S: tl.constexpr,
+    BLOCK: tl.constexpr, HAS_TOP: tl.constexpr,
 ):
     split = tl.program_id(0)
     pid = tl.program_id(1)  # b * Hkv + g
@@ -109,9 +113,9 @@ def _systematic_kernel(
     thr = tl.load(thr_key_ptr + pid).to(tl.uint32, bitcast=True)
     last_tie = tl.load(thr_tok_ptr + pid)
     # M and the rest before this split, from the rest sums
-    offs_s = tl.arange(0, SPLITS_PAD)
-    r = tl.load(rest_ptr + rows[:, None] * num_splits + offs_s[None, :],
-                mask=mask_g[:, None] & (offs_s < num_splits)[None, :], other=0.0)
+    offs_s = tl.arange(0, REST_PAD)
+    r = tl.load(rest_ptr + rows[:, None] * rest_splits + offs_s[None, :],
+                mask=mask_g[:, None] & (offs_s < rest_splits)[None, :], other=0.0)
     mass_total = tl.sum(r, axis=1)
     run = tl.sum(tl.where((offs_s < split)[None, :], r, 0.0), axis=1)
     live = mask_g & (mass_total > 0)
@@ -155,12 +159,20 @@ class RestSampler:
     """The two launches of the rest's systematic samples over a :class:`TopKSelect`'s
     stash (``k`` its top set's size, 0 for none; ``S`` samples per query head)."""
 
-    def __init__(self, top: TopKSelect, k: int, S: int, *, block: int = REST_BLOCK) -> None:
-        """``block``: tokens a step of either kernel (``REST_BLOCK`` by default)."""
+    def __init__(self, top: TopKSelect, k: int, S: int, *, block: int = REST_BLOCK,
+                 span: int | None = REST_SPAN) -> None:
+        """``block``: tokens a step of either kernel (``REST_BLOCK`` by default); ``span``:
+        at most this many tokens a program of either kernel (``REST_SPAN`` by default; None:
+        the score pass's span, which also caps it)."""
         check_positive_int(block, "block")
+        if span is not None:
+            check_positive_int(span, "span")
         self.top, self.k, self.S, self.block = top, k, S, block
-        self.rest = torch.empty(top.batch * top.num_q_heads * top.splits, dtype=torch.float32,
-                                device=top.scores.device)
+        score_span = top.tiles_per_split * top.block_n
+        self.span = score_span if span is None else min(span, score_span)
+        self.splits = -(-top.capacity // self.span)  # the rest sums' splits
+        self.rest = torch.empty(top.batch * top.num_q_heads * self.splits,
+                                dtype=torch.float32, device=top.scores.device)
 
     def run(self, kv, rows: torch.Tensor, log_weights: torch.Tensor, rng: torch.Tensor,
             seed: int) -> None:
@@ -171,20 +183,21 @@ class RestSampler:
         common = dict(
             NUM_KV_HEADS=top.num_kv_heads, GROUP=top.group,
             BLOCK_G=triton.next_power_of_2(top.group),
-            SPLITS_PAD=max(2, triton.next_power_of_2(top.splits)), K=self.k, S=self.S,
+            SPLITS_PAD=max(2, triton.next_power_of_2(top.splits)),
+            REST_PAD=max(2, triton.next_power_of_2(self.splits)), K=self.k, S=self.S,
             BLOCK=self.block, HAS_TOP=self.k > 0, num_warps=NUM_WARPS,
         )  # fmt: skip
-        grid = (top.splits, top.batch * top.num_kv_heads)
+        grid = (self.splits, top.batch * top.num_kv_heads)
         strides = (top.scores.stride(0), top.scores.stride(1), rows.stride(0), rows.stride(1),
                    log_weights.stride(0), log_weights.stride(1))
         head = (top.scores, top.stat_m, top.stat_l, kv.lengths, mass, top.thr_key,
                 top.thr_tok, self.rest, rows, log_weights)
-        # split like the score pass (its stats' splits), whatever the select's span
-        span = top.tiles_per_split * top.block_n
+        # in spans of self.span tokens (the lse from the score pass's splits' stats)
         _rest_sum_kernel[grid](
-            *head, top.capacity, top.splits, span, *strides,
+            *head, top.capacity, top.splits, self.splits, self.span, *strides,
             BLOCK_S=min(128, triton.next_power_of_2(self.S)), **common,
         )  # fmt: skip
         _systematic_kernel[grid](
-            *head, rng, seed, top.capacity, top.splits, span, *strides, **common,
+            *head, rng, seed, top.capacity, top.splits, self.splits, self.span, *strides,
+            **common,
         )  # fmt: skip

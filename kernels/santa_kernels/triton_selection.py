@@ -65,7 +65,7 @@ from santa_kernels.triton_page_select import (
     row_topk,
     select_block,
 )
-from santa_kernels.triton_rest_sample import REST_BLOCK, RestSampler
+from santa_kernels.triton_rest_sample import REST_BLOCK, REST_SPAN, RestSampler
 from santa_kernels.triton_splitkv import _mma, kv_capacity
 from santa_kernels.triton_topk import TopKSelect
 from santa_kernels.validate import InputError, check_positive_int, check_scale
@@ -737,9 +737,11 @@ class TopKSantaStep(_Step):
     def __init__(self, q: torch.Tensor, kv: KVCache, *, k: int = 64, S: int = 128,
                  scale: float | None = None, seed: int = 0,
                  select_options: dict | None = None, rest_block: int = REST_BLOCK,
+                 rest_span: int | None = REST_SPAN,
                  attend_programs_per_sm: int = PROGRAMS_PER_SM) -> None:
         """``select_options``, ``attend_programs_per_sm``: as :class:`OracleTopKStep`'s;
-        ``rest_block``: the rest sampler's tokens a step."""
+        ``rest_block``, ``rest_span``: the rest sampler's tokens a step and at most a
+        program (``RestSampler``'s ``block`` and ``span``)."""
         super().__init__(q, kv, scale, seed)
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:
             raise InputError(f"k: expected an integer >= 0, got {k!r}")
@@ -748,7 +750,7 @@ class TopKSantaStep(_Step):
         self.top = TopKSelect(q, kv, max(self.k, 1), scale=self.scale,
                               **(select_options or {}))
         self.scores = self.top.scores
-        self.sampler = RestSampler(self.top, self.k, S, block=rest_block)
+        self.sampler = RestSampler(self.top, self.k, S, block=rest_block, span=rest_span)
         self.rows = torch.empty(self.batch, self.num_kv_heads, self.k + self.group * S,
                                 dtype=torch.int32, device=q.device)
         # log-weights: 0 on the top-k rows, each head's own samples after them
