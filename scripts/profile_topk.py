@@ -21,6 +21,10 @@ each variant below is a step built with that option (``select_options``, ``rest_
 - ``plan`` (vattention, topk-santa): the rows of a call (vAttention's plan kernel;
   top-k + S²ANTA's rest sums and systematic samples); minus the row before, those;
 - ``step``: the whole call; minus the row before, the indexed attention and its merge;
+- ``scores + select (finish in its own launch)``, ``step (finish in its own launch)``: as
+  ``scores + select`` and ``step`` with the spread select's candidates resolved by a
+  launch of their own, a program a row (``finish_launch``), not the write kernel's last
+  program a row (``triton_topk.FINISH_LAUNCH``);
 - ``scores + mass (N a step)``: the mass kernel with ``N`` tokens a step
   (``mass_block``) instead of ``triton_topk.MASS_BLOCK``'s;
 - ``scores + mass (N tokens a program)``, ``scores + mass + second byte (...)``,
@@ -87,6 +91,10 @@ SELECT_SPANS = (None, 512, 1024, 2048)
 # the spread select's stages up to each launch (TopKSelect.run_select's upto)
 SELECT_STAGES = {"scores + mass": "mass", "scores + mass + second byte": "second",
                  "scores + select": "write"}
+# the select and the step of steps whose select resolves its candidates in a launch of
+# their own (TopKSelect's finish_launch), against FINISH_LAUNCH's
+FINISH_STAGES = {"scores + select (finish in its own launch)": lambda s: _select(s),
+                 "step (finish in its own launch)": lambda s: s}
 # a method's step from (q, kv) and its options (select_options, attend_programs_per_sm;
 # topk-santa's rest_block)
 METHODS = {
@@ -183,6 +191,11 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
             sampled = "plan" in _stages(steps[0]) and hasattr(steps[0], "sampler")
             oracle = isinstance(steps[0], tsel.OracleTopKStep)
             del steps
+        # the spread select's candidates resolved in a launch of their own
+        steps = _built(build, inputs, select_options={**SPREAD, "finish_launch": True})
+        for stage, part in FINISH_STAGES.items():
+            rows.append(Row(shape, method, "spread", stage, _time(timer, steps, inputs, part)))
+        del steps
         for block in MASS_BLOCKS:  # the mass kernel's step, against MASS_BLOCK's
             rows.append(Row(shape, method, "spread", f"scores + mass ({block} a step)",
                             _time_built(timer, build, inputs, lambda s: _select(s, "mass"),

@@ -39,7 +39,8 @@ def test_one_shape_through_the_interpreter(capsys):
                      step.attend_programs_per_sm,
                      getattr(step, "chunk", None), getattr(step, "max_registers", None),
                      getattr(step, "stages", None), step.top.select_span,
-                     step.top.select_splits, getattr(step, "tail_by_token", None)))
+                     step.top.select_splits, getattr(step, "tail_by_token", None),
+                     step.top.finish_launch))
         return float(len(seen))
 
     rows = script.profile_shape(1, 1024, 4, 2, 16, methods, device="cpu", timer=timer)
@@ -54,12 +55,13 @@ def test_one_shape_through_the_interpreter(capsys):
                                                        "2048 tokens a program")
              for st in spread]
     mass_at = len(script.MASS_BLOCKS)  # oracle-topk's span rows: after the mass blocks'
+    finish = [("spread", st) for st in script.FINISH_STAGES]
     oracle = ([("-", "scores")] + [("spread", st) for st in (*spread, "step")]
-              + [("one program a row", st) for st in ("scores + select", "step")]
+              + [("one program a row", st) for st in ("scores + select", "step")] + finish
               + sweep[:mass_at] + spans + sweep[mass_at:])
     planned = ([("-", "scores")] + [("spread", st) for st in (*spread, "plan", "step")]
                + [("one program a row", st) for st in ("scores + select", "plan", "step")]
-               + sweep)
+               + finish + sweep)
     rest = [("spread", f"plan ({b} rest tokens a step)") for b in script.REST_BLOCKS]
     rest += [("spread", f"plan ({n} rest tokens a program)") for n in script.REST_SPANS]
     at = len(sweep) - len(script.ATTEND_PROGRAMS)  # the rest sweep: before the attend's
@@ -70,12 +72,12 @@ def test_one_shape_through_the_interpreter(capsys):
 
     def options(n, spread=True, mass=512, hints=False, programs=tix.PROGRAMS_PER_SM, rest=None,
                 chunk=None,
-                regs=None, stages=None, span=ttk.SELECT_SPAN, by_token=None):
+                regs=None, stages=None, span=ttk.SELECT_SPAN, by_token=None, finish=False):
         # the score pass's span at 1k tokens, B=1, 2 KV heads: 4 splits of 256 (a longer
         # select_span is capped at it)
         splits = -(-1024 // min(span or 256, 256))
         return [(spread, mass, hints, rest, programs, chunk, regs, stages, span, splits,
-                 by_token)] * n
+                 by_token, finish)] * n
 
     def swept(rest=None, spans=False, **vatt):
         return (options(1, mass=256, rest=rest, **vatt)
@@ -93,10 +95,12 @@ def test_one_shape_through_the_interpreter(capsys):
             "regs": tsel.VATTENTION_MAX_REGISTERS, "stages": tsel.VATTENTION_STAGES,
             "by_token": False}
     assert script.SELECT_SPANS == (None, 512, 1024, 2048)
-    assert seen == (options(5) + options(2, spread=False) + swept(spans=True)
+    assert seen == (options(5) + options(2, spread=False) + options(2, finish=True)
+                    + swept(spans=True)
                     + options(6, rest=santa) + options(3, spread=False, rest=santa)
-                    + swept(rest=santa)
-                    + options(6, **vatt) + options(3, spread=False, **vatt) + swept(**vatt)
+                    + options(2, rest=santa, finish=True) + swept(rest=santa)
+                    + options(6, **vatt) + options(3, spread=False, **vatt)
+                    + options(2, finish=True, **vatt) + swept(**vatt)
                     + [x for c in script.ATTEND_CHUNKS
                        for x in options(1, **{**vatt, "chunk": c})]
                     + options(1, **{**vatt, "regs": None})
@@ -107,6 +111,7 @@ def test_one_shape_through_the_interpreter(capsys):
     assert trs.REST_BLOCK == 256 and trs.REST_SPAN is None
     assert ttk.SPREAD_SELECT is True and ttk.MASS_BLOCK == 512 and ttk.SELECT_SPAN == 2048
     assert tix.PROGRAMS_PER_SM == 8 and ttk.SCORE_L2_HINTS is False
+    assert ttk.FINISH_LAUNCH is False
     assert tsel.VATTENTION_PROGRAMS_PER_SM == 8 and tix.CHUNK[16] == 64
     assert tsel.VATTENTION_MAX_REGISTERS == 128 and tsel.VATTENTION_STAGES is None
     script.print_rows(rows)
