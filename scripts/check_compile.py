@@ -584,12 +584,22 @@ def check_topk() -> int:
               f"{err or 'ok'}")
         failures += err is not None
         spread.update(GROUP=group, PER_HEAD=per_head, SPLITS_PAD=max(2, _pad(splits)))
-        err = compile_kernel(ttk._spread_write_kernel, ["*fp32"] + ["*i32"] * 2 + ["*i64"]
-                             + ["*i32"] * 7 + ["i32"] * 7, spread,
-                             {"num_warps": ttk.NUM_WARPS}, max_shared=H100_SHARED,
-                             divisible=_aligned(ttk._spread_write_kernel))
-        print(f"topk _spread_write_kernel K={k} G={group} per_head={per_head} sink={sink}: "
-              f"{err or 'ok'}")
+        for finish_here in (True, False):  # the tail in the last program, or its own launch
+            err = compile_kernel(ttk._spread_write_kernel, ["*fp32"] + ["*i32"] * 2 + ["*i64"]
+                                 + ["*i32"] * 7 + ["i32"] * 7,
+                                 {**spread, "FINISH_HERE": finish_here},
+                                 {"num_warps": ttk.NUM_WARPS}, max_shared=H100_SHARED,
+                                 divisible=_aligned(ttk._spread_write_kernel))
+            print(f"topk _spread_write_kernel K={k} G={group} per_head={per_head} "
+                  f"sink={sink} finish_here={finish_here}: {err or 'ok'}")
+            failures += err is not None
+        finish = {key: spread[key] for key in ("K", "NUM_SEL", "GROUP", "PER_HEAD",
+                                               "NUM_BINS", "SPLITS_PAD", "BLOCK")}
+        err = compile_kernel(ttk._spread_finish_kernel, ["*fp32"] + ["*i32"] * 8
+                             + ["i32"] * 6, finish, {"num_warps": ttk.NUM_WARPS},
+                             max_shared=H100_SHARED,
+                             divisible=_aligned(ttk._spread_finish_kernel))
+        print(f"topk _spread_finish_kernel K={k} G={group} per_head={per_head}: {err or 'ok'}")
         failures += err is not None
     # (k, S, group, KV heads, head dim): k = 0 (no top set) samples every token
     heads = ["*fp32"] * 3 + ["*i64", "*fp32", "*i32", "*i32", "*fp32", "*i32", "*fp32"]

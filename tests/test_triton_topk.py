@@ -259,6 +259,28 @@ def test_a_select_span_takes_the_default_spans_tokens(span, per_head, tied, k, s
         assert int(buf.abs().sum()) == 0
 
 
+@pytest.mark.parametrize("span", [128, 256])
+@pytest.mark.parametrize(("per_head", "tied", "k", "sink", "window"),
+                         [(False, True, 64, 0, 0), (False, False, 300, 20, 40),
+                          (True, True, 150, 8, 24), (True, False, 1, 0, 0)])
+def test_the_finish_in_its_own_launch_takes_the_last_programs_tokens(span, per_head, tied, k,
+                                                                     sink, window):
+    """``finish_launch``: the candidates resolved by a launch of their own, a program a
+    row, rather than the write kernel's last program: the same tokens in the same order,
+    threshold and last tie; histograms back at zero and the arrival counts untouched."""
+    fn = _tied_problem if tied else _random_problem
+    q, kv = fn(batch=2, hkv=2, group=2, n=1500, d=16, lengths=(1500, 530), seed=5)
+    (old, old_out), (new, new_out) = (
+        _select(q, kv, k, per_head, sink, window, select_span=span,
+                mass_block=min(span, tk.MASS_BLOCK), finish_launch=finish)
+        for finish in (False, True))
+    assert torch.equal(old_out, new_out)
+    for name in ("thr_key", "thr_tok"):
+        assert torch.equal(getattr(old, name).cpu(), getattr(new, name).cpu())
+    for buf in (new.hist, new.hist2, new.arrivals):
+        assert int(buf.abs().sum()) == 0
+
+
 @pytest.mark.parametrize("span", [128, 2048])
 def test_a_select_span_draws_the_same_rest_samples(span):
     """top-k + S²ANTA and vAttention with a select span: the same top set, systematic

@@ -66,6 +66,9 @@ SELECT_SPAN = 2048
 # TopKSelect's default l2_hints: the score pass loads K evict-first and stores the scores
 # evict-last (L2), so the mass kernel's read of them may hit L2
 SCORE_L2_HINTS = False
+# TopKSelect's default finish_launch: the spread select's candidates resolved by the write
+# kernel's last program a row (False) or by a launch of their own, one program a row (True)
+FINISH_LAUNCH = False
 NUM_WARPS = 4
 SELECT_WARPS = 8
 
@@ -353,38 +356,24 @@ def _spread_write_kernel(
     stride_vb, stride_vh, stride_ob, stride_oh,
     K: tl.constexpr, NUM_SEL: tl.constexpr, GROUP: tl.constexpr, PER_HEAD: tl.constexpr,
     SINK: tl.constexpr, WINDOW: tl.constexpr, NUM_BINS: tl.constexpr,
-    SPLITS_PAD: tl.constexpr, BLOCK: tl.constexpr,
+    SPLITS_PAD: tl.constexpr, BLOCK: tl.constexpr, FINISH_HERE: tl.constexpr,
 ):
     """Per split of a row, with the top two bytes ``P`` of the ``K``-th key: writes the
     allowed tokens whose key is above ``P`` (at the count of earlier splits' ones) and
-    lists those under ``P`` (the candidates, in token order across the splits); the
-    row's last program to finish resolves the candidates (:func:`_finish_row`)."""
+    lists those under ``P`` (the candidates, in token order across the splits); with
+    ``FINISH_HERE`` the row's last program to finish resolves the candidates
+    (:func:`_finish_row`), else :func:`_spread_finish_kernel` does, launched after."""
     split = tl.program_id(0)
     pid = tl.program_id(1)  # b * NUM_SEL + selecting head
     b = pid // NUM_SEL
-    sel = pid % NUM_SEL
     t_lo, t_hi = _allowed_range(lengths_ptr, b, SINK, WINDOW)
-    v_row = v_ptr + b.to(tl.int64) * stride_vb + sel * stride_vh
-    if PER_HEAD:  # head h of KV head g writes its own segment of g's row list
-        out_row = out_ptr + b * stride_ob + (sel // GROUP) * stride_oh + (sel % GROUP) * K
-    else:
-        out_row = out_ptr + b * stride_ob + sel * stride_oh
-    cand_row = cand_ptr + pid.to(tl.int64) * capacity
-    bins = tl.arange(0, NUM_BINS)
-    b1, above = _bucket_of(tl.load(hist_ptr + pid * NUM_BINS + bins), K, NUM_BINS)
-    b2, above2 = _bucket_of(tl.load(hist2_ptr + pid * NUM_BINS + bins), K - above, NUM_BINS)
-    need = K - above - above2  # keys under P still to take
-    prefix = (b1.to(tl.uint32) << 8) | b2.to(tl.uint32)
+    v_row, out_row, cand_row = _spread_rows(v_ptr, out_ptr, cand_ptr, pid, capacity,
+                                            stride_vb, stride_vh, stride_ob, stride_oh,
+                                            K, NUM_SEL, GROUP, PER_HEAD)
+    prefix, need, b2 = _spread_prefix(hist_ptr, hist2_ptr, pid, K, NUM_BINS)
     # the earlier splits' tokens above P and under it, from their counts
-    offs_s = tl.arange(0, SPLITS_PAD)
-    row_s = pid * num_splits + offs_s
-    earlier = offs_s < split
-    # (the scalar test as a tensor: the interpreter's & of the two breaks masks)
-    has_past = (offs_s * 0 + b2 + 1) < NUM_BINS
-    at_b2 = tl.load(cum_ptr + row_s * NUM_BINS + b2, mask=earlier, other=0)
-    past_b2 = tl.load(cum_ptr + row_s * NUM_BINS + b2 + 1, mask=earlier & has_past, other=0)
-    written = tl.sum(tl.load(above_ptr + row_s, mask=earlier, other=0) + past_b2, axis=0)
-    n_cand = tl.sum(at_b2 - past_b2, axis=0)
+    written, n_cand = _split_counts(above_ptr, cum_ptr, pid, num_splits, b2, split,
+                                    NUM_BINS, SPLITS_PAD)
     lo = split * tokens_per_split
     hi = tl.minimum(lo + tokens_per_split, capacity)
     offs = tl.arange(0, BLOCK)
@@ -400,23 +389,93 @@ def _spread_write_kernel(
         tl.store(cand_row + n_cand + tl.cumsum(cand_i, axis=0) - 1, tok, mask=cand)
         written += tl.sum(take_i, axis=0)
         n_cand += tl.sum(cand_i, axis=0)
-    # the semaphore pattern of Quest's fused select: every thread's stores, a CTA
-    # barrier, one thread's release; its acquire (then the barrier that shares its
-    # result) orders the last program's loads after every program's stores of the row
-    tl.debug_barrier()
-    arrived = tl.atomic_add(arrive_ptr + pid, 1, sem="acq_rel")
-    if arrived == num_splits - 1:  # every split of the row has written its part
-        every = offs_s < num_splits
-        at_b2 = tl.load(cum_ptr + row_s * NUM_BINS + b2, mask=every, other=0)
-        past_b2 = tl.load(cum_ptr + row_s * NUM_BINS + b2 + 1, mask=every & has_past,
-                          other=0)
-        direct = tl.sum(tl.load(above_ptr + row_s, mask=every, other=0) + past_b2, axis=0)
-        _finish_row(v_row, cand_row, out_row, thr_key_ptr + pid, thr_tok_ptr + pid,
-                    prefix, need, direct, tl.sum(at_b2 - past_b2, axis=0), K, NUM_BINS,
-                    BLOCK)
-        tl.store(hist_ptr + pid * NUM_BINS + bins, tl.zeros([NUM_BINS], tl.int32))
-        tl.store(hist2_ptr + pid * NUM_BINS + bins, tl.zeros([NUM_BINS], tl.int32))
-        tl.store(arrive_ptr + pid, 0)  # zero for the next call
+    if FINISH_HERE:
+        # the semaphore pattern of Quest's fused select: every thread's stores, a CTA
+        # barrier, one thread's release; its acquire (then the barrier that shares its
+        # result) orders the last program's loads after every program's stores of the row
+        tl.debug_barrier()
+        arrived = tl.atomic_add(arrive_ptr + pid, 1, sem="acq_rel")
+        if arrived == num_splits - 1:  # every split of the row has written its part
+            _finish_spread_row(v_row, cand_row, out_row, hist_ptr, hist2_ptr, above_ptr,
+                               cum_ptr, thr_key_ptr, thr_tok_ptr, pid, num_splits, prefix,
+                               need, b2, K, NUM_BINS, SPLITS_PAD, BLOCK)
+            tl.store(arrive_ptr + pid, 0)  # zero for the next call
+
+
+@triton.jit
+def _spread_finish_kernel(
+    v_ptr, hist_ptr, hist2_ptr, above_ptr, cum_ptr, cand_ptr, out_ptr, thr_key_ptr,
+    thr_tok_ptr, capacity, num_splits, stride_vb, stride_vh, stride_ob, stride_oh,
+    K: tl.constexpr, NUM_SEL: tl.constexpr, GROUP: tl.constexpr, PER_HEAD: tl.constexpr,
+    NUM_BINS: tl.constexpr, SPLITS_PAD: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """A row's candidates resolved after every split has written (a program a row: the
+    write kernel's tail, in a launch of its own)."""
+    pid = tl.program_id(0)  # b * NUM_SEL + selecting head
+    v_row, out_row, cand_row = _spread_rows(v_ptr, out_ptr, cand_ptr, pid, capacity,
+                                            stride_vb, stride_vh, stride_ob, stride_oh,
+                                            K, NUM_SEL, GROUP, PER_HEAD)
+    prefix, need, b2 = _spread_prefix(hist_ptr, hist2_ptr, pid, K, NUM_BINS)
+    _finish_spread_row(v_row, cand_row, out_row, hist_ptr, hist2_ptr, above_ptr, cum_ptr,
+                       thr_key_ptr, thr_tok_ptr, pid, num_splits, prefix, need, b2, K,
+                       NUM_BINS, SPLITS_PAD, BLOCK)
+
+
+@triton.jit
+def _spread_rows(v_ptr, out_ptr, cand_ptr, pid, capacity, stride_vb, stride_vh, stride_ob,
+                 stride_oh, K: tl.constexpr, NUM_SEL: tl.constexpr, GROUP: tl.constexpr,
+                 PER_HEAD: tl.constexpr):
+    """Row ``pid``'s values, its list of chosen tokens and its candidates."""
+    b = pid // NUM_SEL
+    sel = pid % NUM_SEL
+    v_row = v_ptr + b.to(tl.int64) * stride_vb + sel * stride_vh
+    if PER_HEAD:  # head h of KV head g writes its own segment of g's row list
+        out_row = out_ptr + b * stride_ob + (sel // GROUP) * stride_oh + (sel % GROUP) * K
+    else:
+        out_row = out_ptr + b * stride_ob + sel * stride_oh
+    return v_row, out_row, cand_ptr + pid.to(tl.int64) * capacity
+
+
+@triton.jit
+def _spread_prefix(hist_ptr, hist2_ptr, pid, K: tl.constexpr, NUM_BINS: tl.constexpr):
+    """The top two bytes ``P`` of row ``pid``'s ``K``-th key, the keys under ``P`` still
+    to take, and ``P``'s second byte."""
+    bins = tl.arange(0, NUM_BINS)
+    b1, above = _bucket_of(tl.load(hist_ptr + pid * NUM_BINS + bins), K, NUM_BINS)
+    b2, above2 = _bucket_of(tl.load(hist2_ptr + pid * NUM_BINS + bins), K - above, NUM_BINS)
+    prefix = (b1.to(tl.uint32) << 8) | b2.to(tl.uint32)
+    return prefix, K - above - above2, b2
+
+
+@triton.jit
+def _split_counts(above_ptr, cum_ptr, pid, num_splits, b2, upto, NUM_BINS: tl.constexpr,
+                  SPLITS_PAD: tl.constexpr):
+    """The tokens above ``P`` and under it of row ``pid``'s splits before ``upto``."""
+    offs_s = tl.arange(0, SPLITS_PAD)
+    row_s = pid * num_splits + offs_s
+    earlier = offs_s < upto
+    # (the scalar test as a tensor: the interpreter's & of the two breaks masks)
+    has_past = (offs_s * 0 + b2 + 1) < NUM_BINS
+    at_b2 = tl.load(cum_ptr + row_s * NUM_BINS + b2, mask=earlier, other=0)
+    past_b2 = tl.load(cum_ptr + row_s * NUM_BINS + b2 + 1, mask=earlier & has_past, other=0)
+    written = tl.sum(tl.load(above_ptr + row_s, mask=earlier, other=0) + past_b2, axis=0)
+    return written, tl.sum(at_b2 - past_b2, axis=0)
+
+
+@triton.jit
+def _finish_spread_row(v_row, cand_row, out_row, hist_ptr, hist2_ptr, above_ptr, cum_ptr,
+                       thr_key_ptr, thr_tok_ptr, pid, num_splits, prefix, need, b2,
+                       K: tl.constexpr, NUM_BINS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """Row ``pid``'s candidates resolved (every split written) and its histograms zeroed
+    for the next call."""
+    direct, n_cand = _split_counts(above_ptr, cum_ptr, pid, num_splits, b2, num_splits,
+                                   NUM_BINS, SPLITS_PAD)
+    _finish_row(v_row, cand_row, out_row, thr_key_ptr + pid, thr_tok_ptr + pid, prefix,
+                need, direct, n_cand, K, NUM_BINS, BLOCK)
+    bins = tl.arange(0, NUM_BINS)
+    tl.store(hist_ptr + pid * NUM_BINS + bins, tl.zeros([NUM_BINS], tl.int32))
+    tl.store(hist2_ptr + pid * NUM_BINS + bins, tl.zeros([NUM_BINS], tl.int32))
 
 
 @triton.jit
@@ -471,12 +530,15 @@ class TopKSelect:
 
     def __init__(self, q: torch.Tensor, kv: KVCache, k: int, *, per_head: bool = False,
                  scale: float, spread: bool = SPREAD_SELECT, l2_hints: bool = SCORE_L2_HINTS,
-                 mass_block: int = MASS_BLOCK, select_span: int | None = SELECT_SPAN) -> None:
-        """``spread``, ``l2_hints``, ``mass_block``, ``select_span``: this object's launch
-        choices (``SPREAD_SELECT``, ``SCORE_L2_HINTS``, ``MASS_BLOCK``, ``SELECT_SPAN`` by
-        default); ``select_span``: at most this many tokens per program of the mass, second-byte
-        and write kernels, a power of two >= ``mass_block`` (None: the score pass's span,
-        which also caps it)."""
+                 mass_block: int = MASS_BLOCK, select_span: int | None = SELECT_SPAN,
+                 finish_launch: bool = FINISH_LAUNCH) -> None:
+        """``spread``, ``l2_hints``, ``mass_block``, ``select_span``, ``finish_launch``: this
+        object's launch choices (``SPREAD_SELECT``, ``SCORE_L2_HINTS``, ``MASS_BLOCK``,
+        ``SELECT_SPAN``, ``FINISH_LAUNCH`` by default); ``select_span``: at most this many
+        tokens per program of the mass, second-byte and write kernels, a power of two >=
+        ``mass_block`` (None: the score pass's span, which also caps it); ``finish_launch``:
+        the spread select's candidates resolved in a launch of their own (a program a row)
+        rather than by the write kernel's last program a row."""
         check_positive_int(mass_block, "mass_block")
         if select_span is not None:
             check_positive_int(select_span, "select_span")
@@ -484,7 +546,7 @@ class TopKSelect:
                 raise InputError(f"select_span: must be a power of two >= mass_block "
                                  f"({mass_block}), got {select_span}")
         self.spread, self.l2_hints, self.mass_block = bool(spread), bool(l2_hints), mass_block
-        self.select_span = select_span
+        self.select_span, self.finish_launch = select_span, bool(finish_launch)
         st = _static_for(q, kv)
         self.static = st
         self.batch, self.num_q_heads, self.head_dim = q.shape
@@ -589,7 +651,8 @@ class TopKSelect:
     def _spread_select(self, values: torch.Tensor, kv: KVCache, out: torch.Tensor,
                        sink: int, window: int, upto: str = "write") -> None:
         """The select in two launches split like the mass kernel (the second byte's
-        histogram, then the writes; the row's last program resolves the candidates)."""
+        histogram, then the writes; the row's last program resolves the candidates, or
+        with ``finish_launch`` a third launch, a program a row)."""
         grid = (self.select_splits, self.batch * self.num_sel)
         span = self.span
         block = min(SPREAD_BLOCK, triton.next_power_of_2(span))
@@ -608,5 +671,15 @@ class TopKSelect:
             K=self.k, NUM_SEL=self.num_sel, GROUP=self.group, PER_HEAD=self.per_head,
             SINK=sink, WINDOW=window, NUM_BINS=HIST_BINS,
             SPLITS_PAD=max(2, triton.next_power_of_2(self.select_splits)), BLOCK=block,
-            num_warps=NUM_WARPS,
+            FINISH_HERE=not self.finish_launch, num_warps=NUM_WARPS,
         )  # fmt: skip
+        if self.finish_launch:
+            _spread_finish_kernel[(self.batch * self.num_sel,)](
+                values, self.hist, self.hist2, self.above, self.cum, self.cand, out,
+                self.thr_key, self.thr_tok, self.capacity, self.select_splits,
+                values.stride(0), values.stride(1), out.stride(0), out.stride(1),
+                K=self.k, NUM_SEL=self.num_sel, GROUP=self.group, PER_HEAD=self.per_head,
+                NUM_BINS=HIST_BINS,
+                SPLITS_PAD=max(2, triton.next_power_of_2(self.select_splits)), BLOCK=block,
+                num_warps=NUM_WARPS,
+            )  # fmt: skip
