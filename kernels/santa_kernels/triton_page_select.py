@@ -56,7 +56,7 @@ HIST_BITS = tl.constexpr(8)  # key bits a histogram pass resolves (4 passes)
 HIST_BINS = tl.constexpr(256)
 # byte-wise, four bits a pass, spread (Quest's), byte-wise over the row held in registers
 SELECTS = ("bytes", "nibbles", "spread", "resident")
-SELECT = "bytes"  # QuestStep's default select (its select= option)
+SELECT = "resident"  # QuestStep's default select (its select= option)
 # the scores a thread of the resident select holds at most (a wider row runs byte-wise):
 # 2048 in Quest's 4-warp bound kernel (compiled for sm_90 at 4096 pages it took 210
 # registers a thread against 133 at 2048, fewer bound programs an SM), 4096 in a row launch

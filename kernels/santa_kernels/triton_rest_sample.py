@@ -26,7 +26,7 @@ from santa_kernels.validate import check_positive_int
 REST_BLOCK = 256  # tokens a step of either kernel
 # RestSampler's default span: at most this many tokens a program of either kernel (None: the
 # score pass's span, so the rest is split like it)
-REST_SPAN = None
+REST_SPAN = 1024
 NUM_WARPS = 4
 
 

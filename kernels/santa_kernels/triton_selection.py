@@ -201,10 +201,10 @@ class OracleTopKStep(_Step):
 # ------------------------------------------------------------------ Quest
 # QuestStep's default fused_select: with shared="group" the bound kernel's last program per
 # row selects (False: triton_page_select's own launch)
-QUEST_FUSED_SELECT = True
+QUEST_FUSED_SELECT = False
 # QuestStep's default attend_programs_per_sm: its indexed attend's programs an SM (the
 # other listed methods': its chosen pages are as few rows as theirs)
-QUEST_PROGRAMS_PER_SM = PROGRAMS_PER_SM
+QUEST_PROGRAMS_PER_SM = 16
 
 
 class QuestStep(_Step):
@@ -371,7 +371,7 @@ class QuestStep(_Step):
 
 
 # ------------------------------------------------------------------ Quest's page bounds
-QUEST_BLOCK_P = {16: 64, 32: 64, 64: 64, 128: 32, 256: 16}  # pages a program scores (fp32)
+QUEST_BLOCK_P = {16: 64, 32: 64, 64: 64, 128: 64, 256: 16}  # pages a program scores (fp32)
 QUEST_SELECT_BLOCK = 256  # scores the fused select counts at a time, four bits a pass
 QUEST_BOUND_WARPS = 4  # warps a program of the bound kernel (and its fused select) runs
 
