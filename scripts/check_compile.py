@@ -689,14 +689,12 @@ def check_indexed() -> int:
             ("vattention-capped", 128, 4, False, True),
             ("vattention-128-rows", 128, 4, False, True),
             ("vattention-5-stages", 128, 4, False, True),
-            ("vattention-by-token", 128, 4, False, True),
             ("topk-santa", 128, 4, True, True), ("topk-santa", 64, 1, False, True),
             ("oracle", 64, 2, False, False)):
         tail = method.startswith("vattention")
         lw = method in ("oracle-head", "quest-head", "topk-santa")
         count = method == "quest"
-        by_token = method.endswith("by-token")  # the tail's draw counts as `samples`
-        samples = method == "vattention-reads" or by_token
+        samples = method == "vattention-reads"
         table = "*i32" if paged else "*i64"
         types = ["*bf16"] * 3 + ["*i64", table, "*i32", "*i32" if count else "*i64",
                                  "*fp32" if lw else "*i64"]
@@ -712,9 +710,9 @@ def check_indexed() -> int:
                   "PAGE_SIZE": PAGE_SIZE if paged else 1, "HAS_INDEX": True,
                   "HAS_COUNT": count, "HAS_LW": lw, "LW_PER_HEAD": lw and group > 1,
                   "HAS_TAIL": tail, "HAS_EXCLUDE": tail, "EXCLUDE_WORDS": tail,
-                  "STORE_SAMPLES": samples and not by_token,
+                  "STORE_SAMPLES": samples,
                   "WRITE_OUT": not split, "HAS_SCORES": stash,
-                  "DOT_PRECISION": "tf32", "WIDEN_BF16": False, "TAIL_MAP": by_token}
+                  "DOT_PRECISION": "tf32", "WIDEN_BF16": False}
         # vAttention's step caps the attend's registers and sets its pipeline's stages
         # (attend_max_registers, attend_stages: Triton's by default, 5 as an option)
         options = {"num_warps": tix.NUM_WARPS}
@@ -762,12 +760,6 @@ def check_indexed() -> int:
                              divisible=_aligned(tsel._vattention_plan_kernel))
         print(f"_vattention_plan_kernel G={group} topk={topk}: {err or 'ok'}")
         failures += err is not None
-    err = compile_kernel(tix._tail_count_kernel, ["*i32", "*i32", "*i32", "*i64", "*i32"]
-                         + ["i32"] * 3, {"NUM_KV_HEADS": 8, "BLOCK": tix.TAIL_COUNT_BLOCK},
-                         {"num_warps": tix.NUM_WARPS}, max_shared=H100_SHARED,
-                         divisible=_aligned(tix._tail_count_kernel))
-    print(f"_tail_count_kernel: {err or 'ok'}")
-    failures += err is not None
     err = compile_kernel(tsel._uniform_kernel, ["*fp32", "*i64", "i32", "i32"],
                          {"BLOCK": tsel.UNIFORM_BLOCK})
     print(f"_uniform_kernel: {err or 'ok'}")

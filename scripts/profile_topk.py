@@ -50,10 +50,7 @@ each variant below is a step built with that option (``select_options``, ``rest_
   row loop 5 deep (``attend_stages=5``), or leaves both to the compiler with
   ``triton_indexed.PROGRAMS_PER_SM`` (the other methods' attend), instead of
   ``triton_selection``'s ``VATTENTION_MAX_REGISTERS``, ``VATTENTION_STAGES`` (Triton's)
-  and ``VATTENTION_PROGRAMS_PER_SM``;
-- ``step (tail by token)`` (vattention): the whole call of a step that reads its drawn
-  tail token by token in range order, each drawn token once with its draw count
-  (``tail_by_token=True``; a count kernel first), instead of a row a draw.
+  and ``VATTENTION_PROGRAMS_PER_SM``.
 """
 
 from __future__ import annotations
@@ -82,7 +79,6 @@ VATTENTION_ATTENDS = {
     "step (attend as the other methods')": {
         "attend_max_registers": None, "attend_stages": None,
         "attend_programs_per_sm": tsel.PROGRAMS_PER_SM},
-    "step (tail by token)": {"tail_by_token": True},
 }
 REST_BLOCKS = (512, 1024)  # the rest sampler's tokens a step, timed against REST_BLOCK's
 REST_SPANS = (512, 1024, 2048)  # the rest sampler's tokens a program, against REST_SPAN's

@@ -39,8 +39,7 @@ def test_one_shape_through_the_interpreter(capsys):
                      step.attend_programs_per_sm,
                      getattr(step, "chunk", None), getattr(step, "max_registers", None),
                      getattr(step, "stages", None), step.top.select_span,
-                     step.top.select_splits, getattr(step, "tail_by_token", None),
-                     step.top.finish_launch))
+                     step.top.select_splits, step.top.finish_launch))
         return float(len(seen))
 
     rows = script.profile_shape(1, 1024, 4, 2, 16, methods, device="cpu", timer=timer)
@@ -72,12 +71,12 @@ def test_one_shape_through_the_interpreter(capsys):
 
     def options(n, spread=True, mass=512, hints=False, programs=tix.PROGRAMS_PER_SM, rest=None,
                 chunk=None,
-                regs=None, stages=None, span=ttk.SELECT_SPAN, by_token=None, finish=False):
+                regs=None, stages=None, span=ttk.SELECT_SPAN, finish=False):
         # the score pass's span at 1k tokens, B=1, 2 KV heads: 4 splits of 256 (a longer
         # select_span is capped at it)
         splits = -(-1024 // min(span or 256, 256))
         return [(spread, mass, hints, rest, programs, chunk, regs, stages, span, splits,
-                 by_token, finish)] * n
+                 finish)] * n
 
     def swept(rest=None, spans=False, **vatt):
         return (options(1, mass=256, rest=rest, **vatt)
@@ -92,8 +91,7 @@ def test_one_shape_through_the_interpreter(capsys):
 
     santa = (256, 256)  # the rest sampler's tokens a step and a program (the score pass's)
     vatt = {"programs": tsel.VATTENTION_PROGRAMS_PER_SM, "chunk": tix.CHUNK[16],
-            "regs": tsel.VATTENTION_MAX_REGISTERS, "stages": tsel.VATTENTION_STAGES,
-            "by_token": False}
+            "regs": tsel.VATTENTION_MAX_REGISTERS, "stages": tsel.VATTENTION_STAGES}
     assert script.SELECT_SPANS == (None, 512, 1024, 2048)
     assert seen == (options(5) + options(2, spread=False) + options(2, finish=True)
                     + swept(spans=True)
@@ -106,9 +104,8 @@ def test_one_shape_through_the_interpreter(capsys):
                     + options(1, **{**vatt, "regs": None})
                     + options(1, **{**vatt, "stages": 5})
                     + options(1, **{**vatt, "regs": None, "stages": None,
-                                    "programs": tix.PROGRAMS_PER_SM})
-                    + options(1, **{**vatt, "by_token": True}))
-    assert trs.REST_BLOCK == 256 and trs.REST_SPAN is None
+                                    "programs": tix.PROGRAMS_PER_SM}))
+    assert trs.REST_BLOCK == 256 and trs.REST_SPAN == 1024
     assert ttk.SPREAD_SELECT is True and ttk.MASS_BLOCK == 512 and ttk.SELECT_SPAN == 2048
     assert tix.PROGRAMS_PER_SM == 8 and ttk.SCORE_L2_HINTS is False
     assert ttk.FINISH_LAUNCH is False

@@ -110,45 +110,6 @@ def test_uniform_tail_draws_exclusions_and_whole_ranges():
     assert not torch.equal(samples.cpu().view(2, 2, 256)[0, 1, :20], drawn[0, 1, :20])
 
 
-@pytest.mark.parametrize("splits", [1, 3])
-def test_a_tail_read_by_token_is_the_drawn_tail(splits):
-    """With ``draw_counts`` the same draws are counted per token and read once each in
-    token order: the same output as one row a draw (draws on excluded tokens, repeats, a
-    whole range, an empty one), the counts zero again after each call, a fresh step
-    drawing afresh alike."""
-    q, kv = _problem()
-    count = torch.tensor([[60, 200], [150, 0]], dtype=torch.int32)  # 150 >= range: whole
-    lo = torch.tensor([4, 4], dtype=torch.int32)
-    hi = torch.tensor([140, 70], dtype=torch.int32)
-    log_w = torch.log((hi - lo)[:, None].float() / count.clamp_min(1).float())
-    exclude = torch.zeros(2, 2, 152, dtype=torch.uint8)
-    exclude[:, :, 10:40] = 1
-    rng = torch.zeros(1, dtype=torch.int64, device=DEVICE)
-    args = (count.to(DEVICE), lo.to(DEVICE), hi.to(DEVICE), log_w.to(DEVICE),
-            exclude.to(DEVICE), rng)
-    by_draw = ti.UniformTail(*args, seed=3, stride=256)
-    draw_counts = torch.zeros(4, 256, dtype=torch.int32, device=DEVICE)
-    by_token = ti.UniformTail(*args, seed=3, stride=256, draw_counts=draw_counts)
-    idx = torch.tensor([[[0, 1, 2], [149, -1, 3]], [[76, 75, -1], [0, 1, 2]]],
-                       dtype=torch.int32, device=DEVICE)
-    samples = torch.full((4, 256), -1, dtype=torch.int32, device=DEVICE)
-    for _ in range(2):
-        want = ti.indexed_attention(q, kv, idx, tail=by_draw, num_splits=splits,
-                                    samples=samples)
-        got = ti.indexed_attention(q, kv, idx, tail=by_token, num_splits=splits)
-        assert torch.allclose(got.cpu(), want.cpu(), atol=1e-5)
-        assert not draw_counts.any()
-        drawn = samples.cpu()[1, :200].long()
-        assert drawn.unique().numel() < 200  # repeats: read once, counted twice
-        rng.add_(1)
-    with pytest.raises(sk.InputError, match=r"^samples: a tail with draw_counts"):
-        ti.indexed_attention(q, kv, idx, tail=by_token, samples=samples)
-    short = ti.UniformTail(*args, seed=3, stride=100,
-                           draw_counts=torch.zeros(4, 100, dtype=torch.int32, device=DEVICE))
-    with pytest.raises(sk.InputError, match=r"^tail.draw_counts: expected"):
-        ti.indexed_attention(q, kv, idx, tail=short)
-
-
 @pytest.mark.parametrize("paged", [False, True])
 def test_rows_scored_from_a_stash_read_no_key(paged):
     """With the score pass's stash as ``scores`` the listed rows (per-head log-weights)
@@ -433,24 +394,6 @@ def test_vattention_steps_built_with_other_launches_draw_alike():
     for _ in range(2):
         assert torch.allclose(other(q, kv).cpu(), plain(q, kv).cpu(), atol=1e-5)
     assert torch.equal(other.read_counts(q, kv).v_rows, plain.read_counts(q, kv).v_rows)
-
-
-def test_vattention_reads_its_tail_by_token_alike(monkeypatch):
-    """tail_by_token: the same output and the same rows read as one row a draw, step after
-    step, and the draw counts zero between calls."""
-    q, kv = _problem(batch=1, n=300, lengths=(300,), q_scale=1.5)
-    params = dict(sink=4, window=4, topk=8, epsilon=0.3, delta=0.3, base_rate=0.05, seed=7)
-    plain = ts.VAttentionStep(q, kv, **params)
-    by_token = ts.VAttentionStep(q, kv, **params, tail_by_token=True)
-    assert not plain.tail_by_token and plain.draw_counts is None
-    launches = record_launches(monkeypatch, ti._indexed_stage1)
-    for _ in range(3):
-        assert torch.allclose(by_token(q, kv).cpu(), plain(q, kv).cpu(), atol=1e-5)
-        assert not by_token.draw_counts.any()
-    kinds = [(k is ti._tail_count_kernel, kw.get("TAIL_MAP")) for k, kw, *_ in launches
-             if k in (ti._indexed_stage1, ti._tail_count_kernel)]
-    assert kinds == [(True, None), (False, True), (False, False)] * 3
-    assert torch.equal(by_token.read_counts(q, kv).v_rows, plain.read_counts(q, kv).v_rows)
 
 
 def test_vattention_splits_its_attend_for_the_whole_range():

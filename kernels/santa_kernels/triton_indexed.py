@@ -19,10 +19,7 @@ cache. The rows come from two sources, both optional per call:
   seed, the device step counter, the (sequence, KV head) and the draw), each with
   ``log w = log_weight[b, g]``; a draw on a token marked in ``exclude [B, Hkv, ≥N]``
   counts 0. A count that reaches ``hi − lo`` reads every token of the range once instead
-  (with the same ``log w``). With ``draw_counts`` a first kernel adds each draw to its
-  token's count and the row loop walks the range in token order, reading each drawn
-  token once with ``log w + log(count)``: the same draws and sums, each distinct row read
-  once and in order.
+  (with the same ``log w``).
 
 A caller that has every token's ``τ q·k`` already (a score pass's fp32 stash, as the
 token selection methods do) passes it as ``scores``: a row's scores are then read from it
@@ -74,8 +71,6 @@ CHUNKS = (16, 32, 64, 128, 256)  # the rows a step a call may ask for (both prod
 SCORE_BLOCK_N = {16: 128, 32: 128, 64: 128, 128: 64, 256: 32}  # tokens a score program
 NUM_WARPS = 4
 MERGE_BLOCK_S = 16
-TAIL_COUNT_SPAN = 2048  # draws a program of the tail's count kernel adds (draw_counts)
-TAIL_COUNT_BLOCK = 512  # draws it adds a step
 # stage-1 programs per SM the split count aims for (each program's row loop waits on its
 # gathers: more programs keep more of them in flight; 8: oracle-topk's step 286.5 -> 281.2
 # us at 32/8/128, 32k, B=8 on an H100, profile-topk.md of
@@ -102,10 +97,6 @@ class UniformTail:
     loop's pipeline stages; any other, a byte at a time);
     ``rng`` a one-element int64 device step counter (the caller advances it); ``seed`` the
     Philox key; ``stride`` draws kept apart per (sequence, KV head) (≥ the largest count).
-    ``draw_counts`` ``[B · Hkv, stride]`` int32, zero between calls, or None: with it (and
-    ``stride`` ≥ the cache's capacity) a kernel first counts each token's draws (the same
-    draws) and the row loop walks the range in token order, reading each drawn token once
-    with its count (and zeroing the counts), instead of one row a draw.
     """
 
     count: torch.Tensor
@@ -116,7 +107,6 @@ class UniformTail:
     rng: torch.Tensor
     seed: int
     stride: int
-    draw_counts: torch.Tensor | None = None
 
 
 def _word_readable(exclude: torch.Tensor | None) -> bool:
@@ -178,11 +168,8 @@ def _indexed_stage1(
     LW_PER_HEAD: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_EXCLUDE: tl.constexpr,
     EXCLUDE_WORDS: tl.constexpr,
     STORE_SAMPLES: tl.constexpr, WRITE_OUT: tl.constexpr, HAS_SCORES: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr, TAIL_MAP: tl.constexpr = False,
+    DOT_PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
 ):
-    """A split of one (sequence, KV head)'s rows (see the module docstring). ``TAIL_MAP``:
-    the tail is read as ``samples_ptr``'s draw counts per token of the range (written by
-    :func:`_tail_count_kernel`, zeroed here as read), walking the range in token order."""
     split = tl.program_id(0)
     pid = tl.program_id(1)  # b * Hkv + g
     b = pid // NUM_KV_HEADS
@@ -209,8 +196,6 @@ def _indexed_stage1(
         t_lo = tl.load(tail_lo_ptr + b).to(tl.int32)
         t_width = tl.maximum(tl.load(tail_hi_ptr + b).to(tl.int32) - t_lo, 0)
         n_tail = tl.minimum(drawn_count, t_width)  # a count >= the range: each token once
-        if TAIL_MAP:  # every token of the range, each with its number of draws
-            n_tail = t_width
         t_lw = tl.load(tail_lw_ptr + pid).to(tl.float32) * 1.4426950408889634
         rng_base = (tl.load(rng_ptr) << 32) + pid.to(tl.int64) * tail_stride
     total = n_listed + n_tail
@@ -248,28 +233,15 @@ def _indexed_stage1(
             j = r - n_listed
             # (a scalar condition as a tensor: the interpreter's & of the two breaks masks)
             drawn = in_rows & (j >= 0) & ((offs_c * 0 + t_width) > 0)
-            if TAIL_MAP:  # token j of the range, drawn `times` times (0: not drawn)
-                at_map = samples_ptr + pid.to(tl.int64) * tail_stride + j
-                times = tl.load(at_map, mask=drawn, other=0)
-                every = (offs_c * 0 + drawn_count) >= t_width  # the whole range, once each
-                tl.store(at_map, tl.zeros([CHUNK], tl.int32), mask=drawn & (times > 0))
-                times = tl.where(every, 1, times)
-                drawn = drawn & (times > 0)
-                tok_t = t_lo + j
-            else:
-                u = tl.rand(seed, rng_base + j)
-                pick = tl.minimum((u * t_width.to(tl.float32)).to(tl.int32), t_width - 1)
-                pick = tl.where(drawn_count >= t_width, j, pick)
-                tok_t = t_lo + pick
-                if STORE_SAMPLES:
-                    tl.store(samples_ptr + pid.to(tl.int64) * tail_stride + j, tok_t,
-                             mask=drawn)
+            u = tl.rand(seed, rng_base + j)
+            pick = tl.minimum((u * t_width.to(tl.float32)).to(tl.int32), t_width - 1)
+            pick = tl.where(drawn_count >= t_width, j, pick)
+            tok_t = t_lo + pick
+            if STORE_SAMPLES:
+                tl.store(samples_ptr + pid.to(tl.int64) * tail_stride + j, tok_t, mask=drawn)
             tok = tl.where(drawn, tok_t, tok)
             ok = ok | drawn
-            if TAIL_MAP:  # a token drawn `times` times weighs `times` draws
-                tail_w = tl.where(drawn, t_lw + tl.log2(tl.maximum(times, 1).to(tl.float32)), 0.0)
-            else:
-                tail_w = tl.where(drawn, t_lw, 0.0)
+            tail_w = tl.where(drawn, t_lw, 0.0)
             if HAS_EXCLUDE:
                 at = pid.to(tl.int64) * exclude_stride + tok_t
                 if EXCLUDE_WORDS:  # the mark's 4-byte word: a load the pipeline stages
@@ -326,35 +298,6 @@ def _indexed_stage1(
         tl.store(part_l_ptr + row, l_i, mask=mask_h)
         tl.store(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc,
                  mask=mask_h[:, None])
-
-
-@triton.jit
-def _tail_count_kernel(
-    tail_count_ptr, tail_lo_ptr, tail_hi_ptr, rng_ptr, map_ptr, seed, tail_stride,
-    draws_per_program, NUM_KV_HEADS: tl.constexpr, BLOCK: tl.constexpr,
-):
-    """Grid ``(parts, B · Hkv)``: the tail's draws ``[part · draws_per_program, ...)`` of
-    one (sequence, KV head), the Philox draws the row loop takes, each added to its
-    token's count at ``map_ptr`` (``[B · Hkv, tail_stride]`` int32, the token's offset in
-    the range; zero before, the attend zeroes what it reads). A count that reaches the
-    range draws nothing: the attend reads every token once."""
-    part = tl.program_id(0)
-    pid = tl.program_id(1)
-    b = pid // NUM_KV_HEADS
-    drawn_count = tl.load(tail_count_ptr + pid).to(tl.int32)
-    t_lo = tl.load(tail_lo_ptr + b).to(tl.int32)
-    t_width = tl.maximum(tl.load(tail_hi_ptr + b).to(tl.int32) - t_lo, 0)
-    n_draws = tl.where(drawn_count < t_width, drawn_count, 0)
-    rng_base = (tl.load(rng_ptr) << 32) + pid.to(tl.int64) * tail_stride
-    start = part * draws_per_program
-    end = tl.minimum(start + draws_per_program, n_draws)
-    offs = tl.arange(0, BLOCK)
-    row = map_ptr + pid.to(tl.int64) * tail_stride
-    for j0 in range(start, end, BLOCK):
-        j = j0 + offs
-        u = tl.rand(seed, rng_base + j)
-        pick = tl.minimum((u * t_width.to(tl.float32)).to(tl.int32), t_width - 1)
-        tl.atomic_add(row + pick, tl.full([BLOCK], 1, tl.int32), mask=j < end, sem="relaxed")
 
 
 @triton.jit
@@ -601,22 +544,6 @@ def indexed_attention(
     else:
         tail_args = (dummy,) * 6
         exclude_stride = 0
-    by_token = tail is not None and tail.draw_counts is not None
-    if by_token:  # count each token's draws; the row loop reads the counts as `samples`
-        counts_map = tail.draw_counts
-        if samples is not None:
-            raise InputError("samples: a tail with draw_counts keeps no draw list (draw "
-                             "without draw_counts to list the same draws)")
-        if (counts_map.dtype != torch.int32 or counts_map.shape != (batch * hkv, tail.stride)
-                or not counts_map.is_contiguous() or tail.stride < kv_capacity(kv)):
-            raise InputError(f"tail.draw_counts: expected a contiguous int32 "
-                             f"[B·Hkv={batch * hkv}, stride >= {kv_capacity(kv)}], got "
-                             f"{tuple(counts_map.shape)} {counts_map.dtype}")
-        _tail_count_kernel[(triton.cdiv(tail.stride, TAIL_COUNT_SPAN), batch * hkv)](
-            tail.count, tail.lo, tail.hi, tail.rng, counts_map, tail.seed, tail.stride,
-            TAIL_COUNT_SPAN, NUM_KV_HEADS=hkv, BLOCK=TAIL_COUNT_BLOCK, num_warps=NUM_WARPS,
-        )  # fmt: skip
-        samples = counts_map
     _indexed_stage1[(num_splits, batch * hkv)](
         q, kv.k, kv.v, kv.lengths, page_table,
         idx_t, counts if counts is not None else dummy, lw_t,
@@ -638,10 +565,10 @@ def indexed_attention(
         HAS_LW=log_weights is not None, LW_PER_HEAD=per_head, HAS_TAIL=tail is not None,
         HAS_EXCLUDE=tail is not None and tail.exclude is not None,
         EXCLUDE_WORDS=tail is not None and _word_readable(tail.exclude),
-        STORE_SAMPLES=samples is not None and tail is not None and not by_token,
+        STORE_SAMPLES=samples is not None and tail is not None,
         WRITE_OUT=num_splits == 1, HAS_SCORES=scores is not None,
         DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16, num_warps=NUM_WARPS,
-        maxnreg=max_registers, num_stages=stages, TAIL_MAP=by_token,
+        maxnreg=max_registers, num_stages=stages,
     )  # fmt: skip
     if num_splits > 1:
         _indexed_merge[(batch * hq,)](

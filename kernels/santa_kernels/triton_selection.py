@@ -38,7 +38,6 @@ stash (``scores``), so it reads the chosen or drawn V rows and no key a second t
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
@@ -484,9 +483,6 @@ VATTENTION_MAX_REGISTERS = 128
 # 534.5 with Triton's at 32/8/128, 32k, B=8 on an H100 (profile-topk.md of
 # results/h100/2026-12-07-h100-kernels-floor-32k-every-method)
 VATTENTION_STAGES = None
-# its tail read token by token in range order, each drawn token once with its draw count
-# (VAttentionStep's tail_by_token; a count kernel first), not one row a draw (False)
-VATTENTION_TAIL_BY_TOKEN = False
 
 
 @triton.jit
@@ -627,18 +623,15 @@ class VAttentionStep(_Step):
                  attend_programs_per_sm: int = VATTENTION_PROGRAMS_PER_SM,
                  attend_chunk: int | None = None,
                  attend_max_registers: int | None = VATTENTION_MAX_REGISTERS,
-                 attend_stages: int | None = VATTENTION_STAGES,
-                 tail_by_token: bool = VATTENTION_TAIL_BY_TOKEN) -> None:
+                 attend_stages: int | None = VATTENTION_STAGES) -> None:
         """``select_options``: as :class:`OracleTopKStep`'s; ``attend_programs_per_sm``:
         the indexed attend's programs an SM its splits aim at, for the exact rows and
         the largest tail (the whole sampled range); ``attend_chunk``: the attend's rows
         a step (``triton_indexed.CHUNK``'s for the head dim when None; kept as
         ``chunk``); ``attend_max_registers``: the registers a thread of its row programs
         (None: the compiler's choice; kept as ``max_registers``); ``attend_stages``: its
-        row loop's pipeline stages (None: Triton's default; kept as ``stages``);
-        ``tail_by_token``: the attend reads the drawn tail token by token in range order,
-        each drawn token once with its draw count (``UniformTail.draw_counts``), not a row
-        a draw. None of them changes the draws."""
+        row loop's pipeline stages (None: Triton's default; kept as ``stages``). None of
+        them changes the draws."""
         super().__init__(q, kv, scale, seed)
         self.chunk = check_chunk(attend_chunk, self.head_dim)
         for name, value in (("attend_max_registers", attend_max_registers),
@@ -675,10 +668,6 @@ class VAttentionStep(_Step):
         self.log_weight = torch.empty(batch, hkv, dtype=torch.float32, device=q.device)
         self.lo = torch.empty(batch, dtype=torch.int32, device=q.device)
         self.hi = torch.empty(batch, dtype=torch.int32, device=q.device)
-        self.tail_by_token = bool(tail_by_token)
-        # each token's draws (zero between calls: the attend zeroes what it reads)
-        self.draw_counts = (torch.zeros(batch * hkv, self.capacity, dtype=torch.int32,
-                                        device=q.device) if self.tail_by_token else None)
         # the tail draws at most the whole range [sink, capacity - window)
         tail_rows = max(self.capacity - self.sink - self.window, 0)
         self.workspace = self._workspace(q, kv, width + tail_rows, attend_programs_per_sm,
@@ -703,7 +692,7 @@ class VAttentionStep(_Step):
             num_warps=4,
         )  # fmt: skip
         tail = UniformTail(self.count, self.lo, self.hi, self.log_weight, self.exclude,
-                           self.rng, self.seed, self.capacity, self.draw_counts)
+                           self.rng, self.seed, self.capacity)
         return self.listed, tail
 
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
@@ -716,7 +705,6 @@ class VAttentionStep(_Step):
     def read_counts(self, q: torch.Tensor, kv: KVCache) -> ReadCounts:
         """Every key; the value rows of the exact set and of the drawn tail."""
         listed, tail = self.plan(q, kv)
-        tail = dataclasses.replace(tail, draw_counts=None)  # the same draws, listed
         samples = torch.full((self.batch * self.num_kv_heads, self.capacity), -1,
                              dtype=torch.int32, device=self.device)
         indexed_attention(q, kv, listed, tail=tail, scale=self.scale, out=self.out,
