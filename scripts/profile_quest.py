@@ -16,12 +16,13 @@ bounds held in registers) fused and in its own launch:
   minus ``bounds``, the select's cost;
 - ``step``: the whole call (bounds and select, the indexed attention, its merge); minus
   ``bounds + select``, the attention;
-- ``step (N pages a bound program)``: the whole call of a step (the default select)
-  whose bound kernel scores ``N`` pages a program (``bound_pages``) instead of
-  ``triton_selection.QUEST_BLOCK_P``'s (64 at head dim 128, 16-bit bounds);
-- ``step (N attend programs an SM)``: the whole call of a step whose indexed attend's
-  splits aim at ``N`` programs an SM (``attend_programs_per_sm``) instead of
-  ``triton_selection.QUEST_PROGRAMS_PER_SM``.
+- ``step (N pages a bound program)``: the whole call of a step (the default select,
+  ``default_select()``, named in the select column) whose bound kernel scores ``N``
+  pages a program (``bound_pages``) instead of ``triton_selection.QUEST_BLOCK_P``'s (128
+  at head dim 128, 16-bit bounds);
+- ``step (N attend programs an SM)``: the whole call of a step (the default select)
+  whose indexed attend's splits aim at ``N`` programs an SM (``attend_programs_per_sm``)
+  instead of ``triton_selection.QUEST_PROGRAMS_PER_SM``'s (16).
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ PAGE = 16
 SELECTS = {"byte-wise": ("bytes", True), "four bits a pass": ("nibbles", True),
            "spread": ("spread", True), "byte-wise, own launch": ("bytes", False),
            "resident": ("resident", True), "resident, own launch": ("resident", False)}
-BOUND_PAGES = (32, 128)  # pages a bound program scores, timed against the default's
-ATTEND_PROGRAMS = (2, 4, 16)  # the attend's programs an SM, timed against the default's
+BOUND_PAGES = (64, 256)  # pages a bound program scores, timed against the default's
+ATTEND_PROGRAMS = (4, 8, 32)  # the attend's programs an SM, timed against the default's
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,12 @@ def _built(inputs: list, pages: int, select: str = tps.SELECT,
     return list(zip(steps, inputs, strict=True))
 
 
+def default_select() -> str:
+    """The name in ``SELECTS`` of QuestStep's default select and launch."""
+    return next(name for name, how in SELECTS.items()
+                if how == (tps.SELECT, tsel.QUEST_FUSED_SELECT))
+
+
 def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int,
                   pages: int, *, device: str = "cuda",
                   timer: Callable[[list], float] = graph_call_us) -> list[Row]:
@@ -97,13 +104,14 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
             [lambda s=s, qi=qi, kvi=kvi: s.select(qi, kvi) for s, (qi, kvi) in pairs])))
         rows.append(Row(shape, pages, name, "step", timer(
             [lambda s=s, qi=qi, kvi=kvi: s(qi, kvi) for s, (qi, kvi) in pairs])))
+    default = default_select()
     for per_program in BOUND_PAGES:  # the default select, the bound kernel split otherwise
         pairs = _built(inputs, pages, bound_pages=per_program)
-        rows.append(Row(shape, pages, "byte-wise", f"step ({per_program} pages a bound program)",
+        rows.append(Row(shape, pages, default, f"step ({per_program} pages a bound program)",
                         timer([lambda s=s, qi=qi, kvi=kvi: s(qi, kvi) for s, (qi, kvi) in pairs])))
     for per_sm in ATTEND_PROGRAMS:  # the default select, the attend split otherwise
         pairs = _built(inputs, pages, attend_programs_per_sm=per_sm)
-        rows.append(Row(shape, pages, "byte-wise", f"step ({per_sm} attend programs an SM)",
+        rows.append(Row(shape, pages, default, f"step ({per_sm} attend programs an SM)",
                         timer([lambda s=s, qi=qi, kvi=kvi: s(qi, kvi) for s, (qi, kvi) in pairs])))
     del pairs
     inputs.clear()

@@ -87,7 +87,8 @@ def test_two_quest_steps_launch_their_own_page_select_and_choose_the_same_pages(
     launches = _recorded(monkeypatch)
     runs = []
     for select in ("nibbles", "bytes", "spread", "resident"):
-        step = ts.QuestStep(q, kv, page=8, pages=10, shared=shared, select=select)
+        step = ts.QuestStep(q, kv, page=8, pages=10, shared=shared, select=select,
+                            fused_select=True)
         step.build(kv)
         out = step(q, kv).cpu()
         runs.append((step.chosen.cpu(), step.counts.cpu(), out))
@@ -122,7 +123,7 @@ def test_two_quest_steps_select_in_the_bound_kernel_or_their_own_launch(monkeypa
     assert len(_kwarg(launches, tps._row_topk_kernel, "HOW")) == 1
     for new, old in zip(runs[1], runs[0], strict=True):
         assert torch.equal(new, old)
-    assert ts.QUEST_FUSED_SELECT is True and _defaults() == DEFAULTS
+    assert ts.QUEST_FUSED_SELECT is False and _defaults() == DEFAULTS
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -157,7 +158,8 @@ def test_quest_hist_block_reaches_its_select(monkeypatch, fused):
     no power of two is an InputError."""
     q, kv = _problem(n=600, lengths=(600, 250))
     launches = _recorded(monkeypatch)
-    step = ts.QuestStep(q, kv, page=8, pages=10, fused_select=fused, hist_block=32)
+    step = ts.QuestStep(q, kv, page=8, pages=10, select="bytes", fused_select=fused,
+                        hist_block=32)
     step.build(kv)
     step(q, kv)
     if fused:

@@ -29,6 +29,8 @@ def test_one_shape_through_the_interpreter(capsys):
         return float(len(seen))
 
     rows = script.profile_shape(1, 1024, 4, 2, 16, 4, device="cpu", timer=timer)
+    default = script.default_select()
+    assert default == "resident, own launch"  # QuestStep's defaults (tps.SELECT, fused)
     assert [(r.select, r.stage) for r in rows] == [
         ("-", "bounds"), ("byte-wise", "bounds + select"), ("byte-wise", "step"),
         ("four bits a pass", "bounds + select"), ("four bits a pass", "step"),
@@ -36,19 +38,20 @@ def test_one_shape_through_the_interpreter(capsys):
         ("byte-wise, own launch", "bounds + select"), ("byte-wise, own launch", "step"),
         ("resident", "bounds + select"), ("resident", "step"),
         ("resident, own launch", "bounds + select"), ("resident, own launch", "step"),
-        ("byte-wise", "step (32 pages a bound program)"),
-        ("byte-wise", "step (128 pages a bound program)"),
-        ("byte-wise", "step (2 attend programs an SM)"),
-        ("byte-wise", "step (4 attend programs an SM)"),
-        ("byte-wise", "step (16 attend programs an SM)")]
+        (default, "step (64 pages a bound program)"),
+        (default, "step (256 pages a bound program)"),
+        (default, "step (4 attend programs an SM)"),
+        (default, "step (8 attend programs an SM)"),
+        (default, "step (32 attend programs an SM)")]
     per_sm = script.tsel.QUEST_PROGRAMS_PER_SM
-    assert [x[3] for x in seen] == [per_sm] * (len(seen) - 3) + [2, 4, 16]
-    assert [x[:3] for x in seen] == [("bytes", True, None)] * 3 \
-        + [("nibbles", True, None)] * 2 \
+    assert [x[3] for x in seen] == [per_sm] * (len(seen) - 3) + [4, 8, 32]
+    assert [x[:3] for x in seen] == [("resident", False, None)] \
+        + [("bytes", True, None)] * 2 + [("nibbles", True, None)] * 2 \
         + [("spread", True, None)] * 2 + [("bytes", False, None)] * 2 \
         + [("resident", True, None)] * 2 + [("resident", False, None)] * 2 \
-        + [("bytes", True, 32), ("bytes", True, 128)] + [("bytes", True, None)] * 3
-    assert tps.SELECT == "bytes"
+        + [("resident", False, 64), ("resident", False, 256)] \
+        + [("resident", False, None)] * 3
+    assert tps.SELECT == "resident" and not script.tsel.QUEST_FUSED_SELECT
     script.print_rows(rows)
     table = capsys.readouterr().out
     assert "| 1k B=1 4/2/16 | 4 | byte-wise | bounds + select | 2.0 | 1.0 |" in table

@@ -252,14 +252,16 @@ class _TorchOps(TorchDispatchMode):
 INTERPRETER_OPS = {"set_", "empty", "new_empty", "copy_", "empty_strided", "detach", "alias"}
 
 
-@pytest.mark.parametrize(("shared", "select"), [("group", "bytes"), ("head", "bytes"),
-                                               ("group", "spread"), ("head", "spread")])
-def test_quest_step_runs_kernels_only(shared, select, monkeypatch):
+@pytest.mark.parametrize(("shared", "select", "fused"), [
+    ("group", "bytes", True), ("head", "bytes", True), ("group", "spread", True),
+    ("head", "spread", True), ("group", "resident", False), ("head", "resident", False)])
+def test_quest_step_runs_kernels_only(shared, select, fused, monkeypatch):
     """No torch op of its own (topk, index building, casts, the spread select's
-    histogram zeroing), views aside: the bound kernel (with the page select, per group),
-    the select (per head), the indexed kernel and its merge; graph-capturable."""
+    histogram zeroing), views aside: the bound kernel (with the page select, per group
+    when fused), the select (per head, or in its own launch), the indexed kernel and its
+    merge; graph-capturable."""
     q, kv = _problem(group=4)
-    step = _step(q, kv, page=8, pages=4, shared=shared, select=select)
+    step = _step(q, kv, page=8, pages=4, shared=shared, select=select, fused_select=fused)
     step(q, kv)
     launches = []
     kernel_type = type(ts._quest_bound_kernel)
@@ -270,4 +272,4 @@ def test_quest_step_runs_kernels_only(shared, select, monkeypatch):
         step(q, kv)
     assert mode.ops - INTERPRETER_OPS - {"view"} == set()
     merge = step.workspace.num_splits > 1
-    assert len(launches) == 2 + (shared == "head") + merge
+    assert len(launches) == 2 + (shared == "head" or not fused) + merge
