@@ -56,7 +56,10 @@ HIST_BITS = tl.constexpr(8)  # key bits a histogram pass resolves (4 passes)
 HIST_BINS = tl.constexpr(256)
 # byte-wise, four bits a pass, spread (Quest's), byte-wise over the row held in registers
 SELECTS = ("bytes", "nibbles", "spread", "resident")
-SELECT = "resident"  # QuestStep's default select (its select= option)
+# QuestStep's default select (its select= option): resident, whose step took 59.6 us in
+# its own launch against 62.0 byte-wise (67.5 / 71.7 fused) at 32/8/128, 32k, B=8 on an
+# H100 (results/h100/2026-12-07-h100-kernels-floor-32k-every-method-c373426)
+SELECT = "resident"
 # the scores a thread of the resident select holds at most (a wider row runs byte-wise):
 # 2048 in Quest's 4-warp bound kernel (compiled for sm_90 at 4096 pages it took 210
 # registers a thread against 133 at 2048, fewer bound programs an SM), 4096 in a row launch

@@ -25,7 +25,9 @@ from santa_kernels.validate import check_positive_int
 
 REST_BLOCK = 256  # tokens a step of either kernel
 # RestSampler's default span: at most this many tokens a program of either kernel (None: the
-# score pass's span, so the rest is split like it)
+# score pass's span, so the rest is split like it; 1024: the plan 340.4 -> 329.7 us at
+# 32/8/128, 32k, B=8 on an H100, profile-topk.md of
+# results/h100/2026-12-07-h100-kernels-floor-32k-every-method-c373426)
 REST_SPAN = 1024
 NUM_WARPS = 4
 

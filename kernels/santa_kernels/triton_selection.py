@@ -199,10 +199,12 @@ class OracleTopKStep(_Step):
 
 # ------------------------------------------------------------------ Quest
 # QuestStep's default fused_select: with shared="group" the bound kernel's last program per
-# row selects (False: triton_page_select's own launch)
+# row selects (True), or triton_page_select's own launch after it (False: with the resident
+# select, Quest's step 71.7 -> 59.6 us at 32/8/128, 32k, B=8 and 33.5 -> 25.3 at B=1 on an
+# H100, profile-quest.md of results/h100/2026-12-07-h100-kernels-floor-32k-every-method-c373426)
 QUEST_FUSED_SELECT = False
-# QuestStep's default attend_programs_per_sm: its indexed attend's programs an SM (the
-# other listed methods': its chosen pages are as few rows as theirs)
+# QuestStep's default attend_programs_per_sm: its indexed attend's programs an SM (16: its
+# step 1% faster than at PROGRAMS_PER_SM's 8 in the same profile, within its noise)
 QUEST_PROGRAMS_PER_SM = 16
 
 
@@ -370,7 +372,10 @@ class QuestStep(_Step):
 
 
 # ------------------------------------------------------------------ Quest's page bounds
-QUEST_BLOCK_P = {16: 64, 32: 64, 64: 64, 128: 64, 256: 16}  # pages a program scores (fp32)
+# pages a bound program scores (fp32 bounds; twice that many 16-bit ones): 128 16-bit pages
+# at head dim 128 ran Quest's step 71.7 -> 69.1 us at 32/8/128, 32k, B=8 on an H100 (64
+# pages: 76.4), the profile named above
+QUEST_BLOCK_P = {16: 64, 32: 64, 64: 64, 128: 64, 256: 16}
 QUEST_SELECT_BLOCK = 256  # scores the fused select counts at a time, four bits a pass
 QUEST_BOUND_WARPS = 4  # warps a program of the bound kernel (and its fused select) runs
 
