@@ -373,8 +373,8 @@ class QuestStep(_Step):
 
 # ------------------------------------------------------------------ Quest's page bounds
 # pages a bound program scores (fp32 bounds; twice that many 16-bit ones): 128 16-bit pages
-# at head dim 128 ran Quest's step 71.7 -> 69.1 us at 32/8/128, 32k, B=8 on an H100 (64
-# pages: 76.4), the profile named above
+# at head dim 128 ran Quest's step 71.7 -> 69.1 us at 32/8/128, 32k, B=8 on an H100 (32
+# pages: 76.4; 64, the former default: 71.7), the profile named above
 QUEST_BLOCK_P = {16: 64, 32: 64, 64: 64, 128: 64, 256: 16}
 QUEST_SELECT_BLOCK = 256  # scores the fused select counts at a time, four bits a pass
 QUEST_BOUND_WARPS = 4  # warps a program of the bound kernel (and its fused select) runs
