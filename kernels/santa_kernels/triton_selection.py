@@ -332,9 +332,8 @@ class QuestStep(_Step):
         ``HIST_BLOCK`` pages at once; resident: the whole row)."""
         if self.select_by == "nibbles":
             return QUEST_SELECT_BLOCK
-        if self.select_by == "resident":  # the whole row (or byte-wise past its widest)
-            return select_block(self.page_cap, "resident", self.hist_block, QUEST_BOUND_WARPS)
-        return select_block(self.page_cap, "bytes", self.hist_block)
+        how = "resident" if self.select_by == "resident" else "bytes"  # spread steps as byte-wise
+        return select_block(self.page_cap, how, self.hist_block, QUEST_BOUND_WARPS)
 
     def select(self, q: torch.Tensor, kv: KVCache, layer: int = 0,
                update: bool = False) -> torch.Tensor:
