@@ -4,7 +4,8 @@ achieved bandwidth in the same run, and how far a call's time is above it.
 A call's bytes (``moved_bytes`` of santa_bench.runners.kernel, from the byte model every
 kernel row records) are the K/V bytes its read counts give at the cache dtype (Quest's
 page bounds at their stored size, the cache dtype), the tables it reads besides the cache
-(``bytes_read_tables``: SANTA++'s representatives), a logit or score stash written and
+(``bytes_read_tables``: SANTA++'s representatives; vAttention's token-major copy of the
+scores, written), a logit or score stash written and
 read back (in ``bytes_read``), ``q`` read and the output written. Indices and split-KV
 partials are not counted, so the floor is a lower bound of the bytes: ``floor_ratio``
 errs against the method, never for it. tests/test_byte_models.py checks the counts

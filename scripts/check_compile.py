@@ -525,14 +525,16 @@ def check_topk() -> int:
                                  (64, 1, 8, True)):
         splits = _topk_splits(d, hkv)
         types = ["*bf16", "*bf16", "*i64", "*i32" if paged else "*i64", "*fp32", "*fp32",
-                 "*fp32", "*i64", "fp32"] + ["i32"] * 11
+                 "*fp32", "*i64", "*fp32", "fp32"] + ["i32"] * 11
         consts = {"NUM_KV_HEADS": hkv, "GROUP": group, "HEAD_DIM": d,
                   "BLOCK_H": max(MIN_BLOCK_H, _pad(group)), "BLOCK_N": tix.SCORE_BLOCK_N[d],
                   "PAGED": paged, "PAGE_SIZE": PAGE_SIZE if paged else 1,
                   "DOT_PRECISION": "tf32", "WIDEN_BF16": False, "BUMP": not paged,
                   # the L2-hinted loads and stores, and the plain ones
                   "K_EVICTION": "evict_first" if d == 128 else "",
-                  "S_EVICTION": "evict_last" if d == 128 else ""}
+                  "S_EVICTION": "evict_last" if d == 128 else "",
+                  # vAttention's token-major copy of the scores (its tail's draws read it)
+                  "TOKEN_COPY": group in (4, 7), "GROUP_PAD": _pad(group)}
         err = compile_kernel(ttk._score_stats_kernel, types, consts,
                              {"num_warps": ttk.NUM_WARPS},
                              max_shared=H100_SHARED, divisible=_aligned(ttk._score_stats_kernel))
@@ -631,27 +633,32 @@ def check_quest() -> int:
     failures = 0
     page = 16
     page_cap = CTX // page
-    # (head dim, group, paged, per head, update, select, pages, how): shared=group
-    # selects in the bound kernel (its page_bounds without), byte-wise, four bits a pass
-    # spread or resident; shared=head selects with _row_topk_kernel
-    for d, group, paged, per_head, update, select, pages, how in (
-            (128, 4, False, False, True, True, 256, "bytes"),
-            (128, 4, True, False, True, True, 64, "bytes"),
-            (128, 8, False, False, True, True, 64, "nibbles"),
-            (128, 4, False, False, True, True, 64, "spread"),
-            (128, 4, False, False, True, True, 64, "resident"),
-            (128, 8, True, False, True, True, 256, "resident"),
-            (128, 8, True, False, True, True, 256, "spread"),
-            (64, 1, True, False, False, True, 64, "spread"),
-            (64, 7, False, True, True, False, 64, "bytes"),
-            (64, 1, True, False, False, True, 64, "bytes"),
-            (128, 8, True, True, True, False, 256, "bytes"),
-            (128, 4, False, False, True, False, 64, "bytes")):
+    # (head dim, group, paged, per head, update, select, pages, how, steps a program, their
+    # pipeline stages): shared=group selects in the bound kernel (its page_bounds without),
+    # byte-wise, four bits a pass, spread or resident; shared=head selects with
+    # _row_topk_kernel
+    for d, group, paged, per_head, update, select, pages, how, tiles, stages in (
+            *((128, 4, False, False, True, False, 64, "resident", n, s)
+              for n, s in ((8, 3), (4, 3), (8, 4), (16, 2))),  # page loops
+            (128, 4, False, False, True, True, 256, "bytes", 1, None),
+            (128, 4, True, False, True, True, 64, "bytes", 1, None),
+            (128, 8, False, False, True, True, 64, "nibbles", 1, None),
+            (128, 4, False, False, True, True, 64, "spread", 1, None),
+            (128, 4, False, False, True, True, 64, "resident", 1, None),
+            (128, 8, True, False, True, True, 256, "resident", 1, None),
+            (128, 8, True, False, True, True, 256, "spread", 1, None),
+            (64, 1, True, False, False, True, 64, "spread", 1, None),
+            (64, 7, False, True, True, False, 64, "bytes", 1, None),
+            (64, 1, True, False, False, True, 64, "bytes", 1, None),
+            (128, 8, True, True, True, False, 256, "bytes", 1, None),
+            (128, 4, False, False, True, False, 64, "bytes", 1, None)):
         types = ["*bf16", "*bf16", "*i64", "*i32" if paged else "*i64", "*bf16", "*fp32",
                  "*i32", "*i32", "*i32", "*i32", "*i32", "fp32"] + ["i32"] * 12
         consts = {"NUM_KV_HEADS": 8, "GROUP": group, "HEAD_DIM": d,
                   "BLOCK_H": max(MIN_BLOCK_H, _pad(group)),
-                  "BLOCK_P": tsel.QUEST_BLOCK_P[d] * 2,  # bf16 bounds: twice fp32's pages
+                  # bf16 bounds: twice fp32's pages (a page loop: fp32's pages a step)
+                  "BLOCK_P": tsel.QUEST_BLOCK_P[d] * (1 if tiles > 1 else 2),
+                  "TILES": tiles, "STAGES": stages,
                   "PAGE": page, "PAGED": paged, "PAGE_SIZE": PAGE_SIZE if paged else 1,
                   "PER_HEAD": per_head, "UPDATE": update, "DOT_PRECISION": "tf32",
                   "WIDEN_BF16": False, "SELECT": select, "PAGES": pages,
@@ -661,7 +668,8 @@ def check_quest() -> int:
         err = compile_kernel(tsel._quest_bound_kernel, types, consts, {"num_warps": 4},
                              max_shared=H100_SHARED, divisible=_aligned(tsel._quest_bound_kernel))
         print(f"_quest_bound_kernel d={d} G={group} paged={paged} per_head={per_head} "
-              f"update={update} select={select} pages={pages} select_by={how}: "
+              f"update={update} select={select} pages={pages} select_by={how} "
+              f"steps={tiles} stages={stages}: "
               f"{err or 'ok'}")
         failures += err is not None
     # shared=head: a row a head
@@ -689,6 +697,7 @@ def check_indexed() -> int:
             ("vattention-capped", 128, 4, False, True),
             ("vattention-128-rows", 128, 4, False, True),
             ("vattention-5-stages", 128, 4, False, True),
+            ("vattention-token", 128, 4, False, True), ("vattention-token", 128, 7, False, True),
             ("topk-santa", 128, 4, True, True), ("topk-santa", 64, 1, False, True),
             ("oracle", 64, 2, False, False)):
         tail = method.startswith("vattention")
@@ -700,16 +709,20 @@ def check_indexed() -> int:
                                  "*fp32" if lw else "*i64"]
         types += (["*i32"] * 3 + ["*fp32", "*u8", "*i64"] if tail else ["*i64"] * 6)
         stash = not method.startswith("quest")  # the token methods' score stash
-        types += ["*i32" if samples else "*i64", "*fp32" if stash else "*i64", "*bf16"]
+        token = method == "vattention-token"  # the tail's scores from the token-major copy
+        types += ["*i32" if samples else "*i64", "*fp32" if stash else "*i64",
+                  "*fp32" if token else "*i64", "*bf16"]
         types += ["*fp32"] * 3 if split else ["*bf16"] * 3
-        types += ["fp32"] + ["i32"] * 19
+        types += ["fp32"] + ["i32"] * 20
         consts = {"NUM_KV_HEADS": 8, "GROUP": group, "HEAD_DIM": d,
                   "BLOCK_H": max(MIN_BLOCK_H, _pad(group)),
                   "CHUNK": 128 if method.endswith("128-rows") else tix.CHUNK[d],
                   "BLOCK": 16 if method.startswith("quest") else 1, "PAGED": paged,
                   "PAGE_SIZE": PAGE_SIZE if paged else 1, "HAS_INDEX": True,
                   "HAS_COUNT": count, "HAS_LW": lw, "LW_PER_HEAD": lw and group > 1,
-                  "HAS_TAIL": tail, "HAS_EXCLUDE": tail, "EXCLUDE_WORDS": tail,
+                  "HAS_TAIL": tail, "HAS_EXCLUDE": tail and not token,
+                  "EXCLUDE_WORDS": tail and not token,
+                  "TAIL_TOKEN_SCORES": token, "GROUP_PAD": _pad(group) if token else 1,
                   "STORE_SAMPLES": samples,
                   "WRITE_OUT": not split, "HAS_SCORES": stash,
                   "DOT_PRECISION": "tf32", "WIDEN_BF16": False}
@@ -749,16 +762,23 @@ def check_indexed() -> int:
                              max_shared=H100_SHARED, divisible=_aligned(tix._scores_kernel))
         print(f"_scores_kernel d={d} G={group} paged={paged}: {err or 'ok'}")
         failures += err is not None
-    # (group, top-k): the defaults, the 32k budget, no top-k (a placeholder pointer)
-    for group, topk in ((4, 256), (7, 2048), (1, 0)):
+    # (group, top-k, rows a step, the token-major copy): the defaults, the 32k budget, no
+    # top-k (a placeholder pointer), larger steps, the copy's -inf and draws
+    for group, topk, block, token in ((4, 256, tsel.VATTENTION_BLOCK, False),
+                                      (7, 2048, tsel.VATTENTION_BLOCK, False),
+                                      (1, 0, tsel.VATTENTION_BLOCK, False), (4, 256, 512, False),
+                                      (4, 256, tsel.VATTENTION_BLOCK, True),
+                                      (7, 256, 512, True)):
         types = ["*fp32", "*fp32", "*i32", "*i64", "*u8", "*i32", "*i32", "*fp32", "*i32",
-                 "*i32", "*i64", "i32", "fp32", "fp32"] + ["i32"] * 4
+                 "*i32", "*i64", "*fp32", "i32", "fp32", "fp32"] + ["i32"] * 5
         consts = {"NUM_KV_HEADS": 8, "GROUP": group, "BLOCK_H": max(MIN_BLOCK_H, _pad(group)),
-                  "SINK": 128, "WINDOW": 128, "TOPK": topk, "BLOCK": tsel.VATTENTION_BLOCK}
+                  "SINK": 128, "WINDOW": 128, "TOPK": topk, "BLOCK": block,
+                  "TOKEN_COPY": token, "GROUP_PAD": _pad(group)}
         err = compile_kernel(tsel._vattention_plan_kernel, types, consts, {"num_warps": 4},
                              max_shared=H100_SHARED,
                              divisible=_aligned(tsel._vattention_plan_kernel))
-        print(f"_vattention_plan_kernel G={group} topk={topk}: {err or 'ok'}")
+        print(f"_vattention_plan_kernel G={group} topk={topk} block={block} token={token}: "
+              f"{err or 'ok'}")
         failures += err is not None
     err = compile_kernel(tsel._uniform_kernel, ["*fp32", "*i64", "i32", "i32"],
                          {"BLOCK": tsel.UNIFORM_BLOCK})

@@ -20,6 +20,10 @@ bounds held in registers) fused and in its own launch:
   ``default_select()``, named in the select column) whose bound kernel scores ``N``
   pages a program (``bound_pages``) instead of ``triton_selection.QUEST_BLOCK_P``'s (128
   at head dim 128, 16-bit bounds);
+- ``step (bound: P-page steps, N programs an SM, S stages)``: the whole call of a step
+  (the default select) whose bound programs each walk a power of two of ``P``-page
+  steps, the rows' steps shared out over ``N`` programs an SM, their loads pipelined
+  ``S`` deep (``bound_pages``, ``bound_programs_per_sm``, ``bound_stages``);
 - ``step (N attend programs an SM)``: the whole call of a step (the default select)
   whose indexed attend's splits aim at ``N`` programs an SM (``attend_programs_per_sm``)
   instead of ``triton_selection.QUEST_PROGRAMS_PER_SM``'s (16).
@@ -48,6 +52,9 @@ SELECTS = {"byte-wise": ("bytes", True), "four bits a pass": ("nibbles", True),
            "spread": ("spread", True), "byte-wise, own launch": ("bytes", False),
            "resident": ("resident", True), "resident, own launch": ("resident", False)}
 BOUND_PAGES = (64, 256)  # pages a bound program scores, timed against the default's
+# the bound kernel's page loop (pages a step, programs an SM, pipeline stages; None:
+# Triton's), timed against the default's (one step of QUEST_BLOCK_P's pages a program)
+BOUND_LOOPS = ((64, 2, 3), (64, 4, 3), (64, 8, 2), (128, 2, 2), (32, 4, 4))
 ATTEND_PROGRAMS = (4, 8, 32)  # the attend's programs an SM, timed against the default's
 
 
@@ -108,6 +115,12 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
     for per_program in BOUND_PAGES:  # the default select, the bound kernel split otherwise
         pairs = _built(inputs, pages, bound_pages=per_program)
         rows.append(Row(shape, pages, default, f"step ({per_program} pages a bound program)",
+                        timer([lambda s=s, qi=qi, kvi=kvi: s(qi, kvi) for s, (qi, kvi) in pairs])))
+    for per_step, per_sm, stages in BOUND_LOOPS:  # the default select, bound page loops
+        pairs = _built(inputs, pages, bound_pages=per_step, bound_programs_per_sm=per_sm,
+                       bound_stages=stages)
+        rows.append(Row(shape, pages, default, f"step (bound: {per_step}-page steps, {per_sm} "
+                        f"programs an SM, {stages or 'default'} stages)",
                         timer([lambda s=s, qi=qi, kvi=kvi: s(qi, kvi) for s, (qi, kvi) in pairs])))
     for per_sm in ATTEND_PROGRAMS:  # the default select, the attend split otherwise
         pairs = _built(inputs, pages, attend_programs_per_sm=per_sm)

@@ -42,6 +42,8 @@ each variant below is a step built with that option (``select_options``, ``rest_
   attend's splits aimed at ``N`` programs an SM (``attend_programs_per_sm``;
   ``triton_indexed.PROGRAMS_PER_SM`` by default, vattention's
   ``triton_selection.VATTENTION_PROGRAMS_PER_SM``);
+- ``step (tail scores by token)`` (vattention): the whole call of a step whose tail's
+  draws read the score pass's token-major copy (``tail_scores="token"``);
 - ``step (N attend rows a step)`` (vattention): the whole call of a step whose attend
   gathers ``N`` rows a step (``attend_chunk``) instead of ``triton_indexed.CHUNK``'s;
 - ``step (attend registers uncapped)``, ``step (attend stages 5)``,
@@ -224,6 +226,10 @@ def profile_shape(batch: int, ctx: int, heads: int, kv_heads: int, head_dim: int
                             _time_built(timer, build, inputs, lambda s: s,
                                         select_options=SPREAD,
                                         attend_programs_per_sm=per_sm)))
+        if method == "vattention":  # its tail's draws reading a token-major copy
+            rows.append(Row(shape, method, "spread", "step (tail scores by token)",
+                            _time_built(timer, build, inputs, lambda s: s,
+                                        select_options=SPREAD, tail_scores="token")))
         if method == "vattention":  # its attend's rows a step and register cap
             for chunk in ATTEND_CHUNKS:
                 rows.append(Row(shape, method, "spread", f"step ({chunk} attend rows a step)",

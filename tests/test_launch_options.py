@@ -10,6 +10,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anyw
 
 import pytest
 import torch
+import triton
 
 import santa_kernels as sk
 from conftest import decode_problem, record_launches
@@ -152,6 +153,38 @@ def test_quest_bound_pages_split_the_bound_kernel_alike(monkeypatch, fused):
 
 
 @pytest.mark.parametrize("fused", [True, False])
+def test_quest_bound_page_loop_scores_alike(monkeypatch, fused):
+    """QuestStep(bound_programs_per_sm=N, bound_stages=S): each bound program walks a power
+    of two of steps (their rows' steps shared out over N programs an SM, the last program's
+    steps past the row masked), its loop staged S deep: the same bounds, pages in the same
+    slots and output as one step a program; bad values are InputErrors."""
+    q, kv = _problem(n=600, lengths=(600, 250))
+    monkeypatch.setattr(ts, "num_sms", lambda device: 4)
+    launches = _recorded(monkeypatch)
+    runs = []
+    for per_sm, stages in ((None, None), (1, 2), (3, None)):
+        step = ts.QuestStep(q, kv, page=8, pages=10, fused_select=fused, bound_pages=4,
+                            bound_programs_per_sm=per_sm, bound_stages=stages)
+        step.build(kv)
+        out = step(q, kv).cpu()
+        runs.append((out, step.chosen.cpu(), step.counts.cpu(), step.upper.cpu()))
+    rows = q.shape[0] * kv.num_kv_heads
+    launched = [(grid, kw["TILES"], kw["STAGES"]) for k, kw, grid, *_ in launches
+                if k is ts._quest_bound_kernel]
+    steps = (75 + 3) // 4
+    expect = [1] + [min(triton.next_power_of_2(-(-steps * rows // (4 * n))), 32) for n in (1, 3)]
+    assert [tiles for _, tiles, _ in launched] == expect and expect[1] > 1
+    assert [stages for *_, stages in launched] == [None, 2, None]
+    assert [grid[0] for grid, *_ in launched] == [-(-75 // (4 * n)) for n in expect]
+    for run in runs[1:]:
+        for new, old in zip(run, runs[0], strict=True):
+            assert torch.equal(new, old)
+    for name in ("bound_programs_per_sm", "bound_stages"):
+        with pytest.raises(tps.InputError, match=name):
+            ts.QuestStep(q, kv, page=8, pages=10, **{name: 0})
+
+
+@pytest.mark.parametrize("fused", [True, False])
 def test_quest_hist_block_reaches_its_select(monkeypatch, fused):
     """QuestStep(hist_block=N): the byte-wise select reads N bounds a step, fused in the
     bound kernel or in its own launch (the default HIST_BLOCK untouched); a block that is
@@ -198,6 +231,51 @@ def test_the_steps_pass_their_options_to_what_they_launch(monkeypatch):
     assert plain.attend_programs_per_sm == ti.PROGRAMS_PER_SM
     assert plain.workspace.num_splits == ti.choose_splits(q, kv, 8 + 4 * 4)
     assert _defaults() == DEFAULTS
+
+
+@pytest.mark.parametrize("heads", [8, 6])
+def test_vattention_tail_scores_by_token_draw_alike(monkeypatch, heads):
+    """tail_scores="token": the score pass also writes each token's group scores side by
+    side (the group padded to a power of two with -inf), the plan sets the top-k's to -inf
+    there instead of marking them, and the tail's draws read that copy: the same exact
+    rows, budget, log-weight, output and read counts as the stash with its marks; the copy
+    is counted as a table the call writes; an unknown source is an InputError."""
+    q, kv = decode_problem(batch=2, heads=heads, kv_heads=2, n=2000, d=16, q_scale=2.0,
+                           seed=4, lengths=[2000, 1300], dtype=torch.float32)
+    kv = sk.KVCache.contiguous(kv.k.to(DEVICE), kv.v.to(DEVICE), kv.lengths.to(DEVICE))
+    q = q.to(DEVICE)
+    launches = _recorded(monkeypatch)
+    runs, steps = [], []
+    for source in ("stash", "token"):
+        step = ts.VAttentionStep(q, kv, sink=16, window=16, topk=40, seed=7,
+                                 tail_scores=source)
+        out = step(q, kv).cpu()
+        step.reset_rng()
+        reads = step.read_counts(q, kv)
+        runs.append((step.listed.cpu(), step.count.cpu(), step.log_weight.cpu(), out,
+                     reads.v_rows, reads.k_features))
+        steps.append(step)
+    assert _kwarg(launches, ti._indexed_stage1, "TAIL_TOKEN_SCORES")[-1] is True
+    assert not any(_kwarg(launches, ti._indexed_stage1, "TAIL_TOKEN_SCORES")[:2])
+    assert int(runs[0][1].min()) > 2
+    for new, old in zip(runs[1], runs[0], strict=True):
+        if new.dtype.is_floating_point:
+            torch.testing.assert_close(new, old, rtol=1e-5, atol=1e-6)
+        else:
+            assert torch.equal(new, old)
+    token = steps[1]
+    group, pad = token.group, token.top.group_pad
+    copy = token.top.token_scores.cpu()  # [B, Hkv, N, Gp] after the plan
+    stash = token.scores.cpu().view(2, 2, group, -1).transpose(2, 3)
+    top = token.listed[..., 32:].cpu().long()
+    hit = torch.zeros(2, 2, copy.shape[2], dtype=torch.bool)
+    hit.scatter_(2, top.clamp_min(0), top >= 0)
+    assert torch.equal(copy[..., :group][~hit], stash[~hit])
+    assert bool((copy[..., :group][hit] == float("-inf")).all()) and hit.sum() > 0
+    assert bool((copy[..., group:] == float("-inf")).all()) and (pad > group) == (heads == 6)
+    assert token.table_bytes() == copy.numel() * 4 and steps[0].table_bytes() == 0
+    with pytest.raises(tps.InputError, match="tail_scores"):
+        ts.VAttentionStep(q, kv, tail_scores="keys")
 
 
 def test_a_quest_step_holds_its_bounds_only_where_a_thread_holds_few(monkeypatch):

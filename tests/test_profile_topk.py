@@ -39,7 +39,8 @@ def test_one_shape_through_the_interpreter(capsys):
                      step.attend_programs_per_sm,
                      getattr(step, "chunk", None), getattr(step, "max_registers", None),
                      getattr(step, "stages", None), step.top.select_span,
-                     step.top.select_splits, step.top.finish_launch))
+                     step.top.select_splits, step.top.finish_launch,
+                     getattr(step, "tail_scores", None)))
         return float(len(seen))
 
     rows = script.profile_shape(1, 1024, 4, 2, 16, methods, device="cpu", timer=timer)
@@ -65,18 +66,19 @@ def test_one_shape_through_the_interpreter(capsys):
     rest += [("spread", f"plan ({n} rest tokens a program)") for n in script.REST_SPANS]
     at = len(sweep) - len(script.ATTEND_PROGRAMS)  # the rest sweep: before the attend's
     santa = planned[:len(planned) - len(sweep)] + sweep[:at] + rest + sweep[at:]
+    planned += [("spread", "step (tail scores by token)")]
     attend = [("spread", f"step ({c} attend rows a step)") for c in script.ATTEND_CHUNKS]
     attend += [("spread", stage) for stage in script.VATTENTION_ATTENDS]
     assert [(r.select, r.stage) for r in rows] == oracle + santa + planned + attend
 
     def options(n, spread=True, mass=512, hints=False, programs=tix.PROGRAMS_PER_SM, rest=None,
-                chunk=None,
-                regs=None, stages=None, span=ttk.SELECT_SPAN, finish=False):
+                chunk=None, regs=None, stages=None, span=ttk.SELECT_SPAN, finish=False,
+                tail=None):
         # the score pass's span at 1k tokens, B=1, 2 KV heads: 4 splits of 256 (a longer
         # select_span is capped at it)
         splits = -(-1024 // min(span or 256, 256))
         return [(spread, mass, hints, rest, programs, chunk, regs, stages, span, splits,
-                 finish)] * n
+                 finish, tail)] * n
 
     def swept(rest=None, spans=False, **vatt):
         return (options(1, mass=256, rest=rest, **vatt)
@@ -91,7 +93,8 @@ def test_one_shape_through_the_interpreter(capsys):
 
     santa = (256, 256)  # the rest sampler's tokens a step and a program (the score pass's)
     vatt = {"programs": tsel.VATTENTION_PROGRAMS_PER_SM, "chunk": tix.CHUNK[16],
-            "regs": tsel.VATTENTION_MAX_REGISTERS, "stages": tsel.VATTENTION_STAGES}
+            "regs": tsel.VATTENTION_MAX_REGISTERS, "stages": tsel.VATTENTION_STAGES,
+            "tail": tsel.VATTENTION_TAIL_SCORES}
     assert script.SELECT_SPANS == (None, 512, 1024, 2048)
     assert seen == (options(5) + options(2, spread=False) + options(2, finish=True)
                     + swept(spans=True)
@@ -99,6 +102,7 @@ def test_one_shape_through_the_interpreter(capsys):
                     + options(2, rest=santa, finish=True) + swept(rest=santa)
                     + options(6, **vatt) + options(3, spread=False, **vatt)
                     + options(2, finish=True, **vatt) + swept(**vatt)
+                    + options(1, **{**vatt, "tail": "token"})
                     + [x for c in script.ATTEND_CHUNKS
                        for x in options(1, **{**vatt, "chunk": c})]
                     + options(1, **{**vatt, "regs": None})

@@ -367,7 +367,7 @@ def test_topk_santa_and_vattention_draw_the_same_with_the_spread_select(seed):
                                  select_options=options)
         listed, tail = vatt.plan(q, kv)
         plans.append((rows, santa.log_weights.cpu(), listed.cpu(), tail.count.cpu(),
-                      tail.log_weight.cpu(), vatt.exclude.cpu()))
+                      tail.log_weight.cpu(), vatt.top.token_scores.cpu()))
     (rows0, lw0, listed0, count0, tlw0, ex0), (rows1, lw1, listed1, count1, tlw1, ex1) = plans
     assert torch.equal(rows0[..., :40].sort(-1).values, rows1[..., :40].sort(-1).values)
     assert torch.equal(rows0[..., 40:], rows1[..., 40:])
@@ -377,10 +377,12 @@ def test_topk_santa_and_vattention_draw_the_same_with_the_spread_select(seed):
     assert torch.equal(count0, count1) and torch.equal(tlw0, tlw1) and torch.equal(ex0, ex1)
 
 
-def test_vattention_and_topk_santa_plans_are_kernels_only():
-    """A plan advances the step counter in its score pass and clears vAttention's
-    exclusions in its plan kernel: no torch op (a launch of its own) besides the
-    kernels, and the same counter, exclusions and draws as when torch did both."""
+@pytest.mark.parametrize("tail_scores", ["stash", "token"])
+def test_vattention_and_topk_santa_plans_are_kernels_only(tail_scores):
+    """A plan advances the step counter in its score pass and leaves vAttention's top-k
+    out of its tail in its plan kernel (clearing the last call's marks, or -inf in the
+    token-major copy): no torch op (a launch of its own) besides the kernels, and the
+    same counter, exclusions and draws as when torch did both."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     ts = pytest.importorskip("santa_kernels.triton_selection")
@@ -395,7 +397,7 @@ def test_vattention_and_topk_santa_plans_are_kernels_only():
             return func(*args, **(kwargs or {}))
 
     q, kv = _random_problem(batch=2, hkv=2, group=2, n=400, lengths=(400, 150), seed=8)
-    vatt = ts.VAttentionStep(q, kv, sink=4, window=8, topk=16, seed=3)
+    vatt = ts.VAttentionStep(q, kv, sink=4, window=8, topk=16, seed=3, tail_scores=tail_scores)
     santa = ts.TopKSantaStep(q, kv, k=8, S=4, seed=3)
     for _ in range(2):  # the second call clears the first call's marks
         for step in (vatt, santa):
@@ -405,11 +407,18 @@ def test_vattention_and_topk_santa_plans_are_kernels_only():
     assert int(vatt.rng) == int(santa.rng) == 2
     for b in range(2):
         for g in range(kv.num_kv_heads):
-            marked = vatt.exclude[b, g].nonzero().flatten().cpu()
             top = vatt.listed[b, g, 12:].cpu()
-            assert torch.equal(marked, top[top >= 0].sort().values.long())
+            top = top[top >= 0].sort().values.long()
+            if tail_scores == "stash":
+                marked = vatt.exclude[b, g].nonzero().flatten().cpu()
+            else:  # -inf on the top-k, and past the length as in the stash
+                out = vatt.top.token_scores[b, g, :, 0].cpu() == float("-inf")
+                out &= vatt.scores[b, g * 2].cpu() > float("-inf")
+                marked = out.nonzero().flatten()
+            assert torch.equal(marked, top)
     # the second call's draws: those of a fresh step at counter 1 (torch advancing it)
-    fresh = ts.VAttentionStep(q, kv, sink=4, window=8, topk=16, seed=3)
+    fresh = ts.VAttentionStep(q, kv, sink=4, window=8, topk=16, seed=3,
+                              tail_scores=tail_scores)
     fresh.reset_rng(1)
     _, tail = fresh.plan(q, kv)
     assert torch.equal(tail.count.cpu(), vatt.count.cpu())

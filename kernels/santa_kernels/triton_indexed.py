@@ -96,7 +96,11 @@ class UniformTail:
     (a contiguous map of whole 4-byte words is read a word at a time, a load the row
     loop's pipeline stages; any other, a byte at a time);
     ``rng`` a one-element int64 device step counter (the caller advances it); ``seed`` the
-    Philox key; ``stride`` draws kept apart per (sequence, KV head) (≥ the largest count).
+    Philox key; ``stride`` draws kept apart per (sequence, KV head) (≥ the largest count);
+    ``token_scores`` (or None) fp32 ``[B, Hkv, ≥capacity, Gp]``: each token's group scores
+    side by side (``Gp`` the group padded to a power of two), which the draws read instead
+    of the call's ``scores`` (one sector a draw; ``-inf`` on a token the tail leaves out,
+    the marks of ``exclude`` then needless).
     """
 
     count: torch.Tensor
@@ -107,6 +111,7 @@ class UniformTail:
     rng: torch.Tensor
     seed: int
     stride: int
+    token_scores: torch.Tensor | None = None
 
 
 def _word_readable(exclude: torch.Tensor | None) -> bool:
@@ -156,9 +161,9 @@ def _indexed_stage1(
     q_ptr, k_ptr, v_ptr, lengths_ptr, page_table_ptr,
     idx_ptr, count_ptr, lw_ptr,
     tail_count_ptr, tail_lo_ptr, tail_hi_ptr, tail_lw_ptr, exclude_ptr, rng_ptr,
-    samples_ptr, score_ptr,
+    samples_ptr, score_ptr, tail_score_ptr,
     out_ptr, part_o_ptr, part_m_ptr, part_l_ptr,
-    qk_scale, num_splits, idx_cap, seed, tail_stride, exclude_stride,
+    qk_scale, num_splits, idx_cap, seed, tail_stride, exclude_stride, tail_score_stride,
     stride_qb, stride_qh, stride_kblk, stride_kn, stride_kh, stride_ptb,
     stride_ob, stride_oh, stride_ib, stride_ih, stride_wb, stride_wh, stride_sb, stride_sh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -168,6 +173,7 @@ def _indexed_stage1(
     LW_PER_HEAD: tl.constexpr, HAS_TAIL: tl.constexpr, HAS_EXCLUDE: tl.constexpr,
     EXCLUDE_WORDS: tl.constexpr,
     STORE_SAMPLES: tl.constexpr, WRITE_OUT: tl.constexpr, HAS_SCORES: tl.constexpr,
+    TAIL_TOKEN_SCORES: tl.constexpr, GROUP_PAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
 ):
     split = tl.program_id(0)
@@ -229,6 +235,7 @@ def _indexed_stage1(
             tok = idx * BLOCK + r % BLOCK
             ok = listed & (idx >= 0)
         tail_w = tl.zeros([CHUNK], tl.float32)
+        drawn = in_rows & (r < 0)  # the tail's rows of the step (none without a tail)
         if HAS_TAIL:
             j = r - n_listed
             # (a scalar condition as a tensor: the interpreter's & of the two breaks masks)
@@ -259,13 +266,21 @@ def _indexed_stage1(
         row_off = _row_offsets(page_row_ptr, tok, ok, stride_kblk, stride_kn, PAGED,
                                PAGE_SIZE)
         kv_offs = row_off[:, None] + offs_d[None, :]
+        scored = ok  # the rows whose scores come from the stash or their keys
+        if TAIL_TOKEN_SCORES:  # the tail's from the token-major copy: one sector a draw
+            scored = ok & ~drawn
         if HAS_SCORES:  # the score pass's τ q·k of the rows: no key is read
             s = tl.load(score_ptr + b.to(tl.int64) * stride_sb + heads[:, None] * stride_sh
-                        + tok[None, :], mask=mask_h[:, None] & ok[None, :],
+                        + tok[None, :], mask=mask_h[:, None] & scored[None, :],
                         other=float("-inf")) * 1.4426950408889634
         else:
-            k = tl.load(k_base + kv_offs, mask=ok[:, None], other=0.0)
+            k = tl.load(k_base + kv_offs, mask=scored[:, None], other=0.0)
             s = _mma(q, tl.trans(k), None, DOT_PRECISION, WIDEN_BF16) * qk_scale
+        if TAIL_TOKEN_SCORES:
+            s_t = tl.load(tail_score_ptr + pid.to(tl.int64) * tail_score_stride
+                          + tok[None, :].to(tl.int64) * GROUP_PAD + offs_h[:, None],
+                          mask=mask_h[:, None] & drawn[None, :], other=float("-inf"))
+            s = tl.where(drawn[None, :], s_t * 1.4426950408889634, s)
         v = tl.load(v_base + kv_offs, mask=ok[:, None], other=0.0)
         s = s + tail_w[None, :]
         if HAS_LW:
@@ -533,6 +548,15 @@ def indexed_attention(
     k_strides = kv.k.stride()
     idx_t = indices if indices is not None else dummy
     lw_t = log_weights if log_weights is not None else dummy
+    token_scores = tail.token_scores if tail is not None else None
+    if token_scores is not None and (
+            token_scores.dtype != torch.float32 or token_scores.dim() != 4
+            or tuple(token_scores.shape[:2]) != (batch, hkv)
+            or token_scores.shape[2] < kv_capacity(kv)
+            or token_scores.shape[3] < st.group or not token_scores.is_contiguous()):
+        raise InputError(f"tail.token_scores: expected a contiguous fp32 tensor [B={batch}, "
+                         f"Hkv={hkv}, >={kv_capacity(kv)}, >={st.group}], got "
+                         f"{tuple(token_scores.shape)} {token_scores.dtype}")
     if tail is not None:
         tail_args = (tail.count, tail.lo, tail.hi, tail.log_weight,
                      tail.exclude if tail.exclude is not None else dummy, tail.rng)
@@ -548,9 +572,11 @@ def indexed_attention(
         q, kv.k, kv.v, kv.lengths, page_table,
         idx_t, counts if counts is not None else dummy, lw_t,
         *tail_args, samples if samples is not None else dummy,
-        scores if scores is not None else dummy, out, *parts,
+        scores if scores is not None else dummy,
+        token_scores if token_scores is not None else dummy, out, *parts,
         tau * LOG2E, num_splits, idx_cap, tail.seed if tail is not None else 0,
         tail.stride if tail is not None else 0, exclude_stride,
+        token_scores.stride(1) if token_scores is not None else 0,
         q.stride(0), q.stride(1), k_strides[0], k_strides[1], k_strides[2],
         page_table.stride(0) if st.paged else 0, out.stride(0), out.stride(1),
         idx_t.stride(0) if indices is not None else 0,
@@ -567,6 +593,8 @@ def indexed_attention(
         EXCLUDE_WORDS=tail is not None and _word_readable(tail.exclude),
         STORE_SAMPLES=samples is not None and tail is not None,
         WRITE_OUT=num_splits == 1, HAS_SCORES=scores is not None,
+        TAIL_TOKEN_SCORES=token_scores is not None,
+        GROUP_PAD=token_scores.shape[3] if token_scores is not None else 1,
         DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16, num_warps=NUM_WARPS,
         maxnreg=max_registers, num_stages=stages,
     )  # fmt: skip

@@ -65,12 +65,19 @@ from santa_kernels.triton_page_select import (
     select_block,
 )
 from santa_kernels.triton_rest_sample import REST_BLOCK, REST_SPAN, RestSampler
-from santa_kernels.triton_splitkv import _mma, kv_capacity
+from santa_kernels.triton_splitkv import _mma, kv_capacity, num_sms
 from santa_kernels.triton_topk import TopKSelect
 from santa_kernels.validate import InputError, check_positive_int, check_scale
 
 UNIFORM_KEY = 0x5BD1E995  # the tensor-side uniforms' Philox key differs from the kernels'
 UNIFORM_BLOCK = 1024
+# VAttentionStep's tail_scores default: its tail's draws read each token's group scores from
+# the stash (G floats, one sector each) and its exclusion mark ("stash"), or from a
+# token-major copy the score pass also writes, -inf on the top-k ("token": one sector; the
+# step 529.5 -> 496.5 us at 32/8/128, 32k, B=8, 391.4 -> 382.0 at 28/4/128, 124.9 -> 113.2
+# at 32/8/128 B=1 on an H100, 2026-12-07: profile-topk.md of the kernel run at this commit)
+VATTENTION_TAIL_SCORES = "token"
+TAIL_SCORES = ("stash", "token")
 
 
 @triton.jit
@@ -206,6 +213,15 @@ QUEST_FUSED_SELECT = False
 # QuestStep's default attend_programs_per_sm: its indexed attend's programs an SM (16: its
 # step 1% faster than at PROGRAMS_PER_SM's 8 in the same profile, within its noise)
 QUEST_PROGRAMS_PER_SM = 16
+# the bound kernel's programs an SM (QuestStep's bound_programs_per_sm): each program walks
+# ceil(rows x pages / (SMs x this)) pages (a power of two) in steps of QUEST_BLOCK_P's, its
+# loads pipelined QUEST_BOUND_STAGES deep; None: one step a program (a program a step of
+# pages, the loads of one step in flight). 8 programs, 2 stages, 64-page steps: Quest's
+# step 56.2 -> 55.2 us at 32/8/128, 32k, B=8 (39.0 -> 37.7 at 28/4/128; B=1 within 0.3 us)
+# on an H100, 2026-12-07, against one 128-page step a program (profile-quest.md of the
+# kernel run at this commit)
+QUEST_BOUND_PROGRAMS_PER_SM = 8
+QUEST_BOUND_STAGES = 2  # the bound kernel's page loop's pipeline stages (None: Triton's)
 
 
 class QuestStep(_Step):
@@ -216,14 +232,19 @@ class QuestStep(_Step):
                  num_layers: int = 1, select: str = triton_page_select.SELECT,
                  fused_select: bool = QUEST_FUSED_SELECT,
                  bound_pages: int | None = None, hist_block: int | None = None,
-                 attend_programs_per_sm: int = QUEST_PROGRAMS_PER_SM) -> None:
+                 attend_programs_per_sm: int = QUEST_PROGRAMS_PER_SM,
+                 bound_programs_per_sm: int | None = QUEST_BOUND_PROGRAMS_PER_SM,
+                 bound_stages: int | None = QUEST_BOUND_STAGES) -> None:
         """``select``: the page select its launches run (one of
         ``triton_page_select.SELECTS``, kept as ``select_by``); ``fused_select``: with
         ``shared="group"``, select in the bound kernel's last program per row (else in
-        ``triton_page_select``'s own launch); ``bound_pages``: pages a program of the
-        bound kernel scores (a power of two; None: ``QUEST_BLOCK_P``'s for the head dim,
-        twice that for 16-bit bounds); ``hist_block``: the bounds a byte-wise or spread
-        select step reads (``triton_page_select.select_block``; None: ``HIST_BLOCK``);
+        ``triton_page_select``'s own launch); ``bound_pages``: pages a step of the bound
+        kernel's programs scores (a power of two; None: ``QUEST_BLOCK_P``'s for the head
+        dim, twice that for 16-bit bounds); ``bound_programs_per_sm``: the bound programs
+        an SM its steps are shared out to (each program a power of two of them; None: one
+        step a program); ``bound_stages``: the pipeline stages of a bound program's page
+        loop (None: Triton's); ``hist_block``: the bounds a byte-wise or spread select
+        step reads (``triton_page_select.select_block``; None: ``HIST_BLOCK``);
         ``attend_programs_per_sm``: the indexed attend's programs an SM its splits aim
         at."""
         super().__init__(q, kv, scale, seed)
@@ -232,6 +253,11 @@ class QuestStep(_Step):
             if bound_pages & (bound_pages - 1):
                 raise InputError(f"bound_pages: expected a power of two, got {bound_pages}")
         self.bound_pages = bound_pages
+        for name, value in (("bound_programs_per_sm", bound_programs_per_sm),
+                            ("bound_stages", bound_stages)):
+            if value is not None:
+                check_positive_int(value, name)
+        self.bound_programs_per_sm, self.bound_stages = bound_programs_per_sm, bound_stages
         self.hist_block = hist_block
         triton_page_select.check_hist_block(hist_block)
         self.fused_select = bool(fused_select)
@@ -306,17 +332,17 @@ class QuestStep(_Step):
         page_table = kv.page_table if st.paged else kv.lengths
         k_strides = kv.k.stride()
         bounds = self.bounds[layer]
-        # 16-bit bounds: twice the pages of fp32 in a program's registers
-        block_p = self.bound_pages or (QUEST_BLOCK_P[self.head_dim]
-                                       * max(1, 4 // bounds.element_size()))
-        _quest_bound_kernel[(-(-self.page_cap // block_p), self.batch * self.num_kv_heads)](
+        block_p, tiles = self._bound_steps(bounds.element_size(), q.device)
+        _quest_bound_kernel[(-(-self.page_cap // (block_p * tiles)),
+                             self.batch * self.num_kv_heads)](
             q, kv.k, kv.lengths, page_table, bounds, out, self.arrivals, self.chosen,
             self.counts, self.hist, self.cand, self.scale, self.page_cap,
             q.stride(0), q.stride(1), k_strides[0], k_strides[1], k_strides[2],
             page_table.stride(0) if st.paged else 0,
             bounds.stride(0), bounds.stride(1), bounds.stride(2), out.stride(0), out.stride(1),
             NUM_KV_HEADS=self.num_kv_heads, GROUP=self.group, HEAD_DIM=self.head_dim,
-            BLOCK_H=st.block_h, BLOCK_P=block_p, PAGE=self.page, PAGED=st.paged,
+            BLOCK_H=st.block_h, BLOCK_P=block_p, TILES=tiles, STAGES=self.bound_stages,
+            PAGE=self.page, PAGED=st.paged,
             PAGE_SIZE=st.page_size, PER_HEAD=self.shared == "head", UPDATE=update,
             DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16, SELECT=select,
             PAGES=self.pages, SELECT_BLOCK=self._select_block(),
@@ -326,6 +352,19 @@ class QuestStep(_Step):
             num_warps=QUEST_BOUND_WARPS,
         )  # fmt: skip
         return out
+
+    def _bound_steps(self, bound_size: int, device: torch.device) -> tuple[int, int]:
+        """Pages a step of a bound program and its steps: ``bound_pages`` or
+        ``QUEST_BLOCK_P``'s (16-bit bounds: twice the pages of fp32 in a step); with
+        ``bound_programs_per_sm``, the steps of every row shared out over that many
+        programs an SM (a power of two of steps a program)."""
+        block_p = self.bound_pages or (QUEST_BLOCK_P[self.head_dim] * max(1, 4 // bound_size))
+        steps = -(-self.page_cap // block_p)
+        if self.bound_programs_per_sm is None or steps == 1:
+            return block_p, 1
+        programs = num_sms(device) * self.bound_programs_per_sm
+        per_program = -(-steps * self.batch * self.num_kv_heads // programs)
+        return block_p, min(triton.next_power_of_2(per_program), triton.next_power_of_2(steps))
 
     def _select_block(self) -> int:
         """Bounds a step of the fused select reads (byte-wise or spread: the row of up to
@@ -371,10 +410,11 @@ class QuestStep(_Step):
 
 
 # ------------------------------------------------------------------ Quest's page bounds
-# pages a bound program scores (fp32 bounds; twice that many 16-bit ones): 128 16-bit pages
-# at head dim 128 ran Quest's step 71.7 -> 69.1 us at 32/8/128, 32k, B=8 on an H100 (32
-# pages: 76.4; 64, the former default: 71.7), the profile named above
-QUEST_BLOCK_P = {16: 64, 32: 64, 64: 64, 128: 64, 256: 16}
+# pages a step of a bound program scores (fp32 bounds; twice that many 16-bit ones): one
+# step of 128 16-bit pages a program at head dim 128 ran Quest's step 71.7 -> 69.1 us at
+# 32/8/128, 32k, B=8 on an H100 (32 pages: 76.4; 64: 71.7); in the page loop of
+# QUEST_BOUND_PROGRAMS_PER_SM's programs, 64-page steps (see there)
+QUEST_BLOCK_P = {16: 64, 32: 64, 64: 64, 128: 32, 256: 16}
 QUEST_SELECT_BLOCK = 256  # scores the fused select counts at a time, four bits a pass
 QUEST_BOUND_WARPS = 4  # warps a program of the bound kernel (and its fused select) runs
 
@@ -386,24 +426,26 @@ def _quest_bound_kernel(
     stride_qb, stride_qh, stride_kblk, stride_kn, stride_kh, stride_ptb,
     stride_bb, stride_bh, stride_bp, stride_ob, stride_oh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_P: tl.constexpr, TILES: tl.constexpr,
+    STAGES: tl.constexpr, PAGE: tl.constexpr, PAGED: tl.constexpr,
     PAGE_SIZE: tl.constexpr, PER_HEAD: tl.constexpr, UPDATE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
     SELECT: tl.constexpr, PAGES: tl.constexpr, SELECT_BLOCK: tl.constexpr,
     SELECT_BLOCK_K: tl.constexpr, SELECT_BY: tl.constexpr,
 ):
-    """Quest's score bounds of ``BLOCK_P`` pages of one (sequence, KV head) for its
-    ``G`` query heads, ``τ (q⁺·max + q⁻·min)``; the program holding the sequence's last
+    """Quest's score bounds of ``TILES`` steps of ``BLOCK_P`` pages of one (sequence, KV
+    head) for its ``G`` query heads, ``τ (q⁺·max + q⁻·min)``: one product of the query's
+    two signed halves ``[q⁺, q⁻]`` with a page's stored row ``[max, min]`` (the loads of
+    the page loop pipelined ``STAGES`` deep); the program holding the sequence's last
     page first folds the newest key into that page's bounds (its bound is +inf anyway).
     With ``SELECT`` (the group's bound), the row's last program to finish (an arrival
     counter, reset after) picks its top ``PAGES`` pages (``triton_page_select``, the
     select ``SELECT_BY`` names; ``"spread"``: every program first adds its live pages to
     the row's key histogram at ``hist_ptr``, the candidates listed at ``cand_ptr``)."""
-    tile = tl.program_id(0)
+    first = tl.program_id(0) * (TILES * BLOCK_P)  # the program's first page
     pid = tl.program_id(1)
     b = pid // NUM_KV_HEADS
     kv_head = pid % NUM_KV_HEADS
-    offs_p = tile * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_h = tl.arange(0, BLOCK_H)
     mask_h = offs_h < GROUP
@@ -413,7 +455,7 @@ def _quest_bound_kernel(
     last_page = used - 1
     b_base = bounds_ptr + b.to(tl.int64) * stride_bb + kv_head * stride_bh
     if UPDATE:  # noqa: SIM102 (a compile-time branch around a run-time one)
-        if (n > 0) & (last_page >= tile * BLOCK_P) & (last_page < tile * BLOCK_P + BLOCK_P):
+        if (n > 0) & (last_page >= first) & (last_page < first + TILES * BLOCK_P):
             t = n - 1
             if PAGED:
                 phys = tl.load(page_table_ptr + b * stride_ptb + t // PAGE_SIZE).to(tl.int64)
@@ -430,46 +472,48 @@ def _quest_bound_kernel(
             tl.store(row + offs_d, tl.where(fresh, key, tl.maximum(kmax, key)).to(bound_ty))
             tl.store(row + HEAD_DIM + offs_d,
                      tl.where(fresh, key, tl.minimum(kmin, key)).to(bound_ty))
-    mask_p = offs_p < page_cap
-    rows = b_base + offs_p[:, None].to(tl.int64) * stride_bp + offs_d[None, :]
-    kmax = tl.load(rows, mask=mask_p[:, None], other=0.0)
-    kmin = tl.load(rows + HEAD_DIM, mask=mask_p[:, None], other=0.0)
     # the query in the cache dtype, as the attention reads it: with a 16-bit cache each
-    # product q_j · bound_j is exact in fp32 (tensor cores), only the sums round
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+    # product q_j · bound_j is exact in fp32 (tensor cores), only the sums round; its
+    # positive half meets the pages' max, its negative half their min
+    offs_b = tl.arange(0, 2 * HEAD_DIM)  # a bound row: max, then min
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh
+                + (offs_b % HEAD_DIM)[None, :],
                 mask=mask_h[:, None], other=0.0).to(bounds_ptr.dtype.element_ty).to(tl.float32)
-    q_pos = tl.maximum(q, 0.0).to(bounds_ptr.dtype.element_ty)
-    q_neg = tl.minimum(q, 0.0).to(bounds_ptr.dtype.element_ty)
-    upper = _mma(q_pos, tl.trans(kmax), None, DOT_PRECISION, WIDEN_BF16)
-    upper = _mma(q_neg, tl.trans(kmin), upper, DOT_PRECISION, WIDEN_BF16)
-    upper = upper * tau
-    upper = tl.where((offs_p >= used)[None, :], float("-inf"), upper)
-    upper = tl.where((offs_p == last_page)[None, :], float("inf"), upper)
-    if PER_HEAD:
-        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_p[None, :], upper,
-                 mask=mask_h[:, None] & mask_p[None, :])
-    else:
-        group_max = tl.max(tl.where(mask_h[:, None], upper, float("-inf")), axis=0)
-        tl.store(out_ptr + b * stride_ob + kv_head * stride_oh + offs_p, group_max,
-                 mask=mask_p)
-        if SELECT:
-            if SELECT_BY == "spread":  # the row's histogram, a page at a time
+    q = tl.where((offs_b < HEAD_DIM)[None, :], tl.maximum(q, 0.0), tl.minimum(q, 0.0))
+    q = q.to(bounds_ptr.dtype.element_ty)
+    for step in tl.range(0, TILES, num_stages=STAGES):
+        offs_p = first + step * BLOCK_P + tl.arange(0, BLOCK_P)
+        mask_p = offs_p < page_cap
+        bound = tl.load(b_base + offs_p[:, None].to(tl.int64) * stride_bp + offs_b[None, :],
+                        mask=mask_p[:, None], other=0.0)
+        upper = _mma(q, tl.trans(bound), None, DOT_PRECISION, WIDEN_BF16) * tau
+        upper = tl.where((offs_p >= used)[None, :], float("-inf"), upper)
+        upper = tl.where((offs_p == last_page)[None, :], float("inf"), upper)
+        if PER_HEAD:
+            tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_p[None, :],
+                     upper, mask=mask_h[:, None] & mask_p[None, :])
+        else:
+            group_max = tl.max(tl.where(mask_h[:, None], upper, float("-inf")), axis=0)
+            tl.store(out_ptr + b * stride_ob + kv_head * stride_oh + offs_p, group_max,
+                     mask=mask_p)
+            if SELECT and SELECT_BY == "spread":  # the row's histogram, a page at a time
                 _spread_count(hist_ptr, pid, group_max, mask_p & (group_max > float("-inf")))
-            # the semaphore pattern: every thread's stores, a CTA barrier, one thread's
-            # release; its acquire (then the barrier that shares its result) orders the
-            # select's loads after every program's stores of the row
-            tl.debug_barrier()
-            arrived = tl.atomic_add(arrive_ptr + pid, 1, sem="acq_rel")
-            if arrived == tl.num_programs(0) - 1:  # the row's bounds are all written
-                row_at = out_ptr + b * stride_ob + kv_head * stride_oh
-                chosen_at = chosen_ptr + pid.to(tl.int64) * PAGES
-                if SELECT_BY == "spread":
-                    _spread_select_row(row_at, chosen_at, count_ptr + pid, hist_ptr, cand_ptr,
-                                       pid, page_cap, PAGES, SELECT_BLOCK, SELECT_BLOCK_K)
-                else:
-                    _select_row(row_at, chosen_at, count_ptr + pid, page_cap, PAGES,
-                                SELECT_BLOCK, SELECT_BLOCK_K, SELECT_BY)
-                tl.store(arrive_ptr + pid, 0)  # the next call counts afresh
+    if not PER_HEAD and SELECT:
+        # the semaphore pattern: every thread's stores, a CTA barrier, one thread's
+        # release; its acquire (then the barrier that shares its result) orders the
+        # select's loads after every program's stores of the row
+        tl.debug_barrier()
+        arrived = tl.atomic_add(arrive_ptr + pid, 1, sem="acq_rel")
+        if arrived == tl.num_programs(0) - 1:  # the row's bounds are all written
+            row_at = out_ptr + b * stride_ob + kv_head * stride_oh
+            chosen_at = chosen_ptr + pid.to(tl.int64) * PAGES
+            if SELECT_BY == "spread":
+                _spread_select_row(row_at, chosen_at, count_ptr + pid, hist_ptr, cand_ptr,
+                                   pid, page_cap, PAGES, SELECT_BLOCK, SELECT_BLOCK_K)
+            else:
+                _select_row(row_at, chosen_at, count_ptr + pid, page_cap, PAGES,
+                            SELECT_BLOCK, SELECT_BLOCK_K, SELECT_BY)
+            tl.store(arrive_ptr + pid, 0)  # the next call counts afresh
 
 # ------------------------------------------------------------------ vAttention
 VATTENTION_BLOCK = 128  # rows of the exact set or draws a step of the plan kernel
@@ -506,33 +550,44 @@ def _draw_tokens(j, take, seed, base, lo, width):
 
 
 @triton.jit
-def _base_draws(j, draws, seed, rng_base, lo, width, exclude_row, s_rows, lse, mask_h):
+def _base_draws(j, draws, seed, rng_base, lo, width, exclude_row, s_rows, lse, mask_h,
+                token_row, offs_h, GROUP_PAD: tl.constexpr, TOKEN_COPY: tl.constexpr):
     """Probabilities ``[BLOCK_H, BLOCK]`` of the base sample's draws ``j`` (0 for a draw
-    that hits an exact token or lies past ``draws``), and which draws are taken."""
+    that hits an exact token or lies past ``draws``), and which draws are taken: from
+    the stash and the exclusion marks, or (``TOKEN_COPY``) the token-major copy, -inf on
+    the exact tokens."""
     take = j < draws
     tok = _draw_tokens(j, take, seed, rng_base, lo, width)
-    # both loads at once (the scores' does not wait for the mark): one round trip a block
-    s = tl.load(s_rows + tok[None, :], mask=mask_h[:, None] & take[None, :],
-                other=float("-inf"))
-    hit = tl.load(exclude_row + tok, mask=take, other=1)
-    s = tl.where((hit == 0)[None, :], s, float("-inf"))
+    if TOKEN_COPY:
+        s = tl.load(token_row + tok[None, :].to(tl.int64) * GROUP_PAD + offs_h[:, None],
+                    mask=mask_h[:, None] & take[None, :], other=float("-inf"))
+    else:
+        # both loads at once (the scores' does not wait for the mark): one round trip a block
+        s = tl.load(s_rows + tok[None, :], mask=mask_h[:, None] & take[None, :],
+                    other=float("-inf"))
+        hit = tl.load(exclude_row + tok, mask=take, other=1)
+        s = tl.where((hit == 0)[None, :], s, float("-inf"))
     return tl.exp(s - lse[:, None]), take
 
 
 @triton.jit
 def _vattention_plan_kernel(
     scores_ptr, lse_ptr, top_ptr, lengths_ptr, exclude_ptr,
-    listed_ptr, count_ptr, log_weight_ptr, lo_ptr, hi_ptr, rng_ptr,
+    listed_ptr, count_ptr, log_weight_ptr, lo_ptr, hi_ptr, rng_ptr, token_ptr,
     seed, base_rate, z_over_eps, draw_stride, exclude_stride, stride_sb, stride_sh,
+    token_stride,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     SINK: tl.constexpr, WINDOW: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr,
+    TOKEN_COPY: tl.constexpr, GROUP_PAD: tl.constexpr,
 ):
     """One (sequence, KV head) of a vAttention step: lists the exact rows (sink, window,
     top-k), marks the top-k as excluded from the tail (clearing the previous call's
     marks, so ``exclude`` needs no clearing launch), sums the exact set's
     probabilities per head, draws the base sample (two passes over the same Philox
     draws: mean, then spread), and writes the tail's CLT budget (the group's largest,
-    within ``[b₀, n_s]``) and its log-weight ``log(n_s / b)``."""
+    within ``[b₀, n_s]``) and its log-weight ``log(n_s / b)``. With ``TOKEN_COPY`` the
+    top-k tokens get ``-inf`` in the score pass's token-major copy instead of marks (the
+    copy is rewritten every call: nothing to clear), and the base draws read the copy."""
     pid = tl.program_id(0)
     b = pid // NUM_KV_HEADS
     kv_head = pid % NUM_KV_HEADS
@@ -551,12 +606,14 @@ def _vattention_plan_kernel(
     s_rows = scores_ptr + b.to(tl.int64) * stride_sb + heads[:, None] * stride_sh
     exclude_row = exclude_ptr + pid.to(tl.int64) * exclude_stride
     listed = listed_ptr + pid.to(tl.int64) * (SINK + WINDOW + TOPK)
-    for j0 in range(0, TOPK, BLOCK):  # the previous call's exclusions, cleared
-        j = j0 + offs
-        inside = j < TOPK
-        old = tl.load(listed + SINK + WINDOW + j, mask=inside, other=-1)
-        tl.store(exclude_row + old, tl.zeros([BLOCK], tl.uint8), mask=inside & (old >= 0))
-    tl.debug_barrier()  # cleared before this call's marks
+    token_row = token_ptr + pid.to(tl.int64) * token_stride
+    if not TOKEN_COPY:
+        for j0 in range(0, TOPK, BLOCK):  # the previous call's exclusions, cleared
+            j = j0 + offs
+            inside = j < TOPK
+            old = tl.load(listed + SINK + WINDOW + j, mask=inside, other=-1)
+            tl.store(exclude_row + old, tl.zeros([BLOCK], tl.uint8), mask=inside & (old >= 0))
+        tl.debug_barrier()  # cleared before this call's marks
     exact = tl.zeros([BLOCK_H], tl.float32)
     for j0 in range(0, SINK, BLOCK):
         j = j0 + offs
@@ -581,10 +638,15 @@ def _vattention_plan_kernel(
         tok = tl.load(top_ptr + pid.to(tl.int64) * TOPK + j, mask=inside, other=-1).to(tl.int32)
         ok = inside & (tok >= 0)
         tl.store(listed + SINK + WINDOW + j, tl.where(ok, tok, -1), mask=inside)
-        tl.store(exclude_row + tok, tl.full([BLOCK], 1, tl.uint8), mask=ok)
         s = tl.load(s_rows + tok[None, :], mask=mask_h[:, None] & ok[None, :],
                     other=float("-inf"))
         exact += tl.sum(tl.exp(s - lse[:, None]), axis=1)
+        if TOKEN_COPY:  # the tail's draws find -inf on the top-k (after its sum above)
+            tl.store(token_row + tok[None, :].to(tl.int64) * GROUP_PAD + offs_h[:, None],
+                     tl.full([BLOCK_H, BLOCK], float("-inf"), tl.float32),
+                     mask=(offs_h < GROUP_PAD)[:, None] & ok[None, :])
+        else:
+            tl.store(exclude_row + tok, tl.full([BLOCK], 1, tl.uint8), mask=ok)
     tl.debug_barrier()  # the exclusions are visible to the draws below
 
     population = width.to(tl.float32)
@@ -596,13 +658,13 @@ def _vattention_plan_kernel(
     total = tl.zeros([BLOCK_H], tl.float32)
     for j0 in range(0, draws, BLOCK):
         p, _ = _base_draws(j0 + offs, draws, seed, rng_base, lo, width, exclude_row, s_rows,
-                           lse, mask_h)
+                           lse, mask_h, token_row, offs_h, GROUP_PAD, TOKEN_COPY)
         total += tl.sum(p, axis=1)
     mean = total / base_count.to(tl.float32)
     spread = tl.zeros([BLOCK_H], tl.float32)
     for j0 in range(0, draws, BLOCK):
         p, take = _base_draws(j0 + offs, draws, seed, rng_base, lo, width, exclude_row,
-                              s_rows, lse, mask_h)
+                              s_rows, lse, mask_h, token_row, offs_h, GROUP_PAD, TOKEN_COPY)
         centred = tl.where(take[None, :], p - mean[:, None], 0.0)
         spread += tl.sum(centred * centred, axis=1)
     sigma = tl.sqrt(spread / (base_count - 1).to(tl.float32))
@@ -627,15 +689,20 @@ class VAttentionStep(_Step):
                  attend_programs_per_sm: int = VATTENTION_PROGRAMS_PER_SM,
                  attend_chunk: int | None = None,
                  attend_max_registers: int | None = VATTENTION_MAX_REGISTERS,
-                 attend_stages: int | None = VATTENTION_STAGES) -> None:
+                 attend_stages: int | None = VATTENTION_STAGES,
+                 tail_scores: str = VATTENTION_TAIL_SCORES) -> None:
         """``select_options``: as :class:`OracleTopKStep`'s; ``attend_programs_per_sm``:
         the indexed attend's programs an SM its splits aim at, for the exact rows and
         the largest tail (the whole sampled range); ``attend_chunk``: the attend's rows
         a step (``triton_indexed.CHUNK``'s for the head dim when None; kept as
         ``chunk``); ``attend_max_registers``: the registers a thread of its row programs
         (None: the compiler's choice; kept as ``max_registers``); ``attend_stages``: its
-        row loop's pipeline stages (None: Triton's default; kept as ``stages``). None of
-        them changes the draws."""
+        row loop's pipeline stages (None: Triton's default; kept as ``stages``);
+        ``tail_scores``: where the tail's
+        draws read their scores (one of ``TAIL_SCORES``: ``"stash"``, with the top-k's
+        exclusion marks; ``"token"``, a token-major copy of the scores that the score pass
+        also writes and the plan sets to -inf on the top-k, kept as ``tail_scores``). None
+        of them changes the draws."""
         super().__init__(q, kv, scale, seed)
         self.chunk = check_chunk(attend_chunk, self.head_dim)
         for name, value in (("attend_max_registers", attend_max_registers),
@@ -643,6 +710,10 @@ class VAttentionStep(_Step):
             if value is not None:
                 check_positive_int(value, name)
         self.max_registers, self.stages = attend_max_registers, attend_stages
+        if tail_scores not in TAIL_SCORES:
+            raise InputError(f"tail_scores: expected one of {', '.join(TAIL_SCORES)}, got "
+                             f"{tail_scores!r}")
+        self.tail_scores = tail_scores
         if mode != "denominator":
             raise InputError(f"mode={mode}: the GPU path computes the denominator budget "
                              "only (mode=output runs the reference)")
@@ -658,13 +729,15 @@ class VAttentionStep(_Step):
         self.block_h = _static_for(q, kv).block_h
         batch, hkv = self.batch, self.num_kv_heads
         self.top = TopKSelect(q, kv, max(self.topk, 1), scale=self.scale,
-                              **(select_options or {}))
+                              token_copy=tail_scores == "token", **(select_options or {}))
         self.scores = self.top.scores
         self.top_rows = torch.empty(batch, hkv, max(self.topk, 1), dtype=torch.int32,
                                     device=q.device)
-        # whole 4-byte words a row, so the attend reads the marks a word at a time
-        self.exclude = torch.zeros(batch, hkv, -(-(self.capacity + 1) // 4) * 4,
-                                   dtype=torch.uint8, device=q.device)
+        # whole 4-byte words a row, so the attend reads the marks a word at a time (none
+        # with the token-major copy, whose -inf leaves the top-k out)
+        self.exclude = (torch.zeros(batch, hkv, -(-(self.capacity + 1) // 4) * 4,
+                                    dtype=torch.uint8, device=q.device)
+                        if tail_scores == "stash" else None)
         width = self.sink + self.window + self.topk
         # -1: no earlier call's top-k to clear from exclude
         self.listed = torch.full((batch, hkv, width), -1, dtype=torch.int32, device=q.device)
@@ -686,17 +759,21 @@ class VAttentionStep(_Step):
             lse = self.top.lse
         else:
             lse = torch.logsumexp(scores, dim=-1)  # [B, Hq]
+        copy = self.top.token_scores
         _vattention_plan_kernel[(self.batch * self.num_kv_heads,)](
-            scores, lse, top, kv.lengths, self.exclude,
+            scores, lse, top, kv.lengths,
+            self.exclude if self.exclude is not None else self.lo,
             self.listed, self.count, self.log_weight, self.lo, self.hi, self.rng,
+            copy if copy is not None else scores,
             (self.seed ^ UNIFORM_KEY) & 0x7FFFFFFF, self.base_rate, self.z_over_eps,
-            self.capacity, self.exclude.stride(1), scores.stride(0), scores.stride(1),
+            self.capacity, self.exclude.stride(1) if self.exclude is not None else 0,
+            scores.stride(0), scores.stride(1), copy.stride(1) if copy is not None else 0,
             NUM_KV_HEADS=self.num_kv_heads, GROUP=self.group, BLOCK_H=self.block_h,
             SINK=self.sink, WINDOW=self.window, TOPK=self.topk, BLOCK=VATTENTION_BLOCK,
-            num_warps=4,
+            TOKEN_COPY=copy is not None, GROUP_PAD=self.top.group_pad, num_warps=4,
         )  # fmt: skip
         tail = UniformTail(self.count, self.lo, self.hi, self.log_weight, self.exclude,
-                           self.rng, self.seed, self.capacity)
+                           self.rng, self.seed, self.capacity, copy)
         return self.listed, tail
 
     def __call__(self, q: torch.Tensor, kv: KVCache, layer: int = 0) -> torch.Tensor:
@@ -705,6 +782,12 @@ class VAttentionStep(_Step):
                                  workspace=self.workspace, scores=self.scores,
                                  chunk=self.chunk, max_registers=self.max_registers,
                                  stages=self.stages)
+
+    def table_bytes(self) -> int:
+        """Bytes a call writes besides the cache and the stash: the token-major copy of
+        the scores (with ``tail_scores="token"``)."""
+        copy = self.top.token_scores
+        return 0 if copy is None else copy.numel() * copy.element_size()
 
     def read_counts(self, q: torch.Tensor, kv: KVCache) -> ReadCounts:
         """Every key; the value rows of the exact set and of the drawn tail."""
@@ -716,7 +799,12 @@ class VAttentionStep(_Step):
                           chunk=self.chunk, max_registers=self.max_registers,
                           stages=self.stages)
         drawn = samples.view(self.batch, self.num_kv_heads, -1).long()
-        hit = self.exclude.gather(2, drawn.clamp_min(0)).bool()
+        # a draw on a top-k token counts 0 (its value row is the top-k's)
+        top = listed[..., self.sink + self.window:].long()
+        mark = torch.zeros(self.batch, self.num_kv_heads, self.capacity + 1, dtype=torch.bool,
+                           device=self.device)
+        mark.scatter_(2, torch.where(top >= 0, top, self.capacity), True)
+        hit = mark.gather(2, drawn.clamp_min(0))
         drawn = torch.where(hit, torch.full_like(drawn, -1), drawn)
         tokens = torch.cat([listed.long(), drawn], -1)
         return self._reads(kv, _unique_rows(tokens, kv.lengths.long(), self.capacity))

@@ -102,13 +102,14 @@ def _bucket_of(h, need, NUM_BINS: tl.constexpr):
 
 @triton.jit
 def _score_stats_kernel(
-    q_ptr, k_ptr, lengths_ptr, page_table_ptr, s_ptr, m_ptr, l_ptr, rng_ptr,
+    q_ptr, k_ptr, lengths_ptr, page_table_ptr, s_ptr, m_ptr, l_ptr, rng_ptr, st_ptr,
     tau, capacity, tiles_per_split, num_splits,
     stride_qb, stride_qh, stride_kblk, stride_kn, stride_kh, stride_ptb, stride_sb, stride_sh,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
     PAGE_SIZE: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDEN_BF16: tl.constexpr,
     BUMP: tl.constexpr, K_EVICTION: tl.constexpr, S_EVICTION: tl.constexpr,
+    TOKEN_COPY: tl.constexpr, GROUP_PAD: tl.constexpr,
 ):
     split = tl.program_id(0)
     pid = tl.program_id(1)
@@ -146,6 +147,10 @@ def _score_stats_kernel(
         s = tl.where(ok[None, :], s, float("-inf"))
         tl.store(s_rows + offs_n[None, :], s, mask=mask_h[:, None] & (offs_n < hi)[None, :],
                  eviction_policy=S_EVICTION)
+        if TOKEN_COPY:  # the group's GROUP_PAD scores of a token side by side (-inf padded)
+            tl.store(st_ptr + (pid.to(tl.int64) * capacity + offs_n[None, :]) * GROUP_PAD
+                     + offs_h[:, None], tl.where(mask_h[:, None], s, float("-inf")),
+                     mask=(offs_h < GROUP_PAD)[:, None] & (offs_n < hi)[None, :])
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         l_i = l_i * tl.exp(m_i - m_safe) + tl.sum(tl.exp(s - m_safe[:, None]), axis=1)
@@ -531,14 +536,17 @@ class TopKSelect:
     def __init__(self, q: torch.Tensor, kv: KVCache, k: int, *, per_head: bool = False,
                  scale: float, spread: bool = SPREAD_SELECT, l2_hints: bool = SCORE_L2_HINTS,
                  mass_block: int = MASS_BLOCK, select_span: int | None = SELECT_SPAN,
-                 finish_launch: bool = FINISH_LAUNCH) -> None:
+                 finish_launch: bool = FINISH_LAUNCH, token_copy: bool = False) -> None:
         """``spread``, ``l2_hints``, ``mass_block``, ``select_span``, ``finish_launch``: this
         object's launch choices (``SPREAD_SELECT``, ``SCORE_L2_HINTS``, ``MASS_BLOCK``,
         ``SELECT_SPAN``, ``FINISH_LAUNCH`` by default); ``select_span``: at most this many
         tokens per program of the mass, second-byte and write kernels, a power of two >=
         ``mass_block`` (None: the score pass's span, which also caps it); ``finish_launch``:
         the spread select's candidates resolved in a launch of their own (a program a row)
-        rather than by the write kernel's last program a row."""
+        rather than by the write kernel's last program a row; ``token_copy``: the score pass
+        also writes ``token_scores [B, Hkv, capacity, Gp]`` (fp32, each token's group
+        scores side by side, ``Gp`` the group padded to a power of two, ``-inf`` in the
+        padding), which a draw of a token reads in one sector."""
         check_positive_int(mass_block, "mass_block")
         if select_span is not None:
             check_positive_int(select_span, "select_span")
@@ -570,6 +578,10 @@ class TopKSelect:
         rows = self.batch * self.num_sel
         self.scores = torch.empty(self.batch, self.num_q_heads, self.capacity,
                                   dtype=torch.float32, device=dev)
+        self.group_pad = triton.next_power_of_2(self.group)
+        self.token_scores = (torch.empty(self.batch, self.num_kv_heads, self.capacity,
+                                         self.group_pad, dtype=torch.float32, device=dev)
+                             if token_copy else None)
         self.stat_m = torch.empty(self.batch * self.num_q_heads * self.splits,
                                   dtype=torch.float32, device=dev)
         self.stat_l = torch.empty_like(self.stat_m)
@@ -600,6 +612,7 @@ class TopKSelect:
         _score_stats_kernel[(self.splits, self.batch * self.num_kv_heads)](
             q, kv.k, kv.lengths, page_table, self.scores, self.stat_m, self.stat_l,
             rng if rng is not None else kv.lengths,
+            self.token_scores if self.token_scores is not None else self.scores,
             self.scale, self.capacity, self.tiles_per_split, self.splits,
             q.stride(0), q.stride(1), ks[0], ks[1], ks[2],
             page_table.stride(0) if st.paged else 0,
@@ -608,7 +621,9 @@ class TopKSelect:
             BLOCK_H=st.block_h, BLOCK_N=self.block_n, PAGED=st.paged,
             PAGE_SIZE=st.page_size, DOT_PRECISION=st.precision, WIDEN_BF16=st.widen_bf16,
             BUMP=rng is not None, K_EVICTION="evict_first" if self.l2_hints else "",
-            S_EVICTION="evict_last" if self.l2_hints else "", num_warps=NUM_WARPS,
+            S_EVICTION="evict_last" if self.l2_hints else "",
+            TOKEN_COPY=self.token_scores is not None, GROUP_PAD=self.group_pad,
+            num_warps=NUM_WARPS,
         )  # fmt: skip
         return self.scores
 
