@@ -75,7 +75,8 @@ UNIFORM_BLOCK = 1024
 # the stash (G floats, one sector each) and its exclusion mark ("stash"), or from a
 # token-major copy the score pass also writes, -inf on the top-k ("token": one sector; the
 # step 529.5 -> 496.5 us at 32/8/128, 32k, B=8, 391.4 -> 382.0 at 28/4/128, 124.9 -> 113.2
-# at 32/8/128 B=1 on an H100, 2026-12-07: profile-topk.md of the kernel run at this commit)
+# at 32/8/128 B=1 on an H100, 2026-12-07: profile-topk-variants.md in
+# results/h100/2026-12-07-h100-kernels-floor-32k-12x2-791444b)
 VATTENTION_TAIL_SCORES = "token"
 TAIL_SCORES = ("stash", "token")
 
@@ -218,8 +219,8 @@ QUEST_PROGRAMS_PER_SM = 16
 # loads pipelined QUEST_BOUND_STAGES deep; None: one step a program (a program a step of
 # pages, the loads of one step in flight). 8 programs, 2 stages, 64-page steps: Quest's
 # step 56.2 -> 55.2 us at 32/8/128, 32k, B=8 (39.0 -> 37.7 at 28/4/128; B=1 within 0.3 us)
-# on an H100, 2026-12-07, against one 128-page step a program (profile-quest.md of the
-# kernel run at this commit)
+# on an H100, 2026-12-07, against one 128-page step a program (profile-quest-bound-loops.md
+# in results/h100/2026-12-07-h100-kernels-floor-32k-12x2-791444b)
 QUEST_BOUND_PROGRAMS_PER_SM = 8
 QUEST_BOUND_STAGES = 2  # the bound kernel's page loop's pipeline stages (None: Triton's)
 
