@@ -90,8 +90,9 @@ def selection_prepare(name: str, build: StepBuilder) -> Callable[..., Prepared]:
         if hasattr(step, "build"):
             _, ms = median_build_ms(lambda: step.build(kv), q.device)
             metrics["index_build_ms"] = (ms, "ms")
-        if getattr(step, "table_bytes", lambda: 0)():  # a copy of the scores it writes
-            metrics["bytes_read_tables"] = (float(step.table_bytes()), "B")
+        tables = getattr(step, "table_bytes", lambda: 0)()  # a copy of the scores it writes
+        if tables:
+            metrics["bytes_read_tables"] = (float(tables), "B")
 
         def run() -> torch.Tensor:
             return step(q, kv)
